@@ -1,0 +1,269 @@
+//! Element types and reduction operators.
+//!
+//! A collective moves elements of one [`Element`] type and combines them with one [`ReduceOp`].
+//! Every element type is plain old data (`bytemuck::Pod`), so buffers can be viewed as bytes for
+//! copies and handed to CUDA kernels without conversion.
+//!
+//! Semantics, the same on every executor (host and GPU):
+//! - integers: `Sum` and `Prod` wrap on overflow (two's complement, like CUDA's `+` and `*`);
+//!   `Avg` is the wrapped sum divided by the world size, truncated toward zero.
+//! - floats (f16, bf16, f32, f64): IEEE arithmetic; f16 and bf16 are combined in f32 and rounded
+//!   back to nearest-even after every step. `Min`/`Max` return the other operand when one is NaN
+//!   (like C's `fmin`/`fmax`). `Avg` is the sum multiplied by `1/world`.
+
+use half::{bf16, f16};
+use std::fmt;
+
+/// The element types ringreduce reduces, as a runtime tag (used by plans, kernels and the CLI).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    F16,
+    BF16,
+    F32,
+    F64,
+    I8,
+    U8,
+    I32,
+    U32,
+    I64,
+    U64,
+}
+
+impl DType {
+    /// Every type, in a fixed order (tests and the CLI iterate over it).
+    pub const ALL: [DType; 10] = [
+        DType::F16,
+        DType::BF16,
+        DType::F32,
+        DType::F64,
+        DType::I8,
+        DType::U8,
+        DType::I32,
+        DType::U32,
+        DType::I64,
+        DType::U64,
+    ];
+
+    /// Size of one element in bytes.
+    pub const fn size_bytes(self) -> usize {
+        match self {
+            DType::I8 | DType::U8 => 1,
+            DType::F16 | DType::BF16 => 2,
+            DType::F32 | DType::I32 | DType::U32 => 4,
+            DType::F64 | DType::I64 | DType::U64 => 8,
+        }
+    }
+
+    /// The short name used in kernel symbols, CLI flags and reports (`f32`, `bf16`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::F32 => "f32",
+            DType::F64 => "f64",
+            DType::I8 => "i8",
+            DType::U8 => "u8",
+            DType::I32 => "i32",
+            DType::U32 => "u32",
+            DType::I64 => "i64",
+            DType::U64 => "u64",
+        }
+    }
+
+    /// True for f16, bf16, f32 and f64.
+    pub const fn is_float(self) -> bool {
+        matches!(self, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
+    }
+
+    /// Parses a name produced by [`DType::name`].
+    pub fn from_name(name: &str) -> Option<DType> {
+        DType::ALL.into_iter().find(|t| t.name() == name)
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How contributions are combined.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum ReduceOp {
+    #[default]
+    Sum,
+    Prod,
+    Min,
+    Max,
+    /// Sum, then divided by the number of ranks (see the module doc for integers).
+    Avg,
+}
+
+impl ReduceOp {
+    /// Every operator, in a fixed order.
+    pub const ALL: [ReduceOp; 5] = [
+        ReduceOp::Sum,
+        ReduceOp::Prod,
+        ReduceOp::Min,
+        ReduceOp::Max,
+        ReduceOp::Avg,
+    ];
+
+    /// The short name used in kernel symbols, CLI flags and reports.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Prod => "prod",
+            ReduceOp::Min => "min",
+            ReduceOp::Max => "max",
+            ReduceOp::Avg => "avg",
+        }
+    }
+
+    /// Parses a name produced by [`ReduceOp::name`].
+    pub fn from_name(name: &str) -> Option<ReduceOp> {
+        ReduceOp::ALL.into_iter().find(|o| o.name() == name)
+    }
+
+    /// The pairwise operator applied at each ring step (`Avg` combines as `Sum`).
+    pub const fn combine_op(self) -> ReduceOp {
+        match self {
+            ReduceOp::Avg => ReduceOp::Sum,
+            op => op,
+        }
+    }
+}
+
+impl fmt::Display for ReduceOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// An element type that ringreduce can reduce.
+///
+/// Implemented for `f16`, `bf16`, `f32`, `f64`, `i8`, `u8`, `i32`, `u32`, `i64`, `u64`; sealed.
+pub trait Element: bytemuck::Pod + Send + Sync + PartialEq + fmt::Debug + sealed::Sealed {
+    /// The runtime tag of this type.
+    const DTYPE: DType;
+    /// `a ⊕ b` for a pairwise operator (`Sum`, `Prod`, `Min`, `Max`; `Avg` is never passed).
+    fn combine(op: ReduceOp, a: Self, b: Self) -> Self;
+    /// The final step of `Avg`: `x / world`, as the module doc defines it.
+    fn average(x: Self, world: usize) -> Self;
+    /// An exactly representable test value; distinct `i` give distinct values where the type allows.
+    fn from_index(i: u64) -> Self;
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+macro_rules! int_element {
+    ($($t:ty => $d:ident),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            const DTYPE: DType = DType::$d;
+            #[inline]
+            fn combine(op: ReduceOp, a: Self, b: Self) -> Self {
+                match op {
+                    ReduceOp::Sum | ReduceOp::Avg => a.wrapping_add(b),
+                    ReduceOp::Prod => a.wrapping_mul(b),
+                    ReduceOp::Min => a.min(b),
+                    ReduceOp::Max => a.max(b),
+                }
+            }
+            #[inline]
+            fn average(x: Self, world: usize) -> Self {
+                // Truncating division; `world` fits every integer type for the worlds we plan
+                // (≤ 127), and for 8-bit types is reduced modulo 2^8 like the C cast in the kernel.
+                x / (world as $t).max(1)
+            }
+            #[inline]
+            fn from_index(i: u64) -> Self {
+                i as $t
+            }
+        }
+    )*};
+}
+int_element!(i8 => I8, u8 => U8, i32 => I32, u32 => U32, i64 => I64, u64 => U64);
+
+macro_rules! float_element {
+    ($($t:ty => $d:ident),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            const DTYPE: DType = DType::$d;
+            #[inline]
+            fn combine(op: ReduceOp, a: Self, b: Self) -> Self {
+                match op {
+                    ReduceOp::Sum | ReduceOp::Avg => a + b,
+                    ReduceOp::Prod => a * b,
+                    ReduceOp::Min => a.min(b),
+                    ReduceOp::Max => a.max(b),
+                }
+            }
+            #[inline]
+            fn average(x: Self, world: usize) -> Self {
+                x * (1.0 / world.max(1) as $t)
+            }
+            #[inline]
+            fn from_index(i: u64) -> Self {
+                i as $t
+            }
+        }
+    )*};
+}
+float_element!(f32 => F32, f64 => F64);
+
+macro_rules! half_element {
+    ($($t:ty => $d:ident),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            const DTYPE: DType = DType::$d;
+            #[inline]
+            fn combine(op: ReduceOp, a: Self, b: Self) -> Self {
+                <$t>::from_f32(f32::combine(op, a.to_f32(), b.to_f32()))
+            }
+            #[inline]
+            fn average(x: Self, world: usize) -> Self {
+                <$t>::from_f32(f32::average(x.to_f32(), world))
+            }
+            #[inline]
+            fn from_index(i: u64) -> Self {
+                <$t>::from_f32(i as f32)
+            }
+        }
+    )*};
+}
+half_element!(f16 => F16, bf16 => BF16);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for t in DType::ALL {
+            assert_eq!(DType::from_name(t.name()), Some(t));
+        }
+        for o in ReduceOp::ALL {
+            assert_eq!(ReduceOp::from_name(o.name()), Some(o));
+        }
+        assert_eq!(DType::from_name("f128"), None);
+    }
+
+    #[test]
+    fn integer_semantics_wrap_and_truncate() {
+        assert_eq!(u8::combine(ReduceOp::Sum, 250, 10), 4);
+        assert_eq!(i8::combine(ReduceOp::Prod, 64, 4), 0);
+        assert_eq!(i32::average(-7, 2), -3);
+        assert_eq!(u32::combine(ReduceOp::Min, 3, 9), 3);
+    }
+
+    #[test]
+    fn half_types_round_through_f32() {
+        let a = bf16::from_f32(1.0);
+        let b = bf16::from_f32(2.0);
+        assert_eq!(bf16::combine(ReduceOp::Sum, a, b), bf16::from_f32(3.0));
+        assert_eq!(f16::average(f16::from_f32(6.0), 3), f16::from_f32(2.0));
+    }
+}

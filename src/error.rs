@@ -1,0 +1,106 @@
+//! The one error type of ringreduce.
+//!
+//! Every fallible call returns [`Error`]; each variant is one cause and carries the context a user
+//! needs to act on it (which rank, which call, what was expected). `Display` includes the driver's
+//! own message for CUDA and NCCL failures.
+
+use crate::element::{DType, ReduceOp};
+use std::time::Duration;
+
+/// Result alias used throughout the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in ringreduce.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A CUDA driver or NVRTC call failed.
+    #[error("CUDA call {call} failed with {code}: {message}")]
+    Cuda {
+        call: &'static str,
+        code: String,
+        message: String,
+    },
+    /// An NCCL call failed.
+    #[error("NCCL call {call} failed: {message}")]
+    Nccl { call: &'static str, message: String },
+    /// No CUDA driver library (libcuda) could be loaded, or it reports no device.
+    #[error("no GPU available: {reason}")]
+    NoGpu { reason: String },
+    /// The collective was called with no buffers.
+    #[error("no buffers: a collective needs one buffer per rank, got none")]
+    NoBuffers,
+    /// The number of buffers does not match the communicator's world size.
+    #[error("wrong number of buffers: the communicator has {world} ranks, got {got} buffers")]
+    WorldMismatch { world: usize, got: usize },
+    /// A rank's buffer length differs from rank 0's.
+    #[error("length mismatch on rank {rank}: expected {expected} elements (rank 0's), got {got}")]
+    LengthMismatch {
+        rank: usize,
+        expected: usize,
+        got: usize,
+    },
+    /// An out-of-place output is shorter than its input.
+    #[error("output too short on rank {rank}: input has {input} elements, output {output}")]
+    OutputTooShort {
+        rank: usize,
+        input: usize,
+        output: usize,
+    },
+    /// An out-of-place output overlaps its input.
+    #[error("output overlaps input on rank {rank}: use the in-place call instead")]
+    Overlap { rank: usize },
+    /// Two ranks were given buffers on the same device.
+    #[error("ranks {first} and {second} both have buffers on device {device}")]
+    DuplicateDevice {
+        device: usize,
+        first: usize,
+        second: usize,
+    },
+    /// A buffer lives on a device the communicator does not own.
+    #[error("rank {rank}'s buffer is on device {device}, but the communicator's rank {rank} is device {expected}")]
+    WrongDevice {
+        rank: usize,
+        device: usize,
+        expected: usize,
+    },
+    /// count × element size does not fit in memory addresses.
+    #[error("size overflow: {count} elements of {dtype} do not fit in a byte count")]
+    SizeOverflow { count: usize, dtype: DType },
+    /// The operator is not defined for the type.
+    #[error("{op} is not supported for {dtype}: {why}")]
+    UnsupportedOp {
+        op: ReduceOp,
+        dtype: DType,
+        why: &'static str,
+    },
+    /// An invalid argument that none of the variants above names (a device index, a config value).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// GPU a cannot reach GPU b's memory, and the transport was forced to peer copies.
+    #[error("no peer access from device {from} to device {to}")]
+    NoPeerAccess { from: usize, to: usize },
+    /// A plan failed the plan checker: a bug in a planner, never in user input.
+    #[error("plan rejected by the checker: {0}")]
+    PlanRejected(String),
+    /// A rank did not make progress before the collective's deadline.
+    #[error("timeout after {after:?}: rank {rank} {waiting_on}")]
+    Timeout {
+        rank: usize,
+        waiting_on: String,
+        after: Duration,
+    },
+    /// A rank's thread failed (an error or a caught panic) while running a collective.
+    #[error("rank {rank} failed during {during}: {message}")]
+    RankFailed {
+        rank: usize,
+        during: String,
+        message: String,
+    },
+    /// An earlier collective failed; this communicator cannot be used again (make a new one).
+    #[error("communicator failed earlier and cannot be used: {0}")]
+    CommunicatorFailed(Box<Error>),
+    /// The communicator has been closed or aborted.
+    #[error("communicator is closed")]
+    Closed,
+}

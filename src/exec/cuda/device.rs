@@ -1,0 +1,1 @@
+//! Devices and peer access (placeholder).

@@ -1,0 +1,3 @@
+//! The CUDA executor.
+pub mod device;
+pub mod kernels;

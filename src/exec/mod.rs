@@ -1,0 +1,2 @@
+//! Executors: run a checked plan on host threads or on GPUs.
+pub mod cuda;

@@ -1,0 +1,7 @@
+//! ringreduce
+pub mod element;
+pub mod error;
+pub mod exec;
+
+pub use element::{DType, Element, ReduceOp};
+pub use error::{Error, Result};
