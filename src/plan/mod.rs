@@ -1,0 +1,300 @@
+//! Plans: a collective compiled into data, before anything runs.
+//!
+//! A [`Plan`] lists, for each rank, the operations its host thread enqueues, in order, each on one
+//! of the rank's streams: copies between byte ranges of buffers (peer, device→host, host→device),
+//! reductions (`dst = a ⊕ b`), the `Avg` scaling, and event records and waits. The plan is the single
+//! source of truth: the checker ([`crate::check`]) proves it correct on the CPU, and both executors
+//! ([`crate::exec::host`], [`crate::exec::cuda`]) run exactly these operations. Ranges are counted in
+//! elements (`offset`, `count`); an executor multiplies by the element size.
+//!
+//! # The ring all-reduce
+//!
+//! The `count` elements are cut into `world` segments (see [`ring::segment_range`]). Ring
+//! all-reduce is a reduce-scatter followed by an all-gather, `world − 1` steps each; at every step
+//! rank `r` sends one segment to `r + 1` and receives one from `r − 1` (all indices mod `world`):
+//!
+//! ```text
+//!            step s of reduce-scatter                     step s of all-gather
+//!   rank r ──seg (r−s)──▶ rank r+1: acc ⊕= recv     rank r ──seg (r+1−s)──▶ rank r+1: copy
+//!
+//!   world = 3, segments A B C (rank 0 holds A0 B0 C0, ...)
+//!
+//!   reduce-scatter   rank 0 sends   rank 1 sends   rank 2 sends    after the step
+//!   step 0           A0 → 1         B1 → 2         C2 → 0          1: A01  2: B12  0: C20
+//!   step 1           C20 → 1        A01 → 2        B12 → 0         1: C201 2: A012 0: B120
+//!                                                                   (rank r owns seg r+1)
+//!   all-gather
+//!   step 0           B → 1          C → 2          A → 0           each rank has 2 full segs
+//!   step 1           A → 1          B → 2          C → 0           each rank has all 3
+//! ```
+//!
+//! | phase          | rank r sends segment | rank r receives segment | from    |
+//! |----------------|----------------------|-------------------------|---------|
+//! | reduce-scatter | (r − s) mod n        | (r − s − 1) mod n       | r − 1   |
+//! | all-gather     | (r + 1 − s) mod n    | (r − s) mod n           | r − 1   |
+//!
+//! Invariant: after reduce-scatter step `s`, rank `r` holds `s + 2` contributions to segment
+//! `(r − s − 1) mod n`; after step `n − 2` it owns the full sum of segment `(r + 1) mod n`.
+//! These formulas live in [`ring::send_segment`] and [`ring::recv_segment`]; a unit test checks them
+//! against this table.
+//!
+//! # Chunked pipelining and staging slots
+//!
+//! Every segment is cut into chunks of `chunk_elems`; chunk `c` of step `s + 1` only waits for chunk
+//! `c` of step `s`, so while one chunk is being reduced the next is already on the wire. A sender
+//! pushes a chunk into one of the receiver's `slots` staging slots (reduce-scatter) or straight into
+//! the receiver's output (all-gather). A slot is reused only after the receiver has reduced its
+//! previous contents: the sender's stream waits on the receiver's "reduced" event — the credit.
+//!
+//! Over an edge without peer access the chunk is staged through pinned host memory: device→host on
+//! the sender's send stream into the sender's host slots, host→device on the receiver's receive
+//! stream, with events between ([`EdgeTransport::Staged`]).
+//!
+//! # Streams and calls
+//!
+//! Each rank has a `Main` stream (the collective starts and ends there), a `Send` stream (pushes and
+//! device→host copies), a `Reduce` stream (kernels) and, where it receives over a staged edge, a
+//! `Recv` stream (host→device). A plan opens with `Entry` records on every Main stream that all other
+//! streams touching that rank's memory wait on, and closes with Main waiting on everything the rank
+//! did, so that back-to-back calls of one plan never overlap wrongly (the checker proves that too).
+
+pub mod ring;
+
+pub use ring::{RingSpec, EdgeTransport};
+
+use std::fmt;
+
+/// Index of a buffer in [`Plan::buffers`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BufId(pub usize);
+
+/// Index of an event in [`Plan::events`]. Each event is recorded exactly once per call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EventId(pub usize);
+
+/// What a buffer holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BufKind {
+    /// The caller's input (out-of-place calls only); never written.
+    Input,
+    /// The caller's output (or in-place buffer).
+    Output,
+    /// The receiver's device staging slots, `slots × chunk_elems`.
+    Slots,
+    /// The sender's pinned host staging slots, `slots × chunk_elems` (staged edges only).
+    HostSlots,
+}
+
+/// Where a buffer lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Memory {
+    Device,
+    Host,
+}
+
+impl BufKind {
+    /// Device memory for everything but the host staging slots.
+    pub fn memory(self) -> Memory {
+        match self {
+            BufKind::HostSlots => Memory::Host,
+            _ => Memory::Device,
+        }
+    }
+}
+
+/// A buffer the plan uses: its owning rank, kind and length in elements.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BufferDecl {
+    pub rank: usize,
+    pub kind: BufKind,
+    pub len: usize,
+}
+
+/// A range of `count` elements starting at element `offset` of buffer `buf`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Region {
+    pub buf: BufId,
+    pub offset: usize,
+    pub count: usize,
+}
+
+impl Region {
+    /// End element (exclusive).
+    pub fn end(&self) -> usize {
+        self.offset + self.count
+    }
+
+    /// True when both regions are in the same buffer and share at least one element.
+    pub fn overlaps(&self, other: &Region) -> bool {
+        self.buf == other.buf && self.offset < other.end() && other.offset < self.end()
+    }
+}
+
+/// The streams of one rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum StreamKind {
+    Main,
+    Send,
+    Recv,
+    Reduce,
+}
+
+impl StreamKind {
+    pub const ALL: [StreamKind; 4] = [
+        StreamKind::Main,
+        StreamKind::Send,
+        StreamKind::Recv,
+        StreamKind::Reduce,
+    ];
+
+    /// Dense index, `0..4`.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One operation, executed on the stream of the [`Instr`] that holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// `dst = src`, `src.count == dst.count`.
+    Copy { src: Region, dst: Region },
+    /// `dst = a ⊕ b` elementwise; `dst` is `a` or disjoint from both.
+    Reduce { dst: Region, a: Region, b: Region },
+    /// The `Avg` finish: `x = x / world`.
+    Scale { region: Region },
+    /// Record the event on this stream.
+    Record(EventId),
+    /// Make this stream wait for the event's record (enqueued after that record, or it is a no-op).
+    Wait(EventId),
+}
+
+/// The part of the algorithm an instruction belongs to (for errors and traces).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Phase {
+    Entry,
+    ReduceScatter,
+    AllGather,
+    Finish,
+}
+
+/// Where in the algorithm an instruction or event sits: phase, step and chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Tag {
+    pub phase: Phase,
+    pub step: usize,
+    pub chunk: usize,
+}
+
+impl Tag {
+    pub const ENTRY: Tag = Tag {
+        phase: Phase::Entry,
+        step: 0,
+        chunk: 0,
+    };
+    pub const FINISH: Tag = Tag {
+        phase: Phase::Finish,
+        step: 0,
+        chunk: 0,
+    };
+}
+
+impl fmt::Display for Tag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.phase {
+            Phase::Entry => f.write_str("entry"),
+            Phase::Finish => f.write_str("finish"),
+            Phase::ReduceScatter => write!(f, "chunk {} of reduce-scatter step {}", self.chunk, self.step),
+            Phase::AllGather => write!(f, "chunk {} of all-gather step {}", self.chunk, self.step),
+        }
+    }
+}
+
+/// One entry of a rank's program: an operation on one of its streams.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Instr {
+    pub stream: StreamKind,
+    pub op: Op,
+    pub tag: Tag,
+}
+
+/// What an event marks, for messages like "rank 1 waited for rank 0's chunk 7 of reduce-scatter
+/// step 3 (sent)".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EventDecl {
+    /// The rank whose stream records it.
+    pub rank: usize,
+    pub stream: StreamKind,
+    pub tag: Tag,
+    pub what: &'static str,
+}
+
+impl fmt::Display for EventDecl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "rank {}'s {} ({})", self.rank, self.tag, self.what)
+    }
+}
+
+/// A collective compiled for one shape: world, count, in/out of place, op, chunking, transports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    pub world: usize,
+    pub count: usize,
+    pub in_place: bool,
+    /// True when the plan ends with the `Avg` scaling (it is element-type independent otherwise).
+    pub average: bool,
+    pub buffers: Vec<BufferDecl>,
+    pub events: Vec<EventDecl>,
+    /// `ranks[r]` is rank r's program, in enqueue order.
+    pub ranks: Vec<Vec<Instr>>,
+}
+
+impl Plan {
+    /// The buffer declared for `(rank, kind)`, if the plan uses one.
+    pub fn buffer(&self, rank: usize, kind: BufKind) -> Option<BufId> {
+        self.buffers
+            .iter()
+            .position(|b| b.rank == rank && b.kind == kind)
+            .map(BufId)
+    }
+
+    /// The declaration of a buffer.
+    pub fn decl(&self, buf: BufId) -> &BufferDecl {
+        &self.buffers[buf.0]
+    }
+
+    /// The streams rank `rank` uses, in [`StreamKind`] order.
+    pub fn streams(&self, rank: usize) -> Vec<StreamKind> {
+        let mut used = [false; 4];
+        for instr in &self.ranks[rank] {
+            used[instr.stream.index()] = true;
+        }
+        StreamKind::ALL.into_iter().filter(|s| used[s.index()]).collect()
+    }
+
+    /// For each event, the ranks other than its recorder that wait on it (the event handoff's
+    /// fan-out: the recording thread tells exactly these ranks once the record is enqueued).
+    pub fn remote_waiters(&self) -> Vec<Vec<usize>> {
+        let mut waiters = vec![Vec::new(); self.events.len()];
+        for (rank, program) in self.ranks.iter().enumerate() {
+            for instr in program {
+                if let Op::Wait(e) = instr.op {
+                    let w: &mut Vec<usize> = &mut waiters[e.0];
+                    if self.events[e.0].rank != rank && !w.contains(&rank) {
+                        w.push(rank);
+                    }
+                }
+            }
+        }
+        waiters
+    }
+
+    /// Total number of instructions over all ranks.
+    pub fn len(&self) -> usize {
+        self.ranks.iter().map(Vec::len).sum()
+    }
+
+    /// True when no rank has anything to do.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

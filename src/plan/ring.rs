@@ -1,0 +1,530 @@
+//! The ring all-reduce planner: segment and chunk arithmetic as small pure functions, and
+//! [`RingSpec::build`], which emits the [`Plan`] the module above describes.
+//!
+//! Emission order is the proof that the host threads cannot deadlock while enqueuing: transfers
+//! are generated in (phase, step, chunk, sender) order and every wait refers to a record generated
+//! earlier, so each rank's program, read in order, only ever waits for records that some rank
+//! enqueues before it — the checker verifies this by simulating the enqueue.
+
+use super::{
+    BufId, BufKind, BufferDecl, EventDecl, EventId, Instr, Op, Phase, Plan, Region, StreamKind,
+    Tag,
+};
+use crate::element::ReduceOp;
+use crate::error::{Error, Result};
+use std::ops::Range;
+
+/// How one ring edge (rank r → rank r + 1) moves data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EdgeTransport {
+    /// The sender's copy engine writes straight into the receiver's memory (peer access on).
+    Peer,
+    /// Device→host on the sender, host→device on the receiver, through pinned host slots.
+    Staged,
+}
+
+/// Everything that decides the shape of a ring all-reduce plan.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RingSpec {
+    pub world: usize,
+    /// Elements per rank.
+    pub count: usize,
+    pub in_place: bool,
+    pub op: ReduceOp,
+    /// Chunk length in elements (rounded up to a multiple of `align_elems`).
+    pub chunk_elems: usize,
+    /// Staging slots per receiver (and per staged sender), ≥ 1.
+    pub slots: usize,
+    /// Segment and chunk boundaries fall on multiples of this many elements (16 bytes' worth on
+    /// GPUs, so kernels and copies stay vector-aligned).
+    pub align_elems: usize,
+    /// `transports[r]` is the edge r → r + 1; length `world`.
+    pub transports: Vec<EdgeTransport>,
+}
+
+/// Rank that rank `rank` sends to.
+pub fn send_to(rank: usize, world: usize) -> usize {
+    (rank + 1) % world
+}
+
+/// Rank that rank `rank` receives from.
+pub fn recv_from(rank: usize, world: usize) -> usize {
+    (rank + world - 1) % world
+}
+
+/// The segment rank `rank` sends at `step` of `phase` (see the table in the module doc).
+pub fn send_segment(phase: Phase, rank: usize, step: usize, world: usize) -> usize {
+    match phase {
+        Phase::ReduceScatter => (rank + world - step % world) % world,
+        Phase::AllGather => (rank + 1 + world - step % world) % world,
+        Phase::Entry | Phase::Finish => unreachable!("no segment moves outside the ring phases"),
+    }
+}
+
+/// The segment rank `rank` receives at `step` of `phase`.
+pub fn recv_segment(phase: Phase, rank: usize, step: usize, world: usize) -> usize {
+    send_segment(phase, recv_from(rank, world), step, world)
+}
+
+/// The segment whose full reduction rank `rank` holds after reduce-scatter.
+pub fn owned_segment(rank: usize, world: usize) -> usize {
+    (rank + 1) % world
+}
+
+/// Element range of segment `seg` when `count` elements are cut into `world` segments whose
+/// boundaries are multiples of `align` (all but the last segment have whole units of `align`; the
+/// units are spread as evenly as possible, the earlier segments taking one more when they don't
+/// divide).
+pub fn segment_range(count: usize, world: usize, align: usize, seg: usize) -> Range<usize> {
+    debug_assert!(seg < world && world > 0 && align > 0);
+    let units = count / align;
+    let (base, extra) = (units / world, units % world);
+    let start_unit = |s: usize| s * base + s.min(extra);
+    let start = start_unit(seg) * align;
+    let end = if seg + 1 == world {
+        count
+    } else {
+        start_unit(seg + 1) * align
+    };
+    start..end
+}
+
+/// Chunks per segment: enough for the longest segment (shorter segments have empty tail chunks).
+pub fn chunks_per_segment(count: usize, world: usize, align: usize, chunk_elems: usize) -> usize {
+    let longest = (0..world)
+        .map(|s| segment_range(count, world, align, s).len())
+        .max()
+        .unwrap_or(0);
+    longest.div_ceil(chunk_elems)
+}
+
+/// Element range (absolute, within the buffer) of chunk `chunk` of segment range `seg`; empty when
+/// the segment is shorter than `chunk × chunk_elems`.
+pub fn chunk_range(seg: Range<usize>, chunk_elems: usize, chunk: usize) -> Range<usize> {
+    let start = (seg.start + chunk * chunk_elems).min(seg.end);
+    let end = (start + chunk_elems).min(seg.end);
+    start..end
+}
+
+impl RingSpec {
+    /// A spec with every edge on `transport`.
+    pub fn new(world: usize, count: usize, chunk_elems: usize, slots: usize, transport: EdgeTransport) -> RingSpec {
+        RingSpec {
+            world,
+            count,
+            in_place: true,
+            op: ReduceOp::Sum,
+            chunk_elems,
+            slots,
+            align_elems: 1,
+            transports: vec![transport; world],
+        }
+    }
+
+    /// Chunk length actually used: `chunk_elems` rounded up to a multiple of `align_elems`.
+    pub fn effective_chunk(&self) -> usize {
+        self.chunk_elems.div_ceil(self.align_elems) * self.align_elems
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |what: String| Err(Error::InvalidArgument(what));
+        if self.world == 0 {
+            return bad("world must be at least 1".into());
+        }
+        if self.chunk_elems == 0 || self.slots == 0 || self.align_elems == 0 {
+            return bad(format!(
+                "chunk_elems ({}), slots ({}) and align_elems ({}) must be at least 1",
+                self.chunk_elems, self.slots, self.align_elems
+            ));
+        }
+        if self.transports.len() != self.world {
+            return bad(format!(
+                "{} edge transports for a ring of {} ranks",
+                self.transports.len(),
+                self.world
+            ));
+        }
+        if self.effective_chunk().checked_mul(self.slots).is_none() {
+            return bad("chunk_elems × slots overflows".into());
+        }
+        Ok(())
+    }
+
+    /// Compiles the spec into a plan (see the module doc of [`crate::plan`]).
+    pub fn build(&self) -> Result<Plan> {
+        self.validate()?;
+        let mut b = Builder::new(self);
+        b.entry();
+        if self.world == 1 {
+            b.single_rank();
+        } else {
+            b.ring();
+        }
+        b.finish();
+        Ok(b.plan)
+    }
+}
+
+/// State while emitting a plan: the plan so far, and per rank the staging-slot rotation.
+struct Builder<'a> {
+    spec: &'a RingSpec,
+    chunk: usize,
+    plan: Plan,
+    /// Per receiver: device staging slot uses so far, and the event that frees each slot.
+    slot_uses: Vec<usize>,
+    slot_free: Vec<Vec<Option<EventId>>>,
+    /// Per staged sender: host slot uses so far, and the event that frees each host slot.
+    host_uses: Vec<usize>,
+    host_free: Vec<Vec<Option<EventId>>>,
+    /// Per rank and stream: the last event recorded there (what Main waits on at the end).
+    last_record: Vec<[Option<EventId>; 4]>,
+    entry: Vec<EventId>,
+}
+
+/// Events one transfer leaves behind, looked up by later steps.
+#[derive(Clone, Copy)]
+struct Landed {
+    /// Recorded when the chunk is final in the receiver's output (reduced or copied in).
+    ready: EventId,
+}
+
+impl<'a> Builder<'a> {
+    fn new(spec: &'a RingSpec) -> Builder<'a> {
+        let n = spec.world;
+        let chunk = spec.effective_chunk();
+        let mut plan = Plan {
+            world: n,
+            count: spec.count,
+            in_place: spec.in_place,
+            average: spec.op == ReduceOp::Avg && n > 1,
+            buffers: Vec::new(),
+            events: Vec::new(),
+            ranks: vec![Vec::new(); n],
+        };
+        for rank in 0..n {
+            if !spec.in_place {
+                plan.buffers.push(BufferDecl { rank, kind: BufKind::Input, len: spec.count });
+            }
+            plan.buffers.push(BufferDecl { rank, kind: BufKind::Output, len: spec.count });
+            if n > 1 && spec.count > 0 {
+                plan.buffers.push(BufferDecl { rank, kind: BufKind::Slots, len: spec.slots * chunk });
+                if spec.transports[rank] == EdgeTransport::Staged {
+                    plan.buffers.push(BufferDecl { rank, kind: BufKind::HostSlots, len: spec.slots * chunk });
+                }
+            }
+        }
+        Builder {
+            spec,
+            chunk,
+            plan,
+            slot_uses: vec![0; n],
+            slot_free: vec![vec![None; spec.slots]; n],
+            host_uses: vec![0; n],
+            host_free: vec![vec![None; spec.slots]; n],
+            last_record: vec![[None; 4]; n],
+            entry: Vec::new(),
+        }
+    }
+
+    fn buf(&self, rank: usize, kind: BufKind) -> BufId {
+        self.plan
+            .buffer(rank, kind)
+            .expect("the builder declares every buffer it uses")
+    }
+
+    /// The buffer a rank's own contribution is read from.
+    fn source(&self, rank: usize) -> BufId {
+        self.buf(rank, if self.spec.in_place { BufKind::Output } else { BufKind::Input })
+    }
+
+    fn emit(&mut self, rank: usize, stream: StreamKind, op: Op, tag: Tag) {
+        self.plan.ranks[rank].push(Instr { stream, op, tag });
+    }
+
+    fn record(&mut self, rank: usize, stream: StreamKind, tag: Tag, what: &'static str) -> EventId {
+        let id = EventId(self.plan.events.len());
+        self.plan.events.push(EventDecl { rank, stream, tag, what });
+        self.emit(rank, stream, Op::Record(id), tag);
+        self.last_record[rank][stream.index()] = Some(id);
+        id
+    }
+
+    fn wait(&mut self, rank: usize, stream: StreamKind, event: EventId, tag: Tag) {
+        self.emit(rank, stream, Op::Wait(event), tag);
+    }
+
+    /// Streams a rank will use besides Main.
+    fn side_streams(&self, rank: usize) -> Vec<StreamKind> {
+        let n = self.spec.world;
+        if n == 1 || self.spec.count == 0 {
+            return Vec::new();
+        }
+        let mut s = vec![StreamKind::Send, StreamKind::Reduce];
+        if self.spec.transports[recv_from(rank, n)] == EdgeTransport::Staged {
+            s.push(StreamKind::Recv);
+        }
+        s
+    }
+
+    /// Every rank records Entry on Main and its side streams wait on it, so a call starts only
+    /// after the caller's earlier work on Main (and the previous call's finish).
+    ///
+    /// Over a staged edge the sender's send stream also waits on the receiver's Entry: the
+    /// receiver's last host→device copy of the previous call reads the sender's host slots, and
+    /// nothing else orders the next call's first device→host copy after it (the checker's two-call
+    /// race check finds that race when this wait is dropped). Over a peer edge no such wait is
+    /// needed: every reduce feeds a later send that every rank's finish waits on, so the chain of
+    /// events already orders a call's first push after the previous call's last read of the slot.
+    fn entry(&mut self) {
+        let n = self.spec.world;
+        for rank in 0..n {
+            let e = self.record(rank, StreamKind::Main, Tag::ENTRY, "entry");
+            self.entry.push(e);
+        }
+        for rank in 0..n {
+            for stream in self.side_streams(rank) {
+                let own = self.entry[rank];
+                self.wait(rank, stream, own, Tag::ENTRY);
+            }
+            if n > 1 && self.spec.count > 0 && self.spec.transports[rank] == EdgeTransport::Staged {
+                let next = self.entry[send_to(rank, n)];
+                self.wait(rank, StreamKind::Send, next, Tag::ENTRY);
+            }
+        }
+    }
+
+    fn single_rank(&mut self) {
+        if !self.spec.in_place && self.spec.count > 0 {
+            let count = self.spec.count;
+            let src = Region { buf: self.buf(0, BufKind::Input), offset: 0, count };
+            let dst = Region { buf: self.buf(0, BufKind::Output), offset: 0, count };
+            self.emit(0, StreamKind::Main, Op::Copy { src, dst }, Tag::ENTRY);
+        }
+    }
+
+    fn ring(&mut self) {
+        let spec = self.spec;
+        let n = spec.world;
+        let chunks = chunks_per_segment(spec.count, n, spec.align_elems, self.chunk);
+        // ready[rank][chunk]: the event after which chunk `chunk` of the segment rank just
+        // received is final in its output, for the current step.
+        let mut ready: Vec<Vec<Option<Landed>>> = vec![vec![None; chunks]; n];
+        for phase in [Phase::ReduceScatter, Phase::AllGather] {
+            for step in 0..n - 1 {
+                let mut next_ready = vec![vec![None; chunks]; n];
+                for chunk in 0..chunks {
+                    for sender in 0..n {
+                        let tag = Tag { phase, step, chunk };
+                        let seg = send_segment(phase, sender, step, n);
+                        let range = chunk_range(segment_range(spec.count, n, spec.align_elems, seg), self.chunk, chunk);
+                        if range.is_empty() {
+                            continue;
+                        }
+                        // Reduce-scatter step 0 sends the sender's own input; every later send
+                        // forwards what the sender finished in its previous step.
+                        let after = if phase == Phase::ReduceScatter && step == 0 {
+                            None
+                        } else {
+                            ready[sender][chunk]
+                        };
+                        let receiver = send_to(sender, n);
+                        let landed = self.transfer(sender, receiver, range, after, tag);
+                        next_ready[receiver][chunk] = Some(landed);
+                    }
+                }
+                ready = next_ready;
+            }
+        }
+    }
+
+    /// Moves one chunk from `sender` to `receiver` over their edge's transport; returns the event
+    /// after which the chunk is final in the receiver's output.
+    fn transfer(&mut self, sender: usize, receiver: usize, range: Range<usize>, after: Option<Landed>, tag: Tag) -> Landed {
+        let spec = self.spec;
+        let count = range.len();
+        let src_buf = if tag.phase == Phase::ReduceScatter && tag.step == 0 {
+            self.source(sender)
+        } else {
+            self.buf(sender, BufKind::Output)
+        };
+        let src = Region { buf: src_buf, offset: range.start, count };
+        let out = Region { buf: self.buf(receiver, BufKind::Output), offset: range.start, count };
+        let reducing = tag.phase == Phase::ReduceScatter;
+        let staged = spec.transports[sender] == EdgeTransport::Staged;
+
+        // Where the chunk lands on the receiver: a staging slot when it will be reduced, the output
+        // itself when it is final (all-gather).
+        let (landing, slot) = if reducing {
+            let slot = self.slot_uses[receiver] % spec.slots;
+            self.slot_uses[receiver] += 1;
+            let region = Region { buf: self.buf(receiver, BufKind::Slots), offset: slot * self.chunk, count };
+            (region, Some(slot))
+        } else {
+            (out, None)
+        };
+
+        // Sender side: wait for the data to be final here, then push it out.
+        if let Some(after) = after {
+            self.wait(sender, StreamKind::Send, after.ready, tag);
+        }
+        let arrived = if staged {
+            let h = self.host_uses[sender] % spec.slots;
+            self.host_uses[sender] += 1;
+            let host = Region { buf: self.buf(sender, BufKind::HostSlots), offset: h * self.chunk, count };
+            if let Some(free) = self.host_free[sender][h] {
+                self.wait(sender, StreamKind::Send, free, tag);
+            }
+            self.emit(sender, StreamKind::Send, Op::Copy { src, dst: host }, tag);
+            let staged_out = self.record(sender, StreamKind::Send, tag, "copied to host");
+            self.wait(receiver, StreamKind::Recv, staged_out, tag);
+            if let Some(slot) = slot {
+                if let Some(free) = self.slot_free[receiver][slot] {
+                    self.wait(receiver, StreamKind::Recv, free, tag);
+                }
+            }
+            self.emit(receiver, StreamKind::Recv, Op::Copy { src: host, dst: landing }, tag);
+            let landed = self.record(receiver, StreamKind::Recv, tag, "copied from host");
+            self.host_free[sender][h] = Some(landed);
+            landed
+        } else {
+            if let Some(slot) = slot {
+                if let Some(free) = self.slot_free[receiver][slot] {
+                    self.wait(sender, StreamKind::Send, free, tag);
+                }
+            }
+            self.emit(sender, StreamKind::Send, Op::Copy { src, dst: landing }, tag);
+            self.record(sender, StreamKind::Send, tag, "sent")
+        };
+
+        if !reducing {
+            return Landed { ready: arrived };
+        }
+        // Receiver side: fold the slot into its own contribution.
+        let own = Region { buf: self.source(receiver), offset: range.start, count };
+        self.wait(receiver, StreamKind::Reduce, arrived, tag);
+        self.emit(receiver, StreamKind::Reduce, Op::Reduce { dst: out, a: own, b: landing }, tag);
+        if self.plan.average && tag.step + 2 == spec.world {
+            self.emit(receiver, StreamKind::Reduce, Op::Scale { region: out }, tag);
+        }
+        let reduced = self.record(receiver, StreamKind::Reduce, tag, "reduced");
+        self.slot_free[receiver][slot.expect("reduce-scatter lands in a slot")] = Some(reduced);
+        Landed { ready: reduced }
+    }
+
+    /// Main waits on the last record of every stream that wrote into this rank's memory: its own
+    /// side streams and, for peer pushes, the sender's send stream.
+    fn finish(&mut self) {
+        let n = self.spec.world;
+        for rank in 0..n {
+            for stream in self.side_streams(rank) {
+                let last = self.record(rank, stream, Tag::FINISH, "done");
+                self.wait(rank, StreamKind::Main, last, Tag::FINISH);
+            }
+        }
+        for rank in 0..n {
+            let prev = recv_from(rank, n);
+            if prev != rank && self.spec.count > 0 && self.spec.transports[prev] == EdgeTransport::Peer {
+                if let Some(last) = self.last_record[prev][StreamKind::Send.index()] {
+                    self.wait(rank, StreamKind::Main, last, Tag::FINISH);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The table in the module doc of `plan`, for world = 3, written out by hand.
+    #[test]
+    fn segment_formulas_match_the_doc_table() {
+        let n = 3;
+        // (phase, step, rank) -> (sends, receives)
+        let rs = [
+            // step 0: rank 0 sends A(0), receives C(2); rank 1 sends B(1), receives A(0); ...
+            [(0, 2), (1, 0), (2, 1)],
+            // step 1: rank 0 sends C(2) (received at step 0), receives B(1)
+            [(2, 1), (0, 2), (1, 0)],
+        ];
+        let ag = [[(1, 0), (2, 1), (0, 2)], [(0, 2), (1, 0), (2, 1)]];
+        for step in 0..2 {
+            for rank in 0..n {
+                assert_eq!(
+                    (send_segment(Phase::ReduceScatter, rank, step, n), recv_segment(Phase::ReduceScatter, rank, step, n)),
+                    rs[step][rank],
+                    "reduce-scatter step {step} rank {rank}"
+                );
+                assert_eq!(
+                    (send_segment(Phase::AllGather, rank, step, n), recv_segment(Phase::AllGather, rank, step, n)),
+                    ag[step][rank],
+                    "all-gather step {step} rank {rank}"
+                );
+            }
+            // After the last reduce-scatter step, rank r received its owned segment r + 1.
+        }
+        for rank in 0..n {
+            assert_eq!(recv_segment(Phase::ReduceScatter, rank, n - 2, n), owned_segment(rank, n));
+            // All-gather step 0 sends the owned segment.
+            assert_eq!(send_segment(Phase::AllGather, rank, 0, n), owned_segment(rank, n));
+        }
+    }
+
+    #[test]
+    fn forwarding_chain_holds_for_many_worlds() {
+        // What rank r receives at step s is what it sends at step s + 1, in both phases.
+        for n in 2..=16 {
+            for r in 0..n {
+                for s in 0..n - 2 {
+                    for phase in [Phase::ReduceScatter, Phase::AllGather] {
+                        assert_eq!(recv_segment(phase, r, s, n), send_segment(phase, r, s + 1, n));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn segments_tile_the_buffer() {
+        for count in [0, 1, 2, 7, 16, 17, 100, 1009] {
+            for world in 1..=9 {
+                for align in [1, 4, 8] {
+                    let mut next = 0;
+                    for seg in 0..world {
+                        let r = segment_range(count, world, align, seg);
+                        assert_eq!(r.start, next, "count {count} world {world} align {align}");
+                        assert!(r.start % align == 0);
+                        next = r.end;
+                    }
+                    assert_eq!(next, count);
+                }
+            }
+        }
+        // 10 elements, 3 ranks, align 1: 4 3 3
+        assert_eq!(segment_range(10, 3, 1, 0), 0..4);
+        assert_eq!(segment_range(10, 3, 1, 2), 7..10);
+        // 10 elements, 3 ranks, align 4: units 2 → 4 4 and the tail of 2 → 0..4, 4..8, 8..10
+        assert_eq!(segment_range(10, 3, 4, 1), 4..8);
+        assert_eq!(segment_range(10, 3, 4, 2), 8..10);
+    }
+
+    #[test]
+    fn chunks_cover_a_segment_in_order() {
+        let seg = 10..27;
+        let chunks: Vec<_> = (0..4).map(|c| chunk_range(seg.clone(), 5, c)).collect();
+        assert_eq!(chunks, vec![10..15, 15..20, 20..25, 25..27]);
+        assert!(chunk_range(seg, 5, 4).is_empty());
+        assert_eq!(chunks_per_segment(17, 1, 1, 5), 4);
+        assert_eq!(chunks_per_segment(0, 4, 1, 5), 0);
+    }
+
+    #[test]
+    fn bad_specs_are_errors() {
+        let mut spec = RingSpec::new(2, 10, 0, 1, EdgeTransport::Peer);
+        assert!(spec.build().is_err());
+        spec.chunk_elems = 4;
+        spec.transports.pop();
+        assert!(spec.build().is_err());
+        assert!(RingSpec::new(0, 10, 1, 1, EdgeTransport::Peer).build().is_err());
+    }
+}
