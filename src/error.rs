@@ -5,6 +5,7 @@
 //! own message for CUDA and NCCL failures.
 
 use crate::element::{DType, ReduceOp};
+
 use std::time::Duration;
 
 /// Result alias used throughout the crate.
@@ -63,6 +64,13 @@ pub enum Error {
         rank: usize,
         device: usize,
         expected: usize,
+    },
+    /// A buffer is in the wrong kind of memory for this communicator.
+    #[error("rank {rank}'s buffer is in {got:?}, expected {expected}")]
+    WrongPlacement {
+        rank: usize,
+        got: crate::comm::Placement,
+        expected: &'static str,
     },
     /// count × element size does not fit in memory addresses.
     #[error("size overflow: {count} elements of {dtype} do not fit in a byte count")]

@@ -1,9 +1,13 @@
 //! ringreduce
 pub mod check;
+pub mod comm;
 pub mod element;
 pub mod error;
 pub mod exec;
 pub mod plan;
 
+pub use comm::{ring_allreduce, Buffer, BufferMut, Communicator, Placement};
 pub use element::{DType, Element, ReduceOp};
 pub use error::{Error, Result};
+pub use exec::host::{Fault, FaultKind, HostConfig};
+pub use plan::EdgeTransport;

@@ -1,2 +1,145 @@
-//! Executors: run a checked plan on host threads or on GPUs.
+//! Executors: run a checked [`Plan`] for real.
+//!
+//! Both executors share one shape, the one the multi-GPU article teaches: **one host thread per
+//! rank** walks that rank's program in order and only *enqueues* — onto host worker threads in
+//! [`host`], onto CUDA streams in [`cuda`]. Streams run their operations in order; the only
+//! ordering between streams is an event: `Record` on one stream, `Wait` on another.
+//!
+//! The rule that makes this correct is the **event handoff** ([`enqueue_rank`]): a wait captures
+//! the event's latest record *at the moment it is enqueued*, so a wait on another rank's event is
+//! enqueued only after that rank's thread has enqueued the record and told us so over a channel.
+//! Enqueue the wait first and CUDA treats it as already satisfied: the classic silent bug. The host
+//! executor reproduces those semantics exactly (a wait on a never-recorded event is a no-op), so a
+//! plan that relied on luck would fail there too.
+
 pub mod cuda;
+pub mod host;
+
+use crate::error::{Error, Result};
+use crate::plan::{EventId, Instr, Op, Plan};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// Where a rank thread puts the operations it enqueues.
+pub(crate) trait Enqueue {
+    /// Enqueues instruction `index` of this rank's program.
+    fn enqueue(&mut self, index: usize, instr: &Instr) -> Result<()>;
+}
+
+/// A rank's end of the event handoff: an inbox of "event e of call c is now recorded" messages,
+/// and the other ranks' inboxes.
+pub(crate) struct Handoff {
+    pub(crate) rank: usize,
+    pub(crate) inbox: Receiver<(u64, EventId)>,
+    pub(crate) outboxes: Vec<Sender<(u64, EventId)>>,
+    /// Events of the current call handed to us so far.
+    seen: Vec<bool>,
+    call: u64,
+    timeout: Duration,
+}
+
+impl Handoff {
+    /// One handoff end per rank, fully connected.
+    pub(crate) fn ring(world: usize) -> Vec<Handoff> {
+        let (txs, rxs): (Vec<_>, Vec<_>) = (0..world).map(|_| crossbeam_channel::unbounded()).unzip();
+        rxs.into_iter()
+            .enumerate()
+            .map(|(rank, inbox)| Handoff {
+                rank,
+                inbox,
+                outboxes: txs.clone(),
+                seen: Vec::new(),
+                call: 0,
+                timeout: Duration::ZERO,
+            })
+            .collect()
+    }
+
+    fn begin(&mut self, call: u64, events: usize, timeout: Duration) {
+        self.call = call;
+        self.timeout = timeout;
+        self.seen.clear();
+        self.seen.resize(events, false);
+    }
+
+    /// Blocks until `event` of the current call is handed over, the deadline passes, or the call
+    /// is aborted.
+    fn await_record(&mut self, plan: &Plan, event: EventId, deadline: Instant, abort: &AtomicBool) -> Result<()> {
+        while !self.seen[event.0] {
+            if abort.load(Ordering::Acquire) {
+                return Err(aborted(self.rank));
+            }
+            let slice = deadline.min(Instant::now() + Duration::from_millis(20));
+            match self.inbox.recv_deadline(slice) {
+                Ok((call, e)) if call == self.call => self.seen[e.0] = true,
+                Ok(_) => {} // a message left over from an aborted earlier call
+                Err(RecvTimeoutError::Timeout) if Instant::now() < deadline => {}
+                Err(RecvTimeoutError::Timeout) => {
+                    return Err(Error::Timeout {
+                        rank: self.rank,
+                        waiting_on: format!("was waiting to enqueue its wait for {}", plan.events[event.0]),
+                        after: self.timeout,
+                    })
+                }
+                Err(RecvTimeoutError::Disconnected) => return Err(aborted(self.rank)),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The error a rank reports when another rank's failure aborted the call.
+pub(crate) fn aborted(rank: usize) -> Error {
+    Error::RankFailed {
+        rank,
+        during: "a collective".into(),
+        message: "aborted because another rank failed".into(),
+    }
+}
+
+/// Walks rank `rank`'s program and enqueues it onto `backend`, with the event handoff: remote
+/// waits block until the recorder hands the event over; records are handed to every rank that
+/// waits on them (`waiters`, from [`Plan::remote_waiters`]).
+pub(crate) fn enqueue_rank(
+    plan: &Plan,
+    waiters: &[Vec<usize>],
+    call: u64,
+    handoff: &mut Handoff,
+    backend: &mut impl Enqueue,
+    deadline: Instant,
+    timeout: Duration,
+    abort: &AtomicBool,
+) -> Result<()> {
+    let rank = handoff.rank;
+    handoff.begin(call, plan.events.len(), timeout);
+    for (index, instr) in plan.ranks[rank].iter().enumerate() {
+        if abort.load(Ordering::Acquire) {
+            return Err(aborted(rank));
+        }
+        if let Op::Wait(e) = instr.op {
+            if plan.events[e.0].rank != rank {
+                handoff.await_record(plan, e, deadline, abort)?;
+            }
+        }
+        backend.enqueue(index, instr)?;
+        if let Op::Record(e) = instr.op {
+            for &w in &waiters[e.0] {
+                // A closed inbox means that rank's thread is gone; it will report its own failure.
+                let _ = handoff.outboxes[w].send((call, e));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Turns a caught panic payload into a message.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic with a non-string payload".into()
+    }
+}

@@ -1,0 +1,638 @@
+//! The host executor: runs a plan for real on the CPU, shaped like the GPU executor.
+//!
+//! One thread per rank enqueues the rank's program ([`super::enqueue_rank`]); each rank has one
+//! worker thread per stream (Main, Send, Recv, Reduce) that runs what is enqueued on it, in order.
+//! Events have CUDA's semantics exactly: a record enqueued on a stream completes when the stream
+//! reaches it; a wait captures the event's latest enqueued record at the moment the wait is
+//! enqueued, and a wait on an event never recorded is a no-op. Buffers are host memory, copies are
+//! `memmove`, reductions run on the CPU.
+//!
+//! It is the reference every GPU path is tested against and a usable all-reduce across threads.
+//! For tests it can shake the schedule (seeded random delays before operations) and inject faults
+//! (fail, panic or stall rank r at instruction k). Every wait has the call's deadline, so a fault
+//! never hangs a caller: the first error aborts the call, every thread drains, and the caller gets
+//! the root cause, naming the rank and what it was waiting for.
+
+use super::{aborted, enqueue_rank, panic_message, Enqueue, Handoff};
+use crate::element::{Element, ReduceOp};
+use crate::error::{Error, Result};
+use crate::plan::{BufKind, EdgeTransport, Instr, Op, Plan, Region, RingSpec, StreamKind};
+use crossbeam_channel::{Receiver, Sender};
+use rayon::prelude::*;
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Tuning and test options of the host executor.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostConfig {
+    /// Chunk length in elements.
+    pub chunk_elems: usize,
+    /// Staging slots per receiver.
+    pub slots: usize,
+    /// How the ring's edges move data. `Staged` exercises the pinned-host plan shape on the CPU.
+    pub transport: EdgeTransport,
+    /// How long a collective may take before every caller gets [`Error::Timeout`].
+    pub timeout: Duration,
+    /// Seed for random delays (0–100 µs) before a quarter of all operations; `None` for none.
+    pub delay_seed: Option<u64>,
+    /// A fault to inject, for tests of failure handling.
+    pub fault: Option<Fault>,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            chunk_elems: 64 * 1024,
+            slots: 4,
+            transport: EdgeTransport::Peer,
+            timeout: Duration::from_secs(60),
+            delay_seed: None,
+            fault: None,
+        }
+    }
+}
+
+/// A fault injected into the host executor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fault {
+    pub rank: usize,
+    /// Index of the instruction in the rank's program (taken modulo its length).
+    pub instr: usize,
+    pub kind: FaultKind,
+}
+
+/// What an injected fault does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultKind {
+    /// The operation returns an error.
+    Fail,
+    /// The operation panics (the executor catches it).
+    Panic,
+    /// The operation never finishes (until the call is aborted).
+    Stall,
+}
+
+/// A CUDA-like event on the host: records enqueued so far, and records completed.
+#[derive(Default)]
+struct HostEvent {
+    enqueued: AtomicU64,
+    completed: Mutex<u64>,
+    reached: Condvar,
+}
+
+/// Host memory for the plan's staging slots, zeroed, 64-byte aligned.
+struct Scratch {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: Scratch is a plain owned allocation; the executor hands out raw pointers into it only to
+// operations the checker proved race-free, and frees it only when no call is running.
+unsafe impl Send for Scratch {}
+// SAFETY: as above; `&Scratch` only exposes the base address.
+unsafe impl Sync for Scratch {}
+
+impl Scratch {
+    fn new(bytes: usize) -> Result<Scratch> {
+        let layout = Layout::from_size_align(bytes.max(1), 64)
+            .map_err(|_| Error::InvalidArgument(format!("staging of {bytes} bytes is too large")))?;
+        // SAFETY: the layout has non-zero size.
+        let ptr = unsafe { alloc_zeroed(layout) };
+        let ptr = NonNull::new(ptr).ok_or_else(|| Error::InvalidArgument(format!("cannot allocate {bytes} bytes of staging")))?;
+        Ok(Scratch { ptr, layout })
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout, freed once.
+        unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+/// A checked plan with what running it needs, built once per shape and reused.
+struct Prepared {
+    plan: Plan,
+    waiters: Vec<Vec<usize>>,
+    events: Vec<HostEvent>,
+    /// One allocation per Slots / HostSlots buffer, by buffer index.
+    scratch: Vec<Option<Scratch>>,
+}
+
+/// The shape a prepared plan is cached under.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct Shape {
+    count: usize,
+    in_place: bool,
+    average: bool,
+    elem_bytes: usize,
+}
+
+/// A buffer of the caller's, as the executor sees it: a base address and a length in bytes.
+#[derive(Clone, Copy)]
+pub(crate) struct RawBuf {
+    pub(crate) ptr: *mut u8,
+    pub(crate) len_bytes: usize,
+}
+
+/// Type-erased element kernels, monomorphised for the call's element type.
+#[derive(Clone, Copy)]
+struct Kernels {
+    reduce: unsafe fn(ReduceOp, *mut u8, *const u8, *const u8, usize),
+    scale: unsafe fn(*mut u8, usize, usize),
+}
+
+/// Everything the threads of one call share.
+struct Call {
+    id: u64,
+    prepared: Arc<Prepared>,
+    bufs: Vec<RawBuf>,
+    elem_bytes: usize,
+    op: ReduceOp,
+    kernels: Kernels,
+    deadline: Instant,
+    timeout: Duration,
+    delay_seed: Option<u64>,
+    fault: Option<Fault>,
+    abort: AtomicBool,
+    failure: Mutex<Option<Error>>,
+    /// Each rank thread reports `(rank, None)`, each stream worker `(rank, Some(stream))`.
+    done: Sender<(usize, Option<StreamKind>)>,
+}
+
+// SAFETY: the raw pointers in `bufs` point into buffers the caller keeps borrowed until every
+// thread has reported the call done (`HostExecutor::run` blocks for that), and the checker proved
+// that no two threads touch overlapping bytes without an event between them.
+unsafe impl Send for Call {}
+// SAFETY: as above.
+unsafe impl Sync for Call {}
+
+impl Call {
+    /// Records the first failure and aborts the call.
+    fn fail(&self, err: Error) {
+        let mut slot = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(err);
+        }
+        self.abort.store(true, Ordering::Release);
+    }
+
+    fn aborted(&self) -> bool {
+        self.abort.load(Ordering::Acquire)
+    }
+
+    fn ptr(&self, region: Region) -> *mut u8 {
+        let buf = self.bufs[region.buf.0];
+        debug_assert!((region.offset + region.count) * self.elem_bytes <= buf.len_bytes);
+        // SAFETY: the checker proved the region lies inside its buffer, and `bufs` has each
+        // buffer's real length (asserted above in debug builds).
+        unsafe { buf.ptr.add(region.offset * self.elem_bytes) }
+    }
+}
+
+/// What a stream worker is told.
+enum Cmd {
+    Begin(Arc<Call>),
+    Run { index: usize },
+    Record { event: usize, generation: u64 },
+    Wait { event: usize, target: u64, index: usize },
+    End,
+}
+
+/// The host executor of one communicator: a thread per rank, a worker per stream.
+pub(crate) struct HostExecutor {
+    world: usize,
+    config: HostConfig,
+    ranks: Vec<(Sender<Arc<Call>>, JoinHandle<()>)>,
+    cache: HashMap<Shape, Arc<Prepared>>,
+    calls: u64,
+}
+
+impl HostExecutor {
+    pub(crate) fn new(world: usize, config: HostConfig) -> Result<HostExecutor> {
+        if world == 0 {
+            return Err(Error::InvalidArgument("a communicator needs at least one rank".into()));
+        }
+        if config.chunk_elems == 0 || config.slots == 0 {
+            return Err(Error::InvalidArgument("chunk_elems and slots must be at least 1".into()));
+        }
+        let ranks = Handoff::ring(world)
+            .into_iter()
+            .map(|handoff| {
+                let (tx, rx) = crossbeam_channel::unbounded();
+                let handle = std::thread::Builder::new()
+                    .name(format!("ringreduce-rank-{}", handoff.rank))
+                    .spawn(move || rank_thread(handoff, rx))
+                    .map_err(|e| Error::InvalidArgument(format!("cannot start a rank thread: {e}")))?;
+                Ok((tx, handle))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(HostExecutor {
+            world,
+            config,
+            ranks,
+            cache: HashMap::new(),
+            calls: 0,
+        })
+    }
+
+    fn prepare(&mut self, shape: Shape) -> Result<Arc<Prepared>> {
+        if let Some(p) = self.cache.get(&shape) {
+            return Ok(p.clone());
+        }
+        let spec = RingSpec {
+            world: self.world,
+            count: shape.count,
+            in_place: shape.in_place,
+            op: if shape.average { ReduceOp::Avg } else { ReduceOp::Sum },
+            chunk_elems: self.config.chunk_elems,
+            slots: self.config.slots,
+            align_elems: 1,
+            transports: vec![self.config.transport; self.world],
+        };
+        let plan = spec.build()?;
+        crate::check::check(&plan)?;
+        let scratch = plan
+            .buffers
+            .iter()
+            .map(|decl| match decl.kind {
+                BufKind::Slots | BufKind::HostSlots => decl
+                    .len
+                    .checked_mul(shape.elem_bytes)
+                    .ok_or(Error::InvalidArgument("staging size overflows".into()))
+                    .and_then(Scratch::new)
+                    .map(Some),
+                BufKind::Input | BufKind::Output => Ok(None),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let prepared = Arc::new(Prepared {
+            waiters: plan.remote_waiters(),
+            events: plan.events.iter().map(|_| HostEvent::default()).collect(),
+            scratch,
+            plan,
+        });
+        self.cache.insert(shape, prepared.clone());
+        Ok(prepared)
+    }
+
+    /// Runs one all-reduce and returns when every rank is done (or the call failed and every
+    /// thread has stopped touching the buffers).
+    ///
+    /// # Safety
+    /// `outputs[r]` (and `inputs[r]` when given) must point to `count` valid, aligned elements of
+    /// `T` that nothing else reads or writes until this returns; outputs must not overlap each other
+    /// or any input. Inputs may overlap each other (they are only read).
+    pub(crate) unsafe fn run<T: Element>(&mut self, inputs: Option<&[*const T]>, outputs: &[*mut T], count: usize, op: ReduceOp) -> Result<()> {
+        let elem_bytes = std::mem::size_of::<T>();
+        let shape = Shape {
+            count,
+            in_place: inputs.is_none(),
+            average: op == ReduceOp::Avg,
+            elem_bytes,
+        };
+        let prepared = self.prepare(shape)?;
+        let len_bytes = count * elem_bytes;
+        let bufs = prepared
+            .plan
+            .buffers
+            .iter()
+            .enumerate()
+            .map(|(i, decl)| match decl.kind {
+                BufKind::Input => RawBuf {
+                    ptr: inputs.expect("out-of-place plans declare inputs")[decl.rank] as *mut u8,
+                    len_bytes,
+                },
+                BufKind::Output => RawBuf { ptr: outputs[decl.rank] as *mut u8, len_bytes },
+                BufKind::Slots | BufKind::HostSlots => {
+                    let s = prepared.scratch[i].as_ref().expect("staging is allocated in prepare");
+                    RawBuf { ptr: s.ptr.as_ptr(), len_bytes: s.layout.size() }
+                }
+            })
+            .collect();
+        self.calls += 1;
+        let (done_tx, done_rx) = crossbeam_channel::unbounded();
+        let call = Arc::new(Call {
+            id: self.calls,
+            prepared,
+            bufs,
+            elem_bytes,
+            op,
+            kernels: Kernels {
+                reduce: reduce_raw::<T>,
+                scale: scale_raw::<T>,
+            },
+            deadline: Instant::now() + self.config.timeout,
+            timeout: self.config.timeout,
+            delay_seed: self.config.delay_seed.map(|s| s ^ self.calls.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+            fault: self.config.fault,
+            abort: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            done: done_tx,
+        });
+        for (tx, _) in &self.ranks {
+            if tx.send(call.clone()).is_err() {
+                call.fail(Error::Closed);
+            }
+        }
+        // Each rank thread and each of its stream workers reports once.
+        let mut pending: Vec<(usize, Option<StreamKind>)> = (0..self.world)
+            .flat_map(|r| std::iter::once((r, None)).chain(StreamKind::ALL.iter().map(move |&s| (r, Some(s)))))
+            .collect();
+        // The threads' own deadline checks fire first and name what they waited for; the caller's
+        // is a backstop, a little later.
+        let backstop = call.deadline + Duration::from_millis(250);
+        let mut timed_out = false;
+        while !pending.is_empty() {
+            let until = if timed_out { Instant::now() + Duration::from_secs(3600) } else { backstop };
+            match done_rx.recv_deadline(until) {
+                Ok(who) => pending.retain(|p| *p != who),
+                Err(_) if !timed_out => {
+                    // Nobody reported a failure, yet the call is not done: a stall. Abort, then
+                    // keep collecting: every thread notices the abort within milliseconds.
+                    timed_out = true;
+                    let (rank, stream) = pending[0];
+                    call.fail(Error::Timeout {
+                        rank,
+                        waiting_on: match stream {
+                            Some(s) => format!("did not finish the operations on its {s:?} stream"),
+                            None => "did not finish enqueuing its operations".into(),
+                        },
+                        after: self.config.timeout,
+                    });
+                }
+                Err(_) => break,
+            }
+        }
+        let failure = call.failure.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match failure {
+            Some(err) => Err(err),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for HostExecutor {
+    fn drop(&mut self) {
+        for (tx, handle) in self.ranks.drain(..) {
+            drop(tx);
+            // A rank thread only ends by its channel closing; a panic inside it was caught.
+            let _ = handle.join();
+        }
+    }
+}
+
+/// A rank's thread: for each call, enqueue the rank's program onto its stream workers.
+fn rank_thread(mut handoff: Handoff, calls: Receiver<Arc<Call>>) {
+    let rank = handoff.rank;
+    let workers: Vec<(Sender<Cmd>, JoinHandle<()>)> = StreamKind::ALL
+        .iter()
+        .map(|&stream| {
+            let (tx, rx) = crossbeam_channel::unbounded();
+            let handle = std::thread::Builder::new()
+                .name(format!("ringreduce-rank-{rank}-{stream:?}"))
+                .spawn(move || stream_worker(rank, stream, rx))
+                .expect("spawning a stream worker thread");
+            (tx, handle)
+        })
+        .collect();
+    for call in calls {
+        for (tx, _) in &workers {
+            let _ = tx.send(Cmd::Begin(call.clone()));
+        }
+        let mut backend = HostEnqueue { call: &call, workers: &workers };
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            enqueue_rank(&call.prepared.plan, &call.prepared.waiters, call.id, &mut handoff, &mut backend, call.deadline, call.timeout, &call.abort)
+        }));
+        match result {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => call.fail(err),
+            Err(payload) => call.fail(Error::RankFailed {
+                rank,
+                during: "enqueue".into(),
+                message: panic_message(&*payload),
+            }),
+        }
+        for (tx, _) in &workers {
+            let _ = tx.send(Cmd::End);
+        }
+        let _ = call.done.send((rank, None));
+    }
+    for (tx, handle) in workers {
+        drop(tx);
+        let _ = handle.join();
+    }
+}
+
+/// The rank thread's view of its workers while enqueuing one call.
+struct HostEnqueue<'a> {
+    call: &'a Call,
+    workers: &'a [(Sender<Cmd>, JoinHandle<()>)],
+}
+
+impl Enqueue for HostEnqueue<'_> {
+    fn enqueue(&mut self, index: usize, instr: &Instr) -> Result<()> {
+        let events = &self.call.prepared.events;
+        let cmd = match instr.op {
+            Op::Record(e) => Cmd::Record {
+                event: e.0,
+                generation: events[e.0].enqueued.fetch_add(1, Ordering::AcqRel) + 1,
+            },
+            Op::Wait(e) => match events[e.0].enqueued.load(Ordering::Acquire) {
+                // CUDA semantics: waiting on an event that was never recorded does nothing.
+                0 => return Ok(()),
+                target => Cmd::Wait { event: e.0, target, index },
+            },
+            _ => Cmd::Run { index },
+        };
+        self.workers[instr.stream.index()].0.send(cmd).map_err(|_| Error::Closed)
+    }
+}
+
+/// A tiny deterministic generator for schedule delays.
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// A stream: runs what its rank thread enqueues, in order.
+fn stream_worker(rank: usize, stream: StreamKind, cmds: Receiver<Cmd>) {
+    let mut current: Option<Arc<Call>> = None;
+    let mut rng = XorShift(1);
+    for cmd in cmds {
+        match cmd {
+            Cmd::Begin(call) => {
+                if let Some(seed) = call.delay_seed {
+                    rng = XorShift(seed ^ ((rank as u64) << 32 | stream.index() as u64) | 1);
+                }
+                current = Some(call);
+            }
+            Cmd::End => {
+                if let Some(call) = current.take() {
+                    let _ = call.done.send((rank, Some(stream)));
+                }
+            }
+            Cmd::Record { event, generation } => {
+                if let Some(call) = &current {
+                    let ev = &call.prepared.events[event];
+                    let mut done = ev.completed.lock().unwrap_or_else(|p| p.into_inner());
+                    *done = (*done).max(generation);
+                    ev.reached.notify_all();
+                }
+            }
+            Cmd::Wait { event, target, index } => {
+                let Some(call) = &current else { continue };
+                if call.aborted() {
+                    continue;
+                }
+                if let Err(err) = wait_event(call, rank, stream, event, target, index) {
+                    call.fail(err);
+                }
+            }
+            Cmd::Run { index } => {
+                let Some(call) = &current else { continue };
+                if call.aborted() {
+                    continue;
+                }
+                if call.delay_seed.is_some() && rng.next() % 4 == 0 {
+                    std::thread::sleep(Duration::from_micros(rng.next() % 100));
+                }
+                let instr = call.prepared.plan.ranks[rank][index];
+                let outcome = catch_unwind(AssertUnwindSafe(|| run_op(call, rank, index, &instr)));
+                let err = match outcome {
+                    Ok(Ok(())) => continue,
+                    Ok(Err(err)) => err,
+                    Err(payload) => Error::RankFailed {
+                        rank,
+                        during: instr.tag.to_string(),
+                        message: format!("panic: {}", panic_message(&*payload)),
+                    },
+                };
+                call.fail(err);
+            }
+        }
+    }
+}
+
+/// Blocks a stream until `event` reaches `target`, the call aborts, or the deadline passes.
+fn wait_event(call: &Call, rank: usize, stream: StreamKind, event: usize, target: u64, index: usize) -> Result<()> {
+    let ev = &call.prepared.events[event];
+    let mut done = ev.completed.lock().unwrap_or_else(|p| p.into_inner());
+    while *done < target {
+        if call.aborted() {
+            return Err(aborted(rank));
+        }
+        let now = Instant::now();
+        if now >= call.deadline {
+            let tag = call.prepared.plan.ranks[rank][index].tag;
+            return Err(Error::Timeout {
+                rank,
+                waiting_on: format!(
+                    "({stream:?} stream, {tag}) waited for {}",
+                    call.prepared.plan.events[event]
+                ),
+                after: call.timeout,
+            });
+        }
+        let slice = (call.deadline - now).min(Duration::from_millis(20));
+        done = ev.reached.wait_timeout(done, slice).unwrap_or_else(|p| p.into_inner()).0;
+    }
+    Ok(())
+}
+
+/// Executes one data operation.
+fn run_op(call: &Call, rank: usize, index: usize, instr: &Instr) -> Result<()> {
+    if let Some(fault) = call.fault {
+        let len = call.prepared.plan.ranks[rank].len();
+        if fault.rank == rank && len > 0 && fault.instr % len == index {
+            match fault.kind {
+                FaultKind::Fail => {
+                    return Err(Error::RankFailed {
+                        rank,
+                        during: instr.tag.to_string(),
+                        message: format!("injected failure at instruction {index}"),
+                    })
+                }
+                FaultKind::Panic => panic!("injected panic at instruction {index}"),
+                FaultKind::Stall => {
+                    while !call.aborted() {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    return Err(aborted(rank));
+                }
+            }
+        }
+    }
+    let eb = call.elem_bytes;
+    match instr.op {
+        Op::Copy { src, dst } => {
+            // SAFETY: both regions lie inside their buffers (checked plan) and no other thread
+            // touches them now (race-free plan); `copy` allows overlap.
+            unsafe { std::ptr::copy(call.ptr(src), call.ptr(dst), src.count * eb) }
+        }
+        Op::Reduce { dst, a, b } => {
+            // SAFETY: as above; the checker proved `dst` is `a` or disjoint from `a` and `b`.
+            unsafe { (call.kernels.reduce)(call.op.combine_op(), call.ptr(dst), call.ptr(a), call.ptr(b), dst.count) }
+        }
+        Op::Scale { region } => {
+            // SAFETY: as above.
+            unsafe { (call.kernels.scale)(call.ptr(region), region.count, call.prepared.plan.world) }
+        }
+        Op::Record(_) | Op::Wait(_) => unreachable!("records and waits are handled by the worker"),
+    }
+    Ok(())
+}
+
+/// Below this many elements a reduction runs on the calling worker alone.
+const PARALLEL_MIN: usize = 1 << 18;
+
+/// `dst[i] = a[i] ⊕ b[i]` for `count` elements of `T`.
+///
+/// # Safety
+/// `dst`, `a`, `b` point to `count` aligned elements of `T`; `dst == a` or `dst` is disjoint from
+/// both; `b` is disjoint from `dst`; no other thread accesses them during the call.
+unsafe fn reduce_raw<T: Element>(op: ReduceOp, dst: *mut u8, a: *const u8, b: *const u8, count: usize) {
+    let (dst, a, b) = (dst as *mut T, a as *const T, b as *const T);
+    // SAFETY: the caller guarantees validity and that `b` does not alias `dst`.
+    let (out, b) = unsafe { (std::slice::from_raw_parts_mut(dst, count), std::slice::from_raw_parts(b, count)) };
+    if std::ptr::eq(dst, a) {
+        let fold = |(d, s): (&mut T, &T)| *d = T::combine(op, *d, *s);
+        if count >= PARALLEL_MIN {
+            out.par_iter_mut().zip(b.par_iter()).for_each(fold);
+        } else {
+            out.iter_mut().zip(b).for_each(fold);
+        }
+    } else {
+        // SAFETY: `a` is disjoint from `dst` (caller's contract), so a shared slice is sound.
+        let a = unsafe { std::slice::from_raw_parts(a, count) };
+        let combine = |((d, x), y): ((&mut T, &T), &T)| *d = T::combine(op, *x, *y);
+        if count >= PARALLEL_MIN {
+            out.par_iter_mut().zip(a.par_iter()).zip(b.par_iter()).for_each(combine);
+        } else {
+            out.iter_mut().zip(a).zip(b).for_each(combine);
+        }
+    }
+}
+
+/// `x[i] = x[i] / world` (the `Avg` finish).
+///
+/// # Safety
+/// `x` points to `count` aligned elements of `T` that no other thread accesses during the call.
+unsafe fn scale_raw<T: Element>(x: *mut u8, count: usize, world: usize) {
+    // SAFETY: the caller's contract.
+    let xs = unsafe { std::slice::from_raw_parts_mut(x as *mut T, count) };
+    for v in xs {
+        *v = T::average(*v, world);
+    }
+}
