@@ -150,8 +150,11 @@ pub trait Element: bytemuck::Pod + Send + Sync + PartialEq + fmt::Debug + sealed
     fn combine(op: ReduceOp, a: Self, b: Self) -> Self;
     /// The final step of `Avg`: `x / world`, as the module doc defines it.
     fn average(x: Self, world: usize) -> Self;
-    /// An exactly representable test value; distinct `i` give distinct values where the type allows.
-    fn from_index(i: u64) -> Self;
+    /// `v` converted like an `as` cast (integers wrap; floats round to nearest). Small integers
+    /// are exact in every type, which is what tests and benchmarks build their inputs from.
+    fn from_i64(v: i64) -> Self;
+    /// The value as f64 (exact for every type but 64-bit integers beyond 2^53), for reports.
+    fn to_f64(self) -> f64;
 }
 
 mod sealed {
@@ -179,8 +182,12 @@ macro_rules! int_element {
                 x / (world as $t).max(1)
             }
             #[inline]
-            fn from_index(i: u64) -> Self {
-                i as $t
+            fn from_i64(v: i64) -> Self {
+                v as $t
+            }
+            #[inline]
+            fn to_f64(self) -> f64 {
+                self as f64
             }
         }
     )*};
@@ -206,8 +213,12 @@ macro_rules! float_element {
                 x * (1.0 / world.max(1) as $t)
             }
             #[inline]
-            fn from_index(i: u64) -> Self {
-                i as $t
+            fn from_i64(v: i64) -> Self {
+                v as $t
+            }
+            #[inline]
+            fn to_f64(self) -> f64 {
+                self as f64
             }
         }
     )*};
@@ -228,8 +239,12 @@ macro_rules! half_element {
                 <$t>::from_f32(f32::average(x.to_f32(), world))
             }
             #[inline]
-            fn from_index(i: u64) -> Self {
-                <$t>::from_f32(i as f32)
+            fn from_i64(v: i64) -> Self {
+                <$t>::from_f32(v as f32)
+            }
+            #[inline]
+            fn to_f64(self) -> f64 {
+                self.to_f64()
             }
         }
     )*};

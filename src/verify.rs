@@ -1,0 +1,143 @@
+//! Exact test data: inputs that depend on rank and index, whose reductions are exact in every
+//! element type, and a checker that reports the first few mismatches.
+//!
+//! Used by the tests, the GPU check, the CLI and the benchmarks (the `#wrong` column), so every
+//! path is verified against the same reference. All-ones inputs would hide a chunk delivered to the
+//! wrong place; these values differ by rank and by index. They are small integers: float sums of up
+//! to 16 ranks stay below 2^8 in magnitude, exact even in bf16, so the expected value does not
+//! depend on the order of the additions. Products use ±1 and ±2 with at most one 2 in four, so
+//! they stay exact (|x| ≤ 2^⌈n/4⌉). Integers wrap, which is exact by definition.
+//!
+//! The reference folds the inputs rank by rank on the host with [`Element::combine`] and finishes
+//! `Avg` with [`Element::average`] — a sequential reduction, independent of the ring.
+
+use crate::element::{Element, ReduceOp};
+
+/// Rank `rank`'s input at `index` for a collective with operator `op`.
+pub fn input_value<T: Element>(op: ReduceOp, rank: usize, index: usize) -> T {
+    let (r, i) = (rank as i64, index as i64);
+    match op {
+        ReduceOp::Prod => {
+            let sign = if (r * 3 + i) % 5 < 2 { -1 } else { 1 };
+            let magnitude = if (r + i) % 4 == 0 { 2 } else { 1 };
+            T::from_i64(sign * magnitude)
+        }
+        _ if T::DTYPE.is_float() => T::from_i64((r * 7 + i * 3) % 17 - 8),
+        _ => T::from_i64((r * 131 + i * 7) % 251 - 125),
+    }
+}
+
+/// The correct result at `index` of an all-reduce over `world` ranks.
+pub fn expected_value<T: Element>(op: ReduceOp, world: usize, index: usize) -> T {
+    let mut acc = input_value::<T>(op, 0, index);
+    for rank in 1..world {
+        acc = T::combine(op.combine_op(), acc, input_value(op, rank, index));
+    }
+    if op == ReduceOp::Avg {
+        acc = T::average(acc, world);
+    }
+    acc
+}
+
+/// Fills `buf` with rank `rank`'s inputs.
+pub fn fill_input<T: Element>(op: ReduceOp, rank: usize, buf: &mut [T]) {
+    for (i, v) in buf.iter_mut().enumerate() {
+        *v = input_value(op, rank, i);
+    }
+}
+
+/// Rank `rank`'s input buffer of `count` elements.
+pub fn make_input<T: Element>(op: ReduceOp, rank: usize, count: usize) -> Vec<T> {
+    (0..count).map(|i| input_value(op, rank, i)).collect()
+}
+
+/// The expected output of `count` elements (the same on every rank).
+pub fn make_expected<T: Element>(op: ReduceOp, world: usize, count: usize) -> Vec<T> {
+    (0..count).map(|i| expected_value(op, world, i)).collect()
+}
+
+/// One wrong element.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mismatch {
+    pub rank: usize,
+    pub index: usize,
+    pub got: f64,
+    pub want: f64,
+}
+
+impl std::fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "(rank {}, index {}, got {}, want {})", self.rank, self.index, self.got, self.want)
+    }
+}
+
+/// How many elements of `out` differ from `want` (bitwise equality of the element type, so
+/// `-0.0 != 0.0` is not forgiven but NaN never appears in these inputs), with the first few.
+pub fn compare<T: Element>(rank: usize, out: &[T], want: &[T], report: usize) -> (usize, Vec<Mismatch>) {
+    let mut wrong = 0;
+    let mut first = Vec::new();
+    for (index, (got, want)) in out.iter().zip(want).enumerate() {
+        if bytemuck::bytes_of(got) != bytemuck::bytes_of(want) {
+            wrong += 1;
+            if first.len() < report {
+                first.push(Mismatch { rank, index, got: got.to_f64(), want: want.to_f64() });
+            }
+        }
+    }
+    wrong += out.len().abs_diff(want.len());
+    (wrong, first)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::{bf16, f16};
+
+    fn exact_in<T: Element>() {
+        for world in 1..=16 {
+            for op in ReduceOp::ALL {
+                for index in 0..64 {
+                    // The f64 fold of the same inputs must agree with the typed fold: no rounding.
+                    let mut acc = input_value::<T>(op, 0, index).to_f64();
+                    for rank in 1..world {
+                        let x = input_value::<T>(op, rank, index).to_f64();
+                        acc = match op.combine_op() {
+                            ReduceOp::Sum => acc + x,
+                            ReduceOp::Prod => acc * x,
+                            ReduceOp::Min => acc.min(x),
+                            _ => acc.max(x),
+                        };
+                    }
+                    if op != ReduceOp::Avg {
+                        assert_eq!(expected_value::<T>(op, world, index).to_f64(), acc, "{op} world {world} index {index}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn float_inputs_reduce_exactly() {
+        exact_in::<f32>();
+        exact_in::<f64>();
+        exact_in::<f16>();
+        exact_in::<bf16>();
+    }
+
+    #[test]
+    fn inputs_differ_by_rank_and_index() {
+        let a: Vec<f32> = make_input(ReduceOp::Sum, 0, 8);
+        let b: Vec<f32> = make_input(ReduceOp::Sum, 1, 8);
+        assert_ne!(a, b);
+        assert!(a.windows(2).all(|w| w[0] != w[1]));
+    }
+
+    #[test]
+    fn compare_reports_the_first_mismatches() {
+        let want = vec![1u32, 2, 3, 4];
+        let got = vec![1u32, 9, 3, 8];
+        let (wrong, first) = compare(2, &got, &want, 1);
+        assert_eq!(wrong, 2);
+        assert_eq!(first, vec![Mismatch { rank: 2, index: 1, got: 9.0, want: 2.0 }]);
+    }
+}

@@ -1,0 +1,137 @@
+//! The host executor's test matrix: worlds 1..=8, awkward lengths, chunk sizes from one element to
+//! a whole segment, in and out of place, every operator and element type, peer-shaped and
+//! staged-shaped plans, with schedule-shaking delays. Inputs depend on rank and index and reduce
+//! exactly (see `ringreduce::verify`), so every expectation is exact.
+
+use half::{bf16, f16};
+use ringreduce::verify::{compare, make_expected, make_input};
+use ringreduce::{Communicator, EdgeTransport, Element, HostConfig, ReduceOp};
+
+fn config(chunk_elems: usize, slots: usize, transport: EdgeTransport, seed: Option<u64>) -> HostConfig {
+    HostConfig {
+        chunk_elems,
+        slots,
+        transport,
+        delay_seed: seed,
+        ..HostConfig::default()
+    }
+}
+
+/// Runs one all-reduce and asserts every output element, reporting the first mismatches.
+fn run_case<T: Element>(comm: &Communicator, count: usize, op: ReduceOp, in_place: bool) {
+    let world = comm.world();
+    let inputs: Vec<Vec<T>> = (0..world).map(|r| make_input(op, r, count)).collect();
+    let want = make_expected::<T>(op, world, count);
+    let outputs = if in_place {
+        let mut bufs = inputs.clone();
+        comm.all_reduce_in_place(&mut bufs, op).unwrap();
+        bufs
+    } else {
+        let mut outs = vec![vec![T::from_i64(99); count]; world];
+        comm.all_reduce(&inputs, &mut outs, op).unwrap();
+        // Inputs are untouched.
+        for (r, input) in inputs.iter().enumerate() {
+            assert_eq!(input, &make_input::<T>(op, r, count), "rank {r}'s input changed");
+        }
+        outs
+    };
+    for (rank, out) in outputs.iter().enumerate() {
+        let (wrong, first) = compare(rank, out, &want, 4);
+        assert_eq!(
+            wrong,
+            0,
+            "{} {op} world {world} count {count} in_place {in_place}: {wrong} wrong, first {}",
+            T::DTYPE,
+            first.iter().map(|m| m.to_string()).collect::<Vec<_>>().join(" ")
+        );
+    }
+}
+
+fn lengths(world: usize) -> Vec<usize> {
+    let mut v = vec![0, 1, world.saturating_sub(1), world + 1, 97, 1009];
+    v.sort();
+    v.dedup();
+    v
+}
+
+#[test]
+fn sum_f32_every_world_length_and_chunk() {
+    for world in 1..=8 {
+        for count in lengths(world) {
+            let segment = count.div_ceil(world).max(1);
+            for chunk in [1, 3, 64, segment] {
+                for transport in [EdgeTransport::Peer, EdgeTransport::Staged] {
+                    let comm = Communicator::host_with(world, config(chunk, 2, transport, None)).unwrap();
+                    for in_place in [true, false] {
+                        run_case::<f32>(&comm, count, ReduceOp::Sum, in_place);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn every_op<T: Element>(comm: &Communicator, count: usize) {
+    for op in ReduceOp::ALL {
+        for in_place in [true, false] {
+            run_case::<T>(comm, count, op, in_place);
+        }
+    }
+}
+
+#[test]
+fn every_type_and_op() {
+    for world in [1, 2, 3, 5, 8] {
+        for count in [0, 1, world + 1, 257] {
+            let comm = Communicator::host_with(world, config(16, 3, EdgeTransport::Peer, None)).unwrap();
+            every_op::<f16>(&comm, count);
+            every_op::<bf16>(&comm, count);
+            every_op::<f32>(&comm, count);
+            every_op::<f64>(&comm, count);
+            every_op::<i8>(&comm, count);
+            every_op::<u8>(&comm, count);
+            every_op::<i32>(&comm, count);
+            every_op::<u32>(&comm, count);
+            every_op::<i64>(&comm, count);
+            every_op::<u64>(&comm, count);
+        }
+    }
+}
+
+#[test]
+fn random_delays_shake_the_schedule() {
+    for seed in 1..=12u64 {
+        let world = 2 + (seed as usize % 5);
+        let transport = if seed % 2 == 0 { EdgeTransport::Peer } else { EdgeTransport::Staged };
+        let comm = Communicator::host_with(world, config(7, 1 + seed as usize % 3, transport, Some(seed))).unwrap();
+        for count in [1, 50, 301] {
+            run_case::<i32>(&comm, count, ReduceOp::Sum, seed % 3 == 0);
+            run_case::<f64>(&comm, count, ReduceOp::Avg, seed % 3 != 0);
+        }
+    }
+}
+
+#[test]
+fn a_communicator_is_reused_across_shapes() {
+    let comm = Communicator::host_with(4, config(5, 2, EdgeTransport::Peer, Some(7))).unwrap();
+    for count in [10, 3, 10, 0, 1000, 10] {
+        run_case::<u64>(&comm, count, ReduceOp::Max, count % 2 == 0);
+    }
+    comm.close().unwrap();
+}
+
+#[test]
+fn large_buffers_64_mib() {
+    // 4 ranks × 16 Mi f32 = 64 MiB per rank.
+    let count = 16 << 20;
+    let comm = Communicator::host_with(4, config(1 << 20, 4, EdgeTransport::Peer, None)).unwrap();
+    run_case::<f32>(&comm, count, ReduceOp::Sum, true);
+}
+
+#[test]
+fn ring_allreduce_sums_in_place() {
+    let mut bufs: Vec<Vec<i64>> = (0..5).map(|r| make_input(ReduceOp::Sum, r, 33)).collect();
+    ringreduce::ring_allreduce(&mut bufs).unwrap();
+    let want = make_expected::<i64>(ReduceOp::Sum, 5, 33);
+    assert!(bufs.iter().all(|b| b == &want));
+}

@@ -1,0 +1,56 @@
+//! Property tests of the planner and the checker: for any world (1..=16), count (0 to large,
+//! primes included), chunk size, slot count, alignment, in or out of place, `Avg` or not, and any
+//! mix of peer and staged edges, the ring plan passes all four checks — symbolic result, no data
+//! race over two back-to-back calls, deadlock-free enqueue, completion on Main.
+
+use proptest::prelude::*;
+use ringreduce::check::check;
+use ringreduce::plan::{EdgeTransport, RingSpec};
+use ringreduce::ReduceOp;
+
+fn spec_strategy() -> impl Strategy<Value = RingSpec> {
+    (1usize..=16)
+        .prop_flat_map(|world| {
+            (
+                Just(world),
+                prop_oneof![0usize..40, Just(97usize), Just(1009), Just(4099), 40usize..3000],
+                1usize..600,
+                1usize..5,
+                prop_oneof![Just(1usize), Just(2), Just(4), Just(8)],
+                any::<bool>(),
+                any::<bool>(),
+                proptest::collection::vec(any::<bool>(), world),
+            )
+        })
+        .prop_map(|(world, count, chunk_elems, slots, align_elems, in_place, avg, staged)| RingSpec {
+            world,
+            count,
+            in_place,
+            op: if avg { ReduceOp::Avg } else { ReduceOp::Sum },
+            chunk_elems,
+            slots,
+            align_elems,
+            transports: staged.into_iter().map(|s| if s { EdgeTransport::Staged } else { EdgeTransport::Peer }).collect(),
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_ring_plan_is_correct(spec in spec_strategy()) {
+        let plan = spec.build().unwrap();
+        if let Err(e) = check(&plan) {
+            panic!("{spec:?}: {e}");
+        }
+    }
+}
+
+#[test]
+fn large_count_with_many_chunks() {
+    for world in [2, 3, 8, 16] {
+        let mut spec = RingSpec::new(world, 100_003, 1_000, 3, EdgeTransport::Peer);
+        spec.in_place = false;
+        check(&spec.build().unwrap()).unwrap();
+    }
+}
