@@ -24,8 +24,9 @@
 
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
+use crate::exec::cuda::executor::{CudaConfig, CudaExecutor, EdgeInfo};
 use crate::exec::host::{HostConfig, HostExecutor};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock, TryLockError};
 
 /// Where a rank's buffer lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,17 +82,20 @@ host_buffer_mut!(Vec<T>, Box<[T]>, &mut [T]);
 
 enum Executor {
     Host(HostExecutor),
+    Cuda(CudaExecutor),
 }
 
 struct State {
     exec: Option<Executor>,
-    failed: Option<Error>,
 }
 
 /// A set of ranks that run collectives together.
 pub struct Communicator {
     world: usize,
     state: Mutex<State>,
+    /// The first error a collective hit. Outside `state`, whose lock a running call holds, so
+    /// that `health` never waits for a call.
+    failed: OnceLock<Error>,
 }
 
 impl Communicator {
@@ -102,13 +106,73 @@ impl Communicator {
 
     /// A host communicator with explicit chunking, transport, timeout and test options.
     pub fn host_with(world: usize, config: HostConfig) -> Result<Communicator> {
-        Ok(Communicator::from_executor(world, Executor::Host(HostExecutor::new(world, config)?)))
+        Ok(Communicator::from_executor(
+            world,
+            Executor::Host(HostExecutor::new(world, config)?),
+        ))
+    }
+
+    /// A communicator over GPUs: rank `r` is GPU `devices[r]`, and the ring follows this order.
+    /// Enables peer access between ring neighbours where the hardware allows and stages through
+    /// pinned host memory elsewhere ([`Communicator::edges`] says which and why).
+    pub fn new(devices: &[usize]) -> Result<Communicator> {
+        Communicator::with_config(devices, CudaConfig::default())
+    }
+
+    /// A GPU communicator over every visible GPU, in index order.
+    pub fn all_gpus() -> Result<Communicator> {
+        let n = crate::exec::cuda::device::device_count()?;
+        Communicator::new(&(0..n).collect::<Vec<_>>())
+    }
+
+    /// A GPU communicator with explicit transport, chunking, slots and timeout.
+    pub fn with_config(devices: &[usize], config: CudaConfig) -> Result<Communicator> {
+        let exec = CudaExecutor::new(devices, config)?;
+        Ok(Communicator::from_executor(
+            devices.len(),
+            Executor::Cuda(exec),
+        ))
+    }
+
+    /// The GPUs of a GPU communicator, by rank; empty for a host communicator.
+    pub fn devices(&self) -> Vec<usize> {
+        match &self.state.lock().unwrap_or_else(|p| p.into_inner()).exec {
+            Some(Executor::Cuda(exec)) => exec.devices(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// How each ring edge moves data and why (GPU communicators; empty otherwise).
+    pub fn edges(&self) -> Vec<EdgeInfo> {
+        match &self.state.lock().unwrap_or_else(|p| p.into_inner()).exec {
+            Some(Executor::Cuda(exec)) => exec.edges().to_vec(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The raw CUDA stream on which rank `rank`'s collectives start and end (GPU communicators):
+    /// work the caller enqueues there after a call runs after that call.
+    pub fn main_stream(&self, rank: usize) -> Option<cudarc::driver::sys::CUstream> {
+        match &self.state.lock().unwrap_or_else(|p| p.into_inner()).exec {
+            Some(Executor::Cuda(exec)) => exec.main_stream(rank),
+            _ => None,
+        }
+    }
+
+    /// Blocks until all work enqueued by this communicator has finished.
+    pub fn synchronize(&self) -> Result<()> {
+        match &self.state.lock().unwrap_or_else(|p| p.into_inner()).exec {
+            Some(Executor::Cuda(exec)) => exec.synchronize(),
+            Some(Executor::Host(_)) => Ok(()),
+            None => Err(Error::Closed),
+        }
     }
 
     fn from_executor(world: usize, exec: Executor) -> Communicator {
         Communicator {
             world,
-            state: Mutex::new(State { exec: Some(exec), failed: None }),
+            state: Mutex::new(State { exec: Some(exec) }),
+            failed: OnceLock::new(),
         }
     }
 
@@ -120,11 +184,19 @@ impl Communicator {
     /// The first error a collective hit, if any (like `ncclCommGetAsyncError`); never blocks on
     /// a running collective's work.
     pub fn health(&self) -> Result<()> {
-        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        match (&state.failed, &state.exec) {
-            (Some(err), _) => Err(err.clone()),
-            (None, None) => Err(Error::Closed),
-            (None, Some(_)) => Ok(()),
+        if let Some(err) = self.failed.get() {
+            return Err(err.clone());
+        }
+        let exec_gone = match self.state.try_lock() {
+            Ok(state) => state.exec.is_none(),
+            Err(TryLockError::Poisoned(p)) => p.into_inner().exec.is_none(),
+            // A call (or an abort) holds the lock; nothing has failed so far.
+            Err(TryLockError::WouldBlock) => false,
+        };
+        if exec_gone {
+            Err(Error::Closed)
+        } else {
+            Ok(())
         }
     }
 
@@ -133,28 +205,92 @@ impl Communicator {
     /// On error nothing is enqueued when validation fails; when a rank fails mid-call, the
     /// buffers hold partial results (some elements reduced, some not) and the communicator is
     /// marked failed.
-    pub fn all_reduce_in_place<T: Element, B: BufferMut<T>>(&self, bufs: &mut [B], op: ReduceOp) -> Result<()> {
+    pub fn all_reduce_in_place<T: Element, B: BufferMut<T>>(
+        &self,
+        bufs: &mut [B],
+        op: ReduceOp,
+    ) -> Result<()> {
         let count = self.validate::<T, B>(bufs, None::<&[B]>)?;
         let outputs: Vec<u64> = bufs.iter_mut().map(|b| b.address_mut()).collect();
-        self.run::<T>(None, &outputs, count, op)
+        // SAFETY: validated buffers, exclusively borrowed until `run` returns, and `run` waits
+        // for completion.
+        unsafe { self.run::<T>(None, &outputs, count, op, true) }
+    }
+
+    /// [`Communicator::all_reduce_in_place`] that returns once the work is enqueued, without
+    /// waiting for it (GPU communicators; a host communicator completes before returning). The
+    /// collective is ordered on each rank's [`Communicator::main_stream`]: work enqueued there
+    /// afterwards sees the result; [`Communicator::synchronize`] waits for it.
+    ///
+    /// # Safety
+    /// The buffers must stay allocated and untouched (no reads, no writes, on any stream or the
+    /// host) until the collective has completed: after `synchronize`, or for work ordered after
+    /// it on the rank's Main stream.
+    pub unsafe fn enqueue_all_reduce_in_place<T: Element, B: BufferMut<T>>(
+        &self,
+        bufs: &mut [B],
+        op: ReduceOp,
+    ) -> Result<()> {
+        let count = self.validate::<T, B>(bufs, None::<&[B]>)?;
+        let outputs: Vec<u64> = bufs.iter_mut().map(|b| b.address_mut()).collect();
+        // SAFETY: validated buffers; their lifetime until completion is the caller's contract.
+        unsafe { self.run::<T>(None, &outputs, count, op, false) }
     }
 
     /// All-reduce out of place: every `outputs[r]` ends holding the reduction of all `inputs`.
     /// Inputs are never modified, on error too. Outputs may be longer than inputs; only the
     /// first `inputs[r].count()` elements are written.
-    pub fn all_reduce<T: Element, I: Buffer<T>, O: BufferMut<T>>(&self, inputs: &[I], outputs: &mut [O], op: ReduceOp) -> Result<()> {
+    pub fn all_reduce<T: Element, I: Buffer<T>, O: BufferMut<T>>(
+        &self,
+        inputs: &[I],
+        outputs: &mut [O],
+        op: ReduceOp,
+    ) -> Result<()> {
         let count = self.validate::<T, O>(outputs, Some(inputs))?;
         let ins: Vec<u64> = inputs.iter().map(|b| b.address()).collect();
         let outs: Vec<u64> = outputs.iter_mut().map(|b| b.address_mut()).collect();
-        self.run::<T>(Some(&ins), &outs, count, op)
+        // SAFETY: validated buffers, borrowed until `run` returns, which waits for completion.
+        unsafe { self.run::<T>(Some(&ins), &outs, count, op, true) }
+    }
+
+    /// [`Communicator::all_reduce`] that returns once the work is enqueued (see
+    /// [`Communicator::enqueue_all_reduce_in_place`]).
+    ///
+    /// # Safety
+    /// Inputs and outputs must stay allocated, inputs unwritten and outputs untouched, until the
+    /// collective has completed.
+    pub unsafe fn enqueue_all_reduce<T: Element, I: Buffer<T>, O: BufferMut<T>>(
+        &self,
+        inputs: &[I],
+        outputs: &mut [O],
+        op: ReduceOp,
+    ) -> Result<()> {
+        let count = self.validate::<T, O>(outputs, Some(inputs))?;
+        let ins: Vec<u64> = inputs.iter().map(|b| b.address()).collect();
+        let outs: Vec<u64> = outputs.iter_mut().map(|b| b.address_mut()).collect();
+        // SAFETY: validated buffers; their lifetime until completion is the caller's contract.
+        unsafe { self.run::<T>(Some(&ins), &outs, count, op, false) }
     }
 
     /// Checks the arguments against each other and the communicator; returns the element count.
-    fn validate<T: Element, O: Buffer<T>>(&self, outputs: &[O], inputs: Option<&[impl Buffer<T>]>) -> Result<usize> {
+    fn validate<T: Element, O: Buffer<T>>(
+        &self,
+        outputs: &[O],
+        inputs: Option<&[impl Buffer<T>]>,
+    ) -> Result<usize> {
         if outputs.is_empty() || inputs.is_some_and(|i| i.is_empty()) {
             return Err(Error::NoBuffers);
         }
-        let sizes = |n: usize| if n == self.world { Ok(()) } else { Err(Error::WorldMismatch { world: self.world, got: n }) };
+        let sizes = |n: usize| {
+            if n == self.world {
+                Ok(())
+            } else {
+                Err(Error::WorldMismatch {
+                    world: self.world,
+                    got: n,
+                })
+            }
+        };
         sizes(outputs.len())?;
         if let Some(inputs) = inputs {
             sizes(inputs.len())?;
@@ -163,23 +299,67 @@ impl Communicator {
         let count = source_len(0);
         for r in 1..self.world {
             if source_len(r) != count {
-                return Err(Error::LengthMismatch { rank: r, expected: count, got: source_len(r) });
+                return Err(Error::LengthMismatch {
+                    rank: r,
+                    expected: count,
+                    got: source_len(r),
+                });
             }
         }
-        count.checked_mul(std::mem::size_of::<T>()).ok_or(Error::SizeOverflow { count, dtype: T::DTYPE })?;
-        let placement = |p: Placement, rank: usize| match p {
-            Placement::Host => Ok(()),
-            Placement::Device(_) => Err(Error::WrongPlacement { rank, got: p, expected: "host memory (this is a host communicator)" }),
+        // No object exceeds isize::MAX bytes (Rust's and every allocator's limit).
+        count
+            .checked_mul(std::mem::size_of::<T>())
+            .filter(|&bytes| bytes <= isize::MAX as usize)
+            .ok_or(Error::SizeOverflow {
+                count,
+                dtype: T::DTYPE,
+            })?;
+        let devices = self.devices();
+        let placement = |p: Placement, rank: usize| match (p, devices.get(rank)) {
+            (Placement::Host, None) => Ok(()),
+            (Placement::Device(_), None) => Err(Error::WrongPlacement {
+                rank,
+                got: p,
+                expected: "host memory (this is a host communicator)",
+            }),
+            (Placement::Host, Some(_)) => Err(Error::WrongPlacement {
+                rank,
+                got: p,
+                expected: "device memory (this is a GPU communicator)",
+            }),
+            (Placement::Device(device), Some(&expected)) if device != expected => {
+                Err(Error::WrongDevice {
+                    rank,
+                    device,
+                    expected,
+                })
+            }
+            (Placement::Device(_), Some(_)) => Ok(()),
         };
-        let bytes = |b: &dyn Buffer<T>, len: usize| (b.address(), b.address() + (len * std::mem::size_of::<T>()) as u64);
+        let bytes = |b: &dyn Buffer<T>, len: usize| {
+            (
+                b.address(),
+                b.address() + (len * std::mem::size_of::<T>()) as u64,
+            )
+        };
         for (rank, out) in outputs.iter().enumerate() {
             placement(out.placement(), rank)?;
+            let (o0, o1) = bytes(out, count);
+            for (q, other) in outputs[..rank].iter().enumerate() {
+                let (p0, p1) = bytes(other, count);
+                if count > 0 && o0 < p1 && p0 < o1 {
+                    return Err(Error::InvalidArgument(format!("ranks {q} and {rank} were given overlapping output buffers; each rank needs its own")));
+                }
+            }
             if let Some(inputs) = inputs {
                 placement(inputs[rank].placement(), rank)?;
                 if out.count() < count {
-                    return Err(Error::OutputTooShort { rank, input: count, output: out.count() });
+                    return Err(Error::OutputTooShort {
+                        rank,
+                        input: count,
+                        output: out.count(),
+                    });
                 }
-                let (o0, o1) = bytes(out, count);
                 for (q, input) in inputs.iter().enumerate() {
                     let (i0, i1) = bytes(input, count);
                     if count > 0 && o0 < i1 && i0 < o1 {
@@ -192,15 +372,26 @@ impl Communicator {
         Ok(count)
     }
 
-    fn run<T: Element>(&self, inputs: Option<&[u64]>, outputs: &[u64], count: usize, op: ReduceOp) -> Result<()> {
+    /// # Safety
+    /// The buffers passed `validate`; they stay valid and untouched by others until the call is
+    /// complete (until this returns when `wait_complete`).
+    unsafe fn run<T: Element>(
+        &self,
+        inputs: Option<&[u64]>,
+        outputs: &[u64],
+        count: usize,
+        op: ReduceOp,
+        wait_complete: bool,
+    ) -> Result<()> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(err) = &state.failed {
+        if let Some(err) = self.failed.get() {
             return Err(Error::CommunicatorFailed(Box::new(err.clone())));
         }
         let result = match state.exec.as_mut() {
             None => return Err(Error::Closed),
             Some(Executor::Host(exec)) => {
-                let ins: Option<Vec<*const T>> = inputs.map(|i| i.iter().map(|&a| a as *const T).collect());
+                let ins: Option<Vec<*const T>> =
+                    inputs.map(|i| i.iter().map(|&a| a as *const T).collect());
                 let outs: Vec<*mut T> = outputs.iter().map(|&a| a as *mut T).collect();
                 // SAFETY: `validate` checked every buffer is host memory of at least `count`
                 // elements, outputs don't overlap inputs; each output is a distinct `&mut`
@@ -208,10 +399,16 @@ impl Communicator {
                 // every thread is done with the buffers.
                 unsafe { exec.run::<T>(ins.as_deref(), &outs, count, op) }
             }
+            Some(Executor::Cuda(exec)) => {
+                exec.prepare_buffers(outputs)?;
+                // SAFETY: `validate` checked every buffer is on its rank's GPU with `count`
+                // elements and no output overlaps an input; lifetimes are our caller's contract.
+                unsafe { exec.run::<T>(inputs, outputs, count, op, wait_complete) }
+            }
         };
         if let Err(err) = &result {
             if !matches!(err, Error::PlanRejected(_)) {
-                state.failed = Some(err.clone());
+                let _ = self.failed.set(err.clone());
             }
         }
         result
@@ -220,7 +417,12 @@ impl Communicator {
     /// Releases the communicator's threads and memory at once, whatever state it is in. Later
     /// calls return [`Error::Closed`].
     pub fn abort(&self) {
-        let exec = self.state.lock().unwrap_or_else(|p| p.into_inner()).exec.take();
+        let exec = self
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .exec
+            .take();
         drop(exec);
     }
 
@@ -228,8 +430,8 @@ impl Communicator {
     pub fn close(self) -> Result<()> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         drop(state.exec.take());
-        match state.failed.take() {
-            Some(err) => Err(err),
+        match self.failed.get() {
+            Some(err) => Err(err.clone()),
             None => Ok(()),
         }
     }
@@ -237,7 +439,8 @@ impl Communicator {
 
 /// All-reduce (sum) in place over one buffer per rank: the common case in one call.
 ///
-/// Host buffers run on host threads, one per buffer.
+/// Host buffers run on host threads, one per buffer; GPU buffers ([`crate::GpuBuffer`]) run on
+/// their GPUs, one rank per buffer, in the order given.
 ///
 /// ```
 /// let mut bufs = vec![vec![1u64, 2, 3], vec![10, 20, 30]];
@@ -250,7 +453,18 @@ pub fn ring_allreduce<T: Element, B: BufferMut<T>>(bufs: &mut [B]) -> Result<()>
     if bufs.is_empty() {
         return Err(Error::NoBuffers);
     }
-    let comm = Communicator::host(bufs.len())?;
+    let devices: Vec<usize> = bufs
+        .iter()
+        .filter_map(|b| match b.placement() {
+            Placement::Device(d) => Some(d),
+            Placement::Host => None,
+        })
+        .collect();
+    let comm = if devices.is_empty() {
+        Communicator::host(bufs.len())?
+    } else {
+        Communicator::new(&devices)?
+    };
     comm.all_reduce_in_place(bufs, ReduceOp::Sum)?;
     comm.close()
 }

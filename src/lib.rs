@@ -10,5 +10,6 @@ pub mod verify;
 pub use comm::{ring_allreduce, Buffer, BufferMut, Communicator, Placement};
 pub use element::{DType, Element, ReduceOp};
 pub use error::{Error, Result};
+pub use exec::cuda::{CudaConfig, EdgeInfo, GpuBuffer, GpuSlice, Transport};
 pub use exec::host::{Fault, FaultKind, HostConfig};
 pub use plan::EdgeTransport;

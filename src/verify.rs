@@ -67,20 +67,34 @@ pub struct Mismatch {
 
 impl std::fmt::Display for Mismatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "(rank {}, index {}, got {}, want {})", self.rank, self.index, self.got, self.want)
+        write!(
+            f,
+            "(rank {}, index {}, got {}, want {})",
+            self.rank, self.index, self.got, self.want
+        )
     }
 }
 
 /// How many elements of `out` differ from `want` (bitwise equality of the element type, so
 /// `-0.0 != 0.0` is not forgiven but NaN never appears in these inputs), with the first few.
-pub fn compare<T: Element>(rank: usize, out: &[T], want: &[T], report: usize) -> (usize, Vec<Mismatch>) {
+pub fn compare<T: Element>(
+    rank: usize,
+    out: &[T],
+    want: &[T],
+    report: usize,
+) -> (usize, Vec<Mismatch>) {
     let mut wrong = 0;
     let mut first = Vec::new();
     for (index, (got, want)) in out.iter().zip(want).enumerate() {
         if bytemuck::bytes_of(got) != bytemuck::bytes_of(want) {
             wrong += 1;
             if first.len() < report {
-                first.push(Mismatch { rank, index, got: got.to_f64(), want: want.to_f64() });
+                first.push(Mismatch {
+                    rank,
+                    index,
+                    got: got.to_f64(),
+                    want: want.to_f64(),
+                });
             }
         }
     }
@@ -109,7 +123,11 @@ mod tests {
                         };
                     }
                     if op != ReduceOp::Avg {
-                        assert_eq!(expected_value::<T>(op, world, index).to_f64(), acc, "{op} world {world} index {index}");
+                        assert_eq!(
+                            expected_value::<T>(op, world, index).to_f64(),
+                            acc,
+                            "{op} world {world} index {index}"
+                        );
                     }
                 }
             }
@@ -138,6 +156,14 @@ mod tests {
         let got = vec![1u32, 9, 3, 8];
         let (wrong, first) = compare(2, &got, &want, 1);
         assert_eq!(wrong, 2);
-        assert_eq!(first, vec![Mismatch { rank: 2, index: 1, got: 9.0, want: 2.0 }]);
+        assert_eq!(
+            first,
+            vec![Mismatch {
+                rank: 2,
+                index: 1,
+                got: 9.0,
+                want: 2.0
+            }]
+        );
     }
 }

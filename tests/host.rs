@@ -7,7 +7,12 @@ use half::{bf16, f16};
 use ringreduce::verify::{compare, make_expected, make_input};
 use ringreduce::{Communicator, EdgeTransport, Element, HostConfig, ReduceOp};
 
-fn config(chunk_elems: usize, slots: usize, transport: EdgeTransport, seed: Option<u64>) -> HostConfig {
+fn config(
+    chunk_elems: usize,
+    slots: usize,
+    transport: EdgeTransport,
+    seed: Option<u64>,
+) -> HostConfig {
     HostConfig {
         chunk_elems,
         slots,
@@ -31,7 +36,11 @@ fn run_case<T: Element>(comm: &Communicator, count: usize, op: ReduceOp, in_plac
         comm.all_reduce(&inputs, &mut outs, op).unwrap();
         // Inputs are untouched.
         for (r, input) in inputs.iter().enumerate() {
-            assert_eq!(input, &make_input::<T>(op, r, count), "rank {r}'s input changed");
+            assert_eq!(
+                input,
+                &make_input::<T>(op, r, count),
+                "rank {r}'s input changed"
+            );
         }
         outs
     };
@@ -42,7 +51,11 @@ fn run_case<T: Element>(comm: &Communicator, count: usize, op: ReduceOp, in_plac
             0,
             "{} {op} world {world} count {count} in_place {in_place}: {wrong} wrong, first {}",
             T::DTYPE,
-            first.iter().map(|m| m.to_string()).collect::<Vec<_>>().join(" ")
+            first
+                .iter()
+                .map(|m| m.to_string())
+                .collect::<Vec<_>>()
+                .join(" ")
         );
     }
 }
@@ -61,7 +74,8 @@ fn sum_f32_every_world_length_and_chunk() {
             let segment = count.div_ceil(world).max(1);
             for chunk in [1, 3, 64, segment] {
                 for transport in [EdgeTransport::Peer, EdgeTransport::Staged] {
-                    let comm = Communicator::host_with(world, config(chunk, 2, transport, None)).unwrap();
+                    let comm =
+                        Communicator::host_with(world, config(chunk, 2, transport, None)).unwrap();
                     for in_place in [true, false] {
                         run_case::<f32>(&comm, count, ReduceOp::Sum, in_place);
                     }
@@ -83,7 +97,8 @@ fn every_op<T: Element>(comm: &Communicator, count: usize) {
 fn every_type_and_op() {
     for world in [1, 2, 3, 5, 8] {
         for count in [0, 1, world + 1, 257] {
-            let comm = Communicator::host_with(world, config(16, 3, EdgeTransport::Peer, None)).unwrap();
+            let comm =
+                Communicator::host_with(world, config(16, 3, EdgeTransport::Peer, None)).unwrap();
             every_op::<f16>(&comm, count);
             every_op::<bf16>(&comm, count);
             every_op::<f32>(&comm, count);
@@ -102,8 +117,16 @@ fn every_type_and_op() {
 fn random_delays_shake_the_schedule() {
     for seed in 1..=12u64 {
         let world = 2 + (seed as usize % 5);
-        let transport = if seed % 2 == 0 { EdgeTransport::Peer } else { EdgeTransport::Staged };
-        let comm = Communicator::host_with(world, config(7, 1 + seed as usize % 3, transport, Some(seed))).unwrap();
+        let transport = if seed % 2 == 0 {
+            EdgeTransport::Peer
+        } else {
+            EdgeTransport::Staged
+        };
+        let comm = Communicator::host_with(
+            world,
+            config(7, 1 + seed as usize % 3, transport, Some(seed)),
+        )
+        .unwrap();
         for count in [1, 50, 301] {
             run_case::<i32>(&comm, count, ReduceOp::Sum, seed % 3 == 0);
             run_case::<f64>(&comm, count, ReduceOp::Avg, seed % 3 != 0);

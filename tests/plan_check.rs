@@ -13,7 +13,13 @@ fn spec_strategy() -> impl Strategy<Value = RingSpec> {
         .prop_flat_map(|world| {
             (
                 Just(world),
-                prop_oneof![0usize..40, Just(97usize), Just(1009), Just(4099), 40usize..3000],
+                prop_oneof![
+                    0usize..40,
+                    Just(97usize),
+                    Just(1009),
+                    Just(4099),
+                    40usize..3000
+                ],
                 1usize..600,
                 1usize..5,
                 prop_oneof![Just(1usize), Just(2), Just(4), Just(8)],
@@ -22,16 +28,27 @@ fn spec_strategy() -> impl Strategy<Value = RingSpec> {
                 proptest::collection::vec(any::<bool>(), world),
             )
         })
-        .prop_map(|(world, count, chunk_elems, slots, align_elems, in_place, avg, staged)| RingSpec {
-            world,
-            count,
-            in_place,
-            op: if avg { ReduceOp::Avg } else { ReduceOp::Sum },
-            chunk_elems,
-            slots,
-            align_elems,
-            transports: staged.into_iter().map(|s| if s { EdgeTransport::Staged } else { EdgeTransport::Peer }).collect(),
-        })
+        .prop_map(
+            |(world, count, chunk_elems, slots, align_elems, in_place, avg, staged)| RingSpec {
+                world,
+                count,
+                in_place,
+                op: if avg { ReduceOp::Avg } else { ReduceOp::Sum },
+                chunk_elems,
+                slots,
+                align_elems,
+                transports: staged
+                    .into_iter()
+                    .map(|s| {
+                        if s {
+                            EdgeTransport::Staged
+                        } else {
+                            EdgeTransport::Peer
+                        }
+                    })
+                    .collect(),
+            },
+        )
 }
 
 proptest! {

@@ -7,12 +7,16 @@
 use clap::{Parser, Subcommand};
 use ringreduce::exec::cuda::{device, kernels};
 use ringreduce::verify::{compare, make_expected, make_input};
-use ringreduce::{Communicator, EdgeTransport, HostConfig, ReduceOp};
+use ringreduce::{Communicator, EdgeTransport, GpuBuffer, HostConfig, ReduceOp};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 #[derive(Parser)]
-#[command(name = "ringreduce", version, about = "Ring all-reduce across the GPUs of one host")]
+#[command(
+    name = "ringreduce",
+    version,
+    about = "Ring all-reduce across the GPUs of one host"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -31,9 +35,18 @@ struct RunArgs {
     /// Host ranks to use when no GPU is found.
     #[arg(long, default_value_t = 4)]
     ranks: usize,
-    /// Largest message in bytes per rank (default: 1 GiB on GPUs, 8 MiB on host ranks).
-    #[arg(long)]
+    /// Smallest message in bytes per rank (suffixes K, M, G: powers of 1024).
+    #[arg(short = 'b', long, default_value = "1K", value_parser = parse_bytes)]
+    min_bytes: usize,
+    /// Largest message in bytes per rank (default: 256M on GPUs, 8M on host ranks).
+    #[arg(short = 'e', long, value_parser = parse_bytes)]
     max_bytes: Option<usize>,
+    /// Size multiplier between rows.
+    #[arg(short = 'f', long, default_value_t = 8)]
+    factor: usize,
+    /// How GPU ring edges move data: auto, peer or staged.
+    #[arg(long, default_value = "auto", value_parser = parse_transport)]
+    transport: ringreduce::Transport,
     /// Force host ranks even where GPUs exist.
     #[arg(long)]
     host: bool,
@@ -43,7 +56,10 @@ impl Default for RunArgs {
     fn default() -> Self {
         RunArgs {
             ranks: 4,
+            min_bytes: 1024,
             max_bytes: None,
+            factor: 8,
+            transport: ringreduce::Transport::Auto,
             host: false,
         }
     }
@@ -93,17 +109,179 @@ fn info() -> Result<(), String> {
 
 fn run(args: &RunArgs) -> Result<(), String> {
     if !args.host {
-        match device::driver_available() {
-            Ok(()) => println!("GPUs found; the GPU path of `ringreduce run` comes with the CUDA executor. Running on host ranks."),
+        match device::driver_available().and_then(|()| device::device_count()) {
+            Ok(n) if n > 0 => return run_gpu(args),
+            Ok(_) => println!("No GPU found (the driver reports none). Running the all-reduce on {} host ranks instead.", args.ranks),
             Err(e) => println!("No GPU found ({e}). Running the all-reduce on {} host ranks instead.", args.ranks),
         }
     }
     run_host(args)
 }
 
-/// Sizes from 1 KiB up to `max_bytes`, ×8 per row.
-fn sizes(max_bytes: usize) -> Vec<usize> {
-    std::iter::successors(Some(1024usize), |s| s.checked_mul(8)).take_while(|&s| s <= max_bytes).collect()
+fn run_gpu(args: &RunArgs) -> Result<(), String> {
+    let n = device::device_count().map_err(|e| e.to_string())?;
+    let config = ringreduce::CudaConfig {
+        transport: args.transport,
+        allow_shared_device: n == 1,
+        ..Default::default()
+    };
+    let comm = if n == 1 {
+        println!("# one GPU: running two ranks that share GPU 0 (no copy crosses between GPUs)");
+        Communicator::with_config(&[0, 0], config)
+    } else {
+        Communicator::with_config(&(0..n).collect::<Vec<_>>(), config)
+    }
+    .map_err(|e| e.to_string())?;
+    let world = comm.world();
+    println!(
+        "# all-reduce on {world} GPU(s) {:?}, f32 sum, ringreduce copy-engine ring",
+        comm.devices()
+    );
+    for e in comm.edges() {
+        println!(
+            "# edge GPU {} -> GPU {}: {:?}, {}",
+            e.from_device, e.to_device, e.transport, e.reason
+        );
+    }
+    println!(
+        "# time: host wall clock over back-to-back iterations including completion, per iteration"
+    );
+    println!("# busbw = algbw * 2(n-1)/n; GB = 1e9 bytes; #wrong from a separate checked call");
+    print_header();
+    let mut total_wrong = 0;
+    for bytes in sizes(args, 256 << 20) {
+        let count = bytes / 4;
+        let mut row = format!("  {bytes:>12} {count:>12} {:>6} {:>6}", "f32", "sum");
+        for in_place in [false, true] {
+            let (time, wrong) = time_gpu(&comm, count, in_place).map_err(|e| e.to_string())?;
+            total_wrong += wrong;
+            row += &cells(bytes, world, time, wrong);
+        }
+        println!("{row}");
+    }
+    if total_wrong > 0 {
+        return Err(format!("{total_wrong} wrong elements"));
+    }
+    println!("# all results correct");
+    comm.close().map_err(|e| e.to_string())
+}
+
+fn print_header() {
+    println!(
+        "#{:>13} {:>12} {:>6} {:>6} {:>10} {:>9} {:>9} {:>7}   {:>10} {:>9} {:>9} {:>7}",
+        "size (B)",
+        "count",
+        "type",
+        "redop",
+        "oop (us)",
+        "algbw",
+        "busbw",
+        "#wrong",
+        "ip (us)",
+        "algbw",
+        "busbw",
+        "#wrong"
+    );
+}
+
+fn cells(bytes: usize, world: usize, time: Duration, wrong: usize) -> String {
+    let algbw = bytes as f64 / time.as_secs_f64() / 1e9;
+    let busbw = algbw * 2.0 * (world as f64 - 1.0) / world as f64;
+    format!(
+        " {:>10.1} {algbw:>9.2} {busbw:>9.2} {wrong:>7}  ",
+        time.as_secs_f64() * 1e6
+    )
+}
+
+/// Time per iteration over back-to-back enqueued iterations (after a warm-up), and the number of
+/// wrong elements of one separately checked call.
+fn time_gpu(
+    comm: &Communicator,
+    count: usize,
+    in_place: bool,
+) -> ringreduce::Result<(Duration, usize)> {
+    let op = ReduceOp::Sum;
+    let devices = comm.devices();
+    let inputs: Vec<Vec<f32>> = (0..devices.len())
+        .map(|r| make_input(op, r, count))
+        .collect();
+    let mut ins: Vec<GpuBuffer<f32>> = devices
+        .iter()
+        .zip(&inputs)
+        .map(|(&d, x)| GpuBuffer::from_host(d, x))
+        .collect::<ringreduce::Result<_>>()?;
+    let mut outs: Vec<GpuBuffer<f32>> = devices
+        .iter()
+        .map(|&d| GpuBuffer::zeroed(d, count))
+        .collect::<ringreduce::Result<_>>()?;
+    // Checked call first.
+    if in_place {
+        comm.all_reduce_in_place(&mut ins, op)?;
+    } else {
+        comm.all_reduce(&ins, &mut outs, op)?;
+    }
+    let want = make_expected::<f32>(op, devices.len(), count);
+    let mut wrong = 0;
+    for (rank, b) in (if in_place { &ins } else { &outs }).iter().enumerate() {
+        wrong += compare(rank, &b.to_host()?, &want, 0).0;
+    }
+    let iterations = ((1usize << 30) / (count * 4).max(1)).clamp(5, 200);
+    let mut go = |n: usize| -> ringreduce::Result<Duration> {
+        let start = Instant::now();
+        for _ in 0..n {
+            // SAFETY: the buffers outlive the `synchronize` below and nothing else touches them.
+            unsafe {
+                if in_place {
+                    comm.enqueue_all_reduce_in_place(&mut ins, op)?;
+                } else {
+                    comm.enqueue_all_reduce(&ins, &mut outs, op)?;
+                }
+            }
+        }
+        comm.synchronize()?;
+        Ok(start.elapsed() / n as u32)
+    };
+    go(iterations.min(20))?;
+    let time = go(iterations)?;
+    Ok((time, wrong))
+}
+
+/// Sizes from `min_bytes` up to `max_bytes`, ×`factor` per row, whole f32 elements.
+fn sizes(args: &RunArgs, default_max: usize) -> Vec<usize> {
+    let max = args.max_bytes.unwrap_or(default_max);
+    let factor = args.factor.max(2);
+    std::iter::successors(Some(args.min_bytes.max(4) / 4 * 4), |s| {
+        s.checked_mul(factor)
+    })
+    .take_while(|&s| s <= max)
+    .collect()
+}
+
+/// "4096", "64K", "256M", "1G" (powers of 1024).
+fn parse_bytes(text: &str) -> Result<usize, String> {
+    let t = text.trim();
+    let (digits, shift) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 30),
+        _ => (t, 0),
+    };
+    let n: usize = digits
+        .parse()
+        .map_err(|_| format!("not a size: {text:?} (e.g. 4096, 64K, 256M, 1G)"))?;
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("size too large: {text}"))
+}
+
+fn parse_transport(text: &str) -> Result<ringreduce::Transport, String> {
+    match text {
+        "auto" => Ok(ringreduce::Transport::Auto),
+        "peer" => Ok(ringreduce::Transport::Peer),
+        "staged" => Ok(ringreduce::Transport::Staged),
+        _ => Err(format!(
+            "unknown transport {text:?}: use auto, peer or staged"
+        )),
+    }
 }
 
 fn run_host(args: &RunArgs) -> Result<(), String> {
@@ -115,19 +293,19 @@ fn run_host(args: &RunArgs) -> Result<(), String> {
         ..HostConfig::default()
     };
     let comm = Communicator::host_with(world, config).map_err(|e| e.to_string())?;
-    println!("# all-reduce on {world} host ranks (one thread per rank, a worker per stream), f32 sum");
+    println!(
+        "# all-reduce on {world} host ranks (one thread per rank, a worker per stream), f32 sum"
+    );
     println!("# busbw = algbw * 2(n-1)/n; GB = 1e9 bytes; time is the median over the iterations");
-    println!("#{:>13} {:>12} {:>6} {:>6} {:>10} {:>9} {:>9} {:>7}   {:>10} {:>9} {:>9} {:>7}", "size (B)", "count", "type", "redop", "oop (us)", "algbw", "busbw", "#wrong", "ip (us)", "algbw", "busbw", "#wrong");
+    print_header();
     let mut total_wrong = 0;
-    for bytes in sizes(args.max_bytes.unwrap_or(8 << 20)) {
+    for bytes in sizes(args, 8 << 20) {
         let count = bytes / 4;
         let mut row = format!("  {bytes:>12} {count:>12} {:>6} {:>6}", "f32", "sum");
         for in_place in [false, true] {
             let (time, wrong) = time_host(&comm, count, in_place).map_err(|e| e.to_string())?;
             total_wrong += wrong;
-            let algbw = bytes as f64 / time.as_secs_f64() / 1e9;
-            let busbw = algbw * 2.0 * (world as f64 - 1.0) / world as f64;
-            row += &format!(" {:>10.1} {algbw:>9.2} {busbw:>9.2} {wrong:>7}  ", time.as_secs_f64() * 1e6);
+            row += &cells(bytes, world, time, wrong);
         }
         println!("{row}");
     }
@@ -139,7 +317,11 @@ fn run_host(args: &RunArgs) -> Result<(), String> {
 }
 
 /// Median time of one all-reduce over a few iterations, and the number of wrong elements.
-fn time_host(comm: &Communicator, count: usize, in_place: bool) -> ringreduce::Result<(Duration, usize)> {
+fn time_host(
+    comm: &Communicator,
+    count: usize,
+    in_place: bool,
+) -> ringreduce::Result<(Duration, usize)> {
     let world = comm.world();
     let op = ReduceOp::Sum;
     let inputs: Vec<Vec<f32>> = (0..world).map(|r| make_input(op, r, count)).collect();

@@ -64,7 +64,10 @@ pub fn check(plan: &Plan) -> Check {
 
 fn describe(plan: &Plan, rank: usize, index: usize) -> String {
     let instr = &plan.ranks[rank][index];
-    format!("rank {rank} instruction {index} ({:?} on {:?}, {})", instr.op, instr.stream, instr.tag)
+    format!(
+        "rank {rank} instruction {index} ({:?} on {:?}, {})",
+        instr.op, instr.stream, instr.tag
+    )
 }
 
 /// Regions an instruction reads and writes.
@@ -80,7 +83,11 @@ fn accesses(op: &Op) -> (Vec<Region>, Vec<Region>) {
 /// Check 1: shape.
 pub fn check_shape(plan: &Plan) -> Check {
     if plan.ranks.len() != plan.world {
-        return reject(format!("{} rank programs for world {}", plan.ranks.len(), plan.world));
+        return reject(format!(
+            "{} rank programs for world {}",
+            plan.ranks.len(),
+            plan.world
+        ));
     }
     let mut recorded = vec![0usize; plan.events.len()];
     for (rank, program) in plan.ranks.iter().enumerate() {
@@ -88,9 +95,17 @@ pub fn check_shape(plan: &Plan) -> Check {
             let (reads, writes) = accesses(&instr.op);
             for region in reads.iter().chain(&writes) {
                 let Some(decl) = plan.buffers.get(region.buf.0) else {
-                    return reject(format!("{} uses undeclared buffer {}", describe(plan, rank, i), region.buf.0));
+                    return reject(format!(
+                        "{} uses undeclared buffer {}",
+                        describe(plan, rank, i),
+                        region.buf.0
+                    ));
                 };
-                if region.offset.checked_add(region.count).is_none_or(|end| end > decl.len) {
+                if region
+                    .offset
+                    .checked_add(region.count)
+                    .is_none_or(|end| end > decl.len)
+                {
                     return reject(format!(
                         "{} reaches past the end of {:?} of rank {} ({} elements)",
                         describe(plan, rank, i),
@@ -102,23 +117,39 @@ pub fn check_shape(plan: &Plan) -> Check {
             }
             for w in &writes {
                 if plan.decl(w.buf).kind == BufKind::Input {
-                    return reject(format!("{} writes an input buffer", describe(plan, rank, i)));
+                    return reject(format!(
+                        "{} writes an input buffer",
+                        describe(plan, rank, i)
+                    ));
                 }
             }
             match instr.op {
                 Op::Copy { src, dst } if src.count != dst.count => {
-                    return reject(format!("{} copies between regions of different length", describe(plan, rank, i)));
+                    return reject(format!(
+                        "{} copies between regions of different length",
+                        describe(plan, rank, i)
+                    ));
                 }
                 Op::Reduce { dst, a, b } => {
                     if a.count != dst.count || b.count != dst.count {
-                        return reject(format!("{} reduces regions of different length", describe(plan, rank, i)));
+                        return reject(format!(
+                            "{} reduces regions of different length",
+                            describe(plan, rank, i)
+                        ));
                     }
                     if dst != a && (dst.overlaps(&a) || dst.overlaps(&b)) || dst.overlaps(&b) {
-                        return reject(format!("{} has a destination that partially overlaps an operand", describe(plan, rank, i)));
+                        return reject(format!(
+                            "{} has a destination that partially overlaps an operand",
+                            describe(plan, rank, i)
+                        ));
                     }
                 }
                 Op::Record(e) | Op::Wait(e) if e.0 >= plan.events.len() => {
-                    return reject(format!("{} names undeclared event {}", describe(plan, rank, i), e.0));
+                    return reject(format!(
+                        "{} names undeclared event {}",
+                        describe(plan, rank, i),
+                        e.0
+                    ));
                 }
                 Op::Record(e) => {
                     recorded[e.0] += 1;
@@ -154,6 +185,7 @@ pub fn enqueue_order(plan: &Plan) -> Check<Vec<(usize, usize)>> {
     let mut order = Vec::with_capacity(plan.len());
     loop {
         let mut progressed = false;
+        #[allow(clippy::needless_range_loop)] // `rank` indexes the plan and `next` alike
         for rank in 0..plan.world {
             while let Some(instr) = plan.ranks[rank].get(next[rank]) {
                 match instr.op {
@@ -182,8 +214,14 @@ pub fn enqueue_order(plan: &Plan) -> Check<Vec<(usize, usize)>> {
             let stuck: Vec<String> = (0..plan.world)
                 .filter(|&r| next[r] < plan.ranks[r].len())
                 .map(|r| {
-                    let Op::Wait(e) = plan.ranks[r][next[r]].op else { unreachable!() };
-                    format!("{} waits for {}", describe(plan, r, next[r]), plan.events[e.0])
+                    let Op::Wait(e) = plan.ranks[r][next[r]].op else {
+                        unreachable!()
+                    };
+                    format!(
+                        "{} waits for {}",
+                        describe(plan, r, next[r]),
+                        plan.events[e.0]
+                    )
                 })
                 .collect();
             return reject(format!(
@@ -206,12 +244,14 @@ struct Access {
 /// caller's buffers.
 pub fn check_races(plan: &Plan, order: &[(usize, usize)], calls: usize) -> Check {
     let streams = plan.world * StreamKind::ALL.len();
-    let stream_of = |rank: usize, instr: &Instr| rank * StreamKind::ALL.len() + instr.stream.index();
+    let stream_of =
+        |rank: usize, instr: &Instr| rank * StreamKind::ALL.len() + instr.stream.index();
     // Vector clock of each stream and of each event's latest record.
     let mut stream_clock = vec![vec![0u32; streams]; streams];
     let mut event_clock: Vec<Option<Vec<u32>>> = vec![None; plan.events.len()];
     // Per executed instruction: (rank, index, call, stream, own sequence number, clock).
-    let mut executed: Vec<(usize, usize, usize, usize, u32)> = Vec::with_capacity(order.len() * calls);
+    let mut executed: Vec<(usize, usize, usize, usize, u32)> =
+        Vec::with_capacity(order.len() * calls);
     let mut clocks: Vec<Vec<u32>> = Vec::with_capacity(order.len() * calls);
     let mut by_buffer: HashMap<BufId, Vec<Access>> = HashMap::new();
     for call in 0..calls {
@@ -219,7 +259,9 @@ pub fn check_races(plan: &Plan, order: &[(usize, usize)], calls: usize) -> Check
             let instr = &plan.ranks[rank][index];
             let s = stream_of(rank, instr);
             if let Op::Wait(e) = instr.op {
-                let recorded = event_clock[e.0].as_ref().expect("enqueue order puts records before waits");
+                let recorded = event_clock[e.0]
+                    .as_ref()
+                    .expect("enqueue order puts records before waits");
                 for (mine, theirs) in stream_clock[s].iter_mut().zip(recorded) {
                     *mine = (*mine).max(*theirs);
                 }
@@ -232,9 +274,16 @@ pub fn check_races(plan: &Plan, order: &[(usize, usize)], calls: usize) -> Check
             executed.push((rank, index, call, s, stream_clock[s][s]));
             clocks.push(stream_clock[s].clone());
             let (reads, writes) = accesses(&instr.op);
-            for (region, write) in reads.into_iter().map(|r| (r, false)).chain(writes.into_iter().map(|w| (w, true))) {
+            for (region, write) in reads
+                .into_iter()
+                .map(|r| (r, false))
+                .chain(writes.into_iter().map(|w| (w, true)))
+            {
                 if region.count > 0 {
-                    by_buffer.entry(region.buf).or_default().push(Access { region, write, at });
+                    by_buffer
+                        .entry(region.buf)
+                        .or_default()
+                        .push(Access { region, write, at });
                 }
             }
         }
@@ -258,7 +307,11 @@ pub fn check_races(plan: &Plan, order: &[(usize, usize)], calls: usize) -> Check
                 if !(x.write || y.write) || x.at == y.at {
                     continue;
                 }
-                let (first, second) = if x.at < y.at { (x.at, y.at) } else { (y.at, x.at) };
+                let (first, second) = if x.at < y.at {
+                    (x.at, y.at)
+                } else {
+                    (y.at, x.at)
+                };
                 if !before(first, second) {
                     let decl = plan.decl(*buf);
                     return reject(format!(
@@ -279,10 +332,9 @@ pub fn check_races(plan: &Plan, order: &[(usize, usize)], calls: usize) -> Check
     // Completion: rank r's last Main instruction (of the last call) follows every access to its
     // input and output.
     for rank in 0..plan.world {
-        let Some(last) = (0..executed.len())
-            .rev()
-            .find(|&at| executed[at].0 == rank && plan.ranks[rank][executed[at].1].stream == StreamKind::Main)
-        else {
+        let Some(last) = (0..executed.len()).rev().find(|&at| {
+            executed[at].0 == rank && plan.ranks[rank][executed[at].1].stream == StreamKind::Main
+        }) else {
             continue;
         };
         for (buf, list) in &by_buffer {
@@ -312,19 +364,33 @@ struct Sym {
 /// Check 4: executes the plan on sets of contributions in the given (legal) order.
 pub fn check_result(plan: &Plan, order: &[(usize, usize)]) -> Check {
     if plan.world > MAX_SYMBOLIC_WORLD {
-        return reject(format!("the symbolic check handles at most {MAX_SYMBOLIC_WORLD} ranks"));
+        return reject(format!(
+            "the symbolic check handles at most {MAX_SYMBOLIC_WORLD} ranks"
+        ));
     }
     let mut memory: Vec<Vec<Option<Sym>>> = plan
         .buffers
         .iter()
         .map(|decl| {
-            let own = Some(Sym { ranks: 1u128 << decl.rank, scaled: 0 });
-            let holds_input = decl.kind == BufKind::Input || (plan.in_place && decl.kind == BufKind::Output);
+            let own = Some(Sym {
+                ranks: 1u128 << decl.rank,
+                scaled: 0,
+            });
+            let holds_input =
+                decl.kind == BufKind::Input || (plan.in_place && decl.kind == BufKind::Output);
             vec![if holds_input { own } else { None }; decl.len]
         })
         .collect();
-    let full: u128 = if plan.world == 128 { u128::MAX } else { (1u128 << plan.world) - 1 };
-    let ranks_of = |set: u128| (0..plan.world).filter(|r| set >> r & 1 == 1).collect::<Vec<_>>();
+    let full: u128 = if plan.world == 128 {
+        u128::MAX
+    } else {
+        (1u128 << plan.world) - 1
+    };
+    let ranks_of = |set: u128| {
+        (0..plan.world)
+            .filter(|r| set >> r & 1 == 1)
+            .collect::<Vec<_>>()
+    };
     for &(rank, index) in order {
         let here = || describe(plan, rank, index);
         let read = |memory: &Vec<Vec<Option<Sym>>>, region: Region, k: usize| -> Check<Sym> {
@@ -360,16 +426,26 @@ pub fn check_result(plan: &Plan, order: &[(usize, usize)]) -> Check {
                     if x.scaled + y.scaled > 0 {
                         return reject(format!("{} reduces an already averaged value", here()));
                     }
-                    memory[dst.buf.0][dst.offset + k] = Some(Sym { ranks: x.ranks | y.ranks, scaled: 0 });
+                    memory[dst.buf.0][dst.offset + k] = Some(Sym {
+                        ranks: x.ranks | y.ranks,
+                        scaled: 0,
+                    });
                 }
             }
             Op::Scale { region } => {
                 for k in 0..region.count {
                     let v = read(&memory, region, k)?;
                     if v.ranks != full {
-                        return reject(format!("{} averages a partial sum (ranks {:?})", here(), ranks_of(v.ranks)));
+                        return reject(format!(
+                            "{} averages a partial sum (ranks {:?})",
+                            here(),
+                            ranks_of(v.ranks)
+                        ));
                     }
-                    memory[region.buf.0][region.offset + k] = Some(Sym { ranks: v.ranks, scaled: v.scaled + 1 });
+                    memory[region.buf.0][region.offset + k] = Some(Sym {
+                        ranks: v.ranks,
+                        scaled: v.scaled + 1,
+                    });
                 }
             }
             Op::Record(_) | Op::Wait(_) => {}
@@ -381,7 +457,10 @@ pub fn check_result(plan: &Plan, order: &[(usize, usize)]) -> Check {
             continue;
         }
         if decl.len != plan.count {
-            return reject(format!("rank {}'s output has {} elements, not {}", decl.rank, decl.len, plan.count));
+            return reject(format!(
+                "rank {}'s output has {} elements, not {}",
+                decl.rank, decl.len, plan.count
+            ));
         }
         for (i, v) in memory[b].iter().enumerate() {
             match v {
@@ -399,7 +478,12 @@ pub fn check_result(plan: &Plan, order: &[(usize, usize)]) -> Check {
                         decl.rank
                     ));
                 }
-                None => return reject(format!("rank {}'s output element {i} is never written", decl.rank)),
+                None => {
+                    return reject(format!(
+                        "rank {}'s output element {i} is never written",
+                        decl.rank
+                    ))
+                }
             }
         }
     }
@@ -412,10 +496,12 @@ pub fn check_result(plan: &Plan, order: &[(usize, usize)]) -> Check {
 /// Finds the first instruction (in rank order) matching `pred`: a helper for tests that plant
 /// faults in plans.
 pub fn find_instr(plan: &Plan, pred: impl Fn(usize, &Instr) -> bool) -> Option<(usize, usize)> {
-    plan.ranks
-        .iter()
-        .enumerate()
-        .find_map(|(rank, program)| program.iter().position(|i| pred(rank, i)).map(|i| (rank, i)))
+    plan.ranks.iter().enumerate().find_map(|(rank, program)| {
+        program
+            .iter()
+            .position(|i| pred(rank, i))
+            .map(|i| (rank, i))
+    })
 }
 
 /// The event that an instruction waits on, if it is a wait.
@@ -432,7 +518,13 @@ mod tests {
     use crate::element::ReduceOp;
     use crate::plan::{EdgeTransport, Phase, RingSpec};
 
-    fn spec(world: usize, count: usize, chunk: usize, slots: usize, transport: EdgeTransport) -> RingSpec {
+    fn spec(
+        world: usize,
+        count: usize,
+        chunk: usize,
+        slots: usize,
+        transport: EdgeTransport,
+    ) -> RingSpec {
         RingSpec::new(world, count, chunk, slots, transport)
     }
 
@@ -461,14 +553,22 @@ mod tests {
 
     fn rejects(plan: &Plan, needle: &str) {
         let err = check(plan).expect_err("a broken plan must be rejected");
-        assert!(err.0.contains(needle), "expected a rejection mentioning {needle:?}, got: {err}");
+        assert!(
+            err.0.contains(needle),
+            "expected a rejection mentioning {needle:?}, got: {err}"
+        );
     }
 
     #[test]
     fn dropped_wait_is_a_race() {
         let plan = spec(3, 20, 3, 2, EdgeTransport::Peer).build().unwrap();
         // The receiver's reduce waits for the sender's push: drop the first such wait.
-        let (rank, i) = find_instr(&plan, |_, ins| ins.stream == StreamKind::Reduce && waited(ins).is_some() && ins.tag.phase == Phase::ReduceScatter).unwrap();
+        let (rank, i) = find_instr(&plan, |_, ins| {
+            ins.stream == StreamKind::Reduce
+                && waited(ins).is_some()
+                && ins.tag.phase == Phase::ReduceScatter
+        })
+        .unwrap();
         let mut broken = plan.clone();
         broken.ranks[rank].remove(i);
         rejects(&broken, "data race");
@@ -479,7 +579,10 @@ mod tests {
         // One slot: every push after the first must wait for the previous reduce to free it.
         let plan = spec(2, 16, 2, 1, EdgeTransport::Peer).build().unwrap();
         let (rank, i) = find_instr(&plan, |r, ins| {
-            ins.stream == StreamKind::Send && waited(ins).is_some_and(|e| plan.events[e.0].rank != r && plan.events[e.0].what == "reduced")
+            ins.stream == StreamKind::Send
+                && waited(ins).is_some_and(|e| {
+                    plan.events[e.0].rank != r && plan.events[e.0].what == "reduced"
+                })
         })
         .unwrap();
         let mut broken = plan.clone();
@@ -490,9 +593,14 @@ mod tests {
     #[test]
     fn chunk_sent_to_the_wrong_rank_is_caught() {
         let plan = spec(3, 12, 4, 2, EdgeTransport::Peer).build().unwrap();
-        let (rank, i) = find_instr(&plan, |_, ins| matches!(ins.op, Op::Copy { .. }) && ins.tag.phase == Phase::AllGather).unwrap();
+        let (rank, i) = find_instr(&plan, |_, ins| {
+            matches!(ins.op, Op::Copy { .. }) && ins.tag.phase == Phase::AllGather
+        })
+        .unwrap();
         let mut broken = plan.clone();
-        let Op::Copy { src, mut dst } = broken.ranks[rank][i].op else { unreachable!() };
+        let Op::Copy { src, mut dst } = broken.ranks[rank][i].op else {
+            unreachable!()
+        };
         // Deliver to the rank after the intended receiver instead.
         let intended = plan.decl(dst.buf).rank;
         dst.buf = plan.buffer((intended + 1) % 3, BufKind::Output).unwrap();
@@ -504,7 +612,10 @@ mod tests {
     fn wait_before_record_is_rejected() {
         let plan = spec(2, 8, 4, 2, EdgeTransport::Peer).build().unwrap();
         // Move rank 0's first local wait (its side stream waiting on its own Entry) to the front.
-        let (rank, i) = find_instr(&plan, |r, ins| waited(ins).is_some_and(|e| plan.events[e.0].rank == r)).unwrap();
+        let (rank, i) = find_instr(&plan, |r, ins| {
+            waited(ins).is_some_and(|e| plan.events[e.0].rank == r)
+        })
+        .unwrap();
         let mut broken = plan.clone();
         let w = broken.ranks[rank].remove(i);
         broken.ranks[rank].insert(0, w);
@@ -517,7 +628,14 @@ mod tests {
         // Rank 0 waits, first thing, for rank 1's last record; rank 1 needs rank 0 to progress.
         let last = plan.events.iter().rposition(|e| e.rank == 1).unwrap();
         let mut broken = plan.clone();
-        broken.ranks[0].insert(0, Instr { stream: StreamKind::Main, op: Op::Wait(EventId(last)), tag: crate::plan::Tag::ENTRY });
+        broken.ranks[0].insert(
+            0,
+            Instr {
+                stream: StreamKind::Main,
+                op: Op::Wait(EventId(last)),
+                tag: crate::plan::Tag::ENTRY,
+            },
+        );
         rejects(&broken, "deadlock");
     }
 
@@ -537,7 +655,13 @@ mod tests {
         let mut broken = plan.clone();
         // Drop rank 1's Main wait on rank 0's send stream: Main would complete before the
         // all-gather push into rank 1's output lands.
-        let i = broken.ranks[1].iter().rposition(|ins| ins.stream == StreamKind::Main && waited(ins).is_some_and(|e| plan.events[e.0].rank == 0)).unwrap();
+        let i = broken.ranks[1]
+            .iter()
+            .rposition(|ins| {
+                ins.stream == StreamKind::Main
+                    && waited(ins).is_some_and(|e| plan.events[e.0].rank == 0)
+            })
+            .unwrap();
         broken.ranks[1].remove(i);
         let order = enqueue_order(&broken).unwrap();
         let err = check_races(&broken, &order, 1).expect_err("Main must not finish early");
@@ -549,7 +673,12 @@ mod tests {
         let plan = spec(2, 8, 2, 1, EdgeTransport::Peer).build().unwrap();
         // Rank 0's send stream waits for its own Entry; without it, call 2's first push into rank
         // 1's slot is ordered after nothing that follows rank 1's last reduce of call 1.
-        let (rank, i) = find_instr(&plan, |r, ins| ins.stream == StreamKind::Send && waited(ins).is_some_and(|e| plan.events[e.0].rank == r && plan.events[e.0].what == "entry")).unwrap();
+        let (rank, i) = find_instr(&plan, |r, ins| {
+            ins.stream == StreamKind::Send
+                && waited(ins)
+                    .is_some_and(|e| plan.events[e.0].rank == r && plan.events[e.0].what == "entry")
+        })
+        .unwrap();
         let mut broken = plan.clone();
         broken.ranks[rank].remove(i);
         rejects(&broken, "call 2");
@@ -562,7 +691,10 @@ mod tests {
     fn staged_plan_without_host_slot_credit_is_a_race() {
         let plan = spec(2, 16, 2, 1, EdgeTransport::Staged).build().unwrap();
         let (rank, i) = find_instr(&plan, |r, ins| {
-            ins.stream == StreamKind::Send && waited(ins).is_some_and(|e| plan.events[e.0].rank != r && plan.events[e.0].what == "copied from host")
+            ins.stream == StreamKind::Send
+                && waited(ins).is_some_and(|e| {
+                    plan.events[e.0].rank != r && plan.events[e.0].what == "copied from host"
+                })
         })
         .unwrap();
         let mut broken = plan.clone();
@@ -573,7 +705,12 @@ mod tests {
     #[test]
     fn staged_sender_without_the_receivers_entry_races_across_calls() {
         let plan = spec(2, 2, 1, 1, EdgeTransport::Staged).build().unwrap();
-        let (rank, i) = find_instr(&plan, |r, ins| ins.stream == StreamKind::Send && waited(ins).is_some_and(|e| plan.events[e.0].rank != r && plan.events[e.0].what == "entry")).unwrap();
+        let (rank, i) = find_instr(&plan, |r, ins| {
+            ins.stream == StreamKind::Send
+                && waited(ins)
+                    .is_some_and(|e| plan.events[e.0].rank != r && plan.events[e.0].what == "entry")
+        })
+        .unwrap();
         let mut broken = plan.clone();
         broken.ranks[rank].remove(i);
         rejects(&broken, "call 2");

@@ -13,7 +13,7 @@
 //! never hangs a caller: the first error aborts the call, every thread drains, and the caller gets
 //! the root cause, naming the rank and what it was waiting for.
 
-use super::{aborted, enqueue_rank, panic_message, Enqueue, Handoff};
+use super::{aborted, enqueue_rank, panic_message, Enqueue, Handoff, Limits};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::plan::{BufKind, EdgeTransport, Instr, Op, Plan, Region, RingSpec, StreamKind};
@@ -23,7 +23,7 @@ use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -100,11 +100,14 @@ unsafe impl Sync for Scratch {}
 
 impl Scratch {
     fn new(bytes: usize) -> Result<Scratch> {
-        let layout = Layout::from_size_align(bytes.max(1), 64)
-            .map_err(|_| Error::InvalidArgument(format!("staging of {bytes} bytes is too large")))?;
+        let layout = Layout::from_size_align(bytes.max(1), 64).map_err(|_| {
+            Error::InvalidArgument(format!("staging of {bytes} bytes is too large"))
+        })?;
         // SAFETY: the layout has non-zero size.
         let ptr = unsafe { alloc_zeroed(layout) };
-        let ptr = NonNull::new(ptr).ok_or_else(|| Error::InvalidArgument(format!("cannot allocate {bytes} bytes of staging")))?;
+        let ptr = NonNull::new(ptr).ok_or_else(|| {
+            Error::InvalidArgument(format!("cannot allocate {bytes} bytes of staging"))
+        })?;
         Ok(Scratch { ptr, layout })
     }
 }
@@ -162,6 +165,10 @@ struct Call {
     fault: Option<Fault>,
     abort: AtomicBool,
     failure: Mutex<Option<Error>>,
+    /// Data operations running right now. At the deadline a wait defers to a running operation:
+    /// a stream stuck inside an operation is the root cause and names itself; the streams
+    /// waiting on it are its victims.
+    running: AtomicUsize,
     /// Each rank thread reports `(rank, None)`, each stream worker `(rank, Some(stream))`.
     done: Sender<(usize, Option<StreamKind>)>,
 }
@@ -199,9 +206,18 @@ impl Call {
 /// What a stream worker is told.
 enum Cmd {
     Begin(Arc<Call>),
-    Run { index: usize },
-    Record { event: usize, generation: u64 },
-    Wait { event: usize, target: u64, index: usize },
+    Run {
+        index: usize,
+    },
+    Record {
+        event: usize,
+        generation: u64,
+    },
+    Wait {
+        event: usize,
+        target: u64,
+        index: usize,
+    },
     End,
 }
 
@@ -217,10 +233,14 @@ pub(crate) struct HostExecutor {
 impl HostExecutor {
     pub(crate) fn new(world: usize, config: HostConfig) -> Result<HostExecutor> {
         if world == 0 {
-            return Err(Error::InvalidArgument("a communicator needs at least one rank".into()));
+            return Err(Error::InvalidArgument(
+                "a communicator needs at least one rank".into(),
+            ));
         }
         if config.chunk_elems == 0 || config.slots == 0 {
-            return Err(Error::InvalidArgument("chunk_elems and slots must be at least 1".into()));
+            return Err(Error::InvalidArgument(
+                "chunk_elems and slots must be at least 1".into(),
+            ));
         }
         let ranks = Handoff::ring(world)
             .into_iter()
@@ -229,7 +249,9 @@ impl HostExecutor {
                 let handle = std::thread::Builder::new()
                     .name(format!("ringreduce-rank-{}", handoff.rank))
                     .spawn(move || rank_thread(handoff, rx))
-                    .map_err(|e| Error::InvalidArgument(format!("cannot start a rank thread: {e}")))?;
+                    .map_err(|e| {
+                        Error::InvalidArgument(format!("cannot start a rank thread: {e}"))
+                    })?;
                 Ok((tx, handle))
             })
             .collect::<Result<Vec<_>>>()?;
@@ -250,7 +272,11 @@ impl HostExecutor {
             world: self.world,
             count: shape.count,
             in_place: shape.in_place,
-            op: if shape.average { ReduceOp::Avg } else { ReduceOp::Sum },
+            op: if shape.average {
+                ReduceOp::Avg
+            } else {
+                ReduceOp::Sum
+            },
             chunk_elems: self.config.chunk_elems,
             slots: self.config.slots,
             align_elems: 1,
@@ -288,7 +314,13 @@ impl HostExecutor {
     /// `outputs[r]` (and `inputs[r]` when given) must point to `count` valid, aligned elements of
     /// `T` that nothing else reads or writes until this returns; outputs must not overlap each other
     /// or any input. Inputs may overlap each other (they are only read).
-    pub(crate) unsafe fn run<T: Element>(&mut self, inputs: Option<&[*const T]>, outputs: &[*mut T], count: usize, op: ReduceOp) -> Result<()> {
+    pub(crate) unsafe fn run<T: Element>(
+        &mut self,
+        inputs: Option<&[*const T]>,
+        outputs: &[*mut T],
+        count: usize,
+        op: ReduceOp,
+    ) -> Result<()> {
         let elem_bytes = std::mem::size_of::<T>();
         let shape = Shape {
             count,
@@ -308,10 +340,18 @@ impl HostExecutor {
                     ptr: inputs.expect("out-of-place plans declare inputs")[decl.rank] as *mut u8,
                     len_bytes,
                 },
-                BufKind::Output => RawBuf { ptr: outputs[decl.rank] as *mut u8, len_bytes },
+                BufKind::Output => RawBuf {
+                    ptr: outputs[decl.rank] as *mut u8,
+                    len_bytes,
+                },
                 BufKind::Slots | BufKind::HostSlots => {
-                    let s = prepared.scratch[i].as_ref().expect("staging is allocated in prepare");
-                    RawBuf { ptr: s.ptr.as_ptr(), len_bytes: s.layout.size() }
+                    let s = prepared.scratch[i]
+                        .as_ref()
+                        .expect("staging is allocated in prepare");
+                    RawBuf {
+                        ptr: s.ptr.as_ptr(),
+                        len_bytes: s.layout.size(),
+                    }
                 }
             })
             .collect();
@@ -329,10 +369,14 @@ impl HostExecutor {
             },
             deadline: Instant::now() + self.config.timeout,
             timeout: self.config.timeout,
-            delay_seed: self.config.delay_seed.map(|s| s ^ self.calls.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+            delay_seed: self
+                .config
+                .delay_seed
+                .map(|s| s ^ self.calls.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
             fault: self.config.fault,
             abort: AtomicBool::new(false),
             failure: Mutex::new(None),
+            running: AtomicUsize::new(0),
             done: done_tx,
         });
         for (tx, _) in &self.ranks {
@@ -342,14 +386,20 @@ impl HostExecutor {
         }
         // Each rank thread and each of its stream workers reports once.
         let mut pending: Vec<(usize, Option<StreamKind>)> = (0..self.world)
-            .flat_map(|r| std::iter::once((r, None)).chain(StreamKind::ALL.iter().map(move |&s| (r, Some(s)))))
+            .flat_map(|r| {
+                std::iter::once((r, None)).chain(StreamKind::ALL.iter().map(move |&s| (r, Some(s))))
+            })
             .collect();
         // The threads' own deadline checks fire first and name what they waited for; the caller's
         // is a backstop, a little later.
         let backstop = call.deadline + Duration::from_millis(250);
         let mut timed_out = false;
         while !pending.is_empty() {
-            let until = if timed_out { Instant::now() + Duration::from_secs(3600) } else { backstop };
+            let until = if timed_out {
+                Instant::now() + Duration::from_secs(3600)
+            } else {
+                backstop
+            };
             match done_rx.recv_deadline(until) {
                 Ok(who) => pending.retain(|p| *p != who),
                 Err(_) if !timed_out => {
@@ -369,7 +419,11 @@ impl HostExecutor {
                 Err(_) => break,
             }
         }
-        let failure = call.failure.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let failure = call
+            .failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
         match failure {
             Some(err) => Err(err),
             None => Ok(()),
@@ -405,9 +459,23 @@ fn rank_thread(mut handoff: Handoff, calls: Receiver<Arc<Call>>) {
         for (tx, _) in &workers {
             let _ = tx.send(Cmd::Begin(call.clone()));
         }
-        let mut backend = HostEnqueue { call: &call, workers: &workers };
+        let mut backend = HostEnqueue {
+            call: &call,
+            workers: &workers,
+        };
         let result = catch_unwind(AssertUnwindSafe(|| {
-            enqueue_rank(&call.prepared.plan, &call.prepared.waiters, call.id, &mut handoff, &mut backend, call.deadline, call.timeout, &call.abort)
+            enqueue_rank(
+                &call.prepared.plan,
+                &call.prepared.waiters,
+                call.id,
+                &mut handoff,
+                &mut backend,
+                Limits {
+                    deadline: call.deadline,
+                    timeout: call.timeout,
+                    abort: &call.abort,
+                },
+            )
         }));
         match result {
             Ok(Ok(())) => {}
@@ -446,11 +514,18 @@ impl Enqueue for HostEnqueue<'_> {
             Op::Wait(e) => match events[e.0].enqueued.load(Ordering::Acquire) {
                 // CUDA semantics: waiting on an event that was never recorded does nothing.
                 0 => return Ok(()),
-                target => Cmd::Wait { event: e.0, target, index },
+                target => Cmd::Wait {
+                    event: e.0,
+                    target,
+                    index,
+                },
             },
             _ => Cmd::Run { index },
         };
-        self.workers[instr.stream.index()].0.send(cmd).map_err(|_| Error::Closed)
+        self.workers[instr.stream.index()]
+            .0
+            .send(cmd)
+            .map_err(|_| Error::Closed)
     }
 }
 
@@ -491,7 +566,11 @@ fn stream_worker(rank: usize, stream: StreamKind, cmds: Receiver<Cmd>) {
                     ev.reached.notify_all();
                 }
             }
-            Cmd::Wait { event, target, index } => {
+            Cmd::Wait {
+                event,
+                target,
+                index,
+            } => {
                 let Some(call) = &current else { continue };
                 if call.aborted() {
                     continue;
@@ -509,24 +588,36 @@ fn stream_worker(rank: usize, stream: StreamKind, cmds: Receiver<Cmd>) {
                     std::thread::sleep(Duration::from_micros(rng.next() % 100));
                 }
                 let instr = call.prepared.plan.ranks[rank][index];
+                call.running.fetch_add(1, Ordering::AcqRel);
                 let outcome = catch_unwind(AssertUnwindSafe(|| run_op(call, rank, index, &instr)));
                 let err = match outcome {
-                    Ok(Ok(())) => continue,
-                    Ok(Err(err)) => err,
-                    Err(payload) => Error::RankFailed {
+                    Ok(Ok(())) => None,
+                    Ok(Err(err)) => Some(err),
+                    Err(payload) => Some(Error::RankFailed {
                         rank,
                         during: instr.tag.to_string(),
                         message: format!("panic: {}", panic_message(&*payload)),
-                    },
+                    }),
                 };
-                call.fail(err);
+                // Fail before leaving `running`, so no wait blames a victim in between.
+                if let Some(err) = err {
+                    call.fail(err);
+                }
+                call.running.fetch_sub(1, Ordering::AcqRel);
             }
         }
     }
 }
 
 /// Blocks a stream until `event` reaches `target`, the call aborts, or the deadline passes.
-fn wait_event(call: &Call, rank: usize, stream: StreamKind, event: usize, target: u64, index: usize) -> Result<()> {
+fn wait_event(
+    call: &Call,
+    rank: usize,
+    stream: StreamKind,
+    event: usize,
+    target: u64,
+    index: usize,
+) -> Result<()> {
     let ev = &call.prepared.events[event];
     let mut done = ev.completed.lock().unwrap_or_else(|p| p.into_inner());
     while *done < target {
@@ -534,7 +625,7 @@ fn wait_event(call: &Call, rank: usize, stream: StreamKind, event: usize, target
             return Err(aborted(rank));
         }
         let now = Instant::now();
-        if now >= call.deadline {
+        if now >= call.deadline && call.running.load(Ordering::Acquire) == 0 {
             let tag = call.prepared.plan.ranks[rank][index].tag;
             return Err(Error::Timeout {
                 rank,
@@ -545,8 +636,15 @@ fn wait_event(call: &Call, rank: usize, stream: StreamKind, event: usize, target
                 after: call.timeout,
             });
         }
-        let slice = (call.deadline - now).min(Duration::from_millis(20));
-        done = ev.reached.wait_timeout(done, slice).unwrap_or_else(|p| p.into_inner()).0;
+        let slice = call
+            .deadline
+            .saturating_duration_since(now)
+            .clamp(Duration::from_millis(1), Duration::from_millis(20));
+        done = ev
+            .reached
+            .wait_timeout(done, slice)
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
     }
     Ok(())
 }
@@ -567,6 +665,13 @@ fn run_op(call: &Call, rank: usize, index: usize, instr: &Instr) -> Result<()> {
                 FaultKind::Panic => panic!("injected panic at instruction {index}"),
                 FaultKind::Stall => {
                     while !call.aborted() {
+                        if Instant::now() >= call.deadline {
+                            return Err(Error::Timeout {
+                                rank,
+                                waiting_on: format!("did not finish instruction {index} ({:?} stream, {}): the operation stalled", instr.stream, instr.tag),
+                                after: call.timeout,
+                            });
+                        }
                         std::thread::sleep(Duration::from_millis(5));
                     }
                     return Err(aborted(rank));
@@ -583,11 +688,21 @@ fn run_op(call: &Call, rank: usize, index: usize, instr: &Instr) -> Result<()> {
         }
         Op::Reduce { dst, a, b } => {
             // SAFETY: as above; the checker proved `dst` is `a` or disjoint from `a` and `b`.
-            unsafe { (call.kernels.reduce)(call.op.combine_op(), call.ptr(dst), call.ptr(a), call.ptr(b), dst.count) }
+            unsafe {
+                (call.kernels.reduce)(
+                    call.op.combine_op(),
+                    call.ptr(dst),
+                    call.ptr(a),
+                    call.ptr(b),
+                    dst.count,
+                )
+            }
         }
         Op::Scale { region } => {
             // SAFETY: as above.
-            unsafe { (call.kernels.scale)(call.ptr(region), region.count, call.prepared.plan.world) }
+            unsafe {
+                (call.kernels.scale)(call.ptr(region), region.count, call.prepared.plan.world)
+            }
         }
         Op::Record(_) | Op::Wait(_) => unreachable!("records and waits are handled by the worker"),
     }
@@ -602,10 +717,21 @@ const PARALLEL_MIN: usize = 1 << 18;
 /// # Safety
 /// `dst`, `a`, `b` point to `count` aligned elements of `T`; `dst == a` or `dst` is disjoint from
 /// both; `b` is disjoint from `dst`; no other thread accesses them during the call.
-unsafe fn reduce_raw<T: Element>(op: ReduceOp, dst: *mut u8, a: *const u8, b: *const u8, count: usize) {
+unsafe fn reduce_raw<T: Element>(
+    op: ReduceOp,
+    dst: *mut u8,
+    a: *const u8,
+    b: *const u8,
+    count: usize,
+) {
     let (dst, a, b) = (dst as *mut T, a as *const T, b as *const T);
     // SAFETY: the caller guarantees validity and that `b` does not alias `dst`.
-    let (out, b) = unsafe { (std::slice::from_raw_parts_mut(dst, count), std::slice::from_raw_parts(b, count)) };
+    let (out, b) = unsafe {
+        (
+            std::slice::from_raw_parts_mut(dst, count),
+            std::slice::from_raw_parts(b, count),
+        )
+    };
     if std::ptr::eq(dst, a) {
         let fold = |(d, s): (&mut T, &T)| *d = T::combine(op, *d, *s);
         if count >= PARALLEL_MIN {
@@ -618,7 +744,10 @@ unsafe fn reduce_raw<T: Element>(op: ReduceOp, dst: *mut u8, a: *const u8, b: *c
         let a = unsafe { std::slice::from_raw_parts(a, count) };
         let combine = |((d, x), y): ((&mut T, &T), &T)| *d = T::combine(op, *x, *y);
         if count >= PARALLEL_MIN {
-            out.par_iter_mut().zip(a.par_iter()).zip(b.par_iter()).for_each(combine);
+            out.par_iter_mut()
+                .zip(a.par_iter())
+                .zip(b.par_iter())
+                .for_each(combine);
         } else {
             out.iter_mut().zip(a).zip(b).for_each(combine);
         }

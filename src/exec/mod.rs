@@ -42,7 +42,8 @@ pub(crate) struct Handoff {
 impl Handoff {
     /// One handoff end per rank, fully connected.
     pub(crate) fn ring(world: usize) -> Vec<Handoff> {
-        let (txs, rxs): (Vec<_>, Vec<_>) = (0..world).map(|_| crossbeam_channel::unbounded()).unzip();
+        let (txs, rxs): (Vec<_>, Vec<_>) =
+            (0..world).map(|_| crossbeam_channel::unbounded()).unzip();
         rxs.into_iter()
             .enumerate()
             .map(|(rank, inbox)| Handoff {
@@ -65,7 +66,13 @@ impl Handoff {
 
     /// Blocks until `event` of the current call is handed over, the deadline passes, or the call
     /// is aborted.
-    fn await_record(&mut self, plan: &Plan, event: EventId, deadline: Instant, abort: &AtomicBool) -> Result<()> {
+    fn await_record(
+        &mut self,
+        plan: &Plan,
+        event: EventId,
+        deadline: Instant,
+        abort: &AtomicBool,
+    ) -> Result<()> {
         while !self.seen[event.0] {
             if abort.load(Ordering::Acquire) {
                 return Err(aborted(self.rank));
@@ -78,7 +85,10 @@ impl Handoff {
                 Err(RecvTimeoutError::Timeout) => {
                     return Err(Error::Timeout {
                         rank: self.rank,
-                        waiting_on: format!("was waiting to enqueue its wait for {}", plan.events[event.0]),
+                        waiting_on: format!(
+                            "was waiting to enqueue its wait for {}",
+                            plan.events[event.0]
+                        ),
                         after: self.timeout,
                     })
                 }
@@ -98,6 +108,15 @@ pub(crate) fn aborted(rank: usize) -> Error {
     }
 }
 
+/// When a call must give up: its deadline (and the timeout it came from, for messages), and the
+/// flag another rank sets when it fails.
+#[derive(Clone, Copy)]
+pub(crate) struct Limits<'a> {
+    pub(crate) deadline: Instant,
+    pub(crate) timeout: Duration,
+    pub(crate) abort: &'a AtomicBool,
+}
+
 /// Walks rank `rank`'s program and enqueues it onto `backend`, with the event handoff: remote
 /// waits block until the recorder hands the event over; records are handed to every rank that
 /// waits on them (`waiters`, from [`Plan::remote_waiters`]).
@@ -107,10 +126,13 @@ pub(crate) fn enqueue_rank(
     call: u64,
     handoff: &mut Handoff,
     backend: &mut impl Enqueue,
-    deadline: Instant,
-    timeout: Duration,
-    abort: &AtomicBool,
+    limits: Limits<'_>,
 ) -> Result<()> {
+    let Limits {
+        deadline,
+        timeout,
+        abort,
+    } = limits;
     let rank = handoff.rank;
     handoff.begin(call, plan.events.len(), timeout);
     for (index, instr) in plan.ranks[rank].iter().enumerate() {

@@ -60,7 +60,7 @@
 
 pub mod ring;
 
-pub use ring::{RingSpec, EdgeTransport};
+pub use ring::{EdgeTransport, RingSpec};
 
 use std::fmt;
 
@@ -203,7 +203,11 @@ impl fmt::Display for Tag {
         match self.phase {
             Phase::Entry => f.write_str("entry"),
             Phase::Finish => f.write_str("finish"),
-            Phase::ReduceScatter => write!(f, "chunk {} of reduce-scatter step {}", self.chunk, self.step),
+            Phase::ReduceScatter => write!(
+                f,
+                "chunk {} of reduce-scatter step {}",
+                self.chunk, self.step
+            ),
             Phase::AllGather => write!(f, "chunk {} of all-gather step {}", self.chunk, self.step),
         }
     }
@@ -268,7 +272,10 @@ impl Plan {
         for instr in &self.ranks[rank] {
             used[instr.stream.index()] = true;
         }
-        StreamKind::ALL.into_iter().filter(|s| used[s.index()]).collect()
+        StreamKind::ALL
+            .into_iter()
+            .filter(|s| used[s.index()])
+            .collect()
     }
 
     /// For each event, the ranks other than its recorder that wait on it (the event handoff's

@@ -7,8 +7,7 @@
 //! enqueues before it — the checker verifies this by simulating the enqueue.
 
 use super::{
-    BufId, BufKind, BufferDecl, EventDecl, EventId, Instr, Op, Phase, Plan, Region, StreamKind,
-    Tag,
+    BufId, BufKind, BufferDecl, EventDecl, EventId, Instr, Op, Phase, Plan, Region, StreamKind, Tag,
 };
 use crate::element::ReduceOp;
 use crate::error::{Error, Result};
@@ -108,7 +107,13 @@ pub fn chunk_range(seg: Range<usize>, chunk_elems: usize, chunk: usize) -> Range
 
 impl RingSpec {
     /// A spec with every edge on `transport`.
-    pub fn new(world: usize, count: usize, chunk_elems: usize, slots: usize, transport: EdgeTransport) -> RingSpec {
+    pub fn new(
+        world: usize,
+        count: usize,
+        chunk_elems: usize,
+        slots: usize,
+        transport: EdgeTransport,
+    ) -> RingSpec {
         RingSpec {
             world,
             count,
@@ -203,13 +208,29 @@ impl<'a> Builder<'a> {
         };
         for rank in 0..n {
             if !spec.in_place {
-                plan.buffers.push(BufferDecl { rank, kind: BufKind::Input, len: spec.count });
+                plan.buffers.push(BufferDecl {
+                    rank,
+                    kind: BufKind::Input,
+                    len: spec.count,
+                });
             }
-            plan.buffers.push(BufferDecl { rank, kind: BufKind::Output, len: spec.count });
+            plan.buffers.push(BufferDecl {
+                rank,
+                kind: BufKind::Output,
+                len: spec.count,
+            });
             if n > 1 && spec.count > 0 {
-                plan.buffers.push(BufferDecl { rank, kind: BufKind::Slots, len: spec.slots * chunk });
+                plan.buffers.push(BufferDecl {
+                    rank,
+                    kind: BufKind::Slots,
+                    len: spec.slots * chunk,
+                });
                 if spec.transports[rank] == EdgeTransport::Staged {
-                    plan.buffers.push(BufferDecl { rank, kind: BufKind::HostSlots, len: spec.slots * chunk });
+                    plan.buffers.push(BufferDecl {
+                        rank,
+                        kind: BufKind::HostSlots,
+                        len: spec.slots * chunk,
+                    });
                 }
             }
         }
@@ -234,7 +255,14 @@ impl<'a> Builder<'a> {
 
     /// The buffer a rank's own contribution is read from.
     fn source(&self, rank: usize) -> BufId {
-        self.buf(rank, if self.spec.in_place { BufKind::Output } else { BufKind::Input })
+        self.buf(
+            rank,
+            if self.spec.in_place {
+                BufKind::Output
+            } else {
+                BufKind::Input
+            },
+        )
     }
 
     fn emit(&mut self, rank: usize, stream: StreamKind, op: Op, tag: Tag) {
@@ -243,7 +271,12 @@ impl<'a> Builder<'a> {
 
     fn record(&mut self, rank: usize, stream: StreamKind, tag: Tag, what: &'static str) -> EventId {
         let id = EventId(self.plan.events.len());
-        self.plan.events.push(EventDecl { rank, stream, tag, what });
+        self.plan.events.push(EventDecl {
+            rank,
+            stream,
+            tag,
+            what,
+        });
         self.emit(rank, stream, Op::Record(id), tag);
         self.last_record[rank][stream.index()] = Some(id);
         id
@@ -296,8 +329,16 @@ impl<'a> Builder<'a> {
     fn single_rank(&mut self) {
         if !self.spec.in_place && self.spec.count > 0 {
             let count = self.spec.count;
-            let src = Region { buf: self.buf(0, BufKind::Input), offset: 0, count };
-            let dst = Region { buf: self.buf(0, BufKind::Output), offset: 0, count };
+            let src = Region {
+                buf: self.buf(0, BufKind::Input),
+                offset: 0,
+                count,
+            };
+            let dst = Region {
+                buf: self.buf(0, BufKind::Output),
+                offset: 0,
+                count,
+            };
             self.emit(0, StreamKind::Main, Op::Copy { src, dst }, Tag::ENTRY);
         }
     }
@@ -313,10 +354,15 @@ impl<'a> Builder<'a> {
             for step in 0..n - 1 {
                 let mut next_ready = vec![vec![None; chunks]; n];
                 for chunk in 0..chunks {
+                    #[allow(clippy::needless_range_loop)] // `sender` is a rank, not just an index
                     for sender in 0..n {
                         let tag = Tag { phase, step, chunk };
                         let seg = send_segment(phase, sender, step, n);
-                        let range = chunk_range(segment_range(spec.count, n, spec.align_elems, seg), self.chunk, chunk);
+                        let range = chunk_range(
+                            segment_range(spec.count, n, spec.align_elems, seg),
+                            self.chunk,
+                            chunk,
+                        );
                         if range.is_empty() {
                             continue;
                         }
@@ -339,7 +385,14 @@ impl<'a> Builder<'a> {
 
     /// Moves one chunk from `sender` to `receiver` over their edge's transport; returns the event
     /// after which the chunk is final in the receiver's output.
-    fn transfer(&mut self, sender: usize, receiver: usize, range: Range<usize>, after: Option<Landed>, tag: Tag) -> Landed {
+    fn transfer(
+        &mut self,
+        sender: usize,
+        receiver: usize,
+        range: Range<usize>,
+        after: Option<Landed>,
+        tag: Tag,
+    ) -> Landed {
         let spec = self.spec;
         let count = range.len();
         let src_buf = if tag.phase == Phase::ReduceScatter && tag.step == 0 {
@@ -347,8 +400,16 @@ impl<'a> Builder<'a> {
         } else {
             self.buf(sender, BufKind::Output)
         };
-        let src = Region { buf: src_buf, offset: range.start, count };
-        let out = Region { buf: self.buf(receiver, BufKind::Output), offset: range.start, count };
+        let src = Region {
+            buf: src_buf,
+            offset: range.start,
+            count,
+        };
+        let out = Region {
+            buf: self.buf(receiver, BufKind::Output),
+            offset: range.start,
+            count,
+        };
         let reducing = tag.phase == Phase::ReduceScatter;
         let staged = spec.transports[sender] == EdgeTransport::Staged;
 
@@ -357,7 +418,11 @@ impl<'a> Builder<'a> {
         let (landing, slot) = if reducing {
             let slot = self.slot_uses[receiver] % spec.slots;
             self.slot_uses[receiver] += 1;
-            let region = Region { buf: self.buf(receiver, BufKind::Slots), offset: slot * self.chunk, count };
+            let region = Region {
+                buf: self.buf(receiver, BufKind::Slots),
+                offset: slot * self.chunk,
+                count,
+            };
             (region, Some(slot))
         } else {
             (out, None)
@@ -370,7 +435,11 @@ impl<'a> Builder<'a> {
         let arrived = if staged {
             let h = self.host_uses[sender] % spec.slots;
             self.host_uses[sender] += 1;
-            let host = Region { buf: self.buf(sender, BufKind::HostSlots), offset: h * self.chunk, count };
+            let host = Region {
+                buf: self.buf(sender, BufKind::HostSlots),
+                offset: h * self.chunk,
+                count,
+            };
             if let Some(free) = self.host_free[sender][h] {
                 self.wait(sender, StreamKind::Send, free, tag);
             }
@@ -382,7 +451,15 @@ impl<'a> Builder<'a> {
                     self.wait(receiver, StreamKind::Recv, free, tag);
                 }
             }
-            self.emit(receiver, StreamKind::Recv, Op::Copy { src: host, dst: landing }, tag);
+            self.emit(
+                receiver,
+                StreamKind::Recv,
+                Op::Copy {
+                    src: host,
+                    dst: landing,
+                },
+                tag,
+            );
             let landed = self.record(receiver, StreamKind::Recv, tag, "copied from host");
             self.host_free[sender][h] = Some(landed);
             landed
@@ -392,7 +469,12 @@ impl<'a> Builder<'a> {
                     self.wait(sender, StreamKind::Send, free, tag);
                 }
             }
-            self.emit(sender, StreamKind::Send, Op::Copy { src, dst: landing }, tag);
+            self.emit(
+                sender,
+                StreamKind::Send,
+                Op::Copy { src, dst: landing },
+                tag,
+            );
             self.record(sender, StreamKind::Send, tag, "sent")
         };
 
@@ -400,9 +482,22 @@ impl<'a> Builder<'a> {
             return Landed { ready: arrived };
         }
         // Receiver side: fold the slot into its own contribution.
-        let own = Region { buf: self.source(receiver), offset: range.start, count };
+        let own = Region {
+            buf: self.source(receiver),
+            offset: range.start,
+            count,
+        };
         self.wait(receiver, StreamKind::Reduce, arrived, tag);
-        self.emit(receiver, StreamKind::Reduce, Op::Reduce { dst: out, a: own, b: landing }, tag);
+        self.emit(
+            receiver,
+            StreamKind::Reduce,
+            Op::Reduce {
+                dst: out,
+                a: own,
+                b: landing,
+            },
+            tag,
+        );
         if self.plan.average && tag.step + 2 == spec.world {
             self.emit(receiver, StreamKind::Reduce, Op::Scale { region: out }, tag);
         }
@@ -423,7 +518,10 @@ impl<'a> Builder<'a> {
         }
         for rank in 0..n {
             let prev = recv_from(rank, n);
-            if prev != rank && self.spec.count > 0 && self.spec.transports[prev] == EdgeTransport::Peer {
+            if prev != rank
+                && self.spec.count > 0
+                && self.spec.transports[prev] == EdgeTransport::Peer
+            {
                 if let Some(last) = self.last_record[prev][StreamKind::Send.index()] {
                     self.wait(rank, StreamKind::Main, last, Tag::FINISH);
                 }
@@ -451,12 +549,18 @@ mod tests {
         for step in 0..2 {
             for rank in 0..n {
                 assert_eq!(
-                    (send_segment(Phase::ReduceScatter, rank, step, n), recv_segment(Phase::ReduceScatter, rank, step, n)),
+                    (
+                        send_segment(Phase::ReduceScatter, rank, step, n),
+                        recv_segment(Phase::ReduceScatter, rank, step, n)
+                    ),
                     rs[step][rank],
                     "reduce-scatter step {step} rank {rank}"
                 );
                 assert_eq!(
-                    (send_segment(Phase::AllGather, rank, step, n), recv_segment(Phase::AllGather, rank, step, n)),
+                    (
+                        send_segment(Phase::AllGather, rank, step, n),
+                        recv_segment(Phase::AllGather, rank, step, n)
+                    ),
                     ag[step][rank],
                     "all-gather step {step} rank {rank}"
                 );
@@ -464,9 +568,15 @@ mod tests {
             // After the last reduce-scatter step, rank r received its owned segment r + 1.
         }
         for rank in 0..n {
-            assert_eq!(recv_segment(Phase::ReduceScatter, rank, n - 2, n), owned_segment(rank, n));
+            assert_eq!(
+                recv_segment(Phase::ReduceScatter, rank, n - 2, n),
+                owned_segment(rank, n)
+            );
             // All-gather step 0 sends the owned segment.
-            assert_eq!(send_segment(Phase::AllGather, rank, 0, n), owned_segment(rank, n));
+            assert_eq!(
+                send_segment(Phase::AllGather, rank, 0, n),
+                owned_segment(rank, n)
+            );
         }
     }
 
@@ -477,7 +587,10 @@ mod tests {
             for r in 0..n {
                 for s in 0..n - 2 {
                     for phase in [Phase::ReduceScatter, Phase::AllGather] {
-                        assert_eq!(recv_segment(phase, r, s, n), send_segment(phase, r, s + 1, n));
+                        assert_eq!(
+                            recv_segment(phase, r, s, n),
+                            send_segment(phase, r, s + 1, n)
+                        );
                     }
                 }
             }
@@ -525,6 +638,8 @@ mod tests {
         spec.chunk_elems = 4;
         spec.transports.pop();
         assert!(spec.build().is_err());
-        assert!(RingSpec::new(0, 10, 1, 1, EdgeTransport::Peer).build().is_err());
+        assert!(RingSpec::new(0, 10, 1, 1, EdgeTransport::Peer)
+            .build()
+            .is_err());
     }
 }

@@ -1,3 +1,10 @@
-//! The CUDA executor.
+//! The CUDA executor: devices and peer access ([`device`]), the reduce kernels ([`kernels`]),
+//! typed device buffers ([`buffer`]) and the executor that runs plans on GPU streams
+//! ([`executor`]).
+pub mod buffer;
 pub mod device;
+pub mod executor;
 pub mod kernels;
+
+pub use buffer::{GpuBuffer, GpuSlice};
+pub use executor::{auto_chunk_bytes, CudaConfig, EdgeInfo, Transport};

@@ -1,0 +1,139 @@
+//! Compiles `cuda/reduce.cu` into `$OUT_DIR/reduce.fatbin` when nvcc is available.
+//!
+//! - nvcc is looked for in `$NVCC`, then `$CUDA_HOME/bin/nvcc`, then on `PATH`.
+//! - Found and compiling: the fatbin holds SASS for sm_80 and sm_90 and PTX for compute_90, and
+//!   `cfg(ringreduce_fatbin)` tells `src/exec/cuda/kernels.rs` to embed it.
+//! - Found but failing: the build fails (a broken kernel must fail CI).
+//! - Not found: a warning; the kernels are compiled through NVRTC at first use instead. With
+//!   `RINGREDUCE_REQUIRE_NVCC=1` (CI sets it) a missing nvcc fails the build.
+//!
+//! nvcc from the PyPI wheels (`.ci/install-nvcc.sh`) needs no extra flags as long as it is run
+//! through its real path: the 13.x wheels unpack into one tree (`nvidia/cu13/{bin,include,nvvm}`)
+//! and `bin/nvcc.profile` finds the headers and cicc relative to the directory nvcc is started
+//! from. So the path found is canonicalized first (a symlink `~/bin/nvcc` would otherwise make
+//! nvcc look for `~/include/cuda_runtime.h`).
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::{exit, Command};
+
+const SOURCE: &str = "cuda/reduce.cu";
+/// Real code for Ampere (A100) and Hopper (H100/H200), PTX for anything newer to JIT.
+const GENCODE: [&str; 4] = [
+    "-gencode",
+    "arch=compute_80,code=sm_80",
+    "-gencode",
+    "arch=compute_90,code=[sm_90,compute_90]",
+];
+/// What the fatbin holds, for `ringreduce info` (keep in step with GENCODE).
+const TARGETS: &str = "sm_80 + sm_90 SASS, compute_90 PTX";
+
+fn main() {
+    println!("cargo:rustc-check-cfg=cfg(ringreduce_fatbin)");
+    println!("cargo:rerun-if-changed={SOURCE}");
+    println!("cargo:rerun-if-changed=build.rs");
+    for var in ["NVCC", "CUDA_HOME", "PATH", "RINGREDUCE_REQUIRE_NVCC"] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
+
+    let nvcc = match find_nvcc() {
+        Ok(Some(nvcc)) => nvcc,
+        Ok(None) if env::var("RINGREDUCE_REQUIRE_NVCC").is_ok_and(|v| v == "1") => fail(
+            "RINGREDUCE_REQUIRE_NVCC=1 but no nvcc was found (looked at $NVCC, \
+             $CUDA_HOME/bin/nvcc and PATH); run .ci/install-nvcc.sh and set NVCC",
+        ),
+        Ok(None) => {
+            println!(
+                "cargo:warning=nvcc not found ($NVCC, $CUDA_HOME/bin/nvcc, PATH): the reduce \
+                 kernels will be compiled through NVRTC at first use"
+            );
+            return;
+        }
+        Err(why) => fail(&why),
+    };
+
+    let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let fatbin = out_dir.join("reduce.fatbin");
+    let mut cmd = Command::new(&nvcc);
+    cmd.arg("--fatbin")
+        .arg("-O3")
+        // The same IEEE behaviour as the host executor: no flush to zero, correctly rounded
+        // division (1/world), no contraction of a*b+c into one rounding.
+        .args(["-ftz=false", "-prec-div=true", "-fmad=false"])
+        .args(GENCODE)
+        .arg("-o")
+        .arg(&fatbin)
+        .arg(SOURCE);
+
+    let output = match cmd.output() {
+        Ok(output) => output,
+        Err(e) => fail(&format!("could not run {}: {e}", nvcc.display())),
+    };
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if !output.status.success() {
+        fail(&format!(
+            "nvcc failed to compile {SOURCE} ({}):\n{:?}\n{}{}",
+            output.status,
+            cmd,
+            String::from_utf8_lossy(&output.stdout),
+            stderr
+        ));
+    }
+    for line in stderr.lines().filter(|l| !l.trim().is_empty()) {
+        println!("cargo:warning=nvcc: {line}");
+    }
+
+    println!("cargo:rustc-cfg=ringreduce_fatbin");
+    println!("cargo:rustc-env=RINGREDUCE_FATBIN_TARGETS={TARGETS}");
+    println!(
+        "cargo:rustc-env=RINGREDUCE_NVCC_RELEASE={}",
+        nvcc_release(&nvcc)
+    );
+}
+
+/// Ends the build script with a message cargo shows.
+fn fail(message: &str) -> ! {
+    eprintln!("error: {message}");
+    exit(1)
+}
+
+/// `Ok(None)` when no nvcc is configured or on PATH; `Err` when `$NVCC` names a missing file
+/// (a typo should not silently fall back to NVRTC).
+fn find_nvcc() -> Result<Option<PathBuf>, String> {
+    if let Some(nvcc) = env::var_os("NVCC").filter(|v| !v.is_empty()) {
+        let path = PathBuf::from(&nvcc);
+        return match path.canonicalize() {
+            Ok(real) if real.is_file() => Ok(Some(real)),
+            _ => Err(format!("NVCC={} is not a file", path.display())),
+        };
+    }
+    let from_cuda_home = env::var_os("CUDA_HOME")
+        .filter(|v| !v.is_empty())
+        .map(|home| PathBuf::from(home).join("bin").join("nvcc"));
+    let from_path = env::var_os("PATH")
+        .map(|paths| {
+            env::split_paths(&paths)
+                .map(|dir| dir.join("nvcc"))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    Ok(from_cuda_home
+        .into_iter()
+        .chain(from_path)
+        .filter(|p| p.is_file())
+        .find_map(|p| p.canonicalize().ok()))
+}
+
+/// "13.0, V13.0.88" from nvcc's "Cuda compilation tools, release 13.0, V13.0.88" line.
+fn nvcc_release(nvcc: &Path) -> String {
+    Command::new(nvcc)
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|out| {
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .find_map(|l| l.split_once("release ").map(|(_, r)| r.trim().to_string()))
+        })
+        .unwrap_or_else(|| "unknown version".to_string())
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# gpu-check.sh — run the GPU test suite and a short benchmark on a GPU host from prebuilt
+# executables (a GPU host may have no Rust toolchain).
+#
+# Here (any machine with Rust):   ../shared/gpu/stage.sh          # builds into .gpu/bin/
+# There (the GPU host):           scripts/gpu-check.sh [OUT_DIR]
+#
+# Writes logs to OUT_DIR (default ./gpu-check-out): environment, GPU tests, `ringreduce info`
+# and `ringreduce run`. Exits non-zero if any step fails.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin="$root/.gpu/bin"
+out=${1:-$root/gpu-check-out}
+mkdir -p "$out"
+status=0
+step() {
+  local name=$1; shift
+  echo "== $name: $*"
+  if "$@" 2>&1 | tee "$out/$name.log"; then echo "== $name: ok"; else echo "== $name: FAILED"; status=1; fi
+}
+{
+  date -u +%Y-%m-%dT%H:%M:%SZ
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv 2>&1
+  nvidia-smi topo -m 2>&1
+  git -C "$root" rev-parse --short HEAD 2>/dev/null || echo "commit: unknown (no git)"
+} > "$out/env.log" 2>&1
+cat "$out/env.log"
+[[ -x "$bin/ringreduce" ]] || { echo "no $bin/ringreduce: run ../shared/gpu/stage.sh first"; exit 2; }
+step info "$bin/ringreduce" info
+step test-gpu timeout "${TEST_TIMEOUT:-300}" "$bin/test-gpu" --test-threads=1 --nocapture
+step run timeout "${RUN_TIMEOUT:-120}" "$bin/ringreduce" run
+exit $status

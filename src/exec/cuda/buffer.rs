@@ -1,0 +1,172 @@
+//! Typed device buffers for users of the GPU communicator.
+//!
+//! A [`GpuBuffer<T>`] is `count` elements of `T` on one GPU, allocated with plain `cuMemAlloc`
+//! (outside the stream-ordered pools, so peer copies into it run at link speed — see the pool trap
+//! in [`super::device`]). It implements [`Buffer`] and [`BufferMut`], so it goes straight into
+//! [`crate::Communicator::all_reduce`]. Buffers from elsewhere (a framework's allocator) can be
+//! wrapped with [`GpuSlice`], which the communicator checks and, when they come from a pool,
+//! grants the peer access to that pool.
+
+use super::device::{self, DeviceBuffer};
+use crate::comm::{Buffer, BufferMut, Placement};
+use crate::element::Element;
+use crate::error::{Error, Result};
+use std::marker::PhantomData;
+
+/// `count` elements of `T` in one GPU's memory.
+#[derive(Debug)]
+pub struct GpuBuffer<T: Element> {
+    /// `None` for zero elements (CUDA cannot allocate zero bytes).
+    mem: Option<DeviceBuffer>,
+    device: usize,
+    count: usize,
+    _type: PhantomData<T>,
+}
+
+impl<T: Element> GpuBuffer<T> {
+    /// Zeroed memory for `count` elements on `device`.
+    pub fn zeroed(device: usize, count: usize) -> Result<Self> {
+        let bytes = count
+            .checked_mul(std::mem::size_of::<T>())
+            .ok_or(Error::SizeOverflow {
+                count,
+                dtype: T::DTYPE,
+            })?;
+        let mem = if bytes == 0 {
+            device::context(device)?;
+            None
+        } else {
+            Some(DeviceBuffer::zeroed(&device::context(device)?, bytes)?)
+        };
+        Ok(GpuBuffer {
+            mem,
+            device,
+            count,
+            _type: PhantomData,
+        })
+    }
+
+    /// A buffer on `device` holding a copy of `data`.
+    pub fn from_host(device: usize, data: &[T]) -> Result<Self> {
+        let mut buf = Self::zeroed(device, data.len())?;
+        buf.copy_from_host(data)?;
+        Ok(buf)
+    }
+
+    /// Overwrites the buffer with `data` (same length). Waits for the device's queued work first.
+    pub fn copy_from_host(&mut self, data: &[T]) -> Result<()> {
+        if data.len() != self.count {
+            return Err(Error::LengthMismatch {
+                rank: 0,
+                expected: self.count,
+                got: data.len(),
+            });
+        }
+        match &mut self.mem {
+            Some(mem) => mem.copy_from_host(bytemuck::cast_slice(data)),
+            None => Ok(()),
+        }
+    }
+
+    /// Copies the buffer to a new host vector. Waits for the device's queued work first.
+    pub fn to_host(&self) -> Result<Vec<T>> {
+        let mut out = vec![T::zeroed(); self.count];
+        if let Some(mem) = &self.mem {
+            mem.copy_to_host(bytemuck::cast_slice_mut(&mut out))?;
+        }
+        Ok(out)
+    }
+
+    /// The GPU the buffer lives on.
+    pub fn device(&self) -> usize {
+        self.device
+    }
+
+    /// A view of elements `start..start + count` (for sub-slice collectives, e.g. misaligned).
+    pub fn slice(&mut self, start: usize, count: usize) -> Result<GpuSlice<'_, T>> {
+        if start.checked_add(count).is_none_or(|end| end > self.count) {
+            return Err(Error::InvalidArgument(format!(
+                "slice {start}..{} of a buffer of {} elements",
+                start.saturating_add(count),
+                self.count
+            )));
+        }
+        let base = self.mem.as_ref().map_or(0, |m| m.ptr());
+        Ok(GpuSlice {
+            address: base + (start * std::mem::size_of::<T>()) as u64,
+            device: self.device,
+            count,
+            _borrow: PhantomData,
+        })
+    }
+
+    /// Frees the memory now, returning the driver's error if any (`Drop` does it silently).
+    pub fn free(self) -> Result<()> {
+        match self.mem {
+            Some(mem) => mem.free(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl<T: Element> Buffer<T> for GpuBuffer<T> {
+    fn placement(&self) -> Placement {
+        Placement::Device(self.device)
+    }
+    fn count(&self) -> usize {
+        self.count
+    }
+    fn address(&self) -> u64 {
+        self.mem.as_ref().map_or(0, |m| m.ptr())
+    }
+}
+
+impl<T: Element> BufferMut<T> for GpuBuffer<T> {
+    fn address_mut(&mut self) -> u64 {
+        self.address()
+    }
+}
+
+/// A borrowed range of device memory: a sub-slice of a [`GpuBuffer`], or memory from another
+/// allocator ([`GpuSlice::from_raw`]).
+#[derive(Debug)]
+pub struct GpuSlice<'a, T: Element> {
+    address: u64,
+    device: usize,
+    count: usize,
+    _borrow: PhantomData<&'a mut [T]>,
+}
+
+impl<T: Element> GpuSlice<'_, T> {
+    /// Wraps device memory the caller owns.
+    ///
+    /// # Safety
+    /// `address` is a device address on `device` valid for `count` elements of `T`, aligned to
+    /// `T`, and nothing else uses it while the slice is used in a collective.
+    pub unsafe fn from_raw(address: u64, device: usize, count: usize) -> Self {
+        GpuSlice {
+            address,
+            device,
+            count,
+            _borrow: PhantomData,
+        }
+    }
+}
+
+impl<T: Element> Buffer<T> for GpuSlice<'_, T> {
+    fn placement(&self) -> Placement {
+        Placement::Device(self.device)
+    }
+    fn count(&self) -> usize {
+        self.count
+    }
+    fn address(&self) -> u64 {
+        self.address
+    }
+}
+
+impl<T: Element> BufferMut<T> for GpuSlice<'_, T> {
+    fn address_mut(&mut self) -> u64 {
+        self.address
+    }
+}

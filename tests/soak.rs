@@ -1,0 +1,363 @@
+//! Soak and concurrency: many thousands of random collectives, every result checked exactly, and
+//! no thread or memory left behind.
+//!
+//! - `ten_thousand_random_collectives`: communicators of worlds 1..=8 (peer and staged edges,
+//!   chunk sizes from 8 elements to the default, some shaking the schedule with random delays)
+//!   are created up front, then 10 000 calls pick one at random with a random length (mostly
+//!   tiny, some up to ~5000), element type, operator, and in or out of place.
+//! - several communicators driven from several threads at once, and one communicator shared by
+//!   several threads (`Communicator` is `Sync`; its calls serialize);
+//! - creating and dropping a communicator 1000 times leaves the process's resident memory and its
+//!   threads where they started.
+//!
+//! Inputs depend on rank and index and reduce exactly (`ringreduce::verify`), so each check is
+//! bitwise; a failure names the call (its number, communicator, shape) and the first mismatches.
+
+use half::{bf16, f16};
+use ringreduce::verify::{compare, make_expected, make_input};
+use ringreduce::{Communicator, EdgeTransport, Element, HostConfig, ReduceOp};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Serializes the tests of this file: the leak test counts threads and memory of the process.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// SplitMix64: deterministic randomness for the soak.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `lo..=hi`.
+    fn range(&mut self, lo: usize, hi: usize) -> usize {
+        lo + (self.next() % (hi - lo + 1) as u64) as usize
+    }
+
+    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+        items[self.range(0, items.len() - 1)]
+    }
+}
+
+/// Mostly tiny lengths (where per-call overheads and empty segments live), some medium, a few
+/// up to ~5000 elements.
+fn random_count(rng: &mut Rng, max: usize) -> usize {
+    let count = match rng.range(0, 99) {
+        0..=69 => rng.range(0, 40),
+        70..=94 => rng.range(41, 700),
+        _ => rng.range(701, 5000),
+    };
+    count.min(max)
+}
+
+/// Runs one all-reduce on `comm` and checks every output element (and, out of place, that the
+/// inputs are unchanged). `what` names the call in a failure.
+fn checked_call<T: Element>(
+    comm: &Communicator,
+    count: usize,
+    op: ReduceOp,
+    in_place: bool,
+    what: &dyn Fn() -> String,
+) {
+    let world = comm.world();
+    let inputs: Vec<Vec<T>> = (0..world).map(|r| make_input(op, r, count)).collect();
+    let outputs = if in_place {
+        let mut bufs = inputs.clone();
+        comm.all_reduce_in_place(&mut bufs, op)
+            .unwrap_or_else(|e| panic!("{}: {e}", what()));
+        bufs
+    } else {
+        let mut outs = vec![vec![T::from_i64(77); count]; world];
+        comm.all_reduce(&inputs, &mut outs, op)
+            .unwrap_or_else(|e| panic!("{}: {e}", what()));
+        for (rank, input) in inputs.iter().enumerate() {
+            assert!(
+                input == &make_input::<T>(op, rank, count),
+                "{}: rank {rank}'s input changed",
+                what()
+            );
+        }
+        outs
+    };
+    let want = make_expected::<T>(op, world, count);
+    for (rank, out) in outputs.iter().enumerate() {
+        let (wrong, first) = compare(rank, out, &want, 4);
+        if wrong > 0 {
+            let first: Vec<String> = first.iter().map(|m| m.to_string()).collect();
+            panic!("{}: {wrong} wrong, first {}", what(), first.join(" "));
+        }
+    }
+}
+
+/// One random call of a random element type.
+fn random_call(
+    comm: &Communicator,
+    rng: &mut Rng,
+    max_count: usize,
+    what: &dyn Fn() -> String,
+) -> usize {
+    let count = random_count(rng, max_count);
+    let op = rng.pick(&ReduceOp::ALL);
+    let in_place = rng.next() % 2 == 0;
+    let dtype = rng.range(0, 9);
+    let what = || {
+        format!(
+            "{}, type #{dtype} {op} count {count} in_place {in_place}",
+            what()
+        )
+    };
+    match dtype {
+        // The five the soak must cover get two slots each out of 10.
+        0 | 1 => checked_call::<f32>(comm, count, op, in_place, &what),
+        2 => checked_call::<i32>(comm, count, op, in_place, &what),
+        3 => checked_call::<u8>(comm, count, op, in_place, &what),
+        4 => checked_call::<f64>(comm, count, op, in_place, &what),
+        5 => checked_call::<bf16>(comm, count, op, in_place, &what),
+        6 => checked_call::<f16>(comm, count, op, in_place, &what),
+        7 => checked_call::<i8>(comm, count, op, in_place, &what),
+        8 => checked_call::<u64>(comm, count, op, in_place, &what),
+        _ => checked_call::<u32>(comm, count, op, in_place, &what),
+    }
+    count
+}
+
+/// A communicator of the soak, with the most elements a call on it may have (communicators
+/// that shake the schedule get short calls, so that their delays stay affordable).
+struct Soaked {
+    comm: Communicator,
+    config: HostConfig,
+    max_count: usize,
+}
+
+fn soaked_communicators() -> Vec<Soaked> {
+    let mut rng = Rng(0x50a6);
+    let mut all = Vec::new();
+    for world in 1..=8 {
+        for transport in [EdgeTransport::Peer, EdgeTransport::Staged] {
+            let delays = (world + all.len()) % 4 == 0;
+            let config = HostConfig {
+                chunk_elems: rng.pick(&[16, 33, 128, 1000]),
+                slots: rng.range(1, 4),
+                transport,
+                delay_seed: delays.then_some(world as u64),
+                ..HostConfig::default()
+            };
+            let comm = Communicator::host_with(world, config.clone()).unwrap();
+            let max_count = if delays { 200 } else { usize::MAX };
+            all.push(Soaked {
+                comm,
+                config,
+                max_count,
+            });
+        }
+    }
+    all
+}
+
+#[test]
+fn ten_thousand_random_collectives() {
+    let _serial = serial();
+    let comms = soaked_communicators();
+    let mut rng = Rng(2024);
+    let start = Instant::now();
+    let (mut calls, mut elements) = (0usize, 0usize);
+    let mut per_world = [0usize; 9];
+    for call in 0..10_000 {
+        let index = rng.range(0, comms.len() - 1);
+        let Soaked {
+            comm,
+            config,
+            max_count,
+        } = &comms[index];
+        let what = || {
+            format!(
+                "call {call} on communicator {index} (world {}, {config:?})",
+                comm.world()
+            )
+        };
+        elements += random_call(comm, &mut rng, *max_count, &what);
+        calls += 1;
+        per_world[comm.world()] += 1;
+    }
+    for Soaked { comm, .. } in comms {
+        comm.close().unwrap();
+    }
+    println!("{calls} collectives ({elements} elements per rank in all) in {:?}; calls per world 1..=8: {:?}", start.elapsed(), &per_world[1..]);
+    assert_eq!(calls, 10_000);
+    assert!(
+        per_world[1..].iter().all(|&n| n > 500),
+        "every world is soaked"
+    );
+}
+
+#[test]
+fn four_threads_each_with_its_own_communicator() {
+    let _serial = serial();
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for t in 0..4usize {
+            s.spawn(move || {
+                let transport = if t % 2 == 0 {
+                    EdgeTransport::Peer
+                } else {
+                    EdgeTransport::Staged
+                };
+                let config = HostConfig {
+                    chunk_elems: 16 << t,
+                    transport,
+                    ..HostConfig::default()
+                };
+                let comm = Communicator::host_with(2 + t, config).unwrap();
+                let mut rng = Rng(100 + t as u64);
+                for call in 0..500 {
+                    random_call(&comm, &mut rng, 1000, &|| format!("thread {t} call {call}"));
+                }
+                comm.close().unwrap();
+            });
+        }
+    });
+    println!(
+        "4 threads × 500 calls on their own communicators in {:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
+fn one_communicator_shared_by_four_threads() {
+    let _serial = serial();
+    // Calls from several threads serialize on the communicator. Two calls of one shape share the
+    // prepared plan, its events and its staging slots, so calls that overlapped would corrupt
+    // each other's results; every thread uses the same few shapes to make that likely.
+    let config = HostConfig {
+        chunk_elems: 5,
+        slots: 2,
+        transport: EdgeTransport::Staged,
+        delay_seed: Some(9),
+        ..HostConfig::default()
+    };
+    let comm = Communicator::host_with(4, config).unwrap();
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for t in 0..4usize {
+            let comm = &comm;
+            s.spawn(move || {
+                let mut rng = Rng(200 + t as u64);
+                for call in 0..150 {
+                    let count = rng.pick(&[0, 3, 37, 120]);
+                    let op = rng.pick(&ReduceOp::ALL);
+                    let in_place = rng.next() % 2 == 0;
+                    let what = || {
+                        format!("thread {t} call {call}: {op} count {count} in_place {in_place}")
+                    };
+                    if rng.next() % 2 == 0 {
+                        checked_call::<f32>(comm, count, op, in_place, &what);
+                    } else {
+                        checked_call::<i32>(comm, count, op, in_place, &what);
+                    }
+                }
+            });
+        }
+    });
+    println!(
+        "4 threads × 150 calls on one communicator in {:?}",
+        start.elapsed()
+    );
+    comm.close().unwrap();
+}
+
+/// Resident memory of this process in KiB (`VmRSS`, the resident field of /proc/self/statm in
+/// KiB rather than pages) and its number of threads.
+fn rss_kib_and_threads() -> (usize, usize) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let field = |name: &str| -> usize {
+        let line = status.lines().find(|l| l.starts_with(name)).unwrap();
+        line[name.len()..]
+            .trim()
+            .trim_end_matches(" kB")
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    (field("VmRSS:"), field("Threads:"))
+}
+
+/// Threads of this process named `ringreduce-*` (the kernel keeps 15 bytes of a name).
+fn ringreduce_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .filter(|name| name.starts_with("ringreduce"))
+        .count()
+}
+
+/// Waits up to a second for `ringreduce-*` threads to leave the kernel's list (a joined thread
+/// leaves it a moment after `join` returns).
+fn settled_ringreduce_threads() -> usize {
+    let start = Instant::now();
+    while ringreduce_threads() > 0 && start.elapsed() < Duration::from_secs(1) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    ringreduce_threads()
+}
+
+#[test]
+fn a_thousand_communicators_leak_nothing() {
+    let _serial = serial();
+    // 4 ranks × 4 staging slots of 256 f32, all of them written by a call of 4 Ki elements:
+    // 16 KiB of staging and 20 threads per communicator.
+    let cycle = |i: usize| {
+        let comm = Communicator::host_with(
+            4,
+            HostConfig {
+                chunk_elems: 256,
+                slots: 4,
+                ..HostConfig::default()
+            },
+        )
+        .unwrap();
+        let what = || format!("communicator {i}");
+        checked_call::<f32>(&comm, (4 << 10) + i % 7, ReduceOp::Sum, i % 2 == 0, &what);
+        drop(comm);
+    };
+    for i in 0..20 {
+        cycle(i);
+    }
+    assert_eq!(
+        settled_ringreduce_threads(),
+        0,
+        "threads left by the warm-up or an earlier test"
+    );
+    let (rss_before, threads_before) = rss_kib_and_threads();
+    let start = Instant::now();
+    for i in 0..1000 {
+        cycle(i);
+    }
+    let elapsed = start.elapsed();
+    let left = settled_ringreduce_threads();
+    let (rss_after, threads_after) = rss_kib_and_threads();
+    println!(
+        "1000 communicators created, used and dropped in {elapsed:?}: RSS {rss_before} KiB before, {rss_after} KiB after; \
+         threads {threads_before} before, {threads_after} after ({left} ringreduce threads left)"
+    );
+    assert_eq!(left, 0, "dropped communicators left threads running");
+    // Other tests of this binary wait on `SERIAL`, so only the harness's threads may come and go.
+    assert!(
+        threads_after <= threads_before + 2,
+        "threads grew from {threads_before} to {threads_after}"
+    );
+    // A communicator's staging alone, leaked 1000 times, is 16 MiB; its thread stacks more. Allow
+    // a few MiB of allocator noise.
+    assert!(
+        rss_after <= rss_before + 4 * 1024,
+        "resident memory grew from {rss_before} KiB to {rss_after} KiB"
+    );
+}
