@@ -11,6 +11,17 @@ use ringreduce::{Communicator, EdgeTransport, GpuBuffer, HostConfig, ReduceOp};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+/// `println!` that ends the program quietly when stdout is closed (`ringreduce run | head`)
+/// instead of panicking.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if writeln!(std::io::stdout(), $($arg)*).is_err() {
+            std::process::exit(0);
+        }
+    }};
+}
+
 #[derive(Parser)]
 #[command(
     name = "ringreduce",
@@ -82,16 +93,16 @@ fn main() -> ExitCode {
 }
 
 fn info() -> Result<(), String> {
-    println!("ringreduce {}", env!("CARGO_PKG_VERSION"));
-    println!("reduce kernels: {}", kernels::build_kind());
+    out!("ringreduce {}", env!("CARGO_PKG_VERSION"));
+    out!("reduce kernels: {}", kernels::build_kind());
     match device::driver_available() {
-        Err(e) => println!("GPUs: none ({e})"),
+        Err(e) => out!("GPUs: none ({e})"),
         Ok(()) => {
             if let Ok((major, minor)) = device::driver_version() {
-                println!("CUDA driver API: {major}.{minor}");
+                out!("CUDA driver API: {major}.{minor}");
             }
             for d in device::devices().map_err(|e| e.to_string())? {
-                println!(
+                out!(
                     "GPU {}: {}, {:.1} GiB, {} SMs, sm_{}{}, PCI {}",
                     d.index,
                     d.name,
@@ -111,8 +122,8 @@ fn run(args: &RunArgs) -> Result<(), String> {
     if !args.host {
         match device::driver_available().and_then(|()| device::device_count()) {
             Ok(n) if n > 0 => return run_gpu(args),
-            Ok(_) => println!("No GPU found (the driver reports none). Running the all-reduce on {} host ranks instead.", args.ranks),
-            Err(e) => println!("No GPU found ({e}). Running the all-reduce on {} host ranks instead.", args.ranks),
+            Ok(_) => out!("No GPU found (the driver reports none). Running the all-reduce on {} host ranks instead.", args.ranks),
+            Err(e) => out!("No GPU found ({e}). Running the all-reduce on {} host ranks instead.", args.ranks),
         }
     }
     run_host(args)
@@ -126,27 +137,27 @@ fn run_gpu(args: &RunArgs) -> Result<(), String> {
         ..Default::default()
     };
     let comm = if n == 1 {
-        println!("# one GPU: running two ranks that share GPU 0 (no copy crosses between GPUs)");
+        out!("# one GPU: running two ranks that share GPU 0 (no copy crosses between GPUs)");
         Communicator::with_config(&[0, 0], config)
     } else {
         Communicator::with_config(&(0..n).collect::<Vec<_>>(), config)
     }
     .map_err(|e| e.to_string())?;
     let world = comm.world();
-    println!(
+    out!(
         "# all-reduce on {world} GPU(s) {:?}, f32 sum, ringreduce copy-engine ring",
         comm.devices()
     );
     for e in comm.edges() {
-        println!(
+        out!(
             "# edge GPU {} -> GPU {}: {:?}, {}",
             e.from_device, e.to_device, e.transport, e.reason
         );
     }
-    println!(
+    out!(
         "# time: host wall clock over back-to-back iterations including completion, per iteration"
     );
-    println!("# busbw = algbw * 2(n-1)/n; GB = 1e9 bytes; #wrong from a separate checked call");
+    out!("# busbw = algbw * 2(n-1)/n; GB = 1e9 bytes; #wrong from a separate checked call");
     print_header();
     let mut total_wrong = 0;
     for bytes in sizes(args, 256 << 20) {
@@ -157,17 +168,17 @@ fn run_gpu(args: &RunArgs) -> Result<(), String> {
             total_wrong += wrong;
             row += &cells(bytes, world, time, wrong);
         }
-        println!("{row}");
+        out!("{row}");
     }
     if total_wrong > 0 {
         return Err(format!("{total_wrong} wrong elements"));
     }
-    println!("# all results correct");
+    out!("# all results correct");
     comm.close().map_err(|e| e.to_string())
 }
 
 fn print_header() {
-    println!(
+    out!(
         "#{:>13} {:>12} {:>6} {:>6} {:>10} {:>9} {:>9} {:>7}   {:>10} {:>9} {:>9} {:>7}",
         "size (B)",
         "count",
@@ -293,10 +304,10 @@ fn run_host(args: &RunArgs) -> Result<(), String> {
         ..HostConfig::default()
     };
     let comm = Communicator::host_with(world, config).map_err(|e| e.to_string())?;
-    println!(
+    out!(
         "# all-reduce on {world} host ranks (one thread per rank, a worker per stream), f32 sum"
     );
-    println!("# busbw = algbw * 2(n-1)/n; GB = 1e9 bytes; time is the median over the iterations");
+    out!("# busbw = algbw * 2(n-1)/n; GB = 1e9 bytes; time is the median over the iterations");
     print_header();
     let mut total_wrong = 0;
     for bytes in sizes(args, 8 << 20) {
@@ -307,12 +318,12 @@ fn run_host(args: &RunArgs) -> Result<(), String> {
             total_wrong += wrong;
             row += &cells(bytes, world, time, wrong);
         }
-        println!("{row}");
+        out!("{row}");
     }
     if total_wrong > 0 {
         return Err(format!("{total_wrong} wrong elements"));
     }
-    println!("# all results correct");
+    out!("# all results correct");
     Ok(())
 }
 
