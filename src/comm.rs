@@ -38,7 +38,14 @@ pub enum Placement {
 }
 
 /// A buffer a collective can read: its placement, length in elements and base address.
-pub trait Buffer<T: Element> {
+///
+/// # Safety
+/// The executors read (and, through [`BufferMut`], write) `count()` elements of `T` at
+/// `address()` in the memory `placement()` names, on other threads and on GPU streams, while the
+/// buffer is borrowed by a collective. An implementation promises that this memory is valid,
+/// aligned for `T`, stays allocated and is not used by anything else for that borrow, and that
+/// the three methods return the same values throughout it.
+pub unsafe trait Buffer<T: Element> {
     fn placement(&self) -> Placement;
     /// Length in elements.
     fn count(&self) -> usize;
@@ -47,14 +54,18 @@ pub trait Buffer<T: Element> {
 }
 
 /// A buffer a collective can write.
-pub trait BufferMut<T: Element>: Buffer<T> {
+///
+/// # Safety
+/// As for [`Buffer`], and the memory may be written while mutably borrowed by a collective.
+pub unsafe trait BufferMut<T: Element>: Buffer<T> {
     /// Base address, borrowed mutably for the duration of the call.
     fn address_mut(&mut self) -> u64;
 }
 
 macro_rules! host_buffer {
     ($($ty:ty),*) => {$(
-        impl<T: Element> Buffer<T> for $ty {
+        // SAFETY: a slice's pointer and length describe memory it borrows for its lifetime.
+        unsafe impl<T: Element> Buffer<T> for $ty {
             fn placement(&self) -> Placement {
                 Placement::Host
             }
@@ -71,7 +82,8 @@ host_buffer!(Vec<T>, Box<[T]>, &[T], &mut [T]);
 
 macro_rules! host_buffer_mut {
     ($($ty:ty),*) => {$(
-        impl<T: Element> BufferMut<T> for $ty {
+        // SAFETY: as above, borrowed mutably.
+        unsafe impl<T: Element> BufferMut<T> for $ty {
             fn address_mut(&mut self) -> u64 {
                 self.as_mut_ptr() as u64
             }
@@ -336,10 +348,13 @@ impl Communicator {
             }
             (Placement::Device(_), Some(_)) => Ok(()),
         };
+        // Byte range of a buffer's first `len` elements (saturating: a bogus address near the
+        // top of the address space must not overflow here).
         let bytes = |b: &dyn Buffer<T>, len: usize| {
+            let start = b.address();
             (
-                b.address(),
-                b.address() + (len * std::mem::size_of::<T>()) as u64,
+                start,
+                start.saturating_add((len * std::mem::size_of::<T>()) as u64),
             )
         };
         for (rank, out) in outputs.iter().enumerate() {
@@ -348,7 +363,10 @@ impl Communicator {
             for (q, other) in outputs[..rank].iter().enumerate() {
                 let (p0, p1) = bytes(other, count);
                 if count > 0 && o0 < p1 && p0 < o1 {
-                    return Err(Error::InvalidArgument(format!("ranks {q} and {rank} were given overlapping output buffers; each rank needs its own")));
+                    return Err(Error::OutputsOverlap {
+                        first: q,
+                        second: rank,
+                    });
                 }
             }
             if let Some(inputs) = inputs {
@@ -360,10 +378,9 @@ impl Communicator {
                         output: out.count(),
                     });
                 }
-                for (q, input) in inputs.iter().enumerate() {
+                for input in inputs {
                     let (i0, i1) = bytes(input, count);
                     if count > 0 && o0 < i1 && i0 < o1 {
-                        let _ = q;
                         return Err(Error::Overlap { rank });
                     }
                 }
@@ -414,8 +431,10 @@ impl Communicator {
         result
     }
 
-    /// Releases the communicator's threads and memory at once, whatever state it is in. Later
-    /// calls return [`Error::Closed`].
+    /// Releases the communicator's threads and memory, whatever state it is in; later calls return
+    /// [`Error::Closed`]. A collective running on another thread is not interrupted: `abort` waits
+    /// for it to end, which its deadline bounds. On GPUs, work already enqueued is waited for
+    /// before the memory it uses is freed.
     pub fn abort(&self) {
         let exec = self
             .state

@@ -51,6 +51,11 @@ pub enum Error {
     /// An out-of-place output overlaps its input.
     #[error("output overlaps input on rank {rank}: use the in-place call instead")]
     Overlap { rank: usize },
+    /// Two ranks were given overlapping output (or in-place) buffers.
+    #[error(
+        "ranks {first} and {second} were given overlapping output buffers; each rank needs its own"
+    )]
+    OutputsOverlap { first: usize, second: usize },
     /// Two ranks were given buffers on the same device.
     #[error("ranks {first} and {second} both have buffers on device {device}")]
     DuplicateDevice {

@@ -25,6 +25,9 @@ use std::time::{Duration, Instant};
 
 /// The deadline of every faulty call.
 const TIMEOUT: Duration = Duration::from_millis(300);
+/// The deadline of calls whose fault is a failure or a panic: long, so that returning well
+/// before it proves the call did not wait for it (a timing margin a loaded machine cannot break).
+const FAIL_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long past the deadline the test waits before declaring a call hung.
 const HANG_MARGIN: Duration = Duration::from_secs(10);
 /// Elements of canary on each side of an in-place buffer.
@@ -163,7 +166,11 @@ fn case(seed: u64) -> Case {
         } else {
             EdgeTransport::Staged
         },
-        timeout: TIMEOUT,
+        timeout: if kind == FaultKind::Stall {
+            TIMEOUT
+        } else {
+            FAIL_TIMEOUT
+        },
         delay_seed: (rng.next() % 3 == 0).then_some(seed),
         fault: None,
     };
@@ -269,7 +276,10 @@ fn check_names_the_fault(case: &Case, err: &Error, elapsed: Duration) {
             };
             assert!(message.contains(what), "{case}: {err}");
             // A failure aborts the call at once; it does not wait for the deadline.
-            assert!(elapsed < TIMEOUT, "{case}: a failure took {elapsed:?}");
+            assert!(
+                elapsed < FAIL_TIMEOUT / 4,
+                "{case}: a failure took {elapsed:?}"
+            );
         }
         (
             FaultKind::Stall,
@@ -279,7 +289,7 @@ fn check_names_the_fault(case: &Case, err: &Error, elapsed: Duration) {
                 after,
             },
         ) => {
-            assert_eq!((*r, *after), (rank, TIMEOUT), "{case}: {err}");
+            assert_eq!((*r, *after), (rank, case.config.timeout), "{case}: {err}");
             let stream = format!("{:?} stream", case.instr.stream);
             assert!(
                 waiting_on.contains(&stream) && waiting_on.contains(&tag),
@@ -354,6 +364,7 @@ fn check_recovery<T: Element>(case: &Case) {
         case.world,
         HostConfig {
             fault: None,
+            timeout: FAIL_TIMEOUT,
             ..case.config.clone()
         },
     )
@@ -389,12 +400,10 @@ fn run_seed<T: Element>(case: Case) {
             let _ = tx.send((comm, bufs, result, elapsed));
         })
     };
-    let (comm, mut bufs, result, elapsed) = match rx.recv_timeout(TIMEOUT + HANG_MARGIN) {
+    let limit = case.config.timeout + HANG_MARGIN;
+    let (comm, mut bufs, result, elapsed) = match rx.recv_timeout(limit) {
         Ok(answer) => answer,
-        Err(_) => panic!(
-            "{case}: the call did not return within {:?}",
-            TIMEOUT + HANG_MARGIN
-        ),
+        Err(_) => panic!("{case}: the call did not return within {limit:?}"),
     };
     worker.join().unwrap();
     let err = match result {
@@ -417,7 +426,7 @@ fn run_seed<T: Element>(case: Case) {
         "{case}"
     );
     assert!(
-        elapsed < TIMEOUT / 2,
+        elapsed < Duration::from_secs(1),
         "{case}: the second call took {elapsed:?}"
     );
     check_nothing_lost(&case, &bufs);
@@ -450,7 +459,7 @@ fn ringreduce_threads() -> usize {
 /// kernel's list a moment after `join` returns); returns how many are left.
 fn settle_threads() -> usize {
     let start = Instant::now();
-    while ringreduce_threads() > 0 && start.elapsed() < Duration::from_secs(1) {
+    while ringreduce_threads() > 0 && start.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(5));
     }
     ringreduce_threads()
@@ -494,7 +503,7 @@ fn a_fault_on_a_record_or_wait_does_not_fire() {
     let base = HostConfig {
         chunk_elems: 4,
         slots: 2,
-        timeout: TIMEOUT,
+        timeout: FAIL_TIMEOUT,
         ..HostConfig::default()
     };
     let plan = plan_of(world, count, true, ReduceOp::Sum, &base);
@@ -582,7 +591,7 @@ fn health_does_not_wait_for_a_running_call() {
         let health = comm.health();
         let answered = asked.elapsed();
         assert!(
-            answered < Duration::from_millis(100),
+            answered < Duration::from_secs(1),
             "health() blocked for {answered:?}"
         );
         assert!(!running.is_finished(), "the stalled call ended early");

@@ -303,7 +303,7 @@ fn ringreduce_threads() -> usize {
 /// leaves it a moment after `join` returns).
 fn settled_ringreduce_threads() -> usize {
     let start = Instant::now();
-    while ringreduce_threads() > 0 && start.elapsed() < Duration::from_secs(1) {
+    while ringreduce_threads() > 0 && start.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(5));
     }
     ringreduce_threads()

@@ -53,7 +53,9 @@ impl<T> Raw<T> {
     }
 }
 
-impl<T: Element> Buffer<T> for Raw<T> {
+// SAFETY: test-only: a Raw either points into a live Vec of the test for the whole call, or
+// describes memory that validation must reject before anything touches it (what the tests check).
+unsafe impl<T: Element> Buffer<T> for Raw<T> {
     fn placement(&self) -> Placement {
         self.placement
     }
@@ -65,7 +67,8 @@ impl<T: Element> Buffer<T> for Raw<T> {
     }
 }
 
-impl<T: Element> BufferMut<T> for Raw<T> {
+// SAFETY: as above.
+unsafe impl<T: Element> BufferMut<T> for Raw<T> {
     fn address_mut(&mut self) -> u64 {
         self.ptr as u64
     }
@@ -330,7 +333,13 @@ fn outputs_overlapping_each_other() {
         .all_reduce_in_place(&mut bufs, ReduceOp::Sum)
         .unwrap_err();
     assert!(
-        matches!(&err, Error::InvalidArgument(m) if m.contains("ranks 0 and 1")),
+        matches!(
+            &err,
+            Error::OutputsOverlap {
+                first: 0,
+                second: 1
+            }
+        ),
         "{err}"
     );
     show("buffers of two ranks overlap", &err);
@@ -345,7 +354,13 @@ fn outputs_overlapping_each_other() {
         .all_reduce_in_place(&mut bufs, ReduceOp::Sum)
         .unwrap_err();
     assert!(
-        matches!(&err, Error::InvalidArgument(m) if m.contains("ranks 0 and 2")),
+        matches!(
+            &err,
+            Error::OutputsOverlap {
+                first: 0,
+                second: 2
+            }
+        ),
         "{err}"
     );
     // Out of place: outputs of ranks 1 and 2 share their last and first element.
@@ -360,7 +375,13 @@ fn outputs_overlapping_each_other() {
     ];
     let err = comm.all_reduce(&ins, &mut outs, ReduceOp::Sum).unwrap_err();
     assert!(
-        matches!(&err, Error::InvalidArgument(m) if m.contains("ranks 1 and 2")),
+        matches!(
+            &err,
+            Error::OutputsOverlap {
+                first: 1,
+                second: 2
+            }
+        ),
         "{err}"
     );
     assert_eq!(memory, before, "a rejected call wrote memory");
@@ -623,7 +644,7 @@ fn a_failed_communicator_refuses_calls_at_once() {
         .all_reduce_in_place(&mut bufs, ReduceOp::Sum)
         .unwrap_err();
     assert!(
-        start.elapsed() < Duration::from_millis(100),
+        start.elapsed() < Duration::from_secs(1),
         "the refusal took {:?}",
         start.elapsed()
     );

@@ -151,7 +151,10 @@ fn run_gpu(args: &RunArgs) -> Result<(), String> {
     for e in comm.edges() {
         out!(
             "# edge GPU {} -> GPU {}: {:?}, {}",
-            e.from_device, e.to_device, e.transport, e.reason
+            e.from_device,
+            e.to_device,
+            e.transport,
+            e.reason
         );
     }
     out!(
@@ -304,9 +307,7 @@ fn run_host(args: &RunArgs) -> Result<(), String> {
         ..HostConfig::default()
     };
     let comm = Communicator::host_with(world, config).map_err(|e| e.to_string())?;
-    out!(
-        "# all-reduce on {world} host ranks (one thread per rank, a worker per stream), f32 sum"
-    );
+    out!("# all-reduce on {world} host ranks (one thread per rank, a worker per stream), f32 sum");
     out!("# busbw = algbw * 2(n-1)/n; GB = 1e9 bytes; time is the median over the iterations");
     print_header();
     let mut total_wrong = 0;

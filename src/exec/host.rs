@@ -119,6 +119,9 @@ impl Drop for Scratch {
     }
 }
 
+/// Plans kept per communicator (each holds its staging memory); beyond this one is dropped.
+const CACHED_PLANS: usize = 16;
+
 /// A checked plan with what running it needs, built once per shape and reused.
 struct Prepared {
     plan: Plan,
@@ -303,6 +306,11 @@ impl HostExecutor {
             scratch,
             plan,
         });
+        if self.cache.len() >= CACHED_PLANS {
+            // Calls are synchronous here, so no plan is in use between calls: drop any one.
+            let old = *self.cache.keys().next().expect("the cache is not empty");
+            self.cache.remove(&old);
+        }
         self.cache.insert(shape, prepared.clone());
         Ok(prepared)
     }

@@ -109,7 +109,9 @@ impl<T: Element> GpuBuffer<T> {
     }
 }
 
-impl<T: Element> Buffer<T> for GpuBuffer<T> {
+// SAFETY: a GpuBuffer owns its cuMemAlloc allocation of `count` elements on `device` and frees
+// it only when dropped, which a collective's borrow of it precludes.
+unsafe impl<T: Element> Buffer<T> for GpuBuffer<T> {
     fn placement(&self) -> Placement {
         Placement::Device(self.device)
     }
@@ -121,7 +123,8 @@ impl<T: Element> Buffer<T> for GpuBuffer<T> {
     }
 }
 
-impl<T: Element> BufferMut<T> for GpuBuffer<T> {
+// SAFETY: as above; `&mut self` makes the borrow exclusive.
+unsafe impl<T: Element> BufferMut<T> for GpuBuffer<T> {
     fn address_mut(&mut self) -> u64 {
         self.address()
     }
@@ -153,7 +156,9 @@ impl<T: Element> GpuSlice<'_, T> {
     }
 }
 
-impl<T: Element> Buffer<T> for GpuSlice<'_, T> {
+// SAFETY: a slice is either a bounds-checked view into a GpuBuffer it borrows mutably for 'a,
+// or made by `from_raw`, whose contract is exactly this trait's.
+unsafe impl<T: Element> Buffer<T> for GpuSlice<'_, T> {
     fn placement(&self) -> Placement {
         Placement::Device(self.device)
     }
@@ -165,7 +170,8 @@ impl<T: Element> Buffer<T> for GpuSlice<'_, T> {
     }
 }
 
-impl<T: Element> BufferMut<T> for GpuSlice<'_, T> {
+// SAFETY: as above.
+unsafe impl<T: Element> BufferMut<T> for GpuSlice<'_, T> {
     fn address_mut(&mut self) -> u64 {
         self.address
     }
