@@ -222,11 +222,8 @@ impl Communicator {
         bufs: &mut [B],
         op: ReduceOp,
     ) -> Result<()> {
-        let count = self.validate::<T, B>(bufs, None::<&[B]>)?;
-        let outputs: Vec<u64> = bufs.iter_mut().map(|b| b.address_mut()).collect();
-        // SAFETY: validated buffers, exclusively borrowed until `run` returns, and `run` waits
-        // for completion.
-        unsafe { self.run::<T>(None, &outputs, count, op, true) }
+        // SAFETY: the buffers are borrowed until `submit` returns, which waits for completion.
+        unsafe { self.submit(None::<&[B]>, bufs, op, true) }
     }
 
     /// [`Communicator::all_reduce_in_place`] that returns once the work is enqueued, without
@@ -243,10 +240,8 @@ impl Communicator {
         bufs: &mut [B],
         op: ReduceOp,
     ) -> Result<()> {
-        let count = self.validate::<T, B>(bufs, None::<&[B]>)?;
-        let outputs: Vec<u64> = bufs.iter_mut().map(|b| b.address_mut()).collect();
-        // SAFETY: validated buffers; their lifetime until completion is the caller's contract.
-        unsafe { self.run::<T>(None, &outputs, count, op, false) }
+        // SAFETY: the buffers' lifetime until completion is the caller's contract.
+        unsafe { self.submit(None::<&[B]>, bufs, op, false) }
     }
 
     /// All-reduce out of place: every `outputs[r]` ends holding the reduction of all `inputs`.
@@ -258,11 +253,8 @@ impl Communicator {
         outputs: &mut [O],
         op: ReduceOp,
     ) -> Result<()> {
-        let count = self.validate::<T, O>(outputs, Some(inputs))?;
-        let ins: Vec<u64> = inputs.iter().map(|b| b.address()).collect();
-        let outs: Vec<u64> = outputs.iter_mut().map(|b| b.address_mut()).collect();
-        // SAFETY: validated buffers, borrowed until `run` returns, which waits for completion.
-        unsafe { self.run::<T>(Some(&ins), &outs, count, op, true) }
+        // SAFETY: the buffers are borrowed until `submit` returns, which waits for completion.
+        unsafe { self.submit(Some(inputs), outputs, op, true) }
     }
 
     /// [`Communicator::all_reduce`] that returns once the work is enqueued (see
@@ -277,11 +269,27 @@ impl Communicator {
         outputs: &mut [O],
         op: ReduceOp,
     ) -> Result<()> {
-        let count = self.validate::<T, O>(outputs, Some(inputs))?;
-        let ins: Vec<u64> = inputs.iter().map(|b| b.address()).collect();
+        // SAFETY: the buffers' lifetime until completion is the caller's contract.
+        unsafe { self.submit(Some(inputs), outputs, op, false) }
+    }
+
+    /// Validates, then runs one collective (in place when `inputs` is `None`).
+    ///
+    /// # Safety
+    /// When `!wait_complete`, the buffers must stay valid and untouched until the collective has
+    /// completed on the GPUs (see [`Communicator::enqueue_all_reduce_in_place`]).
+    unsafe fn submit<T: Element, I: Buffer<T>, O: BufferMut<T>>(
+        &self,
+        inputs: Option<&[I]>,
+        outputs: &mut [O],
+        op: ReduceOp,
+        wait_complete: bool,
+    ) -> Result<()> {
+        let count = self.validate::<T, O>(outputs, inputs)?;
+        let ins: Option<Vec<u64>> = inputs.map(|i| i.iter().map(|b| b.address()).collect());
         let outs: Vec<u64> = outputs.iter_mut().map(|b| b.address_mut()).collect();
-        // SAFETY: validated buffers; their lifetime until completion is the caller's contract.
-        unsafe { self.run::<T>(Some(&ins), &outs, count, op, false) }
+        // SAFETY: validated buffers; completion is awaited or is the caller's contract.
+        unsafe { self.run::<T>(ins.as_deref(), &outs, count, op, wait_complete) }
     }
 
     /// Checks the arguments against each other and the communicator; returns the element count.

@@ -5,6 +5,7 @@ pub mod element;
 pub mod error;
 pub mod exec;
 pub mod plan;
+pub mod topo;
 pub mod verify;
 
 pub use comm::{ring_allreduce, Buffer, BufferMut, Communicator, Placement};

@@ -161,22 +161,9 @@ fn run_gpu(args: &RunArgs) -> Result<(), String> {
         "# time: host wall clock over back-to-back iterations including completion, per iteration"
     );
     out!("# busbw = algbw * 2(n-1)/n; GB = 1e9 bytes; #wrong from a separate checked call");
-    print_header();
-    let mut total_wrong = 0;
-    for bytes in sizes(args, 256 << 20) {
-        let count = bytes / 4;
-        let mut row = format!("  {bytes:>12} {count:>12} {:>6} {:>6}", "f32", "sum");
-        for in_place in [false, true] {
-            let (time, wrong) = time_gpu(&comm, count, in_place).map_err(|e| e.to_string())?;
-            total_wrong += wrong;
-            row += &cells(bytes, world, time, wrong);
-        }
-        out!("{row}");
-    }
-    if total_wrong > 0 {
-        return Err(format!("{total_wrong} wrong elements"));
-    }
-    out!("# all results correct");
+    print_table(args, 256 << 20, world, |count, in_place| {
+        time_gpu(&comm, count, in_place)
+    })?;
     comm.close().map_err(|e| e.to_string())
 }
 
@@ -309,15 +296,28 @@ fn run_host(args: &RunArgs) -> Result<(), String> {
     let comm = Communicator::host_with(world, config).map_err(|e| e.to_string())?;
     out!("# all-reduce on {world} host ranks (one thread per rank, a worker per stream), f32 sum");
     out!("# busbw = algbw * 2(n-1)/n; GB = 1e9 bytes; time is the median over the iterations");
+    print_table(args, 8 << 20, world, |count, in_place| {
+        time_host(&comm, count, in_place)
+    })
+}
+
+/// Prints the nccl-tests-style table: one row per size, out of place then in place, timed by
+/// `time(count, in_place)`; fails when any element was wrong.
+fn print_table(
+    args: &RunArgs,
+    default_max_bytes: usize,
+    world: usize,
+    mut time: impl FnMut(usize, bool) -> ringreduce::Result<(Duration, usize)>,
+) -> Result<(), String> {
     print_header();
     let mut total_wrong = 0;
-    for bytes in sizes(args, 8 << 20) {
+    for bytes in sizes(args, default_max_bytes) {
         let count = bytes / 4;
         let mut row = format!("  {bytes:>12} {count:>12} {:>6} {:>6}", "f32", "sum");
         for in_place in [false, true] {
-            let (time, wrong) = time_host(&comm, count, in_place).map_err(|e| e.to_string())?;
+            let (t, wrong) = time(count, in_place).map_err(|e| e.to_string())?;
             total_wrong += wrong;
-            row += &cells(bytes, world, time, wrong);
+            row += &cells(bytes, world, t, wrong);
         }
         out!("{row}");
     }

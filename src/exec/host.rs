@@ -1,6 +1,6 @@
 //! The host executor: runs a plan for real on the CPU, shaped like the GPU executor.
 //!
-//! One thread per rank enqueues the rank's program ([`super::enqueue_rank`]); each rank has one
+//! One thread per rank enqueues the rank's program (`enqueue_rank`); each rank has one
 //! worker thread per stream (Main, Send, Recv, Reduce) that runs what is enqueued on it, in order.
 //! Events have CUDA's semantics exactly: a record enqueued on a stream completes when the stream
 //! reaches it; a wait captures the event's latest enqueued record at the moment the wait is
@@ -13,14 +13,14 @@
 //! never hangs a caller: the first error aborts the call, every thread drains, and the caller gets
 //! the root cause, naming the rank and what it was waiting for.
 
-use super::{aborted, enqueue_rank, panic_message, Enqueue, Handoff, Limits};
+use super::{aborted, enqueue_rank, panic_message, Enqueue, Handoff, Limits, PlanCache, Shape};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::plan::{BufKind, EdgeTransport, Instr, Op, Plan, Region, RingSpec, StreamKind};
+use crate::plan::{BufKind, EdgeTransport, Instr, Op, Plan, Region, StreamKind};
 use crossbeam_channel::{Receiver, Sender};
 use rayon::prelude::*;
 use std::alloc::{alloc_zeroed, dealloc, Layout};
-use std::collections::HashMap;
+
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -131,15 +131,6 @@ struct Prepared {
     scratch: Vec<Option<Scratch>>,
 }
 
-/// The shape a prepared plan is cached under.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-struct Shape {
-    count: usize,
-    in_place: bool,
-    average: bool,
-    elem_bytes: usize,
-}
-
 /// A buffer of the caller's, as the executor sees it: a base address and a length in bytes.
 #[derive(Clone, Copy)]
 pub(crate) struct RawBuf {
@@ -229,7 +220,7 @@ pub(crate) struct HostExecutor {
     world: usize,
     config: HostConfig,
     ranks: Vec<(Sender<Arc<Call>>, JoinHandle<()>)>,
-    cache: HashMap<Shape, Arc<Prepared>>,
+    cache: PlanCache<Prepared>,
     calls: u64,
 }
 
@@ -262,31 +253,21 @@ impl HostExecutor {
             world,
             config,
             ranks,
-            cache: HashMap::new(),
+            cache: PlanCache::new(CACHED_PLANS),
             calls: 0,
         })
     }
 
     fn prepare(&mut self, shape: Shape) -> Result<Arc<Prepared>> {
         if let Some(p) = self.cache.get(&shape) {
-            return Ok(p.clone());
+            return Ok(p);
         }
-        let spec = RingSpec {
-            world: self.world,
-            count: shape.count,
-            in_place: shape.in_place,
-            op: if shape.average {
-                ReduceOp::Avg
-            } else {
-                ReduceOp::Sum
-            },
-            chunk_elems: self.config.chunk_elems,
-            slots: self.config.slots,
-            align_elems: 1,
-            transports: vec![self.config.transport; self.world],
-        };
-        let plan = spec.build()?;
-        crate::check::check(&plan)?;
+        let plan = shape.checked_plan(
+            self.config.chunk_elems,
+            self.config.slots,
+            1,
+            vec![self.config.transport; self.world],
+        )?;
         let scratch = plan
             .buffers
             .iter()
@@ -306,11 +287,7 @@ impl HostExecutor {
             scratch,
             plan,
         });
-        if self.cache.len() >= CACHED_PLANS {
-            // Calls are synchronous here, so no plan is in use between calls: drop any one.
-            let old = *self.cache.keys().next().expect("the cache is not empty");
-            self.cache.remove(&old);
-        }
+        // Calls are synchronous here, so no plan is in use between calls: evicting is safe.
         self.cache.insert(shape, prepared.clone());
         Ok(prepared)
     }
@@ -330,12 +307,7 @@ impl HostExecutor {
         op: ReduceOp,
     ) -> Result<()> {
         let elem_bytes = std::mem::size_of::<T>();
-        let shape = Shape {
-            count,
-            in_place: inputs.is_none(),
-            average: op == ReduceOp::Avg,
-            elem_bytes,
-        };
+        let shape = Shape::of::<T>(count, inputs.is_none(), op);
         let prepared = self.prepare(shape)?;
         let len_bytes = count * elem_bytes;
         let bufs = prepared

@@ -5,7 +5,7 @@
 //! [`host`], onto CUDA streams in [`cuda`]. Streams run their operations in order; the only
 //! ordering between streams is an event: `Record` on one stream, `Wait` on another.
 //!
-//! The rule that makes this correct is the **event handoff** ([`enqueue_rank`]): a wait captures
+//! The rule that makes this correct is the **event handoff** (`enqueue_rank`): a wait captures
 //! the event's latest record *at the moment it is enqueued*, so a wait on another rank's event is
 //! enqueued only after that rank's thread has enqueued the record and told us so over a channel.
 //! Enqueue the wait first and CUDA treats it as already satisfied: the classic silent bug. The host
@@ -15,11 +15,98 @@
 pub mod cuda;
 pub mod host;
 
+use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::plan::{EventId, Instr, Op, Plan};
+use crate::plan::{EdgeTransport, EventId, Instr, Op, Plan, RingSpec};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// What a prepared plan is cached under: everything about a call but its buffers' addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Shape {
+    pub(crate) count: usize,
+    pub(crate) in_place: bool,
+    pub(crate) average: bool,
+    pub(crate) elem_bytes: usize,
+}
+
+impl Shape {
+    pub(crate) fn of<T: Element>(count: usize, in_place: bool, op: ReduceOp) -> Shape {
+        Shape {
+            count,
+            in_place,
+            average: op == ReduceOp::Avg,
+            elem_bytes: std::mem::size_of::<T>(),
+        }
+    }
+
+    /// Builds the ring plan for this shape and proves it with the checker: an executor runs no
+    /// plan the checker has not accepted.
+    pub(crate) fn checked_plan(
+        &self,
+        chunk_elems: usize,
+        slots: usize,
+        align_elems: usize,
+        transports: Vec<EdgeTransport>,
+    ) -> Result<Plan> {
+        let spec = RingSpec {
+            world: transports.len().max(1),
+            count: self.count,
+            in_place: self.in_place,
+            op: if self.average {
+                ReduceOp::Avg
+            } else {
+                ReduceOp::Sum
+            },
+            chunk_elems,
+            slots,
+            align_elems,
+            transports,
+        };
+        let plan = spec.build()?;
+        crate::check::check(&plan)?;
+        Ok(plan)
+    }
+}
+
+/// Prepared plans by shape, oldest first, at most `capacity` of them.
+pub(crate) struct PlanCache<P> {
+    capacity: usize,
+    entries: VecDeque<(Shape, Arc<P>)>,
+}
+
+impl<P> PlanCache<P> {
+    pub(crate) fn new(capacity: usize) -> PlanCache<P> {
+        PlanCache {
+            capacity: capacity.max(1),
+            entries: VecDeque::new(),
+        }
+    }
+
+    pub(crate) fn get(&self, shape: &Shape) -> Option<Arc<P>> {
+        self.entries
+            .iter()
+            .find(|(s, _)| s == shape)
+            .map(|(_, p)| p.clone())
+    }
+
+    /// Whether inserting one more entry will push out the oldest (callers whose plans may still
+    /// be in use by enqueued work wait for it first).
+    pub(crate) fn is_full(&self) -> bool {
+        self.entries.len() >= self.capacity
+    }
+
+    /// Inserts a prepared plan, dropping the oldest beyond the capacity.
+    pub(crate) fn insert(&mut self, shape: Shape, prepared: Arc<P>) {
+        if self.is_full() {
+            self.entries.pop_front();
+        }
+        self.entries.push_back((shape, prepared));
+    }
+}
 
 /// Where a rank thread puts the operations it enqueues.
 pub(crate) trait Enqueue {

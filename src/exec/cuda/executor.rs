@@ -23,11 +23,11 @@ use super::device::{self, DeviceBuffer, Event, PinnedHost, Stream};
 use super::kernels::Kernels;
 use crate::element::{DType, Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::exec::{enqueue_rank, panic_message, Enqueue, Handoff, Limits};
-use crate::plan::{BufKind, EdgeTransport, Instr, Op, Plan, Region, RingSpec, StreamKind};
+use crate::exec::{enqueue_rank, panic_message, Enqueue, Handoff, Limits, PlanCache, Shape};
+use crate::plan::{BufKind, EdgeTransport, Instr, Op, Plan, Region, StreamKind};
 use crossbeam_channel::{Receiver, Sender};
 use cudarc::driver::CudaContext;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -121,14 +121,6 @@ struct Prepared {
     staging: Vec<Option<Staging>>,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-struct Shape {
-    count: usize,
-    in_place: bool,
-    average: bool,
-    elem_bytes: usize,
-}
-
 /// Plans kept per communicator; older ones are dropped beyond this (after a device sync).
 const CACHED_PLANS: usize = 8;
 
@@ -153,8 +145,7 @@ pub(crate) struct CudaExecutor {
     threads: Vec<(Sender<Arc<CudaCall>>, JoinHandle<()>)>,
     edges: Vec<EdgeInfo>,
     config: CudaConfig,
-    cache: HashMap<Shape, Arc<Prepared>>,
-    cache_order: VecDeque<Shape>,
+    cache: PlanCache<Prepared>,
     pool_granted: HashSet<(u64, usize)>,
     calls: u64,
 }
@@ -229,8 +220,7 @@ impl CudaExecutor {
             threads,
             edges,
             config,
-            cache: HashMap::new(),
-            cache_order: VecDeque::new(),
+            cache: PlanCache::new(CACHED_PLANS),
             pool_granted: HashSet::new(),
             calls: 0,
         })
@@ -282,30 +272,20 @@ impl CudaExecutor {
 
     fn prepare(&mut self, shape: Shape) -> Result<Arc<Prepared>> {
         if let Some(p) = self.cache.get(&shape) {
-            return Ok(p.clone());
+            return Ok(p);
         }
         let n = self.ranks.len();
         let chunk_bytes = self
             .config
             .chunk_bytes
             .unwrap_or_else(|| auto_chunk_bytes(shape.count, n, shape.elem_bytes));
-        let spec = RingSpec {
-            world: n,
-            count: shape.count,
-            in_place: shape.in_place,
-            op: if shape.average {
-                ReduceOp::Avg
-            } else {
-                ReduceOp::Sum
-            },
-            chunk_elems: (chunk_bytes / shape.elem_bytes).max(1),
-            slots: self.config.slots,
+        let plan = shape.checked_plan(
+            (chunk_bytes / shape.elem_bytes).max(1),
+            self.config.slots,
             // 16-byte boundaries keep every chunk vector-aligned for the kernels and copies.
-            align_elems: (16 / shape.elem_bytes).max(1),
-            transports: self.edges.iter().map(|e| e.transport).collect(),
-        };
-        let plan = spec.build()?;
-        crate::check::check(&plan)?;
+            (16 / shape.elem_bytes).max(1),
+            self.edges.iter().map(|e| e.transport).collect::<Vec<_>>(),
+        )?;
         let events = plan
             .events
             .iter()
@@ -328,12 +308,9 @@ impl CudaExecutor {
                 }
             })
             .collect::<Result<Vec<_>>>()?;
-        if self.cache.len() >= CACHED_PLANS {
+        if self.cache.is_full() {
             // The oldest plan's events and buffers may still be in use by enqueued work.
             self.synchronize()?;
-            if let Some(old) = self.cache_order.pop_front() {
-                self.cache.remove(&old);
-            }
         }
         let prepared = Arc::new(Prepared {
             waiters: plan.remote_waiters(),
@@ -342,7 +319,6 @@ impl CudaExecutor {
             staging,
         });
         self.cache.insert(shape, prepared.clone());
-        self.cache_order.push_back(shape);
         Ok(prepared)
     }
 
@@ -361,13 +337,7 @@ impl CudaExecutor {
         op: ReduceOp,
         wait_complete: bool,
     ) -> Result<()> {
-        let elem_bytes = std::mem::size_of::<T>();
-        let shape = Shape {
-            count,
-            in_place: inputs.is_none(),
-            average: op == ReduceOp::Avg,
-            elem_bytes,
-        };
+        let shape = Shape::of::<T>(count, inputs.is_none(), op);
         let prepared = self.prepare(shape)?;
         let addrs = prepared
             .plan
