@@ -356,6 +356,13 @@ pub fn context(device: usize) -> Result<Arc<CudaContext>> {
     })
 }
 
+/// Free and total memory of `ctx`'s device in bytes (`cuMemGetInfo`); binds `ctx`. For leak
+/// checks and reports.
+pub fn memory_info(ctx: &CudaContext) -> Result<(usize, usize)> {
+    bind(ctx)?;
+    result::mem_get_info().call("cuMemGetInfo")
+}
+
 /// Makes `ctx` current on the calling thread unless it already is. Does not consume errors cudarc
 /// recorded in the context (see the module doc).
 pub(crate) fn bind(ctx: &CudaContext) -> Result<()> {

@@ -75,14 +75,46 @@ impl Default for CudaConfig {
 }
 
 /// The chunk size for a message: about a quarter of a segment, at least 4 MiB (or the whole
-/// segment when smaller), at most 64 MiB. From the prototype on the 2×H200 machine: every CUDA call
-/// costs ~2 µs of host time, so small chunks only pay when the host keeps up; the best push chunk
-/// was 512 KiB at 1 MiB, 4 MiB at 8–32 MiB, 16 MiB at 128 MiB, 64 MiB from 512 MiB.
-pub fn auto_chunk_bytes(count: usize, world: usize, elem_bytes: usize) -> usize {
+/// segment when smaller), at most 64 MiB — or at most 4 MiB when any edge is staged. From the
+/// prototype on the 2×H200 machine: every CUDA call costs ~2 µs of host time, so small chunks only
+/// pay when the host keeps up; the best push chunk was 512 KiB at 1 MiB, 4 MiB at 8–32 MiB,
+/// 16 MiB at 128 MiB, 64 MiB from 512 MiB. A staged edge is a three-stage pipeline (device→host,
+/// host→device, reduce) at ~55 GB/s per PCIe direction, where the prototype did best with 4 MiB
+/// chunks (38–44 GB/s); ringreduce with 32 MiB chunks measured 32–34 GB/s at 256 MiB.
+pub fn auto_chunk_bytes(count: usize, world: usize, elem_bytes: usize, staged: bool) -> usize {
     let segment_bytes = count.div_ceil(world.max(1)) * elem_bytes;
+    let largest = if staged { 4 << 20 } else { 64 << 20 };
     (segment_bytes / 4)
         .max(segment_bytes.min(4 << 20))
-        .clamp(elem_bytes.max(1), 64 << 20)
+        .clamp(elem_bytes.max(1), largest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::auto_chunk_bytes;
+
+    #[test]
+    fn chunks_follow_the_prototype_for_two_gpus() {
+        let mib = 1 << 20;
+        // f32, world 2: (message, best push chunk measured in the prototype)
+        for (message, chunk) in [
+            (mib, mib / 2),
+            (8 * mib, 4 * mib),
+            (32 * mib, 4 * mib),
+            (128 * mib, 16 * mib),
+            (512 * mib, 64 * mib),
+            (1024 * mib, 64 * mib),
+        ] {
+            assert_eq!(
+                auto_chunk_bytes(message / 4, 2, 4, false),
+                chunk,
+                "message {message}"
+            );
+        }
+        assert_eq!(auto_chunk_bytes(256 * mib / 4, 2, 4, true), 4 * mib);
+        assert_eq!(auto_chunk_bytes(1, 2, 4, false), 4);
+        assert_eq!(auto_chunk_bytes(0, 2, 4, false), 4);
+    }
 }
 
 /// How one ring edge was set up, and why.
@@ -275,10 +307,13 @@ impl CudaExecutor {
             return Ok(p);
         }
         let n = self.ranks.len();
-        let chunk_bytes = self
-            .config
-            .chunk_bytes
-            .unwrap_or_else(|| auto_chunk_bytes(shape.count, n, shape.elem_bytes));
+        let chunk_bytes = self.config.chunk_bytes.unwrap_or_else(|| {
+            let staged = self
+                .edges
+                .iter()
+                .any(|e| e.transport == EdgeTransport::Staged);
+            auto_chunk_bytes(shape.count, n, shape.elem_bytes, staged)
+        });
         let plan = shape.checked_plan(
             (chunk_bytes / shape.elem_bytes).max(1),
             self.config.slots,
