@@ -17,6 +17,8 @@
 //! The fault's instruction is chosen among the data operations of the plan the executor builds
 //! (the same `RingSpec`): records and waits never trigger a fault, which a test below checks.
 
+mod common;
+use common::{ringreduce_threads, settle_threads};
 use ringreduce::plan::{EdgeTransport, Instr, Op, RingSpec};
 use ringreduce::verify::{compare, input_value, make_expected, make_input};
 use ringreduce::{Communicator, Element, Error, Fault, FaultKind, HostConfig, ReduceOp};
@@ -443,26 +445,6 @@ fn run_seed<T: Element>(case: Case) {
     );
 
     check_recovery::<T>(&case);
-}
-
-/// Threads of this process named `ringreduce-*` (rank threads and stream workers); the kernel
-/// keeps the first 15 bytes of a name, enough for the prefix.
-fn ringreduce_threads() -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
-        .filter(|name| name.starts_with("ringreduce"))
-        .count()
-}
-
-/// Waits up to a second for every `ringreduce-*` thread to be gone (a joined thread leaves the
-/// kernel's list a moment after `join` returns); returns how many are left.
-fn settle_threads() -> usize {
-    let start = Instant::now();
-    while ringreduce_threads() > 0 && start.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    ringreduce_threads()
 }
 
 #[test]

@@ -13,11 +13,13 @@
 //! Inputs depend on rank and index and reduce exactly (`ringreduce::verify`), so each check is
 //! bitwise; a failure names the call (its number, communicator, shape) and the first mismatches.
 
+mod common;
+use common::settle_threads;
 use half::{bf16, f16};
 use ringreduce::verify::{compare, make_expected, make_input};
 use ringreduce::{Communicator, EdgeTransport, Element, HostConfig, ReduceOp};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Serializes the tests of this file: the leak test counts threads and memory of the process.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -290,25 +292,6 @@ fn rss_kib_and_threads() -> (usize, usize) {
     (field("VmRSS:"), field("Threads:"))
 }
 
-/// Threads of this process named `ringreduce-*` (the kernel keeps 15 bytes of a name).
-fn ringreduce_threads() -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
-        .filter(|name| name.starts_with("ringreduce"))
-        .count()
-}
-
-/// Waits up to a second for `ringreduce-*` threads to leave the kernel's list (a joined thread
-/// leaves it a moment after `join` returns).
-fn settled_ringreduce_threads() -> usize {
-    let start = Instant::now();
-    while ringreduce_threads() > 0 && start.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    ringreduce_threads()
-}
-
 #[test]
 fn a_thousand_communicators_leak_nothing() {
     let _serial = serial();
@@ -332,7 +315,7 @@ fn a_thousand_communicators_leak_nothing() {
         cycle(i);
     }
     assert_eq!(
-        settled_ringreduce_threads(),
+        settle_threads(),
         0,
         "threads left by the warm-up or an earlier test"
     );
@@ -342,7 +325,7 @@ fn a_thousand_communicators_leak_nothing() {
         cycle(i);
     }
     let elapsed = start.elapsed();
-    let left = settled_ringreduce_threads();
+    let left = settle_threads();
     let (rss_after, threads_after) = rss_kib_and_threads();
     println!(
         "1000 communicators created, used and dropped in {elapsed:?}: RSS {rss_before} KiB before, {rss_after} KiB after; \

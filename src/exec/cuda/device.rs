@@ -96,7 +96,7 @@ use crate::error::{Error, Result};
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaStream};
-use std::any::Any;
+
 use std::ffi::{c_int, c_uint, c_void};
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::{Arc, OnceLock};
@@ -153,19 +153,9 @@ fn guard<T>(call: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
             reason: format!(
                 "cudarc panicked during {call}: {} (is libcuda older than the CUDA 13.0 \
                  bindings this crate is built with?)",
-                panic_text(&*payload)
+                crate::exec::panic_message(&*payload)
             ),
         }),
-    }
-}
-
-fn panic_text(payload: &(dyn Any + Send)) -> String {
-    if let Some(text) = payload.downcast_ref::<&str>() {
-        (*text).to_string()
-    } else if let Some(text) = payload.downcast_ref::<String>() {
-        text.clone()
-    } else {
-        "a panic without a message".to_string()
     }
 }
 
