@@ -43,30 +43,21 @@
 //!
 //! # NCCL
 //!
-//! Loaded at run time through cudarc (`nccl-02028`, `dynamic-loading`). The communicators come
-//! from `ncclCommInitAll` (one process, one thread, one communicator per GPU), so every
-//! collective is a group: `ncclGroupStart`, one `ncclAllReduce` per GPU, `ncclGroupEnd`. We use
-//! cudarc's `result` layer with our own non-blocking streams and [`GpuBuffer`]s (plain
-//! `cuMemAlloc`, the same memory ringreduce is timed on), not cudarc's safe `Comm`: that one
-//! works on `CudaSlice`s, which with cudarc's default event tracking record events around every
-//! use (time NCCL itself does not spend), keeps its communicator handle private, and panics in
-//! `Drop`. cudarc's `NcclError` prints only
-//! "NcclError", so failures here become [`Error::Nccl`] with NCCL's own text.
-//!
-//! cudarc looks for libnccl under its own list of names (printed when it finds none), which has
-//! `libnccl.so` but not `libnccl.so.2`: on a host with only the runtime package, put a link named
-//! `libnccl.so` to it in a folder on `LD_LIBRARY_PATH`. `NCCL_NVLS_ENABLE` is set to 0 when unset
-//! (NVLink multicast must stay off on the shared test machines, and NCCL's anchor figures were
-//! measured so); set it yourself to override.
+//! Through [`ringreduce::baseline::NcclAllReduce`], the same NCCL driver `ringreduce bench` uses
+//! (`ncclCommInitAll`, one grouped `ncclAllReduce` per GPU, our own streams and `GpuBuffer`s; see
+//! that module for why not cudarc's safe `Comm`). Loaded at run time through cudarc; cudarc looks
+//! for libnccl under its own list of names, which has `libnccl.so` but not `libnccl.so.2`: on a
+//! host with only the runtime package, put a link named `libnccl.so` to it in a folder on
+//! `LD_LIBRARY_PATH` (the waiver line says so when it applies; docs/BENCH.md). `NCCL_NVLS_ENABLE`
+//! is set to 0 when unset (NVLink multicast must stay off on the shared test machines, and NCCL's
+//! anchor figures were measured so); set it yourself to override.
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use cudarc::nccl::{result as nccl, sys as nccl_sys};
+use ringreduce::baseline::NcclAllReduce;
 use ringreduce::exec::cuda::{device, kernels};
 use ringreduce::verify::{compare, make_expected, make_input};
-use ringreduce::{Buffer, BufferMut, Communicator, Error, GpuBuffer, HostConfig, ReduceOp, Result};
+use ringreduce::{Communicator, GpuBuffer, HostConfig, ReduceOp, Result};
 use std::cell::OnceCell;
-use std::ffi::{c_int, c_void, CStr};
-use std::panic::{self, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
 const OP: ReduceOp = ReduceOp::Sum;
@@ -153,8 +144,8 @@ fn bench_gpu(c: &mut Criterion) {
     let world = GPU_DEVICES.len();
     let comm = Communicator::new(&GPU_DEVICES)
         .unwrap_or_else(|err| panic!("ringreduce communicator on GPUs {GPU_DEVICES:?}: {err}"));
-    let nccl = NcclClique::open(&GPU_DEVICES)
-        .map_err(|why| println!("waived: nccl benches: {why}"))
+    let nccl = NcclAllReduce::new(&GPU_DEVICES)
+        .map_err(|err| println!("waived: nccl benches: {err}"))
         .ok();
     describe_gpu_run(&comm, nccl.as_ref());
 
@@ -214,9 +205,9 @@ fn bench_gpu(c: &mut Criterion) {
                 // `bufs` until then.
                 unsafe {
                     if in_place {
-                        nccl.enqueue_all_reduce_in_place(&mut bufs.inputs)
+                        nccl.enqueue_all_reduce_in_place(&mut bufs.inputs, OP)
                     } else {
-                        nccl.enqueue_all_reduce(&bufs.inputs, &mut bufs.outputs)
+                        nccl.enqueue_all_reduce(&bufs.inputs, &mut bufs.outputs, OP)
                     }
                 }
             };
@@ -268,7 +259,7 @@ fn time_back_to_back(
 }
 
 /// The header beside every GPU number: what ran, on what, with which versions.
-fn describe_gpu_run(comm: &Communicator, nccl: Option<&NcclClique>) {
+fn describe_gpu_run(comm: &Communicator, nccl: Option<&NcclAllReduce>) {
     let driver = device::driver_version()
         .map(|(major, minor)| format!("{major}.{minor}"))
         .unwrap_or_else(|err| format!("unknown ({err})"));
@@ -302,7 +293,7 @@ fn describe_gpu_run(comm: &Communicator, nccl: Option<&NcclClique>) {
     if let Some(nccl) = nccl {
         println!(
             "# NCCL {} (NCCL_NVLS_ENABLE={})",
-            nccl.version,
+            nccl.version(),
             std::env::var("NCCL_NVLS_ENABLE").unwrap_or_default()
         );
     }
@@ -401,252 +392,6 @@ impl Reference {
             self.count
         );
     }
-}
-
-// ---------------------------------------------------------------------------------------------
-// NCCL, through cudarc's result layer.
-// ---------------------------------------------------------------------------------------------
-
-/// One NCCL communicator per GPU, all made in this process and driven from this thread
-/// (`ncclCommInitAll`), with one non-blocking stream per GPU. Rank `r` is GPU `devices[r]`.
-///
-/// Holds raw NCCL handles, so it is neither `Send` nor `Sync`: one thread issues every group.
-struct NcclClique {
-    devices: Vec<usize>,
-    /// Empty only after `release`.
-    comms: Vec<nccl_sys::ncclComm_t>,
-    streams: Vec<device::Stream>,
-    /// "2.28.3".
-    version: String,
-}
-
-impl NcclClique {
-    /// The communicators, or why NCCL cannot be benchmarked here (a line for the waiver).
-    fn open(devices: &[usize]) -> std::result::Result<NcclClique, String> {
-        // SAFETY: is_culib_present only tries `dlopen` on cudarc's candidate names and closes what
-        // it opened; it is cudarc's way to ask before its loader would panic.
-        if !unsafe { nccl_sys::is_culib_present() } {
-            return Err(format!(
-                "libnccl not found; cudarc looks for {:?} on the loader path (LD_LIBRARY_PATH); \
-                 with only libnccl.so.2 installed, link it as libnccl.so in a folder there",
-                cudarc::get_lib_name_candidates("nccl")
-            ));
-        }
-        // cudarc's loader panics instead of failing when a symbol is missing (an old libnccl).
-        let version = panic::catch_unwind(nccl::get_nccl_version)
-            .map_err(|_| "libnccl loaded but ncclGetVersion could not be called".to_string())?
-            .map_err(nccl_error("ncclGetVersion"))
-            .map_err(|err| err.to_string())?;
-        let streams = devices
-            .iter()
-            .map(|&d| device::context(d).and_then(|ctx| device::Stream::new(&ctx)))
-            .collect::<Result<Vec<_>>>()
-            .map_err(|err| format!("streams for NCCL: {err}"))?;
-        let mut comms = vec![std::ptr::null_mut(); devices.len()];
-        let ordinals = devices
-            .iter()
-            .map(|&d| c_int::try_from(d))
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|_| format!("devices {devices:?} are not CUDA ordinals"))?;
-        let ndev = c_int::try_from(devices.len()).map_err(|_| "too many devices".to_string())?;
-        // SAFETY: `comms` has room for `ndev` handles and `ordinals` holds `ndev` device ordinals,
-        // both live for the call; NCCL writes one communicator per device into `comms`.
-        unsafe { nccl::comm_init_all(comms.as_mut_ptr(), ndev, ordinals.as_ptr()) }
-            .map_err(nccl_error("ncclCommInitAll"))
-            .map_err(|err| err.to_string())?;
-        Ok(NcclClique {
-            devices: devices.to_vec(),
-            comms,
-            streams,
-            version: format!(
-                "{}.{}.{}",
-                version / 10000,
-                version % 10000 / 100,
-                version % 100
-            ),
-        })
-    }
-
-    /// Out-of-place f32 sum: every `outputs[r]` gets the sum of all `inputs`; returns once the
-    /// work is enqueued on the clique's streams.
-    ///
-    /// # Safety
-    /// Inputs and outputs must stay allocated, inputs unwritten and outputs neither read nor
-    /// written (on any stream or the host), until [`NcclClique::synchronize`] has returned.
-    unsafe fn enqueue_all_reduce(
-        &self,
-        inputs: &[GpuBuffer<f32>],
-        outputs: &mut [GpuBuffer<f32>],
-    ) -> Result<()> {
-        let count = self.check_buffers(inputs)?;
-        self.check_buffers(outputs)?;
-        if let Some(rank) = outputs.iter().position(|b| b.count() < count) {
-            return Err(Error::OutputTooShort {
-                rank,
-                input: count,
-                output: outputs[rank].count(),
-            });
-        }
-        let sends: Vec<u64> = inputs.iter().map(Buffer::address).collect();
-        let recvs: Vec<u64> = outputs.iter_mut().map(BufferMut::address_mut).collect();
-        // SAFETY: checked above: one buffer per rank on that rank's GPU, each of at least `count`
-        // f32s; an input and an output never overlap (distinct allocations, borrowed apart).
-        // Their lifetime until completion is our caller's contract.
-        unsafe { self.enqueue(&sends, &recvs, count) }
-    }
-
-    /// In-place f32 sum: every `bufs[r]` ends with the sum of all; returns once enqueued.
-    ///
-    /// # Safety
-    /// The buffers must stay allocated and untouched (no reads, no writes, on any stream or the
-    /// host) until [`NcclClique::synchronize`] has returned.
-    unsafe fn enqueue_all_reduce_in_place(&self, bufs: &mut [GpuBuffer<f32>]) -> Result<()> {
-        let count = self.check_buffers(bufs)?;
-        let addresses: Vec<u64> = bufs.iter_mut().map(BufferMut::address_mut).collect();
-        // SAFETY: checked above; send and receive are the same range, which NCCL supports as in
-        // place. Lifetimes are our caller's contract.
-        unsafe { self.enqueue(&addresses, &addresses, count) }
-    }
-
-    /// One buffer per rank, on the rank's GPU, all of rank 0's length; returns that length.
-    fn check_buffers(&self, bufs: &[GpuBuffer<f32>]) -> Result<usize> {
-        if bufs.len() != self.devices.len() {
-            return Err(Error::WorldMismatch {
-                world: self.devices.len(),
-                got: bufs.len(),
-            });
-        }
-        let count = bufs[0].count();
-        for (rank, (buf, &expected)) in bufs.iter().zip(&self.devices).enumerate() {
-            if buf.device() != expected {
-                return Err(Error::WrongDevice {
-                    rank,
-                    device: buf.device(),
-                    expected,
-                });
-            }
-            if buf.count() != count {
-                return Err(Error::LengthMismatch {
-                    rank,
-                    expected: count,
-                    got: buf.count(),
-                });
-            }
-        }
-        Ok(count)
-    }
-
-    /// # Safety
-    /// `sends[r]` and `recvs[r]` are device addresses on GPU `devices[r]`, valid for `count` f32s,
-    /// each receive range either equal to its send range or overlapping no send range, and they
-    /// stay valid and untouched by others until [`NcclClique::synchronize`] has returned.
-    unsafe fn enqueue(&self, sends: &[u64], recvs: &[u64], count: usize) -> Result<()> {
-        debug_assert!(sends.len() == self.comms.len() && recvs.len() == self.comms.len());
-        nccl::group_start().map_err(nccl_error("ncclGroupStart"))?;
-        let mut queued = Ok(());
-        for (rank, comm) in self.comms.iter().enumerate() {
-            // SAFETY: the addresses and their lifetime are our caller's contract; `comm` is a live
-            // communicator of GPU devices[rank] (from ncclCommInitAll, destroyed only in
-            // `release`), and `streams[rank]` is a live stream in that GPU's primary context,
-            // the context NCCL works in. The call only queues work: inside a group it returns at
-            // once.
-            let call = unsafe {
-                nccl::all_reduce(
-                    sends[rank] as *const c_void,
-                    recvs[rank] as *mut c_void,
-                    count,
-                    nccl_sys::ncclDataType_t::ncclFloat32,
-                    nccl_sys::ncclRedOp_t::ncclSum,
-                    *comm,
-                    self.streams[rank].raw() as nccl_sys::cudaStream_t,
-                )
-            };
-            if let Err(err) = call {
-                queued = Err(nccl_error("ncclAllReduce")(err));
-                break;
-            }
-        }
-        // Always close the group, even after a failed call, so the thread is not left inside it.
-        let ended = nccl::group_end().map_err(nccl_error("ncclGroupEnd"));
-        queued.and(ended.map(|_| ()))
-    }
-
-    /// Waits for all work queued on the clique's streams.
-    fn synchronize(&self) -> Result<()> {
-        self.streams.iter().try_for_each(device::stream_synchronize)
-    }
-
-    /// Finalizes and destroys the communicators, returning the first error.
-    fn close(mut self) -> Result<()> {
-        self.release()
-    }
-
-    fn release(&mut self) -> Result<()> {
-        let comms = std::mem::take(&mut self.comms);
-        if comms.is_empty() {
-            return Ok(());
-        }
-        // Finalizing is collective over the clique: one thread finalizes all in one group
-        // (NVIDIA's single-thread, multi-GPU example), then each is destroyed on its own.
-        let mut first_error = nccl::group_start()
-            .map_err(nccl_error("ncclGroupStart"))
-            .err();
-        for &comm in &comms {
-            // SAFETY: `comm` is a live communicator from ncclCommInitAll, finalized once here.
-            let finalized = unsafe { nccl::comm_finalize(comm) };
-            if let Err(err) = finalized {
-                first_error.get_or_insert(nccl_error("ncclCommFinalize")(err));
-            }
-        }
-        if let Err(err) = nccl::group_end() {
-            first_error.get_or_insert(nccl_error("ncclGroupEnd")(err));
-        }
-        for comm in comms {
-            // SAFETY: `comm` is live and destroyed exactly once: `self.comms` was emptied above.
-            if let Err(err) = unsafe { nccl::comm_destroy(comm) } {
-                first_error.get_or_insert(nccl_error("ncclCommDestroy")(err));
-            }
-        }
-        first_error.map_or(Ok(()), Err)
-    }
-}
-
-impl Drop for NcclClique {
-    fn drop(&mut self) {
-        // `close` returns these errors; `Drop` drops them, and never panics (cudarc's loader can).
-        let _ = panic::catch_unwind(AssertUnwindSafe(|| self.release()));
-    }
-}
-
-/// Converts a cudarc `NcclError` from `call` into [`Error::Nccl`] with NCCL's own words: the
-/// code's name and description, and NCCL's last error message. The one place an NCCL status
-/// becomes an [`Error`].
-fn nccl_error(call: &'static str) -> impl FnOnce(nccl::NcclError) -> Error {
-    move |err| {
-        let code = err.0;
-        // SAFETY: ncclGetErrorString takes any result code and returns a static NUL-terminated
-        // string (or null, checked); the library is loaded, since it produced `code`.
-        let text = c_text(unsafe { nccl_sys::ncclGetErrorString(code) });
-        // SAFETY: ncclGetLastError ignores its argument and returns NCCL's last error message,
-        // NUL-terminated (or null, checked); it is copied before any other NCCL call.
-        let last = c_text(unsafe { nccl_sys::ncclGetLastError(std::ptr::null_mut()) });
-        Error::Nccl {
-            call,
-            message: format!("{code:?}: {text}; NCCL's last error: {last}"),
-        }
-    }
-}
-
-/// The text of a C string from NCCL, or "(none)" for null.
-fn c_text(ptr: *const std::ffi::c_char) -> String {
-    if ptr.is_null() {
-        return "(none)".to_string();
-    }
-    // SAFETY: non-null, and our callers pass pointers NCCL documents as NUL-terminated strings
-    // that stay valid until the next NCCL call on this thread.
-    unsafe { CStr::from_ptr(ptr) }
-        .to_string_lossy()
-        .into_owned()
 }
 
 // ---------------------------------------------------------------------------------------------

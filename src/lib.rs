@@ -1,4 +1,5 @@
 //! ringreduce
+pub mod baseline;
 pub mod check;
 pub mod comm;
 pub mod element;

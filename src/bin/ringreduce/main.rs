@@ -22,6 +22,13 @@ macro_rules! out {
     }};
 }
 
+// Subcommands (declared after `out!` so they can use it).
+mod bench;
+mod p2p;
+mod sync;
+mod topo;
+mod tour;
+
 #[derive(Parser)]
 #[command(
     name = "ringreduce",
@@ -39,6 +46,16 @@ enum Command {
     Run(RunArgs),
     /// What this build and machine have: kernel build path, driver, GPUs.
     Info,
+    /// GPUs, peer access, links and the ring order a communicator would choose.
+    Topo(topo::TopoArgs),
+    /// Peer-copy, staged and host-copy bandwidth, and the n×n bandwidth/latency matrix.
+    P2p(p2p::P2pArgs),
+    /// The cross-GPU event handoff, shown and checked (and the pitfall it prevents).
+    Sync(sync::SyncArgs),
+    /// The four checks in order: peer access, P2P bandwidth, cross-GPU sync, all-reduce vs NCCL.
+    Tour(tour::TourArgs),
+    /// nccl-tests-style sweep: ringreduce against NCCL, JSON and plots.
+    Bench(bench::BenchArgs),
 }
 
 #[derive(clap::Args, Clone)]
@@ -76,16 +93,64 @@ impl Default for RunArgs {
     }
 }
 
-/// Exit codes: 0 all correct; 1 a collective failed or a result was wrong; 2 bad usage.
+/// Why a command failed; each cause has its own exit code.
+#[derive(Debug)]
+pub enum Failure {
+    /// The command needs GPUs and there are none (or not enough): exit code 3.
+    NoGpu(String),
+    /// Anything else (a CUDA error, a wrong result): exit code 1.
+    Failed(String),
+}
+
+impl From<String> for Failure {
+    fn from(msg: String) -> Failure {
+        Failure::Failed(msg)
+    }
+}
+
+impl From<ringreduce::Error> for Failure {
+    fn from(err: ringreduce::Error) -> Failure {
+        match err {
+            ringreduce::Error::NoGpu { reason } => Failure::NoGpu(reason),
+            other => Failure::Failed(other.to_string()),
+        }
+    }
+}
+
+/// The number of visible GPUs, or [`Failure::NoGpu`] (one line saying why) below `min`.
+pub fn require_gpus(min: usize) -> Result<usize, Failure> {
+    let n = device::driver_available()
+        .and_then(|()| device::device_count())
+        .map_err(|e| Failure::NoGpu(e.to_string()))?;
+    if n < min {
+        return Err(Failure::NoGpu(format!(
+            "this command needs {min} GPU(s), found {n}"
+        )));
+    }
+    Ok(n)
+}
+
+/// Exit codes: 0 all correct; 1 a collective failed or a result was wrong; 2 bad usage (clap);
+/// 3 no GPU (for the commands that need one).
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command.unwrap_or(Command::Run(RunArgs::default())) {
-        Command::Run(args) => run(&args),
-        Command::Info => info(),
+    let result: Result<(), Failure> = match cli.command.unwrap_or(Command::Run(RunArgs::default()))
+    {
+        Command::Run(args) => run(&args).map_err(Failure::from),
+        Command::Info => info().map_err(Failure::from),
+        Command::Topo(args) => topo::run(&args),
+        Command::P2p(args) => p2p::run(&args),
+        Command::Sync(args) => sync::run(&args),
+        Command::Tour(args) => tour::run(&args),
+        Command::Bench(args) => bench::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(msg) => {
+        Err(Failure::NoGpu(why)) => {
+            eprintln!("ringreduce: no GPU: {why}");
+            ExitCode::from(3)
+        }
+        Err(Failure::Failed(msg)) => {
             eprintln!("ringreduce: {msg}");
             ExitCode::from(1)
         }
@@ -186,8 +251,8 @@ fn print_header() {
 }
 
 fn cells(bytes: usize, world: usize, time: Duration, wrong: usize) -> String {
-    let algbw = bytes as f64 / time.as_secs_f64() / 1e9;
-    let busbw = algbw * 2.0 * (world as f64 - 1.0) / world as f64;
+    let algbw = bench::algbw_gbps(bytes, time.as_secs_f64());
+    let busbw = bench::busbw_gbps(algbw, world);
     format!(
         " {:>10.1} {algbw:>9.2} {busbw:>9.2} {wrong:>7}  ",
         time.as_secs_f64() * 1e6

@@ -51,9 +51,10 @@
 //! | [`context`] (cudarc's `CudaContext::new`) | the new one |
 //! | [`enable_peer_access`] | `ctx_from` |
 //! | [`grant_pool_access`] | `owner` |
+//! | [`memory_info`] | `ctx` |
 //! | [`Stream::new`], [`Event::new`], [`Event::with_timing`], [`DeviceBuffer::new`], [`PinnedHost::new`], their methods, `close`/`free` and `Drop` | the one they were made in |
-//! | [`record`], [`wait`], [`memcpy_peer_async`], [`memcpy_async`], [`stream_synchronize`] | the stream's |
-//! | [`event_query`], [`event_synchronize`], [`event_elapsed_ms`] | the event's |
+//! | [`record`], [`wait`], [`memcpy_peer_async`], [`memcpy_async`], [`memset_d32_async`], [`stream_synchronize`] | the stream's |
+//! | [`event_query`], [`event_synchronize`], [`event_elapsed_ms`], [`record_on_raw_stream`] | the event's |
 //!
 //! Device-level queries need no context and bind none: [`driver_available`], [`device_count`],
 //! [`devices`], [`driver_version`], [`can_access_peer`], [`peer_matrix`], [`p2p_attributes`],
@@ -1096,6 +1097,23 @@ pub fn record(event: &Event, stream: &Stream) -> Result<()> {
     unsafe { result::event::record(event.raw, stream.raw) }.call("cuEventRecord")
 }
 
+/// Records `event` on a raw stream of the event's context (`cuEventRecord`), e.g. a
+/// communicator's [`crate::Communicator::main_stream`], so ringreduce and NCCL iterations can be
+/// timed with the same events. Binds the event's context.
+///
+/// # Safety
+/// `stream` is a live CUDA stream of the event's context (the same device's primary context), and
+/// stays live until this returns.
+pub unsafe fn record_on_raw_stream(
+    event: &Event,
+    stream: cudarc::driver::sys::CUstream,
+) -> Result<()> {
+    bind(event.context())?;
+    // SAFETY: `event` is live (borrowed), its context is current, and `stream` belongs to that
+    // context by our caller's contract.
+    unsafe { result::event::record(event.raw(), stream) }.call("cuEventRecord")
+}
+
 /// Makes work queued on `stream` after this call wait until the work captured by `event`'s latest
 /// record has completed (`cuStreamWaitEvent`); binds the stream's context. Works across contexts: a
 /// stream on GPU 1 may wait on an event of GPU 0, on the GPU, without blocking the host. An event
@@ -1250,6 +1268,41 @@ pub fn event_elapsed_ms(start: &Event, end: &Event) -> Result<f32> {
         // SAFETY: both events are live timing events of the bound context and have completed.
         unsafe { result::event::elapsed(start.raw, end.raw) }.call("cuEventElapsedTime")
     })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Small queries and fills for the diagnostic commands (`ringreduce p2p`, `sync`).
+// ---------------------------------------------------------------------------------------------
+
+/// Queues a fill of `count` 32-bit words at `ptr` with `value` on `stream` (`cuMemsetD32Async`);
+/// binds the stream's context. Returns once queued. Lets a diagnostic "write" a known,
+/// per-iteration value on a GPU without a kernel, and makes a cheap delay (a large fill keeps the
+/// stream busy for a predictable time). `count == 0` queues nothing.
+///
+/// # Safety
+///
+/// - `[ptr, ptr + 4 * count)` is device memory inside one live allocation (a [`DeviceBuffer`] or
+///   another allocation the driver knows), and `ptr` is 4-byte aligned (`cuMemAlloc` returns
+///   256-byte-aligned memory, so any 4-byte-multiple offset into a [`DeviceBuffer`] is).
+/// - The allocation stays allocated until the fill has completed on `stream` (an event recorded
+///   after it, or [`stream_synchronize`]).
+/// - Until then nothing else reads or writes the range unless ordered after the fill by an event
+///   (or a synchronize) — reading it unordered is exactly the race `ringreduce sync` demonstrates.
+pub unsafe fn memset_d32_async(ptr: u64, value: u32, count: usize, stream: &Stream) -> Result<()> {
+    if count == 0 {
+        return Ok(());
+    }
+    if ptr % 4 != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "memset_d32_async needs a 4-byte-aligned pointer, got {ptr:#x}"
+        )));
+    }
+    bind(&stream.ctx)?;
+    // SAFETY: the range, its alignment (also checked above), lifetime and exclusive use are the
+    // caller's contract; the stream is live and its context is bound.
+    unsafe { sys::cuMemsetD32Async(ptr, value as c_uint, count, stream.raw) }
+        .result()
+        .call("cuMemsetD32Async")
 }
 
 #[cfg(test)]
@@ -1675,6 +1728,34 @@ mod tests {
             gbps(pb_ptr, pa_ptr)?
         );
         stream_synchronize(&stream)?;
+        Ok(())
+    }
+
+    #[test]
+    fn memset_d32_fills_words_and_checks_alignment() -> Result<()> {
+        if gpus(1, "memset_d32_fills_words_and_checks_alignment").is_none() {
+            return Ok(());
+        }
+        let ctx = context(0)?;
+        let stream = Stream::new(&ctx)?;
+        let buffer = DeviceBuffer::zeroed(&ctx, 64)?;
+        // SAFETY: words 4..12 lie inside the 64-byte buffer (16 words), which outlives the
+        // synchronize below; nothing else touches it meanwhile.
+        unsafe { memset_d32_async(buffer.ptr() + 16, 0xA1B2_C3D4, 8, &stream)? };
+        // SAFETY: as above; the call is refused before anything is queued.
+        let misaligned = unsafe { memset_d32_async(buffer.ptr() + 2, 1, 1, &stream) };
+        assert!(matches!(misaligned, Err(Error::InvalidArgument(_))));
+        stream_synchronize(&stream)?;
+        let mut got = vec![0u8; 64];
+        buffer.copy_to_host(&mut got)?;
+        let words: Vec<u32> = got
+            .chunks_exact(4)
+            .map(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]]))
+            .collect();
+        let want: Vec<u32> = (0..16)
+            .map(|i| if (4..12).contains(&i) { 0xA1B2_C3D4 } else { 0 })
+            .collect();
+        assert_eq!(words, want);
         Ok(())
     }
 }
