@@ -71,3 +71,59 @@ fn large_count_with_many_chunks() {
         check(&spec.build().unwrap()).unwrap();
     }
 }
+
+/// A communicator runs different shapes back to back on the same streams (a size sweep, tensors
+/// of several sizes): each shape has its own plan, events and staging; the caller's buffers may be
+/// the same memory in every call. Any such sequence must be race-free.
+fn sequence_strategy() -> impl Strategy<Value = (Vec<RingSpec>, Vec<usize>)> {
+    (
+        1usize..=6,
+        1usize..4,
+        proptest::collection::vec(any::<bool>(), 6),
+    )
+        .prop_flat_map(|(world, slots, staged)| {
+            let transports: Vec<EdgeTransport> = staged[..world]
+                .iter()
+                .map(|&s| {
+                    if s {
+                        EdgeTransport::Staged
+                    } else {
+                        EdgeTransport::Peer
+                    }
+                })
+                .collect();
+            let shape = (0usize..400, 1usize..64, any::<bool>(), any::<bool>());
+            (
+                proptest::collection::vec(shape, 1..4).prop_map(move |shapes| {
+                    shapes
+                        .into_iter()
+                        .map(|(count, chunk_elems, in_place, avg)| RingSpec {
+                            world,
+                            count,
+                            in_place,
+                            op: if avg { ReduceOp::Avg } else { ReduceOp::Sum },
+                            chunk_elems,
+                            slots,
+                            align_elems: 1,
+                            transports: transports.clone(),
+                        })
+                        .collect::<Vec<_>>()
+                }),
+                proptest::collection::vec(0usize..3, 2..7),
+            )
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn sequences_of_different_plans_are_race_free((specs, picks) in sequence_strategy()) {
+        let plans: Vec<_> = specs.iter().map(|s| s.build().unwrap()).collect();
+        let refs: Vec<_> = plans.iter().collect();
+        let sequence: Vec<usize> = picks.iter().map(|p| p % plans.len()).collect();
+        if let Err(e) = ringreduce::check::check_sequence(&refs, &sequence) {
+            panic!("{specs:?} in order {sequence:?}: {e}");
+        }
+    }
+}

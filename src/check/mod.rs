@@ -17,7 +17,9 @@
 //!    (vector clocks, one component per stream). Any two accesses to overlapping elements of one
 //!    buffer, at least one a write, must be ordered. Checking `calls = 2` runs the plan twice back
 //!    to back (streams and events persist, the caller's barrier between calls), which proves that
-//!    the next call cannot trample a slot the previous call is still reading. Each rank's last Main
+//!    the next call cannot trample a slot the previous call is still reading; [`check_sequence`]
+//!    does the same for calls of *different* plans (shapes change from call to call; each plan has
+//!    its own events and staging, the caller's buffers may be the same). Each rank's last Main
 //!    instruction must also come after every access to its input and output: when Main is done,
 //!    the caller's buffers are free.
 //! 4. **Symbolic result** — the plan is executed on sets of contributions: rank r's input holds
@@ -240,26 +242,76 @@ struct Access {
     at: usize,
 }
 
+/// Memory as the race check identifies it across calls: the caller's buffers are the same memory
+/// in every call (the worst case: the caller passes the same buffers again); staging belongs to
+/// one prepared plan and is shared only by the calls of that plan.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Memory {
+    User(usize, BufKind),
+    Staging(usize, BufId),
+}
+
 /// Check 3: no data race over `calls` back-to-back calls, and completion on Main covers the
 /// caller's buffers.
 pub fn check_races(plan: &Plan, order: &[(usize, usize)], calls: usize) -> Check {
-    let streams = plan.world * StreamKind::ALL.len();
+    races(&[(plan, order)], &vec![0; calls])
+}
+
+/// Check 3 for a sequence of calls of different plans of one world — what an executor does when
+/// shapes change from call to call (a size sweep, a training step with tensors of several
+/// sizes): streams persist, each plan has its own events and staging, and the caller's buffers
+/// may be the same in every call.
+pub fn check_sequence(plans: &[&Plan], sequence: &[usize]) -> Check {
+    let orders = plans
+        .iter()
+        .map(|p| enqueue_order(p))
+        .collect::<Check<Vec<_>>>()?;
+    let with_orders: Vec<(&Plan, &[(usize, usize)])> = plans
+        .iter()
+        .zip(&orders)
+        .map(|(p, o)| (*p, o.as_slice()))
+        .collect();
+    races(&with_orders, sequence)
+}
+
+fn races(plans: &[(&Plan, &[(usize, usize)])], sequence: &[usize]) -> Check {
+    let Some(&(first, _)) = plans.first() else {
+        return Ok(());
+    };
+    let world = first.world;
+    if plans.iter().any(|(p, _)| p.world != world) {
+        return reject("a sequence of calls must keep one world".into());
+    }
+    if let Some(&bad) = sequence.iter().find(|&&k| k >= plans.len()) {
+        return reject(format!("the sequence names plan {bad} of {}", plans.len()));
+    }
+    let streams = world * StreamKind::ALL.len();
     let stream_of =
         |rank: usize, instr: &Instr| rank * StreamKind::ALL.len() + instr.stream.index();
-    // Vector clock of each stream and of each event's latest record.
+    let memory = |k: usize, buf: BufId| {
+        let decl = plans[k].0.decl(buf);
+        match decl.kind {
+            BufKind::Input | BufKind::Output => Memory::User(decl.rank, decl.kind),
+            BufKind::Slots | BufKind::HostSlots => Memory::Staging(k, buf),
+        }
+    };
+    // Vector clock of each stream and of each event's latest record, per plan.
     let mut stream_clock = vec![vec![0u32; streams]; streams];
-    let mut event_clock: Vec<Option<Vec<u32>>> = vec![None; plan.events.len()];
-    // Per executed instruction: (rank, index, call, stream, own sequence number, clock).
-    let mut executed: Vec<(usize, usize, usize, usize, u32)> =
-        Vec::with_capacity(order.len() * calls);
-    let mut clocks: Vec<Vec<u32>> = Vec::with_capacity(order.len() * calls);
-    let mut by_buffer: HashMap<BufId, Vec<Access>> = HashMap::new();
-    for call in 0..calls {
+    let mut event_clock: Vec<Vec<Option<Vec<u32>>>> = plans
+        .iter()
+        .map(|(p, _)| vec![None; p.events.len()])
+        .collect();
+    // Per executed instruction: (plan, rank, index, call, stream, own sequence number).
+    let mut executed: Vec<(usize, usize, usize, usize, usize, u32)> = Vec::new();
+    let mut clocks: Vec<Vec<u32>> = Vec::new();
+    let mut by_memory: HashMap<Memory, Vec<(Access, usize)>> = HashMap::new();
+    for (call, &k) in sequence.iter().enumerate() {
+        let (plan, order) = plans[k];
         for &(rank, index) in order {
             let instr = &plan.ranks[rank][index];
             let s = stream_of(rank, instr);
             if let Op::Wait(e) = instr.op {
-                let recorded = event_clock[e.0]
+                let recorded = event_clock[k][e.0]
                     .as_ref()
                     .expect("enqueue order puts records before waits");
                 for (mine, theirs) in stream_clock[s].iter_mut().zip(recorded) {
@@ -268,10 +320,10 @@ pub fn check_races(plan: &Plan, order: &[(usize, usize)], calls: usize) -> Check
             }
             stream_clock[s][s] += 1;
             if let Op::Record(e) = instr.op {
-                event_clock[e.0] = Some(stream_clock[s].clone());
+                event_clock[k][e.0] = Some(stream_clock[s].clone());
             }
             let at = executed.len();
-            executed.push((rank, index, call, s, stream_clock[s][s]));
+            executed.push((k, rank, index, call, s, stream_clock[s][s]));
             clocks.push(stream_clock[s].clone());
             let (reads, writes) = accesses(&instr.op);
             for (region, write) in reads
@@ -280,30 +332,34 @@ pub fn check_races(plan: &Plan, order: &[(usize, usize)], calls: usize) -> Check
                 .chain(writes.into_iter().map(|w| (w, true)))
             {
                 if region.count > 0 {
-                    by_buffer
-                        .entry(region.buf)
+                    by_memory
+                        .entry(memory(k, region.buf))
                         .or_default()
-                        .push(Access { region, write, at });
+                        .push((Access { region, write, at }, k));
                 }
             }
         }
     }
     let before = |a: usize, b: usize| {
-        let (_, _, _, s, seq) = executed[a];
+        let (_, _, _, _, s, seq) = executed[a];
         clocks[b][s] >= seq
     };
     let name = |at: usize| {
-        let (rank, index, call, _, _) = executed[at];
-        format!("{} in call {}", describe(plan, rank, index), call + 1)
+        let (k, rank, index, call, _, _) = executed[at];
+        format!("{} in call {}", describe(plans[k].0, rank, index), call + 1)
     };
-    for (buf, list) in &mut by_buffer {
-        list.sort_by_key(|a| (a.region.offset, a.at));
+    let what = |k: usize, buf: BufId| {
+        let decl = plans[k].0.decl(buf);
+        format!("{:?} of rank {}", decl.kind, decl.rank)
+    };
+    for list in by_memory.values_mut() {
+        list.sort_by_key(|(a, _)| (a.region.offset, a.at));
         for i in 0..list.len() {
             for j in i + 1..list.len() {
-                if list[j].region.offset >= list[i].region.end() {
+                let ((x, kx), (y, _)) = (&list[i], &list[j]);
+                if y.region.offset >= x.region.end() {
                     break;
                 }
-                let (x, y) = (&list[i], &list[j]);
                 if !(x.write || y.write) || x.at == y.at {
                     continue;
                 }
@@ -313,11 +369,9 @@ pub fn check_races(plan: &Plan, order: &[(usize, usize)], calls: usize) -> Check
                     (y.at, x.at)
                 };
                 if !before(first, second) {
-                    let decl = plan.decl(*buf);
                     return reject(format!(
-                        "data race on {:?} of rank {} (elements {}..{} and {}..{}): {} and {} are not ordered by any event",
-                        decl.kind,
-                        decl.rank,
+                        "data race on {} (elements {}..{} and {}..{}): {} and {} are not ordered by any event",
+                        what(*kx, x.region.buf),
                         x.region.offset,
                         x.region.end(),
                         y.region.offset,
@@ -331,22 +385,27 @@ pub fn check_races(plan: &Plan, order: &[(usize, usize)], calls: usize) -> Check
     }
     // Completion: rank r's last Main instruction (of the last call) follows every access to its
     // input and output.
-    for rank in 0..plan.world {
+    for rank in 0..world {
         let Some(last) = (0..executed.len()).rev().find(|&at| {
-            executed[at].0 == rank && plan.ranks[rank][executed[at].1].stream == StreamKind::Main
+            let (k, r, index, ..) = executed[at];
+            r == rank && plans[k].0.ranks[r][index].stream == StreamKind::Main
         }) else {
             continue;
         };
-        for (buf, list) in &by_buffer {
-            let decl = plan.decl(*buf);
-            if decl.rank != rank || !matches!(decl.kind, BufKind::Input | BufKind::Output) {
+        for (mem, list) in &by_memory {
+            let Memory::User(owner, kind) = *mem else {
+                continue;
+            };
+            if owner != rank {
                 continue;
             }
-            if let Some(a) = list.iter().find(|a| a.at != last && !before(a.at, last)) {
+            if let Some((a, _)) = list
+                .iter()
+                .find(|(a, _)| a.at != last && !before(a.at, last))
+            {
                 return reject(format!(
-                    "rank {rank}'s Main stream can finish before {} is done with its {:?}: the caller would see the call complete too early",
+                    "rank {rank}'s Main stream can finish before {} is done with its {kind:?}: the caller would see the call complete too early",
                     name(a.at),
-                    decl.kind
                 ));
             }
         }
@@ -685,6 +744,25 @@ mod tests {
         // One call alone is still fine: the fault only shows back to back.
         let order = enqueue_order(&broken).unwrap();
         check_races(&broken, &order, 1).unwrap();
+    }
+
+    #[test]
+    fn a_different_next_plan_without_its_entry_wait_races_on_the_callers_buffer() {
+        let a = spec(2, 8, 2, 1, EdgeTransport::Peer).build().unwrap();
+        let b = spec(2, 12, 3, 2, EdgeTransport::Peer).build().unwrap();
+        check_sequence(&[&a, &b], &[0, 1, 0, 1]).unwrap();
+        // Plan B's rank 0 send stream skips its wait on Entry: its first read of rank 0's buffer
+        // is then unordered with plan A's all-gather push into that buffer.
+        let (rank, i) = find_instr(&b, |r, ins| {
+            r == 0
+                && ins.stream == StreamKind::Send
+                && waited(ins).is_some_and(|e| b.events[e.0].what == "entry")
+        })
+        .unwrap();
+        let mut broken = b.clone();
+        broken.ranks[rank].remove(i);
+        let err = check_sequence(&[&a, &broken], &[0, 1]).expect_err("the race must be found");
+        assert!(err.0.contains("data race on Output of rank 0"), "{err}");
     }
 
     #[test]
