@@ -18,7 +18,7 @@
 //! (the same `RingSpec`): records and waits never trigger a fault, which a test below checks.
 
 mod common;
-use common::{ringreduce_threads, settle_threads};
+use common::{ringreduce_threads, settle_threads, Rng};
 use ringreduce::plan::{EdgeTransport, Instr, Op, RingSpec};
 use ringreduce::verify::{compare, input_value, make_expected, make_input};
 use ringreduce::{Communicator, Element, Error, Fault, FaultKind, HostConfig, ReduceOp};
@@ -57,24 +57,6 @@ fn quiet_injected_panics() {
             }
         }));
     });
-}
-
-/// SplitMix64: a deterministic generator for the seeds.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `lo..=hi`.
-    fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + (self.next() % (hi - lo + 1) as u64) as usize
-    }
 }
 
 /// One faulty call, fully determined by its seed.

@@ -14,7 +14,7 @@
 //! bitwise; a failure names the call (its number, communicator, shape) and the first mismatches.
 
 mod common;
-use common::settle_threads;
+use common::{settle_threads, Rng};
 use half::{bf16, f16};
 use ringreduce::verify::{compare, make_expected, make_input};
 use ringreduce::{Communicator, EdgeTransport, Element, HostConfig, ReduceOp};
@@ -26,28 +26,6 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// SplitMix64: deterministic randomness for the soak.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `lo..=hi`.
-    fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + (self.next() % (hi - lo + 1) as u64) as usize
-    }
-
-    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-        items[self.range(0, items.len() - 1)]
-    }
 }
 
 /// Mostly tiny lengths (where per-call overheads and empty segments live), some medium, a few

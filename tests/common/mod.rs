@@ -21,3 +21,27 @@ pub fn settle_threads() -> usize {
     }
     ringreduce_threads()
 }
+
+/// SplitMix64: a small deterministic generator for seeded tests.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `lo..=hi`.
+    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
+        lo + (self.next() % (hi - lo + 1) as u64) as usize
+    }
+
+    /// One of `items`, uniformly.
+    #[allow(dead_code)] // not every test file picks
+    pub fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+        items[self.range(0, items.len() - 1)]
+    }
+}
