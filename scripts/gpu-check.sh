@@ -27,6 +27,6 @@ step() {
 cat "$out/env.log"
 [[ -x "$bin/ringreduce" ]] || { echo "no $bin/ringreduce: run ../shared/gpu/stage.sh first"; exit 2; }
 step info "$bin/ringreduce" info
-step test-gpu timeout "${TEST_TIMEOUT:-300}" "$bin/test-gpu" --test-threads=1 --nocapture
-step run timeout "${RUN_TIMEOUT:-120}" "$bin/ringreduce" run
+step test-gpu timeout "${TEST_TIMEOUT:-480}" "$bin/test-gpu" --test-threads=1 --nocapture
+step run timeout "${RUN_TIMEOUT:-100}" "$bin/ringreduce" run
 exit $status
