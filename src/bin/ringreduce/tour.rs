@@ -219,8 +219,8 @@ fn all_reduce(_args: &TourArgs) -> Result<(Verdict, String), Failure> {
     for bytes in ALL_REDUCE_BYTES {
         match crate::time_gpu(&comm, bytes / 4, false) {
             Ok((time, wrong)) => {
-                let algbw = bytes as f64 / time.as_secs_f64() / 1e9;
-                let busbw = algbw * 2.0 * (world as f64 - 1.0) / world as f64;
+                let algbw = crate::bench::algbw_gbps(bytes, time.as_secs_f64());
+                let busbw = crate::bench::busbw_gbps(algbw, world);
                 out!(
                     "{bytes:>12} {:>12.1} {algbw:>10.2} {busbw:>10.2} {wrong:>8}",
                     time.as_secs_f64() * 1e6
@@ -281,8 +281,8 @@ fn nccl_comparison(devices: &[usize], world: usize) -> String {
     for bytes in ALL_REDUCE_BYTES {
         match time_nccl(&nccl, devices, bytes / 4) {
             Ok((time, wrong)) => {
-                let algbw = bytes as f64 / time.as_secs_f64() / 1e9;
-                let busbw = algbw * 2.0 * (world as f64 - 1.0) / world as f64;
+                let algbw = crate::bench::algbw_gbps(bytes, time.as_secs_f64());
+                let busbw = crate::bench::busbw_gbps(algbw, world);
                 out!(
                     "{bytes:>12} {:>12.1} {algbw:>10.2} {busbw:>10.2} {wrong:>8}",
                     time.as_secs_f64() * 1e6
