@@ -285,10 +285,7 @@ fn describe_gpu_run(comm: &Communicator, nccl: Option<&NcclAllReduce>) {
         Err(err) => println!("# GPUs: could not be described ({err})"),
     }
     for e in comm.edges() {
-        println!(
-            "# ringreduce edge GPU {} -> GPU {}: {:?}, {}",
-            e.from_device, e.to_device, e.transport, e.reason
-        );
+        println!("# ringreduce edge {}", e.describe());
     }
     if let Some(nccl) = nccl {
         println!(

@@ -4,7 +4,7 @@
 //! `.gpu/bin/test-gpu --test-threads=1` (see scripts/gpu-check.sh).
 
 use half::{bf16, f16};
-use ringreduce::exec::cuda::device;
+use ringreduce::exec::cuda::{device, probe};
 use ringreduce::verify::{compare, make_expected, make_input};
 use ringreduce::{Communicator, CudaConfig, Element, GpuBuffer, ReduceOp, Transport};
 
@@ -184,14 +184,50 @@ fn auto_transport_uses_peer_copies_over_nvlink() {
     let Some(gpus) = two_gpus() else { return };
     let comm = default_comm(&gpus);
     for edge in comm.edges() {
-        println!(
-            "edge {} -> {}: {:?} ({})",
-            edge.from_device, edge.to_device, edge.transport, edge.reason
-        );
+        println!("edge {}", edge.describe());
         let can = device::can_access_peer(edge.from_device, edge.to_device).unwrap();
         assert_eq!(edge.transport == ringreduce::EdgeTransport::Peer, can);
+        if edge.from_device != edge.to_device {
+            let probe = edge.probe.as_ref().expect("edges between GPUs are probed");
+            assert!(probe.measured_gb_per_s > 0.0, "{}", edge.describe());
+            assert_eq!(
+                edge.slow(),
+                None,
+                "a healthy edge flagged: {}",
+                edge.describe()
+            );
+        }
     }
     check_case::<f32>(&comm, 5 << 20, ReduceOp::Sum, false, 0);
+}
+
+/// The silent fallback, caught: with peer access disabled a peer copy still succeeds, through host
+/// memory; the probe must flag it, and must not flag the same edge with peer access on.
+#[test]
+fn the_edge_probe_flags_a_peer_copy_without_peer_access() {
+    let Some(gpus) = two_gpus() else { return };
+    if shared(&gpus) || !device::can_access_peer(gpus[0], gpus[1]).unwrap() {
+        println!("waived: needs 2 GPUs with peer access");
+        return;
+    }
+    let (a, b) = (
+        device::context(gpus[0]).unwrap(),
+        device::context(gpus[1]).unwrap(),
+    );
+    let stream = device::Stream::new(&a).unwrap();
+    let link = ringreduce::topo::detect()
+        .ok()
+        .and_then(|d| d.links[gpus[0]][gpus[1]]);
+    device::enable_peer_access(&a, &b).unwrap();
+    let on = probe::peer_edge(&a, &b, &stream, link).unwrap();
+    device::disable_peer_access(&a, &b).unwrap();
+    let off = probe::peer_edge(&a, &b, &stream, link);
+    device::enable_peer_access(&a, &b).unwrap();
+    let off = off.unwrap();
+    println!("link {link:?}: peer access on {on:?}; off {off:?}");
+    assert_eq!(on.slow, None, "peer access on, flagged: {on:?}");
+    assert!(off.slow.is_some(), "peer access off, not flagged: {off:?}");
+    assert!(off.measured_gb_per_s < on.measured_gb_per_s);
 }
 
 #[test]

@@ -943,10 +943,21 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
             Some(l) => format!("PCIe ({l})"),
             None => "link unknown".to_string(),
         };
+        let probe = match &e.probe {
+            Some(p) => format!(", probe {:.1} GB/s", p.measured_gb_per_s),
+            None => String::new(),
+        };
         links.push(format!(
-            "GPU {} -> GPU {}: {kind}, ringreduce {:?} ({})",
+            "GPU {} -> GPU {}: {kind}, ringreduce {:?} ({}){probe}",
             e.from_device, e.to_device, e.transport, e.reason
         ));
+        if let Some(why) = e.slow() {
+            out!(
+                "# WARNING: edge GPU {} -> GPU {} is {why}",
+                e.from_device,
+                e.to_device
+            );
+        }
     }
     header.push(("links".into(), links.join("; ")));
     for (k, v) in &header {

@@ -214,13 +214,14 @@ fn run_gpu(args: &RunArgs) -> Result<(), String> {
         comm.devices()
     );
     for e in comm.edges() {
-        out!(
-            "# edge GPU {} -> GPU {}: {:?}, {}",
-            e.from_device,
-            e.to_device,
-            e.transport,
-            e.reason
-        );
+        out!("# edge {}", e.describe());
+        if let Some(why) = e.slow() {
+            out!(
+                "# WARNING: edge GPU {} -> GPU {} is {why}",
+                e.from_device,
+                e.to_device
+            );
+        }
     }
     out!(
         "# time: host wall clock over back-to-back iterations including completion, per iteration"

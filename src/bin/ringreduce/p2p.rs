@@ -39,6 +39,7 @@ use ringreduce::exec::cuda::device::{
     self, context, enable_peer_access, memcpy_async, memcpy_peer_async, record, stream_synchronize,
     wait, DeviceBuffer, Event, PinnedHost, Stream,
 };
+use ringreduce::exec::cuda::probe::slow_reason;
 use ringreduce::topo::{self, Detected};
 use ringreduce::Result;
 use std::sync::Arc;
@@ -248,18 +249,6 @@ fn gbps(bytes: usize, ms: f64) -> f64 {
     }
 }
 
-/// SLOW when a peer figure is below half the link's estimate or below the staged path.
-fn slow_flag(measured: f64, link_est: Option<f64>, staged: Option<f64>) -> Option<String> {
-    let why = match (link_est, staged) {
-        (Some(est), _) if measured < 0.5 * est => format!("< 50% of the link's {est:.1} GB/s est."),
-        (_, Some(st)) if measured < st => format!("below the staged path's {st:.1} GB/s"),
-        _ => return None,
-    };
-    Some(format!(
-        "SLOW ({why}): check peer access / pool access / ACS"
-    ))
-}
-
 fn path_table(
     args: &P2pArgs,
     pair: Option<(usize, usize)>,
@@ -445,7 +434,7 @@ fn path_table(
     let on = one_way(&s_a)?;
     let label = link.map_or_else(|| "link unknown".to_string(), |l| format!("over {l}"));
     rows.push(PathRow {
-        slow: slow_flag(on, est, Some(staged_serial)),
+        slow: slow_reason(on, est, Some(staged_serial)),
         ..row(
             &format!("peer one way GPU{a} → GPU{b}"),
             on,
@@ -454,7 +443,7 @@ fn path_table(
     });
     let on_both = both_ways()?;
     rows.push(PathRow {
-        slow: slow_flag(on_both / 2.0, est, Some(staged_serial)),
+        slow: slow_reason(on_both / 2.0, est, Some(staged_serial)),
         ..row(
             &format!("peer both ways GPU{a} ↔ GPU{b}"),
             on_both,
@@ -523,7 +512,7 @@ fn matrix(args: &P2pArgs, n: usize, detected: &Detected, staged: Option<f64>) ->
                 let est = detected.links[i][j]
                     .filter(|_| enabled[i][j])
                     .map(|l| l.peer_estimate().gb_per_s());
-                if let Some(flag) = slow_flag(bw[i][j], est, staged) {
+                if let Some(flag) = slow_reason(bw[i][j], est, staged) {
                     slow.push(format!("GPU{i} → GPU{j}: {:.1} GB/s {flag}", bw[i][j]));
                 }
             }
@@ -592,19 +581,6 @@ pub fn print(r: &P2pReport) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn slow_flags_below_half_the_estimate_or_below_staged() {
-        assert!(slow_flag(395.0, Some(478.8), Some(27.7)).is_none());
-        assert!(slow_flag(38.0, Some(478.8), Some(27.7)).is_some());
-        assert!(slow_flag(20.0, None, Some(27.7)).is_some());
-        assert!(slow_flag(20.0, None, None).is_none());
-        let flag = slow_flag(100.0, Some(478.8), None).unwrap_or_default();
-        assert!(
-            flag.contains("check peer access / pool access / ACS"),
-            "{flag}"
-        );
-    }
 
     #[test]
     fn gbps_is_decimal() {

@@ -480,6 +480,22 @@ pub fn enable_peer_access(ctx_from: &CudaContext, ctx_to: &CudaContext) -> Resul
     }
 }
 
+/// Undoes [`enable_peer_access`] for one direction (`cuCtxDisablePeerAccess`); not enabled counts
+/// as success. Peer copies between the two then still work — through host memory, slowly, with no
+/// error: the silent fallback that [`super::probe`] exists to catch. For tests and teaching.
+pub fn disable_peer_access(ctx_from: &CudaContext, ctx_to: &CudaContext) -> Result<()> {
+    if same_context(ctx_from, ctx_to) || ctx_from.ordinal() == ctx_to.ordinal() {
+        return Ok(());
+    }
+    bind(ctx_from)?;
+    // SAFETY: `ctx_to.cu_ctx()` is a live context (retained by the borrowed CudaContext) and
+    // `ctx_from` is current, as the call requires.
+    match unsafe { sys::cuCtxDisablePeerAccess(ctx_to.cu_ctx()) }.result() {
+        Ok(()) | Err(DriverError(sys::CUresult::CUDA_ERROR_PEER_ACCESS_NOT_ENABLED)) => Ok(()),
+        Err(err) => Err(check("cuCtxDisablePeerAccess")(err)),
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Pool memory: detecting it and granting access to it.
 // ---------------------------------------------------------------------------------------------

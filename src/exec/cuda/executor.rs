@@ -21,10 +21,12 @@
 
 use super::device::{self, DeviceBuffer, Event, PinnedHost, Stream};
 use super::kernels::Kernels;
+use super::probe::{self, Probe};
 use crate::element::{DType, Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::{enqueue_rank, panic_message, Enqueue, Handoff, Limits, PlanCache, Shape};
 use crate::plan::{BufKind, EdgeTransport, Instr, Op, Plan, Region, StreamKind};
+use crate::topo::{self, Link};
 use crossbeam_channel::{Receiver, Sender};
 use cudarc::driver::CudaContext;
 use std::collections::HashSet;
@@ -60,6 +62,9 @@ pub struct CudaConfig {
     /// For testing the whole GPU path on a one-GPU machine; off by default, where a repeated
     /// device is [`Error::DuplicateDevice`].
     pub allow_shared_device: bool,
+    /// Time one copy over each edge at creation and flag edges far below their link
+    /// ([`EdgeInfo::slow`], module [`probe`](super::probe)). On by default; costs milliseconds.
+    pub probe_edges: bool,
 }
 
 impl Default for CudaConfig {
@@ -70,6 +75,7 @@ impl Default for CudaConfig {
             chunk_bytes: None,
             timeout: Duration::from_secs(60),
             allow_shared_device: false,
+            probe_edges: true,
         }
     }
 }
@@ -117,8 +123,8 @@ mod tests {
     }
 }
 
-/// How one ring edge was set up, and why.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// How one ring edge was set up, why, and (when probed) how fast it measured.
+#[derive(Clone, Debug, PartialEq)]
 pub struct EdgeInfo {
     pub from_rank: usize,
     pub to_rank: usize,
@@ -126,6 +132,44 @@ pub struct EdgeInfo {
     pub to_device: usize,
     pub transport: EdgeTransport,
     pub reason: String,
+    /// The link between the two GPUs as `nvidia-smi topo -m` names it, when NVML could read it.
+    pub link: Option<Link>,
+    /// The edge probe's figure at creation ([`super::probe`]); `None` when not probed (probe off,
+    /// or both ranks on one GPU).
+    pub probe: Option<Probe>,
+}
+
+impl EdgeInfo {
+    /// `Some(why)` when the probe found this edge far below what its link promises: silent
+    /// degradation (peer access off, pool memory without pool access, ACS). The communicator
+    /// still works, slowly; `ringreduce run` and `bench` print this as a warning.
+    pub fn slow(&self) -> Option<&str> {
+        self.probe.as_ref().and_then(|p| p.slow.as_deref())
+    }
+
+    /// One line for logs: `rank 0 (GPU 0) → rank 1 (GPU 1): peer copies…; NV18; probe 391.2 GB/s`.
+    pub fn describe(&self) -> String {
+        let mut line = format!(
+            "rank {} (GPU {}) → rank {} (GPU {}): {}",
+            self.from_rank, self.from_device, self.to_rank, self.to_device, self.reason
+        );
+        if let Some(link) = self.link {
+            line.push_str(&format!("; link {link}"));
+        }
+        match &self.probe {
+            Some(p) => {
+                line.push_str(&format!("; probe {:.1} GB/s", p.measured_gb_per_s));
+                if let Some(e) = p.expected_gb_per_s {
+                    line.push_str(&format!(" (link estimate {e:.1})"));
+                }
+                if let Some(why) = &p.slow {
+                    line.push_str(&format!(" — {why}"));
+                }
+            }
+            None => line.push_str("; not probed"),
+        }
+        line
+    }
 }
 
 /// A rank's GPU resources, made once per communicator.
@@ -231,7 +275,10 @@ impl CudaExecutor {
                 }))
             })
             .collect::<Result<Vec<_>>>()?;
-        let edges = decide_edges(&ranks, config.transport)?;
+        let mut edges = decide_edges(&ranks, config.transport)?;
+        if config.probe_edges && !edges.is_empty() {
+            probe_edges(&ranks, &mut edges)?;
+        }
         let threads = Handoff::ring(ranks.len())
             .into_iter()
             .map(|handoff| {
@@ -466,6 +513,8 @@ fn decide_edges(ranks: &[Arc<RankRes>], transport: Transport) -> Result<Vec<Edge
                 to_device: b.device,
                 transport,
                 reason,
+                link: None,
+                probe: None,
             };
             if transport == Transport::Staged {
                 return Ok(info(
@@ -498,6 +547,35 @@ fn decide_edges(ranks: &[Arc<RankRes>], transport: Transport) -> Result<Vec<Edge
             ))
         })
         .collect()
+}
+
+/// Fills in each edge's link (NVML, when it loads) and probe figure. Edges between two ranks on
+/// one GPU are not probed: a copy within a device says nothing about a link.
+fn probe_edges(ranks: &[Arc<RankRes>], edges: &mut [EdgeInfo]) -> Result<()> {
+    let links = topo::detect().ok().map(|d| d.links);
+    for edge in edges.iter_mut() {
+        let (a, b) = (&ranks[edge.from_rank], &ranks[edge.to_rank]);
+        edge.link = links
+            .as_ref()
+            .and_then(|l| l.get(a.device)?.get(b.device).copied().flatten());
+        if a.device == b.device {
+            continue;
+        }
+        edge.probe = Some(match edge.transport {
+            EdgeTransport::Peer => probe::peer_edge(
+                &a.ctx,
+                &b.ctx,
+                &a.streams[StreamKind::Send.index()],
+                edge.link,
+            )?,
+            EdgeTransport::Staged => probe::staged_edge(
+                &a.streams[StreamKind::Send.index()],
+                &b.streams[StreamKind::Recv.index()],
+                edge.link,
+            )?,
+        });
+    }
+    Ok(())
 }
 
 /// A rank's thread: enqueues each call's program on its GPU's streams.

@@ -1,10 +1,12 @@
 //! The CUDA executor: devices and peer access ([`device`]), the reduce kernels ([`kernels`]),
-//! typed device buffers ([`buffer`]) and the executor that runs plans on GPU streams
-//! ([`executor`]).
+//! typed device buffers ([`buffer`]), the edge probe that catches silent degradation ([`probe`])
+//! and the executor that runs plans on GPU streams ([`executor`]).
 pub mod buffer;
 pub mod device;
 pub mod executor;
 pub mod kernels;
+pub mod probe;
 
 pub use buffer::{GpuBuffer, GpuSlice};
 pub use executor::{auto_chunk_bytes, CudaConfig, EdgeInfo, Transport};
+pub use probe::Probe;
