@@ -1,4 +1,4 @@
-// Pairwise reduce and Avg-scale kernels of ringreduce.
+// Pairwise reduce, one-shot all-reduce and Avg-scale kernels of ringreduce.
 //
 // One source, two compilers: build.rs compiles it with nvcc into a fatbin (SASS for sm_80 and
 // sm_90, PTX for compute_90) when nvcc is present, and src/exec/cuda/kernels.rs otherwise
@@ -14,8 +14,8 @@
 // - Avg: floats multiply by 1/world (f64 for f64, f32 for the others, computed from world.max(1)),
 //   integers divide by (world as T).max(1), truncating, signed types as signed.
 //
-// Every kernel symbol is spelled out in full in the RR_REDUCE / RR_SCALE lines at the bottom,
-// where a unit test in kernels.rs finds them by name.
+// Every kernel symbol is spelled out in full in the RR_REDUCE / RR_ONESHOT / RR_SCALE lines at
+// the bottom, where a unit test in kernels.rs finds them by name.
 
 typedef unsigned long long rr_ull;  // counts and addresses
 
@@ -278,9 +278,300 @@ static __device__ __forceinline__ void rr_scale_body(typename D::T* x, rr_ull co
 }
 
 // ---------------------------------------------------------------------------------------------
-// The exported kernels: 4 operators x 10 types, and one scale kernel per type.
-// RR_REDUCE(symbol, op, type) and RR_SCALE(symbol, type): the symbol is written out in full and
-// must read rr_reduce_<op>_<type> / rr_scale_<type> (checked by the tests in kernels.rs).
+// One-shot all-reduce: every rank reads every rank's input directly (its own locally, the others
+// over NVLink through peer access) and folds them itself; ranks meet at two flag barriers.
+//
+// Flags: each rank owns one array of 2 * RR_ONESHOT_MAX_BLOCKS * RR_ONESHOT_MAX_RANKS words in
+// its own device memory (8 KiB, zeroed once, never reset). Word
+//     (phase * RR_ONESHOT_MAX_BLOCKS + block) * RR_ONESHOT_MAX_RANKS + from
+// of rank p's array is written only by rank `from`'s block `block`, at barrier `phase` (0: start,
+// 1: end), with the call's epoch; rank p's block `block` spins on it. One writer per word, so
+// no atomics; epochs only grow (1, 2, 3, ... wrapping), so nothing is ever cleared, and a word
+// compares "reached" with (int)(word - epoch) >= 0, which survives the wrap of 2^32.
+//
+// Memory ordering (PTX memory model, system scope because the two sides are different GPUs):
+// - signal: __syncthreads() (everything the block did is done, CTA-wide), then one thread per
+//   peer `st.release.sys` of the epoch into that peer's word (the release makes this block's
+//   earlier reads and writes, and what they observed, happen before the flag);
+// - wait: that thread spins with `ld.acquire.sys` on its own array's word until it reaches the
+//   epoch, then __syncthreads() hands the acquire on to the rest of the block.
+// - Start barrier: a peer's flag is written by its kernel, which started after all earlier work
+//   on its stream (which wrote its input); after the acquire, this block may read that input.
+// - End barrier: a peer's flag says its block `block` has finished reading everything it reads,
+//   including this rank's input. This rank's kernel ends only when all its blocks have passed,
+//   i.e. when block b of every peer has signalled, for every b: so once the kernel is complete
+//   on a stream, no peer reads this rank's input any more and the stream may overwrite it.
+//
+// Error codes written to *error (host-mapped pinned memory; a plain 32-bit `st.relaxed.sys`, so
+// no PCIe atomics are needed; the last writer wins): 1 = a start barrier timed out, 2 = an end
+// barrier timed out, 3 = the launch broke the kernel's assumptions (world, rank, grid, block).
+// ---------------------------------------------------------------------------------------------
+
+#define RR_ONESHOT_MAX_RANKS 8
+#define RR_ONESHOT_MAX_BLOCKS 128
+// Threads per block the launch uses (src/exec/cuda/kernels.rs: ONESHOT_BLOCK_THREADS).
+#define RR_ONESHOT_THREADS 512
+// 16-byte vectors per source a thread loads before it combines them.
+#define RR_ONESHOT_UNROLL 4
+
+#define RR_ONESHOT_ERR_START 1u
+#define RR_ONESHOT_ERR_END 2u
+#define RR_ONESHOT_ERR_LAUNCH 3u
+
+// Kernel parameter, passed by value (128 bytes): the input and the flag array of every rank
+// (index = rank), as device addresses usable from the launching GPU. Entries >= world unused.
+struct rr_peers {
+    const void* src[RR_ONESHOT_MAX_RANKS];
+    unsigned* flags[RR_ONESHOT_MAX_RANKS];
+};
+
+// Nanoseconds of the GPU's global timer.
+static __device__ __forceinline__ rr_ull rr_globaltimer() {
+    rr_ull ns;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+    return ns;
+}
+
+static __device__ __forceinline__ void rr_st_release_sys(unsigned* word, unsigned value) {
+    asm volatile("st.release.sys.u32 [%0], %1;" ::"l"(word), "r"(value) : "memory");
+}
+
+static __device__ __forceinline__ void rr_st_relaxed_sys(unsigned* word, unsigned value) {
+    asm volatile("st.relaxed.sys.u32 [%0], %1;" ::"l"(word), "r"(value) : "memory");
+}
+
+static __device__ __forceinline__ unsigned rr_ld_acquire_sys(const unsigned* word) {
+    unsigned value;
+    asm volatile("ld.acquire.sys.u32 %0, [%1];" : "=r"(value) : "l"(word) : "memory");
+    return value;
+}
+
+// The flag word written by rank `from` for block `block` at barrier `phase`.
+static __device__ __forceinline__ unsigned rr_flag_word(unsigned phase, unsigned block,
+                                                        unsigned from) {
+    return (phase * RR_ONESHOT_MAX_BLOCKS + block) * RR_ONESHOT_MAX_RANKS + from;
+}
+
+// Barrier `phase` of this block with block blockIdx.x of every other rank; every thread of the
+// block calls it. Thread p (p < world, p != rank) signals rank p and waits for rank p, so all
+// peers are signalled and awaited in parallel. Returns false, after writing phase + 1 into
+// *error, when a wait ran past timeout_ns (counted from the start of that thread's wait).
+// `flags` is peers.flags copied to shared memory (a kernel parameter indexed by a register
+// would be copied to local memory by every thread).
+static __device__ __forceinline__ bool rr_oneshot_barrier(unsigned* const* flags, unsigned world,
+                                                          unsigned rank, unsigned phase,
+                                                          unsigned epoch, rr_ull timeout_ns,
+                                                          unsigned* error) {
+    __syncthreads();  // everything the block did before is done before any thread signals
+    const unsigned peer = threadIdx.x;
+    int timed_out = 0;
+    if (peer < world && peer != rank) {
+        rr_st_release_sys(flags[peer] + rr_flag_word(phase, blockIdx.x, rank), epoch);
+        const unsigned* word = flags[rank] + rr_flag_word(phase, blockIdx.x, peer);
+        const rr_ull start = rr_globaltimer();
+        while ((int)(rr_ld_acquire_sys(word) - epoch) < 0) {
+            if (rr_globaltimer() - start > timeout_ns) {
+                rr_st_relaxed_sys(error, phase + 1);
+                timed_out = 1;
+                break;
+            }
+        }
+    }
+    return __syncthreads_or(timed_out) == 0;
+}
+
+// src[0][i] ⊕ src[1][i] ⊕ ... ⊕ src[world - 1][i], folded in rank order. The sources are
+// indexed by unrolled constants (kernel parameter reads, no local copy), and the loads are
+// independent of each other, so they can all be in flight at once.
+template <class D, class Op>
+static __device__ __forceinline__ typename D::T rr_oneshot_fold(const rr_peers& peers,
+                                                               unsigned world, rr_ull i) {
+    typedef typename D::T T;
+    T acc = static_cast<const T*>(peers.src[0])[i];
+#pragma unroll
+    for (unsigned r = 1; r < RR_ONESHOT_MAX_RANKS; ++r) {
+        if (r < world) {
+            acc = Op::template apply<D>(acc, static_cast<const T*>(peers.src[r])[i]);
+        }
+    }
+    return acc;
+}
+
+// Vectors base + u * blockDim.x (u < RR_ONESHOT_UNROLL; those below vecs) of one source whose
+// vectors start at element `head`: independent 16-byte loads, all in flight at once.
+template <typename T>
+static __device__ __forceinline__ void rr_oneshot_load(rr_vec16<T> (&x)[RR_ONESHOT_UNROLL],
+                                                       const void* src, rr_ull head, rr_ull base,
+                                                       rr_ull vecs) {
+    const uint4* src_vec = reinterpret_cast<const uint4*>(static_cast<const T*>(src) + head);
+#pragma unroll
+    for (unsigned u = 0; u < RR_ONESHOT_UNROLL; ++u) {
+        const rr_ull v = base + (rr_ull)u * blockDim.x;
+        if (v < vecs) {
+            x[u].v = src_vec[v];
+        }
+    }
+}
+
+// The data part of the one-shot kernel: dst[i] = fold over ranks of src[r][i], i < count.
+//
+// Which block handles which index depends only on count, the grid and the sources' offsets
+// within 16 bytes, which are the same on every rank (same peers struct, count and grid); dst,
+// which differs between ranks, decides only how results are stored. So block b covers the
+// same indices on every rank. (The end barrier's guarantee for the whole kernel does not need
+// this, but it makes "block b of every rank is done with indices I_b" true per block.)
+template <class D, class Op>
+static __device__ __forceinline__ void rr_oneshot_body(const rr_peers& peers, unsigned world,
+                                                       typename D::T* dst, rr_ull count) {
+    typedef typename D::T T;
+    const unsigned per_vec = 16 / sizeof(T);
+    const rr_ull first = (rr_ull)blockIdx.x * blockDim.x + threadIdx.x;
+    const rr_ull stride = (rr_ull)gridDim.x * blockDim.x;
+
+    // Elements [0, head) and [tail, count) one by one, [head, tail) as 16-byte vectors; sources
+    // with different offsets within 16 bytes: head = count, everything one by one.
+    const unsigned misalign = rr_misalign(peers.src[0]);
+    bool shared = true;
+#pragma unroll
+    for (unsigned r = 1; r < RR_ONESHOT_MAX_RANKS; ++r) {
+        if (r < world) {
+            shared = shared && rr_misalign(peers.src[r]) == misalign;
+        }
+    }
+    const rr_ull head = shared ? rr_head<T>(misalign, count) : count;
+    const rr_ull vecs = (count - head) / per_vec;
+    const rr_ull tail = head + vecs * per_vec;
+    // dst at another offset: the vectors' elements are stored one by one (same partition).
+    const bool dst_vector = rr_misalign(dst) == misalign;
+
+    for (rr_ull i = first; i < head; i += stride) {
+        dst[i] = rr_oneshot_fold<D, Op>(peers, world, i);
+    }
+
+    // Vector v = base + u * blockDim.x for u < RR_ONESHOT_UNROLL: each u is a coalesced 8 KiB
+    // (512 threads x 16 B) per source.
+    const rr_ull vec_stride = stride * RR_ONESHOT_UNROLL;
+    for (rr_ull base = (rr_ull)blockIdx.x * blockDim.x * RR_ONESHOT_UNROLL + threadIdx.x;
+         base < vecs; base += vec_stride) {
+        // Sources 0 and 1 are loaded together; while source r is combined, the loads of
+        // source r + 1 are already in flight (2 x RR_ONESHOT_UNROLL loads per thread).
+        rr_vec16<T> acc[RR_ONESHOT_UNROLL], next[RR_ONESHOT_UNROLL];
+        rr_oneshot_load<T>(acc, peers.src[0], head, base, vecs);
+        rr_oneshot_load<T>(next, peers.src[1], head, base, vecs);
+#pragma unroll
+        for (unsigned r = 1; r < RR_ONESHOT_MAX_RANKS; ++r) {
+            if (r < world) {
+                rr_vec16<T> x[RR_ONESHOT_UNROLL];
+#pragma unroll
+                for (unsigned u = 0; u < RR_ONESHOT_UNROLL; ++u) {
+                    x[u] = next[u];
+                }
+                if (r + 1 < world) {  // never true for r + 1 == RR_ONESHOT_MAX_RANKS
+                    rr_oneshot_load<T>(next, peers.src[(r + 1) % RR_ONESHOT_MAX_RANKS], head,
+                                       base, vecs);
+                }
+#pragma unroll
+                for (unsigned u = 0; u < RR_ONESHOT_UNROLL; ++u) {
+#pragma unroll
+                    for (unsigned k = 0; k < per_vec; ++k) {
+                        acc[u].e[k] = Op::template apply<D>(acc[u].e[k], x[u].e[k]);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (unsigned u = 0; u < RR_ONESHOT_UNROLL; ++u) {
+            const rr_ull v = base + (rr_ull)u * blockDim.x;
+            if (v < vecs) {
+                if (dst_vector) {
+                    reinterpret_cast<uint4*>(dst + head)[v] = acc[u].v;
+                } else {
+#pragma unroll
+                    for (unsigned k = 0; k < per_vec; ++k) {
+                        dst[head + v * per_vec + k] = acc[u].e[k];
+                    }
+                }
+            }
+        }
+    }
+
+    for (rr_ull i = tail + first; i < count; i += stride) {
+        dst[i] = rr_oneshot_fold<D, Op>(peers, world, i);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// rr_oneshot_<op>_<type>(rr_peers peers, unsigned world, unsigned rank, T* dst,
+//                        unsigned long long count, unsigned epoch,
+//                        unsigned long long timeout_ns, unsigned* error)
+//
+// Purpose: the whole all-reduce in one kernel per rank, for small and medium messages:
+//   dst[i] = src[0][i] ⊕ src[1][i] ⊕ ... ⊕ src[world - 1][i] for i < count, folded in rank
+//   order on every rank (so floats come out bit-identical everywhere), between a start barrier
+//   (every rank's inputs are ready) and an end barrier (no rank reads this rank's input any
+//   more when this kernel is complete). Avg is sum here, then rr_scale_<type>.
+// Assumptions: all `world` ranks (2..=8) launch the kernel of the same op and type, with the same
+//   grid (<= RR_ONESHOT_MAX_BLOCKS blocks of 8..=RR_ONESHOT_THREADS threads), peers, count and
+//   epoch, on their own GPUs, free to run at the same time; every block of every rank gets an
+//   SM within the timeout (a block waits only for the blocks of its own index on the other
+//   ranks, never for another block of its own grid, so blocks that start late only delay
+//   their partners). peers.src[r] (r < world) is readable and peers.flags[r] readable and
+//   writable from this GPU (peer access on), aligned to sizeof(T) and 4; src[r] is valid for
+//   `count` elements, written before rank r's kernel starts and not again until rank r's
+//   kernel is complete (its end barrier waits for every reader). dst is
+//   writable from this GPU, valid for `count` elements and disjoint from every source (out of
+//   place only: peers read src[rank] while this rank writes dst). epoch is the previous call's
+//   epoch + 1 on these flags (the first call: 1; 0 may be skipped on wrapping), the flag arrays
+//   started at zero, and every call on them is made by all ranks. error points to a word this
+//   GPU can write (host-mapped pinned, so the host can watch it).
+//   On any error code the result is undefined on every rank, a peer may still be reading
+//   src[rank], and the flags are out of step: the caller must stop using these flags (or
+//   re-zero them on every rank once everything is idle and restart at epoch 1).
+// Why it is fast: no copy engines and no host between the ranks: one launch per rank, two
+//   barriers of a few µs each (one flag write over NVLink and one spin on local memory per
+//   peer, all peers in parallel), and the data read once from every source and written once.
+//   16-byte vector loads when all sources share their offset within 16 bytes (scalar head and
+//   tail), coalesced per warp, 2 x RR_ONESHOT_UNROLL of them in flight per thread (the next
+//   source's loads are issued before the current one is combined): NVLink's latency is hidden
+//   by loads in flight rather than by threads. The grid is sized by the caller to the message
+//   (about 1 block per 32 KiB of one rank's input), at most RR_ONESHOT_MAX_BLOCKS: with at most
+//   128 registers a thread (__launch_bounds__(512, 1); 8-bit min/max spill a few dozen bytes,
+//   to L1) one block fits on an SM, so the whole grid is resident at once on a 132-SM H200.
+// ---------------------------------------------------------------------------------------------
+template <class D, class Op>
+static __device__ __forceinline__ void rr_oneshot_kernel(const rr_peers& peers, unsigned world,
+                                                         unsigned rank, typename D::T* dst,
+                                                         rr_ull count, unsigned epoch,
+                                                         rr_ull timeout_ns, unsigned* error) {
+    // Uniform over the grid: either every block returns here or none does.
+    if (world < 2 || world > RR_ONESHOT_MAX_RANKS || rank >= world ||
+        gridDim.x > RR_ONESHOT_MAX_BLOCKS || blockDim.x < RR_ONESHOT_MAX_RANKS) {
+        if (threadIdx.x == 0) {
+            rr_st_relaxed_sys(error, RR_ONESHOT_ERR_LAUNCH);
+        }
+        return;
+    }
+    __shared__ unsigned* flags[RR_ONESHOT_MAX_RANKS];
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (unsigned r = 0; r < RR_ONESHOT_MAX_RANKS; ++r) {
+            flags[r] = peers.flags[r];
+        }
+    }
+    // (The barrier's opening __syncthreads() makes `flags` visible to the block.)
+    if (!rr_oneshot_barrier(flags, world, rank, 0, epoch, timeout_ns, error)) {
+        return;  // a peer is missing: read nothing of it
+    }
+    rr_oneshot_body<D, Op>(peers, world, dst, count);
+    rr_oneshot_barrier(flags, world, rank, 1, epoch, timeout_ns, error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The exported kernels: 4 operators x 10 types of pairwise reduce and of one-shot all-reduce,
+// and one scale kernel per type. RR_REDUCE(symbol, op, type), RR_ONESHOT(symbol, op, type) and
+// RR_SCALE(symbol, type): the symbol is written out in full and must read
+// rr_reduce_<op>_<type> / rr_oneshot_<op>_<type> / rr_scale_<type> (checked by the tests in
+// kernels.rs).
 // ---------------------------------------------------------------------------------------------
 #define RR_REDUCE(symbol, op, type)                                                          \
     extern "C" __global__ void symbol(type::T* dst, const type::T* a, const type::T* b,     \
@@ -292,6 +583,15 @@ static __device__ __forceinline__ void rr_scale_body(typename D::T* x, rr_ull co
     extern "C" __global__ void symbol(type::T* x, unsigned long long count,                  \
                                       unsigned long long world) {                          \
         rr_scale_body<type>(x, count, world);                                              \
+    }
+
+#define RR_ONESHOT(symbol, op, type)                                                         \
+    extern "C" __global__ void __launch_bounds__(RR_ONESHOT_THREADS, 1)                       \
+        symbol(rr_peers peers, unsigned world, unsigned rank, type::T* dst,                  \
+               unsigned long long count, unsigned epoch, unsigned long long timeout_ns,      \
+               unsigned* error) {                                                            \
+        rr_oneshot_kernel<type, rr_op_##op>(peers, world, rank, dst, count, epoch,           \
+                                            timeout_ns, error);                              \
     }
 
 RR_REDUCE(rr_reduce_sum_f16, sum, rr_f16)
@@ -348,3 +648,47 @@ RR_SCALE(rr_scale_i32, rr_i32)
 RR_SCALE(rr_scale_u32, rr_u32)
 RR_SCALE(rr_scale_i64, rr_i64)
 RR_SCALE(rr_scale_u64, rr_u64)
+
+RR_ONESHOT(rr_oneshot_sum_f16, sum, rr_f16)
+RR_ONESHOT(rr_oneshot_sum_bf16, sum, rr_bf16)
+RR_ONESHOT(rr_oneshot_sum_f32, sum, rr_f32)
+RR_ONESHOT(rr_oneshot_sum_f64, sum, rr_f64)
+RR_ONESHOT(rr_oneshot_sum_i8, sum, rr_i8)
+RR_ONESHOT(rr_oneshot_sum_u8, sum, rr_u8)
+RR_ONESHOT(rr_oneshot_sum_i32, sum, rr_i32)
+RR_ONESHOT(rr_oneshot_sum_u32, sum, rr_u32)
+RR_ONESHOT(rr_oneshot_sum_i64, sum, rr_i64)
+RR_ONESHOT(rr_oneshot_sum_u64, sum, rr_u64)
+
+RR_ONESHOT(rr_oneshot_prod_f16, prod, rr_f16)
+RR_ONESHOT(rr_oneshot_prod_bf16, prod, rr_bf16)
+RR_ONESHOT(rr_oneshot_prod_f32, prod, rr_f32)
+RR_ONESHOT(rr_oneshot_prod_f64, prod, rr_f64)
+RR_ONESHOT(rr_oneshot_prod_i8, prod, rr_i8)
+RR_ONESHOT(rr_oneshot_prod_u8, prod, rr_u8)
+RR_ONESHOT(rr_oneshot_prod_i32, prod, rr_i32)
+RR_ONESHOT(rr_oneshot_prod_u32, prod, rr_u32)
+RR_ONESHOT(rr_oneshot_prod_i64, prod, rr_i64)
+RR_ONESHOT(rr_oneshot_prod_u64, prod, rr_u64)
+
+RR_ONESHOT(rr_oneshot_min_f16, min, rr_f16)
+RR_ONESHOT(rr_oneshot_min_bf16, min, rr_bf16)
+RR_ONESHOT(rr_oneshot_min_f32, min, rr_f32)
+RR_ONESHOT(rr_oneshot_min_f64, min, rr_f64)
+RR_ONESHOT(rr_oneshot_min_i8, min, rr_i8)
+RR_ONESHOT(rr_oneshot_min_u8, min, rr_u8)
+RR_ONESHOT(rr_oneshot_min_i32, min, rr_i32)
+RR_ONESHOT(rr_oneshot_min_u32, min, rr_u32)
+RR_ONESHOT(rr_oneshot_min_i64, min, rr_i64)
+RR_ONESHOT(rr_oneshot_min_u64, min, rr_u64)
+
+RR_ONESHOT(rr_oneshot_max_f16, max, rr_f16)
+RR_ONESHOT(rr_oneshot_max_bf16, max, rr_bf16)
+RR_ONESHOT(rr_oneshot_max_f32, max, rr_f32)
+RR_ONESHOT(rr_oneshot_max_f64, max, rr_f64)
+RR_ONESHOT(rr_oneshot_max_i8, max, rr_i8)
+RR_ONESHOT(rr_oneshot_max_u8, max, rr_u8)
+RR_ONESHOT(rr_oneshot_max_i32, max, rr_i32)
+RR_ONESHOT(rr_oneshot_max_u32, max, rr_u32)
+RR_ONESHOT(rr_oneshot_max_i64, max, rr_i64)
+RR_ONESHOT(rr_oneshot_max_u64, max, rr_u64)

@@ -26,6 +26,7 @@ use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::cuda::executor::{CudaConfig, CudaExecutor, EdgeInfo};
 use crate::exec::host::{HostConfig, HostExecutor};
+use crate::exec::Algorithm;
 use std::sync::{Mutex, OnceLock, TryLockError};
 
 /// Where a rank's buffer lives.
@@ -159,6 +160,16 @@ impl Communicator {
         match &self.state.lock().unwrap_or_else(|p| p.into_inner()).exec {
             Some(Executor::Cuda(exec)) => exec.edges().to_vec(),
             _ => Vec::new(),
+        }
+    }
+
+    /// The algorithm a call of `bytes_per_rank` bytes runs on this communicator: the ring, or the
+    /// one-shot (see [`Algorithm`]; with `Auto` it depends on the size).
+    pub fn algorithm_for(&self, bytes_per_rank: usize) -> Algorithm {
+        match &self.state.lock().unwrap_or_else(|p| p.into_inner()).exec {
+            Some(Executor::Cuda(exec)) => exec.algorithm_for(bytes_per_rank),
+            Some(Executor::Host(exec)) => exec.algorithm_for(bytes_per_rank),
+            None => Algorithm::Ring,
         }
     }
 

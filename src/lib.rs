@@ -14,4 +14,5 @@ pub use element::{DType, Element, ReduceOp};
 pub use error::{Error, Result};
 pub use exec::cuda::{CudaConfig, EdgeInfo, GpuBuffer, GpuSlice, Transport};
 pub use exec::host::{Fault, FaultKind, HostConfig};
+pub use exec::Algorithm;
 pub use plan::EdgeTransport;

@@ -19,9 +19,9 @@
 
 mod common;
 use common::{ringreduce_threads, settle_threads, Rng};
-use ringreduce::plan::{EdgeTransport, Instr, Op, RingSpec};
+use ringreduce::plan::{EdgeTransport, Instr, OneShotSpec, Op, RingSpec};
 use ringreduce::verify::{compare, input_value, make_expected, make_input};
-use ringreduce::{Communicator, Element, Error, Fault, FaultKind, HostConfig, ReduceOp};
+use ringreduce::{Algorithm, Communicator, Element, Error, Fault, FaultKind, HostConfig, ReduceOp};
 use std::sync::{mpsc, Mutex, Once};
 use std::time::{Duration, Instant};
 
@@ -78,8 +78,9 @@ impl std::fmt::Display for Case {
         let c = &self.config;
         write!(
             f,
-            "seed {} (world {}, count {}, {}, {}, chunk {}, slots {}, {:?}, delays {:?}, {:?} on rank {} at instruction {}: {:?})",
+            "seed {} ({:?}, world {}, count {}, {}, {}, chunk {}, slots {}, {:?}, delays {:?}, {:?} on rank {} at instruction {}: {:?})",
             self.seed,
+            c.algorithm,
             self.world,
             self.count,
             if self.in_place { "in place" } else { "out of place" },
@@ -104,6 +105,16 @@ fn plan_of(
     op: ReduceOp,
     config: &HostConfig,
 ) -> ringreduce::plan::Plan {
+    if config.algorithm == Algorithm::OneShot {
+        return OneShotSpec {
+            world,
+            count,
+            in_place,
+            op,
+        }
+        .build()
+        .unwrap();
+    }
     RingSpec {
         world,
         count,
@@ -125,7 +136,7 @@ fn plan_of(
 fn is_data_op(instr: &Instr) -> bool {
     matches!(
         instr.op,
-        Op::Copy { .. } | Op::Reduce { .. } | Op::Scale { .. }
+        Op::Copy { .. } | Op::Reduce { .. } | Op::Scale { .. } | Op::PeerReduce { .. }
     )
 }
 
@@ -157,6 +168,12 @@ fn case(seed: u64) -> Case {
         },
         delay_seed: (rng.next() % 3 == 0).then_some(seed),
         fault: None,
+        // A quarter of the cases fault the one-shot: its barriers must not hang either.
+        algorithm: if seed % 4 == 3 {
+            Algorithm::OneShot
+        } else {
+            Algorithm::Ring
+        },
     };
     let plan = plan_of(world, count, in_place, op, &config);
     let rank = rng.range(0, world - 1);

@@ -6,7 +6,7 @@
 use half::{bf16, f16};
 use ringreduce::exec::cuda::{device, probe};
 use ringreduce::verify::{compare, make_expected, make_input};
-use ringreduce::{Communicator, CudaConfig, Element, GpuBuffer, ReduceOp, Transport};
+use ringreduce::{Algorithm, Communicator, CudaConfig, Element, GpuBuffer, ReduceOp, Transport};
 
 /// The GPUs to use: two distinct GPUs where there are, or — on a one-GPU machine — two ranks
 /// sharing GPU 0 (every stream, event, kernel, staging and copy path runs, but no copy crosses
@@ -43,13 +43,32 @@ fn comm(
         chunk_bytes,
         slots,
         allow_shared_device: shared(devices),
+        // The ring on every size: these communicators test its chunking and transports.
+        algorithm: Algorithm::Ring,
         ..CudaConfig::default()
     };
     Communicator::with_config(devices, config).expect("GPU communicator")
 }
 
+/// A communicator that runs the one-shot at every size.
+fn oneshot_comm(devices: &[usize]) -> Communicator {
+    let config = CudaConfig {
+        allow_shared_device: shared(devices),
+        algorithm: Algorithm::OneShot,
+        // A barrier that never meets costs this much per call, not a minute.
+        timeout: std::time::Duration::from_secs(20),
+        ..CudaConfig::default()
+    };
+    Communicator::with_config(devices, config).expect("one-shot GPU communicator")
+}
+
+/// The defaults: `Algorithm::Auto` (one-shot for small messages, ring above), `Transport::Auto`.
 fn default_comm(devices: &[usize]) -> Communicator {
-    comm(devices, Transport::Auto, None, CudaConfig::default().slots)
+    let config = CudaConfig {
+        allow_shared_device: shared(devices),
+        ..CudaConfig::default()
+    };
+    Communicator::with_config(devices, config).expect("GPU communicator")
 }
 
 /// Runs one all-reduce on GPUs (optionally on a sub-slice starting `offset` elements in) and
@@ -158,6 +177,141 @@ fn every_type_and_op_both_transports() {
             every_op::<u64>(&comm, count, offset);
         }
         comm.close().unwrap();
+    }
+}
+
+/// The one-shot kernel: every type and op, in and out of place, misaligned sub-slices, lengths
+/// from 0 to 64 MiB — results bit-exact against the host reference.
+#[test]
+fn oneshot_every_type_and_op() {
+    let Some(gpus) = two_gpus() else { return };
+    if shared(&gpus) {
+        println!("waived: the one-shot needs 2 distinct GPUs");
+        return;
+    }
+    let comm = oneshot_comm(&gpus);
+    assert_eq!(comm.algorithm_for(1 << 30), Algorithm::OneShot);
+    for (count, offset) in [
+        (0, 0),
+        (1, 0),
+        (3, 1),
+        (17, 2),
+        (1009, 0),
+        (100_003, 3),
+        (1 << 20, 0),
+    ] {
+        every_op::<f16>(&comm, count, offset);
+        every_op::<bf16>(&comm, count, offset);
+        every_op::<f32>(&comm, count, offset);
+        every_op::<f64>(&comm, count, offset);
+        every_op::<i8>(&comm, count, offset);
+        every_op::<u8>(&comm, count, offset);
+        every_op::<i32>(&comm, count, offset);
+        every_op::<u32>(&comm, count, offset);
+        every_op::<i64>(&comm, count, offset);
+        every_op::<u64>(&comm, count, offset);
+    }
+    for count in [(16 << 20) + 5, 16 << 20] {
+        check_case::<f32>(&comm, count, ReduceOp::Sum, false, 0);
+        check_case::<f32>(&comm, count, ReduceOp::Avg, true, 1);
+    }
+    comm.close().unwrap();
+}
+
+/// Faults never hang, on the GPU either: a one-shot kernel whose peer never launches gives up at
+/// its start barrier after the timeout, reports code 1 in its error word, and returns — the
+/// stream completes.
+#[test]
+fn oneshot_kernel_gives_up_on_a_missing_peer() {
+    use ringreduce::exec::cuda::kernels::{Kernels, OneShotArgs, ONESHOT_FLAG_BYTES};
+    let Some(gpus) = two_gpus() else { return };
+    if shared(&gpus) {
+        println!("waived: the one-shot needs 2 distinct GPUs");
+        return;
+    }
+    let (a, b) = (
+        device::context(gpus[0]).unwrap(),
+        device::context(gpus[1]).unwrap(),
+    );
+    device::enable_peer_access(&a, &b).unwrap();
+    device::enable_peer_access(&b, &a).unwrap();
+    let count = 1 << 16;
+    let src_a = device::DeviceBuffer::zeroed(&a, count * 4).unwrap();
+    let src_b = device::DeviceBuffer::zeroed(&b, count * 4).unwrap();
+    let dst = device::DeviceBuffer::zeroed(&a, count * 4).unwrap();
+    let flags_a = device::DeviceBuffer::zeroed(&a, ONESHOT_FLAG_BYTES).unwrap();
+    let flags_b = device::DeviceBuffer::zeroed(&b, ONESHOT_FLAG_BYTES).unwrap();
+    let mut error = device::PinnedHost::new(&a, 4).unwrap();
+    error.as_mut_slice().fill(0);
+    let stream = device::Stream::new(&a).unwrap();
+    let kernels = Kernels::new(&a).unwrap();
+    let mut args = OneShotArgs {
+        srcs: [0; 8],
+        flags: [0; 8],
+        world: 2,
+        rank: 0,
+        dst: dst.ptr(),
+        count: count as u64,
+        epoch: 1,
+        timeout_ns: 200_000_000,
+        error: error.uva_ptr(),
+    };
+    args.srcs[..2].copy_from_slice(&[src_a.ptr(), src_b.ptr()]);
+    args.flags[..2].copy_from_slice(&[flags_a.ptr(), flags_b.ptr()]);
+    let start = std::time::Instant::now();
+    // SAFETY: every address is a live buffer of the right size on a GPU reachable from GPU a;
+    // rank 1 never launches, which is the fault under test.
+    unsafe { kernels.oneshot(ringreduce::DType::F32, ReduceOp::Sum, &args, &stream) }.unwrap();
+    device::stream_synchronize(&stream).unwrap();
+    let waited = start.elapsed();
+    let code = u32::from_ne_bytes(error.as_slice()[..4].try_into().unwrap());
+    println!("one-shot without its peer: error code {code} after {waited:?}");
+    assert_eq!(code, 1, "the start barrier must report its timeout");
+    assert!(waited < std::time::Duration::from_secs(10), "{waited:?}");
+}
+
+/// `Algorithm::Auto` switches between the one-shot and the ring by size on one communicator;
+/// enqueue-only calls of both kinds back to back, then one synchronize, are all correct.
+#[test]
+fn auto_switches_algorithms_and_enqueues_both() {
+    let Some(gpus) = two_gpus() else { return };
+    let comm = default_comm(&gpus);
+    let small = 4096;
+    let large = 64 << 20;
+    if !shared(&gpus) {
+        assert_eq!(comm.algorithm_for(small * 4), Algorithm::OneShot);
+    }
+    assert_eq!(comm.algorithm_for(large * 4), Algorithm::Ring);
+    for count in [small, large / 4, small, large / 4 + 3, 7] {
+        check_case::<f32>(&comm, count, ReduceOp::Sum, true, 0);
+        check_case::<i32>(&comm, count, ReduceOp::Max, false, 1);
+    }
+    let world = gpus.len();
+    let sizes = [small, large, small, large];
+    let mut bufs: Vec<Vec<GpuBuffer<f32>>> = sizes
+        .iter()
+        .map(|&n| {
+            (0..world)
+                .map(|r| {
+                    GpuBuffer::from_host(gpus[r], &make_input::<f32>(ReduceOp::Sum, r, n)).unwrap()
+                })
+                .collect()
+        })
+        .collect();
+    for set in bufs.iter_mut() {
+        // SAFETY: the buffers stay alive and untouched until `synchronize` below returns.
+        unsafe {
+            comm.enqueue_all_reduce_in_place(set, ReduceOp::Sum)
+                .unwrap()
+        };
+    }
+    comm.synchronize().unwrap();
+    for (set, &n) in bufs.iter().zip(&sizes) {
+        let want = make_expected::<f32>(ReduceOp::Sum, world, n);
+        for (rank, b) in set.iter().enumerate() {
+            let (wrong, _) = compare(rank, &b.to_host().unwrap(), &want, 4);
+            assert_eq!(wrong, 0, "enqueued call of {n} elements, rank {rank}");
+        }
     }
 }
 
@@ -336,7 +490,11 @@ fn soak_random_collectives() {
         comm(&gpus, Transport::Auto, None, 3),
         comm(&gpus, Transport::Staged, None, 2),
         comm(&gpus, Transport::Peer, Some(4096), 1),
-    ];
+        default_comm(&gpus),
+    ]
+    .into_iter()
+    .chain((!shared(&gpus)).then(|| oneshot_comm(&gpus)))
+    .collect::<Vec<_>>();
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = move || {
         state ^= state << 13;
@@ -346,7 +504,7 @@ fn soak_random_collectives() {
     };
     let calls = 600;
     for i in 0..calls {
-        let comm = &comms[(next() % 3) as usize];
+        let comm = &comms[(next() % comms.len() as u64) as usize];
         let count = match next() % 4 {
             0 => (next() % 16) as usize,
             1 => (next() % 5000) as usize,

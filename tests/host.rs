@@ -158,3 +158,58 @@ fn ring_allreduce_sums_in_place() {
     let want = make_expected::<i64>(ReduceOp::Sum, 5, 33);
     assert!(bufs.iter().all(|b| b == &want));
 }
+
+fn oneshot(seed: Option<u64>) -> HostConfig {
+    HostConfig {
+        algorithm: ringreduce::Algorithm::OneShot,
+        delay_seed: seed,
+        ..HostConfig::default()
+    }
+}
+
+#[test]
+fn oneshot_every_world_length_op_and_type() {
+    for world in 1..=8 {
+        let comm = Communicator::host_with(world, oneshot(Some(world as u64))).unwrap();
+        for count in lengths(world) {
+            for in_place in [true, false] {
+                for op in ReduceOp::ALL {
+                    run_case::<f32>(&comm, count, op, in_place);
+                    run_case::<i64>(&comm, count, op, in_place);
+                }
+            }
+        }
+        for in_place in [true, false] {
+            for op in ReduceOp::ALL {
+                run_case::<f16>(&comm, 1009, op, in_place);
+                run_case::<bf16>(&comm, 1009, op, in_place);
+                run_case::<f64>(&comm, 97, op, in_place);
+                run_case::<i8>(&comm, 97, op, in_place);
+                run_case::<u8>(&comm, 97, op, in_place);
+                run_case::<i32>(&comm, 97, op, in_place);
+                run_case::<u32>(&comm, 97, op, in_place);
+                run_case::<u64>(&comm, 97, op, in_place);
+            }
+        }
+    }
+}
+
+/// `Auto` picks the one-shot for small messages and the ring for large ones on one
+/// communicator; calls of both kinds alternate on the same buffers.
+#[test]
+fn auto_alternates_algorithms_by_size() {
+    let config = HostConfig {
+        algorithm: ringreduce::Algorithm::Auto,
+        chunk_elems: 1 << 20,
+        ..HostConfig::default()
+    };
+    let comm = Communicator::host_with(4, config).unwrap();
+    // f32 at 4 ranks: the limit is half of the two-rank one.
+    let big = ringreduce::exec::ONESHOT_AUTO_MAX_BYTES / 2 / 4 + 1;
+    assert_eq!(comm.algorithm_for(1000 * 4), ringreduce::Algorithm::OneShot);
+    assert_eq!(comm.algorithm_for(big * 4), ringreduce::Algorithm::Ring);
+    for count in [1000, big, 17, big, 1000] {
+        run_case::<f32>(&comm, count, ReduceOp::Sum, true);
+        run_case::<f32>(&comm, count, ReduceOp::Max, false);
+    }
+}

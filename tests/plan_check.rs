@@ -1,11 +1,12 @@
 //! Property tests of the planner and the checker: for any world (1..=16), count (0 to large,
 //! primes included), chunk size, slot count, alignment, in or out of place, `Avg` or not, and any
 //! mix of peer and staged edges, the ring plan passes all four checks — symbolic result, no data
-//! race over two back-to-back calls, deadlock-free enqueue, completion on Main.
+//! race over two back-to-back calls, deadlock-free enqueue, completion on Main. The same for the
+//! one-shot plan, and for sequences of calls that mix both algorithms on one communicator.
 
 use proptest::prelude::*;
 use ringreduce::check::check;
-use ringreduce::plan::{EdgeTransport, RingSpec};
+use ringreduce::plan::{EdgeTransport, OneShotSpec, Plan, RingSpec};
 use ringreduce::ReduceOp;
 
 fn spec_strategy() -> impl Strategy<Value = RingSpec> {
@@ -63,6 +64,28 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_oneshot_plan_is_correct(
+        world in 1usize..=16,
+        count in prop_oneof![0usize..40, Just(97usize), 40usize..3000],
+        in_place in any::<bool>(),
+        avg in any::<bool>(),
+    ) {
+        let spec = OneShotSpec {
+            world,
+            count,
+            in_place,
+            op: if avg { ReduceOp::Avg } else { ReduceOp::Sum },
+        };
+        if let Err(e) = check(&spec.build().unwrap()) {
+            panic!("{spec:?}: {e}");
+        }
+    }
+}
+
 #[test]
 fn large_count_with_many_chunks() {
     for world in [2, 3, 8, 16] {
@@ -75,7 +98,26 @@ fn large_count_with_many_chunks() {
 /// A communicator runs different shapes back to back on the same streams (a size sweep, tensors
 /// of several sizes): each shape has its own plan, events and staging; the caller's buffers may be
 /// the same memory in every call. Any such sequence must be race-free.
-fn sequence_strategy() -> impl Strategy<Value = (Vec<RingSpec>, Vec<usize>)> {
+/// A shape of a sequence: the ring spec, and whether the executor picked the one-shot for it.
+type SeqShape = (RingSpec, bool);
+
+fn build(shape: &SeqShape) -> Plan {
+    let (ring, oneshot) = shape;
+    if *oneshot {
+        OneShotSpec {
+            world: ring.world,
+            count: ring.count,
+            in_place: ring.in_place,
+            op: ring.op,
+        }
+        .build()
+        .unwrap()
+    } else {
+        ring.build().unwrap()
+    }
+}
+
+fn sequence_strategy() -> impl Strategy<Value = (Vec<SeqShape>, Vec<usize>)> {
     (
         1usize..=6,
         1usize..4,
@@ -92,20 +134,29 @@ fn sequence_strategy() -> impl Strategy<Value = (Vec<RingSpec>, Vec<usize>)> {
                     }
                 })
                 .collect();
-            let shape = (0usize..400, 1usize..64, any::<bool>(), any::<bool>());
+            let shape = (
+                0usize..400,
+                1usize..64,
+                any::<bool>(),
+                any::<bool>(),
+                any::<bool>(),
+            );
             (
                 proptest::collection::vec(shape, 1..4).prop_map(move |shapes| {
                     shapes
                         .into_iter()
-                        .map(|(count, chunk_elems, in_place, avg)| RingSpec {
-                            world,
-                            count,
-                            in_place,
-                            op: if avg { ReduceOp::Avg } else { ReduceOp::Sum },
-                            chunk_elems,
-                            slots,
-                            align_elems: 1,
-                            transports: transports.clone(),
+                        .map(|(count, chunk_elems, in_place, avg, oneshot)| {
+                            let ring = RingSpec {
+                                world,
+                                count,
+                                in_place,
+                                op: if avg { ReduceOp::Avg } else { ReduceOp::Sum },
+                                chunk_elems,
+                                slots,
+                                align_elems: 1,
+                                transports: transports.clone(),
+                            };
+                            (ring, oneshot)
                         })
                         .collect::<Vec<_>>()
                 }),
@@ -119,7 +170,7 @@ proptest! {
 
     #[test]
     fn sequences_of_different_plans_are_race_free((specs, picks) in sequence_strategy()) {
-        let plans: Vec<_> = specs.iter().map(|s| s.build().unwrap()).collect();
+        let plans: Vec<_> = specs.iter().map(build).collect();
         let refs: Vec<_> = plans.iter().collect();
         let sequence: Vec<usize> = picks.iter().map(|p| p % plans.len()).collect();
         if let Err(e) = ringreduce::check::check_sequence(&refs, &sequence) {

@@ -3,7 +3,8 @@
 //!
 //! - `ten_thousand_random_collectives`: communicators of worlds 1..=8 (peer and staged edges,
 //!   chunk sizes from 8 elements to the default, some shaking the schedule with random delays)
-//!   are created up front, then 10 000 calls pick one at random with a random length (mostly
+//!   are created up front — ring, one-shot, or Auto switching between them by size — then
+//!   10 000 calls pick one at random with a random length (mostly
 //!   tiny, some up to ~5000), element type, operator, and in or out of place.
 //! - several communicators driven from several threads at once, and one communicator shared by
 //!   several threads (`Communicator` is `Sync`; its calls serialize);
@@ -17,7 +18,7 @@ mod common;
 use common::{settle_threads, Rng};
 use half::{bf16, f16};
 use ringreduce::verify::{compare, make_expected, make_input};
-use ringreduce::{Communicator, EdgeTransport, Element, HostConfig, ReduceOp};
+use ringreduce::{Algorithm, Communicator, EdgeTransport, Element, HostConfig, ReduceOp};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -129,6 +130,9 @@ fn soaked_communicators() -> Vec<Soaked> {
                 slots: rng.range(1, 4),
                 transport,
                 delay_seed: delays.then_some(world as u64),
+                // Both algorithms, and Auto switching between them by size.
+                algorithm: [Algorithm::Ring, Algorithm::OneShot, Algorithm::Auto]
+                    [(world + all.len()) % 3],
                 ..HostConfig::default()
             };
             let comm = Communicator::host_with(world, config.clone()).unwrap();

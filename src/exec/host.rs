@@ -13,7 +13,9 @@
 //! never hangs a caller: the first error aborts the call, every thread drains, and the caller gets
 //! the root cause, naming the rank and what it was waiting for.
 
-use super::{aborted, enqueue_rank, panic_message, Enqueue, Handoff, Limits, PlanCache, Shape};
+use super::{
+    aborted, enqueue_rank, panic_message, Algorithm, Enqueue, Handoff, Limits, PlanCache, Shape,
+};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::plan::{BufKind, EdgeTransport, Instr, Op, Plan, Region, StreamKind};
@@ -43,6 +45,10 @@ pub struct HostConfig {
     pub delay_seed: Option<u64>,
     /// A fault to inject, for tests of failure handling.
     pub fault: Option<Fault>,
+    /// Ring by default: the host executor is the reference for the ring's plans, and a test that
+    /// sweeps chunk sizes must not silently get the one-shot. `OneShot` and `Auto` (the GPU
+    /// default, same size rule) run the one-shot's barriers on threads.
+    pub algorithm: Algorithm,
 }
 
 impl Default for HostConfig {
@@ -54,6 +60,7 @@ impl Default for HostConfig {
             timeout: Duration::from_secs(60),
             delay_seed: None,
             fault: None,
+            algorithm: Algorithm::Ring,
         }
     }
 }
@@ -127,7 +134,7 @@ struct Prepared {
     plan: Plan,
     waiters: Vec<Vec<usize>>,
     events: Vec<HostEvent>,
-    /// One allocation per Slots / HostSlots buffer, by buffer index.
+    /// One allocation per Slots / HostSlots / Exposed buffer, by buffer index.
     scratch: Vec<Option<Scratch>>,
 }
 
@@ -165,6 +172,9 @@ struct Call {
     running: AtomicUsize,
     /// Each rank thread reports `(rank, None)`, each stream worker `(rank, Some(stream))`.
     done: Sender<(usize, Option<StreamKind>)>,
+    /// Barrier arrivals per rank (two per `PeerReduce`: start, end), for the one-shot.
+    arrivals: Mutex<Vec<u64>>,
+    arrived: Condvar,
 }
 
 // SAFETY: the raw pointers in `bufs` point into buffers the caller keeps borrowed until every
@@ -258,21 +268,29 @@ impl HostExecutor {
         })
     }
 
+    pub(crate) fn algorithm_for(&self, bytes: usize) -> Algorithm {
+        self.config.algorithm.choose(bytes, self.world, true)
+    }
+
     fn prepare(&mut self, shape: Shape) -> Result<Arc<Prepared>> {
         if let Some(p) = self.cache.get(&shape) {
             return Ok(p);
         }
-        let plan = shape.checked_plan(
-            self.config.chunk_elems,
-            self.config.slots,
-            1,
-            vec![self.config.transport; self.world],
-        )?;
+        let bytes = shape.count.saturating_mul(shape.elem_bytes);
+        let plan = match self.config.algorithm.choose(bytes, self.world, true) {
+            Algorithm::OneShot => shape.checked_oneshot_plan(self.world)?,
+            _ => shape.checked_plan(
+                self.config.chunk_elems,
+                self.config.slots,
+                1,
+                vec![self.config.transport; self.world],
+            )?,
+        };
         let scratch = plan
             .buffers
             .iter()
             .map(|decl| match decl.kind {
-                BufKind::Slots | BufKind::HostSlots => decl
+                BufKind::Slots | BufKind::HostSlots | BufKind::Exposed => decl
                     .len
                     .checked_mul(shape.elem_bytes)
                     .ok_or(Error::InvalidArgument("staging size overflows".into()))
@@ -324,7 +342,7 @@ impl HostExecutor {
                     ptr: outputs[decl.rank] as *mut u8,
                     len_bytes,
                 },
-                BufKind::Slots | BufKind::HostSlots => {
+                BufKind::Slots | BufKind::HostSlots | BufKind::Exposed => {
                     let s = prepared.scratch[i]
                         .as_ref()
                         .expect("staging is allocated in prepare");
@@ -358,6 +376,8 @@ impl HostExecutor {
             failure: Mutex::new(None),
             running: AtomicUsize::new(0),
             done: done_tx,
+            arrivals: Mutex::new(vec![0; self.world]),
+            arrived: Condvar::new(),
         });
         for (tx, _) in &self.ranks {
             if tx.send(call.clone()).is_err() {
@@ -684,7 +704,81 @@ fn run_op(call: &Call, rank: usize, index: usize, instr: &Instr) -> Result<()> {
                 (call.kernels.scale)(call.ptr(region), region.count, call.prepared.plan.world)
             }
         }
+        op @ Op::PeerReduce { dst, .. } => {
+            let meeting = call.prepared.plan.ranks[rank][..index]
+                .iter()
+                .filter(|i| matches!(i.op, Op::PeerReduce { .. }))
+                .count() as u64;
+            meet(call, rank, index, 2 * meeting + 1, "start")?;
+            let sources = crate::check::peer_sources_of(&call.prepared.plan, &op);
+            // Folded in rank order, as the GPU kernel does: every rank gets the same bits.
+            // SAFETY: the regions lie inside their buffers (checked plan); the sources are read by
+            // every rank between the barriers and written by none (the checker proved `dst`
+            // disjoint from them and the plan race-free).
+            unsafe {
+                if let [first, rest @ ..] = sources.as_slice() {
+                    std::ptr::copy(call.ptr(*first), call.ptr(dst), dst.count * eb);
+                    for src in rest {
+                        (call.kernels.reduce)(
+                            call.op.combine_op(),
+                            call.ptr(dst),
+                            call.ptr(dst),
+                            call.ptr(*src),
+                            dst.count,
+                        );
+                    }
+                }
+            }
+            meet(call, rank, index, 2 * meeting + 2, "end")?;
+        }
         Op::Record(_) | Op::Wait(_) => unreachable!("records and waits are handled by the worker"),
+    }
+    Ok(())
+}
+
+/// A one-shot barrier on threads: rank `rank` arrives for the `arrival`-th time (1-based) and
+/// waits until every rank has, the call aborts, or the deadline passes.
+///
+/// A rank waiting here is not `running`: like a stream waiting on an event, it defers at the
+/// deadline to an operation stuck elsewhere, which names itself as the root cause.
+fn meet(call: &Call, rank: usize, index: usize, arrival: u64, which: &str) -> Result<()> {
+    call.running.fetch_sub(1, Ordering::AcqRel);
+    let met = meet_waiting(call, rank, index, arrival, which);
+    call.running.fetch_add(1, Ordering::AcqRel);
+    met
+}
+
+fn meet_waiting(call: &Call, rank: usize, index: usize, arrival: u64, which: &str) -> Result<()> {
+    let mut arrivals = call.arrivals.lock().unwrap_or_else(|p| p.into_inner());
+    arrivals[rank] = arrival;
+    call.arrived.notify_all();
+    while arrivals.iter().any(|&a| a < arrival) {
+        if call.aborted() {
+            return Err(aborted(rank));
+        }
+        let now = Instant::now();
+        if now >= call.deadline && call.running.load(Ordering::Acquire) == 0 {
+            let missing: Vec<usize> = (0..arrivals.len())
+                .filter(|&r| arrivals[r] < arrival)
+                .collect();
+            let tag = call.prepared.plan.ranks[rank][index].tag;
+            return Err(Error::Timeout {
+                rank,
+                waiting_on: format!(
+                    "(Main stream, {tag}) waited at the {which} barrier for rank(s) {missing:?}"
+                ),
+                after: call.timeout,
+            });
+        }
+        let slice = call
+            .deadline
+            .saturating_duration_since(now)
+            .clamp(Duration::from_millis(1), Duration::from_millis(20));
+        arrivals = call
+            .arrived
+            .wait_timeout(arrivals, slice)
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
     }
     Ok(())
 }

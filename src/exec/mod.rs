@@ -17,12 +17,52 @@ pub mod host;
 
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::plan::{EdgeTransport, EventId, Instr, Op, Plan, RingSpec};
+use crate::plan::{EdgeTransport, EventId, Instr, OneShotSpec, Op, Plan, RingSpec};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Which all-reduce algorithm a communicator runs (module doc of [`crate::plan`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Algorithm {
+    /// The one-shot up to a message size, the ring above it (see [`Algorithm::choose`]).
+    #[default]
+    Auto,
+    /// Always the ring: reduce-scatter then all-gather over copy engines (SMs stay free).
+    Ring,
+    /// Always the one-shot: every rank reads every rank's input directly, barriers around
+    /// (needs peer access between every pair of GPUs, and at most 8 ranks on GPUs).
+    OneShot,
+}
+
+/// The largest message (bytes per rank) for which [`Algorithm::Auto`] runs the one-shot on two
+/// ranks; with more ranks the limit shrinks as `2/n`, since each rank then reads `n − 1` inputs
+/// where the ring moves `2(n−1)/n` of one. On the 2×H200 machine the copy-engine ring measured
+/// 170 µs at 32 MiB and 211 µs at 64 MiB (ringreduce bench, commit 4d46125); the one-shot
+/// prototype took 57.8 µs at 16 MiB and 211 µs at 64 MiB (../shared/gpu/README.md): the ring
+/// catches up at 64 MiB, so the one-shot takes everything up to 32 MiB.
+pub const ONESHOT_AUTO_MAX_BYTES: usize = 32 << 20;
+
+impl Algorithm {
+    /// The algorithm that runs a message of `bytes` per rank over `world` ranks; `one_shot_ok` says
+    /// whether the one-shot can run at all (every pair of GPUs reaches each other).
+    pub fn choose(self, bytes: usize, world: usize, one_shot_ok: bool) -> Algorithm {
+        match self {
+            Algorithm::Auto if world > 1 && one_shot_ok => {
+                let limit = ONESHOT_AUTO_MAX_BYTES.saturating_mul(2) / world;
+                if bytes <= limit {
+                    Algorithm::OneShot
+                } else {
+                    Algorithm::Ring
+                }
+            }
+            Algorithm::Auto => Algorithm::Ring,
+            other => other,
+        }
+    }
+}
 
 /// What a prepared plan is cached under: everything about a call but its buffers' addresses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -67,6 +107,23 @@ impl Shape {
             transports,
         };
         let plan = spec.build()?;
+        crate::check::check(&plan)?;
+        Ok(plan)
+    }
+
+    /// Builds the one-shot plan for this shape over `world` ranks and proves it with the checker.
+    pub(crate) fn checked_oneshot_plan(&self, world: usize) -> Result<Plan> {
+        let plan = OneShotSpec {
+            world,
+            count: self.count,
+            in_place: self.in_place,
+            op: if self.average {
+                ReduceOp::Avg
+            } else {
+                ReduceOp::Sum
+            },
+        }
+        .build()?;
         crate::check::check(&plan)?;
         Ok(plan)
     }

@@ -50,6 +50,9 @@ pub struct BenchArgs {
     /// NCCL_P2P_DISABLE=1).
     #[arg(long, default_value = "auto", value_parser = parse_transport)]
     pub transport: Transport,
+    /// ringreduce's algorithm: auto (one-shot for small messages, ring above), ring or oneshot.
+    #[arg(long, default_value = "auto", value_parser = crate::parse_algorithm)]
+    pub algorithm: ringreduce::Algorithm,
     /// Timed iterations per size.
     #[arg(short = 'n', long, default_value_t = 20)]
     pub iters: usize,
@@ -115,6 +118,9 @@ pub struct Row {
     pub count: u64,
     pub dtype: String,
     pub redop: String,
+    /// ringreduce's algorithm for this size ("ring", "oneshot"); absent for NCCL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub algorithm: Option<String>,
     pub out_of_place: Measure,
     pub in_place: Measure,
 }
@@ -508,6 +514,12 @@ impl Sweep<'_> {
                 count: count as u64,
                 dtype: args.dtype.name().into(),
                 redop: args.op.name().into(),
+                algorithm: match lib {
+                    Lib::Ring(comm) => {
+                        Some(format!("{:?}", comm.algorithm_for(bytes)).to_lowercase())
+                    }
+                    _ => None,
+                },
                 out_of_place: oop,
                 in_place: ip,
             };
@@ -624,7 +636,7 @@ impl Sweep<'_> {
 
 fn print_table_header() {
     out!(
-        "#{:>11} {:>11} {:>5} {:>5} | {:>10} {:>8} {:>8} {:>6} | {:>10} {:>8} {:>8} {:>6} | {:>9} {:>9} {:>9}",
+        "#{:>11} {:>11} {:>5} {:>5} | {:>10} {:>8} {:>8} {:>6} | {:>10} {:>8} {:>8} {:>6} | {:>9} {:>9} {:>9} | algo",
         "size (B)", "count", "type", "redop", "oop (us)", "algbw", "busbw", "#wrong",
         "ip (us)", "algbw", "busbw", "#wrong", "it min", "it med", "it p99"
     );
@@ -638,7 +650,7 @@ fn print_row(r: &Row) {
         )
     };
     out!(
-        " {:>11} {:>11} {:>5} {:>5} | {} | {} | {:>9.2} {:>9.2} {:>9.2}",
+        " {:>11} {:>11} {:>5} {:>5} | {} | {} | {:>9.2} {:>9.2} {:>9.2} | {}",
         r.size_bytes,
         r.count,
         r.dtype,
@@ -647,7 +659,8 @@ fn print_row(r: &Row) {
         m(&r.in_place),
         r.out_of_place.iter_min_us,
         r.out_of_place.iter_median_us,
-        r.out_of_place.iter_p99_us
+        r.out_of_place.iter_p99_us,
+        r.algorithm.as_deref().unwrap_or("-")
     );
 }
 
@@ -868,8 +881,12 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
     let n = require_gpus(2)?;
     let devices: Vec<usize> = (0..n).collect();
     let ring_label = format!(
-        "ringreduce ({})",
-        format!("{:?}", args.transport).to_lowercase()
+        "ringreduce ({}{})",
+        format!("{:?}", args.transport).to_lowercase(),
+        match args.algorithm {
+            ringreduce::Algorithm::Auto => String::new(),
+            a => format!(", {}", format!("{a:?}").to_lowercase()),
+        }
     );
 
     let mut header: Vec<(String, String)> = Vec::new();
@@ -926,9 +943,11 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
         &devices,
         ringreduce::CudaConfig {
             transport: args.transport,
+            algorithm: args.algorithm,
             ..Default::default()
         },
     )?;
+    header.push(("algorithm".into(), crate::describe_algorithm(&comm)));
     let mut links = Vec::new();
     for e in comm.edges() {
         let link = detected.as_ref().and_then(|d| {
@@ -1089,6 +1108,7 @@ mod tests {
             count: size / 4,
             dtype: "f32".into(),
             redop: "sum".into(),
+            algorithm: None,
             out_of_place: Measure {
                 busbw_gbps: size as f64 / t / 1e3,
                 ..measure(t)

@@ -75,6 +75,10 @@ struct RunArgs {
     /// How GPU ring edges move data: auto, peer or staged.
     #[arg(long, default_value = "auto", value_parser = parse_transport)]
     transport: ringreduce::Transport,
+    /// Which all-reduce runs on GPUs: auto (one-shot for small messages, ring above), ring or
+    /// oneshot.
+    #[arg(long, default_value = "auto", value_parser = parse_algorithm)]
+    algorithm: ringreduce::Algorithm,
     /// Force host ranks even where GPUs exist.
     #[arg(long)]
     host: bool,
@@ -88,6 +92,7 @@ impl Default for RunArgs {
             max_bytes: None,
             factor: 8,
             transport: ringreduce::Transport::Auto,
+            algorithm: ringreduce::Algorithm::Auto,
             host: false,
         }
     }
@@ -198,6 +203,7 @@ fn run_gpu(args: &RunArgs) -> Result<(), String> {
     let n = device::device_count().map_err(|e| e.to_string())?;
     let config = ringreduce::CudaConfig {
         transport: args.transport,
+        algorithm: args.algorithm,
         allow_shared_device: n == 1,
         ..Default::default()
     };
@@ -210,8 +216,9 @@ fn run_gpu(args: &RunArgs) -> Result<(), String> {
     .map_err(|e| e.to_string())?;
     let world = comm.world();
     out!(
-        "# all-reduce on {world} GPU(s) {:?}, f32 sum, ringreduce copy-engine ring",
-        comm.devices()
+        "# all-reduce on {world} GPU(s) {:?}, f32 sum, ringreduce; {}",
+        comm.devices(),
+        describe_algorithm(&comm)
     );
     for e in comm.edges() {
         out!("# edge {}", e.describe());
@@ -338,6 +345,41 @@ fn parse_bytes(text: &str) -> Result<usize, String> {
         .map_err(|_| format!("not a size: {text:?} (e.g. 4096, 64K, 256M, 1G)"))?;
     n.checked_mul(1 << shift)
         .ok_or_else(|| format!("size too large: {text}"))
+}
+
+pub fn parse_algorithm(text: &str) -> Result<ringreduce::Algorithm, String> {
+    match text {
+        "auto" => Ok(ringreduce::Algorithm::Auto),
+        "ring" => Ok(ringreduce::Algorithm::Ring),
+        "oneshot" | "one-shot" => Ok(ringreduce::Algorithm::OneShot),
+        _ => Err(format!(
+            "unknown algorithm {text:?}: use auto, ring or oneshot"
+        )),
+    }
+}
+
+/// "one-shot up to 16777216 B per rank, ring above" — what `Algorithm::Auto` does on `comm`.
+pub fn describe_algorithm(comm: &Communicator) -> String {
+    let one = |b| comm.algorithm_for(b) == ringreduce::Algorithm::OneShot;
+    match (one(1), one(usize::MAX)) {
+        (true, true) => "one-shot at every size".into(),
+        (false, _) => "copy-engine ring at every size".into(),
+        (true, false) => {
+            // The largest size still on the one-shot (Auto's rule is a threshold).
+            let (mut lo, mut hi) = (1usize, usize::MAX);
+            while hi - lo > 1 {
+                let mid = lo + (hi - lo) / 2;
+                if one(mid) {
+                    lo = mid
+                } else {
+                    hi = mid
+                }
+            }
+            format!(
+                "one-shot (SM kernel reading peers) up to {lo} B per rank, copy-engine ring above"
+            )
+        }
+    }
 }
 
 fn parse_transport(text: &str) -> Result<ringreduce::Transport, String> {

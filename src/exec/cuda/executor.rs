@@ -20,11 +20,13 @@
 //! to the event's latest record, and a record that was never enqueued leaves nothing to wait for.
 
 use super::device::{self, DeviceBuffer, Event, PinnedHost, Stream};
-use super::kernels::Kernels;
+use super::kernels::{Kernels, OneShotArgs, ONESHOT_FLAG_BYTES, ONESHOT_MAX_RANKS};
 use super::probe::{self, Probe};
 use crate::element::{DType, Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::exec::{enqueue_rank, panic_message, Enqueue, Handoff, Limits, PlanCache, Shape};
+use crate::exec::{
+    enqueue_rank, panic_message, Algorithm, Enqueue, Handoff, Limits, PlanCache, Shape,
+};
 use crate::plan::{BufKind, EdgeTransport, Instr, Op, Plan, Region, StreamKind};
 use crate::topo::{self, Link};
 use crossbeam_channel::{Receiver, Sender};
@@ -65,6 +67,10 @@ pub struct CudaConfig {
     /// Time one copy over each edge at creation and flag edges far below their link
     /// ([`EdgeInfo::slow`], module [`probe`](super::probe)). On by default; costs milliseconds.
     pub probe_edges: bool,
+    /// Ring, one-shot, or chosen by message size ([`Algorithm::choose`]). The one-shot needs
+    /// peer access between every pair of GPUs and at most 8 ranks; `Auto` falls back to the ring
+    /// where it cannot run, `OneShot` is then an error at creation.
+    pub algorithm: Algorithm,
 }
 
 impl Default for CudaConfig {
@@ -76,6 +82,7 @@ impl Default for CudaConfig {
             timeout: Duration::from_secs(60),
             allow_shared_device: false,
             probe_edges: true,
+            algorithm: Algorithm::Auto,
         }
     }
 }
@@ -197,6 +204,25 @@ struct Prepared {
     staging: Vec<Option<Staging>>,
 }
 
+/// What the one-shot's kernels share across ranks, made once per communicator: per rank, the
+/// flag words its peers write at the barriers (device memory, zeroed, reached through peer
+/// access), and a pinned word its kernel sets when a barrier times out.
+struct OneShotShared {
+    flags: Vec<DeviceBuffer>,
+    errors: Vec<PinnedHost>,
+}
+
+impl OneShotShared {
+    /// The code rank `rank`'s kernel left (1: start barrier timed out, 2: end barrier, 3: a launch
+    /// it could not accept), 0 when none. Read through the host mapping; the kernel writes it
+    /// with a plain system-scope store.
+    fn error(&self, rank: usize) -> u32 {
+        // SAFETY: the pinned allocation is at least 4 bytes and page-aligned, and lives as long
+        // as `self`; a volatile read, since the GPU may write the word at any time.
+        unsafe { std::ptr::read_volatile(self.errors[rank].as_ptr().cast::<u32>()) }
+    }
+}
+
 /// Plans kept per communicator; older ones are dropped beyond this (after a device sync).
 const CACHED_PLANS: usize = 8;
 
@@ -213,6 +239,9 @@ struct CudaCall {
     timeout: Duration,
     abort: AtomicBool,
     done: Sender<(usize, Result<()>)>,
+    /// The one-shot's flags and error words, and this call's barrier epoch (1, 2, … per call).
+    oneshot: Option<Arc<OneShotShared>>,
+    epoch: u32,
 }
 
 /// The GPU executor of one communicator.
@@ -224,6 +253,9 @@ pub(crate) struct CudaExecutor {
     cache: PlanCache<Prepared>,
     pool_granted: HashSet<(u64, usize)>,
     calls: u64,
+    /// Present when the one-shot can run here (every pair of GPUs reaches the other).
+    oneshot: Option<Arc<OneShotShared>>,
+    epoch: u32,
 }
 
 impl CudaExecutor {
@@ -279,6 +311,16 @@ impl CudaExecutor {
         if config.probe_edges && !edges.is_empty() {
             probe_edges(&ranks, &mut edges)?;
         }
+        let oneshot = match config.algorithm {
+            Algorithm::Ring => None,
+            _ => setup_oneshot(&ranks, config.transport)?,
+        };
+        if config.algorithm == Algorithm::OneShot && oneshot.is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "Algorithm::OneShot needs 2 to {ONESHOT_MAX_RANKS} ranks on distinct GPUs that all \
+                 reach each other over peer access, and a transport other than Staged"
+            )));
+        }
         let threads = Handoff::ring(ranks.len())
             .into_iter()
             .map(|handoff| {
@@ -302,11 +344,19 @@ impl CudaExecutor {
             cache: PlanCache::new(CACHED_PLANS),
             pool_granted: HashSet::new(),
             calls: 0,
+            oneshot,
+            epoch: 0,
         })
     }
 
     pub(crate) fn devices(&self) -> Vec<usize> {
         self.ranks.iter().map(|r| r.device).collect()
+    }
+
+    pub(crate) fn algorithm_for(&self, bytes: usize) -> Algorithm {
+        self.config
+            .algorithm
+            .choose(bytes, self.ranks.len(), self.oneshot.is_some())
     }
 
     pub(crate) fn edges(&self) -> &[EdgeInfo] {
@@ -327,7 +377,7 @@ impl CudaExecutor {
                 device::stream_synchronize(s)?;
             }
         }
-        Ok(())
+        self.check_oneshot_errors()
     }
 
     /// The pool trap, handled: an output from a stream-ordered pool gets its pool opened to the
@@ -354,20 +404,29 @@ impl CudaExecutor {
             return Ok(p);
         }
         let n = self.ranks.len();
-        let chunk_bytes = self.config.chunk_bytes.unwrap_or_else(|| {
-            let staged = self
-                .edges
-                .iter()
-                .any(|e| e.transport == EdgeTransport::Staged);
-            auto_chunk_bytes(shape.count, n, shape.elem_bytes, staged)
-        });
-        let plan = shape.checked_plan(
-            (chunk_bytes / shape.elem_bytes).max(1),
-            self.config.slots,
-            // 16-byte boundaries keep every chunk vector-aligned for the kernels and copies.
-            (16 / shape.elem_bytes).max(1),
-            self.edges.iter().map(|e| e.transport).collect::<Vec<_>>(),
-        )?;
+        let bytes = shape.count.saturating_mul(shape.elem_bytes);
+        let algorithm = self
+            .config
+            .algorithm
+            .choose(bytes, n, self.oneshot.is_some());
+        let plan = if algorithm == Algorithm::OneShot {
+            shape.checked_oneshot_plan(n)?
+        } else {
+            let chunk_bytes = self.config.chunk_bytes.unwrap_or_else(|| {
+                let staged = self
+                    .edges
+                    .iter()
+                    .any(|e| e.transport == EdgeTransport::Staged);
+                auto_chunk_bytes(shape.count, n, shape.elem_bytes, staged)
+            });
+            shape.checked_plan(
+                (chunk_bytes / shape.elem_bytes).max(1),
+                self.config.slots,
+                // 16-byte boundaries keep every chunk vector-aligned for the kernels and copies.
+                (16 / shape.elem_bytes).max(1),
+                self.edges.iter().map(|e| e.transport).collect::<Vec<_>>(),
+            )?
+        };
         let events = plan
             .events
             .iter()
@@ -381,7 +440,7 @@ impl CudaExecutor {
                 let ctx = &self.ranks[decl.rank].ctx;
                 match decl.kind {
                     BufKind::Input | BufKind::Output => Ok(None),
-                    BufKind::Slots => {
+                    BufKind::Slots | BufKind::Exposed => {
                         DeviceBuffer::new(ctx, bytes.max(1)).map(|b| Some(Staging::Device(b)))
                     }
                     BufKind::HostSlots => {
@@ -421,6 +480,27 @@ impl CudaExecutor {
     ) -> Result<()> {
         let shape = Shape::of::<T>(count, inputs.is_none(), op);
         let prepared = self.prepare(shape)?;
+        let oneshot = prepared
+            .plan
+            .ranks
+            .iter()
+            .flatten()
+            .any(|i| matches!(i.op, Op::PeerReduce { .. }));
+        if oneshot {
+            self.check_oneshot_errors()?;
+            self.epoch = self.epoch.wrapping_add(1).max(1);
+            if let Some(inputs) = inputs {
+                // Out of place, every GPU reads every other GPU's input: open pool memory to them.
+                for (rank, &addr) in inputs.iter().enumerate() {
+                    for peer in self.ranks.iter().map(|r| r.device) {
+                        if peer != self.ranks[rank].device && self.pool_granted.insert((addr, peer))
+                        {
+                            device::grant_pointer_pool_access(addr, peer)?;
+                        }
+                    }
+                }
+            }
+        }
         let addrs = prepared
             .plan
             .buffers
@@ -447,6 +527,8 @@ impl CudaExecutor {
             timeout: self.config.timeout,
             abort: AtomicBool::new(false),
             done: done_tx,
+            oneshot: self.oneshot.clone().filter(|_| oneshot),
+            epoch: self.epoch,
         });
         for (tx, _) in &self.threads {
             tx.send(call.clone()).map_err(|_| Error::Closed)?;
@@ -479,8 +561,47 @@ impl CudaExecutor {
         }
         match first_error {
             Some(err) => Err(err),
+            None if oneshot && wait_complete => self.check_oneshot_errors(),
             None => Ok(()),
         }
+    }
+
+    /// The first one-shot barrier timeout any rank's kernel reported (its kernel then returned
+    /// early, so that call's output is incomplete): an error naming the rank and the barrier.
+    /// Checked after every blocking one-shot call, before the next one-shot call, and by
+    /// `synchronize`.
+    fn check_oneshot_errors(&self) -> Result<()> {
+        let Some(shared) = &self.oneshot else {
+            return Ok(());
+        };
+        for (rank, r) in self.ranks.iter().enumerate() {
+            let code = shared.error(rank);
+            if code != 0 {
+                let waiting_on = match code {
+                    1 | 2 => format!(
+                        "GPU {}'s one-shot kernel gave up at the {} barrier: a peer's kernel never arrived",
+                        r.device,
+                        if code == 1 { "start" } else { "end" }
+                    ),
+                    _ => {
+                        return Err(Error::RankFailed {
+                            rank,
+                            during: "the one-shot peer reduce".into(),
+                            message: format!(
+                                "GPU {}'s one-shot kernel found its launch inconsistent (code {code})",
+                                r.device
+                            ),
+                        })
+                    }
+                };
+                return Err(Error::Timeout {
+                    rank,
+                    waiting_on,
+                    after: self.config.timeout,
+                });
+            }
+        }
+        Ok(())
     }
 }
 
@@ -547,6 +668,51 @@ fn decide_edges(ranks: &[Arc<RankRes>], transport: Transport) -> Result<Vec<Edge
             ))
         })
         .collect()
+}
+
+/// Makes the one-shot's flags and error words, after enabling peer access between every pair of
+/// GPUs (the one-shot reads every rank's input from every rank). `None` where it cannot run:
+/// one rank, more than [`ONESHOT_MAX_RANKS`], forced staging, two ranks on one GPU, or a pair
+/// without peer access.
+fn setup_oneshot(
+    ranks: &[Arc<RankRes>],
+    transport: Transport,
+) -> Result<Option<Arc<OneShotShared>>> {
+    let n = ranks.len();
+    if !(2..=ONESHOT_MAX_RANKS).contains(&n) || transport == Transport::Staged {
+        return Ok(None);
+    }
+    // Two ranks on one GPU (the test-only shared mode) would need both grids resident on one
+    // device at once; a block of one spinning for a block of the other that has no SM is a
+    // deadlock until the timeout. The one-shot is for distinct GPUs.
+    if (1..n).any(|i| ranks[..i].iter().any(|r| r.device == ranks[i].device)) {
+        return Ok(None);
+    }
+    for a in ranks {
+        for b in ranks {
+            if a.device != b.device && !device::can_access_peer(a.device, b.device)? {
+                return Ok(None);
+            }
+        }
+    }
+    for a in ranks {
+        for b in ranks {
+            device::enable_peer_access(&a.ctx, &b.ctx)?;
+        }
+    }
+    let flags = ranks
+        .iter()
+        .map(|r| DeviceBuffer::zeroed(&r.ctx, ONESHOT_FLAG_BYTES))
+        .collect::<Result<Vec<_>>>()?;
+    let errors = ranks
+        .iter()
+        .map(|r| {
+            let mut word = PinnedHost::new(&r.ctx, 4)?;
+            word.as_mut_slice().fill(0);
+            Ok(word)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Some(Arc::new(OneShotShared { flags, errors })))
 }
 
 /// Fills in each edge's link (NVML, when it loads) and probe figure. Edges between two ranks on
@@ -730,6 +896,39 @@ impl Enqueue for CudaEnqueue<'_> {
                         plan.world,
                     )
                 }
+            }
+            op @ Op::PeerReduce { dst, .. } => {
+                let shared = call.oneshot.as_ref().ok_or_else(|| {
+                    Error::InvalidArgument(
+                        "a one-shot plan on a communicator without one-shot resources".into(),
+                    )
+                })?;
+                let rank = plan.decl(dst.buf).rank;
+                let mut args = OneShotArgs {
+                    srcs: [0; ONESHOT_MAX_RANKS],
+                    flags: [0; ONESHOT_MAX_RANKS],
+                    world: plan.world as u32,
+                    rank: rank as u32,
+                    dst: self.addr(dst),
+                    count: dst.count as u64,
+                    epoch: call.epoch,
+                    timeout_ns: u64::try_from(call.timeout.as_nanos()).unwrap_or(u64::MAX),
+                    error: shared.errors[rank].uva_ptr(),
+                };
+                for (r, src) in crate::check::peer_sources_of(plan, &op)
+                    .into_iter()
+                    .enumerate()
+                {
+                    args.srcs[r] = self.addr(src);
+                    args.flags[r] = shared.flags[r].ptr();
+                }
+                // SAFETY: every source lies in a buffer of its rank's GPU (checked plan; the
+                // caller's validated inputs or our exposed copies), reachable from this GPU (peer
+                // access enabled between all pairs at creation, pool access granted per input);
+                // `dst` is this rank's output, disjoint from every source; every rank launches the
+                // same grid (`oneshot_blocks` of dtype and count) with the same epoch, so the
+                // barriers meet; the flags outlive the communicator's streams.
+                unsafe { self.res.kernels.oneshot(call.dtype, call.op, &args, stream) }
             }
         }
     }

@@ -1,9 +1,12 @@
 //! The reduce kernels on the GPU: `cuda/reduce.cu` loaded into a context, launched by table index.
 //!
 //! Every ring step on a GPU ends in one kernel, `dst[i] = a[i] ⊕ b[i]` (the received segment
-//! combined with the local partial), and `Avg` ends with one more, `x[i] = x[i] / world`. Their
-//! semantics are those of [`crate::element`]; the kernels themselves, and why they are fast, are
-//! described in `cuda/reduce.cu`.
+//! combined with the local partial), and `Avg` ends with one more, `x[i] = x[i] / world`. The
+//! one-shot all-reduce is a single kernel per rank ([`Kernels::oneshot`]): it meets the other
+//! ranks' kernels at a start barrier of flags written into peer memory, reads every rank's input
+//! directly (peer access), folds them in rank order into `dst`, and meets them again at an end
+//! barrier. Their semantics are those of [`crate::element`]; the kernels themselves, the flag
+//! layout, the memory ordering and why they are fast are described in `cuda/reduce.cu`.
 //!
 //! Where the code comes from is decided at build time (see `build.rs`):
 //! - nvcc was found: the build embeds `reduce.fatbin` (SASS for sm_80 and sm_90, PTX for
@@ -11,9 +14,9 @@
 //! - otherwise: [`Kernels::new`] compiles the same source with NVRTC for the device's compute
 //!   capability and loads the PTX ([`KernelSource::Nvrtc`]); that needs libnvrtc on the GPU host.
 //!
-//! Invariant: a [`Kernels`] holds all 50 functions (4 pairwise operators × 10 types, and one
-//! scale kernel per type) resolved in its context, so a launch is a table index and one
-//! `cuLaunchKernel`, with no lookup and no allocation.
+//! Invariant: a [`Kernels`] holds all 90 functions (4 operators × 10 types of pairwise reduce and
+//! of one-shot all-reduce, and one scale kernel per type) resolved in its context, so a launch is
+//! a table index and one `cuLaunchKernel`, with no lookup and no allocation.
 
 use std::ffi::c_void;
 use std::fmt;
@@ -41,6 +44,21 @@ const BLOCK_THREADS: u32 = 256;
 const BLOCKS_PER_SM: u32 = 8;
 /// Bytes one thread moves per pointer per loop iteration on the vector path (a `uint4`).
 const VECTOR_BYTES: usize = 16;
+
+/// Most ranks one one-shot kernel serves (`RR_ONESHOT_MAX_RANKS` in `cuda/reduce.cu`).
+pub const ONESHOT_MAX_RANKS: usize = 8;
+/// Most blocks of a one-shot grid (`RR_ONESHOT_MAX_BLOCKS`): each block has its own flag words.
+pub const ONESHOT_MAX_BLOCKS: u32 = 128;
+/// Barriers per one-shot call: start (phase 0) and end (phase 1).
+const ONESHOT_PHASES: usize = 2;
+/// Bytes of one rank's flag array: 2 phases × ONESHOT_MAX_BLOCKS × ONESHOT_MAX_RANKS × 4.
+pub const ONESHOT_FLAG_BYTES: usize =
+    ONESHOT_PHASES * ONESHOT_MAX_BLOCKS as usize * ONESHOT_MAX_RANKS * size_of::<u32>();
+/// Threads per block of the one-shot (`RR_ONESHOT_THREADS`, its `__launch_bounds__`).
+const ONESHOT_BLOCK_THREADS: u32 = 512;
+/// Bytes of one rank's input per one-shot block: a block moves 8 KiB per source per unrolled
+/// load (512 threads × 16 B), 32 KiB per loop iteration (`RR_ONESHOT_UNROLL` = 4).
+const ONESHOT_BYTES_PER_BLOCK: u64 = 32 << 10;
 
 /// The pairwise operators that have kernels, in table order (`Avg` combines as `Sum`).
 const PAIRWISE_OPS: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max];
@@ -152,6 +170,8 @@ pub struct Kernels {
     reduce: Vec<CudaFunction>,
     /// `scale[dtype as usize]`.
     scale: Vec<CudaFunction>,
+    /// `oneshot[reduce_index(op, dtype)]`: the same table shape as `reduce`.
+    oneshot: Vec<CudaFunction>,
     /// The grid size that fills the device: SM count × `BLOCKS_PER_SM`.
     max_blocks: u32,
 }
@@ -178,6 +198,11 @@ impl Kernels {
             .iter()
             .map(|&dtype| load(scale_symbol(dtype)))
             .collect::<Result<Vec<_>>>()?;
+        let oneshot = PAIRWISE_OPS
+            .iter()
+            .flat_map(|&op| DType::ALL.map(|dtype| oneshot_symbol(op, dtype)))
+            .map(load)
+            .collect::<Result<Vec<_>>>()?;
 
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
@@ -189,6 +214,7 @@ impl Kernels {
             source,
             reduce,
             scale,
+            oneshot,
             max_blocks,
         })
     }
@@ -289,6 +315,109 @@ impl Kernels {
         unsafe { self.launch(stream, function, dtype, count, &mut params) }
     }
 
+    /// Enqueues this rank's part of a one-shot all-reduce on `stream`: one kernel that waits
+    /// at a start barrier until every rank's kernel of this call has started, then writes
+    /// `dst[i] = src[0][i] ⊕ src[1][i] ⊕ … ⊕ src[world − 1][i]` for `i < count` (folded in rank
+    /// order on every rank, so float results are bit-identical across ranks; ⊕ is
+    /// `op.combine_op()`: `Avg` sums here and the caller then runs [`Kernels::scale`] on `dst`),
+    /// and ends at an end barrier after which no rank reads this rank's input any more. The grid
+    /// is [`oneshot_blocks`]`(dtype, count)` blocks of 512 threads. Returns once enqueued;
+    /// errors are those of the checks below and of the launch. Barrier timeouts are reported
+    /// by the kernel in `*args.error`, not here.
+    ///
+    /// Checked before anything is enqueued ([`Error::InvalidArgument`] unless said otherwise):
+    /// `stream` belongs to this context; `args.world` in `2..=ONESHOT_MAX_RANKS` and
+    /// `args.rank < args.world`; `args.dst` and `args.srcs[..world]` aligned to
+    /// `dtype.size_bytes()`, `args.flags[..world]` and `args.error` aligned to 4; then, when
+    /// `args.count > 0`: none of those addresses is null, `count × dtype.size_bytes()` fits
+    /// ([`Error::SizeOverflow`]), and `dst`'s range overlaps no `srcs[r]` range (addresses are
+    /// UVA, unique across devices). `count == 0` enqueues nothing.
+    ///
+    /// # Safety
+    ///
+    /// The call is one of `args.world` calls, one per rank `0..world`, each on its own device,
+    /// with the same `dtype`, `op.combine_op()`, `count`, `epoch`, `srcs[..world]` and
+    /// `flags[..world]`; all of them must be able to run at the same time (no rank's kernel
+    /// may be ordered after another rank's kernel of the same call, or the barriers time out).
+    /// Until this rank's kernel has completed on `stream` (and, for the inputs and flags, until
+    /// every rank's kernel of this call has completed):
+    /// - `srcs[r]` for `r < world` is rank `r`'s input, a device address readable from this
+    ///   context (`srcs[rank]` this device's; the others a peer's, with peer access enabled from
+    ///   this context and, for stream-ordered pool memory, pool access granted), valid for
+    ///   `count` elements of `dtype`. Rank `r`'s input is written only by work that completes
+    ///   before rank `r`'s kernel starts (e.g. earlier on rank `r`'s stream), and not again until
+    ///   rank `r`'s kernel has completed (the end barrier makes that the point after which no
+    ///   rank reads it);
+    /// - `flags[r]` for `r < world` is rank `r`'s flag array: [`ONESHOT_FLAG_BYTES`] bytes of
+    ///   device memory on rank `r`'s device, readable and writable from this context (peer
+    ///   access), zeroed before the first call and used by no other group of kernels; `epoch` is
+    ///   the previous call's epoch on these flags plus 1 (wrapping; 0 may be skipped; the first
+    ///   call's is 1), and every call on these flags is made by all `world` ranks;
+    /// - `dst` is device memory writable from this context, valid for `count` elements, disjoint
+    ///   from every `srcs[r]` range, and read or written by no other work meanwhile;
+    /// - `error` is a 4-byte word writable from this context (the device pointer of host-mapped
+    ///   pinned memory, so the host can read it while kernels wait), zero before the call; the
+    ///   kernel only ever stores a nonzero code there (1: start barrier timed out, 2: end
+    ///   barrier timed out, 3: launch outside the kernel's assumptions). A barrier gives up
+    ///   `timeout_ns` after its wait began (0: at once unless the peer is already there;
+    ///   `u64::MAX`: never). After any nonzero code, on any rank, `dst` is undefined on every
+    ///   rank, a peer may still be reading this rank's input, and the flags are out of step: no
+    ///   further call may use them until every rank's kernels have completed and all flag arrays
+    ///   are zeroed again (epochs restart at 1);
+    /// - this device has room for the grid's blocks beside whatever else runs on it: a block
+    ///   that cannot start holds up its peers' blocks of the same index until it can (or until
+    ///   the timeout).
+    pub unsafe fn oneshot(
+        &self,
+        dtype: DType,
+        op: ReduceOp,
+        args: &OneShotArgs,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        validate_oneshot(dtype, args)?;
+        if args.count == 0 {
+            return Ok(());
+        }
+        let world = args.world as usize;
+        // The kernel reads entries < world only; the rest are zeroed, not passed on.
+        let mut peers = OneShotPeers {
+            src: [0; ONESHOT_MAX_RANKS],
+            flags: [0; ONESHOT_MAX_RANKS],
+        };
+        peers.src[..world].copy_from_slice(&args.srcs[..world]);
+        peers.flags[..world].copy_from_slice(&args.flags[..world]);
+        let (mut world_arg, mut rank, mut dst, mut count, mut epoch, mut timeout_ns, mut error) = (
+            args.world,
+            args.rank,
+            args.dst,
+            args.count,
+            args.epoch,
+            args.timeout_ns,
+            args.error,
+        );
+        let mut params: [*mut c_void; 8] = [
+            (&mut peers as *mut OneShotPeers).cast(),
+            (&mut world_arg as *mut u32).cast(),
+            (&mut rank as *mut u32).cast(),
+            (&mut dst as *mut u64).cast(),
+            (&mut count as *mut u64).cast(),
+            (&mut epoch as *mut u32).cast(),
+            (&mut timeout_ns as *mut u64).cast(),
+            (&mut error as *mut u64).cast(),
+        ];
+        let function = &self.oneshot[reduce_index(op, dtype)];
+        let blocks = oneshot_blocks(dtype, usize::try_from(args.count).unwrap_or(usize::MAX));
+        debug_assert!((1..=ONESHOT_MAX_BLOCKS).contains(&blocks));
+        // SAFETY: the function is rr_oneshot_<op>_<dtype>(rr_peers, unsigned, unsigned, T*,
+        // unsigned long long, unsigned, unsigned long long, unsigned*): `peers` is the #[repr(C)]
+        // mirror of rr_peers (two arrays of 8 pointers, 128 bytes), then u32, u32, u64, u64,
+        // u32, u64, u64 in parameter order, all outliving the call (the driver copies them at
+        // launch). The grid is at most ONESHOT_MAX_BLOCKS blocks of ONESHOT_BLOCK_THREADS, the
+        // kernel's limits; the memory and the other ranks' calls are the caller's contract.
+        unsafe { self.launch_grid(stream, function, blocks, ONESHOT_BLOCK_THREADS, &mut params) }
+    }
+
     /// Launches `function` over `count` elements of `dtype` with a grid that fills the device
     /// once (each kernel loops over the rest).
     ///
@@ -305,14 +434,31 @@ impl Kernels {
         params: &mut [*mut c_void],
     ) -> Result<()> {
         let blocks = grid_blocks(dtype, count, self.max_blocks);
+        // SAFETY: the caller's contract, passed on; any grid suits the reduce and scale kernels.
+        unsafe { self.launch_grid(stream, function, blocks, BLOCK_THREADS, params) }
+    }
+
+    /// Launches `function` with `blocks` blocks of `threads` threads on `stream`.
+    ///
+    /// # Safety
+    ///
+    /// As for `launch`, and the grid is one the kernel accepts.
+    unsafe fn launch_grid(
+        &self,
+        stream: &Stream,
+        function: &CudaFunction,
+        blocks: u32,
+        threads: u32,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
         device::bind(&self.ctx)?;
         // SAFETY: the function was loaded into self.ctx, which is current and owns `stream`
-        // (check_stream); parameters and memory are the caller's contract.
+        // (check_stream); parameters, grid and memory are the caller's contract.
         unsafe {
             result::launch_kernel(
                 function.cu_function(),
                 (blocks, 1, 1),
-                (BLOCK_THREADS, 1, 1),
+                (threads, 1, 1),
                 0,
                 stream.raw(),
                 params,
@@ -331,6 +477,120 @@ impl Kernels {
                 self.ctx.ordinal()
             )))
         }
+    }
+}
+
+/// The arguments of one rank's one-shot kernel ([`Kernels::oneshot`]). Addresses are CUDA
+/// device addresses (`CUdeviceptr`, UVA); entries `>= world` of `srcs` and `flags` are ignored.
+#[derive(Clone, Copy, Debug)]
+pub struct OneShotArgs {
+    /// Every rank's input, by rank.
+    pub srcs: [u64; ONESHOT_MAX_RANKS],
+    /// Every rank's flag array ([`ONESHOT_FLAG_BYTES`] bytes on that rank's device), by rank.
+    pub flags: [u64; ONESHOT_MAX_RANKS],
+    /// Ranks taking part, 2..=[`ONESHOT_MAX_RANKS`].
+    pub world: u32,
+    /// This call's rank, `< world`.
+    pub rank: u32,
+    /// This rank's output: `count` elements, disjoint from every input.
+    pub dst: u64,
+    /// Elements per rank.
+    pub count: u64,
+    /// This call's barrier epoch: the previous call's on these flags + 1; the first call 1.
+    pub epoch: u32,
+    /// How long a barrier waits for a peer before it gives up, in nanoseconds.
+    pub timeout_ns: u64,
+    /// Where the kernel stores a nonzero code on failure (1 start, 2 end barrier timed out).
+    pub error: u64,
+}
+
+/// The kernel parameter `rr_peers` of `cuda/reduce.cu`, byte for byte: two arrays of
+/// `RR_ONESHOT_MAX_RANKS` pointers.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct OneShotPeers {
+    src: [u64; ONESHOT_MAX_RANKS],
+    flags: [u64; ONESHOT_MAX_RANKS],
+}
+
+/// Blocks of the one-shot grid for `count` elements of `dtype`: a function of (dtype, count)
+/// only, so every rank computes the same grid; between 1 and [`ONESHOT_MAX_BLOCKS`].
+///
+/// One block per 32 KiB of one rank's input (one loop iteration of 4 × 16 B per thread per
+/// source), so small messages finish in one round of loads per source and large ones (from
+/// 4 MiB) use 128 blocks, enough to keep NVLink busy, while the whole grid (one block per SM:
+/// up to 128 registers a thread) fits on an H200's 132 SMs, so all blocks of every rank are
+/// resident together.
+pub fn oneshot_blocks(dtype: DType, count: usize) -> u32 {
+    let bytes = (count as u64).saturating_mul(dtype.size_bytes() as u64);
+    bytes
+        .div_ceil(ONESHOT_BYTES_PER_BLOCK)
+        .clamp(1, u64::from(ONESHOT_MAX_BLOCKS)) as u32
+}
+
+/// The checks of [`Kernels::oneshot`] that need no GPU (see there).
+fn validate_oneshot(dtype: DType, args: &OneShotArgs) -> Result<()> {
+    let world = args.world as usize;
+    if !(2..=ONESHOT_MAX_RANKS).contains(&world) {
+        return Err(Error::InvalidArgument(format!(
+            "one-shot world = {world}: the kernel serves 2 to {ONESHOT_MAX_RANKS} ranks"
+        )));
+    }
+    if args.rank >= args.world {
+        return Err(Error::InvalidArgument(format!(
+            "one-shot rank = {} is not below world = {world}",
+            args.rank
+        )));
+    }
+    check_aligned(dtype, "dst", args.dst)?;
+    for r in 0..world {
+        check_aligned(dtype, &format!("srcs[{r}]"), args.srcs[r])?;
+        check_word_aligned(&format!("flags[{r}]"), args.flags[r])?;
+    }
+    check_word_aligned("error", args.error)?;
+    if args.count == 0 {
+        return Ok(());
+    }
+
+    let named = [("dst", args.dst), ("error", args.error)];
+    let null = named
+        .into_iter()
+        .map(|(name, address)| (name.to_string(), address))
+        .chain((0..world).map(|r| (format!("srcs[{r}]"), args.srcs[r])))
+        .chain((0..world).map(|r| (format!("flags[{r}]"), args.flags[r])))
+        .find(|&(_, address)| address == 0);
+    if let Some((name, _)) = null {
+        return Err(Error::InvalidArgument(format!(
+            "one-shot {name} is null for {} elements",
+            args.count
+        )));
+    }
+    let bytes = args
+        .count
+        .checked_mul(dtype.size_bytes() as u64)
+        .filter(|&b| usize::try_from(b).is_ok())
+        .ok_or(Error::SizeOverflow {
+            count: usize::try_from(args.count).unwrap_or(usize::MAX),
+            dtype,
+        })?;
+    let overlaps = |a: u64, b: u64| a < b.saturating_add(bytes) && b < a.saturating_add(bytes);
+    if let Some(r) = (0..world).find(|&r| overlaps(args.dst, args.srcs[r])) {
+        return Err(Error::InvalidArgument(format!(
+            "one-shot dst = {:#x} overlaps srcs[{r}] = {:#x} ({bytes} bytes each): the one-shot \
+             is out of place only",
+            args.dst, args.srcs[r]
+        )));
+    }
+    Ok(())
+}
+
+fn check_word_aligned(name: &str, address: u64) -> Result<()> {
+    if address % 4 == 0 {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "{name} = {address:#x} is not aligned to 4 bytes, the size of a flag word"
+        )))
     }
 }
 
@@ -394,6 +654,10 @@ fn reduce_index(op: ReduceOp, dtype: DType) -> usize {
 
 fn reduce_symbol(op: ReduceOp, dtype: DType) -> String {
     format!("rr_reduce_{}_{}", op.name(), dtype.name())
+}
+
+fn oneshot_symbol(op: ReduceOp, dtype: DType) -> String {
+    format!("rr_oneshot_{}_{}", op.name(), dtype.name())
 }
 
 fn scale_symbol(dtype: DType) -> String {
@@ -515,6 +779,208 @@ mod tests {
         }
         let wanted: BTreeSet<String> = DType::ALL.into_iter().map(scale_symbol).collect();
         assert_eq!(defined, wanted);
+    }
+
+    #[test]
+    fn source_defines_every_oneshot_kernel() {
+        let mut defined = BTreeSet::new();
+        for args in invocations("RR_ONESHOT") {
+            let [symbol, op, ty] = args.as_slice() else {
+                panic!("RR_ONESHOT takes (symbol, op, type): {args:?}");
+            };
+            assert_eq!(
+                *symbol,
+                format!("rr_oneshot_{op}_{}", ty.trim_start_matches("rr_")),
+                "the symbol must name the op and type it is built from"
+            );
+            assert!(defined.insert(symbol.clone()), "{symbol} defined twice");
+        }
+        let wanted: BTreeSet<String> = PAIRWISE_OPS
+            .iter()
+            .flat_map(|&op| DType::ALL.map(|dtype| oneshot_symbol(op, dtype)))
+            .collect();
+        assert_eq!(defined, wanted);
+        assert_eq!(
+            oneshot_symbol(ReduceOp::Avg.combine_op(), DType::F16),
+            "rr_oneshot_sum_f16"
+        );
+    }
+
+    /// The value of `#define name value` in the kernel source.
+    fn define(name: &str) -> u64 {
+        let prefix = format!("#define {name} ");
+        let values: Vec<u64> = SOURCE
+            .lines()
+            .filter_map(|line| line.strip_prefix(prefix.as_str()))
+            .map(|value| value.trim().parse().expect("a decimal #define"))
+            .collect();
+        assert_eq!(values.len(), 1, "#define {name} must appear once");
+        values[0]
+    }
+
+    #[test]
+    fn oneshot_constants_match_the_source() {
+        assert_eq!(define("RR_ONESHOT_MAX_RANKS"), ONESHOT_MAX_RANKS as u64);
+        assert_eq!(
+            define("RR_ONESHOT_MAX_BLOCKS"),
+            u64::from(ONESHOT_MAX_BLOCKS)
+        );
+        assert_eq!(
+            define("RR_ONESHOT_THREADS"),
+            u64::from(ONESHOT_BLOCK_THREADS)
+        );
+        // One block iteration: threads × 16 B × unroll.
+        assert_eq!(
+            u64::from(ONESHOT_BLOCK_THREADS) * VECTOR_BYTES as u64 * define("RR_ONESHOT_UNROLL"),
+            ONESHOT_BYTES_PER_BLOCK
+        );
+        assert_eq!(ONESHOT_FLAG_BYTES, 2 * 128 * 8 * 4);
+        // The last word, (2 * MAX_BLOCKS - 1) * MAX_RANKS + MAX_RANKS - 1, is in range.
+        let last_word =
+            (ONESHOT_MAX_BLOCKS as usize * 2 - 1) * ONESHOT_MAX_RANKS + ONESHOT_MAX_RANKS - 1;
+        assert_eq!((last_word + 1) * 4, ONESHOT_FLAG_BYTES);
+    }
+
+    #[test]
+    fn oneshot_peers_is_the_kernel_parameter() {
+        // struct rr_peers { const void* src[8]; unsigned* flags[8]; } on a 64-bit device.
+        assert_eq!(size_of::<OneShotPeers>(), 128);
+        assert_eq!(std::mem::align_of::<OneShotPeers>(), 8);
+        assert_eq!(std::mem::offset_of!(OneShotPeers, src), 0);
+        assert_eq!(std::mem::offset_of!(OneShotPeers, flags), 64);
+    }
+
+    #[test]
+    fn oneshot_grid_is_bounded_and_monotonic() {
+        // 32 KiB of one rank's input per block.
+        assert_eq!(oneshot_blocks(DType::F32, 0), 1);
+        assert_eq!(oneshot_blocks(DType::F32, 1), 1);
+        assert_eq!(oneshot_blocks(DType::F32, 8 << 10), 1);
+        assert_eq!(oneshot_blocks(DType::F32, (8 << 10) + 1), 2);
+        assert_eq!(oneshot_blocks(DType::U8, 1 << 20), 32);
+        assert_eq!(oneshot_blocks(DType::F64, 1 << 20), 128);
+        assert_eq!(oneshot_blocks(DType::F16, usize::MAX), ONESHOT_MAX_BLOCKS);
+        for dtype in DType::ALL {
+            let mut previous = 1;
+            for shift in 0..40 {
+                for count in [(1usize << shift) - 1, 1 << shift, (1 << shift) + 1] {
+                    let blocks = oneshot_blocks(dtype, count);
+                    assert!(
+                        (1..=ONESHOT_MAX_BLOCKS).contains(&blocks),
+                        "{dtype} {count}"
+                    );
+                    assert!(blocks >= previous, "{dtype} {count}: {blocks} < {previous}");
+                    previous = blocks;
+                }
+            }
+            assert_eq!(previous, ONESHOT_MAX_BLOCKS);
+        }
+    }
+
+    /// Arguments for rank 0 of 2 that pass validation: f32 inputs 64 MiB apart.
+    fn oneshot_args() -> OneShotArgs {
+        let base = 0x7f00_0000_0000_u64;
+        OneShotArgs {
+            srcs: std::array::from_fn(|r| base + ((r as u64) << 26)),
+            flags: std::array::from_fn(|r| base + (1 << 32) + ((r as u64) << 16)),
+            world: 2,
+            rank: 0,
+            dst: base + (1 << 33),
+            count: 1 << 20,
+            epoch: 1,
+            timeout_ns: 1_000_000_000,
+            error: base + (1 << 34),
+        }
+    }
+
+    fn invalid(dtype: DType, args: &OneShotArgs) -> String {
+        match validate_oneshot(dtype, args) {
+            Err(Error::InvalidArgument(why)) => why,
+            other => panic!("expected InvalidArgument for {args:?}, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn oneshot_arguments_are_validated() {
+        let ok = oneshot_args();
+        assert_eq!(validate_oneshot(DType::F32, &ok), Ok(()));
+        for world in 2..=ONESHOT_MAX_RANKS as u32 {
+            for rank in 0..world {
+                let args = OneShotArgs { world, rank, ..ok };
+                assert_eq!(
+                    validate_oneshot(DType::F32, &args),
+                    Ok(()),
+                    "{world} {rank}"
+                );
+            }
+        }
+
+        for world in [0, 1, 9, u32::MAX] {
+            let why = invalid(DType::F32, &OneShotArgs { world, ..ok });
+            assert!(why.contains(&format!("world = {world}")), "{why}");
+        }
+        for (world, rank) in [(2, 2), (2, 7), (8, 8)] {
+            let why = invalid(DType::F32, &OneShotArgs { world, rank, ..ok });
+            assert!(why.contains(&format!("rank = {rank}")), "{why}");
+        }
+
+        let mut args = ok;
+        args.srcs[1] += 2;
+        assert!(invalid(DType::F32, &args).contains("srcs[1]"));
+        assert_eq!(validate_oneshot(DType::F16, &args), Ok(()));
+        // Entries at or above world are not looked at.
+        let mut args = ok;
+        args.srcs[2] = 0x3;
+        args.flags[5] = 0;
+        assert_eq!(validate_oneshot(DType::F64, &args), Ok(()));
+        let mut args = ok;
+        args.flags[1] += 2;
+        assert!(invalid(DType::U8, &args).contains("flags[1]"));
+        assert!(invalid(
+            DType::F32,
+            &OneShotArgs {
+                error: ok.error + 1,
+                ..ok
+            }
+        )
+        .contains("error"));
+
+        // Null pointers are refused only when there is something to do.
+        let mut args = ok;
+        args.flags[0] = 0;
+        assert!(invalid(DType::F32, &args).contains("flags[0] is null"));
+        args.count = 0;
+        assert_eq!(validate_oneshot(DType::F32, &args), Ok(()));
+
+        // Out of place only: dst may touch an input's end but not overlap it.
+        let bytes = ok.count * 4;
+        let args = OneShotArgs {
+            dst: ok.srcs[1] + bytes,
+            ..ok
+        };
+        assert_eq!(validate_oneshot(DType::F32, &args), Ok(()));
+        let args = OneShotArgs {
+            dst: ok.srcs[1] + bytes - 4,
+            ..ok
+        };
+        assert!(invalid(DType::F32, &args).contains("overlaps srcs[1]"));
+        let args = OneShotArgs {
+            dst: ok.srcs[0] - bytes + 4,
+            ..ok
+        };
+        assert!(invalid(DType::F32, &args).contains("overlaps srcs[0]"));
+
+        let args = OneShotArgs {
+            count: u64::MAX / 2,
+            ..ok
+        };
+        assert!(matches!(
+            validate_oneshot(DType::F32, &args),
+            Err(Error::SizeOverflow {
+                dtype: DType::F32,
+                ..
+            })
+        ));
     }
 
     #[test]

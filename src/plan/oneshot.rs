@@ -1,0 +1,166 @@
+//! The one-shot all-reduce plan: one [`Op::PeerReduce`] per rank (module doc of [`crate::plan`]).
+//!
+//! ```text
+//!   out of place, rank r (Main stream)         in place, rank r (Main stream)
+//!   PeerReduce out_r = in_0 ⊕ … ⊕ in_n−1       Copy buf_r → exposed_r
+//!   [Scale out_r]            (Avg)             PeerReduce buf_r = exposed_0 ⊕ … ⊕ exposed_n−1
+//!                                              [Scale buf_r]            (Avg)
+//! ```
+//!
+//! Everything runs on Main, so the caller's work before the call is ordered before it and the
+//! call's completion is Main's: no events at all. What orders ranks against each other is the
+//! instruction's two barriers: the start barrier guarantees every source is ready (each rank's
+//! copy into its exposed buffer, or the caller's writes of its input, came before its barrier
+//! arrival on its own stream), the end barrier that no rank still reads another's source when that
+//! rank moves on — to the caller's next kernel, or to the next call's copy into the same exposed
+//! buffer. The checker ([`crate::check`]) proves both.
+
+use super::{BufId, BufKind, BufferDecl, Instr, Op, Phase, Plan, Region, StreamKind, Tag};
+use crate::element::ReduceOp;
+use crate::error::{Error, Result};
+
+/// Everything the one-shot plan depends on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OneShotSpec {
+    pub world: usize,
+    pub count: usize,
+    pub in_place: bool,
+    /// Only `Avg` matters to the plan (it adds the scaling); the others differ in the kernel.
+    pub op: ReduceOp,
+}
+
+const TAG: Tag = Tag {
+    phase: Phase::OneShot,
+    step: 0,
+    chunk: 0,
+};
+
+impl OneShotSpec {
+    /// Compiles the spec into a plan. World 1 is a copy (out of place) or nothing; count 0 is an
+    /// empty plan — as for the ring.
+    pub fn build(&self) -> Result<Plan> {
+        if self.world == 0 {
+            return Err(Error::InvalidArgument(
+                "a one-shot plan needs at least one rank".into(),
+            ));
+        }
+        let n = self.world;
+        let mut plan = Plan {
+            world: n,
+            count: self.count,
+            in_place: self.in_place,
+            average: self.op == ReduceOp::Avg && n > 1,
+            buffers: Vec::new(),
+            events: Vec::new(),
+            ranks: vec![Vec::new(); n],
+        };
+        let collective = n > 1 && self.count > 0;
+        for rank in 0..n {
+            if !self.in_place {
+                declare(&mut plan, rank, BufKind::Input, self.count);
+            }
+            declare(&mut plan, rank, BufKind::Output, self.count);
+            if self.in_place && collective {
+                declare(&mut plan, rank, BufKind::Exposed, self.count);
+            }
+        }
+        let whole = |buf: BufId| Region {
+            buf,
+            offset: 0,
+            count: self.count,
+        };
+        for rank in 0..n {
+            let out = whole(plan.buffer(rank, BufKind::Output).expect("declared"));
+            let input = plan.buffer(rank, BufKind::Input).map(whole);
+            let exposed = plan.buffer(rank, BufKind::Exposed).map(whole);
+            let mut ops = Vec::new();
+            if n == 1 {
+                if let Some(input) = input.filter(|r| r.count > 0) {
+                    ops.push(Op::Copy {
+                        src: input,
+                        dst: out,
+                    });
+                }
+            } else if collective {
+                let src = match exposed {
+                    Some(exposed) => {
+                        ops.push(Op::Copy {
+                            src: out,
+                            dst: exposed,
+                        });
+                        BufKind::Exposed
+                    }
+                    None => BufKind::Input,
+                };
+                ops.push(Op::PeerReduce {
+                    dst: out,
+                    src,
+                    offset: 0,
+                    count: self.count,
+                });
+                if plan.average {
+                    ops.push(Op::Scale { region: out });
+                }
+            }
+            plan.ranks[rank] = ops
+                .into_iter()
+                .map(|op| Instr {
+                    stream: StreamKind::Main,
+                    op,
+                    tag: TAG,
+                })
+                .collect();
+        }
+        Ok(plan)
+    }
+}
+
+fn declare(plan: &mut Plan, rank: usize, kind: BufKind, len: usize) {
+    plan.buffers.push(BufferDecl { rank, kind, len });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_place_exposes_a_copy_out_of_place_reads_inputs() {
+        let oop = OneShotSpec {
+            world: 3,
+            count: 10,
+            in_place: false,
+            op: ReduceOp::Sum,
+        }
+        .build()
+        .unwrap();
+        assert!(oop.buffer(0, BufKind::Exposed).is_none());
+        assert_eq!(oop.ranks[1].len(), 1);
+        assert!(matches!(
+            oop.ranks[1][0].op,
+            Op::PeerReduce {
+                src: BufKind::Input,
+                ..
+            }
+        ));
+        let ip = OneShotSpec {
+            world: 3,
+            count: 10,
+            in_place: true,
+            op: ReduceOp::Avg,
+        }
+        .build()
+        .unwrap();
+        assert!(ip.buffer(2, BufKind::Exposed).is_some());
+        let ops: Vec<_> = ip.ranks[2].iter().map(|i| i.op).collect();
+        assert!(matches!(ops[0], Op::Copy { .. }));
+        assert!(matches!(
+            ops[1],
+            Op::PeerReduce {
+                src: BufKind::Exposed,
+                ..
+            }
+        ));
+        assert!(matches!(ops[2], Op::Scale { .. }));
+        assert!(ip.events.is_empty());
+    }
+}
