@@ -256,6 +256,8 @@ pub(crate) struct CudaExecutor {
     /// Present when the one-shot can run here (every pair of GPUs reaches the other).
     oneshot: Option<Arc<OneShotShared>>,
     epoch: u32,
+    /// Every rank's context, by rank (for enqueuing from the caller's thread).
+    contexts: Vec<Arc<CudaContext>>,
 }
 
 impl CudaExecutor {
@@ -336,6 +338,7 @@ impl CudaExecutor {
                 Ok((tx, handle))
             })
             .collect::<Result<Vec<_>>>()?;
+        let contexts = ranks.iter().map(|r| r.ctx.clone()).collect();
         Ok(CudaExecutor {
             ranks,
             threads,
@@ -346,6 +349,7 @@ impl CudaExecutor {
             calls: 0,
             oneshot,
             epoch: 0,
+            contexts,
         })
     }
 
@@ -530,6 +534,17 @@ impl CudaExecutor {
             oneshot: self.oneshot.clone().filter(|_| oneshot),
             epoch: self.epoch,
         });
+        if call.prepared.plan.events.is_empty() {
+            // No event crosses between ranks (the one-shot; one rank; nothing to do): there is no
+            // handoff to wait for, so the caller's thread enqueues every rank itself — a channel
+            // round trip per rank thread saved, ~10 µs of a ~20 µs small call.
+            self.run_inline(&call)?;
+            return if oneshot && wait_complete {
+                self.check_oneshot_errors()
+            } else {
+                Ok(())
+            };
+        }
         for (tx, _) in &self.threads {
             tx.send(call.clone()).map_err(|_| Error::Closed)?;
         }
@@ -564,6 +579,40 @@ impl CudaExecutor {
             None if oneshot && wait_complete => self.check_oneshot_errors(),
             None => Ok(()),
         }
+    }
+
+    /// Enqueues a plan without events from the calling thread, rank after rank (each rank's
+    /// work goes on its own streams, so the order between ranks does not matter: the one-shot's
+    /// kernels meet on the GPUs, whenever each is launched), then waits for completion if asked.
+    /// A panic is caught and returned as an error, as on the rank threads.
+    fn run_inline(&self, call: &CudaCall) -> Result<()> {
+        let outcome = catch_unwind(AssertUnwindSafe(|| -> Result<()> {
+            for (rank, res) in self.ranks.iter().enumerate() {
+                device::bind(&res.ctx)?;
+                let mut backend = CudaEnqueue {
+                    res,
+                    contexts: &self.contexts,
+                    call,
+                };
+                for (index, instr) in call.prepared.plan.ranks[rank].iter().enumerate() {
+                    backend.enqueue(index, instr)?;
+                }
+                device::record(&res.done, &res.streams[StreamKind::Main.index()])?;
+            }
+            if call.wait_complete {
+                for (rank, res) in self.ranks.iter().enumerate() {
+                    wait_done(res, rank, call)?;
+                }
+            }
+            Ok(())
+        }));
+        outcome.unwrap_or_else(|payload| {
+            Err(Error::RankFailed {
+                rank: 0,
+                during: "enqueue".into(),
+                message: panic_message(&*payload),
+            })
+        })
     }
 
     /// The first one-shot barrier timeout any rank's kernel reported (its kernel then returned
