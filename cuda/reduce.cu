@@ -500,10 +500,65 @@ static __device__ __forceinline__ void rr_oneshot_body(const rr_peers& peers, un
     }
 }
 
+// The in-place one-shot's exposure, fused into the kernel: before the start barrier, this block
+// copies ITS indices of the rank's in-place buffer `from` into the rank's exposed buffer
+// peers.src[rank], with exactly the partition rr_oneshot_body uses (it depends only on count,
+// the grid and the sources' offsets within 16 bytes, equal on every rank). After the barrier,
+// block b of every rank reads only block b's indices of each exposed buffer — the indices the
+// matching block copied before it signalled — and then overwrites those indices of `from`
+// (its dst), which no peer reads. One launch instead of a copy-engine copy and a launch.
+template <typename T>
+static __device__ __forceinline__ void rr_oneshot_expose(const rr_peers& peers, unsigned world,
+                                                         unsigned rank, const T* from,
+                                                         rr_ull count) {
+    const unsigned per_vec = 16 / sizeof(T);
+    const rr_ull first = (rr_ull)blockIdx.x * blockDim.x + threadIdx.x;
+    const rr_ull stride = (rr_ull)gridDim.x * blockDim.x;
+    T* exposed = static_cast<T*>(const_cast<void*>(peers.src[rank]));
+    const unsigned misalign = rr_misalign(peers.src[0]);
+    bool shared = true;
+#pragma unroll
+    for (unsigned r = 1; r < RR_ONESHOT_MAX_RANKS; ++r) {
+        if (r < world) {
+            shared = shared && rr_misalign(peers.src[r]) == misalign;
+        }
+    }
+    const rr_ull head = shared ? rr_head<T>(misalign, count) : count;
+    const rr_ull vecs = (count - head) / per_vec;
+    const rr_ull tail = head + vecs * per_vec;
+    const bool from_vector = rr_misalign(from) == misalign;
+
+    for (rr_ull i = first; i < head; i += stride) {
+        exposed[i] = from[i];
+    }
+    const rr_ull vec_stride = stride * RR_ONESHOT_UNROLL;
+    for (rr_ull base = (rr_ull)blockIdx.x * blockDim.x * RR_ONESHOT_UNROLL + threadIdx.x;
+         base < vecs; base += vec_stride) {
+#pragma unroll
+        for (unsigned u = 0; u < RR_ONESHOT_UNROLL; ++u) {
+            const rr_ull v = base + (rr_ull)u * blockDim.x;
+            if (v < vecs) {
+                if (from_vector) {
+                    reinterpret_cast<uint4*>(exposed + head)[v] =
+                        reinterpret_cast<const uint4*>(from + head)[v];
+                } else {
+#pragma unroll
+                    for (unsigned k = 0; k < per_vec; ++k) {
+                        exposed[head + v * per_vec + k] = from[head + v * per_vec + k];
+                    }
+                }
+            }
+        }
+    }
+    for (rr_ull i = tail + first; i < count; i += stride) {
+        exposed[i] = from[i];
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // rr_oneshot_<op>_<type>(rr_peers peers, unsigned world, unsigned rank, T* dst,
 //                        unsigned long long count, unsigned epoch,
-//                        unsigned long long timeout_ns, unsigned* error)
+//                        unsigned long long timeout_ns, unsigned* error, const T* expose_from)
 //
 // Purpose: the whole all-reduce in one kernel per rank, for small and medium messages:
 //   dst[i] = src[0][i] ⊕ src[1][i] ⊕ ... ⊕ src[world - 1][i] for i < count, folded in rank
@@ -519,8 +574,10 @@ static __device__ __forceinline__ void rr_oneshot_body(const rr_peers& peers, un
 //   writable from this GPU (peer access on), aligned to sizeof(T) and 4; src[r] is valid for
 //   `count` elements, written before rank r's kernel starts and not again until rank r's
 //   kernel is complete (its end barrier waits for every reader). dst is
-//   writable from this GPU, valid for `count` elements and disjoint from every source (out of
-//   place only: peers read src[rank] while this rank writes dst). epoch is the previous call's
+//   writable from this GPU, valid for `count` elements and disjoint from every source (peers
+//   read src[rank] while this rank writes dst). In place, src[rank] is the rank's exposed
+//   buffer and expose_from its in-place buffer (== dst): each block first copies its indices
+//   of expose_from into src[rank] (rr_oneshot_expose); otherwise expose_from is null. epoch is the previous call's
 //   epoch + 1 on these flags (the first call: 1; 0 may be skipped on wrapping), the flag arrays
 //   started at zero, and every call on them is made by all ranks. error points to a word this
 //   GPU can write (host-mapped pinned, so the host can watch it).
@@ -542,7 +599,8 @@ template <class D, class Op>
 static __device__ __forceinline__ void rr_oneshot_kernel(const rr_peers& peers, unsigned world,
                                                          unsigned rank, typename D::T* dst,
                                                          rr_ull count, unsigned epoch,
-                                                         rr_ull timeout_ns, unsigned* error) {
+                                                         rr_ull timeout_ns, unsigned* error,
+                                                         const typename D::T* expose_from) {
     // Uniform over the grid: either every block returns here or none does.
     if (world < 2 || world > RR_ONESHOT_MAX_RANKS || rank >= world ||
         gridDim.x > RR_ONESHOT_MAX_BLOCKS || blockDim.x < RR_ONESHOT_MAX_RANKS) {
@@ -558,7 +616,11 @@ static __device__ __forceinline__ void rr_oneshot_kernel(const rr_peers& peers, 
             flags[r] = peers.flags[r];
         }
     }
-    // (The barrier's opening __syncthreads() makes `flags` visible to the block.)
+    if (expose_from != nullptr) {
+        rr_oneshot_expose<typename D::T>(peers, world, rank, expose_from, count);
+    }
+    // (The barrier's opening __syncthreads() makes `flags` visible to the block, and orders the
+    // block's exposure copy before its signal.)
     if (!rr_oneshot_barrier(flags, world, rank, 0, epoch, timeout_ns, error)) {
         return;  // a peer is missing: read nothing of it
     }
@@ -589,9 +651,9 @@ static __device__ __forceinline__ void rr_oneshot_kernel(const rr_peers& peers, 
     extern "C" __global__ void __launch_bounds__(RR_ONESHOT_THREADS, 1)                       \
         symbol(rr_peers peers, unsigned world, unsigned rank, type::T* dst,                  \
                unsigned long long count, unsigned epoch, unsigned long long timeout_ns,      \
-               unsigned* error) {                                                            \
+               unsigned* error, const type::T* expose_from) {                                \
         rr_oneshot_kernel<type, rr_op_##op>(peers, world, rank, dst, count, epoch,           \
-                                            timeout_ns, error);                              \
+                                            timeout_ns, error, expose_from);                 \
     }
 
 RR_REDUCE(rr_reduce_sum_f16, sum, rr_f16)

@@ -255,6 +255,7 @@ fn oneshot_kernel_gives_up_on_a_missing_peer() {
         epoch: 1,
         timeout_ns: 200_000_000,
         error: error.uva_ptr(),
+        expose_from: 0,
     };
     args.srcs[..2].copy_from_slice(&[src_a.ptr(), src_b.ptr()]);
     args.flags[..2].copy_from_slice(&[flags_a.ptr(), flags_b.ptr()]);

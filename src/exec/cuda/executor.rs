@@ -593,10 +593,13 @@ impl CudaExecutor {
                     res,
                     contexts: &self.contexts,
                     call,
+                    fuse_exposure: true,
+                    held: None,
                 };
                 for (index, instr) in call.prepared.plan.ranks[rank].iter().enumerate() {
                     backend.enqueue(index, instr)?;
                 }
+                backend.flush()?;
                 device::record(&res.done, &res.streams[StreamKind::Main.index()])?;
             }
             if call.wait_complete {
@@ -808,6 +811,8 @@ fn rank_thread(
                 res: &res,
                 contexts: &contexts,
                 call: &call,
+                fuse_exposure: false,
+                held: None,
             };
             enqueue_rank(
                 &call.prepared.plan,
@@ -875,6 +880,13 @@ struct CudaEnqueue<'a> {
     /// Every rank's context, by rank (a peer copy names both ends).
     contexts: &'a [Arc<CudaContext>],
     call: &'a CudaCall,
+    /// Fuse the in-place one-shot's exposure copy into its kernel: a Main-stream copy into the
+    /// rank's exposed buffer is held back; if the next instruction is the peer reduce that reads
+    /// exactly that region and writes exactly the copy's source, the kernel does the copy itself
+    /// (`OneShotArgs::expose_from`, before its start barrier); otherwise the copy is enqueued as
+    /// it stands. The caller must `flush` at the end of the program.
+    fuse_exposure: bool,
+    held: Option<Instr>,
 }
 
 impl CudaEnqueue<'_> {
@@ -887,8 +899,59 @@ impl CudaEnqueue<'_> {
     }
 }
 
+impl CudaEnqueue<'_> {
+    /// Enqueues a held-back exposure copy, if any.
+    fn flush(&mut self) -> Result<()> {
+        match self.held.take() {
+            Some(copy) => self.enqueue_now(&copy, None),
+            None => Ok(()),
+        }
+    }
+}
+
 impl Enqueue for CudaEnqueue<'_> {
     fn enqueue(&mut self, _index: usize, instr: &Instr) -> Result<()> {
+        let plan = &self.call.prepared.plan;
+        if self.fuse_exposure && instr.stream == StreamKind::Main {
+            if let Op::Copy { dst, .. } = instr.op {
+                if plan.decl(dst.buf).kind == BufKind::Exposed {
+                    self.flush()?;
+                    self.held = Some(*instr);
+                    return Ok(());
+                }
+            }
+        }
+        let Some(held) = self.held.take() else {
+            return self.enqueue_now(instr, None);
+        };
+        let fused = match (held.op, instr.op) {
+            (
+                Op::Copy { src, dst: exposed },
+                Op::PeerReduce {
+                    dst,
+                    src: BufKind::Exposed,
+                    offset,
+                    count,
+                },
+            ) if instr.stream == StreamKind::Main
+                && dst == src
+                && (exposed.offset, exposed.count) == (offset, count) =>
+            {
+                Some(self.addr(src))
+            }
+            _ => None,
+        };
+        if fused.is_none() {
+            self.enqueue_now(&held, None)?;
+        }
+        self.enqueue_now(instr, fused)
+    }
+}
+
+impl CudaEnqueue<'_> {
+    /// Enqueues one instruction; `expose_from` is the fused exposure copy's source for a peer
+    /// reduce (see `fuse_exposure`).
+    fn enqueue_now(&mut self, instr: &Instr, expose_from: Option<u64>) -> Result<()> {
         let call = self.call;
         let plan = &call.prepared.plan;
         let stream = &self.res.streams[instr.stream.index()];
@@ -963,6 +1026,7 @@ impl Enqueue for CudaEnqueue<'_> {
                     epoch: call.epoch,
                     timeout_ns: u64::try_from(call.timeout.as_nanos()).unwrap_or(u64::MAX),
                     error: shared.errors[rank].uva_ptr(),
+                    expose_from: expose_from.unwrap_or(0),
                 };
                 for (r, src) in crate::check::peer_sources_of(plan, &op)
                     .into_iter()

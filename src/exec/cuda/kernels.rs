@@ -396,7 +396,8 @@ impl Kernels {
             args.timeout_ns,
             args.error,
         );
-        let mut params: [*mut c_void; 8] = [
+        let mut expose_from = args.expose_from;
+        let mut params: [*mut c_void; 9] = [
             (&mut peers as *mut OneShotPeers).cast(),
             (&mut world_arg as *mut u32).cast(),
             (&mut rank as *mut u32).cast(),
@@ -405,14 +406,15 @@ impl Kernels {
             (&mut epoch as *mut u32).cast(),
             (&mut timeout_ns as *mut u64).cast(),
             (&mut error as *mut u64).cast(),
+            (&mut expose_from as *mut u64).cast(),
         ];
         let function = &self.oneshot[reduce_index(op, dtype)];
         let blocks = oneshot_blocks(dtype, usize::try_from(args.count).unwrap_or(usize::MAX));
         debug_assert!((1..=ONESHOT_MAX_BLOCKS).contains(&blocks));
         // SAFETY: the function is rr_oneshot_<op>_<dtype>(rr_peers, unsigned, unsigned, T*,
-        // unsigned long long, unsigned, unsigned long long, unsigned*): `peers` is the #[repr(C)]
-        // mirror of rr_peers (two arrays of 8 pointers, 128 bytes), then u32, u32, u64, u64,
-        // u32, u64, u64 in parameter order, all outliving the call (the driver copies them at
+        // unsigned long long, unsigned, unsigned long long, unsigned*, const T*): `peers` is the
+        // #[repr(C)] mirror of rr_peers (two arrays of 8 pointers, 128 bytes), then u32, u32,
+        // u64, u64, u32, u64, u64, u64 in parameter order, all outliving the call (the driver copies them at
         // launch). The grid is at most ONESHOT_MAX_BLOCKS blocks of ONESHOT_BLOCK_THREADS, the
         // kernel's limits; the memory and the other ranks' calls are the caller's contract.
         unsafe { self.launch_grid(stream, function, blocks, ONESHOT_BLOCK_THREADS, &mut params) }
@@ -502,6 +504,9 @@ pub struct OneShotArgs {
     pub timeout_ns: u64,
     /// Where the kernel stores a nonzero code on failure (1 start, 2 end barrier timed out).
     pub error: u64,
+    /// In place: the rank's in-place buffer (== `dst`), which each block copies, its own
+    /// indices, into `srcs[rank]` (the exposed buffer) before the start barrier. 0 otherwise.
+    pub expose_from: u64,
 }
 
 /// The kernel parameter `rr_peers` of `cuda/reduce.cu`, byte for byte: two arrays of
@@ -580,6 +585,16 @@ fn validate_oneshot(dtype: DType, args: &OneShotArgs) -> Result<()> {
              is out of place only",
             args.dst, args.srcs[r]
         )));
+    }
+    if args.expose_from != 0 {
+        check_aligned(dtype, "expose_from", args.expose_from)?;
+        if let Some(r) = (0..world).find(|&r| overlaps(args.expose_from, args.srcs[r])) {
+            return Err(Error::InvalidArgument(format!(
+                "one-shot expose_from = {:#x} overlaps srcs[{r}] = {:#x}: it is copied into \
+                 srcs[rank], which must be a separate buffer",
+                args.expose_from, args.srcs[r]
+            )));
+        }
     }
     Ok(())
 }
@@ -890,6 +905,7 @@ mod tests {
             epoch: 1,
             timeout_ns: 1_000_000_000,
             error: base + (1 << 34),
+            expose_from: 0,
         }
     }
 
@@ -944,6 +960,31 @@ mod tests {
             }
         )
         .contains("error"));
+        // The in-place exposure: its source may be dst, never an exposed buffer, and aligned.
+        validate_oneshot(
+            DType::F32,
+            &OneShotArgs {
+                expose_from: ok.dst,
+                ..ok
+            },
+        )
+        .unwrap();
+        assert!(invalid(
+            DType::F32,
+            &OneShotArgs {
+                expose_from: ok.srcs[1] + 64,
+                ..ok
+            }
+        )
+        .contains("overlaps srcs[1]"));
+        assert!(invalid(
+            DType::F32,
+            &OneShotArgs {
+                expose_from: ok.dst + 2,
+                ..ok
+            }
+        )
+        .contains("expose_from"));
 
         // Null pointers are refused only when there is something to do.
         let mut args = ok;
