@@ -68,6 +68,14 @@ pub struct BenchArgs {
     /// Skip NCCL.
     #[arg(long)]
     pub no_nccl: bool,
+    /// Measure nothing: read a report written earlier with --json and draw it (--plot); no GPU
+    /// needed.
+    #[arg(long)]
+    pub from_json: Option<PathBuf>,
+    /// Skip the staged pass (ringreduce staged through pinned host memory against NCCL with
+    /// NCCL_P2P_DISABLE=1, up to 256 MiB) that follows the main one unless --transport staged.
+    #[arg(long)]
+    pub no_staged: bool,
     /// Internal: run NCCL only (in a child process of `bench`).
     #[arg(long, hide = true)]
     pub nccl_only: bool,
@@ -665,16 +673,8 @@ fn print_row(r: &Row) {
 }
 
 /// busbw ratio ringreduce / each NCCL run, per size (> 1: ringreduce is faster).
-fn print_comparison(report: &Report, ring_label: &str) {
-    let others: Vec<&str> = {
-        let mut v: Vec<&str> = Vec::new();
-        for r in &report.rows {
-            if r.library != ring_label && !v.contains(&r.library.as_str()) {
-                v.push(&r.library);
-            }
-        }
-        v
-    };
+fn print_comparison(report: &Report, ring_label: &str, against: &[String]) {
+    let others: Vec<&str> = against.iter().map(String::as_str).collect();
     if others.is_empty() {
         return;
     }
@@ -712,8 +712,60 @@ fn print_comparison(report: &Report, ring_label: &str) {
 // Plot.
 // ---------------------------------------------------------------------------------------------
 
-/// Draws busbw (left) and time (right) against size, out of place, one series per library.
-pub fn write_svg(path: &Path, rows: &[Row], title: &str) -> Result<(), String> {
+/// Writes the plot to `path`: SVG as drawn, or PNG rasterised from the SVG (resvg, with the
+/// system's fonts; where none are found the PNG has no text and a note says so).
+pub fn write_plot(path: &Path, rows: &[Row], title: &str) -> Result<(), String> {
+    let svg = render_svg(rows, title).map_err(|e| format!("plot {}: {e}", path.display()))?;
+    let err = |e: &dyn std::fmt::Display| format!("plot {}: {e}", path.display());
+    if is_png(path) {
+        let mut options = resvg::usvg::Options::default();
+        options.fontdb_mut().load_system_fonts();
+        if options.fontdb.is_empty() {
+            out!(
+                "# note: no system fonts found: {} has no text (the SVG does)",
+                path.display()
+            );
+        } else if let Some(family) = ["DejaVu Sans", "Liberation Sans", "Arial", "Noto Sans"]
+            .into_iter()
+            .find(|f| {
+                options
+                    .fontdb
+                    .faces()
+                    .any(|face| face.families.iter().any(|(n, _)| n == f))
+            })
+        {
+            options.fontdb_mut().set_sans_serif_family(family);
+        }
+        let tree = resvg::usvg::Tree::from_str(&svg, &options).map_err(|e| err(&e))?;
+        let size = tree.size().to_int_size();
+        let mut pixmap = resvg::tiny_skia::Pixmap::new(size.width(), size.height())
+            .ok_or_else(|| err(&"empty image"))?;
+        resvg::render(
+            &tree,
+            resvg::tiny_skia::Transform::default(),
+            &mut pixmap.as_mut(),
+        );
+        pixmap.save_png(path).map_err(|e| err(&e))
+    } else {
+        std::fs::write(path, svg).map_err(|e| err(&e))
+    }
+}
+
+fn is_png(path: &Path) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| e.eq_ignore_ascii_case("png"))
+}
+
+/// Draws busbw (left) and time (right) against size, out of place, one series per library, as
+/// an SVG document.
+pub fn render_svg(rows: &[Row], title: &str) -> Result<String, String> {
+    let mut svg = String::new();
+    draw(&mut svg, rows, title)?;
+    Ok(svg)
+}
+
+fn draw(svg: &mut String, rows: &[Row], title: &str) -> Result<(), String> {
     use plotters::prelude::*;
     let mut libs: Vec<&str> = Vec::new();
     for r in rows {
@@ -742,8 +794,8 @@ pub fn write_svg(path: &Path, rows: &[Row], title: &str) -> Result<(), String> {
     } else {
         (tmin / 2.0).max(1e-3)
     };
-    let err = |e: &dyn std::fmt::Display| format!("plot {}: {e}", path.display());
-    let root = SVGBackend::new(path, (1400, 560)).into_drawing_area();
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    let root = SVGBackend::with_string(svg, (1400, 560)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
     let root = root
         .titled(title, ("sans-serif", 18))
@@ -845,17 +897,12 @@ fn size_tick(bytes: f64) -> String {
     format!("{}", bytes.round())
 }
 
-/// `Err` unless the plot path ends in `.svg` (this build has plotters' SVG backend only).
+/// `Err` unless the plot path ends in `.svg` or `.png`.
 pub fn check_plot_path(path: &Path) -> Result<(), String> {
     match path.extension().and_then(|e| e.to_str()) {
-        Some(e) if e.eq_ignore_ascii_case("svg") => Ok(()),
-        Some(e) if e.eq_ignore_ascii_case("png") => Err(format!(
-            "--plot {}: PNG is not supported in this build (plotters is built with its SVG \
-             backend only); use a .svg file",
-            path.display()
-        )),
+        Some(e) if e.eq_ignore_ascii_case("svg") || e.eq_ignore_ascii_case("png") => Ok(()),
         _ => Err(format!(
-            "--plot {}: the file must end in .svg",
+            "--plot {}: the file must end in .svg or .png",
             path.display()
         )),
     }
@@ -877,6 +924,27 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
     }
     if args.nccl_only {
         return run_nccl_only(args);
+    }
+    if let Some(source) = &args.from_json {
+        let text = std::fs::read_to_string(source)
+            .map_err(|e| Failure::Failed(format!("{}: {e}", source.display())))?;
+        let report: Report = serde_json::from_str(&text).map_err(|e| {
+            Failure::Failed(format!("{}: not a bench report: {e}", source.display()))
+        })?;
+        let Some(path) = &args.plot else {
+            return Err(Failure::Failed(
+                "--from-json needs --plot FILE.svg|.png".into(),
+            ));
+        };
+        let when = report
+            .header
+            .iter()
+            .find(|(k, _)| k == "date")
+            .map_or(String::new(), |(_, v)| format!(", {v}"));
+        let title = format!("all-reduce, {}{when}", source.display());
+        write_plot(path, &report.rows, &title)?;
+        out!("# plot: {}", path.display());
+        return Ok(());
     }
     let n = require_gpus(2)?;
     let devices: Vec<usize> = (0..n).collect();
@@ -939,18 +1007,104 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
         ),
     ));
 
-    let comm = Communicator::with_config(
+    let mut not_measured = Vec::new();
+    let (mut rows, against) = measure_pass(
+        args,
         &devices,
+        &ring_label,
+        detected.as_ref(),
+        &mut header,
+        &mut not_measured,
+    )?;
+    let mut comparisons = vec![(ring_label.clone(), against)];
+    // The staged fallback against NCCL's host path, in the same report (issue 4, point 2):
+    // ringreduce's ring with every edge staged through pinned host memory, and NCCL with
+    // NCCL_P2P_DISABLE=1. Up to 256 MiB (the staged path moves ~45 GB/s: a 1 GiB row alone
+    // would take seconds per iteration).
+    if args.transport != Transport::Staged && !args.no_staged {
+        let staged = BenchArgs {
+            transport: Transport::Staged,
+            algorithm: ringreduce::Algorithm::Ring,
+            max_bytes: args.max_bytes.min(STAGED_MAX_BYTES),
+            min_bytes: args.min_bytes.min(args.max_bytes.min(STAGED_MAX_BYTES)),
+            ..args.clone()
+        };
+        let label = "ringreduce (staged)".to_string();
+        let (staged_rows, against) = measure_pass(
+            &staged,
+            &devices,
+            &label,
+            detected.as_ref(),
+            &mut header,
+            &mut not_measured,
+        )?;
+        rows.extend(staged_rows);
+        comparisons.push((label, against));
+    }
+    let report = Report {
+        header,
+        not_measured,
+        rows,
+    };
+    for (label, against) in &comparisons {
+        print_comparison(&report, label, against);
+    }
+
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+        std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+        out!("# JSON: {}", path.display());
+    }
+    if let Some(path) = &args.plot {
+        let title = format!("all-reduce {} {} on {n} GPUs", args.dtype, args.op);
+        write_plot(path, &report.rows, &title)?;
+        out!("# plot: {}", path.display());
+    }
+    let wrong: u64 = report
+        .rows
+        .iter()
+        .map(|r| r.out_of_place.wrong + r.in_place.wrong)
+        .sum();
+    if wrong > 0 {
+        return Err(Failure::Failed(format!(
+            "{wrong} wrong elements (see the #wrong columns)"
+        )));
+    }
+    out!("# all results correct");
+    Ok(())
+}
+
+/// Bytes per rank the staged pass of a default `bench` goes up to.
+const STAGED_MAX_BYTES: usize = 256 << 20;
+
+/// One pass of the report: ringreduce with `args`' transport and algorithm over the sweep, then
+/// each NCCL configuration that matches it (in child processes). Returns the rows and the labels
+/// of the NCCL runs measured, for the comparison table.
+fn measure_pass(
+    args: &BenchArgs,
+    devices: &[usize],
+    label: &str,
+    detected: Option<&ringreduce::topo::Detected>,
+    header: &mut Vec<(String, String)>,
+    not_measured: &mut Vec<(String, String)>,
+) -> Result<(Vec<Row>, Vec<String>), Failure> {
+    let first = !header.iter().any(|(k, _)| k.ends_with(" links"));
+    let printed = header.len();
+    let comm = Communicator::with_config(
+        devices,
         ringreduce::CudaConfig {
             transport: args.transport,
             algorithm: args.algorithm,
             ..Default::default()
         },
     )?;
-    header.push(("algorithm".into(), crate::describe_algorithm(&comm)));
+    header.push((
+        format!("{label} algorithm"),
+        crate::describe_algorithm(&comm),
+    ));
     let mut links = Vec::new();
     for e in comm.edges() {
-        let link = detected.as_ref().and_then(|d| {
+        let link = detected.and_then(|d| {
             d.links
                 .get(e.from_device)?
                 .get(e.to_device)
@@ -978,17 +1132,23 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
             );
         }
     }
-    header.push(("links".into(), links.join("; ")));
-    for (k, v) in &header {
-        out!("# {k}: {v}");
+    header.push((format!("{label} links"), links.join("; ")));
+    if first {
+        for (k, v) in header.iter() {
+            out!("# {k}: {v}");
+        }
+    } else {
+        for (k, v) in &header[printed..] {
+            out!("# {k}: {v}");
+        }
     }
 
-    let sweep = Sweep::new(args, devices.clone())?;
-    let mut rows = sweep.run(&Lib::Ring(&comm), &ring_label, true)?;
+    let sweep = Sweep::new(args, devices.to_vec())?;
+    let mut rows = sweep.run(&Lib::Ring(&comm), label, true)?;
     drop(sweep);
     comm.close()?;
 
-    let mut not_measured = Vec::new();
+    let mut against = Vec::new();
     if args.no_nccl {
         not_measured.push(("NCCL".to_string(), "--no-nccl".to_string()));
     } else {
@@ -1016,6 +1176,7 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
                         print_row(r);
                     }
                     header.push((nrun.label.clone(), format!("NCCL {}", child.nccl_version)));
+                    against.push(nrun.label.clone());
                     rows.extend(child.rows);
                 }
                 Err(why) => {
@@ -1029,35 +1190,7 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
             let _ = std::fs::remove_dir_all(dir);
         }
     }
-    let report = Report {
-        header,
-        not_measured,
-        rows,
-    };
-    print_comparison(&report, &ring_label);
-
-    if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
-        std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))?;
-        out!("# JSON: {}", path.display());
-    }
-    if let Some(path) = &args.plot {
-        let title = format!("all-reduce {} {} on {n} GPUs", args.dtype, args.op);
-        write_svg(path, &report.rows, &title)?;
-        out!("# plot: {}", path.display());
-    }
-    let wrong: u64 = report
-        .rows
-        .iter()
-        .map(|r| r.out_of_place.wrong + r.in_place.wrong)
-        .sum();
-    if wrong > 0 {
-        return Err(Failure::Failed(format!(
-            "{wrong} wrong elements (see the #wrong columns)"
-        )));
-    }
-    out!("# all results correct");
-    Ok(())
+    Ok((rows, against))
 }
 
 /// The child: NCCL alone over the same sweep; JSON on stdout.
@@ -1192,16 +1325,26 @@ mod tests {
             rows.push(row("ringreduce (auto)", size, 20.0 * (i + 1) as f64));
             rows.push(row("NCCL (NCCL_ALGO=Ring)", size, 18.0 * (i + 1) as f64));
         }
-        write_svg(&path, &rows, "synthetic").unwrap();
+        write_plot(&path, &rows, "synthetic").unwrap();
         let svg = std::fs::read_to_string(&path).unwrap();
+        let png_path = dir.join("plot.png");
+        write_plot(&png_path, &rows, "synthetic").unwrap();
+        let png = std::fs::read(&png_path).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(200)]);
         assert!(svg.contains("ringreduce (auto)"));
         assert!(svg.contains("NCCL (NCCL_ALGO=Ring)"));
-        assert!(check_plot_path(Path::new("a.png"))
-            .unwrap_err()
-            .contains("not supported"));
+        // A PNG of the drawing's size (1400 × 560): signature, then IHDR width and height.
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+        assert_eq!(u32::from_be_bytes(png[16..20].try_into().unwrap()), 1400);
+        assert_eq!(u32::from_be_bytes(png[20..24].try_into().unwrap()), 560);
+        // Not a blank canvas: the lines and text leave many distinct bytes after compression.
+        assert!(png.len() > 10_000, "{} bytes", png.len());
+        assert!(check_plot_path(Path::new("a.PNG")).is_ok());
         assert!(check_plot_path(Path::new("a.SVG")).is_ok());
+        assert!(check_plot_path(Path::new("a.pdf"))
+            .unwrap_err()
+            .contains(".svg or .png"));
         assert_eq!(size_tick(8.0), "8");
         assert_eq!(size_tick(65536.0), "64K");
         assert_eq!(size_tick(1073741824.0), "1G");
