@@ -286,8 +286,12 @@ static __device__ __forceinline__ void rr_scale_body(typename D::T* x, rr_ull co
 //     (phase * RR_ONESHOT_MAX_BLOCKS + block) * RR_ONESHOT_MAX_RANKS + from
 // of rank p's array is written only by rank `from`'s block `block`, at barrier `phase` (0: start,
 // 1: end), with the call's epoch; rank p's block `block` spins on it. One writer per word, so
-// no atomics; epochs only grow (1, 2, 3, ... wrapping), so nothing is ever cleared, and a word
-// compares "reached" with (int)(word - epoch) >= 0, which survives the wrap of 2^32.
+// no atomics; epochs only grow (1, 2, 3, ... wrapping), so nothing is ever cleared. A word has
+// "reached" the call when it EQUALS the call's epoch. Equality is enough, since a peer cannot
+// write the next epoch into a word this block still waits on (its next call needs this block's
+// end signal first); and it is needed: a block index that the small grids of many calls left
+// unused keeps an old epoch, which an ordering comparison would take for "reached" after 2^31
+// calls, and a stale kernel of a failed call must not pair with the next call.
 //
 // Memory ordering (PTX memory model, system scope because the two sides are different GPUs):
 // - signal: __syncthreads() (everything the block did is done, CTA-wide), then one thread per
@@ -369,7 +373,7 @@ static __device__ __forceinline__ bool rr_oneshot_barrier(unsigned* const* flags
         rr_st_release_sys(flags[peer] + rr_flag_word(phase, blockIdx.x, rank), epoch);
         const unsigned* word = flags[rank] + rr_flag_word(phase, blockIdx.x, peer);
         const rr_ull start = rr_globaltimer();
-        while ((int)(rr_ld_acquire_sys(word) - epoch) < 0) {
+        while (rr_ld_acquire_sys(word) != epoch) {
             if (rr_globaltimer() - start > timeout_ns) {
                 rr_st_relaxed_sys(error, phase + 1);
                 timed_out = 1;

@@ -184,11 +184,17 @@ impl Communicator {
 
     /// Blocks until all work enqueued by this communicator has finished.
     pub fn synchronize(&self) -> Result<()> {
-        match &self.state.lock().unwrap_or_else(|p| p.into_inner()).exec {
+        let result = match &self.state.lock().unwrap_or_else(|p| p.into_inner()).exec {
             Some(Executor::Cuda(exec)) => exec.synchronize(),
             Some(Executor::Host(_)) => Ok(()),
-            None => Err(Error::Closed),
+            None => return Err(Error::Closed),
+        };
+        // An error here is the GPU's (a CUDA error, or a one-shot kernel that gave up at a
+        // barrier): the enqueued collectives failed, and so has the communicator.
+        if let Err(err) = &result {
+            let _ = self.failed.set(err.clone());
         }
+        result
     }
 
     fn from_executor(world: usize, exec: Executor) -> Communicator {
@@ -467,6 +473,12 @@ impl Communicator {
     /// Shuts down cleanly and returns the first error the communicator met, if any.
     pub fn close(self) -> Result<()> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        // Work still enqueued may fail only now; its error is the first one if none came before.
+        if let Some(Executor::Cuda(exec)) = &state.exec {
+            if let Err(err) = exec.synchronize() {
+                let _ = self.failed.set(err);
+            }
+        }
         drop(state.exec.take());
         match self.failed.get() {
             Some(err) => Err(err.clone()),

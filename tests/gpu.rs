@@ -256,6 +256,7 @@ fn oneshot_kernel_gives_up_on_a_missing_peer() {
         timeout_ns: 200_000_000,
         error: error.uva_ptr(),
         expose_from: 0,
+        max_blocks: 0,
     };
     args.srcs[..2].copy_from_slice(&[src_a.ptr(), src_b.ptr()]);
     args.flags[..2].copy_from_slice(&[flags_a.ptr(), flags_b.ptr()]);
@@ -269,6 +270,27 @@ fn oneshot_kernel_gives_up_on_a_missing_peer() {
     println!("one-shot without its peer: error code {code} after {waited:?}");
     assert_eq!(code, 1, "the start barrier must report its timeout");
     assert!(waited < std::time::Duration::from_secs(10), "{waited:?}");
+}
+
+/// Forcing the one-shot where it cannot run (here: one rank) is a clear error at creation;
+/// `Auto` runs the ring there instead.
+#[test]
+fn forcing_the_oneshot_where_it_cannot_run_is_an_error() {
+    let Some(gpus) = two_gpus() else { return };
+    let forced = CudaConfig {
+        algorithm: Algorithm::OneShot,
+        ..CudaConfig::default()
+    };
+    match Communicator::with_config(&gpus[..1], forced) {
+        Err(ringreduce::Error::InvalidArgument(why)) => {
+            assert!(why.contains("Algorithm::OneShot needs"), "{why}")
+        }
+        Err(other) => panic!("wrong error: {other}"),
+        Ok(_) => panic!("a one-rank communicator accepted Algorithm::OneShot"),
+    }
+    let auto = Communicator::with_config(&gpus[..1], CudaConfig::default()).unwrap();
+    assert_eq!(auto.algorithm_for(4096), Algorithm::Ring);
+    check_case::<f32>(&auto, 1000, ReduceOp::Sum, true, 0);
 }
 
 /// `Algorithm::Auto` switches between the one-shot and the ring by size on one communicator;

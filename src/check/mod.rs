@@ -346,6 +346,73 @@ pub fn enqueue_order(plan: &Plan) -> Check<Vec<(usize, usize)>> {
     }
 }
 
+/// Checks that a caller's `order` is laid out as the race and result checks read it: every entry
+/// names an instruction of the plan, and the k-th `PeerReduce` of every rank — meeting k — stands
+/// together, ranks 0..world in order, as [`enqueue_order`] lays it out. Returns the rejection
+/// that names the first entry out of place; the checks never guess at a meeting's members.
+fn check_order(plan: &Plan, order: &[(usize, usize)]) -> Check {
+    if plan.ranks.len() != plan.world {
+        return reject(format!(
+            "{} rank programs for world {}",
+            plan.ranks.len(),
+            plan.world
+        ));
+    }
+    let is_meeting = |instr: &Instr| matches!(instr.op, Op::PeerReduce { .. });
+    // Each rank's peer reduces, in program order: meeting k is entry k of every list.
+    let peer_reduces: Vec<Vec<usize>> = plan
+        .ranks
+        .iter()
+        .map(|program| {
+            program
+                .iter()
+                .enumerate()
+                .filter(|(_, i)| is_meeting(i))
+                .map(|(index, _)| index)
+                .collect()
+        })
+        .collect();
+    let layout =
+        "each meeting's peer reduces must stand together in the order, ranks 0..world in order";
+    let (mut next, mut meeting) = (0, 0);
+    while let Some(&(rank, index)) = order.get(next) {
+        let Some(instr) = plan.ranks.get(rank).and_then(|program| program.get(index)) else {
+            return reject(format!(
+                "entry {next} of the order names rank {rank} instruction {index}, which the plan does not have"
+            ));
+        };
+        if !is_meeting(instr) {
+            next += 1;
+            continue;
+        }
+        for member in 0..plan.world {
+            let want = peer_reduces.get(member).and_then(|list| list.get(meeting));
+            let got = order.get(next + member);
+            if want.is_some() && got == want.map(|&i| (member, i)).as_ref() {
+                continue;
+            }
+            let want = match want {
+                Some(&i) => describe(plan, member, i),
+                None => format!("rank {member}'s peer reduce {meeting} (it has none)"),
+            };
+            let got = match got {
+                Some(&(r, i)) if plan.ranks.get(r).is_some_and(|p| i < p.len()) => {
+                    describe(plan, r, i)
+                }
+                Some(&(r, i)) => format!("rank {r} instruction {i}, which the plan does not have"),
+                None => "the end of the order".into(),
+            };
+            return reject(format!(
+                "meeting {meeting} (starting at entry {next} of the order, {}) has {got} where it needs {want}: {layout}",
+                describe(plan, rank, index)
+            ));
+        }
+        next += plan.world;
+        meeting += 1;
+    }
+    Ok(())
+}
+
 /// One memory access, for the race check.
 struct Access {
     region: Region,
@@ -397,6 +464,9 @@ fn races(plans: &[(&Plan, &[(usize, usize)])], sequence: &[usize]) -> Check {
     if let Some(&bad) = sequence.iter().find(|&&k| k >= plans.len()) {
         return reject(format!("the sequence names plan {bad} of {}", plans.len()));
     }
+    for (plan, order) in plans {
+        check_order(plan, order)?;
+    }
     let streams = world * StreamKind::ALL.len();
     let stream_of =
         |rank: usize, instr: &Instr| rank * StreamKind::ALL.len() + instr.stream.index();
@@ -426,9 +496,10 @@ fn races(plans: &[(&Plan, &[(usize, usize)])], sequence: &[usize]) -> Check {
         while next < order.len() {
             let (rank, index) = order[next];
             let instr = &plan.ranks[rank][index];
-            // A meeting (`PeerReduce`): the world's instructions are adjacent in `order`. Its
-            // start barrier joins every participant's clock; each then accesses memory
-            // concurrently with the others; the end barrier joins them again.
+            // A meeting (`PeerReduce`): the world's instructions are adjacent in `order`, rank 0
+            // first (`check_order` above). Its start barrier joins every participant's clock;
+            // each then accesses memory concurrently with the others; the end barrier joins them
+            // again.
             let group = if matches!(instr.op, Op::PeerReduce { .. }) {
                 &order[next..next + world]
             } else {
@@ -447,9 +518,14 @@ fn races(plans: &[(&Plan, &[(usize, usize)])], sequence: &[usize]) -> Check {
             for (&(rank, index), &s) in group.iter().zip(&streams_of) {
                 let instr = &plan.ranks[rank][index];
                 if let Op::Wait(e) = instr.op {
-                    let recorded = event_clock[k][e.0]
-                        .as_ref()
-                        .expect("enqueue order puts records before waits");
+                    let Some(recorded) = event_clock[k].get(e.0).and_then(Option::as_ref) else {
+                        return reject(format!(
+                            "{} in call {} waits on event {} before the order records it",
+                            describe(plan, rank, index),
+                            call + 1,
+                            e.0
+                        ));
+                    };
                     for (mine, theirs) in stream_clock[s].iter_mut().zip(recorded) {
                         *mine = (*mine).max(*theirs);
                     }
@@ -733,6 +809,7 @@ pub fn check_result(plan: &Plan, order: &[(usize, usize)]) -> Check {
             "the symbolic check handles at most {MAX_SYMBOLIC_WORLD} ranks"
         ));
     }
+    check_order(plan, order)?;
     let mut memory: Vec<Runs> = plan
         .buffers
         .iter()
@@ -757,7 +834,8 @@ pub fn check_result(plan: &Plan, order: &[(usize, usize)]) -> Check {
             .collect::<Vec<_>>()
     };
     // A meeting's writes, held back until every participant has read (its members are adjacent
-    // in `order`, rank 0 first): peers read each other's sources concurrently.
+    // in `order`, rank 0 first: `check_order` above): peers read each other's sources
+    // concurrently.
     let mut meeting: Vec<(Region, Vec<Run>)> = Vec::new();
     for &(rank, index) in order {
         let here = || describe(plan, rank, index);
@@ -1485,6 +1563,84 @@ mod tests {
             dst.count = 7;
         }
         rejects(&broken, "does not match");
+    }
+
+    /// Both checks reject `bad`, an order that splits meeting 0, with `needle` and the rule for
+    /// laying out an order in the message.
+    fn split_meeting_rejected(plan: &Plan, bad: &[(usize, usize)], needle: &str) {
+        for err in [
+            check_races(plan, bad, 1).unwrap_err(),
+            check_result(plan, bad).unwrap_err(),
+        ] {
+            assert!(
+                err.0.contains("meeting 0")
+                    && err.0.contains(needle)
+                    && err
+                        .0
+                        .contains("must stand together in the order, ranks 0..world"),
+                "{bad:?}: {err}"
+            );
+        }
+    }
+
+    /// A caller-made order that splits a meeting (rank 1's peer reduce ahead of rank 0's, rank
+    /// 0's twice, rank 1's left out or moved behind another instruction) is rejected by the race
+    /// and the result check with a message that names what stands where — never a panic (a
+    /// slice past the end), never a verdict on a misread meeting.
+    #[test]
+    fn an_order_that_splits_a_meeting_is_rejected() {
+        let plan = crate::plan::OneShotSpec {
+            world: 2,
+            count: 8,
+            in_place: false,
+            op: ReduceOp::Sum,
+        }
+        .build()
+        .unwrap();
+        let order = enqueue_order(&plan).unwrap();
+        let (mine, theirs) = ((0, peer_reduce_at(&plan, 0)), (1, peer_reduce_at(&plan, 1)));
+        // Out of place and summed, each rank's program is its peer reduce alone.
+        assert_eq!(order, [mine, theirs]);
+        check_races(&plan, &order, 2).unwrap();
+        check_result(&plan, &order).unwrap();
+        let rank1 = describe(&plan, 1, theirs.1);
+        split_meeting_rejected(
+            &plan,
+            &[theirs, mine],
+            &format!("has {rank1} where it needs {}", describe(&plan, 0, mine.1)),
+        );
+        split_meeting_rejected(&plan, &[mine, mine], &format!("where it needs {rank1}"));
+        split_meeting_rejected(
+            &plan,
+            &[mine],
+            &format!("has the end of the order where it needs {rank1}"),
+        );
+        let err = check_races(&plan, &[mine, (1, 7)], 1).unwrap_err();
+        assert!(
+            err.0
+                .contains("rank 1 instruction 7, which the plan does not have"),
+            "{err}"
+        );
+
+        // In place, rank 1 first copies its buffer to its exposed copy: an order that puts that
+        // copy between the meeting's members is rejected, naming the copy.
+        let plan = oneshot(2, 8, true);
+        let theirs = (1, peer_reduce_at(&plan, 1));
+        let copy = (1, 0);
+        assert!(matches!(plan.ranks[1][0].op, Op::Copy { .. }));
+        let mut moved = enqueue_order(&plan).unwrap();
+        moved.retain(|&e| e != copy);
+        let at = moved.iter().position(|&e| e == theirs).unwrap();
+        moved.insert(at, copy);
+        split_meeting_rejected(
+            &plan,
+            &moved,
+            &format!(
+                "has {} where it needs {}",
+                describe(&plan, 1, 0),
+                describe(&plan, 1, theirs.1)
+            ),
+        );
     }
 
     // ---- the run-by-run symbolic result against the element-by-element one ----------------

@@ -358,7 +358,8 @@ pub fn parse_algorithm(text: &str) -> Result<ringreduce::Algorithm, String> {
     }
 }
 
-/// "one-shot up to 16777216 B per rank, ring above" — what `Algorithm::Auto` does on `comm`.
+/// "one-shot up to 33554432 B per rank, ring above" (2 ranks) — what `Algorithm::Auto` does on
+/// `comm`.
 pub fn describe_algorithm(comm: &Communicator) -> String {
     let one = |b| comm.algorithm_for(b) == ringreduce::Algorithm::OneShot;
     match (one(1), one(usize::MAX)) {

@@ -366,6 +366,27 @@ pub(crate) fn bind(ctx: &CudaContext) -> Result<()> {
     Ok(())
 }
 
+/// The calling thread's current context, saved by [`save_current`] and put back by
+/// [`SavedContext::restore`]: code that binds other contexts on a caller's thread leaves the
+/// caller's binding (its runtime, its cuBLAS) as it found it.
+pub(crate) struct SavedContext(Option<sys::CUcontext>);
+
+pub(crate) fn save_current() -> Result<SavedContext> {
+    Ok(SavedContext(
+        result::ctx::get_current().call("cuCtxGetCurrent")?,
+    ))
+}
+
+impl SavedContext {
+    pub(crate) fn restore(self) -> Result<()> {
+        let ctx = self.0.unwrap_or(std::ptr::null_mut());
+        // SAFETY: the context was current on this thread when saved, within one call of ours
+        // that the caller is blocked in, so it cannot have been destroyed meanwhile; null
+        // unbinds, as it was.
+        unsafe { result::ctx::set_current(ctx) }.call("cuCtxSetCurrent")
+    }
+}
+
 fn same_context(a: &CudaContext, b: &CudaContext) -> bool {
     a.cu_ctx() == b.cu_ctx()
 }

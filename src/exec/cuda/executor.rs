@@ -1,5 +1,5 @@
 //! The GPU executor: the same plans as the host executor, enqueued on CUDA streams by one host
-//! thread per GPU.
+//! thread per GPU (the ring) or by the caller's thread (the one-shot).
 //!
 //! At creation the communicator binds each rank to a GPU, decides how each ring edge moves data
 //! ([`Transport`]: peer copies where `cuDeviceCanAccessPeer` allows and peer access could be
@@ -16,8 +16,20 @@
 //! device→pinned host on the sender's Send stream and host→device on the receiver's Recv stream
 //! (two PCIe directions busy at once), with events between.
 //!
-//! A failed enqueue never leaves a GPU waiting forever: a CUDA wait binds, when it is enqueued,
-//! to the event's latest record, and a record that was never enqueued leaves nothing to wait for.
+//! The one-shot (plans without events: one kernel per rank that meets the others at flag
+//! barriers) skips the rank threads: the caller's thread binds each rank's context in turn,
+//! launches, and puts its own context back. The kernels meet on the GPUs whenever each starts.
+//!
+//! A failed enqueue never leaves a GPU waiting forever. For the ring: a CUDA wait binds, when it
+//! is enqueued, to the event's latest record, and a record that was never enqueued leaves nothing
+//! to wait for. For the one-shot: a kernel whose peers never arrive gives up after three quarters
+//! of the call's timeout and leaves a code in its error word, which the call (or the next one, or
+//! `synchronize`) turns into [`Error::Timeout`]; a call that fails after launching some ranks
+//! waits for their kernels to give up before it returns, so no kernel of it still reads the
+//! caller's buffers. One case remains: a rank whose kernel starts more than the timeout late
+//! (queued behind the caller's own work) still passes the start barrier its peer signalled before
+//! giving up, and reads that peer's input after the call has returned its error; keep the inputs
+//! of a failed call alive until `synchronize` (or `close`) has returned.
 
 use super::device::{self, DeviceBuffer, Event, PinnedHost, Stream};
 use super::kernels::{Kernels, OneShotArgs, ONESHOT_FLAG_BYTES, ONESHOT_MAX_RANKS};
@@ -148,8 +160,9 @@ pub struct EdgeInfo {
 
 impl EdgeInfo {
     /// `Some(why)` when the probe found this edge far below what its link promises: silent
-    /// degradation (peer access off, pool memory without pool access, ACS). The communicator
-    /// still works, slowly; `ringreduce run` and `bench` print this as a warning.
+    /// degradation that no API call reports (ACS or a hypervisor in the peer path, a degraded
+    /// link). The communicator still works, slowly; `ringreduce run` and `bench` print this as a
+    /// warning.
     pub fn slow(&self) -> Option<&str> {
         self.probe.as_ref().and_then(|p| p.slow.as_deref())
     }
@@ -210,6 +223,8 @@ struct Prepared {
 struct OneShotShared {
     flags: Vec<DeviceBuffer>,
     errors: Vec<PinnedHost>,
+    /// The smallest SM count of the ranks' GPUs: the grid cap that keeps every block resident.
+    max_blocks: u32,
 }
 
 impl OneShotShared {
@@ -586,36 +601,54 @@ impl CudaExecutor {
     /// kernels meet on the GPUs, whenever each is launched), then waits for completion if asked.
     /// A panic is caught and returned as an error, as on the rank threads.
     fn run_inline(&self, call: &CudaCall) -> Result<()> {
+        let saved = device::save_current()?;
+        let current = std::cell::Cell::new(0usize);
         let outcome = catch_unwind(AssertUnwindSafe(|| -> Result<()> {
             for (rank, res) in self.ranks.iter().enumerate() {
-                device::bind(&res.ctx)?;
-                let mut backend = CudaEnqueue {
-                    res,
-                    contexts: &self.contexts,
-                    call,
-                    fuse_exposure: true,
-                    held: None,
-                };
-                for (index, instr) in call.prepared.plan.ranks[rank].iter().enumerate() {
-                    backend.enqueue(index, instr)?;
+                current.set(rank);
+                let enqueued = (|| {
+                    device::bind(&res.ctx)?;
+                    let mut backend = CudaEnqueue {
+                        res,
+                        contexts: &self.contexts,
+                        call,
+                        fuse_exposure: true,
+                        held: None,
+                    };
+                    for (index, instr) in call.prepared.plan.ranks[rank].iter().enumerate() {
+                        backend.enqueue(index, instr)?;
+                    }
+                    backend.flush()?;
+                    device::record(&res.done, &res.streams[StreamKind::Main.index()])
+                })();
+                if let Err(err) = enqueued {
+                    // Ranks already launched spin at their barriers until the kernel's timeout
+                    // (shorter than the call's deadline); wait for them, so that nothing on a GPU
+                    // touches the caller's buffers after this call has returned its error.
+                    for earlier in &self.ranks[..=rank] {
+                        let _ =
+                            device::stream_synchronize(&earlier.streams[StreamKind::Main.index()]);
+                    }
+                    return Err(err);
                 }
-                backend.flush()?;
-                device::record(&res.done, &res.streams[StreamKind::Main.index()])?;
             }
             if call.wait_complete {
                 for (rank, res) in self.ranks.iter().enumerate() {
+                    current.set(rank);
                     wait_done(res, rank, call)?;
                 }
             }
             Ok(())
         }));
-        outcome.unwrap_or_else(|payload| {
+        let restored = saved.restore();
+        let result = outcome.unwrap_or_else(|payload| {
             Err(Error::RankFailed {
-                rank: 0,
+                rank: current.get(),
                 during: "enqueue".into(),
                 message: panic_message(&*payload),
             })
-        })
+        });
+        result.and(restored)
     }
 
     /// The first one-shot barrier timeout any rank's kernel reported (its kernel then returned
@@ -749,7 +782,11 @@ fn setup_oneshot(
     }
     for a in ranks {
         for b in ranks {
-            device::enable_peer_access(&a.ctx, &b.ctx)?;
+            // A pair the ring never uses may refuse (e.g. more than 8 peers of one device):
+            // then the one-shot cannot run here, and the ring still can.
+            if device::enable_peer_access(&a.ctx, &b.ctx).is_err() {
+                return Ok(None);
+            }
         }
     }
     let flags = ranks
@@ -764,7 +801,18 @@ fn setup_oneshot(
             Ok(word)
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok(Some(Arc::new(OneShotShared { flags, errors })))
+    let sm_counts = device::devices()?;
+    let max_blocks = ranks
+        .iter()
+        .filter_map(|r| sm_counts.get(r.device).map(|d| d.sm_count))
+        .min()
+        .unwrap_or(1)
+        .max(1);
+    Ok(Some(Arc::new(OneShotShared {
+        flags,
+        errors,
+        max_blocks,
+    })))
 }
 
 /// Fills in each edge's link (NVML, when it loads) and probe figure. Edges between two ranks on
@@ -779,19 +827,26 @@ fn probe_edges(ranks: &[Arc<RankRes>], edges: &mut [EdgeInfo]) -> Result<()> {
         if a.device == b.device {
             continue;
         }
-        edge.probe = Some(match edge.transport {
+        let measured = match edge.transport {
             EdgeTransport::Peer => probe::peer_edge(
                 &a.ctx,
                 &b.ctx,
                 &a.streams[StreamKind::Send.index()],
                 edge.link,
-            )?,
+            ),
             EdgeTransport::Staged => probe::staged_edge(
                 &a.streams[StreamKind::Send.index()],
                 &b.streams[StreamKind::Recv.index()],
                 edge.link,
-            )?,
-        });
+            ),
+        };
+        // The probe is a diagnosis: its failure is reported on the edge, not on the communicator.
+        match measured {
+            Ok(p) => edge.probe = Some(p),
+            Err(err) => edge
+                .reason
+                .push_str(&format!("; not probed: the probe failed: {err}")),
+        }
     }
     Ok(())
 }
@@ -935,6 +990,7 @@ impl Enqueue for CudaEnqueue<'_> {
                 },
             ) if instr.stream == StreamKind::Main
                 && dst == src
+                && Some(exposed.buf) == plan.buffer(plan.decl(dst.buf).rank, BufKind::Exposed)
                 && (exposed.offset, exposed.count) == (offset, count) =>
             {
                 Some(self.addr(src))
@@ -1024,9 +1080,12 @@ impl CudaEnqueue<'_> {
                     dst: self.addr(dst),
                     count: dst.count as u64,
                     epoch: call.epoch,
-                    timeout_ns: u64::try_from(call.timeout.as_nanos()).unwrap_or(u64::MAX),
+                    // Three quarters of the call's deadline: a barrier that never meets ends the
+                    // kernel, with its code in the error word, before the host gives up waiting.
+                    timeout_ns: u64::try_from(call.timeout.as_nanos() / 4 * 3).unwrap_or(u64::MAX),
                     error: shared.errors[rank].uva_ptr(),
                     expose_from: expose_from.unwrap_or(0),
+                    max_blocks: shared.max_blocks,
                 };
                 for (r, src) in crate::check::peer_sources_of(plan, &op)
                     .into_iter()

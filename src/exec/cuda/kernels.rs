@@ -410,6 +410,10 @@ impl Kernels {
         ];
         let function = &self.oneshot[reduce_index(op, dtype)];
         let blocks = oneshot_blocks(dtype, usize::try_from(args.count).unwrap_or(usize::MAX));
+        let blocks = match args.max_blocks {
+            0 => blocks,
+            cap => blocks.min(cap),
+        };
         debug_assert!((1..=ONESHOT_MAX_BLOCKS).contains(&blocks));
         // SAFETY: the function is rr_oneshot_<op>_<dtype>(rr_peers, unsigned, unsigned, T*,
         // unsigned long long, unsigned, unsigned long long, unsigned*, const T*): `peers` is the
@@ -502,11 +506,17 @@ pub struct OneShotArgs {
     pub epoch: u32,
     /// How long a barrier waits for a peer before it gives up, in nanoseconds.
     pub timeout_ns: u64,
-    /// Where the kernel stores a nonzero code on failure (1 start, 2 end barrier timed out).
+    /// Where the kernel stores a nonzero code on failure (1: start barrier timed out, 2: end
+    /// barrier timed out, 3: a launch it cannot accept).
     pub error: u64,
     /// In place: the rank's in-place buffer (== `dst`), which each block copies, its own
     /// indices, into `srcs[rank]` (the exposed buffer) before the start barrier. 0 otherwise.
+    /// Anything else is refused: blocks would copy from addresses other blocks write.
     pub expose_from: u64,
+    /// At most this many blocks (0: no cap beyond [`ONESHOT_MAX_BLOCKS`]). Every block of every
+    /// rank must be resident at once (a block spins for its partners), so the caller passes the
+    /// smallest SM count of the ranks' GPUs (one block fits per SM), the same on every rank.
+    pub max_blocks: u32,
 }
 
 /// The kernel parameter `rr_peers` of `cuda/reduce.cu`, byte for byte: two arrays of
@@ -584,6 +594,12 @@ fn validate_oneshot(dtype: DType, args: &OneShotArgs) -> Result<()> {
             "one-shot dst = {:#x} overlaps srcs[{r}] = {:#x} ({bytes} bytes each): the one-shot \
              is out of place only",
             args.dst, args.srcs[r]
+        )));
+    }
+    if args.expose_from != 0 && args.expose_from != args.dst {
+        return Err(Error::InvalidArgument(format!(
+            "one-shot expose_from = {:#x} must be 0 or dst = {:#x} (the in-place buffer)",
+            args.expose_from, args.dst
         )));
     }
     if args.expose_from != 0 {
@@ -906,6 +922,7 @@ mod tests {
             timeout_ns: 1_000_000_000,
             error: base + (1 << 34),
             expose_from: 0,
+            max_blocks: 0,
         }
     }
 
@@ -969,22 +986,16 @@ mod tests {
             },
         )
         .unwrap();
-        assert!(invalid(
-            DType::F32,
-            &OneShotArgs {
-                expose_from: ok.srcs[1] + 64,
-                ..ok
-            }
-        )
-        .contains("overlaps srcs[1]"));
-        assert!(invalid(
-            DType::F32,
-            &OneShotArgs {
-                expose_from: ok.dst + 2,
-                ..ok
-            }
-        )
-        .contains("expose_from"));
+        for bad in [ok.srcs[1] + 64, ok.dst + 2, ok.dst + 4] {
+            assert!(invalid(
+                DType::F32,
+                &OneShotArgs {
+                    expose_from: bad,
+                    ..ok
+                }
+            )
+            .contains("must be 0 or dst"));
+        }
 
         // Null pointers are refused only when there is something to do.
         let mut args = ok;

@@ -2,9 +2,13 @@
 //! with what the edge's link promises, so that silent degradation is reported, not suffered.
 //!
 //! A peer copy between GPUs without usable peer access still succeeds — the driver stages it
-//! through host memory at a tenth of the link's speed, with no error. Peer access left off, pool
-//! memory without pool access, PCIe ACS in a VM: each shows up only as a slow copy. So each edge is
-//! measured once, the way the ring will use it:
+//! through host memory at a tenth of the link's speed, with no error. The communicator enables
+//! peer access and grants pool access itself, so what is left for the probe to catch is what no
+//! API call reports: PCIe ACS or a hypervisor redirecting peer traffic through the root complex, a
+//! link running degraded, peer access that the driver accepted but does not honour. Each shows up
+//! only as a slow copy. So each edge is measured once, the way the ring will use it (its own
+//! `cuMemAlloc` buffers, after peer access is enabled; the caller's pool memory is not probed:
+//! the pool-access grant covers it, `device::grant_pointer_pool_access`):
 //!
 //! | edge | what is timed | compared with |
 //! |---|---|---|
@@ -15,7 +19,9 @@
 //! [`EdgeInfo::slow`]. Timing is GPU time between two timing events around [`PROBE_REPS`] copies,
 //! after one untimed warm-up; buffers, events and pinned memory are freed before the probe returns.
 //! It costs a few milliseconds per edge, mostly allocation. [`CudaConfig::probe_edges`] turns it
-//! off.
+//! off. A probe that fails (out of memory, say) fails nothing else: the edge is reported as not
+//! probed, with why. With more than two ranks only the ring's edges are probed, not every pair
+//! the one-shot reads over.
 //!
 //! [`EdgeInfo::slow`]: super::EdgeInfo::slow
 //! [`CudaConfig::probe_edges`]: super::CudaConfig::probe_edges
