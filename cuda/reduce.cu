@@ -417,6 +417,34 @@ static __device__ __forceinline__ void rr_oneshot_load(rr_vec16<T> (&x)[RR_ONESH
     }
 }
 
+// How the one-shot's `count` elements are split between threads: elements [0, head) and
+// [tail, count) one by one (grid-stride from `first`), [head, tail) as `vecs` 16-byte vectors;
+// sources with different offsets within 16 bytes: head = count, everything one by one. It depends
+// only on count, the grid and the sources' offsets, equal on every rank — so block b covers the
+// same indices everywhere — and rr_oneshot_body and rr_oneshot_expose share it, so the exposure
+// copy writes exactly the indices the fold later reads.
+template <typename T>
+struct rr_oneshot_split {
+    rr_ull first, stride, head, vecs, tail;
+    unsigned misalign;
+    __device__ __forceinline__ rr_oneshot_split(const rr_peers& peers, unsigned world,
+                                                rr_ull count) {
+        first = (rr_ull)blockIdx.x * blockDim.x + threadIdx.x;
+        stride = (rr_ull)gridDim.x * blockDim.x;
+        misalign = rr_misalign(peers.src[0]);
+        bool shared = true;
+#pragma unroll
+        for (unsigned r = 1; r < RR_ONESHOT_MAX_RANKS; ++r) {
+            if (r < world) {
+                shared = shared && rr_misalign(peers.src[r]) == misalign;
+            }
+        }
+        head = shared ? rr_head<T>(misalign, count) : count;
+        vecs = (count - head) / (16 / sizeof(T));
+        tail = head + vecs * (16 / sizeof(T));
+    }
+};
+
 // The data part of the one-shot kernel: dst[i] = fold over ranks of src[r][i], i < count.
 //
 // Which block handles which index depends only on count, the grid and the sources' offsets
@@ -429,24 +457,11 @@ static __device__ __forceinline__ void rr_oneshot_body(const rr_peers& peers, un
                                                        typename D::T* dst, rr_ull count) {
     typedef typename D::T T;
     const unsigned per_vec = 16 / sizeof(T);
-    const rr_ull first = (rr_ull)blockIdx.x * blockDim.x + threadIdx.x;
-    const rr_ull stride = (rr_ull)gridDim.x * blockDim.x;
-
-    // Elements [0, head) and [tail, count) one by one, [head, tail) as 16-byte vectors; sources
-    // with different offsets within 16 bytes: head = count, everything one by one.
-    const unsigned misalign = rr_misalign(peers.src[0]);
-    bool shared = true;
-#pragma unroll
-    for (unsigned r = 1; r < RR_ONESHOT_MAX_RANKS; ++r) {
-        if (r < world) {
-            shared = shared && rr_misalign(peers.src[r]) == misalign;
-        }
-    }
-    const rr_ull head = shared ? rr_head<T>(misalign, count) : count;
-    const rr_ull vecs = (count - head) / per_vec;
-    const rr_ull tail = head + vecs * per_vec;
+    const rr_oneshot_split<T> split(peers, world, count);
+    const rr_ull first = split.first, stride = split.stride;
+    const rr_ull head = split.head, vecs = split.vecs, tail = split.tail;
     // dst at another offset: the vectors' elements are stored one by one (same partition).
-    const bool dst_vector = rr_misalign(dst) == misalign;
+    const bool dst_vector = rr_misalign(dst) == split.misalign;
 
     for (rr_ull i = first; i < head; i += stride) {
         dst[i] = rr_oneshot_fold<D, Op>(peers, world, i);
@@ -516,21 +531,11 @@ static __device__ __forceinline__ void rr_oneshot_expose(const rr_peers& peers, 
                                                          unsigned rank, const T* from,
                                                          rr_ull count) {
     const unsigned per_vec = 16 / sizeof(T);
-    const rr_ull first = (rr_ull)blockIdx.x * blockDim.x + threadIdx.x;
-    const rr_ull stride = (rr_ull)gridDim.x * blockDim.x;
+    const rr_oneshot_split<T> split(peers, world, count);
+    const rr_ull first = split.first, stride = split.stride;
+    const rr_ull head = split.head, vecs = split.vecs, tail = split.tail;
     T* exposed = static_cast<T*>(const_cast<void*>(peers.src[rank]));
-    const unsigned misalign = rr_misalign(peers.src[0]);
-    bool shared = true;
-#pragma unroll
-    for (unsigned r = 1; r < RR_ONESHOT_MAX_RANKS; ++r) {
-        if (r < world) {
-            shared = shared && rr_misalign(peers.src[r]) == misalign;
-        }
-    }
-    const rr_ull head = shared ? rr_head<T>(misalign, count) : count;
-    const rr_ull vecs = (count - head) / per_vec;
-    const rr_ull tail = head + vecs * per_vec;
-    const bool from_vector = rr_misalign(from) == misalign;
+    const bool from_vector = rr_misalign(from) == split.misalign;
 
     for (rr_ull i = first; i < head; i += stride) {
         exposed[i] = from[i];

@@ -152,6 +152,20 @@ fn every_op<T: Element>(comm: &Communicator, count: usize, offset: usize) {
     }
 }
 
+/// Every element type through [`every_op`].
+fn every_type(comm: &Communicator, count: usize, offset: usize) {
+    every_op::<f16>(comm, count, offset);
+    every_op::<bf16>(comm, count, offset);
+    every_op::<f32>(comm, count, offset);
+    every_op::<f64>(comm, count, offset);
+    every_op::<i8>(comm, count, offset);
+    every_op::<u8>(comm, count, offset);
+    every_op::<i32>(comm, count, offset);
+    every_op::<u32>(comm, count, offset);
+    every_op::<i64>(comm, count, offset);
+    every_op::<u64>(comm, count, offset);
+}
+
 #[test]
 fn every_type_and_op_both_transports() {
     let Some(gpus) = two_gpus() else { return };
@@ -165,16 +179,7 @@ fn every_type_and_op_both_transports() {
             (100_003, 3),
             (1 << 20, 0),
         ] {
-            every_op::<f16>(&comm, count, offset);
-            every_op::<bf16>(&comm, count, offset);
-            every_op::<f32>(&comm, count, offset);
-            every_op::<f64>(&comm, count, offset);
-            every_op::<i8>(&comm, count, offset);
-            every_op::<u8>(&comm, count, offset);
-            every_op::<i32>(&comm, count, offset);
-            every_op::<u32>(&comm, count, offset);
-            every_op::<i64>(&comm, count, offset);
-            every_op::<u64>(&comm, count, offset);
+            every_type(&comm, count, offset);
         }
         comm.close().unwrap();
     }
@@ -200,16 +205,7 @@ fn oneshot_every_type_and_op() {
         (100_003, 3),
         (1 << 20, 0),
     ] {
-        every_op::<f16>(&comm, count, offset);
-        every_op::<bf16>(&comm, count, offset);
-        every_op::<f32>(&comm, count, offset);
-        every_op::<f64>(&comm, count, offset);
-        every_op::<i8>(&comm, count, offset);
-        every_op::<u8>(&comm, count, offset);
-        every_op::<i32>(&comm, count, offset);
-        every_op::<u32>(&comm, count, offset);
-        every_op::<i64>(&comm, count, offset);
-        every_op::<u64>(&comm, count, offset);
+        every_type(&comm, count, offset);
     }
     for count in [(16 << 20) + 5, 16 << 20] {
         check_case::<f32>(&comm, count, ReduceOp::Sum, false, 0);

@@ -85,9 +85,9 @@ fn accesses(plan: &Plan, op: &Op) -> (Vec<Region>, Vec<Region>) {
     }
 }
 
-/// The regions a [`Op::PeerReduce`] reads, in rank order (ranks without a buffer of the source's
-/// kind are left out here and rejected by the shape check).
-fn peer_sources(plan: &Plan, op: &Op) -> Vec<Region> {
+/// The regions a [`Op::PeerReduce`] reads, in rank order: what an executor folds (ranks without
+/// a buffer of the source's kind are left out here and rejected by the shape check).
+pub fn peer_sources(plan: &Plan, op: &Op) -> Vec<Region> {
     let Op::PeerReduce {
         src, offset, count, ..
     } = *op
@@ -98,11 +98,6 @@ fn peer_sources(plan: &Plan, op: &Op) -> Vec<Region> {
         .filter_map(|r| plan.buffer(r, src))
         .map(|buf| Region { buf, offset, count })
         .collect()
-}
-
-/// The regions a [`Op::PeerReduce`] reads, in rank order: what an executor folds.
-pub fn peer_sources_of(plan: &Plan, op: &Op) -> Vec<Region> {
-    peer_sources(plan, op)
 }
 
 /// The k-th `PeerReduce` of every rank is one meeting: the same sources, offsets and counts.
@@ -992,34 +987,39 @@ pub fn check_result(plan: &Plan, order: &[(usize, usize)]) -> Check {
             ));
         }
         for (i, v) in memory[b].all() {
-            match v {
-                Some(v) if v.ranks == full && v.scaled == want_scaled => {}
-                Some(v) if v.ranks == full => {
-                    return reject(format!(
-                        "rank {}'s output element {i} was averaged {} times, want {want_scaled}",
-                        decl.rank, v.scaled
-                    ));
-                }
-                Some(v) => {
-                    let missing = ranks_of(full & !v.ranks);
-                    return reject(format!(
-                        "rank {}'s output element {i} lacks the contribution of rank(s) {missing:?}",
-                        decl.rank
-                    ));
-                }
-                None => {
-                    return reject(format!(
-                        "rank {}'s output element {i} is never written",
-                        decl.rank
-                    ))
-                }
-            }
+            judge_output(plan, decl.rank, i, v, want_scaled)?;
         }
     }
     if plan.buffer(0, BufKind::Output).is_none() && plan.world > 0 {
         return reject("the plan declares no output".into());
     }
     Ok(())
+}
+
+/// The verdict on one element (or the first element of a run) of rank `rank`'s output: every
+/// rank's contribution exactly once, scaled `want_scaled` times.
+fn judge_output(plan: &Plan, rank: usize, i: usize, v: Option<Sym>, want_scaled: u8) -> Check {
+    let full: u128 = if plan.world == 128 {
+        u128::MAX
+    } else {
+        (1u128 << plan.world) - 1
+    };
+    match v {
+        Some(v) if v.ranks == full && v.scaled == want_scaled => Ok(()),
+        Some(v) if v.ranks == full => reject(format!(
+            "rank {rank}'s output element {i} was averaged {} times, want {want_scaled}",
+            v.scaled
+        )),
+        Some(v) => {
+            let missing: Vec<usize> = (0..plan.world)
+                .filter(|r| (full & !v.ranks) >> r & 1 == 1)
+                .collect();
+            reject(format!(
+                "rank {rank}'s output element {i} lacks the contribution of rank(s) {missing:?}"
+            ))
+        }
+        None => reject(format!("rank {rank}'s output element {i} is never written")),
+    }
 }
 
 /// Finds the first instruction (in rank order) matching `pred`: a helper for tests that plant
@@ -1408,28 +1408,7 @@ mod tests {
                 ));
             }
             for (i, v) in memory[b].iter().enumerate() {
-                match v {
-                    Some(v) if v.ranks == full && v.scaled == want_scaled => {}
-                    Some(v) if v.ranks == full => {
-                        return reject(format!(
-                            "rank {}'s output element {i} was averaged {} times, want {want_scaled}",
-                            decl.rank, v.scaled
-                        ));
-                    }
-                    Some(v) => {
-                        let missing = ranks_of(full & !v.ranks);
-                        return reject(format!(
-                            "rank {}'s output element {i} lacks the contribution of rank(s) {missing:?}",
-                            decl.rank
-                        ));
-                    }
-                    None => {
-                        return reject(format!(
-                            "rank {}'s output element {i} is never written",
-                            decl.rank
-                        ))
-                    }
-                }
+                judge_output(plan, decl.rank, i, *v, want_scaled)?;
             }
         }
         if plan.buffer(0, BufKind::Output).is_none() && plan.world > 0 {

@@ -710,7 +710,7 @@ fn run_op(call: &Call, rank: usize, index: usize, instr: &Instr) -> Result<()> {
                 .filter(|i| matches!(i.op, Op::PeerReduce { .. }))
                 .count() as u64;
             meet(call, rank, index, 2 * meeting + 1, "start")?;
-            let sources = crate::check::peer_sources_of(&call.prepared.plan, &op);
+            let sources = crate::check::peer_sources(&call.prepared.plan, &op);
             // Folded in rank order, as the GPU kernel does: every rank gets the same bits.
             // SAFETY: the regions lie inside their buffers (checked plan); the sources are read by
             // every rank between the barriers and written by none (the checker proved `dst`

@@ -1087,7 +1087,7 @@ impl CudaEnqueue<'_> {
                     expose_from: expose_from.unwrap_or(0),
                     max_blocks: shared.max_blocks,
                 };
-                for (r, src) in crate::check::peer_sources_of(plan, &op)
+                for (r, src) in crate::check::peer_sources(plan, &op)
                     .into_iter()
                     .enumerate()
                 {
