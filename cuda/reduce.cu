@@ -286,7 +286,8 @@ static __device__ __forceinline__ void rr_scale_body(typename D::T* x, rr_ull co
 //     (phase * RR_ONESHOT_MAX_BLOCKS + block) * RR_ONESHOT_MAX_RANKS + from
 // of rank p's array is written only by rank `from`'s block `block`, at barrier `phase` (0: start,
 // 1: end), with the call's epoch; rank p's block `block` spins on it. One writer per word, so
-// no atomics; epochs only grow (1, 2, 3, ... wrapping), so nothing is ever cleared. A word has
+// no atomics; epochs only grow (1, 2, 3, ... wrapping, skipping 0), so nothing is cleared — except
+// a start signal withdrawn by a block that timed out (0, which no call waits for). A word has
 // "reached" the call when it EQUALS the call's epoch. Equality is enough, since a peer cannot
 // write the next epoch into a word this block still waits on (its next call needs this block's
 // end signal first); and it is needed: a block index that the small grids of many calls left
@@ -359,7 +360,9 @@ static __device__ __forceinline__ unsigned rr_flag_word(unsigned phase, unsigned
 // Barrier `phase` of this block with block blockIdx.x of every other rank; every thread of the
 // block calls it. Thread p (p < world, p != rank) signals rank p and waits for rank p, so all
 // peers are signalled and awaited in parallel. Returns false, after writing phase + 1 into
-// *error, when a wait ran past timeout_ns (counted from the start of that thread's wait).
+// *error, when a wait ran past timeout_ns (counted from the start of that thread's wait); a start
+// barrier that failed also withdraws its signals (writes 0 over them), so that a peer arriving
+// later times out too instead of reading this rank's input after the call has failed.
 // `flags` is peers.flags copied to shared memory (a kernel parameter indexed by a register
 // would be copied to local memory by every thread).
 static __device__ __forceinline__ bool rr_oneshot_barrier(unsigned* const* flags, unsigned world,
@@ -381,7 +384,14 @@ static __device__ __forceinline__ bool rr_oneshot_barrier(unsigned* const* flags
             }
         }
     }
-    return __syncthreads_or(timed_out) == 0;
+    const bool met = __syncthreads_or(timed_out) == 0;
+    if (!met && phase == 0 && peer < world && peer != rank) {
+        // Withdraw the start signal: a peer whose kernel starts later (queued behind other work)
+        // must not pass its start barrier and read this rank's input after this call has given
+        // up. Zero is never an epoch; the next call's signal overwrites it.
+        rr_st_relaxed_sys(flags[peer] + rr_flag_word(phase, blockIdx.x, rank), 0u);
+    }
+    return met;
 }
 
 // src[0][i] ⊕ src[1][i] ⊕ ... ⊕ src[world - 1][i], folded in rank order. The sources are

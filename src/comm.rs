@@ -211,21 +211,33 @@ impl Communicator {
     }
 
     /// The first error a collective hit, if any (like `ncclCommGetAsyncError`); never blocks on
-    /// a running collective's work.
+    /// a running collective's work. On GPUs it also asks the GPUs, without waiting, for errors
+    /// of work enqueued earlier (a one-shot kernel that gave up at a barrier, a failed copy or
+    /// kernel); such an error marks the communicator failed, as a call would have.
     pub fn health(&self) -> Result<()> {
         if let Some(err) = self.failed.get() {
             return Err(err.clone());
         }
-        let exec_gone = match self.state.try_lock() {
-            Ok(state) => state.exec.is_none(),
-            Err(TryLockError::Poisoned(p)) => p.into_inner().exec.is_none(),
+        let polled = match self.state.try_lock() {
+            Ok(state) => Self::poll(&state),
+            Err(TryLockError::Poisoned(p)) => Self::poll(&p.into_inner()),
             // A call (or an abort) holds the lock; nothing has failed so far.
-            Err(TryLockError::WouldBlock) => false,
+            Err(TryLockError::WouldBlock) => Ok(()),
         };
-        if exec_gone {
-            Err(Error::Closed)
-        } else {
-            Ok(())
+        if let Err(err) = &polled {
+            if !matches!(err, Error::Closed) {
+                let _ = self.failed.set(err.clone());
+            }
+        }
+        polled
+    }
+
+    /// `health`'s look at the executor, under the state lock.
+    fn poll(state: &State) -> Result<()> {
+        match &state.exec {
+            None => Err(Error::Closed),
+            Some(Executor::Cuda(exec)) => exec.poll_health(),
+            Some(Executor::Host(_)) => Ok(()),
         }
     }
 
@@ -459,7 +471,9 @@ impl Communicator {
     /// Releases the communicator's threads and memory, whatever state it is in; later calls return
     /// [`Error::Closed`]. A collective running on another thread is not interrupted: `abort` waits
     /// for it to end, which its deadline bounds. On GPUs, work already enqueued is waited for
-    /// before the memory it uses is freed.
+    /// before the memory it uses is freed — at most the communicator's timeout: a GPU still busy
+    /// then (a stuck kernel or stream) keeps its streams, events and buffers, which are leaked
+    /// rather than freed under work that may still touch them.
     pub fn abort(&self) {
         let exec = self
             .state
@@ -470,16 +484,16 @@ impl Communicator {
         drop(exec);
     }
 
-    /// Shuts down cleanly and returns the first error the communicator met, if any.
+    /// Shuts down cleanly and returns the first error the communicator met, if any, including
+    /// errors of work that was still enqueued (waited for at most the timeout, as in `abort`).
     pub fn close(self) -> Result<()> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         // Work still enqueued may fail only now; its error is the first one if none came before.
-        if let Some(Executor::Cuda(exec)) = &state.exec {
-            if let Err(err) = exec.synchronize() {
+        if let Some(Executor::Cuda(exec)) = state.exec.take() {
+            if let Err(err) = exec.shutdown() {
                 let _ = self.failed.set(err);
             }
         }
-        drop(state.exec.take());
         match self.failed.get() {
             Some(err) => Err(err.clone()),
             None => Ok(()),

@@ -580,3 +580,218 @@ fn communicators_leak_no_gpu_memory() {
         );
     }
 }
+
+/// A closed gate on a stream: `cuStreamWaitValue32` holds everything queued after it on the
+/// stream until a pinned host word becomes non-zero — a GPU stuck before a collective, at will.
+struct Gate {
+    word: device::PinnedHost,
+}
+
+impl Gate {
+    /// Closes a gate in front of whatever is queued next on `stream`, a stream of GPU `gpu`.
+    fn close(gpu: usize, stream: cudarc::driver::sys::CUstream) -> Gate {
+        let ctx = device::context(gpu).unwrap();
+        let mut word = device::PinnedHost::new(&ctx, 4).unwrap();
+        word.as_mut_slice().fill(0);
+        ctx.bind_to_thread().unwrap();
+        // SAFETY: `stream` is a live stream of GPU `gpu`'s primary context (now current), and
+        // the word is pinned, device-mapped memory that outlives the wait: the gate is opened
+        // (and the stream synchronized by its owner) before the word is dropped.
+        let status = unsafe {
+            cudarc::driver::sys::cuStreamWaitValue32_v2(
+                stream,
+                word.uva_ptr(),
+                1,
+                cudarc::driver::sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+            )
+        };
+        assert_eq!(status, cudarc::driver::sys::CUresult::CUDA_SUCCESS);
+        Gate { word }
+    }
+
+    fn open(&mut self) {
+        // SAFETY: the word is 4 bytes of live pinned memory owned by self; volatile, since the
+        // GPU polls it.
+        unsafe { std::ptr::write_volatile(self.word.as_mut_ptr().cast::<u32>(), 1) };
+    }
+}
+
+/// Out-of-place f32 buffers for a stall test: inputs that depend on rank and index, outputs
+/// filled with a sentinel that no sum of the inputs produces.
+fn stall_buffers(gpus: &[usize], count: usize) -> (Vec<GpuBuffer<f32>>, Vec<GpuBuffer<f32>>) {
+    let inputs = gpus
+        .iter()
+        .enumerate()
+        .map(|(r, &d)| GpuBuffer::from_host(d, &make_input(ReduceOp::Sum, r, count)).unwrap())
+        .collect();
+    let outputs = gpus
+        .iter()
+        .map(|&d| GpuBuffer::from_host(d, &vec![-12345.0f32; count]).unwrap())
+        .collect();
+    (inputs, outputs)
+}
+
+fn all_reduce_f32(
+    comm: &Communicator,
+    inputs: &mut [GpuBuffer<f32>],
+    outputs: &mut [GpuBuffer<f32>],
+) -> ringreduce::Result<()> {
+    let count = inputs[0].len();
+    let ins: Vec<_> = inputs
+        .iter_mut()
+        .map(|b| b.slice(0, count).unwrap())
+        .collect();
+    let mut outs: Vec<_> = outputs
+        .iter_mut()
+        .map(|b| b.slice(0, count).unwrap())
+        .collect();
+    comm.all_reduce(&ins, &mut outs, ReduceOp::Sum)
+}
+
+/// Issue 6 on GPUs, the one-shot: GPU 1 is stuck (its Main stream gated) when a call begins.
+/// The call fails by its deadline naming rank 1, the communicator is failed at once after, and
+/// when the gate opens — rank 1's kernel starting more than the timeout late — that kernel finds
+/// rank 0's start signal withdrawn and gives up without reading anything: rank 1's output keeps
+/// its sentinel, and `synchronize` reports the barrier timeout within the timeout. A new
+/// communicator on the same GPUs then works.
+#[test]
+fn a_stuck_gpu_fails_the_oneshot_and_its_late_kernel_reads_nothing() {
+    use std::time::{Duration, Instant};
+    let Some(gpus) = two_gpus() else { return };
+    if shared(&gpus) {
+        println!("waived: the one-shot needs 2 distinct GPUs");
+        return;
+    }
+    let timeout = Duration::from_secs(2);
+    let config = CudaConfig {
+        algorithm: Algorithm::OneShot,
+        timeout,
+        ..CudaConfig::default()
+    };
+    let comm = Communicator::with_config(&gpus, config).unwrap();
+    let count = 1 << 16;
+    let (mut inputs, mut outputs) = stall_buffers(&gpus, count);
+    // A good call first: the plan and kernels exist, so the failed call below is only the stall.
+    all_reduce_f32(&comm, &mut inputs, &mut outputs).unwrap();
+    let mut outputs = stall_buffers(&gpus, count).1;
+
+    let mut gate = Gate::close(gpus[1], comm.main_stream(1).unwrap());
+    let start = Instant::now();
+    let err = all_reduce_f32(&comm, &mut inputs, &mut outputs).unwrap_err();
+    let took = start.elapsed();
+    println!("stuck GPU 1, one-shot: {err} (after {took:?})");
+    assert!(
+        matches!(err, ringreduce::Error::Timeout { rank: 1, .. }),
+        "the stuck rank must be named: {err}"
+    );
+    assert!(
+        took >= timeout && took < timeout + Duration::from_secs(1),
+        "{took:?}"
+    );
+    let again = Instant::now();
+    assert!(all_reduce_f32(&comm, &mut inputs, &mut outputs).is_err());
+    assert!(
+        again.elapsed() < Duration::from_millis(100),
+        "a failed communicator answers at once"
+    );
+    assert!(comm.health().is_err());
+
+    gate.open();
+    let start = Instant::now();
+    let late = comm.synchronize();
+    let took = start.elapsed();
+    println!("after the gate opened: synchronize → {late:?} (after {took:?})");
+    assert!(
+        matches!(late, Err(ringreduce::Error::Timeout { .. })),
+        "{late:?}"
+    );
+    assert!(took < timeout + Duration::from_millis(500), "{took:?}");
+    let sentinel = vec![-12345.0f32; count];
+    assert!(
+        outputs[1].to_host().unwrap() == sentinel,
+        "rank 1's late kernel wrote its output: it passed a start barrier its peer had left"
+    );
+    for (r, input) in inputs.iter().enumerate() {
+        assert!(input.to_host().unwrap() == make_input::<f32>(ReduceOp::Sum, r, count));
+    }
+    assert!(comm.close().is_err());
+    check_case::<f32>(&oneshot_comm(&gpus), count, ReduceOp::Sum, false, 0);
+}
+
+/// Issue 6 on GPUs, the ring: GPU 1 is stuck (its Main stream gated) and stays stuck. The call
+/// fails by its deadline naming rank 1 as the rank that never started; `abort` returns within
+/// the timeout instead of hanging on the stuck GPU (its streams and memory are leaked, not freed
+/// under queued work). Then the gate opens: the leaked work finishes, correctly, into buffers
+/// that are still alive, and new communicators on the same GPUs work.
+#[test]
+fn abort_does_not_hang_on_a_stuck_gpu() {
+    use std::time::{Duration, Instant};
+    let Some(gpus) = two_gpus() else { return };
+    if shared(&gpus) {
+        println!("waived: a stuck stream of a shared GPU would also hold the other rank");
+        return;
+    }
+    let timeout = Duration::from_secs(2);
+    let config = CudaConfig {
+        algorithm: Algorithm::Ring,
+        timeout,
+        ..CudaConfig::default()
+    };
+    let comm = Communicator::with_config(&gpus, config).unwrap();
+    let count = 1 << 20;
+    let (mut inputs, mut outputs) = stall_buffers(&gpus, count);
+    all_reduce_f32(&comm, &mut inputs, &mut outputs).unwrap();
+
+    let mut gate = Gate::close(gpus[1], comm.main_stream(1).unwrap());
+    let start = Instant::now();
+    let err = all_reduce_f32(&comm, &mut inputs, &mut outputs).unwrap_err();
+    let took = start.elapsed();
+    println!("stuck GPU 1, ring: {err} (after {took:?})");
+    match &err {
+        ringreduce::Error::Timeout {
+            rank: 1,
+            waiting_on,
+            ..
+        } => assert!(waiting_on.contains("never started"), "{waiting_on}"),
+        other => panic!("the stuck rank must be named: {other}"),
+    }
+    assert!(took < timeout + Duration::from_secs(1), "{took:?}");
+    assert!(comm.health().is_err());
+    let start = Instant::now();
+    comm.abort();
+    let took = start.elapsed();
+    println!("abort with GPU 1 still stuck: returned after {took:?}");
+    assert!(
+        took < timeout + Duration::from_secs(1),
+        "abort hung: {took:?}"
+    );
+    assert!(comm.health().is_err());
+
+    // The leaked work reads the inputs and writes the outputs once it runs: keep the buffers
+    // until it has finished (a device-wide synchronize waits for the leaked streams too; so do
+    // GpuBuffer's copies, which is why the new communicator below comes after the gate opens).
+    gate.open();
+    for &d in &gpus {
+        device::context(d).unwrap().synchronize().unwrap();
+    }
+    let want = make_expected::<f32>(ReduceOp::Sum, 2, count);
+    for (r, out) in outputs.iter().enumerate() {
+        let (wrong, first) = compare(r, &out.to_host().unwrap(), &want, 4);
+        assert_eq!(
+            wrong, 0,
+            "the leaked call, finished late, is still correct: {first:?}"
+        );
+    }
+    for algorithm in [Algorithm::Ring, Algorithm::OneShot] {
+        let fresh = Communicator::with_config(
+            &gpus,
+            CudaConfig {
+                algorithm,
+                ..CudaConfig::default()
+            },
+        )
+        .unwrap();
+        check_case::<f32>(&fresh, count, ReduceOp::Sum, false, 0);
+        fresh.close().unwrap();
+    }
+}

@@ -77,6 +77,16 @@ impl<T: Element> GpuBuffer<T> {
         Ok(out)
     }
 
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    /// Whether the buffer has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
     /// The GPU the buffer lives on.
     pub fn device(&self) -> usize {
         self.device

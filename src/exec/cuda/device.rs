@@ -1260,6 +1260,19 @@ pub fn stream_synchronize(stream: &Stream) -> Result<()> {
     unsafe { result::stream::synchronize(stream.raw) }.call("cuStreamSynchronize")
 }
 
+/// Whether all work queued on `stream` has completed, without blocking (`cuStreamQuery`):
+/// `CUDA_ERROR_NOT_READY` is `Ok(false)`, other errors (including those of earlier asynchronous
+/// work) are errors. Binds the stream's context.
+pub fn stream_query(stream: &Stream) -> Result<bool> {
+    bind(&stream.ctx)?;
+    // SAFETY: the stream is live (owned by the borrowed Stream) and its context is bound.
+    match unsafe { sys::cuStreamQuery(stream.raw) }.result() {
+        Ok(()) => Ok(true),
+        Err(DriverError(sys::CUresult::CUDA_ERROR_NOT_READY)) => Ok(false),
+        Err(err) => Err(check("cuStreamQuery")(err)),
+    }
+}
+
 /// Whether the work captured by `event` has completed, without blocking (`cuEventQuery`):
 /// `CUDA_ERROR_NOT_READY` is `Ok(false)`, other errors (including those of earlier asynchronous
 /// work) are errors. An event never recorded is complete. Binds the event's context.

@@ -26,10 +26,15 @@
 //! of the call's timeout and leaves a code in its error word, which the call (or the next one, or
 //! `synchronize`) turns into [`Error::Timeout`]; a call that fails after launching some ranks
 //! waits for their kernels to give up before it returns, so no kernel of it still reads the
-//! caller's buffers. One case remains: a rank whose kernel starts more than the timeout late
-//! (queued behind the caller's own work) still passes the start barrier its peer signalled before
-//! giving up, and reads that peer's input after the call has returned its error; keep the inputs
-//! of a failed call alive until `synchronize` (or `close`) has returned.
+//! caller's buffers. A kernel that gives up at its start barrier also withdraws its signal, so
+//! that a peer's kernel starting later (queued behind work that was stuck) times out too instead
+//! of reading this rank's input after the call has returned its error. (A peer that passed the
+//! barrier in the instant before the withdrawal still reads; it is then inside the call's
+//! deadline, a quarter of the timeout before the call returns.)
+//!
+//! Teardown never hangs on a stuck GPU: `synchronize`, `close` and `abort` wait at most the
+//! timeout; a GPU still busy then keeps this communicator's streams, events and buffers — leaked
+//! on purpose, since freeing memory that stuck work may yet touch would be worse.
 
 use super::device::{self, DeviceBuffer, Event, PinnedHost, Stream};
 use super::kernels::{Kernels, OneShotArgs, ONESHOT_FLAG_BYTES, ONESHOT_MAX_RANKS};
@@ -39,7 +44,7 @@ use crate::error::{Error, Result};
 use crate::exec::{
     enqueue_rank, panic_message, Algorithm, Enqueue, Handoff, Limits, PlanCache, Shape,
 };
-use crate::plan::{BufKind, EdgeTransport, Instr, Op, Plan, Region, StreamKind};
+use crate::plan::{BufKind, EdgeTransport, Instr, Op, Plan, Region, StreamKind, Tag};
 use crate::topo::{self, Link};
 use crossbeam_channel::{Receiver, Sender};
 use cudarc::driver::CudaContext;
@@ -389,14 +394,97 @@ impl CudaExecutor {
             .map(|r| r.streams[StreamKind::Main.index()].raw())
     }
 
-    /// Blocks until every rank's streams are idle.
+    /// Blocks until every rank's streams are idle, at most the communicator's timeout, and
+    /// reports what the GPUs left: a CUDA error of queued work, a one-shot kernel's barrier
+    /// timeout, or [`Error::Timeout`] naming a GPU that is still busy after the timeout.
     pub(crate) fn synchronize(&self) -> Result<()> {
-        for r in &self.ranks {
-            for s in &r.streams {
-                device::stream_synchronize(s)?;
+        self.wait_idle(self.config.timeout)?;
+        self.check_oneshot_errors()
+    }
+
+    /// What the GPUs report without waiting: a one-shot kernel's barrier timeout, or an error of
+    /// earlier asynchronous work (`cuEventQuery` on each rank's completion event returns it).
+    /// Puts the calling thread's context back.
+    pub(crate) fn poll_health(&self) -> Result<()> {
+        self.check_oneshot_errors()?;
+        let saved = device::save_current()?;
+        let polled = self
+            .ranks
+            .iter()
+            .try_for_each(|r| device::event_query(&r.done).map(drop));
+        polled.and(saved.restore())
+    }
+
+    /// Polls every rank's streams until all are idle or `within` has passed; then
+    /// [`Error::Timeout`] names the first GPU still busy. Polling, not `cuStreamSynchronize`, so
+    /// that a stuck GPU cannot hold the caller forever.
+    fn wait_idle(&self, within: Duration) -> Result<()> {
+        let start = Instant::now();
+        let mut busy: Vec<(usize, usize)> = self
+            .ranks
+            .iter()
+            .enumerate()
+            .flat_map(|(rank, r)| (0..r.streams.len()).map(move |s| (rank, s)))
+            .collect();
+        loop {
+            let mut still = Vec::new();
+            for &(rank, s) in &busy {
+                if !device::stream_query(&self.ranks[rank].streams[s])? {
+                    still.push((rank, s));
+                }
+            }
+            busy = still;
+            let Some(&(rank, s)) = busy.first() else {
+                return Ok(());
+            };
+            let waited = start.elapsed();
+            if waited >= within {
+                return Err(Error::Timeout {
+                    rank,
+                    waiting_on: format!(
+                        "GPU {}'s {:?} stream was still busy (a collective, or work queued before one, did not finish)",
+                        self.ranks[rank].device,
+                        StreamKind::ALL[s]
+                    ),
+                    after: within,
+                });
+            }
+            if waited < Duration::from_micros(200) {
+                std::hint::spin_loop();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
             }
         }
-        self.check_oneshot_errors()
+    }
+
+    /// Waits (at most the timeout) for the GPUs to finish this communicator's work, reports
+    /// what they left, and frees everything — except when a GPU is still busy after the
+    /// timeout: then its streams, events and buffers are leaked on purpose, since freeing memory
+    /// that a stuck copy or kernel may still touch would turn a hang into memory corruption.
+    pub(crate) fn shutdown(mut self) -> Result<()> {
+        self.teardown()
+    }
+
+    fn teardown(&mut self) -> Result<()> {
+        for (tx, handle) in self.threads.drain(..) {
+            drop(tx);
+            let _ = handle.join();
+        }
+        if self.ranks.is_empty() {
+            return Ok(()); // torn down already
+        }
+        let result = self.synchronize();
+        if matches!(result, Err(Error::Timeout { .. })) && self.wait_idle(Duration::ZERO).is_err() {
+            std::mem::forget(std::mem::replace(
+                &mut self.cache,
+                PlanCache::new(CACHED_PLANS),
+            ));
+            std::mem::forget(self.oneshot.take());
+            std::mem::forget(std::mem::take(&mut self.ranks));
+            std::mem::forget(std::mem::take(&mut self.contexts));
+        }
+        self.ranks.clear();
+        result
     }
 
     /// The pool trap, handled: an output from a stream-ordered pool gets its pool opened to the
@@ -692,13 +780,10 @@ impl CudaExecutor {
 
 impl Drop for CudaExecutor {
     fn drop(&mut self) {
-        for (tx, handle) in self.threads.drain(..) {
-            drop(tx);
-            let _ = handle.join();
-        }
-        // Queued work may still use the plans' events and buffers: let it finish first. An error
-        // here has nowhere to go (Drop never panics); `Communicator::close` reports it.
-        let _ = self.synchronize();
+        // Queued work may still use the plans' events and buffers: let it finish first (at most
+        // the timeout). An error here has nowhere to go (Drop never panics); `Communicator::close`
+        // reports it through `shutdown`.
+        let _ = self.teardown();
     }
 }
 
@@ -915,17 +1000,50 @@ fn wait_done(res: &RankRes, rank: usize, call: &CudaCall) -> Result<()> {
         }
         let now = Instant::now();
         if now >= call.deadline {
-            return Err(Error::Timeout {
-                rank,
-                waiting_on: format!("GPU {} did not finish the collective", res.device),
-                after: call.timeout,
-            });
+            return Err(stalled(call, rank, res.device));
         }
         if now - start < Duration::from_micros(200) {
             std::hint::spin_loop();
         } else {
             std::thread::sleep(Duration::from_micros(20));
         }
+    }
+}
+
+/// The error for a call that rank `rank` (on GPU `device`) did not finish by its deadline, naming
+/// the culprit where the plan's events tell: a rank whose entry event has not completed never
+/// started the collective (work queued before it on that rank's Main stream is stuck);
+/// otherwise `rank`'s first unfinished wait on another rank. (Every event of the call was
+/// recorded before anyone waits for completion, so each query answers for this call.)
+fn stalled(call: &CudaCall, rank: usize, device: usize) -> Error {
+    let plan = &call.prepared.plan;
+    let completed = |e: usize| device::event_query(&call.prepared.events[e]).unwrap_or(false);
+    let never_started = plan
+        .events
+        .iter()
+        .enumerate()
+        .find(|(e, decl)| decl.tag == Tag::ENTRY && !completed(*e));
+    if let Some((_, entry)) = never_started {
+        return Error::Timeout {
+            rank: entry.rank,
+            waiting_on: "never started the collective: work queued on its Main stream before the call did not finish".into(),
+            after: call.timeout,
+        };
+    }
+    let first_wait = plan.ranks[rank].iter().find_map(|instr| match instr.op {
+        Op::Wait(e) if plan.events[e.0].rank != rank && !completed(e.0) => Some(e),
+        _ => None,
+    });
+    Error::Timeout {
+        rank,
+        waiting_on: match first_wait {
+            Some(e) => format!(
+                "did not finish the collective on GPU {device}: its first unfinished wait is for {}",
+                plan.events[e.0]
+            ),
+            None => format!("did not finish the collective on GPU {device}"),
+        },
+        after: call.timeout,
     }
 }
 
