@@ -531,7 +531,7 @@ impl CudaExecutor {
                 self.config.slots,
                 // 16-byte boundaries keep every chunk vector-aligned for the kernels and copies.
                 (16 / shape.elem_bytes).max(1),
-                self.edges.iter().map(|e| e.transport).collect::<Vec<_>>(),
+                self.edge_transports(),
             )?
         };
         let events = plan
@@ -568,6 +568,15 @@ impl CudaExecutor {
         });
         self.cache.insert(shape, prepared.clone());
         Ok(prepared)
+    }
+
+    /// Each ring edge's transport, by sending rank. One rank has no edge (`decide_edges` makes
+    /// none); its plan still names one, which it never uses.
+    fn edge_transports(&self) -> Vec<EdgeTransport> {
+        if self.ranks.len() == 1 {
+            return vec![EdgeTransport::Peer];
+        }
+        self.edges.iter().map(|e| e.transport).collect()
     }
 
     /// Runs one all-reduce over device buffers.
