@@ -686,11 +686,25 @@ impl CudaExecutor {
                 }
             }
         }
-        match first_error {
-            Some(err) => Err(err),
-            None if oneshot && wait_complete => self.check_oneshot_errors(),
-            None => Ok(()),
+        if let Some(err) = first_error {
+            return Err(err);
         }
+        if wait_complete {
+            // The caller's thread polls completion itself: the rank threads reported as soon as
+            // they had enqueued (while the GPUs work), so no thread wake-up sits between the
+            // GPUs finishing and this call returning.
+            let saved = device::save_current()?;
+            let waited = self
+                .ranks
+                .iter()
+                .enumerate()
+                .try_for_each(|(rank, res)| wait_done(res, rank, &call));
+            waited.and(saved.restore())?;
+            if oneshot {
+                return self.check_oneshot_errors();
+            }
+        }
+        Ok(())
     }
 
     /// Enqueues a plan without events from the calling thread, rank after rank (each rank's
@@ -953,7 +967,7 @@ fn rank_thread(
     calls: Receiver<Arc<CudaCall>>,
 ) {
     let rank = handoff.rank;
-    for call in calls {
+    while let Some(call) = next_call(&calls) {
         let outcome = catch_unwind(AssertUnwindSafe(|| {
             device::bind(&res.ctx)?;
             let mut backend = CudaEnqueue {
@@ -975,11 +989,7 @@ fn rank_thread(
                     abort: &call.abort,
                 },
             )?;
-            device::record(&res.done, &res.streams[StreamKind::Main.index()])?;
-            if call.wait_complete {
-                wait_done(&res, rank, &call)?;
-            }
-            Ok(())
+            device::record(&res.done, &res.streams[StreamKind::Main.index()])
         }));
         let result = match outcome {
             Ok(r) => r,
@@ -996,8 +1006,30 @@ fn rank_thread(
     }
 }
 
+/// How long a rank thread keeps polling for the next call before it blocks: back-to-back
+/// collectives (a training step's buckets, a benchmark) arrive within a call's GPU time, and a
+/// blocked thread's wake-up (tens of µs, now and then far more) would sit on the GPU's critical
+/// path, since nothing is enqueued until the thread runs.
+const RANK_THREAD_SPIN: Duration = Duration::from_millis(5);
+
+/// The next call for a rank thread, `None` once the executor is dropped. Polls (yielding the
+/// CPU between polls) for [`RANK_THREAD_SPIN`], then blocks.
+fn next_call(calls: &Receiver<Arc<CudaCall>>) -> Option<Arc<CudaCall>> {
+    let start = Instant::now();
+    while start.elapsed() < RANK_THREAD_SPIN {
+        match calls.try_recv() {
+            Ok(call) => return Some(call),
+            Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
+            Err(crossbeam_channel::TryRecvError::Empty) => std::thread::yield_now(),
+        }
+    }
+    calls.recv().ok()
+}
+
 /// Polls the rank's completion event until it fires, the call is aborted or the deadline passes.
-/// Spins for the first 200 µs (small messages finish in tens of µs), then sleeps between polls.
+/// Spins for the first 200 µs (small messages finish in tens of µs), then yields the CPU between
+/// polls for up to 20 ms (a 1 GiB call takes ~3 ms: a sleep's timer slack, ~50 µs, would land on
+/// the call's time), then sleeps between polls.
 fn wait_done(res: &RankRes, rank: usize, call: &CudaCall) -> Result<()> {
     let start = Instant::now();
     loop {
@@ -1011,8 +1043,11 @@ fn wait_done(res: &RankRes, rank: usize, call: &CudaCall) -> Result<()> {
         if now >= call.deadline {
             return Err(stalled(call, rank, res.device));
         }
-        if now - start < Duration::from_micros(200) {
+        let waited = now - start;
+        if waited < Duration::from_micros(200) {
             std::hint::spin_loop();
+        } else if waited < Duration::from_millis(20) {
+            std::thread::yield_now();
         } else {
             std::thread::sleep(Duration::from_micros(20));
         }
