@@ -109,3 +109,143 @@ fn bad_flags_exit_2() {
         );
     }
 }
+
+#[test]
+fn ring_knobs_reach_host_ranks() {
+    let out = ringreduce(&[
+        "run", "--host", "--chunk", "4K", "--slots", "2", "-e", "64K",
+    ]);
+    assert_no_panic("run --host --chunk 4K --slots 2", &out);
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "exit code\nstdout: {stdout}\nstderr: {}",
+        text(&out.stderr)
+    );
+    assert!(
+        stdout.contains(
+            "# ring chunk: 4K (1024 f32 elements, --chunk); staging slots per receiver: 2\n"
+        ),
+        "the preamble must name the knobs used\nstdout: {stdout}"
+    );
+    assert!(stdout.contains("all results correct"), "stdout: {stdout}");
+    // Left out: the host defaults (1M chunk, 4 slots), said as such.
+    let out = ringreduce(&["run", "--host", "-e", "4K"]);
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("# ring chunk: 1M (262144 f32 elements); staging slots per receiver: 4\n"),
+        "stdout: {stdout}"
+    );
+}
+
+#[test]
+fn zero_chunk_or_slots_is_a_usage_error() {
+    for (args, flag, why) in [
+        (&["run", "--chunk", "0"][..], "--chunk", "at least 1 byte"),
+        (&["run", "--host", "--slots", "0"], "--slots", "≥ 1"),
+        (&["bench", "--chunk", "0"], "--chunk", "at least 1 byte"),
+        (
+            &["bench", "--chunk", "0M", "--no-nccl"],
+            "--chunk",
+            "at least 1 byte",
+        ),
+        (&["bench", "--slots", "0"], "--slots", "≥ 1"),
+    ] {
+        let out = ringreduce(args);
+        assert_no_panic(&format!("{args:?}"), &out);
+        let stderr = text(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: exit code\nstderr: {stderr}"
+        );
+        let first = stderr.lines().next().unwrap_or("");
+        assert!(
+            first.starts_with("error: invalid value '0")
+                && first.contains(flag)
+                && first.contains(why),
+            "{args:?}: stderr {stderr:?}"
+        );
+        assert!(
+            out.stdout.is_empty(),
+            "{args:?}: nothing may run before the error"
+        );
+    }
+}
+
+#[test]
+fn bench_with_knobs_without_a_gpu_says_so_and_exits_3() {
+    if has_gpu() {
+        eprintln!(
+            "bench_with_knobs_without_a_gpu_says_so_and_exits_3: waived: this host has a GPU"
+        );
+        return;
+    }
+    let out = ringreduce(&[
+        "bench",
+        "--chunk",
+        "32M",
+        "--slots",
+        "4",
+        "--no-nccl",
+        "--no-staged",
+    ]);
+    assert_no_panic("bench --chunk 32M --slots 4", &out);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "stderr: {stderr}");
+    assert_eq!(stderr.lines().count(), 1, "stderr: {stderr:?}");
+    assert!(
+        stderr.starts_with("ringreduce: no GPU"),
+        "stderr: {stderr:?}"
+    );
+}
+
+#[test]
+fn from_json_reads_reports_with_and_without_the_knobs() {
+    let dir = std::env::temp_dir().join(format!("ringreduce-cli-knobs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // A report from before --chunk/--slots (a real one, committed with the docs): still reads.
+    let old = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/runs/2026-11-29-s2-eb7e1c9/bench.json"
+    );
+    let old_text = std::fs::read_to_string(old).unwrap();
+    assert!(!old_text.contains("chunk_bytes") && !old_text.contains("\"slots\""));
+    let old_svg = dir.join("old.svg");
+    let out = ringreduce(&[
+        "bench",
+        "--from-json",
+        old,
+        "--plot",
+        old_svg.to_str().unwrap(),
+    ]);
+    assert_no_panic("--from-json (old report)", &out);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
+    let svg = std::fs::read_to_string(&old_svg).unwrap();
+    assert!(!svg.contains("chunk "), "an old report names no knobs");
+    // The same report as a run with --chunk 32M --slots 4 writes it: the plot's title says so.
+    let mut report: serde_json::Value = serde_json::from_str(&old_text).unwrap();
+    let fields = report.as_object_mut().unwrap();
+    fields.insert("chunk_bytes".into(), (32u64 << 20).into());
+    fields.insert("slots".into(), 4.into());
+    let new = dir.join("new.json");
+    std::fs::write(&new, report.to_string()).unwrap();
+    let new_svg = dir.join("new.svg");
+    let out = ringreduce(&[
+        "bench",
+        "--from-json",
+        new.to_str().unwrap(),
+        "--plot",
+        new_svg.to_str().unwrap(),
+    ]);
+    assert_no_panic("--from-json (report with knobs)", &out);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
+    let svg = std::fs::read_to_string(&new_svg).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        svg.contains(", chunk 32M, slots 4"),
+        "title of {}",
+        new_svg.display()
+    );
+}

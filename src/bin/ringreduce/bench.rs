@@ -53,6 +53,16 @@ pub struct BenchArgs {
     /// ringreduce's algorithm: auto (one-shot for small messages, ring above), ring or oneshot.
     #[arg(long, default_value = "auto", value_parser = crate::parse_algorithm)]
     pub algorithm: ringreduce::Algorithm,
+    /// ringreduce's ring chunk in bytes (suffixes K, M, G), in place of the automatic size per
+    /// message (`CudaConfig::chunk_bytes`). Applies to the staged pass too (whose automatic chunk
+    /// is at most 4 MiB); not to NCCL, nor to the one-shot.
+    #[arg(long, value_parser = crate::parse_chunk_bytes)]
+    pub chunk: Option<usize>,
+    /// Staging slots per receiver of ringreduce's ring (`CudaConfig::slots`). Applies to the
+    /// staged pass too; not to NCCL, nor to the one-shot.
+    #[arg(long, default_value_t = ringreduce::CudaConfig::default().slots,
+          value_parser = crate::parse_positive)]
+    pub slots: usize,
     /// Timed iterations per size.
     #[arg(short = 'n', long, default_value_t = 20)]
     pub iters: usize,
@@ -133,10 +143,19 @@ pub struct Row {
     pub in_place: Measure,
 }
 
-/// Everything a run says: the header lines and every row. What `--json` writes.
+/// Everything a run says: the header lines, ringreduce's ring knobs and every row. What `--json`
+/// writes.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Report {
     pub header: Vec<(String, String)>,
+    /// ringreduce's ring chunk in bytes (`--chunk`, both passes); `null` = automatic per size.
+    /// Absent in reports from before the flag, which read as `null` (they all ran automatic).
+    #[serde(default)]
+    pub chunk_bytes: Option<u64>,
+    /// ringreduce's staging slots per receiver (`--slots`, both passes). Absent in reports from
+    /// before the flag: `None`, not recorded.
+    #[serde(default)]
+    pub slots: Option<u64>,
     /// Libraries that were not measured, with why.
     pub not_measured: Vec<(String, String)>,
     pub rows: Vec<Row>,
@@ -240,6 +259,44 @@ fn commit() -> String {
             }
         }
         _ => "unknown".to_string(),
+    }
+}
+
+/// ringreduce's communicator options for one pass: `args`' transport, algorithm and ring knobs.
+pub fn cuda_config(args: &BenchArgs) -> ringreduce::CudaConfig {
+    ringreduce::CudaConfig {
+        transport: args.transport,
+        algorithm: args.algorithm,
+        chunk_bytes: args.chunk,
+        slots: args.slots,
+        ..Default::default()
+    }
+}
+
+/// The staged pass's arguments: the ring with every edge staged, up to [`STAGED_MAX_BYTES`]; the
+/// ring knobs (`--chunk`, `--slots`) and everything else as in the main pass.
+pub fn staged_pass_args(args: &BenchArgs) -> BenchArgs {
+    let max_bytes = args.max_bytes.min(STAGED_MAX_BYTES);
+    BenchArgs {
+        transport: Transport::Staged,
+        algorithm: ringreduce::Algorithm::Ring,
+        max_bytes,
+        min_bytes: args.min_bytes.min(max_bytes),
+        ..args.clone()
+    }
+}
+
+/// ", chunk 32M, slots 4" for a label or a title when either knob differs from `CudaConfig`'s
+/// default, so that series from different settings do not share a name; "" otherwise.
+pub fn knobs_suffix(chunk_bytes: Option<u64>, slots: Option<u64>) -> String {
+    let default_slots = ringreduce::CudaConfig::default().slots as u64;
+    if chunk_bytes.is_none() && slots.is_none_or(|s| s == default_slots) {
+        return String::new();
+    }
+    let chunk = chunk_bytes.map_or("auto".to_string(), |b| crate::format_bytes(b as usize));
+    match slots {
+        Some(s) => format!(", chunk {chunk}, slots {s}"),
+        None => format!(", chunk {chunk}"),
     }
 }
 
@@ -941,15 +998,21 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
             .iter()
             .find(|(k, _)| k == "date")
             .map_or(String::new(), |(_, v)| format!(", {v}"));
-        let title = format!("all-reduce, {}{when}", source.display());
+        let title = format!(
+            "all-reduce, {}{when}{}",
+            source.display(),
+            knobs_suffix(report.chunk_bytes, report.slots)
+        );
         write_plot(path, &report.rows, &title)?;
         out!("# plot: {}", path.display());
         return Ok(());
     }
     let n = require_gpus(2)?;
     let devices: Vec<usize> = (0..n).collect();
+    let (chunk_bytes, slots) = (args.chunk.map(|b| b as u64), Some(args.slots as u64));
+    let knobs = knobs_suffix(chunk_bytes, slots);
     let ring_label = format!(
-        "ringreduce ({}{})",
+        "ringreduce ({}{}{knobs})",
         format!("{:?}", args.transport).to_lowercase(),
         match args.algorithm {
             ringreduce::Algorithm::Auto => String::new(),
@@ -1006,6 +1069,13 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
             args.iters, args.warmup
         ),
     ));
+    header.push((
+        "ringreduce knobs".into(),
+        format!(
+            "{} (every ringreduce pass; not NCCL, not the one-shot)",
+            crate::describe_knobs(args.chunk, args.slots)
+        ),
+    ));
 
     let mut not_measured = Vec::new();
     let (mut rows, against) = measure_pass(
@@ -1022,14 +1092,8 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
     // NCCL_P2P_DISABLE=1. Up to 256 MiB (the staged path moves ~45 GB/s: a 1 GiB row alone
     // would take seconds per iteration).
     if args.transport != Transport::Staged && !args.no_staged {
-        let staged = BenchArgs {
-            transport: Transport::Staged,
-            algorithm: ringreduce::Algorithm::Ring,
-            max_bytes: args.max_bytes.min(STAGED_MAX_BYTES),
-            min_bytes: args.min_bytes.min(args.max_bytes.min(STAGED_MAX_BYTES)),
-            ..args.clone()
-        };
-        let label = "ringreduce (staged)".to_string();
+        let staged = staged_pass_args(args);
+        let label = format!("ringreduce (staged{knobs})");
         let (staged_rows, against) = measure_pass(
             &staged,
             &devices,
@@ -1043,6 +1107,8 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
     }
     let report = Report {
         header,
+        chunk_bytes,
+        slots,
         not_measured,
         rows,
     };
@@ -1056,7 +1122,7 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
         out!("# JSON: {}", path.display());
     }
     if let Some(path) = &args.plot {
-        let title = format!("all-reduce {} {} on {n} GPUs", args.dtype, args.op);
+        let title = format!("all-reduce {} {} on {n} GPUs{knobs}", args.dtype, args.op);
         write_plot(path, &report.rows, &title)?;
         out!("# plot: {}", path.display());
     }
@@ -1090,14 +1156,7 @@ fn measure_pass(
 ) -> Result<(Vec<Row>, Vec<String>), Failure> {
     let first = !header.iter().any(|(k, _)| k.ends_with(" links"));
     let printed = header.len();
-    let comm = Communicator::with_config(
-        devices,
-        ringreduce::CudaConfig {
-            transport: args.transport,
-            algorithm: args.algorithm,
-            ..Default::default()
-        },
-    )?;
+    let comm = Communicator::with_config(devices, cuda_config(args))?;
     header.push((
         format!("{label} algorithm"),
         crate::describe_algorithm(&comm),
@@ -1297,11 +1356,34 @@ mod tests {
     fn json_rows_round_trip() {
         let report = Report {
             header: vec![("date".into(), utc_date(0))],
+            chunk_bytes: Some(32 << 20),
+            slots: Some(4),
             not_measured: vec![("NCCL".into(), "libnccl not found".into())],
             rows: vec![row("ringreduce (auto)", 8, 20.0), row("NCCL", 8, 17.5)],
         };
         let text = serde_json::to_string(&report).unwrap();
+        assert!(
+            text.contains("\"chunk_bytes\":33554432,\"slots\":4"),
+            "{text}"
+        );
         assert_eq!(serde_json::from_str::<Report>(&text).unwrap(), report);
+        // The automatic chunk is written as null, not left out.
+        let auto = Report {
+            chunk_bytes: None,
+            ..report.clone()
+        };
+        let text = serde_json::to_string(&auto).unwrap();
+        assert!(text.contains("\"chunk_bytes\":null"), "{text}");
+        assert_eq!(serde_json::from_str::<Report>(&text).unwrap(), auto);
+        // A report from before --chunk/--slots (no such fields) still reads: automatic chunk,
+        // slots not recorded.
+        let mut old: serde_json::Value = serde_json::to_value(&report).unwrap();
+        let fields = old.as_object_mut().unwrap();
+        fields.remove("chunk_bytes");
+        fields.remove("slots");
+        let old: Report = serde_json::from_value(old).unwrap();
+        assert_eq!((old.chunk_bytes, old.slots), (None, None));
+        assert_eq!(old.rows, report.rows);
         let child = ChildOutput {
             nccl_version: "2.28.3".into(),
             rows: report.rows.clone(),
@@ -1360,6 +1442,82 @@ mod tests {
         Bench(BenchArgs),
     }
 
+    fn parse(argv: &[&str]) -> Result<BenchArgs, clap::Error> {
+        let argv = ["ringreduce", "bench"].iter().chain(argv);
+        Wrap::try_parse_from(argv).map(|w| match w.command {
+            Sub::Bench(args) => args,
+        })
+    }
+
+    #[test]
+    fn ring_knobs_reach_both_passes_and_the_labels() {
+        let defaults = ringreduce::CudaConfig::default();
+        // Left out: the library's defaults, and labels as before the flags.
+        let args = parse(&[]).unwrap();
+        assert_eq!((args.chunk, args.slots), (None, defaults.slots));
+        let config = cuda_config(&args);
+        assert_eq!(
+            (config.chunk_bytes, config.slots),
+            (defaults.chunk_bytes, defaults.slots)
+        );
+        assert_eq!(knobs_suffix(None, Some(defaults.slots as u64)), "");
+        assert_eq!(knobs_suffix(None, None), "");
+
+        let args = parse(&[
+            "--chunk",
+            "32M",
+            "--slots",
+            "4",
+            "-b",
+            "128M",
+            "-e",
+            "1G",
+            "--algorithm",
+            "oneshot",
+        ])
+        .unwrap();
+        let config = cuda_config(&args);
+        assert_eq!((config.chunk_bytes, config.slots), (Some(32 << 20), 4));
+        assert_eq!(config.algorithm, ringreduce::Algorithm::OneShot);
+        // The staged pass: staged ring up to 256 MiB, same knobs.
+        let staged = cuda_config(&staged_pass_args(&args));
+        assert_eq!((staged.chunk_bytes, staged.slots), (Some(32 << 20), 4));
+        assert_eq!(
+            (staged.transport, staged.algorithm),
+            (Transport::Staged, ringreduce::Algorithm::Ring)
+        );
+        let staged = staged_pass_args(&args);
+        assert_eq!(
+            (staged.min_bytes, staged.max_bytes),
+            (128 << 20, STAGED_MAX_BYTES)
+        );
+        assert_eq!(
+            knobs_suffix(Some(32 << 20), Some(4)),
+            ", chunk 32M, slots 4"
+        );
+        assert_eq!(knobs_suffix(None, Some(2)), ", chunk auto, slots 2");
+        assert_eq!(knobs_suffix(Some(1000), None), ", chunk 1000");
+
+        // 0 is refused when the flags are read, before any GPU is looked for.
+        for bad in [&["--chunk", "0"][..], &["--slots", "0"], &["--chunk", "0M"]] {
+            let err = parse(bad)
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?} was accepted"));
+            assert_eq!(
+                err.kind(),
+                clap::error::ErrorKind::ValueValidation,
+                "{bad:?}"
+            );
+        }
+        assert_eq!(crate::format_bytes(32 << 20), "32M");
+        assert_eq!(crate::format_bytes(1 << 30), "1G");
+        assert_eq!(crate::format_bytes(1536), "1536");
+        assert_eq!(crate::format_bytes(3 << 10), "3K");
+        for text in ["1", "4K", "128M", "2G", "1000"] {
+            assert_eq!(crate::format_bytes(parse_bytes(text).unwrap()), text);
+        }
+    }
+
     #[test]
     fn child_command_line_round_trips() {
         let Sub::Bench(args) = Wrap::parse_from([
@@ -1396,6 +1554,12 @@ mod tests {
         assert_eq!((child.dtype, child.op), (DType::BF16, ReduceOp::Max));
         assert_eq!((child.iters, child.warmup), (7, 2));
         assert!(child.json.is_none() && child.plot.is_none());
+        // The ring knobs are ringreduce's: never passed to the NCCL child.
+        let Sub::Bench(with_knobs) =
+            Wrap::parse_from(["ringreduce", "bench", "--chunk", "32M", "--slots", "4"]).command;
+        assert!(child_args(&with_knobs)
+            .iter()
+            .all(|a| a != "--chunk" && a != "--slots"));
 
         let runs = nccl_runs(Transport::Staged, None);
         assert_eq!(runs.len(), 2);

@@ -82,6 +82,15 @@ struct RunArgs {
     /// Force host ranks even where GPUs exist.
     #[arg(long)]
     host: bool,
+    /// Ring chunk in bytes (suffixes K, M, G), in place of the default: on GPUs the automatic
+    /// size (`CudaConfig::chunk_bytes = None`, see `auto_chunk_bytes`), on host ranks 1M. The
+    /// one-shot has no chunks.
+    #[arg(long, value_parser = parse_chunk_bytes)]
+    chunk: Option<usize>,
+    /// Staging slots per receiver of the ring (default: 3 on GPUs, `CudaConfig`'s; 4 on host
+    /// ranks).
+    #[arg(long, value_parser = parse_positive)]
+    slots: Option<usize>,
 }
 
 impl Default for RunArgs {
@@ -94,6 +103,8 @@ impl Default for RunArgs {
             transport: ringreduce::Transport::Auto,
             algorithm: ringreduce::Algorithm::Auto,
             host: false,
+            chunk: None,
+            slots: None,
         }
     }
 }
@@ -201,12 +212,16 @@ fn run(args: &RunArgs) -> Result<(), String> {
 
 fn run_gpu(args: &RunArgs) -> Result<(), String> {
     let n = device::device_count().map_err(|e| e.to_string())?;
+    let defaults = ringreduce::CudaConfig::default();
     let config = ringreduce::CudaConfig {
         transport: args.transport,
         algorithm: args.algorithm,
         allow_shared_device: n == 1,
-        ..Default::default()
+        chunk_bytes: args.chunk,
+        slots: args.slots.unwrap_or(defaults.slots),
+        ..defaults
     };
+    let knobs = describe_knobs(config.chunk_bytes, config.slots);
     let comm = if n == 1 {
         out!("# one GPU: running two ranks that share GPU 0 (no copy crosses between GPUs)");
         Communicator::with_config(&[0, 0], config)
@@ -220,6 +235,7 @@ fn run_gpu(args: &RunArgs) -> Result<(), String> {
         comm.devices(),
         describe_algorithm(&comm)
     );
+    out!("# {knobs}");
     for e in comm.edges() {
         out!("# edge {}", e.describe());
         if let Some(why) = e.slow() {
@@ -347,6 +363,46 @@ fn parse_bytes(text: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("size too large: {text}"))
 }
 
+/// A ring chunk for `--chunk`: a size as [`parse_bytes`] reads it, at least 1 byte.
+pub fn parse_chunk_bytes(text: &str) -> Result<usize, String> {
+    match parse_bytes(text)? {
+        0 => Err(format!(
+            "the chunk must be at least 1 byte, got {text:?} (leave --chunk out for the automatic size)"
+        )),
+        bytes => Ok(bytes),
+    }
+}
+
+/// A count that must be at least 1 (`--slots`, `p2p --iters`).
+pub fn parse_positive(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("expected a whole number ≥ 1, got {text:?}")),
+    }
+}
+
+/// The inverse of [`parse_bytes`] where it is exact: "32M" for 32 MiB, "1000" for 1000.
+pub fn format_bytes(bytes: usize) -> String {
+    for (shift, unit) in [(30, "G"), (20, "M"), (10, "K")] {
+        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
+/// "ring chunk: 32M (33554432 B, --chunk); staging slots per receiver: 4" — the ring's knobs as
+/// `run` and `bench` print them; `None` is the automatic chunk.
+pub fn describe_knobs(chunk_bytes: Option<usize>, slots: usize) -> String {
+    let chunk = match chunk_bytes {
+        Some(b) => format!("{} ({b} B, --chunk)", format_bytes(b)),
+        None => "automatic (per size: a quarter of a segment within 4 MiB to 64 MiB, the whole \
+                 segment below 4 MiB; at most 4 MiB when an edge is staged)"
+            .to_string(),
+    };
+    format!("ring chunk: {chunk}; staging slots per receiver: {slots}")
+}
+
 pub fn parse_algorithm(text: &str) -> Result<ringreduce::Algorithm, String> {
     match text {
         "auto" => Ok(ringreduce::Algorithm::Auto),
@@ -396,14 +452,28 @@ fn parse_transport(text: &str) -> Result<ringreduce::Transport, String> {
 
 fn run_host(args: &RunArgs) -> Result<(), String> {
     let world = args.ranks;
+    // f32 elements; a chunk below one element is one element (as the GPU executor rounds).
+    let chunk_bytes = args.chunk.unwrap_or(1 << 20);
     let config = HostConfig {
-        chunk_elems: 256 * 1024,
-        slots: 4,
+        chunk_elems: (chunk_bytes / 4).max(1),
+        slots: args.slots.unwrap_or(4),
         transport: EdgeTransport::Peer,
         ..HostConfig::default()
     };
+    let knobs = format!(
+        "ring chunk: {} ({} f32 elements{}); staging slots per receiver: {}",
+        format_bytes(config.chunk_elems * 4),
+        config.chunk_elems,
+        if args.chunk.is_some() {
+            ", --chunk"
+        } else {
+            ""
+        },
+        config.slots
+    );
     let comm = Communicator::host_with(world, config).map_err(|e| e.to_string())?;
     out!("# all-reduce on {world} host ranks (one thread per rank, a worker per stream), f32 sum");
+    out!("# {knobs}");
     out!("# busbw = algbw * 2(n-1)/n; GB = 1e9 bytes; time is the median over the iterations");
     print_table(args, 8 << 20, world, |count, in_place| {
         time_host(&comm, count, in_place)

@@ -50,10 +50,10 @@ pub struct P2pArgs {
     #[arg(long, default_value = "256M", value_parser = crate::parse_bytes)]
     pub bytes: usize,
     /// Timed repetitions per bandwidth figure (after one warm-up).
-    #[arg(long, default_value_t = 10, value_parser = positive)]
+    #[arg(long, default_value_t = 10, value_parser = crate::parse_positive)]
     pub iters: usize,
     /// Tiny (4-byte) copies averaged per latency figure.
-    #[arg(long, default_value_t = 100, value_parser = positive)]
+    #[arg(long, default_value_t = 100, value_parser = crate::parse_positive)]
     pub latency_iters: usize,
     /// Chunk of the pipelined staged copy (two pinned slots of this size).
     #[arg(long, default_value = "4M", value_parser = crate::parse_bytes)]
@@ -80,13 +80,6 @@ impl Default for P2pArgs {
             to: 1,
             no_matrix: false,
         }
-    }
-}
-
-fn positive(text: &str) -> std::result::Result<usize, String> {
-    match text.parse::<usize>() {
-        Ok(n) if n > 0 => Ok(n),
-        _ => Err(format!("expected a whole number ≥ 1, got {text:?}")),
     }
 }
 
