@@ -105,18 +105,31 @@ impl Default for CudaConfig {
 }
 
 /// The chunk size for a message: about a quarter of a segment, at least 4 MiB (or the whole
-/// segment when smaller), at most 64 MiB — or at most 4 MiB when any edge is staged. From the
-/// prototype on the 2×H200 machine: every CUDA call costs ~2 µs of host time, so small chunks only
-/// pay when the host keeps up; the best push chunk was 512 KiB at 1 MiB, 4 MiB at 8–32 MiB,
-/// 16 MiB at 128 MiB, 64 MiB from 512 MiB. A staged edge is a three-stage pipeline (device→host,
-/// host→device, reduce) at ~55 GB/s per PCIe direction, where the prototype did best with 4 MiB
-/// chunks (38–44 GB/s); ringreduce with 32 MiB chunks measured 32–34 GB/s at 256 MiB.
+/// segment when smaller), at most 64 MiB; from 128 MiB segments on, half a segment, at most
+/// 128 MiB; at most 4 MiB when any edge is staged. From the prototype on the 2×H200 machine:
+/// every CUDA call costs ~2 µs of host time, so small chunks only pay when the host keeps up; the
+/// best push chunk was 512 KiB at 1 MiB, 4 MiB at 8–32 MiB, 16 MiB at 128 MiB. From ringreduce's
+/// own sweep (`bench --chunk --slots`, 2×H200, commit 7347b79, docs/runs/2026-11-30-s3-7347b79):
+/// fewer, larger chunks win on large segments — 256 MiB: 64 MiB chunks 718 µs against 740 µs for
+/// 32 MiB; 512 MiB: 128 MiB 1405–1412 against 1427–1437 for 64 MiB; 1 GiB: 128 MiB 2805–2818
+/// against 2858–2879 for 64 MiB and 2927–2947 for 32 MiB; one chunk per segment loses (256 MiB
+/// with 128 MiB chunks: 810–816 µs); 2, 3 or 4 slots within 1%. A staged edge is a
+/// three-stage pipeline (device→host, host→device, reduce) at ~55 GB/s per PCIe direction, where
+/// the prototype did best with 4 MiB chunks (38–44 GB/s); ringreduce with 32 MiB chunks measured
+/// 32–34 GB/s at 256 MiB.
 pub fn auto_chunk_bytes(count: usize, world: usize, elem_bytes: usize, staged: bool) -> usize {
     let segment_bytes = count.div_ceil(world.max(1)) * elem_bytes;
-    let largest = if staged { 4 << 20 } else { 64 << 20 };
+    if staged {
+        return (segment_bytes / 4)
+            .max(segment_bytes.min(4 << 20))
+            .clamp(elem_bytes.max(1), 4 << 20);
+    }
+    if segment_bytes >= 128 << 20 {
+        return (segment_bytes / 2).min(128 << 20);
+    }
     (segment_bytes / 4)
         .max(segment_bytes.min(4 << 20))
-        .clamp(elem_bytes.max(1), largest)
+        .clamp(elem_bytes.max(1), 64 << 20)
 }
 
 #[cfg(test)]
@@ -124,7 +137,7 @@ mod tests {
     use super::auto_chunk_bytes;
 
     #[test]
-    fn chunks_follow_the_prototype_for_two_gpus() {
+    fn chunks_follow_the_measurements_for_two_gpus() {
         let mib = 1 << 20;
         // f32, world 2: (message, best push chunk measured in the prototype)
         for (message, chunk) in [
@@ -132,8 +145,11 @@ mod tests {
             (8 * mib, 4 * mib),
             (32 * mib, 4 * mib),
             (128 * mib, 16 * mib),
-            (512 * mib, 64 * mib),
-            (1024 * mib, 64 * mib),
+            // ringreduce's own sweep (doc above)
+            (256 * mib, 64 * mib),
+            (512 * mib, 128 * mib),
+            (1024 * mib, 128 * mib),
+            (4096 * mib, 128 * mib),
         ] {
             assert_eq!(
                 auto_chunk_bytes(message / 4, 2, 4, false),
