@@ -281,8 +281,8 @@ static __device__ __forceinline__ void rr_scale_body(typename D::T* x, rr_ull co
 // One-shot all-reduce: every rank reads every rank's input directly (its own locally, the others
 // over NVLink through peer access) and folds them itself; ranks meet at two flag barriers.
 //
-// Flags: each rank owns one array of 2 * RR_ONESHOT_MAX_BLOCKS * RR_ONESHOT_MAX_RANKS words in
-// its own device memory (8 KiB, zeroed once, never reset). Word
+// Flags: each rank owns one array of 3 * RR_ONESHOT_MAX_BLOCKS * RR_ONESHOT_MAX_RANKS words in
+// its own device memory (12 KiB, zeroed once, never reset). Word
 //     (phase * RR_ONESHOT_MAX_BLOCKS + block) * RR_ONESHOT_MAX_RANKS + from
 // of rank p's array is written only by rank `from`'s block `block`, at barrier `phase` (0: start,
 // 1: end), with the call's epoch; rank p's block `block` spins on it. One writer per word, so
@@ -309,7 +309,8 @@ static __device__ __forceinline__ void rr_scale_body(typename D::T* x, rr_ull co
 //
 // Error codes written to *error (host-mapped pinned memory; a plain 32-bit `st.relaxed.sys`, so
 // no PCIe atomics are needed; the last writer wins): 1 = a start barrier timed out, 2 = an end
-// barrier timed out, 3 = the launch broke the kernel's assumptions (world, rank, grid, block).
+// barrier timed out, 3 = the launch broke the kernel's assumptions (world, rank, grid, block),
+// 4 = the two-shot's middle barrier timed out.
 // ---------------------------------------------------------------------------------------------
 
 #define RR_ONESHOT_MAX_RANKS 8
@@ -322,6 +323,16 @@ static __device__ __forceinline__ void rr_scale_body(typename D::T* x, rr_ull co
 #define RR_ONESHOT_ERR_START 1u
 #define RR_ONESHOT_ERR_END 2u
 #define RR_ONESHOT_ERR_LAUNCH 3u
+#define RR_ONESHOT_ERR_MIDDLE 4u
+
+// Barrier phases (the flag array's first index): the one-shot uses START and END; the two-shot
+// START, MIDDLE (between its reduce and its gather; the one-shot's END words) and END2. A word is
+// written at most once per call, and calls of either kind share the flags and the epoch counter.
+#define RR_PHASE_START 0u
+#define RR_PHASE_END 1u
+#define RR_PHASE_MIDDLE 1u
+#define RR_PHASE_END2 2u
+#define RR_ONESHOT_PHASES 3
 
 // Kernel parameter, passed by value (128 bytes): the input and the flag array of every rank
 // (index = rank), as device addresses usable from the launching GPU. Entries >= world unused.
@@ -359,7 +370,7 @@ static __device__ __forceinline__ unsigned rr_flag_word(unsigned phase, unsigned
 
 // Barrier `phase` of this block with block blockIdx.x of every other rank; every thread of the
 // block calls it. Thread p (p < world, p != rank) signals rank p and waits for rank p, so all
-// peers are signalled and awaited in parallel. Returns false, after writing phase + 1 into
+// peers are signalled and awaited in parallel. Returns false, after writing `code` into
 // *error, when a wait ran past timeout_ns (counted from the start of that thread's wait); a start
 // barrier that failed also withdraws its signals (writes 0 over them), so that a peer arriving
 // later times out too instead of reading this rank's input after the call has failed.
@@ -367,8 +378,8 @@ static __device__ __forceinline__ unsigned rr_flag_word(unsigned phase, unsigned
 // would be copied to local memory by every thread).
 static __device__ __forceinline__ bool rr_oneshot_barrier(unsigned* const* flags, unsigned world,
                                                           unsigned rank, unsigned phase,
-                                                          unsigned epoch, rr_ull timeout_ns,
-                                                          unsigned* error) {
+                                                          unsigned code, unsigned epoch,
+                                                          rr_ull timeout_ns, unsigned* error) {
     __syncthreads();  // everything the block did before is done before any thread signals
     const unsigned peer = threadIdx.x;
     int timed_out = 0;
@@ -378,14 +389,14 @@ static __device__ __forceinline__ bool rr_oneshot_barrier(unsigned* const* flags
         const rr_ull start = rr_globaltimer();
         while (rr_ld_acquire_sys(word) != epoch) {
             if (rr_globaltimer() - start > timeout_ns) {
-                rr_st_relaxed_sys(error, phase + 1);
+                rr_st_relaxed_sys(error, code);
                 timed_out = 1;
                 break;
             }
         }
     }
     const bool met = __syncthreads_or(timed_out) == 0;
-    if (!met && phase == 0 && peer < world && peer != rank) {
+    if (!met && phase == RR_PHASE_START && peer < world && peer != rank) {
         // Withdraw the start signal: a peer whose kernel starts later (queued behind other work)
         // must not pass its start barrier and read this rank's input after this call has given
         // up. Zero is never an epoch; the next call's signal overwrites it.
@@ -529,6 +540,44 @@ static __device__ __forceinline__ void rr_oneshot_body(const rr_peers& peers, un
     }
 }
 
+// to[i] = from[i] for this thread's indices i < count of `split` (head and tail one by one, the
+// vectors as 16-byte copies when both sides sit at the split's offset within 16 bytes, else one
+// by one): the same indices rr_oneshot_body folds for the same split.
+template <typename T>
+static __device__ __forceinline__ void rr_split_copy(const rr_oneshot_split<T>& split,
+                                                     const T* from, T* to, rr_ull count) {
+    const unsigned per_vec = 16 / sizeof(T);
+    const rr_ull first = split.first, stride = split.stride;
+    const rr_ull head = split.head, vecs = split.vecs, tail = split.tail;
+    const bool vector = rr_misalign(from) == split.misalign && rr_misalign(to) == split.misalign;
+
+    for (rr_ull i = first; i < head; i += stride) {
+        to[i] = from[i];
+    }
+    const rr_ull vec_stride = stride * RR_ONESHOT_UNROLL;
+    for (rr_ull base = (rr_ull)blockIdx.x * blockDim.x * RR_ONESHOT_UNROLL + threadIdx.x;
+         base < vecs; base += vec_stride) {
+#pragma unroll
+        for (unsigned u = 0; u < RR_ONESHOT_UNROLL; ++u) {
+            const rr_ull v = base + (rr_ull)u * blockDim.x;
+            if (v < vecs) {
+                if (vector) {
+                    reinterpret_cast<uint4*>(to + head)[v] =
+                        reinterpret_cast<const uint4*>(from + head)[v];
+                } else {
+#pragma unroll
+                    for (unsigned k = 0; k < per_vec; ++k) {
+                        to[head + v * per_vec + k] = from[head + v * per_vec + k];
+                    }
+                }
+            }
+        }
+    }
+    for (rr_ull i = tail + first; i < count; i += stride) {
+        to[i] = from[i];
+    }
+}
+
 // The in-place one-shot's exposure, fused into the kernel: before the start barrier, this block
 // copies ITS indices of the rank's in-place buffer `from` into the rank's exposed buffer
 // peers.src[rank], with exactly the partition rr_oneshot_body uses (it depends only on count,
@@ -540,38 +589,8 @@ template <typename T>
 static __device__ __forceinline__ void rr_oneshot_expose(const rr_peers& peers, unsigned world,
                                                          unsigned rank, const T* from,
                                                          rr_ull count) {
-    const unsigned per_vec = 16 / sizeof(T);
     const rr_oneshot_split<T> split(peers, world, count);
-    const rr_ull first = split.first, stride = split.stride;
-    const rr_ull head = split.head, vecs = split.vecs, tail = split.tail;
-    T* exposed = static_cast<T*>(const_cast<void*>(peers.src[rank]));
-    const bool from_vector = rr_misalign(from) == split.misalign;
-
-    for (rr_ull i = first; i < head; i += stride) {
-        exposed[i] = from[i];
-    }
-    const rr_ull vec_stride = stride * RR_ONESHOT_UNROLL;
-    for (rr_ull base = (rr_ull)blockIdx.x * blockDim.x * RR_ONESHOT_UNROLL + threadIdx.x;
-         base < vecs; base += vec_stride) {
-#pragma unroll
-        for (unsigned u = 0; u < RR_ONESHOT_UNROLL; ++u) {
-            const rr_ull v = base + (rr_ull)u * blockDim.x;
-            if (v < vecs) {
-                if (from_vector) {
-                    reinterpret_cast<uint4*>(exposed + head)[v] =
-                        reinterpret_cast<const uint4*>(from + head)[v];
-                } else {
-#pragma unroll
-                    for (unsigned k = 0; k < per_vec; ++k) {
-                        exposed[head + v * per_vec + k] = from[head + v * per_vec + k];
-                    }
-                }
-            }
-        }
-    }
-    for (rr_ull i = tail + first; i < count; i += stride) {
-        exposed[i] = from[i];
-    }
+    rr_split_copy<T>(split, from, static_cast<T*>(const_cast<void*>(peers.src[rank])), count);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -640,19 +659,111 @@ static __device__ __forceinline__ void rr_oneshot_kernel(const rr_peers& peers, 
     }
     // (The barrier's opening __syncthreads() makes `flags` visible to the block, and orders the
     // block's exposure copy before its signal.)
-    if (!rr_oneshot_barrier(flags, world, rank, 0, epoch, timeout_ns, error)) {
+    if (!rr_oneshot_barrier(flags, world, rank, RR_PHASE_START, RR_ONESHOT_ERR_START, epoch,
+                            timeout_ns, error)) {
         return;  // a peer is missing: read nothing of it
     }
     rr_oneshot_body<D, Op>(peers, world, dst, count);
-    rr_oneshot_barrier(flags, world, rank, 1, epoch, timeout_ns, error);
+    rr_oneshot_barrier(flags, world, rank, RR_PHASE_END, RR_ONESHOT_ERR_END, epoch, timeout_ns,
+                       error);
 }
 
 // ---------------------------------------------------------------------------------------------
-// The exported kernels: 4 operators x 10 types of pairwise reduce and of one-shot all-reduce,
-// and one scale kernel per type. RR_REDUCE(symbol, op, type), RR_ONESHOT(symbol, op, type) and
-// RR_SCALE(symbol, type): the symbol is written out in full and must read
-// rr_reduce_<op>_<type> / rr_oneshot_<op>_<type> / rr_scale_<type> (checked by the tests in
-// kernels.rs).
+// The two-shot all-reduce (src/plan/twoshot.rs): rank r reduces its own segment s_r from every
+// rank's source into its own output, then copies every other segment s_q from its owner q's
+// output. Three barriers: START (sources ready), MIDDLE (every segment reduced; every rank done
+// reading the sources), END2 (every rank done reading every output).
+//
+// Kernel parameter: every rank's output and the segment bounds, in elements (segment q =
+// [off[q], off[q] + len[q]), the same on every rank).
+struct rr_twoshot_segs {
+    void* out[RR_ONESHOT_MAX_RANKS];
+    rr_ull off[RR_ONESHOT_MAX_RANKS];
+    rr_ull len[RR_ONESHOT_MAX_RANKS];
+};
+
+// `peers` with every source moved `offset` elements on.
+template <typename T>
+static __device__ __forceinline__ rr_peers rr_peers_at(const rr_peers& peers, rr_ull offset) {
+    rr_peers moved = peers;
+#pragma unroll
+    for (unsigned r = 0; r < RR_ONESHOT_MAX_RANKS; ++r) {
+        moved.src[r] = static_cast<const T*>(peers.src[r]) + offset;
+    }
+    return moved;
+}
+
+// rr_twoshot_<op>_<type>(rr_peers peers, rr_twoshot_segs segs, unsigned world, unsigned rank,
+//                        unsigned epoch, unsigned long long timeout_ns, unsigned* error)
+// Purpose: this rank's part of a two-shot all-reduce: segs.out[rank][s_rank] = fold over ranks r
+//   (in rank order) of peers.src[r][s_rank]; then segs.out[rank][s_q] = segs.out[q][s_q] for
+//   every q != rank.
+// Assumptions: as rr_oneshot_<op>_<type> for world, rank, the grid, flags, epoch, timeout and
+//   error, and: every rank launches with the same peers.src, segs and grid. The segments tile
+//   the buffer without overlap. In place, peers.src[r] == segs.out[r] (no exposed copy): rank r
+//   writes only s_r of its buffer before MIDDLE — which no other rank reads before MIDDLE (each
+//   reads s_p of everyone) and which rank r reads itself element by element, each element in
+//   the same thread just before writing it — and only the other segments after MIDDLE, which no
+//   rank reads after MIDDLE (the gather reads each segment from its owner only).
+// Per block: block b of rank q reduces the indices of s_q that the split of (peers moved to
+//   s_q, len[q]) gives block b; block b of rank r copies exactly those indices of s_q (the same
+//   split, computed from the same peers and segs) after its MIDDLE barrier with block b of every
+//   rank. So each block needs only its partner blocks, as in the one-shot.
+// Why it is fast: each rank reads 2(n-1)/n of the message over NVLink, like the ring, and (for
+//   two ranks) as much as the one-shot — but in place it needs no copy of the buffer, and it
+//   reads half as much local memory. One launch per rank; the gather is a plain 16-byte copy.
+// ---------------------------------------------------------------------------------------------
+template <class D, class Op>
+static __device__ __forceinline__ void rr_twoshot_kernel(const rr_peers& peers,
+                                                         const rr_twoshot_segs& segs,
+                                                         unsigned world, unsigned rank,
+                                                         unsigned epoch, rr_ull timeout_ns,
+                                                         unsigned* error) {
+    typedef typename D::T T;
+    if (world < 2 || world > RR_ONESHOT_MAX_RANKS || rank >= world ||
+        gridDim.x > RR_ONESHOT_MAX_BLOCKS || blockDim.x < RR_ONESHOT_MAX_RANKS) {
+        if (threadIdx.x == 0) {
+            rr_st_relaxed_sys(error, RR_ONESHOT_ERR_LAUNCH);
+        }
+        return;
+    }
+    __shared__ unsigned* flags[RR_ONESHOT_MAX_RANKS];
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (unsigned r = 0; r < RR_ONESHOT_MAX_RANKS; ++r) {
+            flags[r] = peers.flags[r];
+        }
+    }
+    T* out = static_cast<T*>(segs.out[rank]);
+    if (!rr_oneshot_barrier(flags, world, rank, RR_PHASE_START, RR_ONESHOT_ERR_START, epoch,
+                            timeout_ns, error)) {
+        return;  // a peer is missing: read nothing of it
+    }
+    {
+        const rr_ull off = segs.off[rank];
+        rr_oneshot_body<D, Op>(rr_peers_at<T>(peers, off), world, out + off, segs.len[rank]);
+    }
+    if (!rr_oneshot_barrier(flags, world, rank, RR_PHASE_MIDDLE, RR_ONESHOT_ERR_MIDDLE, epoch,
+                            timeout_ns, error)) {
+        return;  // a segment may be unfinished: copy nothing
+    }
+    for (unsigned j = 1; j < world; ++j) {
+        const unsigned q = (rank + j) % world;
+        const rr_ull off = segs.off[q];
+        const rr_oneshot_split<T> split(rr_peers_at<T>(peers, off), world, segs.len[q]);
+        rr_split_copy<T>(split, static_cast<const T*>(segs.out[q]) + off, out + off,
+                         segs.len[q]);
+    }
+    rr_oneshot_barrier(flags, world, rank, RR_PHASE_END2, RR_ONESHOT_ERR_END, epoch, timeout_ns,
+                       error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The exported kernels: 4 operators x 10 types of pairwise reduce, of one-shot and of two-shot
+// all-reduce, and one scale kernel per type. RR_REDUCE(symbol, op, type), RR_ONESHOT(symbol, op,
+// type), RR_TWOSHOT(symbol, op, type) and RR_SCALE(symbol, type): the symbol is written out in
+// full and must read rr_reduce_<op>_<type> / rr_oneshot_<op>_<type> / rr_twoshot_<op>_<type> /
+// rr_scale_<type> (checked by the tests in kernels.rs).
 // ---------------------------------------------------------------------------------------------
 #define RR_REDUCE(symbol, op, type)                                                          \
     extern "C" __global__ void symbol(type::T* dst, const type::T* a, const type::T* b,     \
@@ -673,6 +784,14 @@ static __device__ __forceinline__ void rr_oneshot_kernel(const rr_peers& peers, 
                unsigned* error, const type::T* expose_from) {                                \
         rr_oneshot_kernel<type, rr_op_##op>(peers, world, rank, dst, count, epoch,           \
                                             timeout_ns, error, expose_from);                 \
+    }
+
+#define RR_TWOSHOT(symbol, op, type)                                                         \
+    extern "C" __global__ void __launch_bounds__(RR_ONESHOT_THREADS, 1)                       \
+        symbol(rr_peers peers, rr_twoshot_segs segs, unsigned world, unsigned rank,          \
+               unsigned epoch, unsigned long long timeout_ns, unsigned* error) {             \
+        rr_twoshot_kernel<type, rr_op_##op>(peers, segs, world, rank, epoch, timeout_ns,     \
+                                            error);                                          \
     }
 
 RR_REDUCE(rr_reduce_sum_f16, sum, rr_f16)
@@ -773,3 +892,44 @@ RR_ONESHOT(rr_oneshot_max_i32, max, rr_i32)
 RR_ONESHOT(rr_oneshot_max_u32, max, rr_u32)
 RR_ONESHOT(rr_oneshot_max_i64, max, rr_i64)
 RR_ONESHOT(rr_oneshot_max_u64, max, rr_u64)
+
+RR_TWOSHOT(rr_twoshot_sum_f16, sum, rr_f16)
+RR_TWOSHOT(rr_twoshot_sum_bf16, sum, rr_bf16)
+RR_TWOSHOT(rr_twoshot_sum_f32, sum, rr_f32)
+RR_TWOSHOT(rr_twoshot_sum_f64, sum, rr_f64)
+RR_TWOSHOT(rr_twoshot_sum_i8, sum, rr_i8)
+RR_TWOSHOT(rr_twoshot_sum_u8, sum, rr_u8)
+RR_TWOSHOT(rr_twoshot_sum_i32, sum, rr_i32)
+RR_TWOSHOT(rr_twoshot_sum_u32, sum, rr_u32)
+RR_TWOSHOT(rr_twoshot_sum_i64, sum, rr_i64)
+RR_TWOSHOT(rr_twoshot_sum_u64, sum, rr_u64)
+RR_TWOSHOT(rr_twoshot_prod_f16, prod, rr_f16)
+RR_TWOSHOT(rr_twoshot_prod_bf16, prod, rr_bf16)
+RR_TWOSHOT(rr_twoshot_prod_f32, prod, rr_f32)
+RR_TWOSHOT(rr_twoshot_prod_f64, prod, rr_f64)
+RR_TWOSHOT(rr_twoshot_prod_i8, prod, rr_i8)
+RR_TWOSHOT(rr_twoshot_prod_u8, prod, rr_u8)
+RR_TWOSHOT(rr_twoshot_prod_i32, prod, rr_i32)
+RR_TWOSHOT(rr_twoshot_prod_u32, prod, rr_u32)
+RR_TWOSHOT(rr_twoshot_prod_i64, prod, rr_i64)
+RR_TWOSHOT(rr_twoshot_prod_u64, prod, rr_u64)
+RR_TWOSHOT(rr_twoshot_min_f16, min, rr_f16)
+RR_TWOSHOT(rr_twoshot_min_bf16, min, rr_bf16)
+RR_TWOSHOT(rr_twoshot_min_f32, min, rr_f32)
+RR_TWOSHOT(rr_twoshot_min_f64, min, rr_f64)
+RR_TWOSHOT(rr_twoshot_min_i8, min, rr_i8)
+RR_TWOSHOT(rr_twoshot_min_u8, min, rr_u8)
+RR_TWOSHOT(rr_twoshot_min_i32, min, rr_i32)
+RR_TWOSHOT(rr_twoshot_min_u32, min, rr_u32)
+RR_TWOSHOT(rr_twoshot_min_i64, min, rr_i64)
+RR_TWOSHOT(rr_twoshot_min_u64, min, rr_u64)
+RR_TWOSHOT(rr_twoshot_max_f16, max, rr_f16)
+RR_TWOSHOT(rr_twoshot_max_bf16, max, rr_bf16)
+RR_TWOSHOT(rr_twoshot_max_f32, max, rr_f32)
+RR_TWOSHOT(rr_twoshot_max_f64, max, rr_f64)
+RR_TWOSHOT(rr_twoshot_max_i8, max, rr_i8)
+RR_TWOSHOT(rr_twoshot_max_u8, max, rr_u8)
+RR_TWOSHOT(rr_twoshot_max_i32, max, rr_i32)
+RR_TWOSHOT(rr_twoshot_max_u32, max, rr_u32)
+RR_TWOSHOT(rr_twoshot_max_i64, max, rr_i64)
+RR_TWOSHOT(rr_twoshot_max_u64, max, rr_u64)

@@ -6,7 +6,7 @@
 
 use ringreduce::check::check;
 use ringreduce::exec::cuda::auto_chunk_bytes;
-use ringreduce::plan::{EdgeTransport, OneShotSpec, Plan, RingSpec};
+use ringreduce::plan::{EdgeTransport, OneShotSpec, Plan, RingSpec, TwoShotSpec};
 use ringreduce::ReduceOp;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -72,13 +72,17 @@ const LIMIT_BYTES: usize = 64 << 20;
 fn one_gib_and_larger_plans_check_without_per_element_memory() {
     let mut cases: Vec<(String, Plan)> = Vec::new();
     for in_place in [false, true] {
-        // 1 GiB of f32 on 2 ranks: 16 M-element chunks, as the executor chooses.
+        // 1 GiB of f32 on 2 ranks: 32 M-element (128 MiB) chunks, as the executor chooses.
         let spec = gpu_ring(2, 1 << 28, in_place);
-        assert_eq!(spec.chunk_elems, 16 << 20);
+        assert_eq!(spec.chunk_elems, 32 << 20);
         cases.push((format!("{spec:?}"), spec.build().unwrap()));
-        // 4 GiB of f32 on 8 ranks.
+        // 4 GiB of f32 on 8 ranks (512 MiB segments: 128 MiB chunks).
         let spec = gpu_ring(8, 1 << 30, in_place);
-        assert_eq!(spec.chunk_elems, 16 << 20);
+        assert_eq!(spec.chunk_elems, 32 << 20);
+        cases.push((format!("{spec:?}"), spec.build().unwrap()));
+        // A small chunk, so that the check walks many chunks of a large message.
+        let mut spec = gpu_ring(2, 1 << 28, in_place);
+        spec.chunk_elems = 1 << 20;
         cases.push((format!("{spec:?}"), spec.build().unwrap()));
         for world in [2, 8] {
             let spec = OneShotSpec {
@@ -86,6 +90,14 @@ fn one_gib_and_larger_plans_check_without_per_element_memory() {
                 count: 1 << 28,
                 in_place,
                 op: ReduceOp::Avg,
+            };
+            cases.push((format!("{spec:?}"), spec.build().unwrap()));
+            let spec = TwoShotSpec {
+                world,
+                count: 1 << 28,
+                in_place,
+                op: ReduceOp::Avg,
+                align: 4,
             };
             cases.push((format!("{spec:?}"), spec.build().unwrap()));
         }

@@ -105,6 +105,17 @@ fn plan_of(
     op: ReduceOp,
     config: &HostConfig,
 ) -> ringreduce::plan::Plan {
+    if config.algorithm == Algorithm::TwoShot {
+        return ringreduce::plan::TwoShotSpec {
+            world,
+            count,
+            in_place,
+            op,
+            align: 1,
+        }
+        .build()
+        .unwrap();
+    }
     if config.algorithm == Algorithm::OneShot {
         return OneShotSpec {
             world,
@@ -168,11 +179,12 @@ fn case(seed: u64) -> Case {
         },
         delay_seed: (rng.next() % 3 == 0).then_some(seed),
         fault: None,
-        // A quarter of the cases fault the one-shot: its barriers must not hang either.
-        algorithm: if seed % 4 == 3 {
-            Algorithm::OneShot
-        } else {
-            Algorithm::Ring
+        // A quarter of the cases fault the one-shot, an eighth the two-shot: their barriers
+        // must not hang either.
+        algorithm: match seed % 8 {
+            3 | 7 => Algorithm::OneShot,
+            5 => Algorithm::TwoShot,
+            _ => Algorithm::Ring,
         },
     };
     let plan = plan_of(world, count, in_place, op, &config);

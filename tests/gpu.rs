@@ -52,9 +52,14 @@ fn comm(
 
 /// A communicator that runs the one-shot at every size.
 fn oneshot_comm(devices: &[usize]) -> Communicator {
+    peer_comm(devices, Algorithm::OneShot)
+}
+
+/// A communicator that runs `algorithm` (the one-shot or the two-shot) at every size.
+fn peer_comm(devices: &[usize], algorithm: Algorithm) -> Communicator {
     let config = CudaConfig {
         allow_shared_device: shared(devices),
-        algorithm: Algorithm::OneShot,
+        algorithm,
         // A barrier that never meets costs this much per call, not a minute.
         timeout: std::time::Duration::from_secs(20),
         ..CudaConfig::default()
@@ -212,6 +217,40 @@ fn oneshot_every_type_and_op() {
         check_case::<f32>(&comm, count, ReduceOp::Avg, true, 1);
     }
     comm.close().unwrap();
+}
+
+/// The two-shot kernel: every type and op, in and out of place, misaligned sub-slices, lengths
+/// from 0 to 64 MiB — results bit-exact against the host reference — and calls alternating with
+/// the one-shot's on another communicator of the same GPUs.
+#[test]
+fn twoshot_every_type_and_op() {
+    let Some(gpus) = two_gpus() else { return };
+    if shared(&gpus) {
+        println!("waived: the two-shot needs 2 distinct GPUs");
+        return;
+    }
+    let comm = peer_comm(&gpus, Algorithm::TwoShot);
+    assert_eq!(comm.algorithm_for(1 << 30), Algorithm::TwoShot);
+    for (count, offset) in [
+        (0, 0),
+        (1, 0),
+        (3, 1),
+        (17, 2),
+        (1009, 0),
+        (100_003, 3),
+        (1 << 20, 0),
+    ] {
+        every_type(&comm, count, offset);
+    }
+    let oneshot = oneshot_comm(&gpus);
+    for count in [(16 << 20) + 5, 16 << 20] {
+        check_case::<f32>(&comm, count, ReduceOp::Sum, false, 0);
+        check_case::<f32>(&oneshot, count, ReduceOp::Sum, true, 0);
+        check_case::<f32>(&comm, count, ReduceOp::Avg, true, 1);
+        check_case::<bf16>(&comm, count, ReduceOp::Max, true, 3);
+    }
+    comm.close().unwrap();
+    oneshot.close().unwrap();
 }
 
 /// Faults never hang, on the GPU either: a one-shot kernel whose peer never launches gives up at

@@ -159,18 +159,21 @@ fn ring_allreduce_sums_in_place() {
     assert!(bufs.iter().all(|b| b == &want));
 }
 
-fn oneshot(seed: Option<u64>) -> HostConfig {
+fn peer_reading(algorithm: ringreduce::Algorithm, seed: Option<u64>) -> HostConfig {
     HostConfig {
-        algorithm: ringreduce::Algorithm::OneShot,
+        algorithm,
         delay_seed: seed,
         ..HostConfig::default()
     }
 }
 
 #[test]
-fn oneshot_every_world_length_op_and_type() {
-    for world in 1..=8 {
-        let comm = Communicator::host_with(world, oneshot(Some(world as u64))).unwrap();
+fn oneshot_and_twoshot_every_world_length_op_and_type() {
+    for (world, algorithm) in (1..=8).flat_map(|w| {
+        [ringreduce::Algorithm::OneShot, ringreduce::Algorithm::TwoShot].map(|a| (w, a))
+    }) {
+        let comm =
+            Communicator::host_with(world, peer_reading(algorithm, Some(world as u64))).unwrap();
         for count in lengths(world) {
             for in_place in [true, false] {
                 for op in ReduceOp::ALL {

@@ -6,7 +6,7 @@
 
 use proptest::prelude::*;
 use ringreduce::check::check;
-use ringreduce::plan::{EdgeTransport, OneShotSpec, Plan, RingSpec};
+use ringreduce::plan::{EdgeTransport, OneShotSpec, Plan, RingSpec, TwoShotSpec};
 use ringreduce::ReduceOp;
 
 fn spec_strategy() -> impl Strategy<Value = RingSpec> {
@@ -84,6 +84,26 @@ proptest! {
             panic!("{spec:?}: {e}");
         }
     }
+
+    #[test]
+    fn every_twoshot_plan_is_correct(
+        world in 1usize..=16,
+        count in prop_oneof![0usize..40, Just(97usize), 40usize..3000],
+        in_place in any::<bool>(),
+        avg in any::<bool>(),
+        align in prop_oneof![Just(1usize), Just(2), Just(4), Just(8), Just(16)],
+    ) {
+        let spec = TwoShotSpec {
+            world,
+            count,
+            in_place,
+            op: if avg { ReduceOp::Avg } else { ReduceOp::Sum },
+            align,
+        };
+        if let Err(e) = check(&spec.build().unwrap()) {
+            panic!("{spec:?}: {e}");
+        }
+    }
 }
 
 #[test]
@@ -98,22 +118,31 @@ fn large_count_with_many_chunks() {
 /// A communicator runs different shapes back to back on the same streams (a size sweep, tensors
 /// of several sizes): each shape has its own plan, events and staging; the caller's buffers may be
 /// the same memory in every call. Any such sequence must be race-free.
-/// A shape of a sequence: the ring spec, and whether the executor picked the one-shot for it.
-type SeqShape = (RingSpec, bool);
+/// A shape of a sequence: the ring spec, and which algorithm the executor picked for it (0: the
+/// ring, 1: the one-shot, 2: the two-shot).
+type SeqShape = (RingSpec, usize);
 
 fn build(shape: &SeqShape) -> Plan {
-    let (ring, oneshot) = shape;
-    if *oneshot {
-        OneShotSpec {
+    let (ring, algorithm) = shape;
+    match algorithm {
+        1 => OneShotSpec {
             world: ring.world,
             count: ring.count,
             in_place: ring.in_place,
             op: ring.op,
         }
         .build()
-        .unwrap()
-    } else {
-        ring.build().unwrap()
+        .unwrap(),
+        2 => TwoShotSpec {
+            world: ring.world,
+            count: ring.count,
+            in_place: ring.in_place,
+            op: ring.op,
+            align: ring.chunk_elems % 4 + 1,
+        }
+        .build()
+        .unwrap(),
+        _ => ring.build().unwrap(),
     }
 }
 
@@ -139,13 +168,13 @@ fn sequence_strategy() -> impl Strategy<Value = (Vec<SeqShape>, Vec<usize>)> {
                 1usize..64,
                 any::<bool>(),
                 any::<bool>(),
-                any::<bool>(),
+                0usize..3,
             );
             (
                 proptest::collection::vec(shape, 1..4).prop_map(move |shapes| {
                     shapes
                         .into_iter()
-                        .map(|(count, chunk_elems, in_place, avg, oneshot)| {
+                        .map(|(count, chunk_elems, in_place, avg, algorithm)| {
                             let ring = RingSpec {
                                 world,
                                 count,
@@ -156,7 +185,7 @@ fn sequence_strategy() -> impl Strategy<Value = (Vec<SeqShape>, Vec<usize>)> {
                                 align_elems: 1,
                                 transports: transports.clone(),
                             };
-                            (ring, oneshot)
+                            (ring, algorithm)
                         })
                         .collect::<Vec<_>>()
                 }),

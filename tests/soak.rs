@@ -132,8 +132,13 @@ fn soaked_communicators() -> Vec<Soaked> {
                 slots: rng.range(1, 4),
                 transport,
                 delay_seed: delays.then_some(world as u64),
-                // Ring, one-shot and Auto in turn over the 16 communicators.
-                algorithm: [Algorithm::Ring, Algorithm::OneShot, Algorithm::Auto][all.len() % 3],
+                // Ring, one-shot, two-shot and Auto in turn over the 16 communicators.
+                algorithm: [
+                    Algorithm::Ring,
+                    Algorithm::OneShot,
+                    Algorithm::TwoShot,
+                    Algorithm::Auto,
+                ][all.len() % 4],
                 ..HostConfig::default()
             };
             let comm = Communicator::host_with(world, config.clone()).unwrap();

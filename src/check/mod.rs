@@ -89,18 +89,28 @@ fn accesses(plan: &Plan, op: &Op) -> (Vec<Region>, Vec<Region>) {
 /// a buffer of the source's kind are left out here and rejected by the shape check).
 pub fn peer_sources(plan: &Plan, op: &Op) -> Vec<Region> {
     let Op::PeerReduce {
-        src, offset, count, ..
+        src,
+        offset,
+        count,
+        ranks,
+        ..
     } = *op
     else {
         return Vec::new();
     };
     (0..plan.world)
+        .filter(|&r| ranks.contains(r))
         .filter_map(|r| plan.buffer(r, src))
         .map(|buf| Region { buf, offset, count })
         .collect()
 }
 
-/// The k-th `PeerReduce` of every rank is one meeting: the same sources, offsets and counts.
+/// The k-th `PeerReduce` of every rank is one meeting: every rank has as many. Each peer reduce
+/// writes its own rank's buffer, as many elements as it reads from each source, reads at least
+/// one rank and only ranks that declare the source's kind, and writes no source — except its own
+/// rank's, when that is exactly the destination (folded element by element). What the ranks
+/// of one meeting read may differ (the two-shot's ranks each reduce their own segment); the race
+/// and result checks judge the combination.
 fn check_meetings(plan: &Plan) -> Check {
     let meetings: Vec<Vec<(usize, Op)>> = plan
         .ranks
@@ -125,44 +135,39 @@ fn check_meetings(plan: &Plan) -> Check {
                 first.len()
             ));
         }
-        for (&(index, op), &(_, op0)) in mine.iter().zip(first) {
-            let (
-                Op::PeerReduce {
-                    dst,
-                    src,
-                    offset,
-                    count,
-                },
-                Op::PeerReduce {
-                    src: src0,
-                    offset: offset0,
-                    count: count0,
-                    ..
-                },
-            ) = (op, op0)
+        for &(index, op) in mine {
+            let Op::PeerReduce {
+                dst,
+                src,
+                count,
+                ranks,
+                ..
+            } = op
             else {
                 unreachable!("filtered above")
             };
             let here = describe(plan, rank, index);
-            if (src, offset, count) != (src0, offset0, count0) {
-                return reject(format!(
-                    "{here} does not match rank 0's meeting ({src0:?} {offset0}..{})",
-                    offset0 + count0
-                ));
-            }
             if dst.count != count {
                 return reject(format!("{here} writes {} elements from {count}", dst.count));
             }
             if plan.decl(dst.buf).rank != rank {
                 return reject(format!("{here} writes another rank's buffer"));
             }
+            let wanted = (0..plan.world).filter(|&r| ranks.contains(r)).count();
+            if wanted == 0 {
+                return reject(format!("{here} reads no rank"));
+            }
             let sources = peer_sources(plan, &op);
-            if sources.len() != plan.world {
+            if sources.len() != wanted {
                 return reject(format!(
-                    "{here} reads {src:?}, which not every rank declares"
+                    "{here} reads {src:?}, which not every rank it reads declares"
                 ));
             }
-            if sources.iter().any(|r| r.overlaps(&dst)) {
+            let own = plan.buffer(rank, src);
+            if sources
+                .iter()
+                .any(|r| r.overlaps(&dst) && !(Some(r.buf) == own && *r == dst))
+            {
                 return reject(format!(
                     "{here} writes its destination while peers read it as a source"
                 ));
@@ -958,10 +963,12 @@ pub fn check_result(plan: &Plan, order: &[(usize, usize)]) -> Check {
                                 dst.offset + k
                             ));
                         }
-                        if v.scaled > 0 {
+                        // A copy (one source) may carry an averaged value; a fold may not.
+                        if v.scaled > 0 && sources.len() > 1 {
                             return reject(format!("{} reduces an already averaged value", here()));
                         }
                         acc.ranks |= v.ranks;
+                        acc.scaled = acc.scaled.max(v.scaled);
                     }
                     out.push((len, Some(acc)));
                     Ok(())
@@ -1375,13 +1382,14 @@ mod tests {
                                     dst.offset + k
                                 ));
                             }
-                            if v.scaled > 0 {
+                            if v.scaled > 0 && sources.len() > 1 {
                                 return reject(format!(
                                     "{} reduces an already averaged value",
                                     here()
                                 ));
                             }
                             acc.ranks |= v.ranks;
+                            acc.scaled = acc.scaled.max(v.scaled);
                         }
                         values.push(acc);
                     }
@@ -1461,7 +1469,9 @@ mod tests {
                 *src = BufKind::Output;
             }
         }
-        rejects(&broken, "peers read it as a source");
+        // Each rank's own source is its destination (allowed: folded element by element), but
+        // the peers read that buffer while its rank writes it.
+        rejects(&broken, "data race on Output");
     }
 
     #[test]
@@ -1541,10 +1551,86 @@ mod tests {
             *count = 7;
             dst.count = 7;
         }
-        rejects(&broken, "does not match");
+        // Ranks of one meeting may read different ranges (the two-shot does); this one leaves
+        // an element of its output unwritten, and the result check says so.
+        rejects(&broken, "nothing has written");
     }
 
-    /// Both checks reject `bad`, an order that splits meeting 0, with `needle` and the rule for
+    fn twoshot(world: usize, count: usize, in_place: bool) -> Plan {
+        crate::plan::TwoShotSpec {
+            world,
+            count,
+            in_place,
+            op: ReduceOp::Avg,
+            align: 2,
+        }
+        .build()
+        .unwrap()
+    }
+
+    #[test]
+    fn twoshot_plans_pass_for_small_shapes() {
+        for world in 1..=6 {
+            for count in [0, 1, 2, 7, 31] {
+                for in_place in [true, false] {
+                    let plan = twoshot(world, count, in_place);
+                    check(&plan).unwrap_or_else(|e| panic!("{world} {count} {in_place}: {e}"));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn twoshot_gathering_a_segment_from_a_rank_that_does_not_own_it_is_caught() {
+        // Rank 0's first gather round copies segment 1 from rank 2, which only has its own
+        // input (or, in place, its own unreduced value) there.
+        for in_place in [true, false] {
+            let mut broken = twoshot(3, 12, in_place);
+            if let Op::PeerReduce { ranks, src, .. } = &mut broken.ranks[0][1].op {
+                *ranks = crate::plan::Ranks::only(2);
+                *src = if in_place {
+                    BufKind::Output
+                } else {
+                    BufKind::Input
+                };
+            }
+            assert!(check(&broken).is_err(), "in place {in_place}");
+        }
+    }
+
+    #[test]
+    fn twoshot_reduce_writing_beyond_its_segment_races_with_the_readers() {
+        // In place, rank 1 reduces its segment into a destination that also covers segment 0,
+        // which rank 0 reads from rank 1 in the same meeting.
+        let mut broken = twoshot(2, 8, true);
+        if let Op::PeerReduce {
+            dst,
+            offset,
+            count,
+            ..
+        } = &mut broken.ranks[1][0].op
+        {
+            *offset = 0;
+            *count = 8;
+            *dst = Region {
+                offset: 0,
+                count: 8,
+                ..*dst
+            };
+        }
+        assert!(check(&broken).is_err());
+    }
+
+    #[test]
+    fn twoshot_gather_before_the_reduce_is_caught() {
+        // Rank 1 gathers before it has reduced: the meetings pair its gather with the others'
+        // reduce, and it copies an unreduced segment.
+        let mut broken = twoshot(3, 12, false);
+        broken.ranks[1].swap(0, 1);
+        assert!(check(&broken).is_err());
+    }
+
+    /// Both checks reject `bad`, an order that splits meeting 0, with `needle` and the rule for    /// Both checks reject `bad`, an order that splits meeting 0, with `needle` and the rule for
     /// laying out an order in the message.
     fn split_meeting_rejected(plan: &Plan, bad: &[(usize, usize)], needle: &str) {
         for err in [
@@ -2050,6 +2136,12 @@ mod tests {
                                         src: kind,
                                         offset,
                                         count,
+                                        // Sometimes a copy from one rank (the two-shot's gather).
+                                        ranks: if s[5] % 3 == 0 {
+                                            crate::plan::Ranks::only(s[6] % world)
+                                        } else {
+                                            crate::plan::Ranks::ALL
+                                        },
                                     }));
                                 }
                             }

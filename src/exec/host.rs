@@ -279,6 +279,7 @@ impl HostExecutor {
         let bytes = shape.count.saturating_mul(shape.elem_bytes);
         let plan = match self.config.algorithm.choose(bytes, self.world, true) {
             Algorithm::OneShot => shape.checked_oneshot_plan(self.world)?,
+            Algorithm::TwoShot => shape.checked_twoshot_plan(self.world, 1)?,
             _ => shape.checked_plan(
                 self.config.chunk_elems,
                 self.config.slots,
@@ -711,22 +712,35 @@ fn run_op(call: &Call, rank: usize, index: usize, instr: &Instr) -> Result<()> {
                 .count() as u64;
             meet(call, rank, index, 2 * meeting + 1, "start")?;
             let sources = crate::check::peer_sources(&call.prepared.plan, &op);
-            // Folded in rank order, as the GPU kernel does: every rank gets the same bits.
+            // Folded in rank order, as the GPU kernel does: every rank gets the same bits. When
+            // `dst` is one of the sources (the two-shot in place: a rank's own segment), the
+            // fold runs in a scratch buffer, so that source is still intact when its turn comes.
+            let aliased = sources.contains(&dst);
+            let mut scratch = vec![0u8; if aliased { dst.count * eb } else { 0 }];
+            let acc = if aliased {
+                scratch.as_mut_ptr()
+            } else {
+                call.ptr(dst)
+            };
             // SAFETY: the regions lie inside their buffers (checked plan); the sources are read by
-            // every rank between the barriers and written by none (the checker proved `dst`
-            // disjoint from them and the plan race-free).
+            // every rank between the barriers and written by none but their own rank, and only
+            // where a source is exactly that rank's `dst` (the checker proved every other `dst`
+            // disjoint from every source, and the plan race-free); `acc` holds dst.count elements.
             unsafe {
                 if let [first, rest @ ..] = sources.as_slice() {
-                    std::ptr::copy(call.ptr(*first), call.ptr(dst), dst.count * eb);
+                    std::ptr::copy(call.ptr(*first), acc, dst.count * eb);
                     for src in rest {
                         (call.kernels.reduce)(
                             call.op.combine_op(),
-                            call.ptr(dst),
-                            call.ptr(dst),
+                            acc,
+                            acc,
                             call.ptr(*src),
                             dst.count,
                         );
                     }
+                }
+                if aliased {
+                    std::ptr::copy_nonoverlapping(acc, call.ptr(dst), dst.count * eb);
                 }
             }
             meet(call, rank, index, 2 * meeting + 2, "end")?;

@@ -35,6 +35,19 @@ pub enum Algorithm {
     /// Always the one-shot: every rank reads every rank's input directly, barriers around
     /// (needs peer access between every pair of GPUs, and at most 8 ranks on GPUs).
     OneShot,
+    /// Always the two-shot: each rank reduces its own segment from every rank's input, then
+    /// gathers the other segments from their owners, reading peer memory directly, three
+    /// barriers (the one-shot's needs; no copy of the buffer in place). See
+    /// [`crate::plan::twoshot`].
+    TwoShot,
+}
+
+impl Algorithm {
+    /// Whether this is one of the algorithms that read peer memory from SM kernels (the
+    /// one-shot and the two-shot), which need peer access between every pair of GPUs.
+    pub fn reads_peers(self) -> bool {
+        matches!(self, Algorithm::OneShot | Algorithm::TwoShot)
+    }
 }
 
 /// The largest message (bytes per rank) for which [`Algorithm::Auto`] runs the one-shot on two
@@ -107,6 +120,25 @@ impl Shape {
             transports,
         };
         let plan = spec.build()?;
+        crate::check::check(&plan)?;
+        Ok(plan)
+    }
+
+    /// Builds the two-shot plan for this shape over `world` ranks (segments aligned to
+    /// `align_elems`) and proves it with the checker.
+    pub(crate) fn checked_twoshot_plan(&self, world: usize, align_elems: usize) -> Result<Plan> {
+        let plan = crate::plan::TwoShotSpec {
+            world,
+            count: self.count,
+            in_place: self.in_place,
+            op: if self.average {
+                ReduceOp::Avg
+            } else {
+                ReduceOp::Sum
+            },
+            align: align_elems,
+        }
+        .build()?;
         crate::check::check(&plan)?;
         Ok(plan)
     }

@@ -73,9 +73,11 @@
 
 pub mod oneshot;
 pub mod ring;
+pub mod twoshot;
 
 pub use oneshot::OneShotSpec;
 pub use ring::{EdgeTransport, RingSpec};
+pub use twoshot::TwoShotSpec;
 
 use std::fmt;
 
@@ -183,16 +185,38 @@ pub enum Op {
     Record(EventId),
     /// Make this stream wait for the event's record (enqueued after that record, or it is a no-op).
     Wait(EventId),
-    /// The one-shot, a collective instruction: every rank's k-th `PeerReduce` is one meeting.
-    /// Start barrier with all ranks; then `dst = src₀ ⊕ src₁ ⊕ … ⊕ srcₙ₋₁`, where `srcᵣ` is
-    /// elements `offset..offset + count` of rank r's buffer of kind `src`, folded in rank order;
-    /// then an end barrier. `dst` is the executing rank's own and disjoint from every source.
+    /// A collective instruction (the one-shot and the two-shot): every rank's k-th `PeerReduce`
+    /// is one meeting. Start barrier with all ranks; then `dst = srcₐ ⊕ src_b ⊕ …` over the
+    /// ranks in `ranks`, where `srcᵣ` is elements `offset..offset + count` of rank r's buffer of
+    /// kind `src`, folded in rank order (one rank: a copy from that rank); then an end barrier.
+    /// `dst` is the executing rank's own; it is disjoint from every source, or exactly its own
+    /// rank's source (folded element by element, each read before it is written). Each rank
+    /// of a meeting may read its own range.
     PeerReduce {
         dst: Region,
         src: BufKind,
         offset: usize,
         count: usize,
+        ranks: Ranks,
     },
+}
+
+/// A set of ranks (rank r is bit r, for worlds up to 64; [`Ranks::ALL`] is every rank of any
+/// world): whose buffers an [`Op::PeerReduce`] reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Ranks(pub u64);
+
+impl Ranks {
+    pub const ALL: Ranks = Ranks(u64::MAX);
+
+    /// The set of rank `rank` alone.
+    pub fn only(rank: usize) -> Ranks {
+        Ranks(1u64.checked_shl(rank as u32).unwrap_or(0))
+    }
+
+    pub fn contains(self, rank: usize) -> bool {
+        self == Ranks::ALL || rank < 64 && self.0 >> rank & 1 == 1
+    }
 }
 
 /// The part of the algorithm an instruction belongs to (for errors and traces).
@@ -203,6 +227,9 @@ pub enum Phase {
     AllGather,
     /// The one-shot's barrier–read–reduce–barrier.
     OneShot,
+    /// The two-shot: step 0 reduces the rank's own segment from every rank, step j ≥ 1 copies
+    /// segment (rank + j) mod n from its owner.
+    TwoShot,
     Finish,
 }
 
@@ -239,6 +266,10 @@ impl fmt::Display for Tag {
             ),
             Phase::AllGather => write!(f, "chunk {} of all-gather step {}", self.chunk, self.step),
             Phase::OneShot => f.write_str("the one-shot peer reduce"),
+            Phase::TwoShot if self.step == 0 => {
+                f.write_str("the two-shot's reduce of the rank's own segment")
+            }
+            Phase::TwoShot => write!(f, "the two-shot's gather round {}", self.step),
         }
     }
 }

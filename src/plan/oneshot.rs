@@ -15,7 +15,7 @@
 //! rank moves on — to the caller's next kernel, or to the next call's copy into the same exposed
 //! buffer. The checker ([`crate::check`]) proves both.
 
-use super::{BufId, BufKind, BufferDecl, Instr, Op, Phase, Plan, Region, StreamKind, Tag};
+use super::{BufId, BufKind, BufferDecl, Instr, Op, Phase, Plan, Ranks, Region, StreamKind, Tag};
 use crate::element::ReduceOp;
 use crate::error::{Error, Result};
 
@@ -97,6 +97,7 @@ impl OneShotSpec {
                     src,
                     offset: 0,
                     count: self.count,
+                    ranks: Ranks::ALL,
                 });
                 if plan.average {
                     ops.push(Op::Scale { region: out });
@@ -115,7 +116,7 @@ impl OneShotSpec {
     }
 }
 
-fn declare(plan: &mut Plan, rank: usize, kind: BufKind, len: usize) {
+pub(super) fn declare(plan: &mut Plan, rank: usize, kind: BufKind, len: usize) {
     plan.buffers.push(BufferDecl { rank, kind, len });
 }
 

@@ -56,7 +56,7 @@ pub fn send_segment(phase: Phase, rank: usize, step: usize, world: usize) -> usi
     match phase {
         Phase::ReduceScatter => (rank + world - step % world) % world,
         Phase::AllGather => (rank + 1 + world - step % world) % world,
-        Phase::Entry | Phase::OneShot | Phase::Finish => {
+        Phase::Entry | Phase::OneShot | Phase::TwoShot | Phase::Finish => {
             unreachable!("no segment moves outside the ring phases")
         }
     }

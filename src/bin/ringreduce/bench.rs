@@ -50,7 +50,7 @@ pub struct BenchArgs {
     /// NCCL_P2P_DISABLE=1).
     #[arg(long, default_value = "auto", value_parser = parse_transport)]
     pub transport: Transport,
-    /// ringreduce's algorithm: auto (one-shot for small messages, ring above), ring or oneshot.
+    /// ringreduce's algorithm: auto (by size, see the header), ring, oneshot or twoshot.
     #[arg(long, default_value = "auto", value_parser = crate::parse_algorithm)]
     pub algorithm: ringreduce::Algorithm,
     /// ringreduce's ring chunk in bytes (suffixes K, M, G), in place of the automatic size per

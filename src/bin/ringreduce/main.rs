@@ -408,34 +408,48 @@ pub fn parse_algorithm(text: &str) -> Result<ringreduce::Algorithm, String> {
         "auto" => Ok(ringreduce::Algorithm::Auto),
         "ring" => Ok(ringreduce::Algorithm::Ring),
         "oneshot" | "one-shot" => Ok(ringreduce::Algorithm::OneShot),
+        "twoshot" | "two-shot" => Ok(ringreduce::Algorithm::TwoShot),
         _ => Err(format!(
-            "unknown algorithm {text:?}: use auto, ring or oneshot"
+            "unknown algorithm {text:?}: use auto, ring, oneshot or twoshot"
         )),
     }
 }
 
-/// "one-shot up to 33554432 B per rank, ring above" (2 ranks) — what `Algorithm::Auto` does on
-/// `comm`.
+/// "one-shot (SM kernel reading peers) up to 33554432 B per rank, copy-engine ring above"
+/// (2 ranks) — what the communicator's algorithm does by size on `comm`.
 pub fn describe_algorithm(comm: &Communicator) -> String {
-    let one = |b| comm.algorithm_for(b) == ringreduce::Algorithm::OneShot;
-    match (one(1), one(usize::MAX)) {
-        (true, true) => "one-shot at every size".into(),
-        (false, _) => "copy-engine ring at every size".into(),
-        (true, false) => {
-            // The largest size still on the one-shot (Auto's rule is a threshold).
-            let (mut lo, mut hi) = (1usize, usize::MAX);
-            while hi - lo > 1 {
-                let mid = lo + (hi - lo) / 2;
-                if one(mid) {
-                    lo = mid
-                } else {
-                    hi = mid
-                }
-            }
-            format!(
-                "one-shot (SM kernel reading peers) up to {lo} B per rank, copy-engine ring above"
-            )
+    let name = |a: ringreduce::Algorithm| match a {
+        ringreduce::Algorithm::OneShot => "one-shot (SM kernel reading peers)",
+        ringreduce::Algorithm::TwoShot => "two-shot (SM kernel: reduce-scatter, gather from peers)",
+        _ => "copy-engine ring",
+    };
+    // Auto's rule is a series of thresholds: find each by bisection between powers of two.
+    let mut parts = Vec::new();
+    let mut lo = 1usize;
+    let mut current = comm.algorithm_for(lo);
+    for shift in 1..usize::BITS {
+        let hi = 1usize << shift;
+        if comm.algorithm_for(hi) == current {
+            lo = hi;
+            continue;
         }
+        let (mut a, mut b) = (lo, hi);
+        while b - a > 1 {
+            let mid = a + (b - a) / 2;
+            if comm.algorithm_for(mid) == current {
+                a = mid
+            } else {
+                b = mid
+            }
+        }
+        parts.push(format!("{} up to {a} B per rank", name(current)));
+        current = comm.algorithm_for(b);
+        lo = b;
+    }
+    if parts.is_empty() {
+        format!("{} at every size", name(current))
+    } else {
+        format!("{}, {} above", parts.join(", "), name(current))
     }
 }
 

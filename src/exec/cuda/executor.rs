@@ -37,14 +37,14 @@
 //! on purpose, since freeing memory that stuck work may yet touch would be worse.
 
 use super::device::{self, DeviceBuffer, Event, PinnedHost, Stream};
-use super::kernels::{Kernels, OneShotArgs, ONESHOT_FLAG_BYTES, ONESHOT_MAX_RANKS};
+use super::kernels::{Kernels, OneShotArgs, TwoShotArgs, ONESHOT_FLAG_BYTES, ONESHOT_MAX_RANKS};
 use super::probe::{self, Probe};
 use crate::element::{DType, Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::{
     enqueue_rank, panic_message, Algorithm, Enqueue, Handoff, Limits, PlanCache, Shape,
 };
-use crate::plan::{BufKind, EdgeTransport, Instr, Op, Plan, Region, StreamKind, Tag};
+use crate::plan::{BufKind, EdgeTransport, Instr, Op, Plan, Ranks, Region, StreamKind, Tag};
 use crate::topo::{self, Link};
 use crossbeam_channel::{Receiver, Sender};
 use cudarc::driver::CudaContext;
@@ -233,6 +233,9 @@ enum Staging {
 /// A checked plan with its events and staging buffers.
 struct Prepared {
     plan: Plan,
+    /// For a two-shot plan: each rank's segment (offset, count), which its one fused kernel per
+    /// rank needs (`twoshot_segments`).
+    twoshot: Option<Vec<(usize, usize)>>,
     waiters: Vec<Vec<usize>>,
     events: Vec<Event>,
     staging: Vec<Option<Staging>>,
@@ -250,7 +253,7 @@ struct OneShotShared {
 
 impl OneShotShared {
     /// The code rank `rank`'s kernel left (1: start barrier timed out, 2: end barrier, 3: a launch
-    /// it could not accept), 0 when none. Read through the host mapping; the kernel writes it
+    /// it could not accept, 4: the two-shot's middle barrier), 0 when none. Read through the host mapping; the kernel writes it
     /// with a plain system-scope store.
     fn error(&self, rank: usize) -> u32 {
         // SAFETY: the pinned allocation is at least 4 bytes and page-aligned, and lives as long
@@ -353,10 +356,11 @@ impl CudaExecutor {
             Algorithm::Ring => None,
             _ => setup_oneshot(&ranks, config.transport)?,
         };
-        if config.algorithm == Algorithm::OneShot && oneshot.is_none() {
+        if config.algorithm.reads_peers() && oneshot.is_none() {
             return Err(Error::InvalidArgument(format!(
-                "Algorithm::OneShot needs 2 to {ONESHOT_MAX_RANKS} ranks on distinct GPUs that all \
-                 reach each other over peer access, and a transport other than Staged"
+                "Algorithm::{:?} needs 2 to {ONESHOT_MAX_RANKS} ranks on distinct GPUs that all \
+                 reach each other over peer access, and a transport other than Staged",
+                config.algorithm
             )));
         }
         let threads = Handoff::ring(ranks.len())
@@ -532,8 +536,13 @@ impl CudaExecutor {
             .config
             .algorithm
             .choose(bytes, n, self.oneshot.is_some());
+        // 16-byte boundaries keep every chunk and segment vector-aligned for the kernels and
+        // copies.
+        let align_elems = (16 / shape.elem_bytes).max(1);
         let plan = if algorithm == Algorithm::OneShot {
             shape.checked_oneshot_plan(n)?
+        } else if algorithm == Algorithm::TwoShot {
+            shape.checked_twoshot_plan(n, align_elems)?
         } else {
             let chunk_bytes = self.config.chunk_bytes.unwrap_or_else(|| {
                 let staged = self
@@ -545,8 +554,7 @@ impl CudaExecutor {
             shape.checked_plan(
                 (chunk_bytes / shape.elem_bytes).max(1),
                 self.config.slots,
-                // 16-byte boundaries keep every chunk vector-aligned for the kernels and copies.
-                (16 / shape.elem_bytes).max(1),
+                align_elems,
                 self.edge_transports(),
             )?
         };
@@ -576,7 +584,13 @@ impl CudaExecutor {
             // The oldest plan's events and buffers may still be in use by enqueued work.
             self.synchronize()?;
         }
+        let twoshot = if algorithm == Algorithm::TwoShot {
+            twoshot_segments(&plan)?
+        } else {
+            None
+        };
         let prepared = Arc::new(Prepared {
+            twoshot,
             waiters: plan.remote_waiters(),
             plan,
             events,
@@ -621,9 +635,11 @@ impl CudaExecutor {
         if oneshot {
             self.check_oneshot_errors()?;
             self.epoch = self.epoch.wrapping_add(1).max(1);
-            if let Some(inputs) = inputs {
-                // Out of place, every GPU reads every other GPU's input: open pool memory to them.
-                for (rank, &addr) in inputs.iter().enumerate() {
+            // Out of place, every GPU reads every other GPU's input; the two-shot also reads
+            // every other GPU's output: open pool memory to them.
+            let outputs_read = prepared.twoshot.is_some().then_some(outputs);
+            for ranked in inputs.into_iter().chain(outputs_read) {
+                for (rank, &addr) in ranked.iter().enumerate() {
                     for peer in self.ranks.iter().map(|r| r.device) {
                         if peer != self.ranks[rank].device && self.pool_granted.insert((addr, peer))
                         {
@@ -789,11 +805,16 @@ impl CudaExecutor {
         for (rank, r) in self.ranks.iter().enumerate() {
             let code = shared.error(rank);
             if code != 0 {
-                let waiting_on = match code {
-                    1 | 2 => format!(
-                        "GPU {}'s one-shot kernel gave up at the {} barrier: a peer's kernel never arrived",
+                let barrier = match code {
+                    1 => Some("start"),
+                    2 => Some("end"),
+                    4 => Some("middle"),
+                    _ => None,
+                };
+                let waiting_on = match barrier {
+                    Some(barrier) => format!(
+                        "GPU {}'s one-shot kernel gave up at the {barrier} barrier: a peer's kernel never arrived",
                         r.device,
-                        if code == 1 { "start" } else { "end" }
                     ),
                     _ => {
                         return Err(Error::RankFailed {
@@ -877,6 +898,92 @@ fn decide_edges(ranks: &[Arc<RankRes>], transport: Transport) -> Result<Vec<Edge
             ))
         })
         .collect()
+}
+
+/// Each rank's segment (offset, count) of a two-shot plan, after verifying that the plan has
+/// exactly the layout the fused two-shot kernel implements: on every rank, a peer reduce of
+/// every rank's sources into its own output segment, then one peer reduce per other rank q — in
+/// the order `twoshot::gather_from` gives — copying q's output segment from q alone, and nothing
+/// else but a final `Scale`; the segments tile the buffer in rank order. `None` for an empty
+/// plan (one rank, or zero elements).
+fn twoshot_segments(plan: &Plan) -> Result<Option<Vec<(usize, usize)>>> {
+    let n = plan.world;
+    let peer_ops = |rank: usize| -> Vec<Op> {
+        plan.ranks[rank]
+            .iter()
+            .map(|i| i.op)
+            .filter(|op| matches!(op, Op::PeerReduce { .. }))
+            .collect()
+    };
+    if (0..n).all(|r| peer_ops(r).is_empty()) {
+        return Ok(None);
+    }
+    let bad = |why: String| Err(Error::PlanRejected(format!("not a two-shot plan: {why}")));
+    let mut segments = Vec::with_capacity(n);
+    for rank in 0..n {
+        match peer_ops(rank).first() {
+            Some(&Op::PeerReduce {
+                dst,
+                offset,
+                count,
+                ranks: Ranks::ALL,
+                ..
+            }) if dst.offset == offset
+                && plan.decl(dst.buf).rank == rank
+                && plan.decl(dst.buf).kind == BufKind::Output =>
+            {
+                segments.push((offset, count))
+            }
+            _ => {
+                return bad(format!(
+                    "rank {rank} does not start by reducing its own segment"
+                ))
+            }
+        }
+    }
+    let mut end = 0;
+    for (q, &(offset, count)) in segments.iter().enumerate() {
+        if offset != end {
+            return bad(format!("segment {q} starts at {offset}, not at {end}"));
+        }
+        end += count;
+    }
+    if end != plan.count {
+        return bad(format!("the segments end at {end}, not at {}", plan.count));
+    }
+    for rank in 0..n {
+        let ops = peer_ops(rank);
+        if ops.len() != n {
+            return bad(format!(
+                "rank {rank} has {} peer reduces, not {n}",
+                ops.len()
+            ));
+        }
+        for (round, op) in ops.iter().enumerate().skip(1) {
+            let owner = crate::plan::twoshot::gather_from(rank, round, n);
+            let (offset, count) = segments[owner];
+            let fits = matches!(*op, Op::PeerReduce { dst, src: BufKind::Output, offset: o, count: c, ranks }
+                if ranks == Ranks::only(owner)
+                    && (o, c) == (offset, count)
+                    && (dst.offset, dst.count) == (offset, count)
+                    && plan.decl(dst.buf).rank == rank
+                    && plan.decl(dst.buf).kind == BufKind::Output);
+            if !fits {
+                return bad(format!(
+                    "rank {rank}'s gather round {round} does not copy segment {owner} from rank {owner}"
+                ));
+            }
+        }
+        let others_ok = plan.ranks[rank].iter().all(|i| {
+            i.stream == StreamKind::Main && matches!(i.op, Op::PeerReduce { .. } | Op::Scale { .. })
+        });
+        if !others_ok {
+            return bad(format!(
+                "rank {rank} has work besides its peer reduces and a scale on Main"
+            ));
+        }
+    }
+    Ok(Some(segments))
 }
 
 /// Makes the one-shot's flags and error words, after enabling peer access between every pair of
@@ -1165,6 +1272,7 @@ impl Enqueue for CudaEnqueue<'_> {
                     src: BufKind::Exposed,
                     offset,
                     count,
+                    ..
                 },
             ) if instr.stream == StreamKind::Main
                 && dst == src
@@ -1183,6 +1291,67 @@ impl Enqueue for CudaEnqueue<'_> {
 }
 
 impl CudaEnqueue<'_> {
+    /// Launches this rank's two-shot kernel: the plan's step 0 and every gather round of this
+    /// rank (their layout was verified by `twoshot_segments` when the plan was prepared).
+    fn launch_twoshot(&self, rank: usize) -> Result<()> {
+        let call = self.call;
+        let plan = &call.prepared.plan;
+        let segments = call.prepared.twoshot.as_ref().expect("a two-shot plan");
+        let shared = call.oneshot.as_ref().ok_or_else(|| {
+            Error::InvalidArgument(
+                "a two-shot plan on a communicator without one-shot resources".into(),
+            )
+        })?;
+        let src_kind = if plan.in_place {
+            BufKind::Output
+        } else {
+            BufKind::Input
+        };
+        let base = |r: usize, kind: BufKind| -> Result<u64> {
+            let buf = plan.buffer(r, kind).ok_or_else(|| {
+                Error::PlanRejected(format!("the two-shot plan has no {kind:?} for rank {r}"))
+            })?;
+            Ok(call.addrs[buf.0])
+        };
+        let mut args = TwoShotArgs {
+            srcs: [0; ONESHOT_MAX_RANKS],
+            outs: [0; ONESHOT_MAX_RANKS],
+            flags: [0; ONESHOT_MAX_RANKS],
+            seg_off: [0; ONESHOT_MAX_RANKS],
+            seg_len: [0; ONESHOT_MAX_RANKS],
+            world: plan.world as u32,
+            rank: rank as u32,
+            count: plan.count as u64,
+            epoch: call.epoch,
+            // As for the one-shot: its barriers give up before the host's deadline.
+            timeout_ns: u64::try_from(call.timeout.as_nanos() / 4 * 3).unwrap_or(u64::MAX),
+            error: shared.errors[rank].uva_ptr(),
+            max_blocks: shared.max_blocks,
+        };
+        for (r, &(offset, count)) in segments.iter().enumerate() {
+            args.srcs[r] = base(r, src_kind)?;
+            args.outs[r] = base(r, BufKind::Output)?;
+            args.flags[r] = shared.flags[r].ptr();
+            args.seg_off[r] = offset as u64;
+            args.seg_len[r] = count as u64;
+        }
+        // SAFETY: the plan is the checked two-shot plan whose layout `twoshot_segments`
+        // verified: every rank's sources and outputs are the caller's validated buffers (or, in
+        // place, the outputs themselves), on their ranks' GPUs, reachable from this one (peer
+        // access between all pairs at creation, pool access granted per input and output); the
+        // outputs are disjoint from each other and from other ranks' sources (validation);
+        // every rank launches with the same arguments but its rank, and the same epoch, so the
+        // barriers meet; the flags outlive the communicator's streams.
+        unsafe {
+            self.res.kernels.twoshot(
+                call.dtype,
+                call.op,
+                &args,
+                &self.res.streams[StreamKind::Main.index()],
+            )
+        }
+    }
+
     /// Enqueues one instruction; `expose_from` is the fused exposure copy's source for a peer
     /// reduce (see `fuse_exposure`).
     fn enqueue_now(&mut self, instr: &Instr, expose_from: Option<u64>) -> Result<()> {
@@ -1241,6 +1410,15 @@ impl CudaEnqueue<'_> {
                         region.count,
                         plan.world,
                     )
+                }
+            }
+            Op::PeerReduce { dst, ranks, .. } if call.prepared.twoshot.is_some() => {
+                // The two-shot: step 0 (every rank's sources) launches the rank's whole kernel;
+                // the gather rounds are inside it.
+                if ranks == Ranks::ALL {
+                    self.launch_twoshot(plan.decl(dst.buf).rank)
+                } else {
+                    Ok(())
                 }
             }
             op @ Op::PeerReduce { dst, .. } => {

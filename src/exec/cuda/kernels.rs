@@ -5,8 +5,11 @@
 //! one-shot all-reduce is a single kernel per rank ([`Kernels::oneshot`]): it meets the other
 //! ranks' kernels at a start barrier of flags written into peer memory, reads every rank's input
 //! directly (peer access), folds them in rank order into `dst`, and meets them again at an end
-//! barrier. Their semantics are those of [`crate::element`]; the kernels themselves, the flag
-//! layout, the memory ordering and why they are fast are described in `cuda/reduce.cu`.
+//! barrier. The two-shot ([`Kernels::twoshot`]) is one kernel per rank too, with three
+//! barriers: each rank reduces its own segment from every rank's input, then copies the other
+//! segments from their owners. Their semantics are those of [`crate::element`]; the kernels
+//! themselves, the flag layout, the memory ordering and why they are fast are described in
+//! `cuda/reduce.cu`.
 //!
 //! Where the code comes from is decided at build time (see `build.rs`):
 //! - nvcc was found: the build embeds `reduce.fatbin` (SASS for sm_80 and sm_90, PTX for
@@ -14,9 +17,10 @@
 //! - otherwise: [`Kernels::new`] compiles the same source with NVRTC for the device's compute
 //!   capability and loads the PTX ([`KernelSource::Nvrtc`]); that needs libnvrtc on the GPU host.
 //!
-//! Invariant: a [`Kernels`] holds all 90 functions (4 operators × 10 types of pairwise reduce and
-//! of one-shot all-reduce, and one scale kernel per type) resolved in its context, so a launch is
-//! a table index and one `cuLaunchKernel`, with no lookup and no allocation.
+//! Invariant: a [`Kernels`] holds all 130 functions (4 operators × 10 types of pairwise reduce,
+//! of one-shot and of two-shot all-reduce, and one scale kernel per type) resolved in its
+//! context, so a launch is a table index and one `cuLaunchKernel`, with no lookup and no
+//! allocation.
 
 use std::ffi::c_void;
 use std::fmt;
@@ -49,9 +53,10 @@ const VECTOR_BYTES: usize = 16;
 pub const ONESHOT_MAX_RANKS: usize = 8;
 /// Most blocks of a one-shot grid (`RR_ONESHOT_MAX_BLOCKS`): each block has its own flag words.
 pub const ONESHOT_MAX_BLOCKS: u32 = 128;
-/// Barriers per one-shot call: start (phase 0) and end (phase 1).
-const ONESHOT_PHASES: usize = 2;
-/// Bytes of one rank's flag array: 2 phases × ONESHOT_MAX_BLOCKS × ONESHOT_MAX_RANKS × 4.
+/// Barrier phases of the flag array (`RR_ONESHOT_PHASES`): the one-shot's start and end, the
+/// two-shot's start, middle (the one-shot's end words) and end.
+const ONESHOT_PHASES: usize = 3;
+/// Bytes of one rank's flag array: 3 phases × ONESHOT_MAX_BLOCKS × ONESHOT_MAX_RANKS × 4.
 pub const ONESHOT_FLAG_BYTES: usize =
     ONESHOT_PHASES * ONESHOT_MAX_BLOCKS as usize * ONESHOT_MAX_RANKS * size_of::<u32>();
 /// Threads per block of the one-shot (`RR_ONESHOT_THREADS`, its `__launch_bounds__`).
@@ -172,6 +177,8 @@ pub struct Kernels {
     scale: Vec<CudaFunction>,
     /// `oneshot[reduce_index(op, dtype)]`: the same table shape as `reduce`.
     oneshot: Vec<CudaFunction>,
+    /// `twoshot[reduce_index(op, dtype)]`: the same table shape as `reduce`.
+    twoshot: Vec<CudaFunction>,
     /// The grid size that fills the device: SM count × `BLOCKS_PER_SM`.
     max_blocks: u32,
 }
@@ -203,6 +210,11 @@ impl Kernels {
             .flat_map(|&op| DType::ALL.map(|dtype| oneshot_symbol(op, dtype)))
             .map(load)
             .collect::<Result<Vec<_>>>()?;
+        let twoshot = PAIRWISE_OPS
+            .iter()
+            .flat_map(|&op| DType::ALL.map(|dtype| twoshot_symbol(op, dtype)))
+            .map(load)
+            .collect::<Result<Vec<_>>>()?;
 
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
@@ -215,6 +227,7 @@ impl Kernels {
             reduce,
             scale,
             oneshot,
+            twoshot,
             max_blocks,
         })
     }
@@ -424,6 +437,89 @@ impl Kernels {
         unsafe { self.launch_grid(stream, function, blocks, ONESHOT_BLOCK_THREADS, &mut params) }
     }
 
+    /// Enqueues this rank's part of a two-shot all-reduce on `stream`: one kernel that waits at
+    /// a start barrier for every rank's kernel of this call, writes `outs[rank][s] = srcs[0][s] ⊕
+    /// … ⊕ srcs[world − 1][s]` over its own segment `s = seg_off[rank]..+seg_len[rank]` (folded
+    /// in rank order; `Avg` sums, the caller scales), meets the others at a middle barrier, then
+    /// copies every other rank q's segment from `outs[q]` into `outs[rank]`, and ends at an end
+    /// barrier after which no rank reads this rank's input or output any more. The grid is
+    /// [`oneshot_blocks`] of the longest segment. Returns once enqueued; barrier timeouts are
+    /// reported in `*args.error` (1 start, 4 middle, 2 end, 3 launch).
+    ///
+    /// Checked before anything is enqueued ([`Error::InvalidArgument`]): `stream` belongs to
+    /// this context; world and rank as for [`Kernels::oneshot`]; the segments tile
+    /// `0..count` in rank order (`seg_off[0] = 0`, each ends where the next begins, the last at
+    /// `count`); every address aligned as in the one-shot and, when `count > 0`, not null; no
+    /// output overlaps another rank's source or output, and each source is its own rank's
+    /// output (in place) or overlaps no output at all (out of place).
+    ///
+    /// # Safety
+    ///
+    /// As for [`Kernels::oneshot`], with `srcs` the inputs (or, in place, the outputs) and
+    /// `outs[r]` rank r's output, valid for `count` elements of `dtype` and readable from this
+    /// context; every rank's call has the same `srcs`, `outs`, segments, `count`, `epoch`,
+    /// `flags` and dtype. `outs[r]` is written by rank r's kernel only, and read or written by
+    /// no other work until every rank's kernel of the call has completed.
+    pub unsafe fn twoshot(
+        &self,
+        dtype: DType,
+        op: ReduceOp,
+        args: &TwoShotArgs,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        validate_twoshot(dtype, args)?;
+        if args.count == 0 {
+            return Ok(());
+        }
+        let world = args.world as usize;
+        let mut peers = OneShotPeers {
+            src: [0; ONESHOT_MAX_RANKS],
+            flags: [0; ONESHOT_MAX_RANKS],
+        };
+        peers.src[..world].copy_from_slice(&args.srcs[..world]);
+        peers.flags[..world].copy_from_slice(&args.flags[..world]);
+        let mut segs = TwoShotSegs {
+            out: [0; ONESHOT_MAX_RANKS],
+            off: [0; ONESHOT_MAX_RANKS],
+            len: [0; ONESHOT_MAX_RANKS],
+        };
+        segs.out[..world].copy_from_slice(&args.outs[..world]);
+        segs.off[..world].copy_from_slice(&args.seg_off[..world]);
+        segs.len[..world].copy_from_slice(&args.seg_len[..world]);
+        let (mut world_arg, mut rank, mut epoch, mut timeout_ns, mut error) = (
+            args.world,
+            args.rank,
+            args.epoch,
+            args.timeout_ns,
+            args.error,
+        );
+        let mut params: [*mut c_void; 7] = [
+            (&mut peers as *mut OneShotPeers).cast(),
+            (&mut segs as *mut TwoShotSegs).cast(),
+            (&mut world_arg as *mut u32).cast(),
+            (&mut rank as *mut u32).cast(),
+            (&mut epoch as *mut u32).cast(),
+            (&mut timeout_ns as *mut u64).cast(),
+            (&mut error as *mut u64).cast(),
+        ];
+        let function = &self.twoshot[reduce_index(op, dtype)];
+        let longest = args.seg_len[..world].iter().copied().max().unwrap_or(0);
+        let blocks = oneshot_blocks(dtype, usize::try_from(longest).unwrap_or(usize::MAX));
+        let blocks = match args.max_blocks {
+            0 => blocks,
+            cap => blocks.min(cap),
+        };
+        debug_assert!((1..=ONESHOT_MAX_BLOCKS).contains(&blocks));
+        // SAFETY: the function is rr_twoshot_<op>_<dtype>(rr_peers, rr_twoshot_segs, unsigned,
+        // unsigned, unsigned, unsigned long long, unsigned*): `peers` and `segs` are the
+        // #[repr(C)] mirrors of those structs (128 and 192 bytes), then u32, u32, u32, u64, u64
+        // in parameter order, all outliving the call (the driver copies them at launch). The
+        // grid is at most ONESHOT_MAX_BLOCKS blocks of ONESHOT_BLOCK_THREADS, the kernel's
+        // limits; the memory and the other ranks' calls are the caller's contract.
+        unsafe { self.launch_grid(stream, function, blocks, ONESHOT_BLOCK_THREADS, &mut params) }
+    }
+
     /// Launches `function` over `count` elements of `dtype` with a grid that fills the device
     /// once (each kernel loops over the rest).
     ///
@@ -517,6 +613,118 @@ pub struct OneShotArgs {
     /// rank must be resident at once (a block spins for its partners), so the caller passes the
     /// smallest SM count of the ranks' GPUs (one block fits per SM), the same on every rank.
     pub max_blocks: u32,
+}
+
+/// The arguments of one rank's two-shot kernel ([`Kernels::twoshot`]). Addresses are CUDA
+/// device addresses (UVA); entries `>= world` are ignored.
+#[derive(Clone, Copy, Debug)]
+pub struct TwoShotArgs {
+    /// Every rank's source (its input out of place, its output in place), by rank.
+    pub srcs: [u64; ONESHOT_MAX_RANKS],
+    /// Every rank's output, by rank.
+    pub outs: [u64; ONESHOT_MAX_RANKS],
+    /// Every rank's flag array ([`ONESHOT_FLAG_BYTES`] bytes on that rank's device), by rank.
+    pub flags: [u64; ONESHOT_MAX_RANKS],
+    /// Segment q is elements `seg_off[q]..seg_off[q] + seg_len[q]`; rank q reduces it.
+    pub seg_off: [u64; ONESHOT_MAX_RANKS],
+    pub seg_len: [u64; ONESHOT_MAX_RANKS],
+    /// Ranks taking part, 2..=[`ONESHOT_MAX_RANKS`].
+    pub world: u32,
+    /// This call's rank, `< world`.
+    pub rank: u32,
+    /// Elements per rank (the segments tile `0..count`).
+    pub count: u64,
+    /// This call's barrier epoch, as for the one-shot (the two kinds share the flags).
+    pub epoch: u32,
+    /// How long a barrier waits for a peer before it gives up, in nanoseconds.
+    pub timeout_ns: u64,
+    /// Where the kernel stores a nonzero code on failure (1 start, 4 middle, 2 end, 3 launch).
+    pub error: u64,
+    /// At most this many blocks (0: no cap beyond [`ONESHOT_MAX_BLOCKS`]), as for the one-shot.
+    pub max_blocks: u32,
+}
+
+/// The kernel parameter `rr_twoshot_segs` of `cuda/reduce.cu`, byte for byte: every rank's
+/// output, then the segments' offsets and lengths in elements.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct TwoShotSegs {
+    out: [u64; ONESHOT_MAX_RANKS],
+    off: [u64; ONESHOT_MAX_RANKS],
+    len: [u64; ONESHOT_MAX_RANKS],
+}
+
+/// The checks of [`Kernels::twoshot`] that need no GPU (see there).
+fn validate_twoshot(dtype: DType, args: &TwoShotArgs) -> Result<()> {
+    let world = args.world as usize;
+    let bad = |why: String| Err(Error::InvalidArgument(format!("two-shot {why}")));
+    if !(2..=ONESHOT_MAX_RANKS).contains(&world) {
+        return bad(format!(
+            "world = {world}: the kernel serves 2 to {ONESHOT_MAX_RANKS} ranks"
+        ));
+    }
+    if args.rank >= args.world {
+        return bad(format!("rank = {} is not below world = {world}", args.rank));
+    }
+    let mut end = 0u64;
+    for q in 0..world {
+        if args.seg_off[q] != end {
+            return bad(format!(
+                "segment {q} starts at {} where segment {} ended ({end})",
+                args.seg_off[q],
+                q.saturating_sub(1)
+            ));
+        }
+        end = end.saturating_add(args.seg_len[q]);
+    }
+    if end != args.count {
+        return bad(format!(
+            "segments end at {end}, not at count = {}",
+            args.count
+        ));
+    }
+    for r in 0..world {
+        check_aligned(dtype, &format!("srcs[{r}]"), args.srcs[r])?;
+        check_aligned(dtype, &format!("outs[{r}]"), args.outs[r])?;
+        check_word_aligned(&format!("flags[{r}]"), args.flags[r])?;
+    }
+    check_word_aligned("error", args.error)?;
+    if args.count == 0 {
+        return Ok(());
+    }
+    let null = std::iter::once(("error".to_string(), args.error))
+        .chain((0..world).map(|r| (format!("srcs[{r}]"), args.srcs[r])))
+        .chain((0..world).map(|r| (format!("outs[{r}]"), args.outs[r])))
+        .chain((0..world).map(|r| (format!("flags[{r}]"), args.flags[r])))
+        .find(|&(_, address)| address == 0);
+    if let Some((name, _)) = null {
+        return bad(format!("{name} is null for {} elements", args.count));
+    }
+    let bytes = args
+        .count
+        .checked_mul(dtype.size_bytes() as u64)
+        .filter(|&b| usize::try_from(b).is_ok())
+        .ok_or(Error::SizeOverflow {
+            count: usize::try_from(args.count).unwrap_or(usize::MAX),
+            dtype,
+        })?;
+    let overlaps = |a: u64, b: u64| a < b.saturating_add(bytes) && b < a.saturating_add(bytes);
+    for r in 0..world {
+        for q in 0..world {
+            if q != r && overlaps(args.outs[r], args.outs[q]) {
+                return bad(format!("outs[{r}] overlaps outs[{q}]"));
+            }
+            let in_place = args.srcs[q] == args.outs[q];
+            if overlaps(args.outs[r], args.srcs[q]) && !(in_place && q == r) {
+                return bad(format!(
+                    "outs[{r}] = {:#x} overlaps srcs[{q}] = {:#x}: a source is either its own \
+                     rank's output (in place) or disjoint from every output",
+                    args.outs[r], args.srcs[q]
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The kernel parameter `rr_peers` of `cuda/reduce.cu`, byte for byte: two arrays of
@@ -689,6 +897,10 @@ fn reduce_symbol(op: ReduceOp, dtype: DType) -> String {
 
 fn oneshot_symbol(op: ReduceOp, dtype: DType) -> String {
     format!("rr_oneshot_{}_{}", op.name(), dtype.name())
+}
+
+fn twoshot_symbol(op: ReduceOp, dtype: DType) -> String {
+    format!("rr_twoshot_{}_{}", op.name(), dtype.name())
 }
 
 fn scale_symbol(dtype: DType) -> String {
@@ -865,11 +1077,106 @@ mod tests {
             u64::from(ONESHOT_BLOCK_THREADS) * VECTOR_BYTES as u64 * define("RR_ONESHOT_UNROLL"),
             ONESHOT_BYTES_PER_BLOCK
         );
-        assert_eq!(ONESHOT_FLAG_BYTES, 2 * 128 * 8 * 4);
-        // The last word, (2 * MAX_BLOCKS - 1) * MAX_RANKS + MAX_RANKS - 1, is in range.
+        assert_eq!(define("RR_ONESHOT_PHASES"), ONESHOT_PHASES as u64);
+        assert_eq!(ONESHOT_FLAG_BYTES, 3 * 128 * 8 * 4);
+        // The last word, (3 * MAX_BLOCKS - 1) * MAX_RANKS + MAX_RANKS - 1, is in range.
         let last_word =
-            (ONESHOT_MAX_BLOCKS as usize * 2 - 1) * ONESHOT_MAX_RANKS + ONESHOT_MAX_RANKS - 1;
+            (ONESHOT_MAX_BLOCKS as usize * 3 - 1) * ONESHOT_MAX_RANKS + ONESHOT_MAX_RANKS - 1;
         assert_eq!((last_word + 1) * 4, ONESHOT_FLAG_BYTES);
+    }
+
+    #[test]
+    fn source_defines_every_twoshot_kernel() {
+        let mut defined = BTreeSet::new();
+        for args in invocations("RR_TWOSHOT") {
+            let [symbol, op, ty] = args.as_slice() else {
+                panic!("RR_TWOSHOT takes (symbol, op, type): {args:?}");
+            };
+            assert_eq!(
+                *symbol,
+                format!("rr_twoshot_{op}_{}", ty.trim_start_matches("rr_")),
+                "the symbol must name the op and type it is built from"
+            );
+            assert!(defined.insert(symbol.clone()), "{symbol} defined twice");
+        }
+        let wanted: BTreeSet<String> = PAIRWISE_OPS
+            .iter()
+            .flat_map(|&op| DType::ALL.map(|dtype| twoshot_symbol(op, dtype)))
+            .collect();
+        assert_eq!(defined, wanted);
+    }
+
+    #[test]
+    fn twoshot_segs_is_the_kernel_parameter() {
+        // struct rr_twoshot_segs { void* out[8]; rr_ull off[8]; rr_ull len[8]; }.
+        assert_eq!(size_of::<TwoShotSegs>(), 192);
+        assert_eq!(std::mem::offset_of!(TwoShotSegs, off), 64);
+        assert_eq!(std::mem::offset_of!(TwoShotSegs, len), 128);
+    }
+
+    fn twoshot_args(in_place: bool) -> TwoShotArgs {
+        let mut args = TwoShotArgs {
+            srcs: [0; 8],
+            outs: [0; 8],
+            flags: [0; 8],
+            seg_off: [0; 8],
+            seg_len: [0; 8],
+            world: 2,
+            rank: 1,
+            count: 100,
+            epoch: 1,
+            timeout_ns: 1_000_000,
+            error: 0x9000,
+            max_blocks: 0,
+        };
+        args.outs[..2].copy_from_slice(&[0x10_0000, 0x20_0000]);
+        let srcs = if in_place {
+            [0x10_0000, 0x20_0000]
+        } else {
+            [0x30_0000, 0x40_0000]
+        };
+        args.srcs[..2].copy_from_slice(&srcs);
+        args.flags[..2].copy_from_slice(&[0x5000, 0x6000]);
+        args.seg_off[..2].copy_from_slice(&[0, 52]);
+        args.seg_len[..2].copy_from_slice(&[52, 48]);
+        args
+    }
+
+    #[test]
+    fn twoshot_arguments_are_validated() {
+        let why = |args: &TwoShotArgs| match validate_twoshot(DType::F32, args) {
+            Err(Error::InvalidArgument(why)) => why,
+            other => panic!("not refused: {other:?}"),
+        };
+        validate_twoshot(DType::F32, &twoshot_args(true)).unwrap();
+        validate_twoshot(DType::F32, &twoshot_args(false)).unwrap();
+        let mut gap = twoshot_args(true);
+        gap.seg_off[1] = 53;
+        assert!(
+            why(&gap).contains("segment 1 starts at 53"),
+            "{}",
+            why(&gap)
+        );
+        let mut short = twoshot_args(true);
+        short.seg_len[1] = 47;
+        assert!(why(&short).contains("not at count"), "{}", why(&short));
+        let mut crossed = twoshot_args(false);
+        crossed.srcs[0] = crossed.outs[1];
+        assert!(
+            why(&crossed).contains("overlaps srcs[0]"),
+            "{}",
+            why(&crossed)
+        );
+        let mut shared = twoshot_args(true);
+        shared.outs[1] = shared.outs[0] + 8;
+        assert!(why(&shared).contains("overlaps outs"), "{}", why(&shared));
+        let mut lonely = twoshot_args(true);
+        lonely.world = 1;
+        lonely.rank = 0;
+        assert!(why(&lonely).contains("world = 1"), "{}", why(&lonely));
+        let mut null = twoshot_args(true);
+        null.flags[1] = 0;
+        assert!(why(&null).contains("flags[1] is null"), "{}", why(&null));
     }
 
     #[test]
