@@ -163,12 +163,13 @@ impl Communicator {
         }
     }
 
-    /// The algorithm a call of `bytes_per_rank` bytes runs on this communicator: the ring, or the
-    /// one-shot (see [`Algorithm`]; with `Auto` it depends on the size).
-    pub fn algorithm_for(&self, bytes_per_rank: usize) -> Algorithm {
+    /// The algorithm a call of `bytes_per_rank` bytes, in place or not, runs on this
+    /// communicator: the ring, the one-shot or the two-shot (see [`Algorithm`]; with `Auto` it
+    /// depends on the size and, for the one-shot and the two-shot, on `in_place`).
+    pub fn algorithm_for(&self, bytes_per_rank: usize, in_place: bool) -> Algorithm {
         match &self.state.lock().unwrap_or_else(|p| p.into_inner()).exec {
-            Some(Executor::Cuda(exec)) => exec.algorithm_for(bytes_per_rank),
-            Some(Executor::Host(exec)) => exec.algorithm_for(bytes_per_rank),
+            Some(Executor::Cuda(exec)) => exec.algorithm_for(bytes_per_rank, in_place),
+            Some(Executor::Host(exec)) => exec.algorithm_for(bytes_per_rank, in_place),
             None => Algorithm::Ring,
         }
     }

@@ -200,7 +200,7 @@ fn oneshot_every_type_and_op() {
         return;
     }
     let comm = oneshot_comm(&gpus);
-    assert_eq!(comm.algorithm_for(1 << 30), Algorithm::OneShot);
+    assert_eq!(comm.algorithm_for(1 << 30, false), Algorithm::OneShot);
     for (count, offset) in [
         (0, 0),
         (1, 0),
@@ -230,7 +230,7 @@ fn twoshot_every_type_and_op() {
         return;
     }
     let comm = peer_comm(&gpus, Algorithm::TwoShot);
-    assert_eq!(comm.algorithm_for(1 << 30), Algorithm::TwoShot);
+    assert_eq!(comm.algorithm_for(1 << 30, false), Algorithm::TwoShot);
     for (count, offset) in [
         (0, 0),
         (1, 0),
@@ -324,28 +324,32 @@ fn forcing_the_oneshot_where_it_cannot_run_is_an_error() {
         Ok(_) => panic!("a one-rank communicator accepted Algorithm::OneShot"),
     }
     let auto = Communicator::with_config(&gpus[..1], CudaConfig::default()).unwrap();
-    assert_eq!(auto.algorithm_for(4096), Algorithm::Ring);
+    assert_eq!(auto.algorithm_for(4096, false), Algorithm::Ring);
     check_case::<f32>(&auto, 1000, ReduceOp::Sum, true, 0);
 }
 
-/// `Algorithm::Auto` switches between the one-shot and the ring by size on one communicator;
-/// enqueue-only calls of both kinds back to back, then one synchronize, are all correct.
+/// `Algorithm::Auto` switches between the one-shot, the two-shot (in place, mid sizes) and the
+/// ring by size on one communicator — the one-shot and the two-shot share its flags and epochs;
+/// enqueue-only calls of all three kinds back to back, then one synchronize, are all correct.
 #[test]
 fn auto_switches_algorithms_and_enqueues_both() {
     let Some(gpus) = two_gpus() else { return };
     let comm = default_comm(&gpus);
     let small = 4096;
+    let mid = 4 << 20; // 16 MiB of f32
     let large = 64 << 20;
     if !shared(&gpus) {
-        assert_eq!(comm.algorithm_for(small * 4), Algorithm::OneShot);
+        assert_eq!(comm.algorithm_for(small * 4, false), Algorithm::OneShot);
+        assert_eq!(comm.algorithm_for(mid * 4, true), Algorithm::TwoShot);
+        assert_eq!(comm.algorithm_for(mid * 4, false), Algorithm::OneShot);
     }
-    assert_eq!(comm.algorithm_for(large * 4), Algorithm::Ring);
-    for count in [small, large / 4, small, large / 4 + 3, 7] {
+    assert_eq!(comm.algorithm_for(large * 4, false), Algorithm::Ring);
+    for count in [small, mid, large / 4, small, mid + 5, large / 4 + 3, mid, 7] {
         check_case::<f32>(&comm, count, ReduceOp::Sum, true, 0);
         check_case::<i32>(&comm, count, ReduceOp::Max, false, 1);
     }
     let world = gpus.len();
-    let sizes = [small, large, small, large];
+    let sizes = [small, mid, large, mid, small, large, mid];
     let mut bufs: Vec<Vec<GpuBuffer<f32>>> = sizes
         .iter()
         .map(|&n| {

@@ -170,7 +170,11 @@ fn peer_reading(algorithm: ringreduce::Algorithm, seed: Option<u64>) -> HostConf
 #[test]
 fn oneshot_and_twoshot_every_world_length_op_and_type() {
     for (world, algorithm) in (1..=8).flat_map(|w| {
-        [ringreduce::Algorithm::OneShot, ringreduce::Algorithm::TwoShot].map(|a| (w, a))
+        [
+            ringreduce::Algorithm::OneShot,
+            ringreduce::Algorithm::TwoShot,
+        ]
+        .map(|a| (w, a))
     }) {
         let comm =
             Communicator::host_with(world, peer_reading(algorithm, Some(world as u64))).unwrap();
@@ -209,9 +213,24 @@ fn auto_alternates_algorithms_by_size() {
     let comm = Communicator::host_with(4, config).unwrap();
     // f32 at 4 ranks: the limit is half of the two-rank one.
     let big = ringreduce::exec::ONESHOT_AUTO_MAX_BYTES / 2 / 4 + 1;
-    assert_eq!(comm.algorithm_for(1000 * 4), ringreduce::Algorithm::OneShot);
-    assert_eq!(comm.algorithm_for(big * 4), ringreduce::Algorithm::Ring);
-    for count in [1000, big, 17, big, 1000] {
+    let mid = ringreduce::exec::TWOSHOT_AUTO_MIN_IN_PLACE_BYTES / 2 / 4;
+    assert_eq!(
+        comm.algorithm_for(1000 * 4, false),
+        ringreduce::Algorithm::OneShot
+    );
+    assert_eq!(
+        comm.algorithm_for(mid * 4, true),
+        ringreduce::Algorithm::TwoShot
+    );
+    assert_eq!(
+        comm.algorithm_for(mid * 4, false),
+        ringreduce::Algorithm::OneShot
+    );
+    assert_eq!(
+        comm.algorithm_for(big * 4, false),
+        ringreduce::Algorithm::Ring
+    );
+    for count in [1000, big, mid, 17, big, mid, 1000] {
         run_case::<f32>(&comm, count, ReduceOp::Sum, true);
         run_case::<f32>(&comm, count, ReduceOp::Max, false);
     }

@@ -1604,10 +1604,7 @@ mod tests {
         // which rank 0 reads from rank 1 in the same meeting.
         let mut broken = twoshot(2, 8, true);
         if let Op::PeerReduce {
-            dst,
-            offset,
-            count,
-            ..
+            dst, offset, count, ..
         } = &mut broken.ranks[1][0].op
         {
             *offset = 0;

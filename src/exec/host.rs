@@ -268,8 +268,10 @@ impl HostExecutor {
         })
     }
 
-    pub(crate) fn algorithm_for(&self, bytes: usize) -> Algorithm {
-        self.config.algorithm.choose(bytes, self.world, true)
+    pub(crate) fn algorithm_for(&self, bytes: usize, in_place: bool) -> Algorithm {
+        self.config
+            .algorithm
+            .choose(bytes, self.world, in_place, true)
     }
 
     fn prepare(&mut self, shape: Shape) -> Result<Arc<Prepared>> {
@@ -277,7 +279,11 @@ impl HostExecutor {
             return Ok(p);
         }
         let bytes = shape.count.saturating_mul(shape.elem_bytes);
-        let plan = match self.config.algorithm.choose(bytes, self.world, true) {
+        let plan = match self
+            .config
+            .algorithm
+            .choose(bytes, self.world, shape.in_place, true)
+        {
             Algorithm::OneShot => shape.checked_oneshot_plan(self.world)?,
             Algorithm::TwoShot => shape.checked_twoshot_plan(self.world, 1)?,
             _ => shape.checked_plan(

@@ -50,25 +50,37 @@ impl Algorithm {
     }
 }
 
-/// The largest message (bytes per rank) for which [`Algorithm::Auto`] runs the one-shot on two
-/// ranks; with more ranks the limit shrinks as `2/n`, since each rank then reads `n − 1` inputs
-/// where the ring moves `2(n−1)/n` of one. On the 2×H200 machine the copy-engine ring measured
-/// 170 µs at 32 MiB and 211 µs at 64 MiB (ringreduce bench, commit 4d46125); the one-shot
-/// prototype took 57.8 µs at 16 MiB and 211 µs at 64 MiB (../shared/gpu/README.md): the ring
-/// catches up at 64 MiB, so the one-shot takes everything up to 32 MiB.
+/// The largest message (bytes per rank) for which [`Algorithm::Auto`] runs a peer-reading
+/// algorithm (the one-shot or the two-shot) on two ranks; with more ranks the limit shrinks as
+/// `2/n`, since each rank then reads `n − 1` inputs where the ring moves `2(n−1)/n` of one. On
+/// the 2×H200 machine (ringreduce bench, commit 3f26871, docs/runs/2026-11-30-s3-3f26871): at
+/// 64 MiB the ring (16 MiB chunks) took 198.6 / 200.5 µs out of place / in place, the one-shot
+/// 214.4 / 261.5, the two-shot 215.9 / 216.4; at 32 MiB the one-shot 114.4 µs out of place,
+/// where the ring took 170 µs (commit 4d46125, 4 MiB chunks).
 pub const ONESHOT_AUTO_MAX_BYTES: usize = 32 << 20;
 
+/// The smallest in-place message (bytes per rank) for which [`Algorithm::Auto`] runs the
+/// two-shot rather than the one-shot on two ranks (scaled by `2/n` like the limit above): the
+/// one-shot in place first copies its buffer for its peers to read, which the two-shot does not
+/// need. Same run as above, in place: 4 MiB one-shot 26.1 µs, two-shot 29.9; 8 MiB 42.7 against
+/// 36.8; 16 MiB 69.5 against 62.6; 32 MiB 140.9 against 117.0. Out of place the two are within
+/// a few percent from 8 MiB and the one-shot is faster below, so out of place stays one-shot.
+pub const TWOSHOT_AUTO_MIN_IN_PLACE_BYTES: usize = 8 << 20;
+
 impl Algorithm {
-    /// The algorithm that runs a message of `bytes` per rank over `world` ranks; `one_shot_ok` says
-    /// whether the one-shot can run at all (every pair of GPUs reaches each other).
-    pub fn choose(self, bytes: usize, world: usize, one_shot_ok: bool) -> Algorithm {
+    /// The algorithm that runs a message of `bytes` per rank over `world` ranks, in place or
+    /// not; `peers_ok` says whether the peer-reading algorithms can run at all (every pair of
+    /// GPUs reaches each other).
+    pub fn choose(self, bytes: usize, world: usize, in_place: bool, peers_ok: bool) -> Algorithm {
         match self {
-            Algorithm::Auto if world > 1 && one_shot_ok => {
-                let limit = ONESHOT_AUTO_MAX_BYTES.saturating_mul(2) / world;
-                if bytes <= limit {
-                    Algorithm::OneShot
-                } else {
+            Algorithm::Auto if world > 1 && peers_ok => {
+                let scaled = |limit: usize| limit.saturating_mul(2) / world;
+                if bytes > scaled(ONESHOT_AUTO_MAX_BYTES) {
                     Algorithm::Ring
+                } else if in_place && bytes >= scaled(TWOSHOT_AUTO_MIN_IN_PLACE_BYTES) {
+                    Algorithm::TwoShot
+                } else {
+                    Algorithm::OneShot
                 }
             }
             Algorithm::Auto => Algorithm::Ring,

@@ -581,7 +581,15 @@ impl Sweep<'_> {
                 redop: args.op.name().into(),
                 algorithm: match lib {
                     Lib::Ring(comm) => {
-                        Some(format!("{:?}", comm.algorithm_for(bytes)).to_lowercase())
+                        let name = |in_place| {
+                            format!("{:?}", comm.algorithm_for(bytes, in_place)).to_lowercase()
+                        };
+                        let (oop, ip) = (name(false), name(true));
+                        Some(if oop == ip {
+                            oop
+                        } else {
+                            format!("{oop}/{ip}")
+                        })
                     }
                     _ => None,
                 },

@@ -415,9 +415,20 @@ pub fn parse_algorithm(text: &str) -> Result<ringreduce::Algorithm, String> {
     }
 }
 
-/// "one-shot (SM kernel reading peers) up to 33554432 B per rank, copy-engine ring above"
-/// (2 ranks) — what the communicator's algorithm does by size on `comm`.
+/// "one-shot (SM kernel reading peers) up to 33554432 B per rank, copy-engine ring above" —
+/// what the communicator's algorithm does by size on `comm`, out of place and, where it differs,
+/// in place.
 pub fn describe_algorithm(comm: &Communicator) -> String {
+    let oop = describe_by_size(|b| comm.algorithm_for(b, false));
+    let ip = describe_by_size(|b| comm.algorithm_for(b, true));
+    if oop == ip {
+        oop
+    } else {
+        format!("out of place: {oop}; in place: {ip}")
+    }
+}
+
+fn describe_by_size(algorithm_for: impl Fn(usize) -> ringreduce::Algorithm) -> String {
     let name = |a: ringreduce::Algorithm| match a {
         ringreduce::Algorithm::OneShot => "one-shot (SM kernel reading peers)",
         ringreduce::Algorithm::TwoShot => "two-shot (SM kernel: reduce-scatter, gather from peers)",
@@ -426,24 +437,24 @@ pub fn describe_algorithm(comm: &Communicator) -> String {
     // Auto's rule is a series of thresholds: find each by bisection between powers of two.
     let mut parts = Vec::new();
     let mut lo = 1usize;
-    let mut current = comm.algorithm_for(lo);
+    let mut current = algorithm_for(lo);
     for shift in 1..usize::BITS {
         let hi = 1usize << shift;
-        if comm.algorithm_for(hi) == current {
+        if algorithm_for(hi) == current {
             lo = hi;
             continue;
         }
         let (mut a, mut b) = (lo, hi);
         while b - a > 1 {
             let mid = a + (b - a) / 2;
-            if comm.algorithm_for(mid) == current {
+            if algorithm_for(mid) == current {
                 a = mid
             } else {
                 b = mid
             }
         }
         parts.push(format!("{} up to {a} B per rank", name(current)));
-        current = comm.algorithm_for(b);
+        current = algorithm_for(b);
         lo = b;
     }
     if parts.is_empty() {

@@ -105,18 +105,19 @@ impl Default for CudaConfig {
 }
 
 /// The chunk size for a message: about a quarter of a segment, at least 4 MiB (or the whole
-/// segment when smaller), at most 64 MiB; from 128 MiB segments on, half a segment, at most
+/// segment when smaller), at most 64 MiB; from 32 MiB segments on, half a segment, at most
 /// 128 MiB; at most 4 MiB when any edge is staged. From the prototype on the 2×H200 machine:
 /// every CUDA call costs ~2 µs of host time, so small chunks only pay when the host keeps up; the
-/// best push chunk was 512 KiB at 1 MiB, 4 MiB at 8–32 MiB, 16 MiB at 128 MiB. From ringreduce's
-/// own sweep (`bench --chunk --slots`, 2×H200, commit 7347b79, docs/runs/2026-11-30-s3-7347b79):
-/// fewer, larger chunks win on large segments — 256 MiB: 64 MiB chunks 718 µs against 740 µs for
-/// 32 MiB; 512 MiB: 128 MiB 1405–1412 against 1427–1437 for 64 MiB; 1 GiB: 128 MiB 2805–2818
-/// against 2858–2879 for 64 MiB and 2927–2947 for 32 MiB; one chunk per segment loses (256 MiB
-/// with 128 MiB chunks: 810–816 µs); 2, 3 or 4 slots within 1%. A staged edge is a
-/// three-stage pipeline (device→host, host→device, reduce) at ~55 GB/s per PCIe direction, where
-/// the prototype did best with 4 MiB chunks (38–44 GB/s); ringreduce with 32 MiB chunks measured
-/// 32–34 GB/s at 256 MiB.
+/// best push chunk was 512 KiB at 1 MiB, 4 MiB at 8–32 MiB. From ringreduce's own sweeps
+/// (`bench --chunk`, 2×H200, commits 7347b79 and 3f26871, docs/runs/2026-11-30-s3-*): fewer,
+/// larger chunks win on large segments — 64 MiB messages: 16 MiB chunks 198.6 µs against 214.3
+/// for 8 MiB and 225.6 for 32 MiB (one chunk); 128 MiB: 32 MiB chunks 374.9 against 392.3 for
+/// 16 MiB; 256 MiB: 64 MiB 718 against 740 for 32 MiB; 512 MiB: 128 MiB 1405–1412 against
+/// 1427–1437 for 64 MiB; 1 GiB: 128 MiB 2805–2818 against 2858–2879 for 64 MiB; 2, 3 or 4 slots
+/// within 1%. (Out of place; in place alike.) A staged edge is a three-stage pipeline
+/// (device→host, host→device, reduce) at ~55 GB/s per PCIe direction, where the prototype did
+/// best with 4 MiB chunks (38–44 GB/s); ringreduce with 32 MiB chunks measured 32–34 GB/s at
+/// 256 MiB.
 pub fn auto_chunk_bytes(count: usize, world: usize, elem_bytes: usize, staged: bool) -> usize {
     let segment_bytes = count.div_ceil(world.max(1)) * elem_bytes;
     if staged {
@@ -124,7 +125,7 @@ pub fn auto_chunk_bytes(count: usize, world: usize, elem_bytes: usize, staged: b
             .max(segment_bytes.min(4 << 20))
             .clamp(elem_bytes.max(1), 4 << 20);
     }
-    if segment_bytes >= 128 << 20 {
+    if segment_bytes >= 32 << 20 {
         return (segment_bytes / 2).min(128 << 20);
     }
     (segment_bytes / 4)
@@ -144,8 +145,9 @@ mod tests {
             (mib, mib / 2),
             (8 * mib, 4 * mib),
             (32 * mib, 4 * mib),
-            (128 * mib, 16 * mib),
-            // ringreduce's own sweep (doc above)
+            // ringreduce's own sweeps (doc above)
+            (64 * mib, 16 * mib),
+            (128 * mib, 32 * mib),
             (256 * mib, 64 * mib),
             (512 * mib, 128 * mib),
             (1024 * mib, 128 * mib),
@@ -397,10 +399,10 @@ impl CudaExecutor {
         self.ranks.iter().map(|r| r.device).collect()
     }
 
-    pub(crate) fn algorithm_for(&self, bytes: usize) -> Algorithm {
+    pub(crate) fn algorithm_for(&self, bytes: usize, in_place: bool) -> Algorithm {
         self.config
             .algorithm
-            .choose(bytes, self.ranks.len(), self.oneshot.is_some())
+            .choose(bytes, self.ranks.len(), in_place, self.oneshot.is_some())
     }
 
     pub(crate) fn edges(&self) -> &[EdgeInfo] {
@@ -532,10 +534,10 @@ impl CudaExecutor {
         }
         let n = self.ranks.len();
         let bytes = shape.count.saturating_mul(shape.elem_bytes);
-        let algorithm = self
-            .config
-            .algorithm
-            .choose(bytes, n, self.oneshot.is_some());
+        let algorithm =
+            self.config
+                .algorithm
+                .choose(bytes, n, shape.in_place, self.oneshot.is_some());
         // 16-byte boundaries keep every chunk and segment vector-aligned for the kernels and
         // copies.
         let align_elems = (16 / shape.elem_bytes).max(1);
