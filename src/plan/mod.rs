@@ -70,6 +70,14 @@
 //! the buffer itself while they may still be reading. Each rank moves `(n−1)·count` elements over
 //! its links (the ring: `2(n−1)/n·count`), so the one-shot wins on latency, not on bandwidth;
 //! [`crate::Algorithm`] picks by message size.
+//!
+//! # The two-shot: a third, for mid-size messages in place
+//!
+//! [`twoshot::TwoShotSpec`] is the ring's two halves done by kernels reading peer memory: each
+//! rank reduces its own segment from every rank (a `PeerReduce` over all ranks), then copies each
+//! other segment from its owner (one `PeerReduce` over that rank alone per gather round). It
+//! moves `2(n−1)/n·count` per rank, like the ring, and needs no exposed copy in place: what a
+//! rank writes before the middle barrier, nobody else reads then. The table is in its module.
 
 pub mod oneshot;
 pub mod ring;
