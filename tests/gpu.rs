@@ -190,17 +190,16 @@ fn every_type_and_op_both_transports() {
     }
 }
 
-/// The one-shot kernel: every type and op, in and out of place, misaligned sub-slices, lengths
-/// from 0 to 64 MiB — results bit-exact against the host reference.
-#[test]
-fn oneshot_every_type_and_op() {
-    let Some(gpus) = two_gpus() else { return };
+/// `algorithm` (the one-shot or the two-shot) forced on 2 distinct GPUs: every type and op, in
+/// and out of place, misaligned sub-slices, lengths up to 4 MiB; `None` (waived) on one GPU.
+fn peer_algorithm_every_type(algorithm: Algorithm) -> Option<(Vec<usize>, Communicator)> {
+    let gpus = two_gpus()?;
     if shared(&gpus) {
-        println!("waived: the one-shot needs 2 distinct GPUs");
-        return;
+        println!("waived: {algorithm:?} needs 2 distinct GPUs");
+        return None;
     }
-    let comm = oneshot_comm(&gpus);
-    assert_eq!(comm.algorithm_for(1 << 30, false), Algorithm::OneShot);
+    let comm = peer_comm(&gpus, algorithm);
+    assert_eq!(comm.algorithm_for(1 << 30, false), algorithm);
     for (count, offset) in [
         (0, 0),
         (1, 0),
@@ -212,6 +211,16 @@ fn oneshot_every_type_and_op() {
     ] {
         every_type(&comm, count, offset);
     }
+    Some((gpus.to_vec(), comm))
+}
+
+/// The one-shot kernel: every type and op, in and out of place, misaligned sub-slices, lengths
+/// from 0 to 64 MiB — results bit-exact against the host reference.
+#[test]
+fn oneshot_every_type_and_op() {
+    let Some((_, comm)) = peer_algorithm_every_type(Algorithm::OneShot) else {
+        return;
+    };
     for count in [(16 << 20) + 5, 16 << 20] {
         check_case::<f32>(&comm, count, ReduceOp::Sum, false, 0);
         check_case::<f32>(&comm, count, ReduceOp::Avg, true, 1);
@@ -224,24 +233,9 @@ fn oneshot_every_type_and_op() {
 /// the one-shot's on another communicator of the same GPUs.
 #[test]
 fn twoshot_every_type_and_op() {
-    let Some(gpus) = two_gpus() else { return };
-    if shared(&gpus) {
-        println!("waived: the two-shot needs 2 distinct GPUs");
+    let Some((gpus, comm)) = peer_algorithm_every_type(Algorithm::TwoShot) else {
         return;
-    }
-    let comm = peer_comm(&gpus, Algorithm::TwoShot);
-    assert_eq!(comm.algorithm_for(1 << 30, false), Algorithm::TwoShot);
-    for (count, offset) in [
-        (0, 0),
-        (1, 0),
-        (3, 1),
-        (17, 2),
-        (1009, 0),
-        (100_003, 3),
-        (1 << 20, 0),
-    ] {
-        every_type(&comm, count, offset);
-    }
+    };
     let oneshot = oneshot_comm(&gpus);
     for count in [(16 << 20) + 5, 16 << 20] {
         check_case::<f32>(&comm, count, ReduceOp::Sum, false, 0);
@@ -683,6 +677,30 @@ fn stall_buffers(gpus: &[usize], count: usize) -> (Vec<GpuBuffer<f32>>, Vec<GpuB
     (inputs, outputs)
 }
 
+/// A communicator of `algorithm` with a 2 s timeout, and stall buffers that one good call has
+/// already used: the plan and kernels exist, so a failed call after is only the stall.
+fn stall_setup(
+    gpus: &[usize],
+    algorithm: Algorithm,
+    count: usize,
+) -> (
+    Communicator,
+    Vec<GpuBuffer<f32>>,
+    Vec<GpuBuffer<f32>>,
+    std::time::Duration,
+) {
+    let timeout = std::time::Duration::from_secs(2);
+    let config = CudaConfig {
+        algorithm,
+        timeout,
+        ..CudaConfig::default()
+    };
+    let comm = Communicator::with_config(gpus, config).unwrap();
+    let (mut inputs, mut outputs) = stall_buffers(gpus, count);
+    all_reduce_f32(&comm, &mut inputs, &mut outputs).unwrap();
+    (comm, inputs, outputs, timeout)
+}
+
 fn all_reduce_f32(
     comm: &Communicator,
     inputs: &mut [GpuBuffer<f32>],
@@ -714,17 +732,8 @@ fn a_stuck_gpu_fails_the_oneshot_and_its_late_kernel_reads_nothing() {
         println!("waived: the one-shot needs 2 distinct GPUs");
         return;
     }
-    let timeout = Duration::from_secs(2);
-    let config = CudaConfig {
-        algorithm: Algorithm::OneShot,
-        timeout,
-        ..CudaConfig::default()
-    };
-    let comm = Communicator::with_config(&gpus, config).unwrap();
     let count = 1 << 16;
-    let (mut inputs, mut outputs) = stall_buffers(&gpus, count);
-    // A good call first: the plan and kernels exist, so the failed call below is only the stall.
-    all_reduce_f32(&comm, &mut inputs, &mut outputs).unwrap();
+    let (comm, mut inputs, _, timeout) = stall_setup(&gpus, Algorithm::OneShot, count);
     let mut outputs = stall_buffers(&gpus, count).1;
 
     let mut gate = Gate::close(gpus[1], comm.main_stream(1).unwrap());
@@ -783,16 +792,8 @@ fn abort_does_not_hang_on_a_stuck_gpu() {
         println!("waived: a stuck stream of a shared GPU would also hold the other rank");
         return;
     }
-    let timeout = Duration::from_secs(2);
-    let config = CudaConfig {
-        algorithm: Algorithm::Ring,
-        timeout,
-        ..CudaConfig::default()
-    };
-    let comm = Communicator::with_config(&gpus, config).unwrap();
     let count = 1 << 20;
-    let (mut inputs, mut outputs) = stall_buffers(&gpus, count);
-    all_reduce_f32(&comm, &mut inputs, &mut outputs).unwrap();
+    let (comm, mut inputs, mut outputs, timeout) = stall_setup(&gpus, Algorithm::Ring, count);
 
     let mut gate = Gate::close(gpus[1], comm.main_stream(1).unwrap());
     let start = Instant::now();

@@ -108,6 +108,15 @@ impl Shape {
         }
     }
 
+    /// The operator as the plans see it: only `Avg` changes a plan (it adds the scaling).
+    fn plan_op(&self) -> ReduceOp {
+        if self.average {
+            ReduceOp::Avg
+        } else {
+            ReduceOp::Sum
+        }
+    }
+
     /// Builds the ring plan for this shape and proves it with the checker: an executor runs no
     /// plan the checker has not accepted.
     pub(crate) fn checked_plan(
@@ -121,11 +130,7 @@ impl Shape {
             world: transports.len().max(1),
             count: self.count,
             in_place: self.in_place,
-            op: if self.average {
-                ReduceOp::Avg
-            } else {
-                ReduceOp::Sum
-            },
+            op: self.plan_op(),
             chunk_elems,
             slots,
             align_elems,
@@ -143,11 +148,7 @@ impl Shape {
             world,
             count: self.count,
             in_place: self.in_place,
-            op: if self.average {
-                ReduceOp::Avg
-            } else {
-                ReduceOp::Sum
-            },
+            op: self.plan_op(),
             align: align_elems,
         }
         .build()?;
@@ -161,11 +162,7 @@ impl Shape {
             world,
             count: self.count,
             in_place: self.in_place,
-            op: if self.average {
-                ReduceOp::Avg
-            } else {
-                ReduceOp::Sum
-            },
+            op: self.plan_op(),
         }
         .build()?;
         crate::check::check(&plan)?;

@@ -45,22 +45,10 @@ impl OneShotSpec {
             ));
         }
         let n = self.world;
-        let mut plan = Plan {
-            world: n,
-            count: self.count,
-            in_place: self.in_place,
-            average: self.op == ReduceOp::Avg && n > 1,
-            buffers: Vec::new(),
-            events: Vec::new(),
-            ranks: vec![Vec::new(); n],
-        };
+        let mut plan = peer_plan(n, self.count, self.in_place, self.op);
         let collective = n > 1 && self.count > 0;
-        for rank in 0..n {
-            if !self.in_place {
-                declare(&mut plan, rank, BufKind::Input, self.count);
-            }
-            declare(&mut plan, rank, BufKind::Output, self.count);
-            if self.in_place && collective {
+        if self.in_place && collective {
+            for rank in 0..n {
                 declare(&mut plan, rank, BufKind::Exposed, self.count);
             }
         }
@@ -118,6 +106,27 @@ impl OneShotSpec {
 
 pub(super) fn declare(plan: &mut Plan, rank: usize, kind: BufKind, len: usize) {
     plan.buffers.push(BufferDecl { rank, kind, len });
+}
+
+/// An empty plan of `world` ranks with every rank's input (out of place) and output declared,
+/// `count` elements each: the start of the one-shot's and the two-shot's plans.
+pub(super) fn peer_plan(world: usize, count: usize, in_place: bool, op: ReduceOp) -> Plan {
+    let mut plan = Plan {
+        world,
+        count,
+        in_place,
+        average: op == ReduceOp::Avg && world > 1,
+        buffers: Vec::new(),
+        events: Vec::new(),
+        ranks: vec![Vec::new(); world],
+    };
+    for rank in 0..world {
+        if !in_place {
+            declare(&mut plan, rank, BufKind::Input, count);
+        }
+        declare(&mut plan, rank, BufKind::Output, count);
+    }
+    plan
 }
 
 #[cfg(test)]

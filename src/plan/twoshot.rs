@@ -22,7 +22,7 @@
 //! and the gather, end — since the gather rounds read segments no round writes and write segments
 //! no round reads, the barriers between them order nothing (cuda/reduce.cu, `rr_twoshot_kernel`).
 
-use super::oneshot::declare;
+use super::oneshot::peer_plan;
 use super::ring::segment_range;
 use super::{BufKind, Instr, Op, Phase, Plan, Ranks, Region, StreamKind, Tag};
 use crate::element::ReduceOp;
@@ -65,21 +65,7 @@ impl TwoShotSpec {
             )));
         }
         let n = self.world;
-        let mut plan = Plan {
-            world: n,
-            count: self.count,
-            in_place: self.in_place,
-            average: self.op == ReduceOp::Avg && n > 1,
-            buffers: Vec::new(),
-            events: Vec::new(),
-            ranks: vec![Vec::new(); n],
-        };
-        for rank in 0..n {
-            if !self.in_place {
-                declare(&mut plan, rank, BufKind::Input, self.count);
-            }
-            declare(&mut plan, rank, BufKind::Output, self.count);
-        }
+        let mut plan = peer_plan(n, self.count, self.in_place, self.op);
         let segment = |seg: usize| segment_range(self.count, n, self.align, seg);
         let src = if self.in_place {
             BufKind::Output

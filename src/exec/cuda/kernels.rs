@@ -392,14 +392,7 @@ impl Kernels {
         if args.count == 0 {
             return Ok(());
         }
-        let world = args.world as usize;
-        // The kernel reads entries < world only; the rest are zeroed, not passed on.
-        let mut peers = OneShotPeers {
-            src: [0; ONESHOT_MAX_RANKS],
-            flags: [0; ONESHOT_MAX_RANKS],
-        };
-        peers.src[..world].copy_from_slice(&args.srcs[..world]);
-        peers.flags[..world].copy_from_slice(&args.flags[..world]);
+        let mut peers = OneShotPeers::of(args.world, &args.srcs, &args.flags);
         let (mut world_arg, mut rank, mut dst, mut count, mut epoch, mut timeout_ns, mut error) = (
             args.world,
             args.rank,
@@ -473,12 +466,7 @@ impl Kernels {
             return Ok(());
         }
         let world = args.world as usize;
-        let mut peers = OneShotPeers {
-            src: [0; ONESHOT_MAX_RANKS],
-            flags: [0; ONESHOT_MAX_RANKS],
-        };
-        peers.src[..world].copy_from_slice(&args.srcs[..world]);
-        peers.flags[..world].copy_from_slice(&args.flags[..world]);
+        let mut peers = OneShotPeers::of(args.world, &args.srcs, &args.flags);
         let mut segs = TwoShotSegs {
             out: [0; ONESHOT_MAX_RANKS],
             off: [0; ONESHOT_MAX_RANKS],
@@ -734,6 +722,21 @@ fn validate_twoshot(dtype: DType, args: &TwoShotArgs) -> Result<()> {
 struct OneShotPeers {
     src: [u64; ONESHOT_MAX_RANKS],
     flags: [u64; ONESHOT_MAX_RANKS],
+}
+
+impl OneShotPeers {
+    /// The first `world` entries of `srcs` and `flags` (validated: `world <= ONESHOT_MAX_RANKS`);
+    /// the kernel reads entries < world only, the rest are zeroed rather than passed on.
+    fn of(world: u32, srcs: &[u64; ONESHOT_MAX_RANKS], flags: &[u64; ONESHOT_MAX_RANKS]) -> Self {
+        let world = world as usize;
+        let mut peers = OneShotPeers {
+            src: [0; ONESHOT_MAX_RANKS],
+            flags: [0; ONESHOT_MAX_RANKS],
+        };
+        peers.src[..world].copy_from_slice(&srcs[..world]);
+        peers.flags[..world].copy_from_slice(&flags[..world]);
+        peers
+    }
 }
 
 /// Blocks of the one-shot grid for `count` elements of `dtype`: a function of (dtype, count)
@@ -1024,29 +1027,44 @@ mod tests {
         assert_eq!(defined, wanted);
     }
 
-    #[test]
-    fn source_defines_every_oneshot_kernel() {
+    /// The source invokes `macro_name(symbol, op, type)` exactly once for every pairwise op and
+    /// type, with the symbol `symbol_of` names, built from that op and type.
+    fn defines_the_family(
+        macro_name: &str,
+        prefix: &str,
+        symbol_of: fn(ReduceOp, DType) -> String,
+    ) {
         let mut defined = BTreeSet::new();
-        for args in invocations("RR_ONESHOT") {
+        for args in invocations(macro_name) {
             let [symbol, op, ty] = args.as_slice() else {
-                panic!("RR_ONESHOT takes (symbol, op, type): {args:?}");
+                panic!("{macro_name} takes (symbol, op, type): {args:?}");
             };
             assert_eq!(
                 *symbol,
-                format!("rr_oneshot_{op}_{}", ty.trim_start_matches("rr_")),
+                format!("{prefix}_{op}_{}", ty.trim_start_matches("rr_")),
                 "the symbol must name the op and type it is built from"
             );
             assert!(defined.insert(symbol.clone()), "{symbol} defined twice");
         }
         let wanted: BTreeSet<String> = PAIRWISE_OPS
             .iter()
-            .flat_map(|&op| DType::ALL.map(|dtype| oneshot_symbol(op, dtype)))
+            .flat_map(|&op| DType::ALL.map(|dtype| symbol_of(op, dtype)))
             .collect();
         assert_eq!(defined, wanted);
+    }
+
+    #[test]
+    fn source_defines_every_oneshot_kernel() {
+        defines_the_family("RR_ONESHOT", "rr_oneshot", oneshot_symbol);
         assert_eq!(
             oneshot_symbol(ReduceOp::Avg.combine_op(), DType::F16),
             "rr_oneshot_sum_f16"
         );
+    }
+
+    #[test]
+    fn source_defines_every_twoshot_kernel() {
+        defines_the_family("RR_TWOSHOT", "rr_twoshot", twoshot_symbol);
     }
 
     /// The value of `#define name value` in the kernel source.
@@ -1083,27 +1101,6 @@ mod tests {
         let last_word =
             (ONESHOT_MAX_BLOCKS as usize * 3 - 1) * ONESHOT_MAX_RANKS + ONESHOT_MAX_RANKS - 1;
         assert_eq!((last_word + 1) * 4, ONESHOT_FLAG_BYTES);
-    }
-
-    #[test]
-    fn source_defines_every_twoshot_kernel() {
-        let mut defined = BTreeSet::new();
-        for args in invocations("RR_TWOSHOT") {
-            let [symbol, op, ty] = args.as_slice() else {
-                panic!("RR_TWOSHOT takes (symbol, op, type): {args:?}");
-            };
-            assert_eq!(
-                *symbol,
-                format!("rr_twoshot_{op}_{}", ty.trim_start_matches("rr_")),
-                "the symbol must name the op and type it is built from"
-            );
-            assert!(defined.insert(symbol.clone()), "{symbol} defined twice");
-        }
-        let wanted: BTreeSet<String> = PAIRWISE_OPS
-            .iter()
-            .flat_map(|&op| DType::ALL.map(|dtype| twoshot_symbol(op, dtype)))
-            .collect();
-        assert_eq!(defined, wanted);
     }
 
     #[test]
