@@ -397,7 +397,8 @@ pub fn describe_knobs(chunk_bytes: Option<usize>, slots: usize) -> String {
     let chunk = match chunk_bytes {
         Some(b) => format!("{} ({b} B, --chunk)", format_bytes(b)),
         None => "automatic (per size: a quarter of a segment within 4 MiB to 64 MiB, the whole \
-                 segment below 4 MiB; at most 4 MiB when an edge is staged)"
+                 segment below 4 MiB, half a segment up to 128 MiB from 32 MiB segments; at \
+                 most 4 MiB when an edge is staged)"
             .to_string(),
     };
     format!("ring chunk: {chunk}; staging slots per receiver: {slots}")
