@@ -284,8 +284,8 @@ static __device__ __forceinline__ void rr_scale_body(typename D::T* x, rr_ull co
 // Flags: each rank owns one array of 3 * RR_ONESHOT_MAX_BLOCKS * RR_ONESHOT_MAX_RANKS words in
 // its own device memory (12 KiB, zeroed once, never reset). Word
 //     (phase * RR_ONESHOT_MAX_BLOCKS + block) * RR_ONESHOT_MAX_RANKS + from
-// of rank p's array is written only by rank `from`'s block `block`, at barrier `phase` (0: start,
-// 1: end), with the call's epoch; rank p's block `block` spins on it. One writer per word, so
+// of rank p's array is written only by rank `from`'s block `block`, at barrier `phase` (0: start;
+// 1: the one-shot's end or the two-shot's middle; 2: the two-shot's end), with the call's epoch; rank p's block `block` spins on it. One writer per word, so
 // no atomics; epochs only grow (1, 2, 3, ... wrapping, skipping 0), so nothing is cleared — except
 // a start signal withdrawn by a block that timed out (0, which no call waits for). A word has
 // "reached" the call when it EQUALS the call's epoch. Equality is enough, since a peer cannot
@@ -368,27 +368,35 @@ static __device__ __forceinline__ unsigned rr_flag_word(unsigned phase, unsigned
     return (phase * RR_ONESHOT_MAX_BLOCKS + block) * RR_ONESHOT_MAX_RANKS + from;
 }
 
+// The kernel's deadline on the global timer: timeout_ns after now (the block's start), saturating.
+// Every barrier of the kernel gives up at this one deadline, so the whole kernel ends within
+// timeout_ns of its start however many barriers it has.
+static __device__ __forceinline__ rr_ull rr_deadline(rr_ull timeout_ns) {
+    const rr_ull now = rr_globaltimer();
+    return timeout_ns > ~0ull - now ? ~0ull : now + timeout_ns;
+}
+
 // Barrier `phase` of this block with block blockIdx.x of every other rank; every thread of the
 // block calls it. Thread p (p < world, p != rank) signals rank p and waits for rank p, so all
 // peers are signalled and awaited in parallel. Returns false, after writing `code` into
-// *error, when a wait ran past timeout_ns (counted from the start of that thread's wait); a start
-// barrier that failed also withdraws its signals (writes 0 over them), so that a peer arriving
-// later times out too instead of reading this rank's input after the call has failed.
+// *error, when a wait ran past `deadline` (rr_deadline); with `withdraw` (every barrier but the
+// last) a barrier that failed also withdraws its signals (writes 0 over them), so that a peer
+// arriving later times out too instead of reading this rank's memory after the call has failed.
 // `flags` is peers.flags copied to shared memory (a kernel parameter indexed by a register
 // would be copied to local memory by every thread).
 static __device__ __forceinline__ bool rr_oneshot_barrier(unsigned* const* flags, unsigned world,
                                                           unsigned rank, unsigned phase,
-                                                          unsigned code, unsigned epoch,
-                                                          rr_ull timeout_ns, unsigned* error) {
+                                                          unsigned code, bool withdraw,
+                                                          unsigned epoch, rr_ull deadline,
+                                                          unsigned* error) {
     __syncthreads();  // everything the block did before is done before any thread signals
     const unsigned peer = threadIdx.x;
     int timed_out = 0;
     if (peer < world && peer != rank) {
         rr_st_release_sys(flags[peer] + rr_flag_word(phase, blockIdx.x, rank), epoch);
         const unsigned* word = flags[rank] + rr_flag_word(phase, blockIdx.x, peer);
-        const rr_ull start = rr_globaltimer();
         while (rr_ld_acquire_sys(word) != epoch) {
-            if (rr_globaltimer() - start > timeout_ns) {
+            if (rr_globaltimer() > deadline) {
                 rr_st_relaxed_sys(error, code);
                 timed_out = 1;
                 break;
@@ -396,10 +404,10 @@ static __device__ __forceinline__ bool rr_oneshot_barrier(unsigned* const* flags
         }
     }
     const bool met = __syncthreads_or(timed_out) == 0;
-    if (!met && phase == RR_PHASE_START && peer < world && peer != rank) {
-        // Withdraw the start signal: a peer whose kernel starts later (queued behind other work)
-        // must not pass its start barrier and read this rank's input after this call has given
-        // up. Zero is never an epoch; the next call's signal overwrites it.
+    if (!met && withdraw && peer < world && peer != rank) {
+        // Withdraw the signal: a peer whose kernel arrives later (queued behind other work) must
+        // not pass this barrier and read this rank's memory after this call has given up. Zero
+        // is never an epoch; the next call's signal overwrites it.
         rr_st_relaxed_sys(flags[peer] + rr_flag_word(phase, blockIdx.x, rank), 0u);
     }
     return met;
@@ -654,18 +662,19 @@ static __device__ __forceinline__ void rr_oneshot_kernel(const rr_peers& peers, 
             flags[r] = peers.flags[r];
         }
     }
+    const rr_ull deadline = rr_deadline(timeout_ns);
     if (expose_from != nullptr) {
         rr_oneshot_expose<typename D::T>(peers, world, rank, expose_from, count);
     }
     // (The barrier's opening __syncthreads() makes `flags` visible to the block, and orders the
     // block's exposure copy before its signal.)
-    if (!rr_oneshot_barrier(flags, world, rank, RR_PHASE_START, RR_ONESHOT_ERR_START, epoch,
-                            timeout_ns, error)) {
+    if (!rr_oneshot_barrier(flags, world, rank, RR_PHASE_START, RR_ONESHOT_ERR_START, true, epoch,
+                            deadline, error)) {
         return;  // a peer is missing: read nothing of it
     }
     rr_oneshot_body<D, Op>(peers, world, dst, count);
-    rr_oneshot_barrier(flags, world, rank, RR_PHASE_END, RR_ONESHOT_ERR_END, epoch, timeout_ns,
-                       error);
+    rr_oneshot_barrier(flags, world, rank, RR_PHASE_END, RR_ONESHOT_ERR_END, false, epoch,
+                       deadline, error);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -735,16 +744,17 @@ static __device__ __forceinline__ void rr_twoshot_kernel(const rr_peers& peers,
         }
     }
     T* out = static_cast<T*>(segs.out[rank]);
-    if (!rr_oneshot_barrier(flags, world, rank, RR_PHASE_START, RR_ONESHOT_ERR_START, epoch,
-                            timeout_ns, error)) {
+    const rr_ull deadline = rr_deadline(timeout_ns);
+    if (!rr_oneshot_barrier(flags, world, rank, RR_PHASE_START, RR_ONESHOT_ERR_START, true, epoch,
+                            deadline, error)) {
         return;  // a peer is missing: read nothing of it
     }
     {
         const rr_ull off = segs.off[rank];
         rr_oneshot_body<D, Op>(rr_peers_at<T>(peers, off), world, out + off, segs.len[rank]);
     }
-    if (!rr_oneshot_barrier(flags, world, rank, RR_PHASE_MIDDLE, RR_ONESHOT_ERR_MIDDLE, epoch,
-                            timeout_ns, error)) {
+    if (!rr_oneshot_barrier(flags, world, rank, RR_PHASE_MIDDLE, RR_ONESHOT_ERR_MIDDLE, true,
+                            epoch, deadline, error)) {
         return;  // a segment may be unfinished: copy nothing
     }
     for (unsigned j = 1; j < world; ++j) {
@@ -754,8 +764,8 @@ static __device__ __forceinline__ void rr_twoshot_kernel(const rr_peers& peers,
         rr_split_copy<T>(split, static_cast<const T*>(segs.out[q]) + off, out + off,
                          segs.len[q]);
     }
-    rr_oneshot_barrier(flags, world, rank, RR_PHASE_END2, RR_ONESHOT_ERR_END, epoch, timeout_ns,
-                       error);
+    rr_oneshot_barrier(flags, world, rank, RR_PHASE_END2, RR_ONESHOT_ERR_END, false, epoch,
+                       deadline, error);
 }
 
 // ---------------------------------------------------------------------------------------------

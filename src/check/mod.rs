@@ -1594,7 +1594,8 @@ mod tests {
                     BufKind::Input
                 };
             }
-            assert!(check(&broken).is_err(), "in place {in_place}");
+            // Rank 0's segment 1 holds rank 2's value alone: the result check sees it.
+            rejects(&broken, "partial sum (ranks [2])");
         }
     }
 
@@ -1615,7 +1616,7 @@ mod tests {
                 ..*dst
             };
         }
-        assert!(check(&broken).is_err());
+        rejects(&broken, "data race on Output of rank 1");
     }
 
     #[test]
@@ -1624,10 +1625,12 @@ mod tests {
         // reduce, and it copies an unreduced segment.
         let mut broken = twoshot(3, 12, false);
         broken.ranks[1].swap(0, 1);
-        assert!(check(&broken).is_err());
+        // Its gather now meets the others' reduces: it copies rank 2's segment while rank 2
+        // writes it.
+        rejects(&broken, "data race on Output of rank 2");
     }
 
-    /// Both checks reject `bad`, an order that splits meeting 0, with `needle` and the rule for    /// Both checks reject `bad`, an order that splits meeting 0, with `needle` and the rule for
+    /// Both checks reject `bad`, an order that splits meeting 0, with `needle` and the rule for
     /// laying out an order in the message.
     fn split_meeting_rejected(plan: &Plan, bad: &[(usize, usize)], needle: &str) {
         for err in [

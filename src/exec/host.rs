@@ -722,18 +722,26 @@ fn run_op(call: &Call, rank: usize, index: usize, instr: &Instr) -> Result<()> {
             // `dst` is one of the sources (the two-shot in place: a rank's own segment), the
             // fold runs in a scratch buffer, so that source is still intact when its turn comes.
             let aliased = sources.contains(&dst);
-            let mut scratch = vec![0u8; if aliased { dst.count * eb } else { 0 }];
+            // 16-byte units: aligned for every element type.
+            let scratch_units = if aliased {
+                (dst.count * eb).div_ceil(16)
+            } else {
+                0
+            };
+            let mut scratch = vec![0u128; scratch_units];
             let acc = if aliased {
-                scratch.as_mut_ptr()
+                scratch.as_mut_ptr().cast::<u8>()
             } else {
                 call.ptr(dst)
             };
             // SAFETY: the regions lie inside their buffers (checked plan); the sources are read by
             // every rank between the barriers and written by none but their own rank, and only
             // where a source is exactly that rank's `dst` (the checker proved every other `dst`
-            // disjoint from every source, and the plan race-free); `acc` holds dst.count elements.
+            // disjoint from every source, and the plan race-free); `acc` holds dst.count elements
+            // and is aligned for them (the caller's buffer, or 16-byte units); nothing runs on an
+            // empty region, whose pointers may dangle.
             unsafe {
-                if let [first, rest @ ..] = sources.as_slice() {
+                if let (true, [first, rest @ ..]) = (dst.count > 0, sources.as_slice()) {
                     std::ptr::copy(call.ptr(*first), acc, dst.count * eb);
                     for src in rest {
                         (call.kernels.reduce)(
@@ -745,7 +753,7 @@ fn run_op(call: &Call, rank: usize, index: usize, instr: &Instr) -> Result<()> {
                         );
                     }
                 }
-                if aliased {
+                if aliased && dst.count > 0 {
                     std::ptr::copy_nonoverlapping(acc, call.ptr(dst), dst.count * eb);
                 }
             }

@@ -135,7 +135,7 @@ impl TwoShotSpec {
                                 count: self.count,
                             },
                         },
-                        step_tag(0),
+                        Tag::FINISH,
                     ));
                 }
             }

@@ -416,7 +416,7 @@ pub fn parse_algorithm(text: &str) -> Result<ringreduce::Algorithm, String> {
     }
 }
 
-/// "one-shot (SM kernel reading peers) up to 33554432 B per rank, copy-engine ring above" —
+/// "one-shot (SM kernel reading peers) up to 33554432 B per rank, ring above" —
 /// what the communicator's algorithm does by size on `comm`, out of place and, where it differs,
 /// in place.
 pub fn describe_algorithm(comm: &Communicator) -> String {
@@ -433,7 +433,7 @@ fn describe_by_size(algorithm_for: impl Fn(usize) -> ringreduce::Algorithm) -> S
     let name = |a: ringreduce::Algorithm| match a {
         ringreduce::Algorithm::OneShot => "one-shot (SM kernel reading peers)",
         ringreduce::Algorithm::TwoShot => "two-shot (SM kernel: reduce-scatter, gather from peers)",
-        _ => "copy-engine ring",
+        _ => "ring",
     };
     // Auto's rule is a series of thresholds: find each by bisection between powers of two.
     let mut parts = Vec::new();

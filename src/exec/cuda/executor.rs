@@ -135,7 +135,71 @@ pub fn auto_chunk_bytes(count: usize, world: usize, elem_bytes: usize, staged: b
 
 #[cfg(test)]
 mod tests {
-    use super::auto_chunk_bytes;
+    use super::{auto_chunk_bytes, oneshot_layout, twoshot_segments};
+    use crate::element::ReduceOp;
+    use crate::plan::{BufKind, OneShotSpec, Op, Ranks, TwoShotSpec};
+
+    fn twoshot(world: usize, count: usize, in_place: bool) -> crate::plan::Plan {
+        TwoShotSpec {
+            world,
+            count,
+            in_place,
+            op: ReduceOp::Avg,
+            align: 4,
+        }
+        .build()
+        .unwrap()
+    }
+
+    #[test]
+    fn twoshot_layout_is_read_from_the_plan_and_tiles_the_buffer() {
+        for world in 2..=8 {
+            for count in [1, 7, 64, 1001] {
+                for in_place in [false, true] {
+                    let segments = twoshot_segments(&twoshot(world, count, in_place))
+                        .unwrap()
+                        .expect("a collective");
+                    assert_eq!(segments.len(), world);
+                    assert_eq!(segments[0].0, 0);
+                    for pair in segments.windows(2) {
+                        assert_eq!(pair[0].0 + pair[0].1, pair[1].0);
+                    }
+                    let (last_offset, last_count) = segments[world - 1];
+                    assert_eq!(last_offset + last_count, count);
+                }
+            }
+        }
+        assert_eq!(twoshot_segments(&twoshot(1, 10, true)).unwrap(), None);
+        assert_eq!(twoshot_segments(&twoshot(3, 0, false)).unwrap(), None);
+    }
+
+    #[test]
+    fn plans_the_kernels_do_not_implement_are_refused() {
+        // A gather round that copies from the wrong rank.
+        let mut wrong_owner = twoshot(3, 12, true);
+        if let Op::PeerReduce { ranks, .. } = &mut wrong_owner.ranks[0][1].op {
+            *ranks = Ranks::only(2);
+        }
+        assert!(twoshot_segments(&wrong_owner).is_err());
+        // Step 0 reading the input of an in-place plan.
+        let mut wrong_source = twoshot(2, 12, true);
+        if let Op::PeerReduce { src, .. } = &mut wrong_source.ranks[1][0].op {
+            *src = BufKind::Input;
+        }
+        assert!(twoshot_segments(&wrong_source).is_err());
+        // A one-shot plan is not a two-shot plan, and the reverse.
+        let oneshot = OneShotSpec {
+            world: 2,
+            count: 12,
+            in_place: false,
+            op: ReduceOp::Sum,
+        }
+        .build()
+        .unwrap();
+        oneshot_layout(&oneshot).unwrap();
+        assert!(twoshot_segments(&oneshot).is_err());
+        assert!(oneshot_layout(&twoshot(2, 12, false)).is_err());
+    }
 
     #[test]
     fn chunks_follow_the_measurements_for_two_gpus() {
@@ -437,9 +501,11 @@ impl CudaExecutor {
         polled.and(saved.restore())
     }
 
-    /// Polls every rank's streams until all are idle or `within` has passed; then
-    /// [`Error::Timeout`] names the first GPU still busy. Polling, not `cuStreamSynchronize`, so
-    /// that a stuck GPU cannot hold the caller forever.
+    /// Polls every rank's streams until all are idle (or report an error) or `within` has
+    /// passed. Returns the first CUDA error a stream reported (the root cause), else
+    /// [`Error::Timeout`] naming the first GPU still busy. Polling, not `cuStreamSynchronize`, so
+    /// that a stuck GPU cannot hold the caller forever; a stream that reports an error does not
+    /// stop the wait for the others.
     fn wait_idle(&self, within: Duration) -> Result<()> {
         let start = Instant::now();
         let mut busy: Vec<(usize, usize)> = self
@@ -448,19 +514,25 @@ impl CudaExecutor {
             .enumerate()
             .flat_map(|(rank, r)| (0..r.streams.len()).map(move |s| (rank, s)))
             .collect();
+        let mut first_error: Option<Error> = None;
         loop {
-            let mut still = Vec::new();
-            for &(rank, s) in &busy {
-                if !device::stream_query(&self.ranks[rank].streams[s])? {
-                    still.push((rank, s));
-                }
-            }
-            busy = still;
+            busy.retain(
+                |&(rank, s)| match device::stream_query(&self.ranks[rank].streams[s]) {
+                    Ok(idle) => !idle,
+                    Err(err) => {
+                        first_error.get_or_insert(err);
+                        false
+                    }
+                },
+            );
             let Some(&(rank, s)) = busy.first() else {
-                return Ok(());
+                return first_error.map_or(Ok(()), Err);
             };
             let waited = start.elapsed();
             if waited >= within {
+                if let Some(err) = first_error {
+                    return Err(err);
+                }
                 return Err(Error::Timeout {
                     rank,
                     waiting_on: format!(
@@ -480,9 +552,10 @@ impl CudaExecutor {
     }
 
     /// Waits (at most the timeout) for the GPUs to finish this communicator's work, reports
-    /// what they left, and frees everything — except when a GPU is still busy after the
-    /// timeout: then its streams, events and buffers are leaked on purpose, since freeing memory
-    /// that a stuck copy or kernel may still touch would turn a hang into memory corruption.
+    /// what they left, and frees everything — except when any stream is still busy (or in an
+    /// error state) after the timeout: then the communicator's streams, events and buffers on
+    /// every GPU are leaked on purpose, since freeing memory that a stuck copy or kernel may still
+    /// touch would turn a hang into memory corruption.
     pub(crate) fn shutdown(mut self) -> Result<()> {
         self.teardown()
     }
@@ -496,7 +569,15 @@ impl CudaExecutor {
             return Ok(()); // torn down already
         }
         let result = self.synchronize();
-        if matches!(result, Err(Error::Timeout { .. })) && self.wait_idle(Duration::ZERO).is_err() {
+        // Free only what no GPU can still touch: every stream idle. A stream still busy, or one
+        // in an error state that cannot say, keeps everything (its context may be broken anyway,
+        // and freeing would then fail or block).
+        let all_idle = self.ranks.iter().all(|r| {
+            r.streams
+                .iter()
+                .all(|s| matches!(device::stream_query(s), Ok(true)))
+        });
+        if !all_idle {
             std::mem::forget(std::mem::replace(
                 &mut self.cache,
                 PlanCache::new(CACHED_PLANS),
@@ -520,10 +601,17 @@ impl CudaExecutor {
             if n == 1 || addr == 0 || self.edges[sender].transport != EdgeTransport::Peer {
                 continue;
             }
-            let peer = self.ranks[sender].device;
-            if self.pool_granted.insert((addr, peer)) {
-                device::grant_pointer_pool_access(addr, peer)?;
-            }
+            self.grant_once(addr, self.ranks[sender].device)?;
+        }
+        Ok(())
+    }
+
+    /// Grants `peer` access to the pool behind `addr` unless that was done already; remembered
+    /// only once it succeeded, so a failed grant is tried again on the next call.
+    fn grant_once(&mut self, addr: u64, peer: usize) -> Result<()> {
+        if !self.pool_granted.contains(&(addr, peer)) {
+            device::grant_pointer_pool_access(addr, peer)?;
+            self.pool_granted.insert((addr, peer));
         }
         Ok(())
     }
@@ -542,7 +630,9 @@ impl CudaExecutor {
         // copies.
         let align_elems = (16 / shape.elem_bytes).max(1);
         let plan = if algorithm == Algorithm::OneShot {
-            shape.checked_oneshot_plan(n)?
+            let plan = shape.checked_oneshot_plan(n)?;
+            oneshot_layout(&plan)?;
+            plan
         } else if algorithm == Algorithm::TwoShot {
             shape.checked_twoshot_plan(n, align_elems)?
         } else {
@@ -642,11 +732,10 @@ impl CudaExecutor {
             let outputs_read = prepared.twoshot.is_some().then_some(outputs);
             for ranked in inputs.into_iter().chain(outputs_read) {
                 for (rank, &addr) in ranked.iter().enumerate() {
-                    for peer in self.ranks.iter().map(|r| r.device) {
-                        if peer != self.ranks[rank].device && self.pool_granted.insert((addr, peer))
-                        {
-                            device::grant_pointer_pool_access(addr, peer)?;
-                        }
+                    let own = self.ranks[rank].device;
+                    let peers: Vec<usize> = self.ranks.iter().map(|r| r.device).collect();
+                    for peer in peers.into_iter().filter(|&p| p != own) {
+                        self.grant_once(addr, peer)?;
                     }
                 }
             }
@@ -770,9 +859,14 @@ impl CudaExecutor {
                     // Ranks already launched spin at their barriers until the kernel's timeout
                     // (shorter than the call's deadline); wait for them, so that nothing on a GPU
                     // touches the caller's buffers after this call has returned its error.
+                    // (Bounded by the deadline: a stuck stream must not hold the caller.)
                     for earlier in &self.ranks[..=rank] {
-                        let _ =
-                            device::stream_synchronize(&earlier.streams[StreamKind::Main.index()]);
+                        let main = &earlier.streams[StreamKind::Main.index()];
+                        while matches!(device::stream_query(main), Ok(false))
+                            && Instant::now() < call.deadline
+                        {
+                            std::thread::sleep(Duration::from_micros(50));
+                        }
                     }
                     return Err(err);
                 }
@@ -921,16 +1015,22 @@ fn twoshot_segments(plan: &Plan) -> Result<Option<Vec<(usize, usize)>>> {
         return Ok(None);
     }
     let bad = |why: String| Err(Error::PlanRejected(format!("not a two-shot plan: {why}")));
+    let src_kind = if plan.in_place {
+        BufKind::Output
+    } else {
+        BufKind::Input
+    };
     let mut segments = Vec::with_capacity(n);
     for rank in 0..n {
         match peer_ops(rank).first() {
             Some(&Op::PeerReduce {
                 dst,
+                src,
                 offset,
                 count,
                 ranks: Ranks::ALL,
-                ..
             }) if dst.offset == offset
+                && src == src_kind
                 && plan.decl(dst.buf).rank == rank
                 && plan.decl(dst.buf).kind == BufKind::Output =>
             {
@@ -976,16 +1076,74 @@ fn twoshot_segments(plan: &Plan) -> Result<Option<Vec<(usize, usize)>>> {
                 ));
             }
         }
-        let others_ok = plan.ranks[rank].iter().all(|i| {
-            i.stream == StreamKind::Main && matches!(i.op, Op::PeerReduce { .. } | Op::Scale { .. })
+        let program = &plan.ranks[rank];
+        let others_ok = program.iter().enumerate().all(|(i, instr)| {
+            instr.stream == StreamKind::Main
+                && match instr.op {
+                    Op::PeerReduce { .. } => true,
+                    Op::Scale { .. } => i + 1 == program.len(),
+                    _ => false,
+                }
         });
         if !others_ok {
             return bad(format!(
-                "rank {rank} has work besides its peer reduces and a scale on Main"
+                "rank {rank} has work besides its peer reduces and a final scale on Main"
             ));
         }
     }
     Ok(Some(segments))
+}
+
+/// Verifies that a one-shot plan has the layout the one-shot kernel assumes: in every meeting,
+/// every rank reads every rank (`Ranks::ALL`) over the same source kind and range, so that all
+/// ranks launch the same grid and every source is known. (The checker allows more: ranks of a
+/// meeting reading different ranges or a subset of ranks, as the two-shot does.)
+fn oneshot_layout(plan: &Plan) -> Result<()> {
+    let meetings = |rank: usize| -> Vec<Op> {
+        plan.ranks[rank]
+            .iter()
+            .map(|i| i.op)
+            .filter(|op| matches!(op, Op::PeerReduce { .. }))
+            .collect()
+    };
+    let first = meetings(0);
+    for rank in 0..plan.world {
+        let mine = meetings(rank);
+        if mine.len() != first.len() {
+            return Err(Error::PlanRejected(format!(
+                "not a one-shot plan: rank {rank} has {} peer reduces, rank 0 {}",
+                mine.len(),
+                first.len()
+            )));
+        }
+        for (k, (op, op0)) in mine.iter().zip(&first).enumerate() {
+            let same = match (*op, *op0) {
+                (
+                    Op::PeerReduce {
+                        src,
+                        offset,
+                        count,
+                        ranks,
+                        ..
+                    },
+                    Op::PeerReduce {
+                        src: src0,
+                        offset: offset0,
+                        count: count0,
+                        ..
+                    },
+                ) => ranks == Ranks::ALL && (src, offset, count) == (src0, offset0, count0),
+                _ => false,
+            };
+            if !same {
+                return Err(Error::PlanRejected(format!(
+                    "not a one-shot plan: rank {rank}'s peer reduce {k} does not read every rank \
+                     over rank 0's range"
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Makes the one-shot's flags and error words, after enabling peer access between every pair of
@@ -1186,12 +1344,23 @@ fn wait_done(res: &RankRes, rank: usize, call: &CudaCall) -> Result<()> {
 /// recorded before anyone waits for completion, so each query answers for this call.)
 fn stalled(call: &CudaCall, rank: usize, device: usize) -> Error {
     let plan = &call.prepared.plan;
-    let completed = |e: usize| device::event_query(&call.prepared.events[e]).unwrap_or(false);
+    // A query that fails reports an error of the GPU's work: that, not a blame, is the answer.
+    let fault = std::cell::RefCell::new(None);
+    let completed = |e: usize| match device::event_query(&call.prepared.events[e]) {
+        Ok(done) => done,
+        Err(err) => {
+            fault.borrow_mut().get_or_insert(err);
+            true
+        }
+    };
     let never_started = plan
         .events
         .iter()
         .enumerate()
         .find(|(e, decl)| decl.tag == Tag::ENTRY && !completed(*e));
+    if let Some(err) = fault.borrow_mut().take() {
+        return err;
+    }
     if let Some((_, entry)) = never_started {
         return Error::Timeout {
             rank: entry.rank,
@@ -1203,6 +1372,9 @@ fn stalled(call: &CudaCall, rank: usize, device: usize) -> Error {
         Op::Wait(e) if plan.events[e.0].rank != rank && !completed(e.0) => Some(e),
         _ => None,
     });
+    if let Some(err) = fault.into_inner() {
+        return err;
+    }
     Error::Timeout {
         rank,
         waiting_on: match first_wait {
@@ -1438,8 +1610,9 @@ impl CudaEnqueue<'_> {
                     dst: self.addr(dst),
                     count: dst.count as u64,
                     epoch: call.epoch,
-                    // Three quarters of the call's deadline: a barrier that never meets ends the
-                    // kernel, with its code in the error word, before the host gives up waiting.
+                    // Three quarters of the call's deadline, from the kernel's start: a barrier
+                    // that never meets ends the kernel, with its code in the error word, before
+                    // the host gives up waiting.
                     timeout_ns: u64::try_from(call.timeout.as_nanos() / 4 * 3).unwrap_or(u64::MAX),
                     error: shared.errors[rank].uva_ptr(),
                     expose_from: expose_from.unwrap_or(0),

@@ -371,9 +371,10 @@ impl Kernels {
     /// - `error` is a 4-byte word writable from this context (the device pointer of host-mapped
     ///   pinned memory, so the host can read it while kernels wait), zero before the call; the
     ///   kernel only ever stores a nonzero code there (1: start barrier timed out, 2: end
-    ///   barrier timed out, 3: launch outside the kernel's assumptions). A barrier gives up
-    ///   `timeout_ns` after its wait began (0: at once unless the peer is already there;
-    ///   `u64::MAX`: never). After any nonzero code, on any rank, `dst` is undefined on every
+    ///   barrier timed out, 3: launch outside the kernel's assumptions). Every barrier gives up
+    ///   once `timeout_ns` have passed since the block started (so the kernel ends within
+    ///   `timeout_ns` of its start; 0: at once unless the peer is already there; `u64::MAX`:
+    ///   never). After any nonzero code, on any rank, `dst` is undefined on every
     ///   rank, a peer may still be reading this rank's input, and the flags are out of step: no
     ///   further call may use them until every rank's kernels have completed and all flag arrays
     ///   are zeroed again (epochs restart at 1);
@@ -588,7 +589,7 @@ pub struct OneShotArgs {
     pub count: u64,
     /// This call's barrier epoch: the previous call's on these flags + 1; the first call 1.
     pub epoch: u32,
-    /// How long a barrier waits for a peer before it gives up, in nanoseconds.
+    /// How long after its start the kernel gives up waiting at a barrier, in nanoseconds.
     pub timeout_ns: u64,
     /// Where the kernel stores a nonzero code on failure (1: start barrier timed out, 2: end
     /// barrier timed out, 3: a launch it cannot accept).
@@ -624,7 +625,7 @@ pub struct TwoShotArgs {
     pub count: u64,
     /// This call's barrier epoch, as for the one-shot (the two kinds share the flags).
     pub epoch: u32,
-    /// How long a barrier waits for a peer before it gives up, in nanoseconds.
+    /// How long after its start the kernel gives up waiting at a barrier, in nanoseconds.
     pub timeout_ns: u64,
     /// Where the kernel stores a nonzero code on failure (1 start, 4 middle, 2 end, 3 launch).
     pub error: u64,
