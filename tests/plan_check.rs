@@ -67,41 +67,23 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 
+    /// The one-shot (`align` unused) and the two-shot.
     #[test]
-    fn every_oneshot_plan_is_correct(
-        world in 1usize..=16,
-        count in prop_oneof![0usize..40, Just(97usize), 40usize..3000],
-        in_place in any::<bool>(),
-        avg in any::<bool>(),
-    ) {
-        let spec = OneShotSpec {
-            world,
-            count,
-            in_place,
-            op: if avg { ReduceOp::Avg } else { ReduceOp::Sum },
-        };
-        if let Err(e) = check(&spec.build().unwrap()) {
-            panic!("{spec:?}: {e}");
-        }
-    }
-
-    #[test]
-    fn every_twoshot_plan_is_correct(
+    fn every_oneshot_and_twoshot_plan_is_correct(
         world in 1usize..=16,
         count in prop_oneof![0usize..40, Just(97usize), 40usize..3000],
         in_place in any::<bool>(),
         avg in any::<bool>(),
         align in prop_oneof![Just(1usize), Just(2), Just(4), Just(8), Just(16)],
     ) {
-        let spec = TwoShotSpec {
-            world,
-            count,
-            in_place,
-            op: if avg { ReduceOp::Avg } else { ReduceOp::Sum },
-            align,
-        };
-        if let Err(e) = check(&spec.build().unwrap()) {
-            panic!("{spec:?}: {e}");
+        let op = if avg { ReduceOp::Avg } else { ReduceOp::Sum };
+        let oneshot = OneShotSpec { world, count, in_place, op };
+        if let Err(e) = check(&oneshot.build().unwrap()) {
+            panic!("{oneshot:?}: {e}");
+        }
+        let twoshot = TwoShotSpec { world, count, in_place, op, align };
+        if let Err(e) = check(&twoshot.build().unwrap()) {
+            panic!("{twoshot:?}: {e}");
         }
     }
 }

@@ -198,6 +198,14 @@ impl Call {
         self.abort.load(Ordering::Acquire)
     }
 
+    /// How long a blocked wait sleeps before it looks again at the abort flag and the deadline:
+    /// the time left, between 1 and 20 ms.
+    fn wait_slice(&self, now: Instant) -> Duration {
+        self.deadline
+            .saturating_duration_since(now)
+            .clamp(Duration::from_millis(1), Duration::from_millis(20))
+    }
+
     fn ptr(&self, region: Region) -> *mut u8 {
         let buf = self.bufs[region.buf.0];
         debug_assert!((region.offset + region.count) * self.elem_bytes <= buf.len_bytes);
@@ -643,13 +651,9 @@ fn wait_event(
                 after: call.timeout,
             });
         }
-        let slice = call
-            .deadline
-            .saturating_duration_since(now)
-            .clamp(Duration::from_millis(1), Duration::from_millis(20));
         done = ev
             .reached
-            .wait_timeout(done, slice)
+            .wait_timeout(done, call.wait_slice(now))
             .unwrap_or_else(|p| p.into_inner())
             .0;
     }
@@ -798,13 +802,9 @@ fn meet_waiting(call: &Call, rank: usize, index: usize, arrival: u64, which: &st
                 after: call.timeout,
             });
         }
-        let slice = call
-            .deadline
-            .saturating_duration_since(now)
-            .clamp(Duration::from_millis(1), Duration::from_millis(20));
         arrivals = call
             .arrived
-            .wait_timeout(arrivals, slice)
+            .wait_timeout(arrivals, call.wait_slice(now))
             .unwrap_or_else(|p| p.into_inner())
             .0;
     }

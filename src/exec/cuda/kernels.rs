@@ -991,24 +991,7 @@ mod tests {
 
     #[test]
     fn source_defines_every_reduce_kernel() {
-        let lines = invocations("RR_REDUCE");
-        let mut defined = BTreeSet::new();
-        for args in &lines {
-            let [symbol, op, ty] = args.as_slice() else {
-                panic!("RR_REDUCE takes (symbol, op, type): {args:?}");
-            };
-            assert_eq!(
-                *symbol,
-                format!("rr_reduce_{op}_{}", ty.trim_start_matches("rr_")),
-                "the symbol must name the op and type it is built from"
-            );
-            assert!(defined.insert(symbol.clone()), "{symbol} defined twice");
-        }
-        let wanted: BTreeSet<String> = PAIRWISE_OPS
-            .iter()
-            .flat_map(|&op| DType::ALL.map(|dtype| reduce_symbol(op, dtype)))
-            .collect();
-        assert_eq!(defined, wanted);
+        defines_the_family("RR_REDUCE", "rr_reduce", reduce_symbol);
     }
 
     #[test]
