@@ -43,7 +43,7 @@
 //!
 //! # NCCL
 //!
-//! Through [`ringreduce::baseline::NcclAllReduce`], the same NCCL driver `ringreduce bench` uses
+//! Through [`ringreduce_cli::baseline::NcclAllReduce`], the same NCCL driver `ringreduce bench` uses
 //! (`ncclCommInitAll`, one grouped `ncclAllReduce` per GPU, our own streams and `GpuBuffer`s; see
 //! that module for why not cudarc's safe `Comm`). Loaded at run time through cudarc; cudarc looks
 //! for libnccl under its own list of names, which has `libnccl.so` but not `libnccl.so.2`: on a
@@ -53,7 +53,7 @@
 //! anchor figures were measured so); set it yourself to override.
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use ringreduce::baseline::NcclAllReduce;
+use ringreduce_cli::baseline::NcclAllReduce;
 use ringreduce::exec::cuda::{device, kernels};
 use ringreduce::verify::{compare, make_expected, make_input};
 use ringreduce::{Communicator, GpuBuffer, HostConfig, ReduceOp, Result};

@@ -1,5 +1,4 @@
 //! ringreduce
-pub mod baseline;
 pub mod check;
 pub mod comm;
 pub mod element;

@@ -5,7 +5,7 @@
 //! (`ncclCommInitAll`, as in nccl-tests' `-g n` mode), with one non-blocking stream per GPU of our
 //! own ([`device::Stream`]). Every collective is a group: `ncclGroupStart`, one `ncclAllReduce` per
 //! GPU, `ncclGroupEnd` (NVIDIA's single-thread, multi-GPU pattern). Buffers are ringreduce's own
-//! [`crate::GpuBuffer`]s or [`crate::GpuSlice`]s (plain `cuMemAlloc`), so NCCL is timed on the
+//! [`ringreduce::GpuBuffer`]s or [`ringreduce::GpuSlice`]s (plain `cuMemAlloc`), so NCCL is timed on the
 //! same memory as ringreduce.
 //!
 //! # Layers
@@ -32,10 +32,10 @@
 //! `NCCL_NVLS_ENABLE` must stay 0 on the shared test machines (no NVLink multicast), and NCCL's
 //! anchor figures were measured so.
 
-use crate::comm::{Buffer, BufferMut, Placement};
-use crate::element::{DType, Element, ReduceOp};
-use crate::error::{Error, Result};
-use crate::exec::cuda::device;
+use ringreduce::{Buffer, BufferMut, Placement};
+use ringreduce::{DType, Element, ReduceOp};
+use ringreduce::{Error, Result};
+use ringreduce::exec::cuda::device;
 use cudarc::nccl::{result as nccl, sys as nccl_sys};
 use std::ffi::{c_int, c_void, CStr};
 use std::panic::{self, AssertUnwindSafe};

@@ -21,7 +21,7 @@
 //! (rank 0's view: its part of iteration i ends when it has received everything it needs).
 
 use crate::{parse_bytes, parse_transport, require_gpus, Failure};
-use ringreduce::baseline::{self, NcclAllReduce};
+use ringreduce_cli::baseline::{self, NcclAllReduce};
 use ringreduce::exec::cuda::{device, kernels};
 use ringreduce::verify::{compare, make_expected, make_input};
 use ringreduce::{Communicator, DType, Element, GpuBuffer, ReduceOp, Transport};

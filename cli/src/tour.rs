@@ -10,7 +10,7 @@
 //!    (FAIL otherwise); the pitfall's stale count is shown, not judged.
 //! 4. **All-reduce against NCCL**: ringreduce's ring on all GPUs at 1 MiB, 64 MiB and 256 MiB,
 //!    every element checked (FAIL on any wrong one), timed as `ringreduce run` times it; then NCCL
-//!    at the same sizes through [`ringreduce::baseline::NcclAllReduce`], timed the same way, when
+//!    at the same sizes through [`ringreduce_cli::baseline::NcclAllReduce`], timed the same way, when
 //!    this process can load libnccl (cudarc does not load the name `libnccl.so.2`; the step then says
 //!    so and points to `ringreduce bench`, which sweeps sizes and links the library itself). The
 //!    verdict judges ringreduce; NCCL's figures are the yardstick.
@@ -252,11 +252,11 @@ fn all_reduce(_args: &TourArgs) -> Result<(Verdict, String), Failure> {
     }
 }
 
-/// NCCL at the same sizes through [`ringreduce::baseline::NcclAllReduce`], when this process can
+/// NCCL at the same sizes through [`ringreduce_cli::baseline::NcclAllReduce`], when this process can
 /// load it; otherwise why not. One line for the verdict; the table rows are printed here. NCCL's
 /// own failures are reported, not judged: the step judges ringreduce.
 fn nccl_comparison(devices: &[usize], world: usize) -> String {
-    use ringreduce::baseline::{self, NcclAllReduce};
+    use ringreduce_cli::baseline::{self, NcclAllReduce};
     if world < 2 || devices.windows(2).any(|w| w[0] == w[1]) {
         return "NCCL comparison needs two GPUs".to_string();
     }
@@ -305,7 +305,7 @@ fn nccl_comparison(devices: &[usize], world: usize) -> String {
 /// [`crate::time_gpu`]'s procedure for NCCL: one checked call, a warm-up, then back-to-back
 /// iterations timed on the host clock until the streams are synchronized.
 fn time_nccl(
-    nccl: &ringreduce::baseline::NcclAllReduce,
+    nccl: &ringreduce_cli::baseline::NcclAllReduce,
     devices: &[usize],
     count: usize,
 ) -> ringreduce::Result<(std::time::Duration, usize)> {

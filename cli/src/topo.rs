@@ -123,12 +123,12 @@ fn sysfs_affinity(bus_id: &str) -> (Option<String>, Option<String>) {
     (read("numa_node"), read("local_cpulist"))
 }
 
-/// The NCCL version as cudarc finds it, or why not ([`ringreduce::baseline`] does the looking).
+/// The NCCL version as cudarc finds it, or why not ([`ringreduce_cli::baseline`] does the looking).
 /// cudarc looks for `libnccl.so`, `libnccl.so.<CUDA major>` and a few others — not `libnccl.so.2`,
 /// the name NCCL packages install — so a present NCCL can be "not found" here; we say where
 /// `libnccl.so.2` is when we see it.
 pub fn nccl_version() -> String {
-    use ringreduce::baseline::{find_libnccl_so2, format_nccl_version, nccl_present};
+    use ringreduce_cli::baseline::{find_libnccl_so2, format_nccl_version, nccl_present};
     if nccl_present() {
         return match std::panic::catch_unwind(cudarc::nccl::result::get_nccl_version) {
             Ok(Ok(code)) => format_nccl_version(code),

@@ -300,7 +300,7 @@ fn round(r: &Resources, iters: usize, delay_words: usize, mode: Mode) -> Result<
 /// The library's rule: the writer thread enqueues the record, then hands `i` over a channel; the
 /// reader thread enqueues its wait only after receiving it.
 fn handoff_round(r: &Resources, iters: usize, delay_words: usize, written: &Event) -> Result<()> {
-    let (tx, rx) = crossbeam_channel::unbounded::<usize>();
+    let (tx, rx) = std::sync::mpsc::channel::<usize>();
     std::thread::scope(|scope| {
         let writer = scope.spawn(move || -> Result<()> {
             for i in 0..iters {
