@@ -54,7 +54,8 @@
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use ringreduce_cli::baseline::NcclAllReduce;
-use ringreduce::exec::cuda::{device, kernels};
+use ringreduce::device;
+use ringreduce::exec::cuda::kernels;
 use ringreduce::verify::{compare, make_expected, make_input};
 use ringreduce::{Communicator, GpuBuffer, HostConfig, ReduceOp, Result};
 use std::cell::OnceCell;

@@ -22,76 +22,13 @@
 //! # Ok::<(), ringreduce::Error>(())
 //! ```
 
+use crate::buffer::{Buffer, BufferMut, Placement};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::cuda::executor::{CudaConfig, CudaExecutor, EdgeInfo};
 use crate::exec::host::{HostConfig, HostExecutor};
 use crate::exec::Algorithm;
 use std::sync::{Mutex, OnceLock, TryLockError};
-
-/// Where a rank's buffer lives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Placement {
-    /// Host memory (the host executor's ranks).
-    Host,
-    /// Device memory of the GPU with this index.
-    Device(usize),
-}
-
-/// A buffer a collective can read: its placement, length in elements and base address.
-///
-/// # Safety
-/// The executors read (and, through [`BufferMut`], write) `count()` elements of `T` at
-/// `address()` in the memory `placement()` names, on other threads and on GPU streams, while the
-/// buffer is borrowed by a collective. An implementation promises that this memory is valid,
-/// aligned for `T`, stays allocated and is not used by anything else for that borrow, and that
-/// the three methods return the same values throughout it.
-pub unsafe trait Buffer<T: Element> {
-    fn placement(&self) -> Placement;
-    /// Length in elements.
-    fn count(&self) -> usize;
-    /// Base address (a host pointer or a CUDA device address).
-    fn address(&self) -> u64;
-}
-
-/// A buffer a collective can write.
-///
-/// # Safety
-/// As for [`Buffer`], and the memory may be written while mutably borrowed by a collective.
-pub unsafe trait BufferMut<T: Element>: Buffer<T> {
-    /// Base address, borrowed mutably for the duration of the call.
-    fn address_mut(&mut self) -> u64;
-}
-
-macro_rules! host_buffer {
-    ($($ty:ty),*) => {$(
-        // SAFETY: a slice's pointer and length describe memory it borrows for its lifetime.
-        unsafe impl<T: Element> Buffer<T> for $ty {
-            fn placement(&self) -> Placement {
-                Placement::Host
-            }
-            fn count(&self) -> usize {
-                self.len()
-            }
-            fn address(&self) -> u64 {
-                self.as_ptr() as u64
-            }
-        }
-    )*};
-}
-host_buffer!(Vec<T>, Box<[T]>, &[T], &mut [T]);
-
-macro_rules! host_buffer_mut {
-    ($($ty:ty),*) => {$(
-        // SAFETY: as above, borrowed mutably.
-        unsafe impl<T: Element> BufferMut<T> for $ty {
-            fn address_mut(&mut self) -> u64 {
-                self.as_mut_ptr() as u64
-            }
-        }
-    )*};
-}
-host_buffer_mut!(Vec<T>, Box<[T]>, &mut [T]);
 
 enum Executor {
     Host(HostExecutor),
@@ -134,7 +71,7 @@ impl Communicator {
 
     /// A GPU communicator over every visible GPU, in index order.
     pub fn all_gpus() -> Result<Communicator> {
-        let n = crate::exec::cuda::device::device_count()?;
+        let n = crate::device::device_count()?;
         Communicator::new(&(0..n).collect::<Vec<_>>())
     }
 

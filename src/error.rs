@@ -74,7 +74,7 @@ pub enum Error {
     #[error("rank {rank}'s buffer is in {got:?}, expected {expected}")]
     WrongPlacement {
         rank: usize,
-        got: crate::comm::Placement,
+        got: crate::buffer::Placement,
         expected: &'static str,
     },
     /// count × element size does not fit in memory addresses.

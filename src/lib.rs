@@ -1,6 +1,8 @@
 //! ringreduce
+pub mod buffer;
 pub mod check;
 pub mod comm;
+pub mod device;
 pub mod element;
 pub mod error;
 pub mod exec;
@@ -8,7 +10,8 @@ pub mod plan;
 pub mod topo;
 pub mod verify;
 
-pub use comm::{ring_allreduce, Buffer, BufferMut, Communicator, Placement};
+pub use buffer::{Buffer, BufferMut, Placement};
+pub use comm::{ring_allreduce, Communicator};
 pub use element::{DType, Element, ReduceOp};
 pub use error::{Error, Result};
 pub use exec::cuda::{CudaConfig, EdgeInfo, GpuBuffer, GpuSlice, Transport};

@@ -4,7 +4,8 @@
 //! `.gpu/bin/test-gpu --test-threads=1` (see scripts/gpu-check.sh).
 
 use half::{bf16, f16};
-use ringreduce::exec::cuda::{device, probe};
+use ringreduce::device;
+use ringreduce::exec::cuda::probe;
 use ringreduce::verify::{compare, make_expected, make_input};
 use ringreduce::{Algorithm, Communicator, CudaConfig, Element, GpuBuffer, ReduceOp, Transport};
 

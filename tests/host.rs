@@ -212,8 +212,8 @@ fn auto_alternates_algorithms_by_size() {
     };
     let comm = Communicator::host_with(4, config).unwrap();
     // f32 at 4 ranks: the limit is half of the two-rank one.
-    let big = ringreduce::exec::ONESHOT_AUTO_MAX_BYTES / 2 / 4 + 1;
-    let mid = ringreduce::exec::TWOSHOT_AUTO_MIN_IN_PLACE_BYTES / 2 / 4;
+    let big = ringreduce::exec::algorithm::ONESHOT_AUTO_MAX_BYTES / 2 / 4 + 1;
+    let mid = ringreduce::exec::algorithm::TWOSHOT_AUTO_MIN_IN_PLACE_BYTES / 2 / 4;
     assert_eq!(
         comm.algorithm_for(1000 * 4, false),
         ringreduce::Algorithm::OneShot

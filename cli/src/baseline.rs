@@ -35,7 +35,7 @@
 use ringreduce::{Buffer, BufferMut, Placement};
 use ringreduce::{DType, Element, ReduceOp};
 use ringreduce::{Error, Result};
-use ringreduce::exec::cuda::device;
+use ringreduce::device;
 use cudarc::nccl::{result as nccl, sys as nccl_sys};
 use std::ffi::{c_int, c_void, CStr};
 use std::panic::{self, AssertUnwindSafe};

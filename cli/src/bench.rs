@@ -22,7 +22,8 @@
 
 use crate::{parse_bytes, parse_transport, require_gpus, Failure};
 use ringreduce_cli::baseline::{self, NcclAllReduce};
-use ringreduce::exec::cuda::{device, kernels};
+use ringreduce::device;
+use ringreduce::exec::cuda::kernels;
 use ringreduce::verify::{compare, make_expected, make_input};
 use ringreduce::{Communicator, DType, Element, GpuBuffer, ReduceOp, Transport};
 use serde::{Deserialize, Serialize};

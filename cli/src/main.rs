@@ -5,7 +5,8 @@
 //! table in the style of nccl-tests. `ringreduce info` says what this build and machine have.
 
 use clap::{Parser, Subcommand};
-use ringreduce::exec::cuda::{device, kernels};
+use ringreduce::device;
+use ringreduce::exec::cuda::kernels;
 use ringreduce::verify::{compare, make_expected, make_input};
 use ringreduce::{Communicator, EdgeTransport, GpuBuffer, HostConfig, ReduceOp};
 use std::process::ExitCode;

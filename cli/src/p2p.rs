@@ -35,7 +35,7 @@
 //! memory.
 
 use crate::Failure;
-use ringreduce::exec::cuda::device::{
+use ringreduce::device::{
     self, context, enable_peer_access, memcpy_async, memcpy_peer_async, record, stream_synchronize,
     wait, DeviceBuffer, Event, PinnedHost, Stream,
 };

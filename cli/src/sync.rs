@@ -25,7 +25,7 @@
 //! parts (the rule is the same between streams of one GPU).
 
 use crate::Failure;
-use ringreduce::exec::cuda::device::{
+use ringreduce::device::{
     context, enable_peer_access, memcpy_async, memcpy_peer_async, memset_d32_async, record,
     stream_synchronize, wait, DeviceBuffer, Event, PinnedHost, Stream,
 };
@@ -192,7 +192,7 @@ pub fn measure(args: &SyncArgs) -> Result<SyncReport, Failure> {
     let iters = args.iters.clamp(1, MAX_ITERS);
     let delay_words = (args.delay_bytes / 4).max(1);
     let (ctx_a, ctx_b) = (context(a)?, context(b)?);
-    if a != b && ringreduce::exec::cuda::device::can_access_peer(b, a)? {
+    if a != b && ringreduce::device::can_access_peer(b, a)? {
         // As the library does for ring neighbours; correctness does not depend on it.
         enable_peer_access(&ctx_b, &ctx_a)?;
     }

@@ -23,7 +23,7 @@
 //! data (used by `ringreduce tour` as well), [`print`] shows it.
 
 use crate::Failure;
-use ringreduce::exec::cuda::device::{self, DeviceInfo, P2pAttributes};
+use ringreduce::device::{self, DeviceInfo, P2pAttributes};
 use ringreduce::topo::{self, Detected, RingChoice};
 
 #[derive(clap::Args, Clone, Debug, Default)]

@@ -23,7 +23,7 @@ fn text(bytes: &[u8]) -> String {
 
 /// `true` when this host has a usable GPU (then the no-GPU assertions are waived).
 fn has_gpu() -> bool {
-    ringreduce::exec::cuda::device::driver_available().is_ok()
+    ringreduce::device::driver_available().is_ok()
 }
 
 fn assert_no_panic(what: &str, out: &Output) {

@@ -12,8 +12,11 @@
 //! executor reproduces those semantics exactly (a wait on a never-recorded event is a no-op), so a
 //! plan that relied on luck would fail there too.
 
+pub mod algorithm;
 pub mod cuda;
 pub mod host;
+
+pub use algorithm::Algorithm;
 
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
@@ -23,71 +26,6 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// Which all-reduce algorithm a communicator runs (module doc of [`crate::plan`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Algorithm {
-    /// The one-shot up to a message size, the ring above it (see [`Algorithm::choose`]).
-    #[default]
-    Auto,
-    /// Always the ring: reduce-scatter then all-gather over copy engines (SMs stay free).
-    Ring,
-    /// Always the one-shot: every rank reads every rank's input directly, barriers around
-    /// (needs peer access between every pair of GPUs, and at most 8 ranks on GPUs).
-    OneShot,
-    /// Always the two-shot: each rank reduces its own segment from every rank's input, then
-    /// gathers the other segments from their owners, reading peer memory directly, three
-    /// barriers (the one-shot's needs; no copy of the buffer in place). See
-    /// [`crate::plan::twoshot`].
-    TwoShot,
-}
-
-impl Algorithm {
-    /// Whether this is one of the algorithms that read peer memory from SM kernels (the
-    /// one-shot and the two-shot), which need peer access between every pair of GPUs.
-    pub fn reads_peers(self) -> bool {
-        matches!(self, Algorithm::OneShot | Algorithm::TwoShot)
-    }
-}
-
-/// The largest message (bytes per rank) for which [`Algorithm::Auto`] runs a peer-reading
-/// algorithm (the one-shot or the two-shot) on two ranks; with more ranks the limit shrinks as
-/// `2/n`, since each rank then reads `n − 1` inputs where the ring moves `2(n−1)/n` of one. On
-/// the 2×H200 machine (ringreduce bench, commit 3f26871, docs/runs/2026-11-30-s3-3f26871): at
-/// 64 MiB the ring (16 MiB chunks) took 198.6 / 200.5 µs out of place / in place, the one-shot
-/// 214.4 / 261.5, the two-shot 215.9 / 216.4; at 32 MiB the one-shot 114.4 µs out of place,
-/// where the ring took 170 µs (commit 4d46125, 4 MiB chunks).
-pub const ONESHOT_AUTO_MAX_BYTES: usize = 32 << 20;
-
-/// The smallest in-place message (bytes per rank) for which [`Algorithm::Auto`] runs the
-/// two-shot rather than the one-shot on two ranks (scaled by `2/n` like the limit above): the
-/// one-shot in place first copies its buffer for its peers to read, which the two-shot does not
-/// need. Same run as above, in place: 4 MiB one-shot 26.1 µs, two-shot 29.9; 8 MiB 42.7 against
-/// 36.8; 16 MiB 69.5 against 62.6; 32 MiB 140.9 against 117.0. Out of place the two are within
-/// a few percent from 8 MiB and the one-shot is faster below, so out of place stays one-shot.
-pub const TWOSHOT_AUTO_MIN_IN_PLACE_BYTES: usize = 8 << 20;
-
-impl Algorithm {
-    /// The algorithm that runs a message of `bytes` per rank over `world` ranks, in place or
-    /// not; `peers_ok` says whether the peer-reading algorithms can run at all (every pair of
-    /// GPUs reaches each other).
-    pub fn choose(self, bytes: usize, world: usize, in_place: bool, peers_ok: bool) -> Algorithm {
-        match self {
-            Algorithm::Auto if world > 1 && peers_ok => {
-                let scaled = |limit: usize| limit.saturating_mul(2) / world;
-                if bytes > scaled(ONESHOT_AUTO_MAX_BYTES) {
-                    Algorithm::Ring
-                } else if in_place && bytes >= scaled(TWOSHOT_AUTO_MIN_IN_PLACE_BYTES) {
-                    Algorithm::TwoShot
-                } else {
-                    Algorithm::OneShot
-                }
-            }
-            Algorithm::Auto => Algorithm::Ring,
-            other => other,
-        }
-    }
-}
 
 /// What a prepared plan is cached under: everything about a call but its buffers' addresses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

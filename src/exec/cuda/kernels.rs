@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, DriverError};
 
-use super::device::{self, Stream};
+use crate::device::{self, Stream};
 use cudarc::nvrtc::{CompileError, Ptx};
 
 use crate::element::{DType, ReduceOp};

@@ -1,8 +1,7 @@
-//! The CUDA executor: devices and peer access ([`device`]), the reduce kernels ([`kernels`]),
-//! typed device buffers ([`buffer`]), the edge probe that catches silent degradation ([`probe`])
-//! and the executor that runs plans on GPU streams ([`executor`]).
+//! The CUDA executor: the reduce kernels ([`kernels`]), typed device buffers ([`buffer`]), the
+//! edge probe that catches silent degradation ([`probe`]) and the executor that runs plans on GPU
+//! streams ([`executor`]). The driver calls underneath live one layer down, in [`crate::device`].
 pub mod buffer;
-pub mod device;
 pub mod executor;
 pub mod kernels;
 pub mod probe;

@@ -26,7 +26,7 @@
 //! [`EdgeInfo::slow`]: super::EdgeInfo::slow
 //! [`CudaConfig::probe_edges`]: super::CudaConfig::probe_edges
 
-use super::device::{self, DeviceBuffer, Event, PinnedHost, Stream};
+use crate::device::{self, DeviceBuffer, Event, PinnedHost, Stream};
 use crate::error::Result;
 use crate::topo::Link;
 use cudarc::driver::CudaContext;

@@ -897,7 +897,7 @@ impl Detected {
 /// [`Error::NoGpu`] without a usable driver; a missing or failing NVML is not an error — its links
 /// are `None` and [`Detected::notes`] says why. Never panics (NVML calls are guarded).
 pub fn detect() -> Result<Detected> {
-    use crate::exec::cuda::device;
+    use crate::device;
     let devices = device::devices()?;
     let n = devices.len();
     let bus_ids: Vec<String> = devices.iter().map(|d| d.pci_bus_id.clone()).collect();
@@ -1291,7 +1291,7 @@ mod tests {
 
     #[test]
     fn detect_without_a_gpu_is_no_gpu() {
-        if crate::exec::cuda::device::driver_available().is_ok() {
+        if crate::device::driver_available().is_ok() {
             eprintln!("detect_without_a_gpu_is_no_gpu: waived: this host has a GPU");
             return;
         }
