@@ -439,10 +439,15 @@ impl Communicator {
     }
 }
 
-/// All-reduce (sum) in place over one buffer per rank: the common case in one call.
+/// All-reduce (sum) in place over one buffer per rank: the common case in one call, with a
+/// communicator built for it and closed after it.
 ///
-/// Host buffers run on host threads, one per buffer; GPU buffers ([`crate::GpuBuffer`]) run on
-/// their GPUs, one rank per buffer, in the order given.
+/// Which algorithm runs: host buffers run the ring (reduce-scatter then all-gather) on host
+/// threads, one rank per buffer. GPU buffers ([`crate::GpuBuffer`]) run on their GPUs, one rank
+/// per buffer in the order given, with [`crate::Algorithm::Auto`]: despite the function's name
+/// (the design card's), small and medium messages run the one-shot or two-shot peer kernels and
+/// large ones the copy-engine ring, by the rule in [`crate::exec::algorithm`]. For a fixed
+/// algorithm, or for many calls, build a [`Communicator`] with a [`crate::CudaConfig`].
 ///
 /// ```
 /// let mut bufs = vec![vec![1u64, 2, 3], vec![10, 20, 30]];

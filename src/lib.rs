@@ -1,4 +1,77 @@
-//! ringreduce
+//! # ringreduce
+//!
+//! Collective communication across the GPUs of one host, written to be read: an all-reduce that
+//! beats NCCL on large messages over NVLink, and a teaching reference for multi-GPU CUDA that
+//! walks the road from devices and peer access to ring collectives (the guide in `docs/guide/`
+//! follows it chapter by chapter, with numbered examples in `examples/`).
+//!
+//! ## Quick start: host ranks (no GPU needed)
+//!
+//! A communicator of host ranks runs the same plans as the GPUs, on threads; it is the reference
+//! every GPU result is checked against, and a CPU all-reduce in its own right.
+//!
+//! ```
+//! use ringreduce::{Communicator, ReduceOp};
+//!
+//! let comm = Communicator::host(3)?;
+//! let mut grads = vec![vec![1.0f32, 2.0], vec![10.0, 20.0], vec![100.0, 200.0]];
+//! comm.all_reduce_in_place(&mut grads, ReduceOp::Sum)?;
+//! assert!(grads.iter().all(|g| g == &[111.0, 222.0]));
+//! comm.close()?;
+//! # Ok::<(), ringreduce::Error>(())
+//! ```
+//!
+//! ## Quick start: GPUs
+//!
+//! One rank per GPU, one buffer per rank. Where GPUs reach each other the data moves over
+//! peer copies and peer reads (NVLink or PCIe); elsewhere it is staged through pinned host memory.
+//!
+//! ```no_run
+//! use ringreduce::{Communicator, GpuBuffer, ReduceOp};
+//!
+//! let comm = Communicator::new(&[0, 1])?;
+//! let mut grads: Vec<GpuBuffer<f32>> = (0..2)
+//!     .map(|gpu| GpuBuffer::from_host(gpu, &vec![gpu as f32; 1 << 20]))
+//!     .collect::<ringreduce::Result<_>>()?;
+//! comm.all_reduce_in_place(&mut grads, ReduceOp::Avg)?; // returns when complete
+//! for e in comm.edges() {
+//!     println!("{e:?}"); // each ring edge: transport, link, probed bandwidth
+//! }
+//! comm.close()?;
+//! # Ok::<(), ringreduce::Error>(())
+//! ```
+//!
+//! ## How it is built: plan → check → execute → communicator
+//!
+//! A collective is first compiled into data, a [`plan::Plan`]: per rank, a list of operations on
+//! named streams (copy, reduce, record an event, wait on an event, the peer reduce between
+//! barriers). The checker proves the plan on the CPU before anything runs; an executor then runs
+//! exactly those operations, on host threads or on GPU streams.
+//!
+//! | layer | module | what lives there |
+//! |---|---|---|
+//! | types | [`element`], [`buffer`], [`error`] | element types and operators, buffers and where they live, the one error type |
+//! | plan | [`plan`] | the ring, one-shot and two-shot compiled into data; the ring's diagram and step table |
+//! | check | [`check`] | proves a plan: shape, enqueue order (no deadlock), no data race over calls, the exact symbolic result |
+//! | device | [`device`] | the CUDA driver layer: contexts, peer access, memory and pools, streams and events |
+//! | topology | [`topo`] | link classes (NVLink, PCIe, host), detection through NVML, the ring order |
+//! | execute | [`exec`] | [`exec::host`] (host threads) and [`exec::cuda`] (GPUs: copy-engine ring, peer kernels, edge probe); [`exec::algorithm`] picks the algorithm |
+//! | API | [`comm`] | [`Communicator`] and [`ring_allreduce`] |
+//! | tests | [`verify`] | exact rank- and index-dependent test data, shared by tests, CLI and benches |
+//!
+//! Imports run from higher layers to lower ones only. The `ringreduce` command (`cli/`: run,
+//! info, bench, plan, topo, p2p, sync, tour) and the criterion benches (`benches/`) are users of
+//! this API, not part of it; the NCCL baseline they measure against lives there too.
+//!
+//! ## Where to read next
+//!
+//! - [`plan`]: the ring all-reduce as a diagram and a step table, the one-shot beside it.
+//! - [`exec`]: the event handoff — why a wait must be enqueued after its record.
+//! - [`device`]: peer access, asked per direction, and how it silently degrades.
+//! - `docs/guide/`: the article's road, chapter by chapter; `docs/PERFORMANCE.md`: what was
+//!   measured against NCCL and how; `docs/ERRORS.md`: every bad input and fault, and its error.
+#![warn(missing_docs)]
+
 pub mod buffer;
 pub mod check;
 pub mod comm;
