@@ -53,11 +53,11 @@
 //! anchor figures were measured so); set it yourself to override.
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use ringreduce_cli::baseline::NcclAllReduce;
 use ringreduce::device;
 use ringreduce::exec::cuda::kernels;
 use ringreduce::verify::{compare, make_expected, make_input};
 use ringreduce::{Communicator, GpuBuffer, HostConfig, ReduceOp, Result};
+use ringreduce_cli::baseline::NcclAllReduce;
 use std::cell::OnceCell;
 use std::time::{Duration, Instant};
 

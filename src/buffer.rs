@@ -68,4 +68,3 @@ macro_rules! host_buffer_mut {
     )*};
 }
 host_buffer_mut!(Vec<T>, Box<[T]>, &mut [T]);
-

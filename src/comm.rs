@@ -27,7 +27,7 @@ use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::cuda::executor::{CudaConfig, CudaExecutor, EdgeInfo};
 use crate::exec::host::{HostConfig, HostExecutor};
-use crate::exec::Algorithm;
+use crate::exec::{config, Algorithm};
 use std::sync::{Mutex, OnceLock, TryLockError};
 
 enum Executor {
@@ -56,6 +56,14 @@ impl Communicator {
 
     /// A host communicator with explicit chunking, transport, timeout and test options.
     pub fn host_with(world: usize, config: HostConfig) -> Result<Communicator> {
+        config::check_world(world)?;
+        config::check_slots(config.slots)?;
+        config::check_chunk(
+            "chunk_elems",
+            config.chunk_elems,
+            std::mem::size_of::<u64>(),
+        )?;
+        config::check_timeout(config.timeout)?;
         Ok(Communicator::from_executor(
             world,
             Executor::Host(HostExecutor::new(world, config)?),
@@ -77,6 +85,12 @@ impl Communicator {
 
     /// A GPU communicator with explicit transport, chunking, slots and timeout.
     pub fn with_config(devices: &[usize], config: CudaConfig) -> Result<Communicator> {
+        config::check_world(devices.len())?;
+        config::check_slots(config.slots)?;
+        if let Some(chunk_bytes) = config.chunk_bytes {
+            config::check_chunk("chunk_bytes", chunk_bytes, 1)?;
+        }
+        config::check_timeout(config.timeout)?;
         let exec = CudaExecutor::new(devices, config)?;
         Ok(Communicator::from_executor(
             devices.len(),

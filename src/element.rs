@@ -6,10 +6,14 @@
 //!
 //! Semantics, the same on every executor (host and GPU):
 //! - integers: `Sum` and `Prod` wrap on overflow (two's complement, like CUDA's `+` and `*`);
-//!   `Avg` is the wrapped sum divided by the world size, truncated toward zero.
+//!   `Avg` is the wrapped sum divided by the world size as integers of unbounded width, truncated
+//!   toward zero (so `i8` avg over 128 ranks of a wrapped sum of −128 is −1, and over 200 ranks
+//!   of 100 is 0): the quotient always fits the type, whatever the world size.
 //! - floats (f16, bf16, f32, f64): IEEE arithmetic; f16 and bf16 are combined in f32 and rounded
-//!   back to nearest-even after every step. `Min`/`Max` return the other operand when one is NaN
-//!   (like C's `fmin`/`fmax`). `Avg` is the sum multiplied by `1/world`.
+//!   back to nearest-even after every step. `Min`/`Max` are IEEE 754-2019 `minimumNumber` /
+//!   `maximumNumber`: a NaN operand loses to a number (like C's `fmin`/`fmax`), and −0 is
+//!   smaller than +0 (`min(−0, +0) = −0`, `max(−0, +0) = +0`, in either order), so the result's
+//!   bits never depend on which operand came first. `Avg` is the sum multiplied by `1/world`.
 
 use half::{bf16, f16};
 use std::fmt;
@@ -177,9 +181,9 @@ macro_rules! int_element {
             }
             #[inline]
             fn average(x: Self, world: usize) -> Self {
-                // Truncating division; `world` fits every integer type for the worlds we plan
-                // (≤ 127), and for 8-bit types is reduced modulo 2^8 like the C cast in the kernel.
-                x / (world as $t).max(1)
+                // In i128 every value of every integer type and every world size fit, and
+                // |x / world| ≤ |x|, so the quotient casts back to the type exactly.
+                (x as i128 / world.max(1) as i128) as $t
             }
             #[inline]
             fn from_i64(v: i64) -> Self {
@@ -194,6 +198,50 @@ macro_rules! int_element {
 }
 int_element!(i8 => I8, u8 => U8, i32 => I32, u32 => U32, i64 => I64, u64 => U64);
 
+macro_rules! ieee_min_max {
+    ($($t:ty),*) => {$(
+        impl MinMaxNumber for $t {
+            #[inline]
+            fn minimum_number(a: $t, b: $t) -> $t {
+                if a.is_nan() {
+                    b
+                } else if b.is_nan() || a < b || (a == b && a.is_sign_negative()) {
+                    a
+                } else {
+                    b
+                }
+            }
+            #[inline]
+            fn maximum_number(a: $t, b: $t) -> $t {
+                if a.is_nan() {
+                    b
+                } else if b.is_nan() || a > b || (a == b && a.is_sign_positive()) {
+                    a
+                } else {
+                    b
+                }
+            }
+        }
+    )*};
+}
+
+/// IEEE 754-2019 `minimumNumber` / `maximumNumber` (the module doc's `Min` / `Max` for floats).
+trait MinMaxNumber: Sized {
+    fn minimum_number(a: Self, b: Self) -> Self;
+    fn maximum_number(a: Self, b: Self) -> Self;
+}
+ieee_min_max!(f32, f64);
+
+#[inline]
+fn minimum_number<T: MinMaxNumber>(a: T, b: T) -> T {
+    T::minimum_number(a, b)
+}
+
+#[inline]
+fn maximum_number<T: MinMaxNumber>(a: T, b: T) -> T {
+    T::maximum_number(a, b)
+}
+
 macro_rules! float_element {
     ($($t:ty => $d:ident),*) => {$(
         impl sealed::Sealed for $t {}
@@ -204,8 +252,8 @@ macro_rules! float_element {
                 match op {
                     ReduceOp::Sum | ReduceOp::Avg => a + b,
                     ReduceOp::Prod => a * b,
-                    ReduceOp::Min => a.min(b),
-                    ReduceOp::Max => a.max(b),
+                    ReduceOp::Min => minimum_number(a, b),
+                    ReduceOp::Max => maximum_number(a, b),
                 }
             }
             #[inline]
@@ -272,6 +320,51 @@ mod tests {
         assert_eq!(i8::combine(ReduceOp::Prod, 64, 4), 0);
         assert_eq!(i32::average(-7, 2), -3);
         assert_eq!(u32::combine(ReduceOp::Min, 3, 9), 3);
+    }
+
+    #[test]
+    fn integer_avg_divides_in_full_width_for_any_world() {
+        // 128 ranks of 1 wrap to −128 in i8: −128 / 128 = −1, not −128 / (128 as i8).
+        assert_eq!(i8::average(-128, 128), -1);
+        // [100, 0, …] over 128 ranks: 100 / 128 truncates to 0.
+        assert_eq!(i8::average(100, 128), 0);
+        assert_eq!(u8::average(255, 256), 0);
+        assert_eq!(u8::average(255, 255), 1);
+        assert_eq!(i64::average(i64::MIN, 1), i64::MIN);
+        assert_eq!(i64::average(i64::MIN, usize::MAX), 0);
+        assert_eq!(u64::average(u64::MAX, 1), u64::MAX);
+        assert_eq!(i32::average(7, 0), 7);
+    }
+
+    #[test]
+    fn float_min_max_order_signed_zeros_and_skip_nan() {
+        let bits = |x: f32| x.to_bits();
+        for (a, b) in [(-0.0f32, 0.0f32), (0.0, -0.0)] {
+            assert_eq!(bits(f32::combine(ReduceOp::Min, a, b)), bits(-0.0));
+            assert_eq!(bits(f32::combine(ReduceOp::Max, a, b)), bits(0.0));
+            assert_eq!(
+                f64::combine(ReduceOp::Min, a as f64, b as f64).to_bits(),
+                (-0.0f64).to_bits()
+            );
+            assert_eq!(
+                f64::combine(ReduceOp::Max, a as f64, b as f64).to_bits(),
+                0.0f64.to_bits()
+            );
+            let (ha, hb) = (f16::from_f32(a), f16::from_f32(b));
+            assert_eq!(
+                f16::combine(ReduceOp::Min, ha, hb).to_bits(),
+                f16::NEG_ZERO.to_bits()
+            );
+            assert_eq!(
+                bf16::combine(ReduceOp::Max, bf16::from_f32(a), bf16::from_f32(b)).to_bits(),
+                bf16::ZERO.to_bits()
+            );
+        }
+        assert_eq!(f32::combine(ReduceOp::Min, f32::NAN, 2.0), 2.0);
+        assert_eq!(f32::combine(ReduceOp::Max, 2.0, f32::NAN), 2.0);
+        assert!(f32::combine(ReduceOp::Min, f32::NAN, f32::NAN).is_nan());
+        assert_eq!(f32::combine(ReduceOp::Max, -1.0, 3.0), 3.0);
+        assert_eq!(f32::combine(ReduceOp::Min, -1.0, 3.0), -1.0);
     }
 
     #[test]

@@ -87,6 +87,27 @@ pub enum Error {
         dtype: DType,
         why: &'static str,
     },
+    /// A communicator was asked for with no ranks (no devices, or a host world of 0).
+    #[error("a communicator needs at least one rank, got none")]
+    NoRanks,
+    /// A communicator was asked for with more ranks than plans can be proven for.
+    #[error("too many ranks: {world} asked for, at most {max} are supported (plans are proven for at most {max} ranks)")]
+    TooManyRanks {
+        /// The ranks asked for.
+        world: usize,
+        /// The most ranks a communicator may have.
+        max: usize,
+    },
+    /// A communicator option is outside its limits (`crate::exec::config`).
+    #[error("invalid option {field} = {value}: {why}")]
+    InvalidConfig {
+        /// The option's field name (`slots`, `timeout`, `chunk_bytes`, ...).
+        field: &'static str,
+        /// The value given, as `Debug` prints it.
+        value: String,
+        /// The limit it breaks.
+        why: String,
+    },
     /// An invalid argument that none of the variants above names (a device index, a config value).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

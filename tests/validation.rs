@@ -14,8 +14,8 @@ use half::bf16;
 use ringreduce::plan::{EdgeTransport, Op, RingSpec};
 use ringreduce::verify::{make_expected, make_input};
 use ringreduce::{
-    Buffer, BufferMut, Communicator, DType, Element, Error, Fault, FaultKind, HostConfig,
-    Placement, ReduceOp,
+    Algorithm, Buffer, BufferMut, Communicator, CudaConfig, DType, Element, Error, Fault,
+    FaultKind, HostConfig, Placement, ReduceOp,
 };
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
@@ -692,9 +692,11 @@ fn a_closed_communicator_says_closed() {
 
 #[test]
 fn bad_communicator_configurations() {
+    // No ranks: the same error for host and GPU communicators (checked before any GPU is asked).
     let err = Communicator::host(0).err().unwrap();
-    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    assert_eq!(err, Error::NoRanks);
     show("world 0", &err);
+    assert_eq!(Communicator::new(&[]).err(), Some(Error::NoRanks));
     for config in [
         HostConfig {
             chunk_elems: 0,
@@ -706,7 +708,228 @@ fn bad_communicator_configurations() {
         },
     ] {
         let err = Communicator::host_with(2, config).err().unwrap();
-        assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+        assert!(matches!(err, Error::InvalidConfig { .. }), "{err}");
         show("chunk_elems or slots 0", &err);
+    }
+}
+
+/// Every option either works or is refused with a clear error before any work; none panics or
+/// aborts the process (values a downstream user tried: huge slots, an endless timeout).
+#[test]
+fn extreme_configuration_values_are_refused_not_fatal() {
+    let host_cases: Vec<(&str, HostConfig)> = vec![
+        (
+            "slots",
+            HostConfig {
+                slots: usize::MAX,
+                ..HostConfig::default()
+            },
+        ),
+        (
+            "slots",
+            HostConfig {
+                slots: 1 << 40,
+                ..HostConfig::default()
+            },
+        ),
+        (
+            "chunk_elems",
+            HostConfig {
+                chunk_elems: usize::MAX,
+                ..HostConfig::default()
+            },
+        ),
+        (
+            "timeout",
+            HostConfig {
+                timeout: Duration::MAX,
+                ..HostConfig::default()
+            },
+        ),
+        (
+            "timeout",
+            HostConfig {
+                timeout: Duration::from_secs(u64::MAX),
+                ..HostConfig::default()
+            },
+        ),
+        (
+            "timeout",
+            HostConfig {
+                timeout: Duration::ZERO,
+                ..HostConfig::default()
+            },
+        ),
+    ];
+    for (field, config) in host_cases {
+        let err = Communicator::host_with(2, config).err().unwrap();
+        assert!(
+            matches!(&err, Error::InvalidConfig { field: f, .. } if *f == field),
+            "{field}: {err}"
+        );
+        show(field, &err);
+    }
+    let gpu_cases: Vec<(&str, CudaConfig)> = vec![
+        (
+            "slots",
+            CudaConfig {
+                slots: usize::MAX,
+                ..CudaConfig::default()
+            },
+        ),
+        (
+            "slots",
+            CudaConfig {
+                slots: 1 << 40,
+                ..CudaConfig::default()
+            },
+        ),
+        (
+            "chunk_bytes",
+            CudaConfig {
+                chunk_bytes: Some(0),
+                ..CudaConfig::default()
+            },
+        ),
+        (
+            "chunk_bytes",
+            CudaConfig {
+                chunk_bytes: Some(usize::MAX),
+                ..CudaConfig::default()
+            },
+        ),
+        (
+            "timeout",
+            CudaConfig {
+                timeout: Duration::MAX,
+                ..CudaConfig::default()
+            },
+        ),
+        (
+            "timeout",
+            CudaConfig {
+                timeout: Duration::ZERO,
+                ..CudaConfig::default()
+            },
+        ),
+    ];
+    for (field, config) in gpu_cases {
+        // Refused before any GPU is touched, so the same on machines with and without GPUs.
+        let err = Communicator::with_config(&[0, 1], config).err().unwrap();
+        assert!(
+            matches!(&err, Error::InvalidConfig { field: f, .. } if *f == field),
+            "{field}: {err}"
+        );
+    }
+    // The largest values inside the limits still work.
+    let comm = Communicator::host_with(
+        2,
+        HostConfig {
+            slots: ringreduce::exec::config::MAX_SLOTS,
+            timeout: ringreduce::exec::config::MAX_TIMEOUT,
+            ..HostConfig::default()
+        },
+    )
+    .unwrap();
+    let mut bufs = vec![vec![1.0f32], vec![2.0]];
+    comm.all_reduce_in_place(&mut bufs, ReduceOp::Sum).unwrap();
+    assert_eq!(bufs, [[3.0], [3.0]]);
+}
+
+/// More ranks than plans can be proven for: refused when the communicator is made, with the limit
+/// in the error, never a "planner bug" at the first call.
+#[test]
+fn too_many_ranks_are_refused_at_creation() {
+    let max = ringreduce::exec::config::MAX_WORLD;
+    let err = Communicator::host(max + 1).err().unwrap();
+    assert_eq!(
+        err,
+        Error::TooManyRanks {
+            world: max + 1,
+            max
+        }
+    );
+    assert!(err.to_string().contains(&max.to_string()), "{err}");
+    show("too many ranks", &err);
+}
+
+/// Integer avg divides the wrapped sum by the world size in full width: worlds wider than the
+/// type (128 ranks of i8) give the documented quotient, not a division by a wrapped divisor.
+#[test]
+fn integer_avg_on_worlds_wider_than_the_type() {
+    let world = ringreduce::exec::config::MAX_WORLD; // 128: as i8 it would wrap to −128
+    let comm = Communicator::host(world).unwrap();
+    // Column 0: rank 0 has 100, the rest 0 → 100 / 128 = 0. Column 1: all ones → the sum 128
+    // wraps to −128 → −1. Column 2: all −1 → −128 / 128 = −1. Column 3: 127 on rank 0, 1 on
+    // rank 1 → 128 wraps to −128 → −1.
+    let mut bufs: Vec<Vec<i8>> = (0..world)
+        .map(|r| {
+            vec![
+                if r == 0 { 100 } else { 0 },
+                1,
+                -1,
+                match r {
+                    0 => 127,
+                    1 => 1,
+                    _ => 0,
+                },
+            ]
+        })
+        .collect();
+    comm.all_reduce_in_place(&mut bufs, ReduceOp::Avg).unwrap();
+    for (rank, b) in bufs.iter().enumerate() {
+        assert_eq!(b, &[0, -1, -1, -1], "rank {rank}");
+    }
+    let mut ubufs: Vec<Vec<u8>> = (0..world)
+        .map(|r| vec![if r < 2 { 255 } else { 1 }])
+        .collect();
+    // 2 × 255 + 126 = 636 wraps to 124 in u8 → 124 / 128 = 0.
+    comm.all_reduce_in_place(&mut ubufs, ReduceOp::Avg).unwrap();
+    assert!(ubufs.iter().all(|b| b == &[0]));
+}
+
+/// Min and max of −0 and +0 are defined (−0 < +0) and identical on every algorithm and rank.
+#[test]
+fn min_max_of_signed_zeros_are_defined() {
+    for algorithm in [Algorithm::Ring, Algorithm::OneShot, Algorithm::TwoShot] {
+        for world in [2, 3, 5] {
+            let comm = Communicator::host_with(
+                world,
+                HostConfig {
+                    algorithm,
+                    ..HostConfig::default()
+                },
+            )
+            .unwrap();
+            // Element i: rank r holds −0 or +0 by bit (r + i) of a pattern, so every mix occurs.
+            let count = 64;
+            let bufs: Vec<Vec<f32>> = (0..world)
+                .map(|r| {
+                    (0..count)
+                        .map(|i| if (i >> (r % 6)) & 1 == 1 { -0.0 } else { 0.0 })
+                        .collect()
+                })
+                .collect();
+            for op in [ReduceOp::Min, ReduceOp::Max] {
+                let mut out = bufs.clone();
+                comm.all_reduce_in_place(&mut out, op).unwrap();
+                for i in 0..count {
+                    let any_neg = bufs.iter().any(|b| b[i].is_sign_negative());
+                    let all_neg = bufs.iter().all(|b| b[i].is_sign_negative());
+                    let want_neg = if op == ReduceOp::Min {
+                        any_neg
+                    } else {
+                        all_neg
+                    };
+                    for (rank, o) in out.iter().enumerate() {
+                        assert_eq!(
+                            o[i].is_sign_negative(),
+                            want_neg,
+                            "{algorithm:?} world {world} {op} rank {rank} index {i}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

@@ -21,11 +21,11 @@
 //! (rank 0's view: its part of iteration i ends when it has received everything it needs).
 
 use crate::{parse_bytes, parse_transport, require_gpus, Failure};
-use ringreduce_cli::baseline::{self, NcclAllReduce};
 use ringreduce::device;
 use ringreduce::exec::cuda::kernels;
 use ringreduce::verify::{compare, make_expected, make_input};
 use ringreduce::{Communicator, DType, Element, GpuBuffer, ReduceOp, Transport};
+use ringreduce_cli::baseline::{self, NcclAllReduce};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};

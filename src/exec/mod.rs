@@ -13,6 +13,7 @@
 //! plan that relied on luck would fail there too.
 
 pub mod algorithm;
+pub mod config;
 pub mod cuda;
 pub mod host;
 

@@ -36,9 +36,9 @@
 //! timeout; a GPU still busy then keeps this communicator's streams, events and buffers — leaked
 //! on purpose, since freeing memory that stuck work may yet touch would be worse.
 
-use crate::device::{self, DeviceBuffer, Event, PinnedHost, Stream};
 use super::kernels::{Kernels, OneShotArgs, TwoShotArgs, ONESHOT_FLAG_BYTES, ONESHOT_MAX_RANKS};
 use super::probe::{self, Probe};
+use crate::device::{self, DeviceBuffer, Event, PinnedHost, Stream};
 use crate::element::{DType, Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::{
