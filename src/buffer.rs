@@ -55,7 +55,16 @@ macro_rules! host_buffer {
         }
     )*};
 }
-host_buffer!(Vec<T>, Box<[T]>, &[T], &mut [T]);
+host_buffer!(
+    Vec<T>,
+    Box<[T]>,
+    &[T],
+    &mut [T],
+    &Vec<T>,
+    &mut Vec<T>,
+    &Box<[T]>,
+    &mut Box<[T]>
+);
 
 macro_rules! host_buffer_mut {
     ($($ty:ty),*) => {$(
@@ -67,4 +76,4 @@ macro_rules! host_buffer_mut {
         }
     )*};
 }
-host_buffer_mut!(Vec<T>, Box<[T]>, &mut [T]);
+host_buffer_mut!(Vec<T>, Box<[T]>, &mut [T], &mut Vec<T>, &mut Box<[T]>);

@@ -84,7 +84,8 @@ pub mod topo;
 pub mod verify;
 
 pub use buffer::{Buffer, BufferMut, Placement};
-pub use comm::{ring_allreduce, Communicator};
+pub use comm::{ring_allreduce, Communicator, Scope};
+pub use device::{device_count, driver_available};
 pub use element::{DType, Element, ReduceOp};
 pub use error::{Error, Result};
 pub use exec::cuda::{CudaConfig, EdgeInfo, GpuBuffer, GpuSlice, Transport};

@@ -1,0 +1,84 @@
+//! The public API as a downstream crate uses it: what must compile, and what must hold, without
+//! `unsafe` (host ranks; the GPU forms of the same calls are in tests/gpu.rs).
+
+use ringreduce::{Communicator, Error, ReduceOp};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// Separate vectors, borrowed mutably into one slice of buffers: `[&mut a, &mut b]`.
+#[test]
+fn mutable_borrows_of_vectors_are_buffers() {
+    let comm = Communicator::host(2).unwrap();
+    let mut a = vec![1i32, 2, 3];
+    let mut b = vec![10i32, 20, 30];
+    comm.all_reduce_in_place(&mut [&mut a, &mut b], ReduceOp::Sum)
+        .unwrap();
+    assert_eq!(a, [11, 22, 33]);
+    assert_eq!(b, [11, 22, 33]);
+    let (x, y) = (vec![1.0f32, 2.0], vec![3.0f32, 4.0]);
+    let mut out0 = vec![0.0f32; 2];
+    let mut out1 = vec![0.0f32; 2];
+    comm.all_reduce(&[&x, &y], &mut [&mut out0, &mut out1], ReduceOp::Max)
+        .unwrap();
+    assert_eq!((out0, out1), (vec![3.0, 4.0], vec![3.0, 4.0]));
+}
+
+/// Overlap without `unsafe`: the scope returns the closure's value after the collectives
+/// completed, and several collectives may be enqueued in one scope.
+#[test]
+fn a_scope_overlaps_and_waits() {
+    let comm = Communicator::host(3).unwrap();
+    let mut grads: Vec<Vec<f32>> = (0..3).map(|r| vec![r as f32; 5]).collect();
+    let inputs: Vec<Vec<i64>> = (0..3).map(|r| vec![r as i64 + 1; 4]).collect();
+    let mut outputs = vec![vec![0i64; 4]; 3];
+    let value = comm
+        .scope(|s| {
+            s.all_reduce_in_place(&mut grads, ReduceOp::Sum)?;
+            s.all_reduce(&inputs, &mut outputs, ReduceOp::Prod)?;
+            Ok::<_, Error>("overlapped")
+        })
+        .unwrap()
+        .unwrap();
+    assert_eq!(value, "overlapped");
+    assert!(grads.iter().all(|g| g == &[3.0; 5]));
+    assert!(outputs.iter().all(|o| o == &[6; 4]));
+    // A call's validation error comes back through the closure, and the communicator still works.
+    let mut short = vec![vec![1.0f32; 2], vec![1.0f32; 3], vec![1.0; 2]];
+    let inner = comm
+        .scope(|s| s.all_reduce_in_place(&mut short, ReduceOp::Sum))
+        .unwrap();
+    assert!(
+        matches!(inner, Err(Error::LengthMismatch { rank: 1, .. })),
+        "{inner:?}"
+    );
+    let mut ok = vec![vec![1u8], vec![2], vec![3]];
+    comm.all_reduce_in_place(&mut ok, ReduceOp::Sum).unwrap();
+    assert_eq!(ok, [[6], [6], [6]]);
+}
+
+/// A panic inside the scope still waits for what was enqueued, then unwinds to the caller.
+#[test]
+fn a_panicking_scope_still_waits() {
+    let comm = Communicator::host(2).unwrap();
+    let mut bufs = vec![vec![1u32; 3], vec![2u32; 3]];
+    let caught = catch_unwind(AssertUnwindSafe(|| {
+        comm.scope(|s| {
+            s.all_reduce_in_place(&mut bufs, ReduceOp::Sum).unwrap();
+            panic!("the caller's own panic");
+        })
+    }));
+    assert!(caught.is_err());
+    assert_eq!(bufs, [[3; 3], [3; 3]]);
+    assert!(comm.health().is_ok());
+}
+
+/// GPU detection has a top-level home and answers (an error, not a panic) without a driver.
+#[test]
+fn gpu_detection_is_top_level() {
+    match ringreduce::device_count() {
+        Ok(n) => println!("{n} GPU(s)"),
+        Err(e) => {
+            assert!(ringreduce::driver_available().is_err());
+            println!("no GPU: {e}");
+        }
+    }
+}
