@@ -1,0 +1,135 @@
+//! GPU communicators used from several threads at once, and several communicators on the same
+//! GPUs at once (what a downstream crate hit: a shared communicator that deadlocked). Every test
+//! prints `waived: needs ≥ 2 GPUs` and passes where there are fewer. Exact results throughout
+//! (`ringreduce::verify`).
+
+use ringreduce::verify::{compare, make_expected, make_input};
+use ringreduce::{Algorithm, Communicator, CudaConfig, GpuBuffer, ReduceOp};
+use std::time::{Duration, Instant};
+
+fn two_gpus() -> Option<[usize; 2]> {
+    let count = ringreduce::driver_available()
+        .and_then(|()| ringreduce::device_count())
+        .unwrap_or(0);
+    if count < 2 {
+        println!("waived: needs ≥ 2 GPUs (found {count})");
+        return None;
+    }
+    Some([0, 1])
+}
+
+fn comm(gpus: &[usize], algorithm: Algorithm) -> Communicator {
+    Communicator::with_config(
+        gpus,
+        CudaConfig {
+            algorithm,
+            timeout: Duration::from_secs(20),
+            ..CudaConfig::default()
+        },
+    )
+    .expect("GPU communicator")
+}
+
+/// Element counts (f32) that Auto sends to each of its algorithms on two GPUs: the one-shot
+/// (16 KiB), the two-shot in place (12 MiB) and the ring (40 MiB).
+const COUNTS: [usize; 3] = [4 << 10, 3 << 20, 10 << 20];
+
+/// One thread's work: `calls` all-reduces on its own buffers, cycling through sizes, placement
+/// and blocking / enqueue-then-blocking, every result checked exactly.
+fn worker(comm: &Communicator, gpus: &[usize], thread: usize, calls: usize) {
+    let world = gpus.len();
+    let op = ReduceOp::Sum;
+    for call in 0..calls {
+        let count = COUNTS[(call + thread) % COUNTS.len()];
+        let in_place = (call / 3 + thread) % 2 == 0;
+        let enqueue = (call / 6) % 2 == 1;
+        let inputs: Vec<Vec<f32>> = (0..world).map(|r| make_input(op, r, count)).collect();
+        let want: Vec<f32> = make_expected(op, world, count);
+        let mut outs: Vec<GpuBuffer<f32>> = gpus
+            .iter()
+            .zip(&inputs)
+            .map(|(&g, input)| GpuBuffer::from_host(g, input).unwrap())
+            .collect();
+        let label = format!(
+            "thread {thread} call {call} count {count} in_place {in_place} enqueue {enqueue}"
+        );
+        if in_place {
+            if enqueue {
+                // SAFETY: `outs` stays alive and untouched until the blocking call below, which
+                // is ordered after this one on each rank's stream and returns when complete.
+                unsafe { comm.enqueue_all_reduce_in_place(&mut outs, ReduceOp::Max) }
+                    .unwrap_or_else(|e| panic!("{label}: {e}"));
+                // Max of the inputs, then a sum over the ranks of that: restore the inputs first.
+                comm.synchronize()
+                    .unwrap_or_else(|e| panic!("{label}: {e}"));
+                for (buf, input) in outs.iter_mut().zip(&inputs) {
+                    buf.copy_from_host(input).unwrap();
+                }
+            }
+            comm.all_reduce_in_place(&mut outs, op)
+                .unwrap_or_else(|e| panic!("{label}: {e}"));
+        } else {
+            let ins: Vec<GpuBuffer<f32>> = gpus
+                .iter()
+                .zip(&inputs)
+                .map(|(&g, input)| GpuBuffer::from_host(g, input).unwrap())
+                .collect();
+            if enqueue {
+                // SAFETY: inputs and outputs live until `synchronize` below has returned.
+                unsafe { comm.enqueue_all_reduce(&ins, &mut outs, op) }
+                    .unwrap_or_else(|e| panic!("{label}: {e}"));
+                comm.synchronize()
+                    .unwrap_or_else(|e| panic!("{label}: {e}"));
+            } else {
+                comm.all_reduce(&ins, &mut outs, op)
+                    .unwrap_or_else(|e| panic!("{label}: {e}"));
+            }
+        }
+        for (rank, buf) in outs.iter().enumerate() {
+            let got = buf.to_host().unwrap();
+            let (wrong, first) = compare(rank, &got, &want, 4);
+            assert_eq!(wrong, 0, "{label}: first mismatches {first:?}");
+        }
+    }
+}
+
+/// Threads sharing one communicator, each mixing blocking and enqueued calls across every
+/// algorithm Auto switches between: every call correct, none waits on another's barrier.
+#[test]
+fn threads_sharing_one_communicator() {
+    let Some(gpus) = two_gpus() else { return };
+    let comm = comm(&gpus, Algorithm::Auto);
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for thread in 0..3 {
+            let comm = &comm;
+            s.spawn(move || worker(comm, &gpus, thread, 36));
+        }
+    });
+    comm.health().unwrap();
+    println!(
+        "3 threads × 36 calls on one communicator: {:?}",
+        start.elapsed()
+    );
+}
+
+/// Two communicators on the same GPUs, used at once from two threads, for each pair of
+/// algorithms (peer kernels spin at barriers; a ring waits on events): both make progress.
+#[test]
+fn two_communicators_on_the_same_gpus_at_once() {
+    let Some(gpus) = two_gpus() else { return };
+    let algorithms = [Algorithm::OneShot, Algorithm::TwoShot, Algorithm::Ring];
+    for a in algorithms {
+        for b in algorithms {
+            let (ca, cb) = (comm(&gpus, a), comm(&gpus, b));
+            let start = Instant::now();
+            std::thread::scope(|s| {
+                s.spawn(|| worker(&ca, &gpus, 0, 12));
+                s.spawn(|| worker(&cb, &gpus, 1, 12));
+            });
+            println!("{a:?} beside {b:?}: {:?}", start.elapsed());
+            ca.close().unwrap();
+            cb.close().unwrap();
+        }
+    }
+}
