@@ -8,11 +8,14 @@
 // Semantics are those of the module doc of src/element.rs, bit for bit where IEEE fixes them:
 // - integers: sum and prod wrap (computed in the unsigned type of the same width, so signed
 //   overflow is never undefined behaviour); min/max compare in the element's own type.
-// - f32, f64: IEEE `+`, `*`; min/max are fminf/fmin (a NaN operand loses to a number).
+// - f32, f64: IEEE `+`, `*`; min/max are IEEE 754-2019 minimumNumber / maximumNumber (a NaN
+//   operand loses to a number; -0 < +0), written out below rather than fminf/fmaxf, which leave
+//   the sign of a zero result unspecified.
 // - f16, bf16: both operands widened to f32 (exactly), combined in f32, rounded back to
 //   nearest-even after every operation; NaN stays NaN.
 // - Avg: floats multiply by 1/world (f64 for f64, f32 for the others, computed from world.max(1)),
-//   integers divide by (world as T).max(1), truncating, signed types as signed.
+//   integers divide by world.max(1) in 64 bits, truncating, signed types as signed (the quotient
+//   always fits the type; world itself may not).
 //
 // Every kernel symbol is spelled out in full in the RR_REDUCE / RR_ONESHOT / RR_SCALE lines at
 // the bottom, where a unit test in kernels.rs finds them by name.
@@ -54,32 +57,41 @@ struct rr_cvt_bf16 {
     }
 };
 
-static __device__ __forceinline__ float rr_fmin(float a, float b) { return fminf(a, b); }
-static __device__ __forceinline__ float rr_fmax(float a, float b) { return fmaxf(a, b); }
-static __device__ __forceinline__ double rr_fmin(double a, double b) { return fmin(a, b); }
-static __device__ __forceinline__ double rr_fmax(double a, double b) { return fmax(a, b); }
+// minimumNumber / maximumNumber, the same decisions as src/element.rs in the same order.
+static __device__ __forceinline__ bool rr_negative(float a) { return __float_as_int(a) < 0; }
+static __device__ __forceinline__ bool rr_negative(double a) { return __double_as_longlong(a) < 0; }
+template <typename F>
+static __device__ __forceinline__ F rr_fmin(F a, F b) {
+    if (a != a) return b;
+    return (b != b || a < b || (a == b && rr_negative(a))) ? a : b;
+}
+template <typename F>
+static __device__ __forceinline__ F rr_fmax(F a, F b) {
+    if (a != a) return b;
+    return (b != b || a > b || (a == b && !rr_negative(a))) ? a : b;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Per-type operations. Each type struct names its storage type T, the type of the Avg factor
 // (Scale), and sum / prod / min / max / scale_param / scale.
 // ---------------------------------------------------------------------------------------------
 
-// Integers: S is the element type, U the unsigned type of the same width.
-template <typename S, typename U>
+// Integers: S is the element type, U the unsigned type of the same width, W the 64-bit type of
+// S's signedness, in which Avg divides.
+template <typename S, typename U, typename W>
 struct rr_int {
     typedef S T;
-    typedef S Scale;  // the divisor
+    typedef W Scale;  // the divisor
     static __device__ __forceinline__ T sum(T a, T b) { return (T)(U)((U)a + (U)b); }
     static __device__ __forceinline__ T prod(T a, T b) { return (T)(U)((U)a * (U)b); }
     static __device__ __forceinline__ T min(T a, T b) { return b < a ? b : a; }
     static __device__ __forceinline__ T max(T a, T b) { return a < b ? b : a; }
-    // (world as T).max(1): the cast wraps like Rust's `as`, and the floor of 1 also catches the
-    // negative values an 8-bit signed cast can give, so the division never traps.
+    // world.max(1) in 64 bits (worlds are at most 128 ranks, so the signed cast is exact): the
+    // quotient's magnitude is at most x's, so it casts back to T exactly.
     static __device__ __forceinline__ Scale scale_param(rr_ull world) {
-        const T w = (T)world;
-        return w < (T)1 ? (T)1 : w;
+        return (W)(world < 1 ? 1 : world);
     }
-    static __device__ __forceinline__ T scale(T x, Scale divisor) { return (T)(x / divisor); }
+    static __device__ __forceinline__ T scale(T x, Scale divisor) { return (T)((W)x / divisor); }
 };
 
 // f32 and f64: F is the element type and its compute type.
@@ -109,10 +121,10 @@ struct rr_half {
         return Cvt::from_f32(Cvt::to_f32(a) * Cvt::to_f32(b));
     }
     static __device__ __forceinline__ T min(T a, T b) {
-        return Cvt::from_f32(fminf(Cvt::to_f32(a), Cvt::to_f32(b)));
+        return Cvt::from_f32(rr_fmin(Cvt::to_f32(a), Cvt::to_f32(b)));
     }
     static __device__ __forceinline__ T max(T a, T b) {
-        return Cvt::from_f32(fmaxf(Cvt::to_f32(a), Cvt::to_f32(b)));
+        return Cvt::from_f32(rr_fmax(Cvt::to_f32(a), Cvt::to_f32(b)));
     }
     static __device__ __forceinline__ Scale scale_param(rr_ull world) {
         return 1.0f / (float)(world < 1 ? 1 : world);
@@ -127,12 +139,12 @@ typedef rr_half<rr_cvt_f16> rr_f16;
 typedef rr_half<rr_cvt_bf16> rr_bf16;
 typedef rr_float<float> rr_f32;
 typedef rr_float<double> rr_f64;
-typedef rr_int<signed char, unsigned char> rr_i8;
-typedef rr_int<unsigned char, unsigned char> rr_u8;
-typedef rr_int<int, unsigned> rr_i32;
-typedef rr_int<unsigned, unsigned> rr_u32;
-typedef rr_int<long long, unsigned long long> rr_i64;
-typedef rr_int<unsigned long long, unsigned long long> rr_u64;
+typedef rr_int<signed char, unsigned char, long long> rr_i8;
+typedef rr_int<unsigned char, unsigned char, rr_ull> rr_u8;
+typedef rr_int<int, unsigned, long long> rr_i32;
+typedef rr_int<unsigned, unsigned, rr_ull> rr_u32;
+typedef rr_int<long long, rr_ull, long long> rr_i64;
+typedef rr_int<rr_ull, rr_ull, rr_ull> rr_u64;
 
 // The four pairwise operators (Avg combines as sum; its final step is the scale kernels).
 struct rr_op_sum {
