@@ -1,10 +1,11 @@
-//! GPU communicators used from several threads at once, and several communicators on the same
-//! GPUs at once (what a downstream crate hit: a shared communicator that deadlocked). Every test
+//! What a downstream crate hit on GPUs: communicators used from several threads at once, several
+//! communicators on the same GPUs at once, and float semantics that differed from the host's. Every test
 //! prints `waived: needs ≥ 2 GPUs` and passes where there are fewer. Exact results throughout
 //! (`ringreduce::verify`).
 
+use half::{bf16, f16};
 use ringreduce::verify::{compare, make_expected, make_input};
-use ringreduce::{Algorithm, Communicator, CudaConfig, GpuBuffer, ReduceOp};
+use ringreduce::{Algorithm, Communicator, CudaConfig, Element, GpuBuffer, HostConfig, ReduceOp};
 use std::time::{Duration, Instant};
 
 fn two_gpus() -> Option<[usize; 2]> {
@@ -131,5 +132,72 @@ fn two_communicators_on_the_same_gpus_at_once() {
             ca.close().unwrap();
             cb.close().unwrap();
         }
+    }
+}
+
+/// Min and max over −0 and +0 (and NaN beside numbers) give the host's bits on every algorithm,
+/// placement and float type: IEEE minimumNumber / maximumNumber, −0 < +0.
+#[test]
+fn signed_zeros_give_the_hosts_bits_on_every_algorithm() {
+    let Some(gpus) = two_gpus() else { return };
+    fn case<T: Element>(gpus: &[usize], algorithm: Algorithm, from: fn(f32) -> T) {
+        let count = 4096 + 3;
+        // Rank r: −0 or +0 by bit r of the index, a NaN every 7th index on rank 0.
+        let inputs: Vec<Vec<T>> = (0..gpus.len())
+            .map(|r| {
+                (0..count)
+                    .map(|i| match (r, i % 7, (i >> r) & 1) {
+                        (0, 0, _) => from(f32::NAN),
+                        (_, _, 1) => from(-0.0),
+                        _ => from(0.0),
+                    })
+                    .collect()
+            })
+            .collect();
+        let host = Communicator::host_with(
+            gpus.len(),
+            HostConfig {
+                algorithm,
+                ..HostConfig::default()
+            },
+        )
+        .unwrap();
+        let gpu = comm(gpus, algorithm);
+        for op in [ReduceOp::Min, ReduceOp::Max] {
+            let mut want = inputs.clone();
+            host.all_reduce_in_place(&mut want, op).unwrap();
+            for in_place in [true, false] {
+                let mut outs: Vec<GpuBuffer<T>> = gpus
+                    .iter()
+                    .zip(&inputs)
+                    .map(|(&g, x)| GpuBuffer::from_host(g, x).unwrap())
+                    .collect();
+                if in_place {
+                    gpu.all_reduce_in_place(&mut outs, op).unwrap();
+                } else {
+                    let ins: Vec<GpuBuffer<T>> = gpus
+                        .iter()
+                        .zip(&inputs)
+                        .map(|(&g, x)| GpuBuffer::from_host(g, x).unwrap())
+                        .collect();
+                    gpu.all_reduce(&ins, &mut outs, op).unwrap();
+                }
+                for (rank, buf) in outs.iter().enumerate() {
+                    let (wrong, first) = compare(rank, &buf.to_host().unwrap(), &want[rank], 4);
+                    assert_eq!(
+                        wrong,
+                        0,
+                        "{algorithm:?} {op} {} in_place {in_place}: {first:?}",
+                        T::DTYPE
+                    );
+                }
+            }
+        }
+    }
+    for algorithm in [Algorithm::Ring, Algorithm::OneShot, Algorithm::TwoShot] {
+        case::<f32>(&gpus, algorithm, |x| x);
+        case::<f64>(&gpus, algorithm, |x| x as f64);
+        case::<f16>(&gpus, algorithm, f16::from_f32);
+        case::<bf16>(&gpus, algorithm, bf16::from_f32);
     }
 }
