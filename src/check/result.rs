@@ -165,7 +165,7 @@ fn first_unwritten(runs: &[Run]) -> Option<usize> {
 
 /// Check 4: executes the plan on sets of contributions in the given (legal) order.
 ///
-/// Memory is kept as runs of equal values ([`Runs`]) and every instruction works run by run, so
+/// Memory is kept as runs of equal values (`Runs`) and every instruction works run by run, so
 /// the cost is the number of instructions times the runs they touch, whatever the element count:
 /// a 1 GiB all-reduce has as few runs as a 1 KiB one with the same chunking. An error names the
 /// first offending element, exactly as an element-by-element execution would (a piece of a run
