@@ -12,17 +12,22 @@
 //! (fail, panic or stall rank r at instruction k). Every wait has the call's deadline, so a fault
 //! never hangs a caller: the first error aborts the call, every thread drains, and the caller gets
 //! the root cause, naming the rank and what it was waiting for.
+//!
+//! This file holds the executor, its per-call state (`HostCall`) and the rank threads;
+//! `stream.rs` the stream workers that run the operations (events, barriers, faults), and
+//! `fold.rs` the element folds they call.
 
-use super::{
-    aborted, enqueue_rank, panic_message, Algorithm, Enqueue, Handoff, Limits, PlanCache, Shape,
-};
+mod fold;
+mod stream;
+
+use self::fold::HostFolds;
+use self::stream::stream_worker;
+use super::{enqueue_rank, panic_message, Algorithm, Enqueue, Handoff, Limits, PlanCache, Shape};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::plan::{BufKind, EdgeTransport, Instr, Op, Plan, Region, StreamKind};
 use crossbeam_channel::{Receiver, Sender};
-use rayon::prelude::*;
 use std::alloc::{alloc_zeroed, dealloc, Layout};
-
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -130,7 +135,7 @@ impl Drop for Scratch {
 const CACHED_PLANS: usize = 16;
 
 /// A checked plan with what running it needs, built once per shape and reused.
-struct Prepared {
+struct HostPlan {
     plan: Plan,
     waiters: Vec<Vec<usize>>,
     events: Vec<HostEvent>,
@@ -145,21 +150,14 @@ pub(crate) struct RawBuf {
     pub(crate) len_bytes: usize,
 }
 
-/// Type-erased element kernels, monomorphised for the call's element type.
-#[derive(Clone, Copy)]
-struct Kernels {
-    reduce: unsafe fn(ReduceOp, *mut u8, *const u8, *const u8, usize),
-    scale: unsafe fn(*mut u8, usize, usize),
-}
-
 /// Everything the threads of one call share.
-struct Call {
+struct HostCall {
     id: u64,
-    prepared: Arc<Prepared>,
+    prepared: Arc<HostPlan>,
     bufs: Vec<RawBuf>,
     elem_bytes: usize,
     op: ReduceOp,
-    kernels: Kernels,
+    folds: HostFolds,
     deadline: Instant,
     timeout: Duration,
     delay_seed: Option<u64>,
@@ -180,11 +178,11 @@ struct Call {
 // SAFETY: the raw pointers in `bufs` point into buffers the caller keeps borrowed until every
 // thread has reported the call done (`HostExecutor::run` blocks for that), and the checker proved
 // that no two threads touch overlapping bytes without an event between them.
-unsafe impl Send for Call {}
+unsafe impl Send for HostCall {}
 // SAFETY: as above.
-unsafe impl Sync for Call {}
+unsafe impl Sync for HostCall {}
 
-impl Call {
+impl HostCall {
     /// Records the first failure and aborts the call.
     fn fail(&self, err: Error) {
         let mut slot = self.failure.lock().unwrap_or_else(|p| p.into_inner());
@@ -217,7 +215,7 @@ impl Call {
 
 /// What a stream worker is told.
 enum Cmd {
-    Begin(Arc<Call>),
+    Begin(Arc<HostCall>),
     Run {
         index: usize,
     },
@@ -237,8 +235,8 @@ enum Cmd {
 pub(crate) struct HostExecutor {
     world: usize,
     config: HostConfig,
-    ranks: Vec<(Sender<Arc<Call>>, JoinHandle<()>)>,
-    cache: PlanCache<Prepared>,
+    ranks: Vec<(Sender<Arc<HostCall>>, JoinHandle<()>)>,
+    cache: PlanCache<HostPlan>,
     calls: u64,
 }
 
@@ -260,7 +258,7 @@ impl HostExecutor {
                 let (tx, rx) = crossbeam_channel::unbounded();
                 let handle = std::thread::Builder::new()
                     .name(format!("ringreduce-rank-{}", handoff.rank))
-                    .spawn(move || rank_thread(handoff, rx))
+                    .spawn(move || host_rank_thread(handoff, rx))
                     .map_err(|e| {
                         Error::InvalidArgument(format!("cannot start a rank thread: {e}"))
                     })?;
@@ -282,7 +280,7 @@ impl HostExecutor {
             .choose(bytes, self.world, in_place, true)
     }
 
-    fn prepare(&mut self, shape: Shape) -> Result<Arc<Prepared>> {
+    fn prepare(&mut self, shape: Shape) -> Result<Arc<HostPlan>> {
         if let Some(p) = self.cache.get(&shape) {
             return Ok(p);
         }
@@ -314,7 +312,7 @@ impl HostExecutor {
                 BufKind::Input | BufKind::Output => Ok(None),
             })
             .collect::<Result<Vec<_>>>()?;
-        let prepared = Arc::new(Prepared {
+        let prepared = Arc::new(HostPlan {
             waiters: plan.remote_waiters(),
             events: plan.events.iter().map(|_| HostEvent::default()).collect(),
             scratch,
@@ -370,16 +368,13 @@ impl HostExecutor {
             .collect();
         self.calls += 1;
         let (done_tx, done_rx) = crossbeam_channel::unbounded();
-        let call = Arc::new(Call {
+        let call = Arc::new(HostCall {
             id: self.calls,
             prepared,
             bufs,
             elem_bytes,
             op,
-            kernels: Kernels {
-                reduce: reduce_raw::<T>,
-                scale: scale_raw::<T>,
-            },
+            folds: HostFolds::of::<T>(),
             deadline: Instant::now() + self.config.timeout,
             timeout: self.config.timeout,
             delay_seed: self
@@ -457,7 +452,7 @@ impl Drop for HostExecutor {
 }
 
 /// A rank's thread: for each call, enqueue the rank's program onto its stream workers.
-fn rank_thread(mut handoff: Handoff, calls: Receiver<Arc<Call>>) {
+fn host_rank_thread(mut handoff: Handoff, calls: Receiver<Arc<HostCall>>) {
     let rank = handoff.rank;
     let workers: Vec<(Sender<Cmd>, JoinHandle<()>)> = StreamKind::ALL
         .iter()
@@ -514,7 +509,7 @@ fn rank_thread(mut handoff: Handoff, calls: Receiver<Arc<Call>>) {
 
 /// The rank thread's view of its workers while enqueuing one call.
 struct HostEnqueue<'a> {
-    call: &'a Call,
+    call: &'a HostCall,
     workers: &'a [(Sender<Cmd>, JoinHandle<()>)],
 }
 
@@ -541,329 +536,5 @@ impl Enqueue for HostEnqueue<'_> {
             .0
             .send(cmd)
             .map_err(|_| Error::Closed)
-    }
-}
-
-/// A tiny deterministic generator for schedule delays.
-struct XorShift(u64);
-
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
-/// A stream: runs what its rank thread enqueues, in order.
-fn stream_worker(rank: usize, stream: StreamKind, cmds: Receiver<Cmd>) {
-    let mut current: Option<Arc<Call>> = None;
-    let mut rng = XorShift(1);
-    for cmd in cmds {
-        match cmd {
-            Cmd::Begin(call) => {
-                if let Some(seed) = call.delay_seed {
-                    rng = XorShift(seed ^ ((rank as u64) << 32 | stream.index() as u64) | 1);
-                }
-                current = Some(call);
-            }
-            Cmd::End => {
-                if let Some(call) = current.take() {
-                    let _ = call.done.send((rank, Some(stream)));
-                }
-            }
-            Cmd::Record { event, generation } => {
-                if let Some(call) = &current {
-                    let ev = &call.prepared.events[event];
-                    let mut done = ev.completed.lock().unwrap_or_else(|p| p.into_inner());
-                    *done = (*done).max(generation);
-                    ev.reached.notify_all();
-                }
-            }
-            Cmd::Wait {
-                event,
-                target,
-                index,
-            } => {
-                let Some(call) = &current else { continue };
-                if call.aborted() {
-                    continue;
-                }
-                if let Err(err) = wait_event(call, rank, stream, event, target, index) {
-                    call.fail(err);
-                }
-            }
-            Cmd::Run { index } => {
-                let Some(call) = &current else { continue };
-                if call.aborted() {
-                    continue;
-                }
-                if call.delay_seed.is_some() && rng.next() % 4 == 0 {
-                    std::thread::sleep(Duration::from_micros(rng.next() % 100));
-                }
-                let instr = call.prepared.plan.ranks[rank][index];
-                call.running.fetch_add(1, Ordering::AcqRel);
-                let outcome = catch_unwind(AssertUnwindSafe(|| run_op(call, rank, index, &instr)));
-                let err = match outcome {
-                    Ok(Ok(())) => None,
-                    Ok(Err(err)) => Some(err),
-                    Err(payload) => Some(Error::RankFailed {
-                        rank,
-                        during: instr.tag.to_string(),
-                        message: format!("panic: {}", panic_message(&*payload)),
-                    }),
-                };
-                // Fail before leaving `running`, so no wait blames a victim in between.
-                if let Some(err) = err {
-                    call.fail(err);
-                }
-                call.running.fetch_sub(1, Ordering::AcqRel);
-            }
-        }
-    }
-}
-
-/// Blocks a stream until `event` reaches `target`, the call aborts, or the deadline passes.
-fn wait_event(
-    call: &Call,
-    rank: usize,
-    stream: StreamKind,
-    event: usize,
-    target: u64,
-    index: usize,
-) -> Result<()> {
-    let ev = &call.prepared.events[event];
-    let mut done = ev.completed.lock().unwrap_or_else(|p| p.into_inner());
-    while *done < target {
-        if call.aborted() {
-            return Err(aborted(rank));
-        }
-        let now = Instant::now();
-        if now >= call.deadline && call.running.load(Ordering::Acquire) == 0 {
-            let tag = call.prepared.plan.ranks[rank][index].tag;
-            return Err(Error::Timeout {
-                rank,
-                waiting_on: format!(
-                    "({stream:?} stream, {tag}) waited for {}",
-                    call.prepared.plan.events[event]
-                ),
-                after: call.timeout,
-            });
-        }
-        done = ev
-            .reached
-            .wait_timeout(done, call.wait_slice(now))
-            .unwrap_or_else(|p| p.into_inner())
-            .0;
-    }
-    Ok(())
-}
-
-/// Executes one data operation.
-fn run_op(call: &Call, rank: usize, index: usize, instr: &Instr) -> Result<()> {
-    if let Some(fault) = call.fault {
-        let len = call.prepared.plan.ranks[rank].len();
-        if fault.rank == rank && len > 0 && fault.instr % len == index {
-            match fault.kind {
-                FaultKind::Fail => {
-                    return Err(Error::RankFailed {
-                        rank,
-                        during: instr.tag.to_string(),
-                        message: format!("injected failure at instruction {index}"),
-                    })
-                }
-                FaultKind::Panic => panic!("injected panic at instruction {index}"),
-                FaultKind::Stall => {
-                    while !call.aborted() {
-                        if Instant::now() >= call.deadline {
-                            return Err(Error::Timeout {
-                                rank,
-                                waiting_on: format!("did not finish instruction {index} ({:?} stream, {}): the operation stalled", instr.stream, instr.tag),
-                                after: call.timeout,
-                            });
-                        }
-                        std::thread::sleep(Duration::from_millis(5));
-                    }
-                    return Err(aborted(rank));
-                }
-            }
-        }
-    }
-    let eb = call.elem_bytes;
-    match instr.op {
-        Op::Copy { src, dst } => {
-            // SAFETY: both regions lie inside their buffers (checked plan) and no other thread
-            // touches them now (race-free plan); `copy` allows overlap.
-            unsafe { std::ptr::copy(call.ptr(src), call.ptr(dst), src.count * eb) }
-        }
-        Op::Reduce { dst, a, b } => {
-            // SAFETY: as above; the checker proved `dst` is `a` or disjoint from `a` and `b`.
-            unsafe {
-                (call.kernels.reduce)(
-                    call.op.combine_op(),
-                    call.ptr(dst),
-                    call.ptr(a),
-                    call.ptr(b),
-                    dst.count,
-                )
-            }
-        }
-        Op::Scale { region } => {
-            // SAFETY: as above.
-            unsafe {
-                (call.kernels.scale)(call.ptr(region), region.count, call.prepared.plan.world)
-            }
-        }
-        op @ Op::PeerReduce { dst, .. } => {
-            let meeting = call.prepared.plan.ranks[rank][..index]
-                .iter()
-                .filter(|i| matches!(i.op, Op::PeerReduce { .. }))
-                .count() as u64;
-            meet(call, rank, index, 2 * meeting + 1, "start")?;
-            let sources = crate::check::peer_sources(&call.prepared.plan, &op);
-            // Folded in rank order, as the GPU kernel does: every rank gets the same bits. When
-            // `dst` is one of the sources (the two-shot in place: a rank's own segment), the
-            // fold runs in a scratch buffer, so that source is still intact when its turn comes.
-            let aliased = sources.contains(&dst);
-            // 16-byte units: aligned for every element type.
-            let scratch_units = if aliased {
-                (dst.count * eb).div_ceil(16)
-            } else {
-                0
-            };
-            let mut scratch = vec![0u128; scratch_units];
-            let acc = if aliased {
-                scratch.as_mut_ptr().cast::<u8>()
-            } else {
-                call.ptr(dst)
-            };
-            // SAFETY: the regions lie inside their buffers (checked plan); the sources are read by
-            // every rank between the barriers and written by none but their own rank, and only
-            // where a source is exactly that rank's `dst` (the checker proved every other `dst`
-            // disjoint from every source, and the plan race-free); `acc` holds dst.count elements
-            // and is aligned for them (the caller's buffer, or 16-byte units); nothing runs on an
-            // empty region, whose pointers may dangle.
-            unsafe {
-                if let (true, [first, rest @ ..]) = (dst.count > 0, sources.as_slice()) {
-                    std::ptr::copy(call.ptr(*first), acc, dst.count * eb);
-                    for src in rest {
-                        (call.kernels.reduce)(
-                            call.op.combine_op(),
-                            acc,
-                            acc,
-                            call.ptr(*src),
-                            dst.count,
-                        );
-                    }
-                }
-                if aliased && dst.count > 0 {
-                    std::ptr::copy_nonoverlapping(acc, call.ptr(dst), dst.count * eb);
-                }
-            }
-            meet(call, rank, index, 2 * meeting + 2, "end")?;
-        }
-        Op::Record(_) | Op::Wait(_) => unreachable!("records and waits are handled by the worker"),
-    }
-    Ok(())
-}
-
-/// A one-shot barrier on threads: rank `rank` arrives for the `arrival`-th time (1-based) and
-/// waits until every rank has, the call aborts, or the deadline passes.
-///
-/// A rank waiting here is not `running`: like a stream waiting on an event, it defers at the
-/// deadline to an operation stuck elsewhere, which names itself as the root cause.
-fn meet(call: &Call, rank: usize, index: usize, arrival: u64, which: &str) -> Result<()> {
-    call.running.fetch_sub(1, Ordering::AcqRel);
-    let met = meet_waiting(call, rank, index, arrival, which);
-    call.running.fetch_add(1, Ordering::AcqRel);
-    met
-}
-
-fn meet_waiting(call: &Call, rank: usize, index: usize, arrival: u64, which: &str) -> Result<()> {
-    let mut arrivals = call.arrivals.lock().unwrap_or_else(|p| p.into_inner());
-    arrivals[rank] = arrival;
-    call.arrived.notify_all();
-    while arrivals.iter().any(|&a| a < arrival) {
-        if call.aborted() {
-            return Err(aborted(rank));
-        }
-        let now = Instant::now();
-        if now >= call.deadline && call.running.load(Ordering::Acquire) == 0 {
-            let missing: Vec<usize> = (0..arrivals.len())
-                .filter(|&r| arrivals[r] < arrival)
-                .collect();
-            let tag = call.prepared.plan.ranks[rank][index].tag;
-            return Err(Error::Timeout {
-                rank,
-                waiting_on: format!(
-                    "(Main stream, {tag}) waited at the {which} barrier for rank(s) {missing:?}"
-                ),
-                after: call.timeout,
-            });
-        }
-        arrivals = call
-            .arrived
-            .wait_timeout(arrivals, call.wait_slice(now))
-            .unwrap_or_else(|p| p.into_inner())
-            .0;
-    }
-    Ok(())
-}
-
-/// Below this many elements a reduction runs on the calling worker alone.
-const PARALLEL_MIN: usize = 1 << 18;
-
-/// `dst[i] = a[i] ⊕ b[i]` for `count` elements of `T`.
-///
-/// # Safety
-/// `dst`, `a`, `b` point to `count` aligned elements of `T`; `dst == a` or `dst` is disjoint from
-/// both; `b` is disjoint from `dst`; no other thread accesses them during the call.
-unsafe fn reduce_raw<T: Element>(
-    op: ReduceOp,
-    dst: *mut u8,
-    a: *const u8,
-    b: *const u8,
-    count: usize,
-) {
-    let (dst, a, b) = (dst as *mut T, a as *const T, b as *const T);
-    // SAFETY: the caller guarantees validity and that `b` does not alias `dst`.
-    let (out, b) = unsafe {
-        (
-            std::slice::from_raw_parts_mut(dst, count),
-            std::slice::from_raw_parts(b, count),
-        )
-    };
-    if std::ptr::eq(dst, a) {
-        let fold = |(d, s): (&mut T, &T)| *d = T::combine(op, *d, *s);
-        if count >= PARALLEL_MIN {
-            out.par_iter_mut().zip(b.par_iter()).for_each(fold);
-        } else {
-            out.iter_mut().zip(b).for_each(fold);
-        }
-    } else {
-        // SAFETY: `a` is disjoint from `dst` (caller's contract), so a shared slice is sound.
-        let a = unsafe { std::slice::from_raw_parts(a, count) };
-        let combine = |((d, x), y): ((&mut T, &T), &T)| *d = T::combine(op, *x, *y);
-        if count >= PARALLEL_MIN {
-            out.par_iter_mut()
-                .zip(a.par_iter())
-                .zip(b.par_iter())
-                .for_each(combine);
-        } else {
-            out.iter_mut().zip(a).zip(b).for_each(combine);
-        }
-    }
-}
-
-/// `x[i] = x[i] / world` (the `Avg` finish).
-///
-/// # Safety
-/// `x` points to `count` aligned elements of `T` that no other thread accesses during the call.
-unsafe fn scale_raw<T: Element>(x: *mut u8, count: usize, world: usize) {
-    // SAFETY: the caller's contract.
-    let xs = unsafe { std::slice::from_raw_parts_mut(x as *mut T, count) };
-    for v in xs {
-        *v = T::average(*v, world);
     }
 }

@@ -1,0 +1,290 @@
+//! The host executor's streams: one worker thread per (rank, stream) runs what its rank thread
+//! enqueues, in order, with CUDA's event semantics.
+//!
+//! A record completes when the worker reaches it; a wait blocks the worker until the event's
+//! completed records reach the count captured when the wait was enqueued. A `PeerReduce` is a
+//! meeting on threads: a start barrier, the fold of every rank's source in rank order (as the GPU
+//! kernel folds), an end barrier. Invariant: every blocking wait here has the call's deadline and
+//! watches its abort flag, and defers at the deadline to an operation still running elsewhere,
+//! which names itself as the root cause.
+
+use super::{Cmd, FaultKind, HostCall};
+use crate::error::{Error, Result};
+use crate::exec::{aborted, panic_message};
+use crate::plan::{Instr, Op, StreamKind};
+use crossbeam_channel::Receiver;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A tiny deterministic generator for schedule delays.
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// A stream: runs what its rank thread enqueues, in order.
+pub(super) fn stream_worker(rank: usize, stream: StreamKind, cmds: Receiver<Cmd>) {
+    let mut current: Option<Arc<HostCall>> = None;
+    let mut rng = XorShift(1);
+    for cmd in cmds {
+        match cmd {
+            Cmd::Begin(call) => {
+                if let Some(seed) = call.delay_seed {
+                    rng = XorShift(seed ^ ((rank as u64) << 32 | stream.index() as u64) | 1);
+                }
+                current = Some(call);
+            }
+            Cmd::End => {
+                if let Some(call) = current.take() {
+                    let _ = call.done.send((rank, Some(stream)));
+                }
+            }
+            Cmd::Record { event, generation } => {
+                if let Some(call) = &current {
+                    let ev = &call.prepared.events[event];
+                    let mut done = ev.completed.lock().unwrap_or_else(|p| p.into_inner());
+                    *done = (*done).max(generation);
+                    ev.reached.notify_all();
+                }
+            }
+            Cmd::Wait {
+                event,
+                target,
+                index,
+            } => {
+                let Some(call) = &current else { continue };
+                if call.aborted() {
+                    continue;
+                }
+                if let Err(err) = wait_event(call, rank, stream, event, target, index) {
+                    call.fail(err);
+                }
+            }
+            Cmd::Run { index } => {
+                let Some(call) = &current else { continue };
+                if call.aborted() {
+                    continue;
+                }
+                if call.delay_seed.is_some() && rng.next() % 4 == 0 {
+                    std::thread::sleep(Duration::from_micros(rng.next() % 100));
+                }
+                let instr = call.prepared.plan.ranks[rank][index];
+                call.running.fetch_add(1, Ordering::AcqRel);
+                let outcome = catch_unwind(AssertUnwindSafe(|| run_op(call, rank, index, &instr)));
+                let err = match outcome {
+                    Ok(Ok(())) => None,
+                    Ok(Err(err)) => Some(err),
+                    Err(payload) => Some(Error::RankFailed {
+                        rank,
+                        during: instr.tag.to_string(),
+                        message: format!("panic: {}", panic_message(&*payload)),
+                    }),
+                };
+                // Fail before leaving `running`, so no wait blames a victim in between.
+                if let Some(err) = err {
+                    call.fail(err);
+                }
+                call.running.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+}
+
+/// Blocks a stream until `event` reaches `target`, the call aborts, or the deadline passes.
+fn wait_event(
+    call: &HostCall,
+    rank: usize,
+    stream: StreamKind,
+    event: usize,
+    target: u64,
+    index: usize,
+) -> Result<()> {
+    let ev = &call.prepared.events[event];
+    let mut done = ev.completed.lock().unwrap_or_else(|p| p.into_inner());
+    while *done < target {
+        if call.aborted() {
+            return Err(aborted(rank));
+        }
+        let now = Instant::now();
+        if now >= call.deadline && call.running.load(Ordering::Acquire) == 0 {
+            let tag = call.prepared.plan.ranks[rank][index].tag;
+            return Err(Error::Timeout {
+                rank,
+                waiting_on: format!(
+                    "({stream:?} stream, {tag}) waited for {}",
+                    call.prepared.plan.events[event]
+                ),
+                after: call.timeout,
+            });
+        }
+        done = ev
+            .reached
+            .wait_timeout(done, call.wait_slice(now))
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
+    }
+    Ok(())
+}
+
+/// Executes one data operation.
+fn run_op(call: &HostCall, rank: usize, index: usize, instr: &Instr) -> Result<()> {
+    if let Some(fault) = call.fault {
+        let len = call.prepared.plan.ranks[rank].len();
+        if fault.rank == rank && len > 0 && fault.instr % len == index {
+            match fault.kind {
+                FaultKind::Fail => {
+                    return Err(Error::RankFailed {
+                        rank,
+                        during: instr.tag.to_string(),
+                        message: format!("injected failure at instruction {index}"),
+                    })
+                }
+                FaultKind::Panic => panic!("injected panic at instruction {index}"),
+                FaultKind::Stall => {
+                    while !call.aborted() {
+                        if Instant::now() >= call.deadline {
+                            return Err(Error::Timeout {
+                                rank,
+                                waiting_on: format!("did not finish instruction {index} ({:?} stream, {}): the operation stalled", instr.stream, instr.tag),
+                                after: call.timeout,
+                            });
+                        }
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    return Err(aborted(rank));
+                }
+            }
+        }
+    }
+    let eb = call.elem_bytes;
+    match instr.op {
+        Op::Copy { src, dst } => {
+            // SAFETY: both regions lie inside their buffers (checked plan) and no other thread
+            // touches them now (race-free plan); `copy` allows overlap.
+            unsafe { std::ptr::copy(call.ptr(src), call.ptr(dst), src.count * eb) }
+        }
+        Op::Reduce { dst, a, b } => {
+            // SAFETY: as above; the checker proved `dst` is `a` or disjoint from `a` and `b`.
+            unsafe {
+                (call.folds.reduce)(
+                    call.op.combine_op(),
+                    call.ptr(dst),
+                    call.ptr(a),
+                    call.ptr(b),
+                    dst.count,
+                )
+            }
+        }
+        Op::Scale { region } => {
+            // SAFETY: as above.
+            unsafe { (call.folds.scale)(call.ptr(region), region.count, call.prepared.plan.world) }
+        }
+        op @ Op::PeerReduce { dst, .. } => {
+            let meeting = call.prepared.plan.ranks[rank][..index]
+                .iter()
+                .filter(|i| matches!(i.op, Op::PeerReduce { .. }))
+                .count() as u64;
+            meet(call, rank, index, 2 * meeting + 1, "start")?;
+            let sources = crate::check::peer_sources(&call.prepared.plan, &op);
+            // Folded in rank order, as the GPU kernel does: every rank gets the same bits. When
+            // `dst` is one of the sources (the two-shot in place: a rank's own segment), the
+            // fold runs in a scratch buffer, so that source is still intact when its turn comes.
+            let aliased = sources.contains(&dst);
+            // 16-byte units: aligned for every element type.
+            let scratch_units = if aliased {
+                (dst.count * eb).div_ceil(16)
+            } else {
+                0
+            };
+            let mut scratch = vec![0u128; scratch_units];
+            let acc = if aliased {
+                scratch.as_mut_ptr().cast::<u8>()
+            } else {
+                call.ptr(dst)
+            };
+            // SAFETY: the regions lie inside their buffers (checked plan); the sources are read by
+            // every rank between the barriers and written by none but their own rank, and only
+            // where a source is exactly that rank's `dst` (the checker proved every other `dst`
+            // disjoint from every source, and the plan race-free); `acc` holds dst.count elements
+            // and is aligned for them (the caller's buffer, or 16-byte units); nothing runs on an
+            // empty region, whose pointers may dangle.
+            unsafe {
+                if let (true, [first, rest @ ..]) = (dst.count > 0, sources.as_slice()) {
+                    std::ptr::copy(call.ptr(*first), acc, dst.count * eb);
+                    for src in rest {
+                        (call.folds.reduce)(
+                            call.op.combine_op(),
+                            acc,
+                            acc,
+                            call.ptr(*src),
+                            dst.count,
+                        );
+                    }
+                }
+                if aliased && dst.count > 0 {
+                    std::ptr::copy_nonoverlapping(acc, call.ptr(dst), dst.count * eb);
+                }
+            }
+            meet(call, rank, index, 2 * meeting + 2, "end")?;
+        }
+        Op::Record(_) | Op::Wait(_) => unreachable!("records and waits are handled by the worker"),
+    }
+    Ok(())
+}
+
+/// A one-shot barrier on threads: rank `rank` arrives for the `arrival`-th time (1-based) and
+/// waits until every rank has, the call aborts, or the deadline passes.
+///
+/// A rank waiting here is not `running`: like a stream waiting on an event, it defers at the
+/// deadline to an operation stuck elsewhere, which names itself as the root cause.
+fn meet(call: &HostCall, rank: usize, index: usize, arrival: u64, which: &str) -> Result<()> {
+    call.running.fetch_sub(1, Ordering::AcqRel);
+    let met = meet_waiting(call, rank, index, arrival, which);
+    call.running.fetch_add(1, Ordering::AcqRel);
+    met
+}
+
+fn meet_waiting(
+    call: &HostCall,
+    rank: usize,
+    index: usize,
+    arrival: u64,
+    which: &str,
+) -> Result<()> {
+    let mut arrivals = call.arrivals.lock().unwrap_or_else(|p| p.into_inner());
+    arrivals[rank] = arrival;
+    call.arrived.notify_all();
+    while arrivals.iter().any(|&a| a < arrival) {
+        if call.aborted() {
+            return Err(aborted(rank));
+        }
+        let now = Instant::now();
+        if now >= call.deadline && call.running.load(Ordering::Acquire) == 0 {
+            let missing: Vec<usize> = (0..arrivals.len())
+                .filter(|&r| arrivals[r] < arrival)
+                .collect();
+            let tag = call.prepared.plan.ranks[rank][index].tag;
+            return Err(Error::Timeout {
+                rank,
+                waiting_on: format!(
+                    "(Main stream, {tag}) waited at the {which} barrier for rank(s) {missing:?}"
+                ),
+                after: call.timeout,
+            });
+        }
+        arrivals = call
+            .arrived
+            .wait_timeout(arrivals, call.wait_slice(now))
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
+    }
+    Ok(())
+}
