@@ -80,11 +80,15 @@ fn main() -> ringreduce::Result<()> {
             let count = bytes / 4;
             let mut bufs = devices
                 .iter()
-                .map(|&d| GpuBuffer::from_host(d, &make_input::<f32>(ReduceOp::Sum, d, count)))
+                .enumerate()
+                .map(|(r, &d)| GpuBuffer::from_host(d, &make_input::<f32>(ReduceOp::Sum, r, count)))
                 .collect::<ringreduce::Result<Vec<_>>>()?;
             comm.all_reduce_in_place(&mut bufs, ReduceOp::Sum)?; // checked call
             let want = make_expected::<f32>(ReduceOp::Sum, n, count);
-            let wrong = compare(0, &bufs[0].to_host()?, &want, 3).0;
+            let mut wrong = 0;
+            for (r, buf) in bufs.iter().enumerate() {
+                wrong += compare(r, &buf.to_host()?, &want, 3).0;
+            }
             let start = Instant::now();
             for _ in 0..20 {
                 // Repeated sums change the values; only the first call is checked.
