@@ -18,73 +18,120 @@ pub enum Error {
     /// A CUDA driver or NVRTC call failed.
     #[error("CUDA call {call} failed with {code}: {message}")]
     Cuda {
+        /// The driver or NVRTC function that failed.
         call: &'static str,
+        /// The status code, by name.
         code: String,
+        /// The driver's own text for the code.
         message: String,
     },
     /// An NCCL call failed.
     #[error("NCCL call {call} failed: {message}")]
-    Nccl { call: &'static str, message: String },
+    Nccl {
+        /// The NCCL function that failed.
+        call: &'static str,
+        /// NCCL's own text for its status.
+        message: String,
+    },
     /// No CUDA driver library (libcuda) could be loaded, or it reports no device.
     #[error("no GPU available: {reason}")]
-    NoGpu { reason: String },
+    NoGpu {
+        /// Why no GPU could be used.
+        reason: String,
+    },
     /// The collective was called with no buffers.
     #[error("no buffers: a collective needs one buffer per rank, got none")]
     NoBuffers,
     /// The number of buffers does not match the communicator's world size.
     #[error("wrong number of buffers: the communicator has {world} ranks, got {got} buffers")]
-    WorldMismatch { world: usize, got: usize },
+    WorldMismatch {
+        /// The communicator's world size.
+        world: usize,
+        /// What was given.
+        got: usize,
+    },
     /// A rank's buffer length differs from rank 0's.
     #[error("length mismatch on rank {rank}: expected {expected} elements (rank 0's), got {got}")]
     LengthMismatch {
+        /// The rank concerned.
         rank: usize,
+        /// What was expected there.
         expected: usize,
+        /// What was given.
         got: usize,
     },
     /// An out-of-place output is shorter than its input.
     #[error("output too short on rank {rank}: input has {input} elements, output {output}")]
     OutputTooShort {
+        /// The rank concerned.
         rank: usize,
+        /// The input's length in elements.
         input: usize,
+        /// The output's length in elements.
         output: usize,
     },
     /// An out-of-place output overlaps its input.
     #[error("output overlaps input on rank {rank}: use the in-place call instead")]
-    Overlap { rank: usize },
+    Overlap {
+        /// The rank concerned.
+        rank: usize,
+    },
     /// Two ranks were given overlapping output (or in-place) buffers.
     #[error(
         "ranks {first} and {second} were given overlapping output buffers; each rank needs its own"
     )]
-    OutputsOverlap { first: usize, second: usize },
+    OutputsOverlap {
+        /// The lower-numbered rank.
+        first: usize,
+        /// The higher-numbered rank.
+        second: usize,
+    },
     /// Two ranks were given buffers on the same device.
     #[error("ranks {first} and {second} both have buffers on device {device}")]
     DuplicateDevice {
+        /// The device (GPU index) concerned.
         device: usize,
+        /// The lower-numbered rank.
         first: usize,
+        /// The higher-numbered rank.
         second: usize,
     },
     /// A buffer lives on a device the communicator does not own.
     #[error("rank {rank}'s buffer is on device {device}, but the communicator's rank {rank} is device {expected}")]
     WrongDevice {
+        /// The rank concerned.
         rank: usize,
+        /// The device (GPU index) concerned.
         device: usize,
+        /// What was expected there.
         expected: usize,
     },
     /// A buffer is in the wrong kind of memory for this communicator.
     #[error("rank {rank}'s buffer is in {got:?}, expected {expected}")]
     WrongPlacement {
+        /// The rank concerned.
         rank: usize,
+        /// Where the buffer is.
         got: crate::buffer::Placement,
+        /// The kind of memory this communicator needs.
         expected: &'static str,
     },
     /// count × element size does not fit in memory addresses.
     #[error("size overflow: {count} elements of {dtype} do not fit in a byte count")]
-    SizeOverflow { count: usize, dtype: DType },
+    SizeOverflow {
+        /// The element count asked for.
+        count: usize,
+        /// The element type.
+        dtype: DType,
+    },
     /// The operator is not defined for the type.
     #[error("{op} is not supported for {dtype}: {why}")]
     UnsupportedOp {
+        /// The operator.
         op: ReduceOp,
+        /// The element type.
         dtype: DType,
+        /// Why the pair is not supported.
         why: &'static str,
     },
     /// A communicator was asked for with no ranks (no devices, or a host world of 0).
@@ -113,22 +160,33 @@ pub enum Error {
     InvalidArgument(String),
     /// GPU a cannot reach GPU b's memory, and the transport was forced to peer copies.
     #[error("no peer access from device {from} to device {to}")]
-    NoPeerAccess { from: usize, to: usize },
+    NoPeerAccess {
+        /// The device that would read or write.
+        from: usize,
+        /// The device whose memory it cannot reach.
+        to: usize,
+    },
     /// A plan failed the plan checker: a bug in a planner, never in user input.
     #[error("plan rejected by the checker: {0}")]
     PlanRejected(String),
     /// A rank did not make progress before the collective's deadline.
     #[error("timeout after {after:?}: rank {rank} {waiting_on}")]
     Timeout {
+        /// The rank concerned.
         rank: usize,
+        /// What the rank was waiting for (a step, an event, a barrier).
         waiting_on: String,
+        /// The timeout that expired.
         after: Duration,
     },
     /// A rank's thread failed (an error or a caught panic) while running a collective.
     #[error("rank {rank} failed during {during}: {message}")]
     RankFailed {
+        /// The rank concerned.
         rank: usize,
+        /// What the rank was doing.
         during: String,
+        /// The error or panic message.
         message: String,
     },
     /// An earlier collective failed; this communicator cannot be used again (make a new one).
