@@ -20,9 +20,9 @@ use std::ffi::c_uint;
 use std::sync::Arc;
 
 /// Device memory from plain `cuMemAlloc` in one context — outside every stream-ordered pool, so
-/// peer access enabled with [`enable_peer_access`](super::enable_peer_access) applies to it (the pool trap, in the
-/// [device layer's doc](super)).
-/// Uninitialized when made with [`DeviceBuffer::new`].
+/// peer access enabled with [`enable_peer_access`](super::enable_peer_access) applies to it (the
+/// pool trap, in the [device layer's doc](super)). Uninitialized when made with
+/// [`DeviceBuffer::new`].
 #[derive(Debug)]
 pub struct DeviceBuffer {
     /// 0 only after the memory was freed.
@@ -288,8 +288,9 @@ impl Drop for PinnedHost {
 /// - `[src_ptr, src_ptr + bytes)` is device memory allocated in `src_ctx`, and
 ///   `[dst_ptr, dst_ptr + bytes)` is device memory allocated in `dst_ctx`; the two do not overlap.
 /// - Both allocations stay allocated until the copy has completed on `stream` — observed through an
-///   event recorded on `stream` after this call, or [`stream_synchronize`](super::stream_synchronize). Dropping a
-///   [`DeviceBuffer`] earlier is a use after free on the GPU.
+///   event recorded on `stream` after this call, or
+///   [`stream_synchronize`](super::stream_synchronize). Dropping a [`DeviceBuffer`] earlier is a
+///   use after free on the GPU.
 /// - Until then nothing else writes the source range or reads or writes the destination range:
 ///   every other use is ordered before or after this copy with events (or a synchronize).
 pub unsafe fn memcpy_peer_async(
