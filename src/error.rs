@@ -196,3 +196,14 @@ pub enum Error {
     #[error("communicator is closed")]
     Closed,
 }
+
+/// Turns a caught panic payload into a message.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic with a non-string payload".into()
+    }
+}

@@ -185,7 +185,7 @@ fn guard<T>(call: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
             reason: format!(
                 "cudarc panicked during {call}: {} (is libcuda older than the CUDA 13.0 \
                  bindings this crate is built with?)",
-                crate::exec::panic_message(&*payload)
+                crate::error::panic_message(&*payload)
             ),
         }),
     }

@@ -17,6 +17,7 @@ pub mod config;
 pub mod cuda;
 pub mod host;
 
+pub(crate) use crate::error::panic_message;
 pub use algorithm::Algorithm;
 
 use crate::element::{Element, ReduceOp};
@@ -277,15 +278,4 @@ pub(crate) fn enqueue_rank(
         }
     }
     Ok(())
-}
-
-/// Turns a caught panic payload into a message.
-pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic with a non-string payload".into()
-    }
 }
