@@ -32,11 +32,11 @@
 //! `NCCL_NVLS_ENABLE` must stay 0 on the shared test machines (no NVLink multicast), and NCCL's
 //! anchor figures were measured so.
 
+use cudarc::nccl::{result as nccl, sys as nccl_sys};
+use ringreduce::device;
 use ringreduce::{Buffer, BufferMut, Placement};
 use ringreduce::{DType, Element, ReduceOp};
 use ringreduce::{Error, Result};
-use ringreduce::device;
-use cudarc::nccl::{result as nccl, sys as nccl_sys};
 use std::ffi::{c_int, c_void, CStr};
 use std::panic::{self, AssertUnwindSafe};
 use std::path::PathBuf;
