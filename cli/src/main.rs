@@ -3,7 +3,8 @@
 //! `ringreduce` (no subcommand) is the main job, [`run`]: it looks for GPUs, runs the all-reduce on
 //! them — or, where no GPU or driver is found, on host ranks — checks every result exactly, and
 //! prints a table in the style of nccl-tests. [`info`] says what this build and machine have;
-//! [`topo`], [`p2p`], [`sync`] and [`tour`] look at the machine; [`bench`] measures against NCCL.
+//! [`topo`], [`p2p`], [`sync`] and [`tour`] look at the machine; [`bench`] measures against NCCL;
+//! [`plan`] shows and checks one plan, with no GPU.
 //! This file holds the command line, the exit codes and the flag parsers the subcommands share.
 //!
 //! Invariant: every failure leaves through [`Failure`], so that each cause has one exit code and
@@ -11,7 +12,7 @@
 
 use clap::{Parser, Subcommand};
 use ringreduce::device;
-use ringreduce::Communicator;
+use ringreduce::{Communicator, ReduceOp};
 use std::process::ExitCode;
 
 /// `println!` that ends the program quietly when stdout is closed (`ringreduce run | head`)
@@ -29,6 +30,7 @@ macro_rules! out {
 mod bench;
 mod info;
 mod p2p;
+mod plan;
 mod run;
 mod sync;
 mod topo;
@@ -61,6 +63,9 @@ enum Command {
     Tour(tour::TourArgs),
     /// nccl-tests-style sweep: ringreduce against NCCL, JSON and plots.
     Bench(bench::BenchArgs),
+    /// A plan's step table and timeline (SVG), checked: one all-reduce for a given algorithm, rank
+    /// count and chunking. No GPU needed.
+    Plan(plan::PlanArgs),
 }
 
 /// Why a command failed; each cause has its own exit code.
@@ -68,8 +73,11 @@ enum Command {
 pub enum Failure {
     /// The command needs GPUs and there are none (or not enough): exit code 3.
     NoGpu(String),
-    /// Anything else (a CUDA error, a wrong result): exit code 1.
+    /// Anything else (a CUDA error, a wrong result, a rejected plan): exit code 1.
     Failed(String),
+    /// Flags that parse one by one but not together (`plan --staged` with the one-shot): exit
+    /// code 2, as for the usage errors clap finds.
+    Usage(String),
 }
 
 impl From<String> for Failure {
@@ -100,8 +108,8 @@ pub fn require_gpus(min: usize) -> Result<usize, Failure> {
     Ok(n)
 }
 
-/// Exit codes: 0 all correct; 1 a collective failed or a result was wrong; 2 bad usage (clap);
-/// 3 no GPU (for the commands that need one).
+/// Exit codes: 0 all correct; 1 a collective failed, a result was wrong or a plan was rejected;
+/// 2 bad usage (clap, or flags that do not go together); 3 no GPU (for the commands that need one).
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result: Result<(), Failure> =
@@ -113,6 +121,7 @@ fn main() -> ExitCode {
             Command::Sync(args) => sync::run(&args),
             Command::Tour(args) => tour::run(&args),
             Command::Bench(args) => bench::run(&args),
+            Command::Plan(args) => plan::run(&args),
         };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -123,6 +132,10 @@ fn main() -> ExitCode {
         Err(Failure::Failed(msg)) => {
             eprintln!("ringreduce: {msg}");
             ExitCode::from(1)
+        }
+        Err(Failure::Usage(msg)) => {
+            eprintln!("ringreduce: {msg}");
+            ExitCode::from(2)
         }
     }
 }
@@ -182,6 +195,12 @@ pub fn describe_knobs(chunk_bytes: Option<usize>, slots: usize) -> String {
             .to_string(),
     };
     format!("ring chunk: {chunk}; staging slots per receiver: {slots}")
+}
+
+/// A reduction by name: sum, prod, min, max or avg (`bench -o`, `plan --op`).
+pub fn parse_op(text: &str) -> Result<ReduceOp, String> {
+    ReduceOp::from_name(text)
+        .ok_or_else(|| format!("unknown op {text:?}: use sum, prod, min, max or avg"))
 }
 
 pub fn parse_algorithm(text: &str) -> Result<ringreduce::Algorithm, String> {

@@ -77,7 +77,7 @@ pub fn run(args: &TourArgs) -> Result<(), Failure> {
         out!("## step {step}");
         let (verdict, why) = match f(args) {
             Ok(v) => v,
-            Err(Failure::NoGpu(e) | Failure::Failed(e)) => (Verdict::Fail, e),
+            Err(Failure::NoGpu(e) | Failure::Failed(e) | Failure::Usage(e)) => (Verdict::Fail, e),
         };
         out!("{verdict} {step}: {why}");
         results.push(StepResult { step, verdict, why });

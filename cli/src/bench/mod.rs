@@ -33,7 +33,7 @@ mod report;
 
 pub use measure::{algbw_gbps, busbw_gbps};
 
-use crate::{parse_bytes, parse_transport, require_gpus, Failure};
+use crate::{parse_bytes, parse_op, parse_transport, require_gpus, Failure};
 use measure::{Lib, Sweep};
 use nccl::run_nccl_only;
 use plot::{check_plot_path, write_plot};
@@ -111,11 +111,6 @@ fn parse_dtype(text: &str) -> Result<DType, String> {
         let names: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
         format!("unknown type {text:?}: use one of {}", names.join(", "))
     })
-}
-
-fn parse_op(text: &str) -> Result<ReduceOp, String> {
-    ReduceOp::from_name(text)
-        .ok_or_else(|| format!("unknown op {text:?}: use sum, prod, min, max or avg"))
 }
 
 /// ringreduce's communicator options for one pass: `args`' transport, algorithm and ring knobs.
