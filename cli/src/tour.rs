@@ -77,7 +77,7 @@ pub fn run(args: &TourArgs) -> Result<(), Failure> {
         out!("## step {step}");
         let (verdict, why) = match f(args) {
             Ok(v) => v,
-            Err(Failure::NoGpu(e) | Failure::Failed(e)) => (Verdict::Fail, e),
+            Err(Failure::NoGpu(e) | Failure::Failed(e) | Failure::Usage(e)) => (Verdict::Fail, e),
         };
         out!("{verdict} {step}: {why}");
         results.push(StepResult { step, verdict, why });
@@ -217,7 +217,7 @@ fn all_reduce(_args: &TourArgs) -> Result<(Verdict, String), Failure> {
     let mut wrong_total = 0;
     let mut outcome = Ok(());
     for bytes in ALL_REDUCE_BYTES {
-        match crate::time_gpu(&comm, bytes / 4, false) {
+        match crate::run::time_gpu(&comm, bytes / 4, false) {
             Ok((time, wrong)) => {
                 let algbw = crate::bench::algbw_gbps(bytes, time.as_secs_f64());
                 let busbw = crate::bench::busbw_gbps(algbw, world);
@@ -302,7 +302,7 @@ fn nccl_comparison(devices: &[usize], world: usize) -> String {
     format!("NCCL {version}: {} GB/s busbw", parts.join(", "))
 }
 
-/// [`crate::time_gpu`]'s procedure for NCCL: one checked call, a warm-up, then back-to-back
+/// [`crate::run::time_gpu`]'s procedure for NCCL: one checked call, a warm-up, then back-to-back
 /// iterations timed on the host clock until the streams are synchronized.
 fn time_nccl(
     nccl: &ringreduce_cli::baseline::NcclAllReduce,

@@ -249,3 +249,87 @@ fn from_json_reads_reports_with_and_without_the_knobs() {
         new_svg.display()
     );
 }
+
+#[test]
+fn plan_prints_a_checked_step_table_without_a_gpu() {
+    let out = ringreduce(&["plan", "--ranks", "3", "--count", "7"]);
+    assert_no_panic("plan --ranks 3 --count 7", &out);
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "exit code\nstdout: {stdout}\nstderr: {}",
+        text(&out.stderr)
+    );
+    assert!(
+        stdout.lines().any(|l| l.starts_with("checked: ok")),
+        "stdout: {stdout}"
+    );
+    for rank in 0..3 {
+        assert_eq!(
+            stdout
+                .lines()
+                .filter(|l| l.starts_with(&format!("rank {rank}:")))
+                .count(),
+            1,
+            "one line for rank {rank}\nstdout: {stdout}"
+        );
+    }
+    assert!(!stdout.contains("rank 3:"), "stdout: {stdout}");
+    for algorithm in ["oneshot", "twoshot"] {
+        let out = ringreduce(&["plan", "--algorithm", algorithm, "--in-place"]);
+        assert_eq!(out.status.code(), Some(0), "{algorithm}");
+        assert!(text(&out.stdout).contains("checked: ok"), "{algorithm}");
+    }
+}
+
+#[test]
+fn plan_draws_its_timeline_as_svg() {
+    let dir = std::env::temp_dir().join(format!("ringreduce-cli-plan-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("ring.svg");
+    let out = ringreduce(&[
+        "plan",
+        "--ranks",
+        "3",
+        "--count",
+        "7",
+        "--chunk",
+        "2",
+        "--staged",
+        "--svg",
+        path.to_str().unwrap(),
+    ]);
+    assert_no_panic("plan --svg", &out);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
+    let svg = std::fs::read_to_string(&path).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(200)]);
+    assert!(svg.contains("rank 2 recv"), "a lane per (rank, stream)");
+}
+
+#[test]
+fn plan_refuses_bad_input_clearly() {
+    for (args, needle) in [
+        (&["plan", "--ranks", "0"][..], "--ranks"),
+        (&["plan", "--chunk", "0"], "--chunk"),
+        (&["plan", "--algorithm", "auto"], "ring, oneshot or twoshot"),
+        (&["plan", "--algorithm", "oneshot", "--staged"], "ring only"),
+    ] {
+        let out = ringreduce(args);
+        assert_no_panic(&format!("{args:?}"), &out);
+        let stderr = text(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: exit code\nstderr: {stderr}"
+        );
+        assert!(stderr.contains(needle), "{args:?}: stderr {stderr:?}");
+        assert!(out.stdout.is_empty(), "{args:?}: nothing printed");
+    }
+    // A shape the builder refuses: the builder's reason, exit code 1.
+    let out = ringreduce(&["plan", "--algorithm", "twoshot", "--ranks", "65"]);
+    assert_no_panic("plan twoshot 65 ranks", &out);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).starts_with("ringreduce: the plan could not be built"));
+}

@@ -1,0 +1,412 @@
+//! `ringreduce bench`: an nccl-tests-style sweep of ringreduce's all-reduce against NCCL's on the
+//! same GPUs, with the machine, versions, commit and date beside the numbers; `--json` and `--plot`.
+//!
+//! # What one row is
+//!
+//! For each size (bytes per rank; count = bytes / element size): out of place, then in place —
+//! time (µs), algbw = bytes / time (GB/s, 1 GB = 10⁹ B), busbw = algbw · 2(n−1)/n, #wrong — and
+//! per-iteration times (min, median, p99). ringreduce runs in this process; NCCL runs in child
+//! processes of this same executable (`--nccl-only --json-stdout`), because NCCL reads its
+//! environment (`NCCL_ALGO`, `NCCL_P2P_DISABLE`) once, at communicator creation: once with NCCL's
+//! defaults and once with `NCCL_ALGO=Ring` (ring against ring); with `--transport staged`, both
+//! with `NCCL_P2P_DISABLE=1` (NCCL's host shared-memory path, the counterpart of staging).
+//!
+//! # Timing (as nccl-tests)
+//!
+//! Per size and placement: one checked call on fresh inputs (every element of every rank compared
+//! with the exact host reference, [`ringreduce::verify`]), `-w` warm-up iterations, then `-n`
+//! iterations enqueued back to back and timed on the host from the first enqueue to the end of the
+//! wait for completion, divided by `-n`. Then a second pass of `-n` iterations with a CUDA timing
+//! event recorded on rank 0's stream between consecutive iterations gives per-iteration times
+//! (rank 0's view: its part of iteration i ends when it has received everything it needs).
+//!
+//! # Where each part lives
+//!
+//! This module reads the arguments and runs the passes; [`measure`] times one library over the
+//! sweep, [`nccl`] runs NCCL in its child processes, [`report`] holds the rows, the JSON report
+//! and the printed tables, and [`plot`] draws a report (SVG, or PNG through resvg).
+
+mod measure;
+mod nccl;
+mod plot;
+mod report;
+
+pub use measure::{algbw_gbps, busbw_gbps};
+
+use crate::{parse_bytes, parse_op, parse_transport, require_gpus, Failure};
+use measure::{Lib, Sweep};
+use nccl::run_nccl_only;
+use plot::{check_plot_path, write_plot};
+use report::{print_comparison, Report, Row};
+use ringreduce::{Communicator, DType, ReduceOp, Transport};
+use std::path::PathBuf;
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct BenchArgs {
+    /// Smallest message in bytes per rank (suffixes K, M, G: powers of 1024).
+    #[arg(short = 'b', long, default_value = "8", value_parser = parse_bytes)]
+    pub min_bytes: usize,
+    /// Largest message in bytes per rank.
+    #[arg(short = 'e', long, default_value = "1G", value_parser = parse_bytes)]
+    pub max_bytes: usize,
+    /// Size multiplier between rows.
+    #[arg(short = 'f', long, default_value_t = 2)]
+    pub factor: usize,
+    /// Element type: f16, bf16, f32, f64, i8, u8, i32, u32, i64, u64.
+    #[arg(short = 'd', long, default_value = "f32", value_parser = parse_dtype)]
+    pub dtype: DType,
+    /// Reduction: sum, prod, min, max, avg.
+    #[arg(short = 'o', long, default_value = "sum", value_parser = parse_op)]
+    pub op: ReduceOp,
+    /// How ringreduce's ring edges move data: auto, peer or staged (staged: NCCL runs with
+    /// NCCL_P2P_DISABLE=1).
+    #[arg(long, default_value = "auto", value_parser = parse_transport)]
+    pub transport: Transport,
+    /// ringreduce's algorithm: auto (by size, see the header), ring, oneshot or twoshot.
+    #[arg(long, default_value = "auto", value_parser = crate::parse_algorithm)]
+    pub algorithm: ringreduce::Algorithm,
+    /// ringreduce's ring chunk in bytes (suffixes K, M, G), in place of the automatic size per
+    /// message (`CudaConfig::chunk_bytes`). Applies to the staged pass too (whose automatic chunk
+    /// is at most 4 MiB); not to NCCL, nor to the one-shot.
+    #[arg(long, value_parser = crate::parse_chunk_bytes)]
+    pub chunk: Option<usize>,
+    /// Staging slots per receiver of ringreduce's ring (`CudaConfig::slots`). Applies to the
+    /// staged pass too; not to NCCL, nor to the one-shot.
+    #[arg(long, default_value_t = ringreduce::CudaConfig::default().slots,
+          value_parser = crate::parse_positive)]
+    pub slots: usize,
+    /// Timed iterations per size.
+    #[arg(short = 'n', long, default_value_t = 20)]
+    pub iters: usize,
+    /// Warm-up iterations per size.
+    #[arg(short = 'w', long, default_value_t = 5)]
+    pub warmup: usize,
+    /// Write the header and all rows as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Draw busbw and time against size for every library (SVG).
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Skip NCCL.
+    #[arg(long)]
+    pub no_nccl: bool,
+    /// Measure nothing: read a report written earlier with --json and draw it (--plot); no GPU
+    /// needed.
+    #[arg(long)]
+    pub from_json: Option<PathBuf>,
+    /// Skip the staged pass (ringreduce staged through pinned host memory against NCCL with
+    /// NCCL_P2P_DISABLE=1, up to 256 MiB) that follows the main one unless --transport staged.
+    #[arg(long)]
+    pub no_staged: bool,
+    /// Internal: run NCCL only (in a child process of `bench`).
+    #[arg(long, hide = true)]
+    pub nccl_only: bool,
+    /// Internal: with --nccl-only, print the rows as JSON on stdout and nothing else there.
+    #[arg(long, hide = true)]
+    pub json_stdout: bool,
+}
+
+fn parse_dtype(text: &str) -> Result<DType, String> {
+    DType::from_name(text).ok_or_else(|| {
+        let names: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
+        format!("unknown type {text:?}: use one of {}", names.join(", "))
+    })
+}
+
+/// ringreduce's communicator options for one pass: `args`' transport, algorithm and ring knobs.
+pub fn cuda_config(args: &BenchArgs) -> ringreduce::CudaConfig {
+    ringreduce::CudaConfig {
+        transport: args.transport,
+        algorithm: args.algorithm,
+        chunk_bytes: args.chunk,
+        slots: args.slots,
+        ..Default::default()
+    }
+}
+
+/// The staged pass's arguments: the ring with every edge staged, up to [`STAGED_MAX_BYTES`]; the
+/// ring knobs (`--chunk`, `--slots`) and everything else as in the main pass.
+pub fn staged_pass_args(args: &BenchArgs) -> BenchArgs {
+    let max_bytes = args.max_bytes.min(STAGED_MAX_BYTES);
+    BenchArgs {
+        transport: Transport::Staged,
+        algorithm: ringreduce::Algorithm::Ring,
+        max_bytes,
+        min_bytes: args.min_bytes.min(max_bytes),
+        ..args.clone()
+    }
+}
+
+/// ", chunk 32M, slots 4" for a label or a title when either knob differs from `CudaConfig`'s
+/// default, so that series from different settings do not share a name; "" otherwise.
+pub fn knobs_suffix(chunk_bytes: Option<u64>, slots: Option<u64>) -> String {
+    let default_slots = ringreduce::CudaConfig::default().slots as u64;
+    if chunk_bytes.is_none() && slots.is_none_or(|s| s == default_slots) {
+        return String::new();
+    }
+    let chunk = chunk_bytes.map_or("auto".to_string(), |b| crate::format_bytes(b as usize));
+    match slots {
+        Some(s) => format!(", chunk {chunk}, slots {s}"),
+        None => format!(", chunk {chunk}"),
+    }
+}
+
+/// The command: `--from-json` draws an earlier report; otherwise the main pass, then the staged
+/// pass unless `--no-staged` (or the main pass is staged), the comparison tables, `--json` and
+/// `--plot`. Fails when any element of any row was wrong.
+pub fn run(args: &BenchArgs) -> Result<(), Failure> {
+    if let Some(p) = &args.plot {
+        check_plot_path(p)?;
+    }
+    if args.min_bytes > args.max_bytes {
+        return Err(Failure::Failed(format!(
+            "-b {} is larger than -e {}",
+            args.min_bytes, args.max_bytes
+        )));
+    }
+    if args.nccl_only {
+        return run_nccl_only(args);
+    }
+    if let Some(source) = &args.from_json {
+        return report::plot_from_json(source, args.plot.as_deref());
+    }
+    let n = require_gpus(2)?;
+    let devices: Vec<usize> = (0..n).collect();
+    let (chunk_bytes, slots) = (args.chunk.map(|b| b as u64), Some(args.slots as u64));
+    let knobs = knobs_suffix(chunk_bytes, slots);
+    let ring_label = format!(
+        "ringreduce ({}{}{knobs})",
+        format!("{:?}", args.transport).to_lowercase(),
+        match args.algorithm {
+            ringreduce::Algorithm::Auto => String::new(),
+            a => format!(", {}", format!("{a:?}").to_lowercase()),
+        }
+    );
+
+    let (mut header, detected) = report::machine_header(args, n)?;
+
+    let mut not_measured = Vec::new();
+    let (mut rows, against) = measure_pass(
+        args,
+        &devices,
+        &ring_label,
+        detected.as_ref(),
+        &mut header,
+        &mut not_measured,
+    )?;
+    let mut comparisons = vec![(ring_label.clone(), against)];
+    // The staged fallback against NCCL's host path, in the same report (issue 4, point 2):
+    // ringreduce's ring with every edge staged through pinned host memory, and NCCL with
+    // NCCL_P2P_DISABLE=1. Up to 256 MiB (the staged path moves ~45 GB/s: a 1 GiB row alone
+    // would take seconds per iteration).
+    if args.transport != Transport::Staged && !args.no_staged {
+        let staged = staged_pass_args(args);
+        let label = format!("ringreduce (staged{knobs})");
+        let (staged_rows, against) = measure_pass(
+            &staged,
+            &devices,
+            &label,
+            detected.as_ref(),
+            &mut header,
+            &mut not_measured,
+        )?;
+        rows.extend(staged_rows);
+        comparisons.push((label, against));
+    }
+    let report = Report {
+        header,
+        chunk_bytes,
+        slots,
+        not_measured,
+        rows,
+    };
+    for (label, against) in &comparisons {
+        print_comparison(&report, label, against);
+    }
+
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+        std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+        out!("# JSON: {}", path.display());
+    }
+    if let Some(path) = &args.plot {
+        let title = format!("all-reduce {} {} on {n} GPUs{knobs}", args.dtype, args.op);
+        write_plot(path, &report.rows, &title)?;
+        out!("# plot: {}", path.display());
+    }
+    let wrong: u64 = report
+        .rows
+        .iter()
+        .map(|r| r.out_of_place.wrong + r.in_place.wrong)
+        .sum();
+    if wrong > 0 {
+        return Err(Failure::Failed(format!(
+            "{wrong} wrong elements (see the #wrong columns)"
+        )));
+    }
+    out!("# all results correct");
+    Ok(())
+}
+
+/// Bytes per rank the staged pass of a default `bench` goes up to.
+const STAGED_MAX_BYTES: usize = 256 << 20;
+
+/// One pass of the report: ringreduce with `args`' transport and algorithm over the sweep, then
+/// each NCCL configuration that matches it (in child processes). Returns the rows and the labels
+/// of the NCCL runs measured, for the comparison table.
+fn measure_pass(
+    args: &BenchArgs,
+    devices: &[usize],
+    label: &str,
+    detected: Option<&ringreduce::topo::Detected>,
+    header: &mut Vec<(String, String)>,
+    not_measured: &mut Vec<(String, String)>,
+) -> Result<(Vec<Row>, Vec<String>), Failure> {
+    let first = !header.iter().any(|(k, _)| k.ends_with(" links"));
+    let printed = header.len();
+    let comm = Communicator::with_config(devices, cuda_config(args))?;
+    header.push((
+        format!("{label} algorithm"),
+        crate::describe_algorithm(&comm),
+    ));
+    let mut links = Vec::new();
+    for e in comm.edges() {
+        let link = detected.and_then(|d| {
+            d.links
+                .get(e.from_device)?
+                .get(e.to_device)
+                .copied()
+                .flatten()
+        });
+        let kind = match link {
+            Some(l) if l.is_nvlink() => format!("NVLink {l}"),
+            Some(l) => format!("PCIe ({l})"),
+            None => "link unknown".to_string(),
+        };
+        let probe = match &e.probe {
+            Some(p) => format!(", probe {:.1} GB/s", p.measured_gb_per_s),
+            None => String::new(),
+        };
+        links.push(format!(
+            "GPU {} -> GPU {}: {kind}, ringreduce {:?} ({}){probe}",
+            e.from_device, e.to_device, e.transport, e.reason
+        ));
+        if let Some(why) = e.slow() {
+            out!(
+                "# WARNING: edge GPU {} -> GPU {} is {why}",
+                e.from_device,
+                e.to_device
+            );
+        }
+    }
+    header.push((format!("{label} links"), links.join("; ")));
+    if first {
+        for (k, v) in header.iter() {
+            out!("# {k}: {v}");
+        }
+    } else {
+        for (k, v) in &header[printed..] {
+            out!("# {k}: {v}");
+        }
+    }
+
+    let sweep = Sweep::new(args, devices.to_vec())?;
+    let mut rows = sweep.run(&Lib::Ring(&comm), label, true)?;
+    drop(sweep);
+    comm.close()?;
+
+    let against = nccl::measure_nccl(args, &mut rows, header, not_measured);
+    Ok((rows, against))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(clap::Parser)]
+    pub(super) struct Wrap {
+        #[command(subcommand)]
+        pub(super) command: Sub,
+    }
+    #[derive(clap::Subcommand)]
+    pub(super) enum Sub {
+        Bench(BenchArgs),
+    }
+
+    fn parse(argv: &[&str]) -> Result<BenchArgs, clap::Error> {
+        let argv = ["ringreduce", "bench"].iter().chain(argv);
+        Wrap::try_parse_from(argv).map(|w| match w.command {
+            Sub::Bench(args) => args,
+        })
+    }
+
+    #[test]
+    fn ring_knobs_reach_both_passes_and_the_labels() {
+        let defaults = ringreduce::CudaConfig::default();
+        // Left out: the library's defaults, and labels as before the flags.
+        let args = parse(&[]).unwrap();
+        assert_eq!((args.chunk, args.slots), (None, defaults.slots));
+        let config = cuda_config(&args);
+        assert_eq!(
+            (config.chunk_bytes, config.slots),
+            (defaults.chunk_bytes, defaults.slots)
+        );
+        assert_eq!(knobs_suffix(None, Some(defaults.slots as u64)), "");
+        assert_eq!(knobs_suffix(None, None), "");
+
+        let args = parse(&[
+            "--chunk",
+            "32M",
+            "--slots",
+            "4",
+            "-b",
+            "128M",
+            "-e",
+            "1G",
+            "--algorithm",
+            "oneshot",
+        ])
+        .unwrap();
+        let config = cuda_config(&args);
+        assert_eq!((config.chunk_bytes, config.slots), (Some(32 << 20), 4));
+        assert_eq!(config.algorithm, ringreduce::Algorithm::OneShot);
+        // The staged pass: staged ring up to 256 MiB, same knobs.
+        let staged = cuda_config(&staged_pass_args(&args));
+        assert_eq!((staged.chunk_bytes, staged.slots), (Some(32 << 20), 4));
+        assert_eq!(
+            (staged.transport, staged.algorithm),
+            (Transport::Staged, ringreduce::Algorithm::Ring)
+        );
+        let staged = staged_pass_args(&args);
+        assert_eq!(
+            (staged.min_bytes, staged.max_bytes),
+            (128 << 20, STAGED_MAX_BYTES)
+        );
+        assert_eq!(
+            knobs_suffix(Some(32 << 20), Some(4)),
+            ", chunk 32M, slots 4"
+        );
+        assert_eq!(knobs_suffix(None, Some(2)), ", chunk auto, slots 2");
+        assert_eq!(knobs_suffix(Some(1000), None), ", chunk 1000");
+
+        // 0 is refused when the flags are read, before any GPU is looked for.
+        for bad in [&["--chunk", "0"][..], &["--slots", "0"], &["--chunk", "0M"]] {
+            let err = parse(bad)
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?} was accepted"));
+            assert_eq!(
+                err.kind(),
+                clap::error::ErrorKind::ValueValidation,
+                "{bad:?}"
+            );
+        }
+        assert_eq!(crate::format_bytes(32 << 20), "32M");
+        assert_eq!(crate::format_bytes(1 << 30), "1G");
+        assert_eq!(crate::format_bytes(1536), "1536");
+        assert_eq!(crate::format_bytes(3 << 10), "3K");
+        for text in ["1", "4K", "128M", "2G", "1000"] {
+            assert_eq!(crate::format_bytes(parse_bytes(text).unwrap()), text);
+        }
+    }
+}

@@ -1,0 +1,320 @@
+//! NCCL's side of `bench`: each NCCL configuration runs in a child process of this executable
+//! (`bench --nccl-only --json-stdout`), because NCCL reads its environment once, at communicator
+//! creation. The configurations are NCCL's defaults and `NCCL_ALGO=Ring`; with staged transport
+//! both with `NCCL_P2P_DISABLE=1`; `NCCL_NVLS_ENABLE` is 0 unless the parent's environment says
+//! otherwise.
+//!
+//! Invariant: the child runs the same sweep (sizes, type, op, iterations) as the parent and never
+//! ringreduce's ring knobs; its rows are the last line of its stdout that is JSON
+//! ([`ChildOutput`]), relabelled with the configuration that produced them.
+
+use super::measure::{Lib, Sweep};
+use super::report::{print_row, print_table_header, ChildOutput, Row};
+use super::BenchArgs;
+use crate::{require_gpus, Failure};
+use ringreduce::Transport;
+use ringreduce_cli::baseline::{self, NcclAllReduce};
+use std::path::{Path, PathBuf};
+
+/// One NCCL configuration run in its own process.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NcclRun {
+    pub label: String,
+    /// Variables set for the child (NCCL reads them at init).
+    pub set: Vec<(String, String)>,
+    /// Variables removed from the child's environment.
+    pub remove: Vec<String>,
+}
+
+/// The NCCL runs for this sweep: defaults and `NCCL_ALGO=Ring`; with staged transport both with
+/// `NCCL_P2P_DISABLE=1`. `NCCL_NVLS_ENABLE` is 0 unless `nvls` (the parent's value) says
+/// otherwise.
+pub fn nccl_runs(transport: Transport, nvls: Option<&str>) -> Vec<NcclRun> {
+    let nvls = nvls.unwrap_or("0").to_string();
+    let p2p_off = transport == Transport::Staged;
+    [false, true]
+        .into_iter()
+        .map(|ring| {
+            let mut set = vec![("NCCL_NVLS_ENABLE".to_string(), nvls.clone())];
+            let mut remove = Vec::new();
+            let mut label = "NCCL".to_string();
+            let mut notes = Vec::new();
+            if ring {
+                set.push(("NCCL_ALGO".into(), "Ring".into()));
+                notes.push("NCCL_ALGO=Ring");
+            } else {
+                remove.push("NCCL_ALGO".to_string());
+            }
+            if p2p_off {
+                set.push(("NCCL_P2P_DISABLE".into(), "1".into()));
+                notes.push("NCCL_P2P_DISABLE=1");
+            }
+            if !notes.is_empty() {
+                label = format!("{label} ({})", notes.join(", "));
+            }
+            NcclRun { label, set, remove }
+        })
+        .collect()
+}
+
+/// The child's command line (after the executable): the same sweep, NCCL only, JSON on stdout.
+pub fn child_args(args: &BenchArgs) -> Vec<String> {
+    vec![
+        "bench".into(),
+        "--nccl-only".into(),
+        "--json-stdout".into(),
+        "-b".into(),
+        args.min_bytes.to_string(),
+        "-e".into(),
+        args.max_bytes.to_string(),
+        "-f".into(),
+        args.factor.to_string(),
+        "-d".into(),
+        args.dtype.name().into(),
+        "-o".into(),
+        args.op.name().into(),
+        "-n".into(),
+        args.iters.to_string(),
+        "-w".into(),
+        args.warmup.to_string(),
+    ]
+}
+
+/// Runs one NCCL configuration in a child process; its rows, or why there are none.
+fn run_child(
+    args: &BenchArgs,
+    run: &NcclRun,
+    lib_dir: Option<&Path>,
+) -> Result<ChildOutput, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(child_args(args));
+    for (k, v) in &run.set {
+        cmd.env(k, v);
+    }
+    for k in &run.remove {
+        cmd.env_remove(k);
+    }
+    if let Some(dir) = lib_dir {
+        let mut paths = vec![dir.to_path_buf()];
+        if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+            paths.extend(std::env::split_paths(&old));
+        }
+        if let Ok(joined) = std::env::join_paths(paths) {
+            cmd.env("LD_LIBRARY_PATH", joined);
+        }
+    }
+    let output = cmd
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .map_err(|e| format!("could not start the NCCL child: {e}"))?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if !output.status.success() {
+        let last = stderr
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("(no message)");
+        return Err(format!("{} ({})", last.trim(), output.status));
+    }
+    for line in stderr.lines().filter(|l| !l.trim().is_empty()) {
+        out!("#   [{}] {line}", run.label);
+    }
+    // NCCL may print to stdout too (NCCL_DEBUG); the rows are the last line that is JSON.
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let json = stdout
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("{\"nccl_version\""))
+        .ok_or_else(|| "the NCCL child printed no rows".to_string())?;
+    for line in stdout
+        .lines()
+        .filter(|l| *l != json && !l.trim().is_empty())
+    {
+        out!("#   [{}] {line}", run.label);
+    }
+    let mut child: ChildOutput = serde_json::from_str(json)
+        .map_err(|e| format!("the NCCL child's JSON could not be read: {e}"))?;
+    for row in &mut child.rows {
+        row.library = run.label.clone();
+    }
+    Ok(child)
+}
+
+/// cudarc does not look for `libnccl.so.2`: when NCCL is not found under its names but
+/// `libnccl.so.2` exists, a private folder with a `libnccl.so` link to it, for the children's
+/// `LD_LIBRARY_PATH`. `Ok(None)` when no link is needed (or there is nothing to link to).
+fn nccl_link_dir() -> Result<Option<PathBuf>, String> {
+    if baseline::nccl_present() {
+        return Ok(None);
+    }
+    let Some(target) = baseline::find_libnccl_so2() else {
+        return Ok(None);
+    };
+    let dir = std::env::temp_dir().join(format!("ringreduce-nccl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let link = dir.join("libnccl.so");
+    let _ = std::fs::remove_file(&link);
+    #[cfg(unix)]
+    std::os::unix::fs::symlink(&target, &link)
+        .map_err(|e| format!("linking {}: {e}", link.display()))?;
+    out!(
+        "# libnccl: cudarc looks for {:?}, not libnccl.so.2; for the NCCL runs, {} -> {} is put \
+         first on LD_LIBRARY_PATH (by hand: the same link in a folder on LD_LIBRARY_PATH)",
+        baseline::nccl_library_candidates(),
+        link.display(),
+        target.display()
+    );
+    Ok(Some(dir))
+}
+
+/// The NCCL runs that match `args`' pass, each in a child process: their rows appended to `rows`,
+/// their versions to `header`, and the ones that could not run to `not_measured` with why. Returns
+/// the labels of the runs measured, for the comparison table.
+pub fn measure_nccl(
+    args: &BenchArgs,
+    rows: &mut Vec<Row>,
+    header: &mut Vec<(String, String)>,
+    not_measured: &mut Vec<(String, String)>,
+) -> Vec<String> {
+    let mut against = Vec::new();
+    if args.no_nccl {
+        not_measured.push(("NCCL".to_string(), "--no-nccl".to_string()));
+    } else {
+        let lib_dir = nccl_link_dir().unwrap_or_else(|why| {
+            out!("# libnccl link folder could not be made: {why}");
+            None
+        });
+        let nvls = std::env::var("NCCL_NVLS_ENABLE").ok();
+        for nrun in nccl_runs(args.transport, nvls.as_deref()) {
+            match run_child(args, &nrun, lib_dir.as_deref()) {
+                Ok(child) => {
+                    out!("#");
+                    out!(
+                        "# {} {} ({})",
+                        nrun.label,
+                        child.nccl_version,
+                        nrun.set
+                            .iter()
+                            .map(|(k, v)| format!("{k}={v}"))
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    );
+                    print_table_header();
+                    for r in &child.rows {
+                        print_row(r);
+                    }
+                    header.push((nrun.label.clone(), format!("NCCL {}", child.nccl_version)));
+                    against.push(nrun.label.clone());
+                    rows.extend(child.rows);
+                }
+                Err(why) => {
+                    out!("#");
+                    out!("# {}: not measured: {why}", nrun.label);
+                    not_measured.push((nrun.label.clone(), why));
+                }
+            }
+        }
+        if let Some(dir) = lib_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+    against
+}
+
+/// The child: NCCL alone over the same sweep; JSON on stdout.
+pub(super) fn run_nccl_only(args: &BenchArgs) -> Result<(), Failure> {
+    let n = require_gpus(2)?;
+    let devices: Vec<usize> = (0..n).collect();
+    let nccl = NcclAllReduce::new(&devices)?;
+    let print = !args.json_stdout;
+    let version = nccl.version().to_string();
+    let sweep = Sweep::new(args, devices)?;
+    let rows = sweep.run(&Lib::Nccl(&nccl), "NCCL", print);
+    drop(sweep);
+    let closed = nccl.close();
+    let rows = rows?;
+    closed?;
+    if args.json_stdout {
+        let text = serde_json::to_string(&ChildOutput {
+            nccl_version: version,
+            rows,
+        })
+        .map_err(|e| e.to_string())?;
+        out!("{text}");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{Sub, Wrap};
+    use super::*;
+    use clap::Parser;
+    use ringreduce::{DType, ReduceOp};
+
+    #[test]
+    fn child_command_line_round_trips() {
+        let Sub::Bench(args) = Wrap::parse_from([
+            "ringreduce",
+            "bench",
+            "-b",
+            "1K",
+            "-e",
+            "64M",
+            "-f",
+            "4",
+            "-d",
+            "bf16",
+            "-o",
+            "max",
+            "-n",
+            "7",
+            "-w",
+            "2",
+            "--transport",
+            "staged",
+            "--json",
+            "x.json",
+        ])
+        .command;
+        let argv = child_args(&args);
+        let Sub::Bench(child) =
+            Wrap::parse_from(std::iter::once("ringreduce".to_string()).chain(argv)).command;
+        assert!(child.nccl_only && child.json_stdout);
+        assert_eq!(
+            (child.min_bytes, child.max_bytes, child.factor),
+            (1024, 64 << 20, 4)
+        );
+        assert_eq!((child.dtype, child.op), (DType::BF16, ReduceOp::Max));
+        assert_eq!((child.iters, child.warmup), (7, 2));
+        assert!(child.json.is_none() && child.plot.is_none());
+        // The ring knobs are ringreduce's: never passed to the NCCL child.
+        let Sub::Bench(with_knobs) =
+            Wrap::parse_from(["ringreduce", "bench", "--chunk", "32M", "--slots", "4"]).command;
+        assert!(child_args(&with_knobs)
+            .iter()
+            .all(|a| a != "--chunk" && a != "--slots"));
+
+        let runs = nccl_runs(Transport::Staged, None);
+        assert_eq!(runs.len(), 2);
+        let env = |r: &NcclRun, k: &str| {
+            r.set
+                .iter()
+                .find(|(key, _)| key == k)
+                .map(|(_, v)| v.clone())
+        };
+        assert!(runs
+            .iter()
+            .all(|r| env(r, "NCCL_NVLS_ENABLE").as_deref() == Some("0")));
+        assert!(runs
+            .iter()
+            .all(|r| env(r, "NCCL_P2P_DISABLE").as_deref() == Some("1")));
+        assert_eq!(env(&runs[1], "NCCL_ALGO").as_deref(), Some("Ring"));
+        assert!(runs[0].remove.contains(&"NCCL_ALGO".to_string()));
+        let runs = nccl_runs(Transport::Auto, Some("0"));
+        assert_eq!(runs[0].label, "NCCL");
+        assert_eq!(runs[1].label, "NCCL (NCCL_ALGO=Ring)");
+        assert!(runs.iter().all(|r| env(r, "NCCL_P2P_DISABLE").is_none()));
+    }
+}

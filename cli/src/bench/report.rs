@@ -1,0 +1,373 @@
+//! What `bench` reports: one [`Row`] per size and library (out of place and in place), the
+//! [`Report`] that `--json` writes and `--from-json` reads, the child's [`ChildOutput`], the
+//! header (machine, versions, commit, date) and the nccl-tests-style tables printed as it goes.
+//!
+//! Invariant: a report written by any version of `bench` still reads — fields added later
+//! (`chunk_bytes`, `slots`) have defaults that say what the older runs did.
+
+use super::plot::write_plot;
+use super::{knobs_suffix, BenchArgs};
+use crate::Failure;
+use ringreduce::device;
+use ringreduce::exec::cuda::kernels;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// One placement's numbers for one size.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Measure {
+    /// Host wall clock over `iters` back-to-back iterations including completion, per iteration.
+    pub time_us: f64,
+    /// Bytes per rank / time, GB/s (10⁹ B).
+    pub algbw_gbps: f64,
+    /// algbw · 2(n−1)/n.
+    pub busbw_gbps: f64,
+    /// Wrong elements over all ranks in the checked call.
+    pub wrong: u64,
+    /// Per-iteration times from CUDA events on rank 0's stream.
+    pub iter_min_us: f64,
+    pub iter_median_us: f64,
+    pub iter_p99_us: f64,
+}
+
+/// One size of one library: nccl-tests' row.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Row {
+    /// "ringreduce (auto)", "NCCL", "NCCL (NCCL_ALGO=Ring)", ...
+    pub library: String,
+    pub size_bytes: u64,
+    pub count: u64,
+    pub dtype: String,
+    pub redop: String,
+    /// ringreduce's algorithm for this size ("ring", "oneshot"); absent for NCCL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub algorithm: Option<String>,
+    pub out_of_place: Measure,
+    pub in_place: Measure,
+}
+
+/// Everything a run says: the header lines, ringreduce's ring knobs and every row. What `--json`
+/// writes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    pub header: Vec<(String, String)>,
+    /// ringreduce's ring chunk in bytes (`--chunk`, both passes); `null` = automatic per size.
+    /// Absent in reports from before the flag, which read as `null` (they all ran automatic).
+    #[serde(default)]
+    pub chunk_bytes: Option<u64>,
+    /// ringreduce's staging slots per receiver (`--slots`, both passes). Absent in reports from
+    /// before the flag: `None`, not recorded.
+    #[serde(default)]
+    pub slots: Option<u64>,
+    /// Libraries that were not measured, with why.
+    pub not_measured: Vec<(String, String)>,
+    pub rows: Vec<Row>,
+}
+
+/// What a `--nccl-only --json-stdout` child prints.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChildOutput {
+    pub nccl_version: String,
+    pub rows: Vec<Row>,
+}
+
+/// "YYYY-MM-DD HH:MM:SS UTC" for seconds since the Unix epoch (proleptic Gregorian calendar;
+/// Howard Hinnant's days-to-civil algorithm).
+pub fn utc_date(unix_seconds: u64) -> String {
+    let days = (unix_seconds / 86_400) as i64;
+    let secs = unix_seconds % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        secs / 3600,
+        secs % 3600 / 60,
+        secs % 60
+    )
+}
+
+/// ringreduce's commit: `RINGREDUCE_COMMIT` at build time, else `git rev-parse` in the current
+/// folder at run time, else "unknown".
+fn commit() -> String {
+    if let Some(c) = option_env!("RINGREDUCE_COMMIT") {
+        return c.to_string();
+    }
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .stderr(std::process::Stdio::null())
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    match git(&["rev-parse", "--short=12", "HEAD"]) {
+        Some(hash) if !hash.is_empty() => {
+            let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
+                .is_some_and(|s| !s.is_empty());
+            if dirty {
+                format!("{hash} + uncommitted changes (git, at run time)")
+            } else {
+                format!("{hash} (git, at run time)")
+            }
+        }
+        _ => "unknown".to_string(),
+    }
+}
+
+/// The header of a report: (name, value) lines, in the order they are printed.
+pub type Header = Vec<(String, String)>;
+
+/// The report's header for a run on `n` GPUs: the machine (GPUs, driver, CUDA), the build
+/// (kernels, commit), the date, the command line, how the times are taken and ringreduce's ring
+/// knobs; and the detected topology, for the links of each pass.
+pub fn machine_header(
+    args: &BenchArgs,
+    n: usize,
+) -> Result<(Header, Option<ringreduce::topo::Detected>), Failure> {
+    let mut header: Vec<(String, String)> = Vec::new();
+    let gpus = device::devices()?;
+    header.push((
+        "GPUs".into(),
+        gpus.iter()
+            .map(|d| {
+                format!(
+                    "{}: {} (sm_{}{}, PCI {})",
+                    d.index, d.name, d.compute_capability.0, d.compute_capability.1, d.pci_bus_id
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+    ));
+    let detected = ringreduce::topo::detect().ok();
+    let driver = detected
+        .as_ref()
+        .and_then(|d| d.nvml_driver_version.clone())
+        .unwrap_or_else(|| "unknown (NVML not loaded)".into());
+    header.push(("driver".into(), driver));
+    header.push((
+        "CUDA".into(),
+        device::driver_version()
+            .map(|(a, b)| format!("{a}.{b} (driver API)"))
+            .unwrap_or_else(|e| format!("unknown ({e})")),
+    ));
+    header.push(("reduce kernels".into(), kernels::build_kind().to_string()));
+    header.push((
+        "ringreduce".into(),
+        format!("{} commit {}", env!("CARGO_PKG_VERSION"), commit()),
+    ));
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    header.push(("date".into(), utc_date(now)));
+    header.push((
+        "command".into(),
+        std::env::args().collect::<Vec<_>>().join(" "),
+    ));
+    header.push((
+        "timing".into(),
+        format!(
+            "time = host wall clock over -n {} back-to-back iterations incl. completion, after -w {} \
+             warm-up, per size; it min/med/p99 = CUDA events on rank 0's stream between iterations \
+             (separate pass, out of place); busbw = algbw * 2(n-1)/n, n = {n}; GB = 1e9 B; #wrong \
+             from one checked call per size and placement",
+            args.iters, args.warmup
+        ),
+    ));
+    header.push((
+        "ringreduce knobs".into(),
+        format!(
+            "{} (every ringreduce pass; not NCCL, not the one-shot)",
+            crate::describe_knobs(args.chunk, args.slots)
+        ),
+    ));
+
+    Ok((header, detected))
+}
+
+/// `--from-json`: reads a report written earlier with `--json` and draws it to `plot`; no GPU
+/// needed.
+pub fn plot_from_json(source: &Path, plot: Option<&Path>) -> Result<(), Failure> {
+    let text = std::fs::read_to_string(source)
+        .map_err(|e| Failure::Failed(format!("{}: {e}", source.display())))?;
+    let report: Report = serde_json::from_str(&text)
+        .map_err(|e| Failure::Failed(format!("{}: not a bench report: {e}", source.display())))?;
+    let Some(path) = plot else {
+        return Err(Failure::Failed(
+            "--from-json needs --plot FILE.svg|.png".into(),
+        ));
+    };
+    let when = report
+        .header
+        .iter()
+        .find(|(k, _)| k == "date")
+        .map_or(String::new(), |(_, v)| format!(", {v}"));
+    let title = format!(
+        "all-reduce, {}{when}{}",
+        source.display(),
+        knobs_suffix(report.chunk_bytes, report.slots)
+    );
+    write_plot(path, &report.rows, &title)?;
+    out!("# plot: {}", path.display());
+    Ok(())
+}
+
+pub(super) fn print_table_header() {
+    out!(
+        "#{:>11} {:>11} {:>5} {:>5} | {:>10} {:>8} {:>8} {:>6} | {:>10} {:>8} {:>8} {:>6} | {:>9} {:>9} {:>9} | algo",
+        "size (B)", "count", "type", "redop", "oop (us)", "algbw", "busbw", "#wrong",
+        "ip (us)", "algbw", "busbw", "#wrong", "it min", "it med", "it p99"
+    );
+}
+
+pub(super) fn print_row(r: &Row) {
+    let m = |m: &Measure| {
+        format!(
+            "{:>10.2} {:>8.2} {:>8.2} {:>6}",
+            m.time_us, m.algbw_gbps, m.busbw_gbps, m.wrong
+        )
+    };
+    out!(
+        " {:>11} {:>11} {:>5} {:>5} | {} | {} | {:>9.2} {:>9.2} {:>9.2} | {}",
+        r.size_bytes,
+        r.count,
+        r.dtype,
+        r.redop,
+        m(&r.out_of_place),
+        m(&r.in_place),
+        r.out_of_place.iter_min_us,
+        r.out_of_place.iter_median_us,
+        r.out_of_place.iter_p99_us,
+        r.algorithm.as_deref().unwrap_or("-")
+    );
+}
+
+/// busbw ratio ringreduce / each NCCL run, per size (> 1: ringreduce is faster).
+pub(super) fn print_comparison(report: &Report, ring_label: &str, against: &[String]) {
+    let others: Vec<&str> = against.iter().map(String::as_str).collect();
+    if others.is_empty() {
+        return;
+    }
+    out!("#");
+    out!("# {ring_label} / NCCL: time(NCCL) / time(ringreduce), out of place | in place (> 1: ringreduce faster)");
+    let mut head = format!("#{:>11}", "size (B)");
+    for o in &others {
+        head += &format!(" | {o}");
+    }
+    out!("{head}");
+    for ring in report.rows.iter().filter(|r| r.library == ring_label) {
+        let mut line = format!(" {:>11}", ring.size_bytes);
+        for o in &others {
+            let cell = report
+                .rows
+                .iter()
+                .find(|r| r.library == *o && r.size_bytes == ring.size_bytes)
+                .map_or_else(
+                    || "n/a".to_string(),
+                    |n| {
+                        format!(
+                            "{:.2} | {:.2}",
+                            n.out_of_place.time_us / ring.out_of_place.time_us,
+                            n.in_place.time_us / ring.in_place.time_us
+                        )
+                    },
+                );
+            line += &format!(" | {:>w$}", cell, w = o.len().max(11));
+        }
+        out!("{line}");
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+
+    fn measure(t: f64) -> Measure {
+        Measure {
+            time_us: t,
+            algbw_gbps: 1.5,
+            busbw_gbps: 1.5,
+            wrong: 0,
+            iter_min_us: t * 0.9,
+            iter_median_us: t,
+            iter_p99_us: t * 1.2,
+        }
+    }
+
+    pub(in crate::bench) fn row(library: &str, size: u64, t: f64) -> Row {
+        Row {
+            library: library.into(),
+            size_bytes: size,
+            count: size / 4,
+            dtype: "f32".into(),
+            redop: "sum".into(),
+            algorithm: None,
+            out_of_place: Measure {
+                busbw_gbps: size as f64 / t / 1e3,
+                ..measure(t)
+            },
+            in_place: measure(t * 1.01),
+        }
+    }
+
+    #[test]
+    fn dates_are_civil_utc() {
+        assert_eq!(utc_date(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc_date(951_782_400), "2000-02-29 00:00:00 UTC");
+        assert_eq!(utc_date(1_709_251_199), "2024-02-29 23:59:59 UTC");
+        assert_eq!(utc_date(1_796_000_000), "2026-11-30 00:53:20 UTC");
+        assert_eq!(utc_date(4_102_444_800), "2100-01-01 00:00:00 UTC");
+    }
+
+    #[test]
+    fn json_rows_round_trip() {
+        let report = Report {
+            header: vec![("date".into(), utc_date(0))],
+            chunk_bytes: Some(32 << 20),
+            slots: Some(4),
+            not_measured: vec![("NCCL".into(), "libnccl not found".into())],
+            rows: vec![row("ringreduce (auto)", 8, 20.0), row("NCCL", 8, 17.5)],
+        };
+        let text = serde_json::to_string(&report).unwrap();
+        assert!(
+            text.contains("\"chunk_bytes\":33554432,\"slots\":4"),
+            "{text}"
+        );
+        assert_eq!(serde_json::from_str::<Report>(&text).unwrap(), report);
+        // The automatic chunk is written as null, not left out.
+        let auto = Report {
+            chunk_bytes: None,
+            ..report.clone()
+        };
+        let text = serde_json::to_string(&auto).unwrap();
+        assert!(text.contains("\"chunk_bytes\":null"), "{text}");
+        assert_eq!(serde_json::from_str::<Report>(&text).unwrap(), auto);
+        // A report from before --chunk/--slots (no such fields) still reads: automatic chunk,
+        // slots not recorded.
+        let mut old: serde_json::Value = serde_json::to_value(&report).unwrap();
+        let fields = old.as_object_mut().unwrap();
+        fields.remove("chunk_bytes");
+        fields.remove("slots");
+        let old: Report = serde_json::from_value(old).unwrap();
+        assert_eq!((old.chunk_bytes, old.slots), (None, None));
+        assert_eq!(old.rows, report.rows);
+        let child = ChildOutput {
+            nccl_version: "2.28.3".into(),
+            rows: report.rows.clone(),
+        };
+        let text = serde_json::to_string(&child).unwrap();
+        assert!(
+            text.starts_with("{\"nccl_version\""),
+            "run_child finds the rows so"
+        );
+        assert_eq!(serde_json::from_str::<ChildOutput>(&text).unwrap(), child);
+    }
+}
