@@ -7,8 +7,8 @@
 //! wrapped with [`GpuSlice`], which the communicator checks and, when they come from a pool,
 //! grants the peer access to that pool.
 
-use crate::device::{self, DeviceBuffer};
 use crate::buffer::{Buffer, BufferMut, Placement};
+use crate::device::{self, DeviceBuffer};
 use crate::element::Element;
 use crate::error::{Error, Result};
 use std::marker::PhantomData;
