@@ -2,7 +2,7 @@
 //!
 //! - nvcc is looked for in `$NVCC`, then `$CUDA_HOME/bin/nvcc`, then on `PATH`.
 //! - Found and compiling: the fatbin holds SASS for sm_80 and sm_90 and PTX for compute_90, and
-//!   `cfg(ringreduce_fatbin)` tells `src/exec/cuda/kernels.rs` to embed it.
+//!   `cfg(ringreduce_fatbin)` tells `src/exec/cuda/kernels/mod.rs` to embed it.
 //! - Found but failing: the build fails (a broken kernel must fail CI).
 //! - Not found: a warning; the kernels are compiled through NVRTC at first use instead. With
 //!   `RINGREDUCE_REQUIRE_NVCC=1` (CI sets it) a missing nvcc fails the build.

@@ -1,7 +1,7 @@
-// Pairwise reduce, one-shot all-reduce and Avg-scale kernels of ringreduce.
+// Pairwise reduce, Avg-scale, one-shot and two-shot all-reduce kernels of ringreduce.
 //
 // One source, two compilers: build.rs compiles it with nvcc into a fatbin (SASS for sm_80 and
-// sm_90, PTX for compute_90) when nvcc is present, and src/exec/cuda/kernels.rs otherwise
+// sm_90, PTX for compute_90) when nvcc is present, and src/exec/cuda/kernels/ otherwise
 // compiles it with NVRTC at first use. So it includes NO header: f16 and bf16 travel as their
 // 16-bit patterns (`unsigned short`) and are converted to and from f32 here.
 //
@@ -17,8 +17,8 @@
 //   integers divide by world.max(1) in 64 bits, truncating, signed types as signed (the quotient
 //   always fits the type; world itself may not).
 //
-// Every kernel symbol is spelled out in full in the RR_REDUCE / RR_ONESHOT / RR_SCALE lines at
-// the bottom, where a unit test in kernels.rs finds them by name.
+// Every kernel symbol is spelled out in full in the RR_REDUCE / RR_SCALE / RR_ONESHOT / RR_TWOSHOT
+// lines at the bottom, where a unit test in src/exec/cuda/kernels/ finds them by name.
 
 typedef unsigned long long rr_ull;  // counts and addresses
 
@@ -290,16 +290,19 @@ static __device__ __forceinline__ void rr_scale_body(typename D::T* x, rr_ull co
 }
 
 // ---------------------------------------------------------------------------------------------
-// One-shot all-reduce: every rank reads every rank's input directly (its own locally, the others
-// over NVLink through peer access) and folds them itself; ranks meet at two flag barriers.
+// The peer kernels (one-shot and two-shot all-reduce): every rank reads every rank's memory
+// directly (its own locally, the others over NVLink through peer access) and folds it itself;
+// ranks meet at flag barriers, two in the one-shot (start, end), three in the two-shot (start,
+// middle, end). The rr_peer_* pieces below serve both kernels.
 //
-// Flags: each rank owns one array of 3 * RR_ONESHOT_MAX_BLOCKS * RR_ONESHOT_MAX_RANKS words in
+// Flags: each rank owns one array of 3 * RR_PEER_MAX_BLOCKS * RR_PEER_MAX_RANKS words in
 // its own device memory (12 KiB, zeroed once, never reset). Word
-//     (phase * RR_ONESHOT_MAX_BLOCKS + block) * RR_ONESHOT_MAX_RANKS + from
+//     (phase * RR_PEER_MAX_BLOCKS + block) * RR_PEER_MAX_RANKS + from
 // of rank p's array is written only by rank `from`'s block `block`, at barrier `phase` (0: start;
-// 1: the one-shot's end or the two-shot's middle; 2: the two-shot's end), with the call's epoch; rank p's block `block` spins on it. One writer per word, so
-// no atomics; epochs only grow (1, 2, 3, ... wrapping, skipping 0), so nothing is cleared — except
-// a start signal withdrawn by a block that timed out (0, which no call waits for). A word has
+// 1: the one-shot's end or the two-shot's middle; 2: the two-shot's end), with the call's epoch;
+// rank p's block `block` spins on it. One writer per word, so no atomics; epochs only grow (1,
+// 2, 3, ... wrapping, skipping 0), so nothing is cleared — except a start signal withdrawn by a
+// block that timed out (0, which no call waits for). A word has
 // "reached" the call when it EQUALS the call's epoch. Equality is enough, since a peer cannot
 // write the next epoch into a word this block still waits on (its next call needs this block's
 // end signal first); and it is needed: a block index that the small grids of many calls left
@@ -325,32 +328,33 @@ static __device__ __forceinline__ void rr_scale_body(typename D::T* x, rr_ull co
 // 4 = the two-shot's middle barrier timed out.
 // ---------------------------------------------------------------------------------------------
 
-#define RR_ONESHOT_MAX_RANKS 8
-#define RR_ONESHOT_MAX_BLOCKS 128
-// Threads per block the launch uses (src/exec/cuda/kernels.rs: ONESHOT_BLOCK_THREADS).
-#define RR_ONESHOT_THREADS 512
+#define RR_PEER_MAX_RANKS 8
+#define RR_PEER_MAX_BLOCKS 128
+// Threads per block the launch uses (src/exec/cuda/kernels/peer.rs: PEER_BLOCK_THREADS).
+#define RR_PEER_THREADS 512
 // 16-byte vectors per source a thread loads before it combines them.
-#define RR_ONESHOT_UNROLL 4
+#define RR_PEER_UNROLL 4
 
-#define RR_ONESHOT_ERR_START 1u
-#define RR_ONESHOT_ERR_END 2u
-#define RR_ONESHOT_ERR_LAUNCH 3u
-#define RR_ONESHOT_ERR_MIDDLE 4u
+#define RR_PEER_ERR_START 1u
+#define RR_PEER_ERR_END 2u
+#define RR_PEER_ERR_LAUNCH 3u
+#define RR_PEER_ERR_MIDDLE 4u
 
-// Barrier phases (the flag array's first index): the one-shot uses START and END; the two-shot
-// START, MIDDLE (between its reduce and its gather; the one-shot's END words) and END2. A word is
-// written at most once per call, and calls of either kind share the flags and the epoch counter.
+// Barrier phases (the flag array's first index): a barrier's place in its kernel. Both kernels
+// start at phase 0; the one-shot ends at phase 1; the two-shot meets at phase 1 between its
+// reduce and its gather, and ends at phase 2. A word is written at most once per call, and calls
+// of either kind share the flags and the epoch counter.
 #define RR_PHASE_START 0u
-#define RR_PHASE_END 1u
-#define RR_PHASE_MIDDLE 1u
-#define RR_PHASE_END2 2u
-#define RR_ONESHOT_PHASES 3
+#define RR_ONESHOT_PHASE_END 1u
+#define RR_TWOSHOT_PHASE_MIDDLE 1u
+#define RR_TWOSHOT_PHASE_END 2u
+#define RR_PEER_PHASES 3
 
 // Kernel parameter, passed by value (128 bytes): the input and the flag array of every rank
 // (index = rank), as device addresses usable from the launching GPU. Entries >= world unused.
 struct rr_peers {
-    const void* src[RR_ONESHOT_MAX_RANKS];
-    unsigned* flags[RR_ONESHOT_MAX_RANKS];
+    const void* src[RR_PEER_MAX_RANKS];
+    unsigned* flags[RR_PEER_MAX_RANKS];
 };
 
 // Nanoseconds of the GPU's global timer.
@@ -377,7 +381,7 @@ static __device__ __forceinline__ unsigned rr_ld_acquire_sys(const unsigned* wor
 // The flag word written by rank `from` for block `block` at barrier `phase`.
 static __device__ __forceinline__ unsigned rr_flag_word(unsigned phase, unsigned block,
                                                         unsigned from) {
-    return (phase * RR_ONESHOT_MAX_BLOCKS + block) * RR_ONESHOT_MAX_RANKS + from;
+    return (phase * RR_PEER_MAX_BLOCKS + block) * RR_PEER_MAX_RANKS + from;
 }
 
 // The kernel's deadline on the global timer: timeout_ns after now (the block's start), saturating.
@@ -388,19 +392,44 @@ static __device__ __forceinline__ rr_ull rr_deadline(rr_ull timeout_ns) {
     return timeout_ns > ~0ull - now ? ~0ull : now + timeout_ns;
 }
 
+// The start of both peer kernels, before their first barrier. Returns false, after thread 0 has
+// stored RR_PEER_ERR_LAUNCH into *error, when the launch breaks the kernels' assumptions (world
+// outside 2..=RR_PEER_MAX_RANKS, rank >= world, more than RR_PEER_MAX_BLOCKS blocks, fewer than
+// RR_PEER_MAX_RANKS threads a block): uniform over the grid, so either every block returns then
+// or none does. Otherwise thread 0 copies peers.flags into `flags`, the block's shared array (a
+// kernel parameter indexed by a register would be copied to local memory by every thread); the
+// opening __syncthreads() of the first barrier makes the copy visible to the block.
+static __device__ __forceinline__ bool rr_peer_begin(const rr_peers& peers, unsigned world,
+                                                     unsigned rank, unsigned* error,
+                                                     unsigned** flags) {
+    if (world < 2 || world > RR_PEER_MAX_RANKS || rank >= world ||
+        gridDim.x > RR_PEER_MAX_BLOCKS || blockDim.x < RR_PEER_MAX_RANKS) {
+        if (threadIdx.x == 0) {
+            rr_st_relaxed_sys(error, RR_PEER_ERR_LAUNCH);
+        }
+        return false;
+    }
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (unsigned r = 0; r < RR_PEER_MAX_RANKS; ++r) {
+            flags[r] = peers.flags[r];
+        }
+    }
+    return true;
+}
+
 // Barrier `phase` of this block with block blockIdx.x of every other rank; every thread of the
 // block calls it. Thread p (p < world, p != rank) signals rank p and waits for rank p, so all
 // peers are signalled and awaited in parallel. Returns false, after writing `code` into
 // *error, when a wait ran past `deadline` (rr_deadline); with `withdraw` (every barrier but the
 // last) a barrier that failed also withdraws its signals (writes 0 over them), so that a peer
 // arriving later times out too instead of reading this rank's memory after the call has failed.
-// `flags` is peers.flags copied to shared memory (a kernel parameter indexed by a register
-// would be copied to local memory by every thread).
-static __device__ __forceinline__ bool rr_oneshot_barrier(unsigned* const* flags, unsigned world,
-                                                          unsigned rank, unsigned phase,
-                                                          unsigned code, bool withdraw,
-                                                          unsigned epoch, rr_ull deadline,
-                                                          unsigned* error) {
+// `flags` is peers.flags copied to shared memory (rr_peer_begin).
+static __device__ __forceinline__ bool rr_peer_barrier(unsigned* const* flags, unsigned world,
+                                                       unsigned rank, unsigned phase,
+                                                       unsigned code, bool withdraw,
+                                                       unsigned epoch, rr_ull deadline,
+                                                       unsigned* error) {
     __syncthreads();  // everything the block did before is done before any thread signals
     const unsigned peer = threadIdx.x;
     int timed_out = 0;
@@ -429,12 +458,12 @@ static __device__ __forceinline__ bool rr_oneshot_barrier(unsigned* const* flags
 // indexed by unrolled constants (kernel parameter reads, no local copy), and the loads are
 // independent of each other, so they can all be in flight at once.
 template <class D, class Op>
-static __device__ __forceinline__ typename D::T rr_oneshot_fold(const rr_peers& peers,
-                                                               unsigned world, rr_ull i) {
+static __device__ __forceinline__ typename D::T rr_peer_fold(const rr_peers& peers,
+                                                             unsigned world, rr_ull i) {
     typedef typename D::T T;
     T acc = static_cast<const T*>(peers.src[0])[i];
 #pragma unroll
-    for (unsigned r = 1; r < RR_ONESHOT_MAX_RANKS; ++r) {
+    for (unsigned r = 1; r < RR_PEER_MAX_RANKS; ++r) {
         if (r < world) {
             acc = Op::template apply<D>(acc, static_cast<const T*>(peers.src[r])[i]);
         }
@@ -442,15 +471,15 @@ static __device__ __forceinline__ typename D::T rr_oneshot_fold(const rr_peers& 
     return acc;
 }
 
-// Vectors base + u * blockDim.x (u < RR_ONESHOT_UNROLL; those below vecs) of one source whose
+// Vectors base + u * blockDim.x (u < RR_PEER_UNROLL; those below vecs) of one source whose
 // vectors start at element `head`: independent 16-byte loads, all in flight at once.
 template <typename T>
-static __device__ __forceinline__ void rr_oneshot_load(rr_vec16<T> (&x)[RR_ONESHOT_UNROLL],
-                                                       const void* src, rr_ull head, rr_ull base,
-                                                       rr_ull vecs) {
+static __device__ __forceinline__ void rr_peer_load(rr_vec16<T> (&x)[RR_PEER_UNROLL],
+                                                    const void* src, rr_ull head, rr_ull base,
+                                                    rr_ull vecs) {
     const uint4* src_vec = reinterpret_cast<const uint4*>(static_cast<const T*>(src) + head);
 #pragma unroll
-    for (unsigned u = 0; u < RR_ONESHOT_UNROLL; ++u) {
+    for (unsigned u = 0; u < RR_PEER_UNROLL; ++u) {
         const rr_ull v = base + (rr_ull)u * blockDim.x;
         if (v < vecs) {
             x[u].v = src_vec[v];
@@ -458,24 +487,24 @@ static __device__ __forceinline__ void rr_oneshot_load(rr_vec16<T> (&x)[RR_ONESH
     }
 }
 
-// How the one-shot's `count` elements are split between threads: elements [0, head) and
+// How a peer kernel's `count` elements are split between threads: elements [0, head) and
 // [tail, count) one by one (grid-stride from `first`), [head, tail) as `vecs` 16-byte vectors;
 // sources with different offsets within 16 bytes: head = count, everything one by one. It depends
 // only on count, the grid and the sources' offsets, equal on every rank — so block b covers the
-// same indices everywhere — and rr_oneshot_body and rr_oneshot_expose share it, so the exposure
-// copy writes exactly the indices the fold later reads.
+// same indices everywhere — and rr_peer_reduce_body, rr_split_copy (the two-shot's gather) and
+// rr_oneshot_expose share it, so a copy writes exactly the indices the fold reads.
 template <typename T>
-struct rr_oneshot_split {
+struct rr_peer_split {
     rr_ull first, stride, head, vecs, tail;
     unsigned misalign;
-    __device__ __forceinline__ rr_oneshot_split(const rr_peers& peers, unsigned world,
-                                                rr_ull count) {
+    __device__ __forceinline__ rr_peer_split(const rr_peers& peers, unsigned world,
+                                             rr_ull count) {
         first = (rr_ull)blockIdx.x * blockDim.x + threadIdx.x;
         stride = (rr_ull)gridDim.x * blockDim.x;
         misalign = rr_misalign(peers.src[0]);
         bool shared = true;
 #pragma unroll
-        for (unsigned r = 1; r < RR_ONESHOT_MAX_RANKS; ++r) {
+        for (unsigned r = 1; r < RR_PEER_MAX_RANKS; ++r) {
             if (r < world) {
                 shared = shared && rr_misalign(peers.src[r]) == misalign;
             }
@@ -494,44 +523,44 @@ struct rr_oneshot_split {
 // same indices on every rank. (The end barrier's guarantee for the whole kernel does not need
 // this, but it makes "block b of every rank is done with indices I_b" true per block.)
 template <class D, class Op>
-static __device__ __forceinline__ void rr_oneshot_body(const rr_peers& peers, unsigned world,
-                                                       typename D::T* dst, rr_ull count) {
+static __device__ __forceinline__ void rr_peer_reduce_body(const rr_peers& peers, unsigned world,
+                                                           typename D::T* dst, rr_ull count) {
     typedef typename D::T T;
     const unsigned per_vec = 16 / sizeof(T);
-    const rr_oneshot_split<T> split(peers, world, count);
+    const rr_peer_split<T> split(peers, world, count);
     const rr_ull first = split.first, stride = split.stride;
     const rr_ull head = split.head, vecs = split.vecs, tail = split.tail;
     // dst at another offset: the vectors' elements are stored one by one (same partition).
     const bool dst_vector = rr_misalign(dst) == split.misalign;
 
     for (rr_ull i = first; i < head; i += stride) {
-        dst[i] = rr_oneshot_fold<D, Op>(peers, world, i);
+        dst[i] = rr_peer_fold<D, Op>(peers, world, i);
     }
 
-    // Vector v = base + u * blockDim.x for u < RR_ONESHOT_UNROLL: each u is a coalesced 8 KiB
+    // Vector v = base + u * blockDim.x for u < RR_PEER_UNROLL: each u is a coalesced 8 KiB
     // (512 threads x 16 B) per source.
-    const rr_ull vec_stride = stride * RR_ONESHOT_UNROLL;
-    for (rr_ull base = (rr_ull)blockIdx.x * blockDim.x * RR_ONESHOT_UNROLL + threadIdx.x;
+    const rr_ull vec_stride = stride * RR_PEER_UNROLL;
+    for (rr_ull base = (rr_ull)blockIdx.x * blockDim.x * RR_PEER_UNROLL + threadIdx.x;
          base < vecs; base += vec_stride) {
         // Sources 0 and 1 are loaded together; while source r is combined, the loads of
-        // source r + 1 are already in flight (2 x RR_ONESHOT_UNROLL loads per thread).
-        rr_vec16<T> acc[RR_ONESHOT_UNROLL], next[RR_ONESHOT_UNROLL];
-        rr_oneshot_load<T>(acc, peers.src[0], head, base, vecs);
-        rr_oneshot_load<T>(next, peers.src[1], head, base, vecs);
+        // source r + 1 are already in flight (2 x RR_PEER_UNROLL loads per thread).
+        rr_vec16<T> acc[RR_PEER_UNROLL], next[RR_PEER_UNROLL];
+        rr_peer_load<T>(acc, peers.src[0], head, base, vecs);
+        rr_peer_load<T>(next, peers.src[1], head, base, vecs);
 #pragma unroll
-        for (unsigned r = 1; r < RR_ONESHOT_MAX_RANKS; ++r) {
+        for (unsigned r = 1; r < RR_PEER_MAX_RANKS; ++r) {
             if (r < world) {
-                rr_vec16<T> x[RR_ONESHOT_UNROLL];
+                rr_vec16<T> x[RR_PEER_UNROLL];
 #pragma unroll
-                for (unsigned u = 0; u < RR_ONESHOT_UNROLL; ++u) {
+                for (unsigned u = 0; u < RR_PEER_UNROLL; ++u) {
                     x[u] = next[u];
                 }
-                if (r + 1 < world) {  // never true for r + 1 == RR_ONESHOT_MAX_RANKS
-                    rr_oneshot_load<T>(next, peers.src[(r + 1) % RR_ONESHOT_MAX_RANKS], head,
-                                       base, vecs);
+                if (r + 1 < world) {  // never true for r + 1 == RR_PEER_MAX_RANKS
+                    rr_peer_load<T>(next, peers.src[(r + 1) % RR_PEER_MAX_RANKS], head,
+                                    base, vecs);
                 }
 #pragma unroll
-                for (unsigned u = 0; u < RR_ONESHOT_UNROLL; ++u) {
+                for (unsigned u = 0; u < RR_PEER_UNROLL; ++u) {
 #pragma unroll
                     for (unsigned k = 0; k < per_vec; ++k) {
                         acc[u].e[k] = Op::template apply<D>(acc[u].e[k], x[u].e[k]);
@@ -540,7 +569,7 @@ static __device__ __forceinline__ void rr_oneshot_body(const rr_peers& peers, un
             }
         }
 #pragma unroll
-        for (unsigned u = 0; u < RR_ONESHOT_UNROLL; ++u) {
+        for (unsigned u = 0; u < RR_PEER_UNROLL; ++u) {
             const rr_ull v = base + (rr_ull)u * blockDim.x;
             if (v < vecs) {
                 if (dst_vector) {
@@ -556,15 +585,15 @@ static __device__ __forceinline__ void rr_oneshot_body(const rr_peers& peers, un
     }
 
     for (rr_ull i = tail + first; i < count; i += stride) {
-        dst[i] = rr_oneshot_fold<D, Op>(peers, world, i);
+        dst[i] = rr_peer_fold<D, Op>(peers, world, i);
     }
 }
 
 // to[i] = from[i] for this thread's indices i < count of `split` (head and tail one by one, the
 // vectors as 16-byte copies when both sides sit at the split's offset within 16 bytes, else one
-// by one): the same indices rr_oneshot_body folds for the same split.
+// by one): the same indices rr_peer_reduce_body folds for the same split.
 template <typename T>
-static __device__ __forceinline__ void rr_split_copy(const rr_oneshot_split<T>& split,
+static __device__ __forceinline__ void rr_split_copy(const rr_peer_split<T>& split,
                                                      const T* from, T* to, rr_ull count) {
     const unsigned per_vec = 16 / sizeof(T);
     const rr_ull first = split.first, stride = split.stride;
@@ -574,11 +603,11 @@ static __device__ __forceinline__ void rr_split_copy(const rr_oneshot_split<T>& 
     for (rr_ull i = first; i < head; i += stride) {
         to[i] = from[i];
     }
-    const rr_ull vec_stride = stride * RR_ONESHOT_UNROLL;
-    for (rr_ull base = (rr_ull)blockIdx.x * blockDim.x * RR_ONESHOT_UNROLL + threadIdx.x;
+    const rr_ull vec_stride = stride * RR_PEER_UNROLL;
+    for (rr_ull base = (rr_ull)blockIdx.x * blockDim.x * RR_PEER_UNROLL + threadIdx.x;
          base < vecs; base += vec_stride) {
 #pragma unroll
-        for (unsigned u = 0; u < RR_ONESHOT_UNROLL; ++u) {
+        for (unsigned u = 0; u < RR_PEER_UNROLL; ++u) {
             const rr_ull v = base + (rr_ull)u * blockDim.x;
             if (v < vecs) {
                 if (vector) {
@@ -600,7 +629,7 @@ static __device__ __forceinline__ void rr_split_copy(const rr_oneshot_split<T>& 
 
 // The in-place one-shot's exposure, fused into the kernel: before the start barrier, this block
 // copies ITS indices of the rank's in-place buffer `from` into the rank's exposed buffer
-// peers.src[rank], with exactly the partition rr_oneshot_body uses (it depends only on count,
+// peers.src[rank], with exactly the partition rr_peer_reduce_body uses (it depends only on count,
 // the grid and the sources' offsets within 16 bytes, equal on every rank). After the barrier,
 // block b of every rank reads only block b's indices of each exposed buffer — the indices the
 // matching block copied before it signalled — and then overwrites those indices of `from`
@@ -609,7 +638,7 @@ template <typename T>
 static __device__ __forceinline__ void rr_oneshot_expose(const rr_peers& peers, unsigned world,
                                                          unsigned rank, const T* from,
                                                          rr_ull count) {
-    const rr_oneshot_split<T> split(peers, world, count);
+    const rr_peer_split<T> split(peers, world, count);
     rr_split_copy<T>(split, from, static_cast<T*>(const_cast<void*>(peers.src[rank])), count);
 }
 
@@ -624,7 +653,7 @@ static __device__ __forceinline__ void rr_oneshot_expose(const rr_peers& peers, 
 //   (every rank's inputs are ready) and an end barrier (no rank reads this rank's input any
 //   more when this kernel is complete). Avg is sum here, then rr_scale_<type>.
 // Assumptions: all `world` ranks (2..=8) launch the kernel of the same op and type, with the same
-//   grid (<= RR_ONESHOT_MAX_BLOCKS blocks of 8..=RR_ONESHOT_THREADS threads), peers, count and
+//   grid (<= RR_PEER_MAX_BLOCKS blocks of 8..=RR_PEER_THREADS threads), peers, count and
 //   epoch, on their own GPUs, free to run at the same time; every block of every rank gets an
 //   SM within the timeout (a block waits only for the blocks of its own index on the other
 //   ranks, never for another block of its own grid, so blocks that start late only delay
@@ -635,10 +664,10 @@ static __device__ __forceinline__ void rr_oneshot_expose(const rr_peers& peers, 
 //   writable from this GPU, valid for `count` elements and disjoint from every source (peers
 //   read src[rank] while this rank writes dst). In place, src[rank] is the rank's exposed
 //   buffer and expose_from its in-place buffer (== dst): each block first copies its indices
-//   of expose_from into src[rank] (rr_oneshot_expose); otherwise expose_from is null. epoch is the previous call's
-//   epoch + 1 on these flags (the first call: 1; 0 may be skipped on wrapping), the flag arrays
-//   started at zero, and every call on them is made by all ranks. error points to a word this
-//   GPU can write (host-mapped pinned, so the host can watch it).
+//   of expose_from into src[rank] (rr_oneshot_expose); otherwise expose_from is null. epoch is
+//   the previous call's epoch + 1 on these flags (the first call: 1; 0 may be skipped on
+//   wrapping), the flag arrays started at zero, and every call on them is made by all ranks.
+//   error points to a word this GPU can write (host-mapped pinned, so the host can watch it).
 //   On any error code the result is undefined on every rank, a peer may still be reading
 //   src[rank], and the flags are out of step: the caller must stop using these flags (or
 //   re-zero them on every rank once everything is idle and restart at epoch 1).
@@ -646,10 +675,10 @@ static __device__ __forceinline__ void rr_oneshot_expose(const rr_peers& peers, 
 //   barriers of a few µs each (one flag write over NVLink and one spin on local memory per
 //   peer, all peers in parallel), and the data read once from every source and written once.
 //   16-byte vector loads when all sources share their offset within 16 bytes (scalar head and
-//   tail), coalesced per warp, 2 x RR_ONESHOT_UNROLL of them in flight per thread (the next
+//   tail), coalesced per warp, 2 x RR_PEER_UNROLL of them in flight per thread (the next
 //   source's loads are issued before the current one is combined): NVLink's latency is hidden
 //   by loads in flight rather than by threads. The grid is sized by the caller to the message
-//   (about 1 block per 32 KiB of one rank's input), at most RR_ONESHOT_MAX_BLOCKS: with at most
+//   (about 1 block per 32 KiB of one rank's input), at most RR_PEER_MAX_BLOCKS: with at most
 //   128 registers a thread (__launch_bounds__(512, 1); 8-bit min/max spill a few dozen bytes,
 //   to L1) one block fits on an SM, so the whole grid is resident at once on a 132-SM H200.
 // ---------------------------------------------------------------------------------------------
@@ -659,20 +688,9 @@ static __device__ __forceinline__ void rr_oneshot_kernel(const rr_peers& peers, 
                                                          rr_ull count, unsigned epoch,
                                                          rr_ull timeout_ns, unsigned* error,
                                                          const typename D::T* expose_from) {
-    // Uniform over the grid: either every block returns here or none does.
-    if (world < 2 || world > RR_ONESHOT_MAX_RANKS || rank >= world ||
-        gridDim.x > RR_ONESHOT_MAX_BLOCKS || blockDim.x < RR_ONESHOT_MAX_RANKS) {
-        if (threadIdx.x == 0) {
-            rr_st_relaxed_sys(error, RR_ONESHOT_ERR_LAUNCH);
-        }
+    __shared__ unsigned* flags[RR_PEER_MAX_RANKS];
+    if (!rr_peer_begin(peers, world, rank, error, flags)) {
         return;
-    }
-    __shared__ unsigned* flags[RR_ONESHOT_MAX_RANKS];
-    if (threadIdx.x == 0) {
-#pragma unroll
-        for (unsigned r = 0; r < RR_ONESHOT_MAX_RANKS; ++r) {
-            flags[r] = peers.flags[r];
-        }
     }
     const rr_ull deadline = rr_deadline(timeout_ns);
     if (expose_from != nullptr) {
@@ -680,27 +698,27 @@ static __device__ __forceinline__ void rr_oneshot_kernel(const rr_peers& peers, 
     }
     // (The barrier's opening __syncthreads() makes `flags` visible to the block, and orders the
     // block's exposure copy before its signal.)
-    if (!rr_oneshot_barrier(flags, world, rank, RR_PHASE_START, RR_ONESHOT_ERR_START, true, epoch,
-                            deadline, error)) {
+    if (!rr_peer_barrier(flags, world, rank, RR_PHASE_START, RR_PEER_ERR_START, true, epoch,
+                         deadline, error)) {
         return;  // a peer is missing: read nothing of it
     }
-    rr_oneshot_body<D, Op>(peers, world, dst, count);
-    rr_oneshot_barrier(flags, world, rank, RR_PHASE_END, RR_ONESHOT_ERR_END, false, epoch,
-                       deadline, error);
+    rr_peer_reduce_body<D, Op>(peers, world, dst, count);
+    rr_peer_barrier(flags, world, rank, RR_ONESHOT_PHASE_END, RR_PEER_ERR_END, false, epoch,
+                    deadline, error);
 }
 
 // ---------------------------------------------------------------------------------------------
 // The two-shot all-reduce (src/plan/twoshot.rs): rank r reduces its own segment s_r from every
 // rank's source into its own output, then copies every other segment s_q from its owner q's
-// output. Three barriers: START (sources ready), MIDDLE (every segment reduced; every rank done
-// reading the sources), END2 (every rank done reading every output).
+// output. Three barriers: start (sources ready), middle (every segment reduced; every rank done
+// reading the sources), end (every rank done reading every output).
 //
 // Kernel parameter: every rank's output and the segment bounds, in elements (segment q =
 // [off[q], off[q] + len[q]), the same on every rank).
 struct rr_twoshot_segs {
-    void* out[RR_ONESHOT_MAX_RANKS];
-    rr_ull off[RR_ONESHOT_MAX_RANKS];
-    rr_ull len[RR_ONESHOT_MAX_RANKS];
+    void* out[RR_PEER_MAX_RANKS];
+    rr_ull off[RR_PEER_MAX_RANKS];
+    rr_ull len[RR_PEER_MAX_RANKS];
 };
 
 // `peers` with every source moved `offset` elements on.
@@ -708,7 +726,7 @@ template <typename T>
 static __device__ __forceinline__ rr_peers rr_peers_at(const rr_peers& peers, rr_ull offset) {
     rr_peers moved = peers;
 #pragma unroll
-    for (unsigned r = 0; r < RR_ONESHOT_MAX_RANKS; ++r) {
+    for (unsigned r = 0; r < RR_PEER_MAX_RANKS; ++r) {
         moved.src[r] = static_cast<const T*>(peers.src[r]) + offset;
     }
     return moved;
@@ -741,43 +759,33 @@ static __device__ __forceinline__ void rr_twoshot_kernel(const rr_peers& peers,
                                                          unsigned epoch, rr_ull timeout_ns,
                                                          unsigned* error) {
     typedef typename D::T T;
-    if (world < 2 || world > RR_ONESHOT_MAX_RANKS || rank >= world ||
-        gridDim.x > RR_ONESHOT_MAX_BLOCKS || blockDim.x < RR_ONESHOT_MAX_RANKS) {
-        if (threadIdx.x == 0) {
-            rr_st_relaxed_sys(error, RR_ONESHOT_ERR_LAUNCH);
-        }
+    __shared__ unsigned* flags[RR_PEER_MAX_RANKS];
+    if (!rr_peer_begin(peers, world, rank, error, flags)) {
         return;
-    }
-    __shared__ unsigned* flags[RR_ONESHOT_MAX_RANKS];
-    if (threadIdx.x == 0) {
-#pragma unroll
-        for (unsigned r = 0; r < RR_ONESHOT_MAX_RANKS; ++r) {
-            flags[r] = peers.flags[r];
-        }
     }
     T* out = static_cast<T*>(segs.out[rank]);
     const rr_ull deadline = rr_deadline(timeout_ns);
-    if (!rr_oneshot_barrier(flags, world, rank, RR_PHASE_START, RR_ONESHOT_ERR_START, true, epoch,
-                            deadline, error)) {
+    if (!rr_peer_barrier(flags, world, rank, RR_PHASE_START, RR_PEER_ERR_START, true, epoch,
+                         deadline, error)) {
         return;  // a peer is missing: read nothing of it
     }
     {
         const rr_ull off = segs.off[rank];
-        rr_oneshot_body<D, Op>(rr_peers_at<T>(peers, off), world, out + off, segs.len[rank]);
+        rr_peer_reduce_body<D, Op>(rr_peers_at<T>(peers, off), world, out + off, segs.len[rank]);
     }
-    if (!rr_oneshot_barrier(flags, world, rank, RR_PHASE_MIDDLE, RR_ONESHOT_ERR_MIDDLE, true,
-                            epoch, deadline, error)) {
+    if (!rr_peer_barrier(flags, world, rank, RR_TWOSHOT_PHASE_MIDDLE, RR_PEER_ERR_MIDDLE, true,
+                         epoch, deadline, error)) {
         return;  // a segment may be unfinished: copy nothing
     }
     for (unsigned j = 1; j < world; ++j) {
         const unsigned q = (rank + j) % world;
         const rr_ull off = segs.off[q];
-        const rr_oneshot_split<T> split(rr_peers_at<T>(peers, off), world, segs.len[q]);
+        const rr_peer_split<T> split(rr_peers_at<T>(peers, off), world, segs.len[q]);
         rr_split_copy<T>(split, static_cast<const T*>(segs.out[q]) + off, out + off,
                          segs.len[q]);
     }
-    rr_oneshot_barrier(flags, world, rank, RR_PHASE_END2, RR_ONESHOT_ERR_END, false, epoch,
-                       deadline, error);
+    rr_peer_barrier(flags, world, rank, RR_TWOSHOT_PHASE_END, RR_PEER_ERR_END, false, epoch,
+                    deadline, error);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -800,7 +808,7 @@ static __device__ __forceinline__ void rr_twoshot_kernel(const rr_peers& peers,
     }
 
 #define RR_ONESHOT(symbol, op, type)                                                         \
-    extern "C" __global__ void __launch_bounds__(RR_ONESHOT_THREADS, 1)                       \
+    extern "C" __global__ void __launch_bounds__(RR_PEER_THREADS, 1)                       \
         symbol(rr_peers peers, unsigned world, unsigned rank, type::T* dst,                  \
                unsigned long long count, unsigned epoch, unsigned long long timeout_ns,      \
                unsigned* error, const type::T* expose_from) {                                \
@@ -809,7 +817,7 @@ static __device__ __forceinline__ void rr_twoshot_kernel(const rr_peers& peers,
     }
 
 #define RR_TWOSHOT(symbol, op, type)                                                         \
-    extern "C" __global__ void __launch_bounds__(RR_ONESHOT_THREADS, 1)                       \
+    extern "C" __global__ void __launch_bounds__(RR_PEER_THREADS, 1)                       \
         symbol(rr_peers peers, rr_twoshot_segs segs, unsigned world, unsigned rank,          \
                unsigned epoch, unsigned long long timeout_ns, unsigned* error) {             \
         rr_twoshot_kernel<type, rr_op_##op>(peers, segs, world, rank, epoch, timeout_ns,     \

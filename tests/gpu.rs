@@ -253,7 +253,7 @@ fn twoshot_every_type_and_op() {
 /// stream completes.
 #[test]
 fn oneshot_kernel_gives_up_on_a_missing_peer() {
-    use ringreduce::exec::cuda::kernels::{Kernels, OneShotArgs, ONESHOT_FLAG_BYTES};
+    use ringreduce::exec::cuda::kernels::{KernelModule, OneShotArgs, PEER_FLAG_BYTES};
     let Some(gpus) = two_gpus() else { return };
     if shared(&gpus) {
         println!("waived: the one-shot needs 2 distinct GPUs");
@@ -269,12 +269,12 @@ fn oneshot_kernel_gives_up_on_a_missing_peer() {
     let src_a = device::DeviceBuffer::zeroed(&a, count * 4).unwrap();
     let src_b = device::DeviceBuffer::zeroed(&b, count * 4).unwrap();
     let dst = device::DeviceBuffer::zeroed(&a, count * 4).unwrap();
-    let flags_a = device::DeviceBuffer::zeroed(&a, ONESHOT_FLAG_BYTES).unwrap();
-    let flags_b = device::DeviceBuffer::zeroed(&b, ONESHOT_FLAG_BYTES).unwrap();
+    let flags_a = device::DeviceBuffer::zeroed(&a, PEER_FLAG_BYTES).unwrap();
+    let flags_b = device::DeviceBuffer::zeroed(&b, PEER_FLAG_BYTES).unwrap();
     let mut error = device::PinnedHost::new(&a, 4).unwrap();
     error.as_mut_slice().fill(0);
     let stream = device::Stream::new(&a).unwrap();
-    let kernels = Kernels::new(&a).unwrap();
+    let kernels = KernelModule::new(&a).unwrap();
     let mut args = OneShotArgs {
         srcs: [0; 8],
         flags: [0; 8],

@@ -1,0 +1,611 @@
+//! The peer kernels on the executor's side: the one-shot and the two-shot all-reduce, one kernel
+//! per rank that reads the other ranks' memory directly (peer access) and meets their kernels at
+//! flag barriers ([`crate::exec::cuda::kernels`] launches them; `cuda/reduce.cu` describes the
+//! protocol). Here: the state both kernels share across ranks ([`PeerKernelState`], made by
+//! [`setup_peer_kernels`]), the checks that a plan has exactly the layout its kernel implements
+//! ([`oneshot_layout`], [`twoshot_segments`]), the launch of each kernel from a plan's peer
+//! reduce, the inline enqueue of plans without events, and the barrier timeouts the kernels
+//! report.
+//!
+//! Plans without events skip the rank threads: the caller's thread binds each rank's context in
+//! turn, launches, and puts its own context back. The kernels meet on the GPUs whenever each
+//! starts.
+//!
+//! A failed call never leaves a kernel reading the caller's buffers after it returns: a kernel
+//! whose peers never arrive gives up after three quarters of the call's timeout and leaves a code
+//! in its error word, which the call (or the next one, or `synchronize`) turns into
+//! [`Error::Timeout`]; a call that fails after launching some ranks waits for their kernels to
+//! give up before it returns. A kernel that gives up at its start barrier (or the two-shot's
+//! middle one) also withdraws its signal, so that a peer's kernel starting later (queued behind
+//! work that was stuck) times out too instead of reading this rank's memory after the call has
+//! returned its error. (A peer that passed the barrier in the instant before the withdrawal still
+//! reads; it is then inside the call's deadline, a quarter of the timeout before the call
+//! returns.)
+//!
+//! Invariant: every rank of a peer call launches its kernel with the same grid, epoch, sources
+//! and flags, so that the barriers meet.
+
+use super::ring::{wait_done, CudaEnqueue};
+use super::{CudaCall, CudaExecutor, RankRes, Transport};
+use crate::device::{self, DeviceBuffer, PinnedHost, Stream};
+use crate::error::{Error, Result};
+use crate::exec::cuda::kernels::{OneShotArgs, TwoShotArgs, PEER_FLAG_BYTES, PEER_MAX_RANKS};
+use crate::exec::{panic_message, Enqueue};
+use crate::plan::{BufKind, Op, Plan, Ranks, Region, StreamKind};
+use std::fmt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Which peer kernel a call launches; names the kernel in its errors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum PeerKernel {
+    OneShot,
+    TwoShot,
+}
+
+impl fmt::Display for PeerKernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PeerKernel::OneShot => "one-shot",
+            PeerKernel::TwoShot => "two-shot",
+        })
+    }
+}
+
+/// What the peer kernels (one-shot and two-shot) share across ranks, made once per communicator:
+/// per rank, the flag words its peers write at the barriers (device memory, zeroed, reached
+/// through peer access), and a pinned word its kernel sets when a barrier times out. Calls of
+/// either kernel share the flags and the epoch counter.
+pub(super) struct PeerKernelState {
+    flags: Vec<DeviceBuffer>,
+    errors: Vec<PinnedHost>,
+    /// The smallest SM count of the ranks' GPUs: the grid cap that keeps every block resident.
+    max_blocks: u32,
+}
+
+impl PeerKernelState {
+    /// The code rank `rank`'s kernel left (1: start barrier timed out, 2: end barrier, 3: a launch
+    /// it could not accept, 4: the two-shot's middle barrier), 0 when none. Read through the host
+    /// mapping; the kernel writes it with a plain system-scope store.
+    fn error(&self, rank: usize) -> u32 {
+        // SAFETY: the pinned allocation is at least 4 bytes and page-aligned, and lives as long
+        // as `self`; a volatile read, since the GPU may write the word at any time.
+        unsafe { std::ptr::read_volatile(self.errors[rank].as_ptr().cast::<u32>()) }
+    }
+}
+
+/// Makes the peer kernels' flags and error words, after enabling peer access between every pair
+/// of GPUs (each rank's kernel reads every rank's memory). `None` where they cannot run:
+/// one rank, more than [`PEER_MAX_RANKS`], forced staging, two ranks on one GPU, or a pair
+/// without peer access.
+pub(super) fn setup_peer_kernels(
+    ranks: &[Arc<RankRes>],
+    transport: Transport,
+) -> Result<Option<Arc<PeerKernelState>>> {
+    let n = ranks.len();
+    if !(2..=PEER_MAX_RANKS).contains(&n) || transport == Transport::Staged {
+        return Ok(None);
+    }
+    // Two ranks on one GPU (the test-only shared mode) would need both grids resident on one
+    // device at once; a block of one spinning for a block of the other that has no SM is a
+    // deadlock until the timeout. The peer kernels are for distinct GPUs.
+    if (1..n).any(|i| ranks[..i].iter().any(|r| r.device == ranks[i].device)) {
+        return Ok(None);
+    }
+    for a in ranks {
+        for b in ranks {
+            if a.device != b.device && !device::can_access_peer(a.device, b.device)? {
+                return Ok(None);
+            }
+        }
+    }
+    for a in ranks {
+        for b in ranks {
+            // A pair the ring never uses may refuse (e.g. more than 8 peers of one device):
+            // then the peer kernels cannot run here, and the ring still can.
+            if device::enable_peer_access(&a.ctx, &b.ctx).is_err() {
+                return Ok(None);
+            }
+        }
+    }
+    let flags = ranks
+        .iter()
+        .map(|r| DeviceBuffer::zeroed(&r.ctx, PEER_FLAG_BYTES))
+        .collect::<Result<Vec<_>>>()?;
+    let errors = ranks
+        .iter()
+        .map(|r| {
+            let mut word = PinnedHost::new(&r.ctx, 4)?;
+            word.as_mut_slice().fill(0);
+            Ok(word)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let sm_counts = device::devices()?;
+    let max_blocks = ranks
+        .iter()
+        .filter_map(|r| sm_counts.get(r.device).map(|d| d.sm_count))
+        .min()
+        .unwrap_or(1)
+        .max(1);
+    Ok(Some(Arc::new(PeerKernelState {
+        flags,
+        errors,
+        max_blocks,
+    })))
+}
+
+impl CudaExecutor {
+    /// Opens a call of a peer kernel: reports a barrier timeout an earlier call left, advances
+    /// the barrier epoch, and opens pool memory to every other GPU — out of place every GPU reads
+    /// every other GPU's input, and the two-shot also reads every other GPU's output.
+    pub(super) fn open_peer_call(
+        &mut self,
+        kernel: PeerKernel,
+        inputs: Option<&[u64]>,
+        outputs: &[u64],
+    ) -> Result<()> {
+        self.check_peer_errors()?;
+        self.epoch = self.epoch.wrapping_add(1).max(1);
+        self.last_peer_kernel = kernel;
+        let outputs_read = (kernel == PeerKernel::TwoShot).then_some(outputs);
+        for ranked in inputs.into_iter().chain(outputs_read) {
+            for (rank, &addr) in ranked.iter().enumerate() {
+                let own = self.ranks[rank].device;
+                let peers: Vec<usize> = self.ranks.iter().map(|r| r.device).collect();
+                for peer in peers.into_iter().filter(|&p| p != own) {
+                    self.grant_once(addr, peer)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Enqueues a plan without events from the calling thread, rank after rank (each rank's
+    /// work goes on its own streams, so the order between ranks does not matter: the peer
+    /// kernels meet on the GPUs, whenever each is launched), then waits for completion if asked.
+    /// A panic is caught and returned as an error, as on the rank threads.
+    pub(super) fn run_inline(&self, call: &CudaCall) -> Result<()> {
+        let saved = device::save_current()?;
+        let current = std::cell::Cell::new(0usize);
+        let outcome = catch_unwind(AssertUnwindSafe(|| -> Result<()> {
+            for (rank, res) in self.ranks.iter().enumerate() {
+                current.set(rank);
+                let enqueued = (|| {
+                    device::bind(&res.ctx)?;
+                    let mut backend = CudaEnqueue {
+                        res,
+                        contexts: &self.contexts,
+                        call,
+                        fuse_exposure: true,
+                        held: None,
+                    };
+                    for (index, instr) in call.prepared.plan.ranks[rank].iter().enumerate() {
+                        backend.enqueue(index, instr)?;
+                    }
+                    backend.flush()?;
+                    device::record(&res.done, &res.streams[StreamKind::Main.index()])
+                })();
+                if let Err(err) = enqueued {
+                    // Ranks already launched spin at their barriers until the kernel's timeout
+                    // (shorter than the call's deadline); wait for them, so that nothing on a GPU
+                    // touches the caller's buffers after this call has returned its error.
+                    // (Bounded by the deadline: a stuck stream must not hold the caller.)
+                    for earlier in &self.ranks[..=rank] {
+                        let main = &earlier.streams[StreamKind::Main.index()];
+                        while matches!(device::stream_query(main), Ok(false))
+                            && Instant::now() < call.deadline
+                        {
+                            std::thread::sleep(Duration::from_micros(50));
+                        }
+                    }
+                    return Err(err);
+                }
+            }
+            if call.wait_complete {
+                for (rank, res) in self.ranks.iter().enumerate() {
+                    current.set(rank);
+                    wait_done(res, rank, call)?;
+                }
+            }
+            Ok(())
+        }));
+        let restored = saved.restore();
+        let result = outcome.unwrap_or_else(|payload| {
+            Err(Error::RankFailed {
+                rank: current.get(),
+                during: "enqueue".into(),
+                message: panic_message(&*payload),
+            })
+        });
+        result.and(restored)
+    }
+
+    /// The first barrier timeout any rank's peer kernel reported (its kernel then returned
+    /// early, so that call's output is incomplete): an error naming the rank, the kernel and the
+    /// barrier. Checked after every blocking peer call, before the next peer call, and by
+    /// `synchronize`. The kernel named is the latest peer call's (the words are checked before
+    /// every peer call, so a code is that call's unless non-blocking calls overlapped); a middle
+    /// barrier is always the two-shot's.
+    pub(super) fn check_peer_errors(&self) -> Result<()> {
+        let Some(shared) = &self.peer else {
+            return Ok(());
+        };
+        for (rank, r) in self.ranks.iter().enumerate() {
+            let code = shared.error(rank);
+            if code != 0 {
+                let kernel = if code == 4 {
+                    PeerKernel::TwoShot
+                } else {
+                    self.last_peer_kernel
+                };
+                let barrier = match code {
+                    1 => Some("start"),
+                    2 => Some("end"),
+                    4 => Some("middle"),
+                    _ => None,
+                };
+                let waiting_on = match barrier {
+                    Some(barrier) => format!(
+                        "GPU {}'s {kernel} kernel gave up at the {barrier} barrier: a peer's kernel never arrived",
+                        r.device,
+                    ),
+                    _ => {
+                        return Err(Error::RankFailed {
+                            rank,
+                            during: format!("the {kernel} peer reduce"),
+                            message: format!(
+                                "GPU {}'s {kernel} kernel found its launch inconsistent (code {code})",
+                                r.device
+                            ),
+                        })
+                    }
+                };
+                return Err(Error::Timeout {
+                    rank,
+                    waiting_on,
+                    after: self.config.timeout,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl CudaCall {
+    /// The peer kernels' state, which every peer plan's launch needs.
+    fn peer_state(&self, kernel: PeerKernel) -> Result<&PeerKernelState> {
+        self.peer.as_deref().ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "a {kernel} plan on a communicator without peer-kernel resources"
+            ))
+        })
+    }
+
+    /// How long after its start a peer kernel of this call waits at its barriers: three
+    /// quarters of the call's timeout, so that a barrier that never meets ends the kernel, with
+    /// its code in the error word, before the host gives up waiting.
+    fn kernel_timeout_ns(&self) -> u64 {
+        u64::try_from(self.timeout.as_nanos() / 4 * 3).unwrap_or(u64::MAX)
+    }
+}
+
+impl CudaEnqueue<'_> {
+    /// Launches this rank's two-shot kernel: the plan's step 0 and every gather round of this
+    /// rank (their layout was verified by `twoshot_segments` when the plan was prepared).
+    pub(super) fn launch_twoshot(&self, rank: usize) -> Result<()> {
+        let call = self.call;
+        let plan = &call.prepared.plan;
+        let segments = call.prepared.twoshot.as_ref().expect("a two-shot plan");
+        let shared = call.peer_state(PeerKernel::TwoShot)?;
+        let src_kind = if plan.in_place {
+            BufKind::Output
+        } else {
+            BufKind::Input
+        };
+        let base = |r: usize, kind: BufKind| -> Result<u64> {
+            let buf = plan.buffer(r, kind).ok_or_else(|| {
+                Error::PlanRejected(format!("the two-shot plan has no {kind:?} for rank {r}"))
+            })?;
+            Ok(call.addrs[buf.0])
+        };
+        let mut args = TwoShotArgs {
+            srcs: [0; PEER_MAX_RANKS],
+            outs: [0; PEER_MAX_RANKS],
+            flags: [0; PEER_MAX_RANKS],
+            seg_off: [0; PEER_MAX_RANKS],
+            seg_len: [0; PEER_MAX_RANKS],
+            world: plan.world as u32,
+            rank: rank as u32,
+            count: plan.count as u64,
+            epoch: call.epoch,
+            timeout_ns: call.kernel_timeout_ns(),
+            error: shared.errors[rank].uva_ptr(),
+            max_blocks: shared.max_blocks,
+        };
+        for (r, &(offset, count)) in segments.iter().enumerate() {
+            args.srcs[r] = base(r, src_kind)?;
+            args.outs[r] = base(r, BufKind::Output)?;
+            args.flags[r] = shared.flags[r].ptr();
+            args.seg_off[r] = offset as u64;
+            args.seg_len[r] = count as u64;
+        }
+        // SAFETY: the plan is the checked two-shot plan whose layout `twoshot_segments`
+        // verified: every rank's sources and outputs are the caller's validated buffers (or, in
+        // place, the outputs themselves), on their ranks' GPUs, reachable from this one (peer
+        // access between all pairs at creation, pool access granted per input and output); the
+        // outputs are disjoint from each other and from other ranks' sources (validation);
+        // every rank launches with the same arguments but its rank, and the same epoch, so the
+        // barriers meet; the flags outlive the communicator's streams.
+        unsafe {
+            self.res.kernels.twoshot(
+                call.dtype,
+                call.op,
+                &args,
+                &self.res.streams[StreamKind::Main.index()],
+            )
+        }
+    }
+
+    /// Launches this rank's one-shot kernel for the peer reduce `op` into `dst` (a plan whose
+    /// layout `oneshot_layout` verified); `expose_from` is the fused exposure copy's source
+    /// (see `CudaEnqueue::fuse_exposure`).
+    pub(super) fn launch_oneshot(
+        &self,
+        op: Op,
+        dst: Region,
+        expose_from: Option<u64>,
+        stream: &Stream,
+    ) -> Result<()> {
+        let call = self.call;
+        let plan = &call.prepared.plan;
+        let shared = call.peer_state(PeerKernel::OneShot)?;
+        let rank = plan.decl(dst.buf).rank;
+        let mut args = OneShotArgs {
+            srcs: [0; PEER_MAX_RANKS],
+            flags: [0; PEER_MAX_RANKS],
+            world: plan.world as u32,
+            rank: rank as u32,
+            dst: self.addr(dst),
+            count: dst.count as u64,
+            epoch: call.epoch,
+            timeout_ns: call.kernel_timeout_ns(),
+            error: shared.errors[rank].uva_ptr(),
+            expose_from: expose_from.unwrap_or(0),
+            max_blocks: shared.max_blocks,
+        };
+        for (r, src) in crate::check::peer_sources(plan, &op)
+            .into_iter()
+            .enumerate()
+        {
+            args.srcs[r] = self.addr(src);
+            args.flags[r] = shared.flags[r].ptr();
+        }
+        // SAFETY: every source lies in a buffer of its rank's GPU (checked plan; the caller's
+        // validated inputs or our exposed copies), reachable from this GPU (peer access enabled
+        // between all pairs at creation, pool access granted per input); `dst` is this rank's
+        // output, disjoint from every source; every rank launches the same grid (`peer_blocks`
+        // of dtype and count) with the same epoch, so the barriers meet; the flags outlive the
+        // communicator's streams.
+        unsafe { self.res.kernels.oneshot(call.dtype, call.op, &args, stream) }
+    }
+}
+
+/// Each rank's segment (offset, count) of a two-shot plan, after verifying that the plan has
+/// exactly the layout the fused two-shot kernel implements: on every rank, a peer reduce of
+/// every rank's sources into its own output segment, then one peer reduce per other rank q — in
+/// the order `twoshot::gather_from` gives — copying q's output segment from q alone, and nothing
+/// else but a final `Scale`; the segments tile the buffer in rank order. `None` for an empty
+/// plan (one rank, or zero elements).
+pub(super) fn twoshot_segments(plan: &Plan) -> Result<Option<Vec<(usize, usize)>>> {
+    let n = plan.world;
+    let peer_ops = |rank: usize| -> Vec<Op> {
+        plan.ranks[rank]
+            .iter()
+            .map(|i| i.op)
+            .filter(|op| matches!(op, Op::PeerReduce { .. }))
+            .collect()
+    };
+    if (0..n).all(|r| peer_ops(r).is_empty()) {
+        return Ok(None);
+    }
+    let bad = |why: String| Err(Error::PlanRejected(format!("not a two-shot plan: {why}")));
+    let src_kind = if plan.in_place {
+        BufKind::Output
+    } else {
+        BufKind::Input
+    };
+    let mut segments = Vec::with_capacity(n);
+    for rank in 0..n {
+        match peer_ops(rank).first() {
+            Some(&Op::PeerReduce {
+                dst,
+                src,
+                offset,
+                count,
+                ranks: Ranks::ALL,
+            }) if dst.offset == offset
+                && src == src_kind
+                && plan.decl(dst.buf).rank == rank
+                && plan.decl(dst.buf).kind == BufKind::Output =>
+            {
+                segments.push((offset, count))
+            }
+            _ => {
+                return bad(format!(
+                    "rank {rank} does not start by reducing its own segment"
+                ))
+            }
+        }
+    }
+    let mut end = 0;
+    for (q, &(offset, count)) in segments.iter().enumerate() {
+        if offset != end {
+            return bad(format!("segment {q} starts at {offset}, not at {end}"));
+        }
+        end += count;
+    }
+    if end != plan.count {
+        return bad(format!("the segments end at {end}, not at {}", plan.count));
+    }
+    for rank in 0..n {
+        let ops = peer_ops(rank);
+        if ops.len() != n {
+            return bad(format!(
+                "rank {rank} has {} peer reduces, not {n}",
+                ops.len()
+            ));
+        }
+        for (round, op) in ops.iter().enumerate().skip(1) {
+            let owner = crate::plan::twoshot::gather_from(rank, round, n);
+            let (offset, count) = segments[owner];
+            let fits = matches!(*op, Op::PeerReduce { dst, src: BufKind::Output, offset: o, count: c, ranks }
+                if ranks == Ranks::only(owner)
+                    && (o, c) == (offset, count)
+                    && (dst.offset, dst.count) == (offset, count)
+                    && plan.decl(dst.buf).rank == rank
+                    && plan.decl(dst.buf).kind == BufKind::Output);
+            if !fits {
+                return bad(format!(
+                    "rank {rank}'s gather round {round} does not copy segment {owner} from rank {owner}"
+                ));
+            }
+        }
+        let program = &plan.ranks[rank];
+        let others_ok = program.iter().enumerate().all(|(i, instr)| {
+            instr.stream == StreamKind::Main
+                && match instr.op {
+                    Op::PeerReduce { .. } => true,
+                    Op::Scale { .. } => i + 1 == program.len(),
+                    _ => false,
+                }
+        });
+        if !others_ok {
+            return bad(format!(
+                "rank {rank} has work besides its peer reduces and a final scale on Main"
+            ));
+        }
+    }
+    Ok(Some(segments))
+}
+
+/// Verifies that a one-shot plan has the layout the one-shot kernel assumes: in every meeting,
+/// every rank reads every rank (`Ranks::ALL`) over the same source kind and range, so that all
+/// ranks launch the same grid and every source is known. (The checker allows more: ranks of a
+/// meeting reading different ranges or a subset of ranks, as the two-shot does.)
+pub(super) fn oneshot_layout(plan: &Plan) -> Result<()> {
+    let meetings = |rank: usize| -> Vec<Op> {
+        plan.ranks[rank]
+            .iter()
+            .map(|i| i.op)
+            .filter(|op| matches!(op, Op::PeerReduce { .. }))
+            .collect()
+    };
+    let first = meetings(0);
+    for rank in 0..plan.world {
+        let mine = meetings(rank);
+        if mine.len() != first.len() {
+            return Err(Error::PlanRejected(format!(
+                "not a one-shot plan: rank {rank} has {} peer reduces, rank 0 {}",
+                mine.len(),
+                first.len()
+            )));
+        }
+        for (k, (op, op0)) in mine.iter().zip(&first).enumerate() {
+            let same = match (*op, *op0) {
+                (
+                    Op::PeerReduce {
+                        src,
+                        offset,
+                        count,
+                        ranks,
+                        ..
+                    },
+                    Op::PeerReduce {
+                        src: src0,
+                        offset: offset0,
+                        count: count0,
+                        ..
+                    },
+                ) => ranks == Ranks::ALL && (src, offset, count) == (src0, offset0, count0),
+                _ => false,
+            };
+            if !same {
+                return Err(Error::PlanRejected(format!(
+                    "not a one-shot plan: rank {rank}'s peer reduce {k} does not read every rank \
+                     over rank 0's range"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{oneshot_layout, twoshot_segments};
+    use crate::element::ReduceOp;
+    use crate::plan::{BufKind, OneShotSpec, Op, Ranks, TwoShotSpec};
+
+    fn twoshot(world: usize, count: usize, in_place: bool) -> crate::plan::Plan {
+        TwoShotSpec {
+            world,
+            count,
+            in_place,
+            op: ReduceOp::Avg,
+            align: 4,
+        }
+        .build()
+        .unwrap()
+    }
+
+    #[test]
+    fn twoshot_layout_is_read_from_the_plan_and_tiles_the_buffer() {
+        for world in 2..=8 {
+            for count in [1, 7, 64, 1001] {
+                for in_place in [false, true] {
+                    let segments = twoshot_segments(&twoshot(world, count, in_place))
+                        .unwrap()
+                        .expect("a collective");
+                    assert_eq!(segments.len(), world);
+                    assert_eq!(segments[0].0, 0);
+                    for pair in segments.windows(2) {
+                        assert_eq!(pair[0].0 + pair[0].1, pair[1].0);
+                    }
+                    let (last_offset, last_count) = segments[world - 1];
+                    assert_eq!(last_offset + last_count, count);
+                }
+            }
+        }
+        assert_eq!(twoshot_segments(&twoshot(1, 10, true)).unwrap(), None);
+        assert_eq!(twoshot_segments(&twoshot(3, 0, false)).unwrap(), None);
+    }
+
+    #[test]
+    fn plans_the_kernels_do_not_implement_are_refused() {
+        // A gather round that copies from the wrong rank.
+        let mut wrong_owner = twoshot(3, 12, true);
+        if let Op::PeerReduce { ranks, .. } = &mut wrong_owner.ranks[0][1].op {
+            *ranks = Ranks::only(2);
+        }
+        assert!(twoshot_segments(&wrong_owner).is_err());
+        // Step 0 reading the input of an in-place plan.
+        let mut wrong_source = twoshot(2, 12, true);
+        if let Op::PeerReduce { src, .. } = &mut wrong_source.ranks[1][0].op {
+            *src = BufKind::Input;
+        }
+        assert!(twoshot_segments(&wrong_source).is_err());
+        // A one-shot plan is not a two-shot plan, and the reverse.
+        let oneshot = OneShotSpec {
+            world: 2,
+            count: 12,
+            in_place: false,
+            op: ReduceOp::Sum,
+        }
+        .build()
+        .unwrap();
+        oneshot_layout(&oneshot).unwrap();
+        assert!(twoshot_segments(&oneshot).is_err());
+        assert!(oneshot_layout(&twoshot(2, 12, false)).is_err());
+    }
+}

@@ -1,0 +1,319 @@
+//! The copy-engine ring on the GPUs: one host thread per rank ([`gpu_rank_thread`]) enqueues its
+//! rank's program on that GPU's four streams — copies (peer or staged), reduce and scale kernels,
+//! event records and waits — handing off to its neighbours through [`crate::exec::enqueue_rank`],
+//! then the caller polls each rank's completion event ([`wait_done`]) and, past the deadline,
+//! names the rank that stalled ([`stalled`]). [`CudaEnqueue`] is also the per-instruction enqueue
+//! of the inline path (module [`super::peer`]).
+//!
+//! A failed enqueue never leaves a GPU waiting forever: a CUDA wait binds, when it is enqueued, to
+//! the event's latest record, and a record that was never enqueued leaves nothing to wait for.
+//!
+//! Invariant: inside a collective a rank thread only enqueues — no allocation, no event creation,
+//! no host synchronisation.
+
+use super::{CudaCall, RankRes};
+use crate::device;
+use crate::error::{Error, Result};
+use crate::exec::{enqueue_rank, panic_message, Enqueue, Handoff, Limits};
+use crate::plan::{BufKind, Instr, Op, Ranks, Region, StreamKind, Tag};
+use crossbeam_channel::Receiver;
+use cudarc::driver::CudaContext;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A rank's thread: enqueues each call's program on its GPU's streams.
+pub(super) fn gpu_rank_thread(
+    mut handoff: Handoff,
+    res: Arc<RankRes>,
+    contexts: Vec<Arc<CudaContext>>,
+    calls: Receiver<Arc<CudaCall>>,
+) {
+    let rank = handoff.rank;
+    while let Some(call) = next_call(&calls) {
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            device::bind(&res.ctx)?;
+            let mut backend = CudaEnqueue {
+                res: &res,
+                contexts: &contexts,
+                call: &call,
+                fuse_exposure: false,
+                held: None,
+            };
+            enqueue_rank(
+                &call.prepared.plan,
+                &call.prepared.waiters,
+                call.id,
+                &mut handoff,
+                &mut backend,
+                Limits {
+                    deadline: call.deadline,
+                    timeout: call.timeout,
+                    abort: &call.abort,
+                },
+            )?;
+            device::record(&res.done, &res.streams[StreamKind::Main.index()])
+        }));
+        let result = match outcome {
+            Ok(r) => r,
+            Err(payload) => Err(Error::RankFailed {
+                rank,
+                during: "enqueue".into(),
+                message: panic_message(&*payload),
+            }),
+        };
+        if result.is_err() {
+            call.abort.store(true, Ordering::Release);
+        }
+        let _ = call.done.send((rank, result));
+    }
+}
+
+/// How long a rank thread keeps polling for the next call before it blocks: back-to-back
+/// collectives (a training step's buckets, a benchmark) arrive within a call's GPU time, and a
+/// blocked thread's wake-up (tens of µs, now and then far more) would sit on the GPU's critical
+/// path, since nothing is enqueued until the thread runs.
+const RANK_THREAD_SPIN: Duration = Duration::from_millis(5);
+
+/// The next call for a rank thread, `None` once the executor is dropped. Polls (yielding the
+/// CPU between polls) for [`RANK_THREAD_SPIN`], then blocks.
+fn next_call(calls: &Receiver<Arc<CudaCall>>) -> Option<Arc<CudaCall>> {
+    let start = Instant::now();
+    while start.elapsed() < RANK_THREAD_SPIN {
+        match calls.try_recv() {
+            Ok(call) => return Some(call),
+            Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
+            Err(crossbeam_channel::TryRecvError::Empty) => std::thread::yield_now(),
+        }
+    }
+    calls.recv().ok()
+}
+
+/// Polls the rank's completion event until it fires, the call is aborted or the deadline passes.
+/// Spins for the first 200 µs (small messages finish in tens of µs), then yields the CPU between
+/// polls for up to 20 ms (a 1 GiB call takes ~3 ms: a sleep's timer slack, ~50 µs, would land on
+/// the call's time), then sleeps between polls.
+pub(super) fn wait_done(res: &RankRes, rank: usize, call: &CudaCall) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        if device::event_query(&res.done)? {
+            return Ok(());
+        }
+        if call.abort.load(Ordering::Acquire) {
+            return Err(crate::exec::aborted(rank));
+        }
+        let now = Instant::now();
+        if now >= call.deadline {
+            return Err(stalled(call, rank, res.device));
+        }
+        let waited = now - start;
+        if waited < Duration::from_micros(200) {
+            std::hint::spin_loop();
+        } else if waited < Duration::from_millis(20) {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+}
+
+/// The error for a call that rank `rank` (on GPU `device`) did not finish by its deadline, naming
+/// the culprit where the plan's events tell: a rank whose entry event has not completed never
+/// started the collective (work queued before it on that rank's Main stream is stuck);
+/// otherwise `rank`'s first unfinished wait on another rank. (Every event of the call was
+/// recorded before anyone waits for completion, so each query answers for this call.)
+fn stalled(call: &CudaCall, rank: usize, device: usize) -> Error {
+    let plan = &call.prepared.plan;
+    // A query that fails reports an error of the GPU's work: that, not a blame, is the answer.
+    let fault = std::cell::RefCell::new(None);
+    let completed = |e: usize| match device::event_query(&call.prepared.events[e]) {
+        Ok(done) => done,
+        Err(err) => {
+            fault.borrow_mut().get_or_insert(err);
+            true
+        }
+    };
+    let never_started = plan
+        .events
+        .iter()
+        .enumerate()
+        .find(|(e, decl)| decl.tag == Tag::ENTRY && !completed(*e));
+    if let Some(err) = fault.borrow_mut().take() {
+        return err;
+    }
+    if let Some((_, entry)) = never_started {
+        return Error::Timeout {
+            rank: entry.rank,
+            waiting_on: "never started the collective: work queued on its Main stream before the call did not finish".into(),
+            after: call.timeout,
+        };
+    }
+    let first_wait = plan.ranks[rank].iter().find_map(|instr| match instr.op {
+        Op::Wait(e) if plan.events[e.0].rank != rank && !completed(e.0) => Some(e),
+        _ => None,
+    });
+    if let Some(err) = fault.into_inner() {
+        return err;
+    }
+    Error::Timeout {
+        rank,
+        waiting_on: match first_wait {
+            Some(e) => format!(
+                "did not finish the collective on GPU {device}: its first unfinished wait is for {}",
+                plan.events[e.0]
+            ),
+            None => format!("did not finish the collective on GPU {device}"),
+        },
+        after: call.timeout,
+    }
+}
+
+/// A rank thread's view while enqueuing one call.
+pub(super) struct CudaEnqueue<'a> {
+    pub(super) res: &'a RankRes,
+    /// Every rank's context, by rank (a peer copy names both ends).
+    pub(super) contexts: &'a [Arc<CudaContext>],
+    pub(super) call: &'a CudaCall,
+    /// Fuse the in-place one-shot's exposure copy into its kernel: a Main-stream copy into the
+    /// rank's exposed buffer is held back; if the next instruction is the peer reduce that reads
+    /// exactly that region and writes exactly the copy's source, the kernel does the copy itself
+    /// (`OneShotArgs::expose_from`, before its start barrier); otherwise the copy is enqueued as
+    /// it stands. The caller must `flush` at the end of the program.
+    pub(super) fuse_exposure: bool,
+    pub(super) held: Option<Instr>,
+}
+
+impl CudaEnqueue<'_> {
+    pub(super) fn addr(&self, region: Region) -> u64 {
+        self.call.addrs[region.buf.0] + (region.offset * self.call.dtype.size_bytes()) as u64
+    }
+
+    fn is_device(&self, region: Region) -> bool {
+        self.call.prepared.plan.decl(region.buf).kind.memory() == crate::plan::Memory::Device
+    }
+
+    /// Enqueues a held-back exposure copy, if any.
+    pub(super) fn flush(&mut self) -> Result<()> {
+        match self.held.take() {
+            Some(copy) => self.enqueue_now(&copy, None),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Enqueue for CudaEnqueue<'_> {
+    fn enqueue(&mut self, _index: usize, instr: &Instr) -> Result<()> {
+        let plan = &self.call.prepared.plan;
+        if self.fuse_exposure && instr.stream == StreamKind::Main {
+            if let Op::Copy { dst, .. } = instr.op {
+                if plan.decl(dst.buf).kind == BufKind::Exposed {
+                    self.flush()?;
+                    self.held = Some(*instr);
+                    return Ok(());
+                }
+            }
+        }
+        let Some(held) = self.held.take() else {
+            return self.enqueue_now(instr, None);
+        };
+        let fused = match (held.op, instr.op) {
+            (
+                Op::Copy { src, dst: exposed },
+                Op::PeerReduce {
+                    dst,
+                    src: BufKind::Exposed,
+                    offset,
+                    count,
+                    ..
+                },
+            ) if instr.stream == StreamKind::Main
+                && dst == src
+                && Some(exposed.buf) == plan.buffer(plan.decl(dst.buf).rank, BufKind::Exposed)
+                && (exposed.offset, exposed.count) == (offset, count) =>
+            {
+                Some(self.addr(src))
+            }
+            _ => None,
+        };
+        if fused.is_none() {
+            self.enqueue_now(&held, None)?;
+        }
+        self.enqueue_now(instr, fused)
+    }
+}
+
+impl CudaEnqueue<'_> {
+    /// Enqueues one instruction; `expose_from` is the fused exposure copy's source for a peer
+    /// reduce (see `fuse_exposure`).
+    fn enqueue_now(&mut self, instr: &Instr, expose_from: Option<u64>) -> Result<()> {
+        let call = self.call;
+        let plan = &call.prepared.plan;
+        let stream = &self.res.streams[instr.stream.index()];
+        let eb = call.dtype.size_bytes();
+        match instr.op {
+            Op::Record(e) => device::record(&call.prepared.events[e.0], stream),
+            Op::Wait(e) => device::wait(stream, &call.prepared.events[e.0]),
+            Op::Copy { src, dst } => {
+                let (src_rank, dst_rank) = (plan.decl(src.buf).rank, plan.decl(dst.buf).rank);
+                let bytes = src.count * eb;
+                if self.is_device(src) && self.is_device(dst) && src_rank != dst_rank {
+                    // SAFETY: both regions lie in device buffers of these ranks' contexts (checked
+                    // plan, addresses from validated buffers or our own staging), stay allocated
+                    // until the call completes, and the race-free plan orders every other access.
+                    unsafe {
+                        device::memcpy_peer_async(
+                            self.addr(dst),
+                            &self.contexts[dst_rank],
+                            self.addr(src),
+                            &self.contexts[src_rank],
+                            bytes,
+                            stream,
+                        )
+                    }
+                } else {
+                    // SAFETY: as above; host regions are our portable pinned staging buffers.
+                    unsafe { device::memcpy_async(self.addr(dst), self.addr(src), bytes, stream) }
+                }
+            }
+            Op::Reduce { dst, a, b } => {
+                // SAFETY: the regions are device memory of this rank (the plan reduces only into
+                // the receiver's output from its own input/output and slots), `dst` is `a` or
+                // disjoint (checked plan), and events order every other access.
+                unsafe {
+                    self.res.kernels.reduce(
+                        stream,
+                        call.op.combine_op(),
+                        call.dtype,
+                        self.addr(dst),
+                        self.addr(a),
+                        self.addr(b),
+                        dst.count,
+                    )
+                }
+            }
+            Op::Scale { region } => {
+                // SAFETY: as for Reduce.
+                unsafe {
+                    self.res.kernels.scale(
+                        stream,
+                        call.dtype,
+                        self.addr(region),
+                        region.count,
+                        plan.world,
+                    )
+                }
+            }
+            Op::PeerReduce { dst, ranks, .. } if call.prepared.twoshot.is_some() => {
+                // The two-shot: step 0 (every rank's sources) launches the rank's whole kernel;
+                // the gather rounds are inside it.
+                if ranks == Ranks::ALL {
+                    self.launch_twoshot(plan.decl(dst.buf).rank)
+                } else {
+                    Ok(())
+                }
+            }
+            op @ Op::PeerReduce { dst, .. } => self.launch_oneshot(op, dst, expose_from, stream),
+        }
+    }
+}

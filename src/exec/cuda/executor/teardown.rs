@@ -1,0 +1,137 @@
+//! Waiting for a communicator's GPUs and letting go of them: `synchronize`, `poll_health`,
+//! `close` (through `shutdown`) and `Drop`.
+//!
+//! Teardown never hangs on a stuck GPU: every wait polls the streams (never
+//! `cuStreamSynchronize`) for at most the communicator's timeout. A GPU still busy then keeps this
+//! communicator's streams, events, staging buffers and peer-kernel flags — leaked on purpose,
+//! since freeing memory that stuck work may yet touch would turn a hang into corruption.
+//!
+//! Invariant: memory is freed only when every stream of every rank reports idle.
+
+use super::{CudaExecutor, CACHED_PLANS};
+use crate::device;
+use crate::error::{Error, Result};
+use crate::exec::PlanCache;
+use crate::plan::StreamKind;
+use std::time::{Duration, Instant};
+
+impl CudaExecutor {
+    /// Blocks until every rank's streams are idle, at most the communicator's timeout, and
+    /// reports what the GPUs left: a CUDA error of queued work, a peer kernel's barrier
+    /// timeout, or [`Error::Timeout`] naming a GPU that is still busy after the timeout.
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        self.wait_idle(self.config.timeout)?;
+        self.check_peer_errors()
+    }
+
+    /// What the GPUs report without waiting: a peer kernel's barrier timeout, or an error of
+    /// earlier asynchronous work (`cuEventQuery` on each rank's completion event returns it).
+    /// Puts the calling thread's context back.
+    pub(crate) fn poll_health(&self) -> Result<()> {
+        self.check_peer_errors()?;
+        let saved = device::save_current()?;
+        let polled = self
+            .ranks
+            .iter()
+            .try_for_each(|r| device::event_query(&r.done).map(drop));
+        polled.and(saved.restore())
+    }
+
+    /// Polls every rank's streams until all are idle (or report an error) or `within` has
+    /// passed. Returns the first CUDA error a stream reported (the root cause), else
+    /// [`Error::Timeout`] naming the first GPU still busy. Polling, not `cuStreamSynchronize`, so
+    /// that a stuck GPU cannot hold the caller forever; a stream that reports an error does not
+    /// stop the wait for the others.
+    fn wait_idle(&self, within: Duration) -> Result<()> {
+        let start = Instant::now();
+        let mut busy: Vec<(usize, usize)> = self
+            .ranks
+            .iter()
+            .enumerate()
+            .flat_map(|(rank, r)| (0..r.streams.len()).map(move |s| (rank, s)))
+            .collect();
+        let mut first_error: Option<Error> = None;
+        loop {
+            busy.retain(
+                |&(rank, s)| match device::stream_query(&self.ranks[rank].streams[s]) {
+                    Ok(idle) => !idle,
+                    Err(err) => {
+                        first_error.get_or_insert(err);
+                        false
+                    }
+                },
+            );
+            let Some(&(rank, s)) = busy.first() else {
+                return first_error.map_or(Ok(()), Err);
+            };
+            let waited = start.elapsed();
+            if waited >= within {
+                if let Some(err) = first_error {
+                    return Err(err);
+                }
+                return Err(Error::Timeout {
+                    rank,
+                    waiting_on: format!(
+                        "GPU {}'s {:?} stream was still busy (a collective, or work queued before one, did not finish)",
+                        self.ranks[rank].device,
+                        StreamKind::ALL[s]
+                    ),
+                    after: within,
+                });
+            }
+            if waited < Duration::from_micros(200) {
+                std::hint::spin_loop();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+    }
+
+    /// Waits (at most the timeout) for the GPUs to finish this communicator's work, reports
+    /// what they left, and frees everything — except when any stream is still busy (or in an
+    /// error state) after the timeout: then the communicator's streams, events and buffers on
+    /// every GPU are leaked on purpose, since freeing memory that a stuck copy or kernel may still
+    /// touch would turn a hang into memory corruption.
+    pub(crate) fn shutdown(mut self) -> Result<()> {
+        self.teardown()
+    }
+
+    fn teardown(&mut self) -> Result<()> {
+        for (tx, handle) in self.threads.drain(..) {
+            drop(tx);
+            let _ = handle.join();
+        }
+        if self.ranks.is_empty() {
+            return Ok(()); // torn down already
+        }
+        let result = self.synchronize();
+        // Free only what no GPU can still touch: every stream idle. A stream still busy, or one
+        // in an error state that cannot say, keeps everything (its context may be broken anyway,
+        // and freeing would then fail or block).
+        let all_idle = self.ranks.iter().all(|r| {
+            r.streams
+                .iter()
+                .all(|s| matches!(device::stream_query(s), Ok(true)))
+        });
+        if !all_idle {
+            std::mem::forget(std::mem::replace(
+                &mut self.cache,
+                PlanCache::new(CACHED_PLANS),
+            ));
+            std::mem::forget(self.peer.take());
+            std::mem::forget(std::mem::take(&mut self.ranks));
+            std::mem::forget(std::mem::take(&mut self.contexts));
+        }
+        self.ranks.clear();
+        result
+    }
+}
+
+impl Drop for CudaExecutor {
+    fn drop(&mut self) {
+        // Queued work may still use the plans' events and buffers: let it finish first (at most
+        // the timeout). An error here has nowhere to go (Drop never panics); `Communicator::close`
+        // reports it through `shutdown`.
+        let _ = self.teardown();
+    }
+}

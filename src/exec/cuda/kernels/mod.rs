@@ -1,0 +1,523 @@
+//! The kernels on the GPU: `cuda/reduce.cu` loaded into a context ([`KernelModule`]), launched
+//! by table index.
+//!
+//! Every ring step on a GPU ends in one kernel, `dst[i] = a[i] ⊕ b[i]` (the received segment
+//! combined with the local partial), and `Avg` ends with one more, `x[i] = x[i] / world`
+//! (module `reduce`). The peer kernels (module `peer`) are one kernel per rank that reads
+//! every rank's memory directly (peer access) and meets the other ranks' kernels at barriers of
+//! flags written into peer memory: the one-shot all-reduce ([`KernelModule::oneshot`]) folds
+//! every rank's input in rank order into `dst` between a start and an end barrier; the two-shot
+//! ([`KernelModule::twoshot`]), with three barriers, reduces the rank's own segment from every
+//! rank's input, then copies the other segments from their owners. Their semantics are those of
+//! [`crate::element`]; the kernels themselves, the flag layout, the memory ordering and why they
+//! are fast are described in `cuda/reduce.cu`.
+//!
+//! Where the code comes from is decided at build time (see `build.rs`):
+//! - nvcc was found: the build embeds `reduce.fatbin` (SASS for sm_80 and sm_90, PTX for
+//!   compute_90) and [`KernelModule::new`] loads it ([`KernelSource::EmbeddedFatbin`]);
+//! - otherwise: [`KernelModule::new`] compiles the same source with NVRTC for the device's
+//!   compute capability and loads the PTX ([`KernelSource::Nvrtc`]); that needs libnvrtc on the
+//!   GPU host.
+//!
+//! Invariant: a [`KernelModule`] holds all 130 functions (4 operators × 10 types of pairwise
+//! reduce, of one-shot and of two-shot all-reduce, and one scale kernel per type) resolved in its
+//! context, so a launch is a table index and one `cuLaunchKernel`, with no lookup and no
+//! allocation.
+
+mod peer;
+mod reduce;
+
+pub use peer::{
+    peer_blocks, OneShotArgs, TwoShotArgs, PEER_FLAG_BYTES, PEER_MAX_BLOCKS, PEER_MAX_RANKS,
+};
+
+use std::ffi::c_void;
+use std::fmt;
+use std::sync::Arc;
+
+use cudarc::driver::{result, sys, CudaContext, CudaFunction, DriverError};
+
+use crate::device::{self, Stream};
+use cudarc::nvrtc::{CompileError, Ptx};
+
+use crate::element::{DType, ReduceOp};
+use crate::error::{Error, Result};
+
+/// The kernel source, for NVRTC (and for the tests that check it defines every symbol).
+#[cfg_attr(ringreduce_fatbin, allow(dead_code))]
+const SOURCE: &str = include_str!("../../../../cuda/reduce.cu");
+
+/// The kernels compiled by nvcc at build time.
+#[cfg(ringreduce_fatbin)]
+static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/reduce.fatbin"));
+
+/// Threads per block of every launch.
+const BLOCK_THREADS: u32 = 256;
+/// Blocks per SM in a full grid: 8 × 256 = 2048 threads, the most an sm_80/sm_90 SM holds.
+const BLOCKS_PER_SM: u32 = 8;
+/// Bytes one thread moves per pointer per loop iteration on the vector path (a `uint4`).
+const VECTOR_BYTES: usize = 16;
+
+/// The pairwise operators that have kernels, in table order (`Avg` combines as `Sum`).
+const PAIRWISE_OPS: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max];
+
+/// Where the loaded kernels came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelSource {
+    /// The fatbin nvcc built and the build embedded.
+    EmbeddedFatbin,
+    /// `cuda/reduce.cu` compiled by NVRTC when the [`KernelModule`] were made.
+    Nvrtc,
+}
+
+impl fmt::Display for KernelSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            KernelSource::EmbeddedFatbin => "embedded fatbin",
+            KernelSource::Nvrtc => "NVRTC",
+        })
+    }
+}
+
+/// Which kernel path this build has, for `ringreduce info`.
+pub fn build_kind() -> &'static str {
+    #[cfg(ringreduce_fatbin)]
+    {
+        concat!(
+            "embedded fatbin (",
+            env!("RINGREDUCE_FATBIN_TARGETS"),
+            "; nvcc ",
+            env!("RINGREDUCE_NVCC_RELEASE"),
+            ")"
+        )
+    }
+    #[cfg(not(ringreduce_fatbin))]
+    {
+        "NVRTC at first use (built without nvcc; needs libnvrtc on the GPU host)"
+    }
+}
+
+/// A CUDA driver or NVRTC failure, as the parts of [`Error::Cuda`].
+pub(crate) trait CudaFailure {
+    /// The status name, e.g. `CUDA_ERROR_INVALID_VALUE`.
+    fn code(&self) -> String;
+    /// The library's description, or the compile log.
+    fn message(&self) -> String;
+}
+
+impl CudaFailure for DriverError {
+    fn code(&self) -> String {
+        // SAFETY: only probes whether libcuda can be loaded; the name lookup below needs it, and
+        // without it cudarc would panic.
+        if unsafe { sys::is_culib_present() } {
+            if let Ok(name) = self.error_name() {
+                return name.to_string_lossy().into_owned();
+            }
+        }
+        format!("{:?}", self.0)
+    }
+
+    fn message(&self) -> String {
+        // SAFETY: as in `code`.
+        if unsafe { sys::is_culib_present() } {
+            if let Ok(text) = self.error_string() {
+                return text.to_string_lossy().into_owned();
+            }
+        }
+        "no description (libcuda not loaded)".to_string()
+    }
+}
+
+impl CudaFailure for CompileError {
+    fn code(&self) -> String {
+        match self {
+            CompileError::CreationError(e)
+            | CompileError::CompileError { nvrtc: e, .. }
+            | CompileError::GetLogError(e)
+            | CompileError::GetPtxError(e)
+            | CompileError::DestroyError(e) => format!("{:?}", e.0),
+        }
+    }
+
+    fn message(&self) -> String {
+        match self {
+            CompileError::CompileError { options, log, .. } => format!(
+                "compiling cuda/reduce.cu with {options:?}:\n{}",
+                log.to_string_lossy()
+            ),
+            _ => "NVRTC failed outside compilation".to_string(),
+        }
+    }
+}
+
+/// The one conversion of a cudarc error into [`Error::Cuda`]: `.map_err(kernel_err("cuX"))`.
+pub(crate) fn kernel_err<E: CudaFailure>(call: &'static str) -> impl Fn(E) -> Error {
+    move |e| Error::Cuda {
+        call,
+        code: e.code(),
+        message: e.message(),
+    }
+}
+
+/// `cuda/reduce.cu` loaded into one context: the reduce, scale, one-shot and two-shot kernels.
+#[derive(Debug)]
+pub struct KernelModule {
+    ctx: Arc<CudaContext>,
+    source: KernelSource,
+    /// `reduce[reduce_index(op, dtype)]`: `PAIRWISE_OPS.len()` rows of `DType::ALL.len()`.
+    reduce: Vec<CudaFunction>,
+    /// `scale[dtype as usize]`.
+    scale: Vec<CudaFunction>,
+    /// `oneshot[reduce_index(op, dtype)]`: the same table shape as `reduce`.
+    oneshot: Vec<CudaFunction>,
+    /// `twoshot[reduce_index(op, dtype)]`: the same table shape as `reduce`.
+    twoshot: Vec<CudaFunction>,
+    /// The grid size that fills the device: SM count × `BLOCKS_PER_SM`.
+    max_blocks: u32,
+}
+
+impl KernelModule {
+    /// Loads the kernels into `ctx` (the embedded fatbin, or NVRTC's PTX when the build had no
+    /// nvcc) and resolves every function. Call once per context and share the result.
+    pub fn new(ctx: &Arc<CudaContext>) -> Result<KernelModule> {
+        let (image, source) = kernel_image(ctx)?;
+        let module = ctx
+            .load_module(image)
+            .map_err(kernel_err("cuModuleLoadData"))?;
+        let load = |symbol: String| {
+            module
+                .load_function(&symbol)
+                .map_err(kernel_err("cuModuleGetFunction"))
+        };
+        // One function per pairwise operator and type, row-major over PAIRWISE_OPS × DType::ALL.
+        let family = |symbol_of: fn(ReduceOp, DType) -> String| {
+            PAIRWISE_OPS
+                .iter()
+                .flat_map(|&op| DType::ALL.map(|dtype| symbol_of(op, dtype)))
+                .map(load)
+                .collect::<Result<Vec<_>>>()
+        };
+        let reduce = family(reduce_symbol)?;
+        let scale = DType::ALL
+            .iter()
+            .map(|&dtype| load(scale_symbol(dtype)))
+            .collect::<Result<Vec<_>>>()?;
+        let oneshot = family(oneshot_symbol)?;
+        let twoshot = family(twoshot_symbol)?;
+
+        let sms = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(kernel_err("cuDeviceGetAttribute"))?;
+        let max_blocks = u32::try_from(sms).unwrap_or(1).max(1) * BLOCKS_PER_SM;
+
+        Ok(KernelModule {
+            ctx: ctx.clone(),
+            source,
+            reduce,
+            scale,
+            oneshot,
+            twoshot,
+            max_blocks,
+        })
+    }
+
+    /// Where the loaded code came from.
+    pub fn source(&self) -> KernelSource {
+        self.source
+    }
+
+    /// The context the kernels are loaded in; launches go to streams of this context only.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Launches `function` with `blocks` blocks of `threads` threads on `stream`.
+    ///
+    /// # Safety
+    ///
+    /// As for `launch`, and the grid is one the kernel accepts.
+    unsafe fn launch_grid(
+        &self,
+        stream: &Stream,
+        function: &CudaFunction,
+        blocks: u32,
+        threads: u32,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        device::bind(&self.ctx)?;
+        // SAFETY: the function was loaded into self.ctx, which is current and owns `stream`
+        // (check_stream); parameters, grid and memory are the caller's contract.
+        unsafe {
+            result::launch_kernel(
+                function.cu_function(),
+                (blocks, 1, 1),
+                (threads, 1, 1),
+                0,
+                stream.raw(),
+                params,
+            )
+        }
+        .map_err(kernel_err("cuLaunchKernel"))
+    }
+
+    fn check_stream(&self, stream: &Stream) -> Result<()> {
+        if stream.context().cu_ctx() == self.ctx.cu_ctx() {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "stream of device {} given to the kernels of device {}",
+                stream.context().ordinal(),
+                self.ctx.ordinal()
+            )))
+        }
+    }
+}
+
+/// The code to load into `ctx`: the embedded fatbin when the build has one.
+#[cfg(ringreduce_fatbin)]
+fn kernel_image(_ctx: &Arc<CudaContext>) -> Result<(Ptx, KernelSource)> {
+    // cuModuleLoadData reads the fatbin in place; the copy lives in a heap block, which the
+    // system allocator aligns to 16 bytes (the image's header wants 8).
+    Ok((
+        Ptx::from_binary(FATBIN.to_vec()),
+        KernelSource::EmbeddedFatbin,
+    ))
+}
+
+/// The code to load into `ctx`: NVRTC's PTX for the device's compute capability.
+#[cfg(not(ringreduce_fatbin))]
+fn kernel_image(ctx: &Arc<CudaContext>) -> Result<(Ptx, KernelSource)> {
+    // SAFETY: only probes whether libnvrtc can be loaded; cudarc panics on first use otherwise.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(Error::Cuda {
+            call: "nvrtcCreateProgram",
+            code: "NVRTC_LIBRARY_NOT_FOUND".to_string(),
+            message: "libnvrtc could not be loaded, and this build has no embedded kernels \
+                      (build with nvcc: set NVCC, see .ci/install-nvcc.sh)"
+                .to_string(),
+        });
+    }
+    let (major, minor) = ctx
+        .compute_capability()
+        .map_err(kernel_err("cuDeviceGetAttribute"))?;
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(SOURCE, nvrtc_options(major, minor))
+        .map_err(kernel_err("nvrtcCompileProgram"))?;
+    Ok((ptx, KernelSource::Nvrtc))
+}
+
+/// NVRTC's options for a device of compute capability `major.minor`: PTX for exactly that
+/// architecture, no include paths (the source needs none).
+#[cfg(not(ringreduce_fatbin))]
+fn nvrtc_options(major: i32, minor: i32) -> cudarc::nvrtc::CompileOptions {
+    cudarc::nvrtc::CompileOptions {
+        // Same IEEE behaviour as nvcc's build (see build.rs) and the host executor.
+        ftz: Some(false),
+        prec_div: Some(true),
+        fmad: Some(false),
+        options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
+        name: Some("reduce.cu".to_string()),
+        ..Default::default()
+    }
+}
+
+/// Index into `KernelModule::reduce`: row `op.combine_op()` in `PAIRWISE_OPS`, column `dtype`.
+fn reduce_index(op: ReduceOp, dtype: DType) -> usize {
+    let row = match op.combine_op() {
+        ReduceOp::Sum | ReduceOp::Avg => 0,
+        ReduceOp::Prod => 1,
+        ReduceOp::Min => 2,
+        ReduceOp::Max => 3,
+    };
+    row * DType::ALL.len() + dtype as usize
+}
+
+fn reduce_symbol(op: ReduceOp, dtype: DType) -> String {
+    format!("rr_reduce_{}_{}", op.name(), dtype.name())
+}
+
+fn oneshot_symbol(op: ReduceOp, dtype: DType) -> String {
+    format!("rr_oneshot_{}_{}", op.name(), dtype.name())
+}
+
+fn twoshot_symbol(op: ReduceOp, dtype: DType) -> String {
+    format!("rr_twoshot_{}_{}", op.name(), dtype.name())
+}
+
+fn scale_symbol(dtype: DType) -> String {
+    format!("rr_scale_{}", dtype.name())
+}
+
+fn check_aligned(dtype: DType, name: &str, address: u64) -> Result<()> {
+    let size = dtype.size_bytes() as u64;
+    if address % size == 0 {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "{name} = {address:#x} is not aligned to {size} bytes, the size of {dtype}"
+        )))
+    }
+}
+
+/// A kernel parameter as `cuLaunchKernel` takes it: a pointer to the value, which must outlive
+/// the launch call (the driver copies it then).
+fn param<T>(value: &mut T) -> *mut c_void {
+    (value as *mut T).cast()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    /// The (symbol, op, type) arguments of every `MACRO(` line of the kernel source.
+    fn invocations(macro_name: &str) -> Vec<Vec<String>> {
+        let prefix = format!("{macro_name}(");
+        SOURCE
+            .lines()
+            .filter_map(|line| line.trim().strip_prefix(prefix.as_str()))
+            .map(|rest| {
+                rest.trim_end()
+                    .strip_suffix(')')
+                    .unwrap_or_else(|| panic!("unterminated {macro_name} line: {rest}"))
+                    .split(',')
+                    .map(|arg| arg.trim().to_string())
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn dtype_discriminants_follow_all() {
+        for (i, dtype) in DType::ALL.into_iter().enumerate() {
+            assert_eq!(dtype as usize, i, "{dtype}");
+        }
+    }
+
+    #[test]
+    fn table_covers_every_op_and_type() {
+        let mut seen = BTreeSet::new();
+        for op in ReduceOp::ALL {
+            for dtype in DType::ALL {
+                let index = reduce_index(op, dtype);
+                assert!(index < PAIRWISE_OPS.len() * DType::ALL.len());
+                // KernelModule::new loads row-major over PAIRWISE_OPS × DType::ALL.
+                let loaded_op = PAIRWISE_OPS[index / DType::ALL.len()];
+                let loaded_type = DType::ALL[index % DType::ALL.len()];
+                assert_eq!(
+                    reduce_symbol(loaded_op, loaded_type),
+                    reduce_symbol(op.combine_op(), dtype)
+                );
+                seen.insert(index);
+            }
+        }
+        assert_eq!(seen.len(), PAIRWISE_OPS.len() * DType::ALL.len());
+        assert_eq!(
+            reduce_symbol(ReduceOp::Avg, DType::BF16),
+            "rr_reduce_avg_bf16"
+        );
+        assert_eq!(
+            reduce_index(ReduceOp::Avg, DType::BF16),
+            reduce_index(ReduceOp::Sum, DType::BF16)
+        );
+    }
+
+    #[test]
+    fn source_defines_every_reduce_kernel() {
+        defines_the_family("RR_REDUCE", "rr_reduce", reduce_symbol);
+    }
+
+    #[test]
+    fn source_defines_every_scale_kernel() {
+        let mut defined = BTreeSet::new();
+        for args in invocations("RR_SCALE") {
+            let [symbol, ty] = args.as_slice() else {
+                panic!("RR_SCALE takes (symbol, type): {args:?}");
+            };
+            assert_eq!(
+                *symbol,
+                format!("rr_scale_{}", ty.trim_start_matches("rr_"))
+            );
+            assert!(defined.insert(symbol.clone()), "{symbol} defined twice");
+        }
+        let wanted: BTreeSet<String> = DType::ALL.into_iter().map(scale_symbol).collect();
+        assert_eq!(defined, wanted);
+    }
+
+    /// The source invokes `macro_name(symbol, op, type)` exactly once for every pairwise op and
+    /// type, with the symbol `symbol_of` names, built from that op and type.
+    fn defines_the_family(
+        macro_name: &str,
+        prefix: &str,
+        symbol_of: fn(ReduceOp, DType) -> String,
+    ) {
+        let mut defined = BTreeSet::new();
+        for args in invocations(macro_name) {
+            let [symbol, op, ty] = args.as_slice() else {
+                panic!("{macro_name} takes (symbol, op, type): {args:?}");
+            };
+            assert_eq!(
+                *symbol,
+                format!("{prefix}_{op}_{}", ty.trim_start_matches("rr_")),
+                "the symbol must name the op and type it is built from"
+            );
+            assert!(defined.insert(symbol.clone()), "{symbol} defined twice");
+        }
+        let wanted: BTreeSet<String> = PAIRWISE_OPS
+            .iter()
+            .flat_map(|&op| DType::ALL.map(|dtype| symbol_of(op, dtype)))
+            .collect();
+        assert_eq!(defined, wanted);
+    }
+
+    #[test]
+    fn source_defines_every_oneshot_kernel() {
+        defines_the_family("RR_ONESHOT", "rr_oneshot", oneshot_symbol);
+        assert_eq!(
+            oneshot_symbol(ReduceOp::Avg.combine_op(), DType::F16),
+            "rr_oneshot_sum_f16"
+        );
+    }
+
+    #[test]
+    fn source_defines_every_twoshot_kernel() {
+        defines_the_family("RR_TWOSHOT", "rr_twoshot", twoshot_symbol);
+    }
+
+    #[test]
+    fn source_needs_no_header() {
+        // NVRTC compiles it at run time with no include paths.
+        assert!(!SOURCE
+            .lines()
+            .any(|l| l.trim_start().starts_with("#include")));
+    }
+
+    #[test]
+    fn misaligned_addresses_are_refused() {
+        assert!(check_aligned(DType::F32, "a", 0x1000).is_ok());
+        assert!(check_aligned(DType::F32, "a", 0x1004).is_ok());
+        assert!(check_aligned(DType::U8, "a", 0x1003).is_ok());
+        let err = check_aligned(DType::F64, "dst", 0x1004).unwrap_err();
+        assert!(err.to_string().contains("dst = 0x1004"), "{err}");
+    }
+
+    #[test]
+    fn driver_errors_become_error_cuda_with_the_call() {
+        let err =
+            kernel_err("cuLaunchKernel")(DriverError(sys::CUresult::CUDA_ERROR_INVALID_VALUE));
+        let Error::Cuda { call, code, .. } = err else {
+            panic!("not Error::Cuda: {err:?}");
+        };
+        assert_eq!(call, "cuLaunchKernel");
+        assert_eq!(code, "CUDA_ERROR_INVALID_VALUE");
+    }
+
+    #[test]
+    fn build_kind_names_the_path() {
+        let kind = build_kind();
+        if cfg!(ringreduce_fatbin) {
+            assert!(kind.starts_with("embedded fatbin"), "{kind}");
+        } else {
+            assert!(kind.starts_with("NVRTC"), "{kind}");
+        }
+    }
+}
