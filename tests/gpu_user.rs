@@ -201,3 +201,116 @@ fn signed_zeros_give_the_hosts_bits_on_every_algorithm() {
         case::<bf16>(&gpus, algorithm, bf16::from_f32);
     }
 }
+
+/// Diagnostics for the shared-communicator hang: narrowed variants, run by hand with
+/// `--ignored --exact`. `sizes` are element counts; `prealloc` makes every buffer once up front.
+fn narrowed(sizes: &[usize], enqueue: bool, prealloc: bool, threads: usize) {
+    let Some(gpus) = two_gpus() else { return };
+    let comm = Communicator::with_config(
+        &gpus,
+        CudaConfig {
+            timeout: Duration::from_secs(8),
+            ..CudaConfig::default()
+        },
+    )
+    .unwrap();
+    let start = Instant::now();
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for thread in 0..threads {
+            let (comm, failed) = (&comm, &failed);
+            s.spawn(move || {
+                let op = ReduceOp::Sum;
+                let mut made: Vec<(Vec<Vec<f32>>, Vec<GpuBuffer<f32>>)> = sizes
+                    .iter()
+                    .map(|&count| {
+                        let inputs: Vec<Vec<f32>> =
+                            (0..2).map(|r| make_input(op, r, count)).collect();
+                        let bufs = gpus
+                            .iter()
+                            .zip(&inputs)
+                            .map(|(&g, x)| GpuBuffer::from_host(g, x).unwrap())
+                            .collect();
+                        (inputs, bufs)
+                    })
+                    .collect();
+                for call in 0..60 {
+                    if failed.load(std::sync::atomic::Ordering::Relaxed) {
+                        return;
+                    }
+                    let which = call % sizes.len();
+                    let (inputs, bufs) = &mut made[which];
+                    if prealloc {
+                        for (b, x) in bufs.iter_mut().zip(inputs.iter()) {
+                            b.copy_from_host(x).unwrap();
+                        }
+                    } else {
+                        *bufs = gpus
+                            .iter()
+                            .zip(inputs.iter())
+                            .map(|(&g, x)| GpuBuffer::from_host(g, x).unwrap())
+                            .collect();
+                    }
+                    let t = Instant::now();
+                    let r = if enqueue && call % 2 == 1 {
+                        // SAFETY: the buffers live until synchronize below returns.
+                        unsafe { comm.enqueue_all_reduce_in_place(bufs, op) }
+                            .and_then(|()| comm.synchronize())
+                    } else {
+                        comm.all_reduce_in_place(bufs, op)
+                    };
+                    if let Err(e) = r {
+                        failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                        println!(
+                            "thread {thread} call {call} size {} after {:?}: {e}",
+                            sizes[which],
+                            t.elapsed()
+                        );
+                        return;
+                    }
+                    let want: Vec<f32> = make_expected(op, 2, sizes[which]);
+                    for (rank, b) in bufs.iter().enumerate() {
+                        assert_eq!(compare(rank, &b.to_host().unwrap(), &want, 2).0, 0);
+                    }
+                }
+            });
+        }
+    });
+    println!(
+        "elapsed {:?}, health now {:?}",
+        start.elapsed(),
+        comm.health()
+    );
+    std::thread::sleep(Duration::from_secs(9));
+    println!("health after the kernels' deadline {:?}", comm.health());
+    assert!(
+        !failed.load(std::sync::atomic::Ordering::Relaxed),
+        "a call failed"
+    );
+}
+
+#[test]
+#[ignore]
+fn diag_oneshot_blocking_alloc_per_call() {
+    narrowed(&[4096], false, false, 2);
+}
+#[test]
+#[ignore]
+fn diag_oneshot_blocking_prealloc() {
+    narrowed(&[4096], false, true, 2);
+}
+#[test]
+#[ignore]
+fn diag_oneshot_enqueue_prealloc() {
+    narrowed(&[4096], true, true, 2);
+}
+#[test]
+#[ignore]
+fn diag_mixed_sizes_blocking_prealloc() {
+    narrowed(&COUNTS, false, true, 2);
+}
+#[test]
+#[ignore]
+fn diag_mixed_sizes_enqueue_prealloc() {
+    narrowed(&COUNTS, true, true, 3);
+}
