@@ -23,6 +23,7 @@ pub enum Placement {
 /// aligned for `T`, stays allocated and is not used by anything else for that borrow, and that
 /// the three methods return the same values throughout it.
 pub unsafe trait Buffer<T: Element> {
+    /// Where the memory lives: host, or the GPU it was allocated on.
     fn placement(&self) -> Placement;
     /// Length in elements.
     fn count(&self) -> usize;

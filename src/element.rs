@@ -21,15 +21,25 @@ use std::fmt;
 /// The element types ringreduce reduces, as a runtime tag (used by plans, kernels and the CLI).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
+    /// IEEE half precision ([`half::f16`]), 2 bytes.
     F16,
+    /// bfloat16 ([`half::bf16`]), 2 bytes.
     BF16,
+    /// IEEE single precision, 4 bytes.
     F32,
+    /// IEEE double precision, 8 bytes.
     F64,
+    /// Signed 8-bit integer.
     I8,
+    /// Unsigned 8-bit integer.
     U8,
+    /// Signed 32-bit integer.
     I32,
+    /// Unsigned 32-bit integer.
     U32,
+    /// Signed 64-bit integer.
     I64,
+    /// Unsigned 64-bit integer.
     U64,
 }
 
@@ -94,10 +104,14 @@ impl fmt::Display for DType {
 /// How contributions are combined.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum ReduceOp {
+    /// Sum of the contributions (wrapping for integers); the default.
     #[default]
     Sum,
+    /// Product of the contributions (wrapping for integers).
     Prod,
+    /// Smallest contribution (for floats, a NaN loses to a number; see the module doc).
     Min,
+    /// Largest contribution (for floats, a NaN loses to a number; see the module doc).
     Max,
     /// Sum, then divided by the number of ranks (see the module doc for integers).
     Avg,

@@ -59,9 +59,13 @@ pub fn make_expected<T: Element>(op: ReduceOp, world: usize, count: usize) -> Ve
 /// One wrong element.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Mismatch {
+    /// The rank whose output holds the wrong element.
     pub rank: usize,
+    /// The element's index in that output.
     pub index: usize,
+    /// The value found, converted to `f64` for printing.
     pub got: f64,
+    /// The value expected, converted to `f64` for printing.
     pub want: f64,
 }
 

@@ -115,7 +115,9 @@ pub enum BufKind {
 /// Where a buffer lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Memory {
+    /// GPU memory of the owning rank's device.
     Device,
+    /// Pinned host memory.
     Host,
 }
 
@@ -132,16 +134,22 @@ impl BufKind {
 /// A buffer the plan uses: its owning rank, kind and length in elements.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BufferDecl {
+    /// The rank that owns the buffer (on whose device it lives, or whose host slots it is).
     pub rank: usize,
+    /// What the buffer holds.
     pub kind: BufKind,
+    /// Length in elements.
     pub len: usize,
 }
 
 /// A range of `count` elements starting at element `offset` of buffer `buf`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Region {
+    /// The buffer the range lies in.
     pub buf: BufId,
+    /// First element of the range.
     pub offset: usize,
+    /// Length of the range in elements.
     pub count: usize,
 }
 
@@ -160,13 +168,18 @@ impl Region {
 /// The streams of one rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum StreamKind {
+    /// Where the collective starts and ends: the other streams wait on its entry records.
     Main,
+    /// Pushes to the next rank and device→host staging copies.
     Send,
+    /// Host→device copies of a staged edge (receivers of staged edges only).
     Recv,
+    /// The reduction kernels.
     Reduce,
 }
 
 impl StreamKind {
+    /// Every stream kind, in [`StreamKind::index`] order.
     pub const ALL: [StreamKind; 4] = [
         StreamKind::Main,
         StreamKind::Send,
@@ -184,11 +197,26 @@ impl StreamKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
     /// `dst = src`, `src.count == dst.count`.
-    Copy { src: Region, dst: Region },
+    Copy {
+        /// The range read.
+        src: Region,
+        /// The range written.
+        dst: Region,
+    },
     /// `dst = a ⊕ b` elementwise; `dst` is `a` or disjoint from both.
-    Reduce { dst: Region, a: Region, b: Region },
+    Reduce {
+        /// The range written.
+        dst: Region,
+        /// The left operand.
+        a: Region,
+        /// The right operand.
+        b: Region,
+    },
     /// The `Avg` finish: `x = x / world`.
-    Scale { region: Region },
+    Scale {
+        /// The range divided in place.
+        region: Region,
+    },
     /// Record the event on this stream.
     Record(EventId),
     /// Make this stream wait for the event's record (enqueued after that record, or it is a no-op).
@@ -201,10 +229,15 @@ pub enum Op {
     /// rank's source (folded element by element, each read before it is written). Each rank
     /// of a meeting may read its own range.
     PeerReduce {
+        /// The executing rank's range written.
         dst: Region,
+        /// Which buffer of each rank in `ranks` is read.
         src: BufKind,
+        /// First element read in each source buffer.
         offset: usize,
+        /// Elements read from each source (and written to `dst`).
         count: usize,
+        /// The ranks whose sources are folded.
         ranks: Ranks,
     },
 }
@@ -215,6 +248,7 @@ pub enum Op {
 pub struct Ranks(pub u64);
 
 impl Ranks {
+    /// Every rank, whatever the world.
     pub const ALL: Ranks = Ranks(u64::MAX);
 
     /// The set of rank `rank` alone.
@@ -222,6 +256,7 @@ impl Ranks {
         Ranks(1u64.checked_shl(rank as u32).unwrap_or(0))
     }
 
+    /// True when rank `rank` is in the set.
     pub fn contains(self, rank: usize) -> bool {
         self == Ranks::ALL || rank < 64 && self.0 >> rank & 1 == 1
     }
@@ -230,31 +265,40 @@ impl Ranks {
 /// The part of the algorithm an instruction belongs to (for errors and traces).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Phase {
+    /// The opening records on Main that the other streams wait on.
     Entry,
+    /// The ring's reduce-scatter.
     ReduceScatter,
+    /// The ring's all-gather.
     AllGather,
     /// The one-shot's barrier–read–reduce–barrier.
     OneShot,
     /// The two-shot: step 0 reduces the rank's own segment from every rank, step j ≥ 1 copies
     /// segment (rank + j) mod n from its owner.
     TwoShot,
+    /// The close: Main's waits on everything else the rank did (and the two-shot's `Avg` scaling).
     Finish,
 }
 
 /// Where in the algorithm an instruction or event sits: phase, step and chunk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Tag {
+    /// The algorithm phase.
     pub phase: Phase,
+    /// The step within the phase (0 for phases without steps).
     pub step: usize,
+    /// The chunk within the step's segment (0 for unchunked phases).
     pub chunk: usize,
 }
 
 impl Tag {
+    /// The tag of the [`Phase::Entry`] instructions.
     pub const ENTRY: Tag = Tag {
         phase: Phase::Entry,
         step: 0,
         chunk: 0,
     };
+    /// The tag of the [`Phase::Finish`] instructions.
     pub const FINISH: Tag = Tag {
         phase: Phase::Finish,
         step: 0,
@@ -285,8 +329,11 @@ impl fmt::Display for Tag {
 /// One entry of a rank's program: an operation on one of its streams.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Instr {
+    /// The rank's stream the operation is enqueued on.
     pub stream: StreamKind,
+    /// The operation.
     pub op: Op,
+    /// Where in the algorithm it sits.
     pub tag: Tag,
 }
 
@@ -296,8 +343,11 @@ pub struct Instr {
 pub struct EventDecl {
     /// The rank whose stream records it.
     pub rank: usize,
+    /// The stream that records it.
     pub stream: StreamKind,
+    /// Where in the algorithm the record sits.
     pub tag: Tag,
+    /// What has happened once it fires ("sent", "reduced", "copied to host", ...).
     pub what: &'static str,
 }
 
@@ -310,12 +360,17 @@ impl fmt::Display for EventDecl {
 /// A collective compiled for one shape: world, count, in/out of place, op, chunking, transports.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Plan {
+    /// Number of ranks.
     pub world: usize,
+    /// Elements per rank.
     pub count: usize,
+    /// True when each rank's output buffer is also its input.
     pub in_place: bool,
     /// True when the plan ends with the `Avg` scaling (it is element-type independent otherwise).
     pub average: bool,
+    /// Every buffer of every rank, indexed by [`BufId`].
     pub buffers: Vec<BufferDecl>,
+    /// Every event, indexed by [`EventId`].
     pub events: Vec<EventDecl>,
     /// `ranks[r]` is rank r's program, in enqueue order.
     pub ranks: Vec<Vec<Instr>>,

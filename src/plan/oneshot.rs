@@ -22,8 +22,11 @@ use crate::error::{Error, Result};
 /// Everything the one-shot plan depends on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OneShotSpec {
+    /// Number of ranks.
     pub world: usize,
+    /// Elements per rank.
     pub count: usize,
+    /// True when each rank's output buffer is also its input.
     pub in_place: bool,
     /// Only `Avg` matters to the plan (it adds the scaling); the others differ in the kernel.
     pub op: ReduceOp,

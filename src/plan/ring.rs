@@ -25,10 +25,13 @@ pub enum EdgeTransport {
 /// Everything that decides the shape of a ring all-reduce plan.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct RingSpec {
+    /// Number of ranks in the ring.
     pub world: usize,
     /// Elements per rank.
     pub count: usize,
+    /// True when each rank's output buffer is also its input.
     pub in_place: bool,
+    /// The reduction; only `Avg` changes the plan (it adds the scaling).
     pub op: ReduceOp,
     /// Chunk length in elements (rounded up to a multiple of `align_elems`).
     pub chunk_elems: usize,

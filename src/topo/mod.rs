@@ -104,10 +104,12 @@ pub struct Bandwidth {
 }
 
 impl Bandwidth {
+    /// A bandwidth of `mb_per_s` MB/s (10⁶ bytes per second).
     pub const fn from_mb_per_s(mb_per_s: u32) -> Self {
         Bandwidth { mb_per_s }
     }
 
+    /// In whole MB/s (10⁶ bytes per second).
     pub const fn mb_per_s(self) -> u32 {
         self.mb_per_s
     }
@@ -130,7 +132,10 @@ pub enum Link {
     /// `X`: the device itself (the diagonal).
     SameDevice,
     /// `NV#`: `links` bonded NVLink links, directly or through an NVSwitch (≥ 1).
-    NvLink { links: u32 },
+    NvLink {
+        /// Number of bonded NVLink links (the `#` of `NV#`).
+        links: u32,
+    },
     /// `PIX`: PCIe, at most one PCIe bridge (switch) between the two.
     Pix,
     /// `PXB`: PCIe, several bridges, without crossing a host bridge.
@@ -173,6 +178,7 @@ impl Link {
         }
     }
 
+    /// True for [`Link::NvLink`], whatever its link count.
     pub fn is_nvlink(self) -> bool {
         matches!(self, Link::NvLink { .. })
     }
@@ -335,6 +341,7 @@ impl Topology {
         Ok(self)
     }
 
+    /// Number of devices (the side of the link and peer matrices).
     pub fn device_count(&self) -> usize {
         self.link.len()
     }

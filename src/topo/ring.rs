@@ -18,8 +18,11 @@ pub const MAX_EXACT_DEVICES: usize = 16;
 /// One directed edge of a ring: `from` pushes to `to`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EdgeChoice {
+    /// The sending device's index.
     pub from: usize,
+    /// The receiving device's index.
     pub to: usize,
+    /// How the two devices are connected.
     pub link: Link,
     /// Whether `from` has peer access to `to`; if not, the edge is staged through host memory.
     pub peer: bool,
@@ -51,12 +54,14 @@ pub struct RingChoice {
     pub edges: Vec<EdgeChoice>,
     /// The slowest edge's estimate; `None` for one device.
     pub bottleneck: Option<Bandwidth>,
+    /// How the order was found.
     pub search: Search,
     /// One line for people: the order, its slowest edge, and what the order avoids.
     pub reason: String,
 }
 
 impl RingChoice {
+    /// The slowest edge's estimate in GB/s (10⁹ bytes per second); `None` for one device.
     pub fn bottleneck_gb_per_s(&self) -> Option<f64> {
         self.bottleneck.map(Bandwidth::gb_per_s)
     }

@@ -50,11 +50,17 @@ pub fn auto_chunk_bytes(count: usize, world: usize, elem_bytes: usize, staged: b
 /// How one ring edge was set up, why, and (when probed) how fast it measured.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EdgeInfo {
+    /// The sending rank.
     pub from_rank: usize,
+    /// The receiving rank, `(from_rank + 1) mod world`.
     pub to_rank: usize,
+    /// The sending rank's CUDA device ordinal.
     pub from_device: usize,
+    /// The receiving rank's CUDA device ordinal.
     pub to_device: usize,
+    /// How the edge moves data: peer copies or staged through pinned host memory.
     pub transport: EdgeTransport,
+    /// Why that transport was chosen, for people (and, if the probe failed, why it has no figure).
     pub reason: String,
     /// The link between the two GPUs as `nvidia-smi topo -m` names it, when NVML could read it.
     pub link: Option<Link>,

@@ -296,6 +296,7 @@ pub struct TwoShotArgs {
     pub flags: [u64; PEER_MAX_RANKS],
     /// Segment q is elements `seg_off[q]..seg_off[q] + seg_len[q]`; rank q reduces it.
     pub seg_off: [u64; PEER_MAX_RANKS],
+    /// Segment q's length in elements, by rank (see `seg_off`).
     pub seg_len: [u64; PEER_MAX_RANKS],
     /// Ranks taking part, 2..=[`PEER_MAX_RANKS`].
     pub world: u32,
