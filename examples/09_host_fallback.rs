@@ -21,7 +21,7 @@ fn main() -> ringreduce::Result<()> {
     let want = make_expected::<f32>(ReduceOp::Sum, world, count);
     for transport in [EdgeTransport::Peer, EdgeTransport::Staged] {
         let config = HostConfig {
-            transport,
+            transport: transport.into(),
             ..HostConfig::default()
         };
         let comm = Communicator::host_with(world, config)?;

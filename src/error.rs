@@ -179,6 +179,20 @@ pub enum Error {
         /// The timeout that expired.
         after: Duration,
     },
+    /// A peer call's kernels waited for each other in vain because launching a later rank's
+    /// kernel was held up in the CUDA driver — typically by another thread's call that waits for
+    /// these GPUs (a memory allocation or free, a copy to or from pageable host memory, a device
+    /// synchronize) while the first rank's kernel waited at its barrier. Don't make such calls on
+    /// a communicator's GPUs from other threads while its collectives run (docs/ERRORS.md).
+    #[error("GPU {device}'s kernel (rank {rank}) was launched {late:?} after the first rank's: the CUDA driver held the launch, most likely for another thread's blocking call on these GPUs (an allocation, a free, a copy with pageable host memory) while the first kernel waited at its barrier; the collective gave up")]
+    LaunchBlocked {
+        /// The rank whose launch came late.
+        rank: usize,
+        /// Its GPU.
+        device: usize,
+        /// How long after the first rank's launch it was launched.
+        late: Duration,
+    },
     /// A rank's thread failed (an error or a caught panic) while running a collective.
     #[error("rank {rank} failed during {during}: {message}")]
     RankFailed {

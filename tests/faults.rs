@@ -19,9 +19,11 @@
 
 mod common;
 use common::{ringreduce_threads, settle_threads, Rng};
-use ringreduce::plan::{EdgeTransport, Instr, OneShotSpec, Op, RingSpec};
+use ringreduce::plan::{Instr, OneShotSpec, Op, RingSpec};
 use ringreduce::verify::{compare, input_value, make_expected, make_input};
-use ringreduce::{Algorithm, Communicator, Element, Error, Fault, FaultKind, HostConfig, ReduceOp};
+use ringreduce::{
+    Algorithm, Communicator, Element, Error, Fault, FaultKind, HostConfig, ReduceOp, Transport,
+};
 use std::sync::{mpsc, Mutex, Once};
 use std::time::{Duration, Instant};
 
@@ -138,7 +140,7 @@ fn plan_of(
         chunk_elems: config.chunk_elems,
         slots: config.slots,
         align_elems: 1,
-        transports: vec![config.transport; world],
+        transports: vec![config.transport.on_host(); world],
     }
     .build()
     .unwrap()
@@ -168,9 +170,9 @@ fn case(seed: u64) -> Case {
         chunk_elems: rng.range(1, 16),
         slots: rng.range(1, 3),
         transport: if rng.next() % 2 == 0 {
-            EdgeTransport::Peer
+            Transport::Peer
         } else {
-            EdgeTransport::Staged
+            Transport::Staged
         },
         timeout: if kind == FaultKind::Stall {
             TIMEOUT

@@ -6,6 +6,7 @@
 use half::{bf16, f16};
 use ringreduce::verify::{compare, make_expected, make_input};
 use ringreduce::{Algorithm, Communicator, CudaConfig, Element, GpuBuffer, HostConfig, ReduceOp};
+use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 fn two_gpus() -> Option<[usize; 2]> {
@@ -35,61 +36,59 @@ fn comm(gpus: &[usize], algorithm: Algorithm) -> Communicator {
 /// (16 KiB), the two-shot in place (12 MiB) and the ring (40 MiB).
 const COUNTS: [usize; 3] = [4 << 10, 3 << 20, 10 << 20];
 
-/// One thread's work: `calls` all-reduces on its own buffers, cycling through sizes, placement
-/// and blocking / enqueue-then-blocking, every result checked exactly.
-fn worker(comm: &Communicator, gpus: &[usize], thread: usize, calls: usize) {
+/// One thread's work: `calls` all-reduces (max, so repeating one changes nothing) on buffers it
+/// made before `start`, cycling through sizes, placement and blocking / enqueue-then-synchronize;
+/// every result checked after the last call. Between its collectives the thread makes no other
+/// CUDA call: the contract of concurrent use (docs/ERRORS.md, `Error::LaunchBlocked`).
+fn worker(comm: &Communicator, gpus: &[usize], thread: usize, calls: usize, start: &Barrier) {
     let world = gpus.len();
-    let op = ReduceOp::Sum;
+    let op = ReduceOp::Max;
+    let inputs: Vec<Vec<Vec<f32>>> = COUNTS
+        .iter()
+        .map(|&count| (0..world).map(|r| make_input(op, r, count)).collect())
+        .collect();
+    let upload = |set: &Vec<Vec<f32>>| -> Vec<GpuBuffer<f32>> {
+        gpus.iter()
+            .zip(set)
+            .map(|(&g, x)| GpuBuffer::from_host(g, x).unwrap())
+            .collect()
+    };
+    let ins: Vec<Vec<GpuBuffer<f32>>> = inputs.iter().map(upload).collect();
+    let mut in_place: Vec<Vec<GpuBuffer<f32>>> = inputs.iter().map(upload).collect();
+    let mut outs: Vec<Vec<GpuBuffer<f32>>> = inputs.iter().map(upload).collect();
+    start.wait();
     for call in 0..calls {
-        let count = COUNTS[(call + thread) % COUNTS.len()];
-        let in_place = (call / 3 + thread) % 2 == 0;
+        let size = (call + thread) % COUNTS.len();
+        let placed_in = (call / 3 + thread) % 2 == 0;
         let enqueue = (call / 6) % 2 == 1;
-        let inputs: Vec<Vec<f32>> = (0..world).map(|r| make_input(op, r, count)).collect();
-        let want: Vec<f32> = make_expected(op, world, count);
-        let mut outs: Vec<GpuBuffer<f32>> = gpus
-            .iter()
-            .zip(&inputs)
-            .map(|(&g, input)| GpuBuffer::from_host(g, input).unwrap())
-            .collect();
         let label = format!(
-            "thread {thread} call {call} count {count} in_place {in_place} enqueue {enqueue}"
+            "thread {thread} call {call} count {} in_place {placed_in} enqueue {enqueue}",
+            COUNTS[size]
         );
-        if in_place {
-            if enqueue {
-                // SAFETY: `outs` stays alive and untouched until the blocking call below, which
-                // is ordered after this one on each rank's stream and returns when complete.
-                unsafe { comm.enqueue_all_reduce_in_place(&mut outs, ReduceOp::Max) }
-                    .unwrap_or_else(|e| panic!("{label}: {e}"));
-                // Max of the inputs, then a sum over the ranks of that: restore the inputs first.
-                comm.synchronize()
-                    .unwrap_or_else(|e| panic!("{label}: {e}"));
-                for (buf, input) in outs.iter_mut().zip(&inputs) {
-                    buf.copy_from_host(input).unwrap();
-                }
+        let result = match (placed_in, enqueue) {
+            (true, false) => comm.all_reduce_in_place(&mut in_place[size], op),
+            (false, false) => comm.all_reduce(&ins[size], &mut outs[size], op),
+            // SAFETY: the buffers outlive `synchronize`, which waits for the collective.
+            (true, true) => unsafe { comm.enqueue_all_reduce_in_place(&mut in_place[size], op) }
+                .and_then(|()| comm.synchronize()),
+            (false, true) => unsafe { comm.enqueue_all_reduce(&ins[size], &mut outs[size], op) }
+                .and_then(|()| comm.synchronize()),
+        };
+        result.unwrap_or_else(|e| panic!("{label}: {e}"));
+    }
+    for (size, &count) in COUNTS.iter().enumerate() {
+        let want: Vec<f32> = make_expected(op, world, count);
+        let used_in_place =
+            (0..calls).any(|c| (c + thread) % 3 == size && (c / 3 + thread) % 2 == 0);
+        let used_out = (0..calls).any(|c| (c + thread) % 3 == size && (c / 3 + thread) % 2 == 1);
+        for (set, used) in [(&in_place[size], used_in_place), (&outs[size], used_out)] {
+            if !used {
+                continue;
             }
-            comm.all_reduce_in_place(&mut outs, op)
-                .unwrap_or_else(|e| panic!("{label}: {e}"));
-        } else {
-            let ins: Vec<GpuBuffer<f32>> = gpus
-                .iter()
-                .zip(&inputs)
-                .map(|(&g, input)| GpuBuffer::from_host(g, input).unwrap())
-                .collect();
-            if enqueue {
-                // SAFETY: inputs and outputs live until `synchronize` below has returned.
-                unsafe { comm.enqueue_all_reduce(&ins, &mut outs, op) }
-                    .unwrap_or_else(|e| panic!("{label}: {e}"));
-                comm.synchronize()
-                    .unwrap_or_else(|e| panic!("{label}: {e}"));
-            } else {
-                comm.all_reduce(&ins, &mut outs, op)
-                    .unwrap_or_else(|e| panic!("{label}: {e}"));
+            for (rank, buf) in set.iter().enumerate() {
+                let (wrong, first) = compare(rank, &buf.to_host().unwrap(), &want, 4);
+                assert_eq!(wrong, 0, "thread {thread} count {count}: {first:?}");
             }
-        }
-        for (rank, buf) in outs.iter().enumerate() {
-            let got = buf.to_host().unwrap();
-            let (wrong, first) = compare(rank, &got, &want, 4);
-            assert_eq!(wrong, 0, "{label}: first mismatches {first:?}");
         }
     }
 }
@@ -101,10 +100,11 @@ fn threads_sharing_one_communicator() {
     let Some(gpus) = two_gpus() else { return };
     let comm = comm(&gpus, Algorithm::Auto);
     let start = Instant::now();
+    let go = Barrier::new(3);
     std::thread::scope(|s| {
         for thread in 0..3 {
-            let comm = &comm;
-            s.spawn(move || worker(comm, &gpus, thread, 36));
+            let (comm, go) = (&comm, &go);
+            s.spawn(move || worker(comm, &gpus, thread, 36, go));
         }
     });
     comm.health().unwrap();
@@ -124,9 +124,10 @@ fn two_communicators_on_the_same_gpus_at_once() {
         for b in algorithms {
             let (ca, cb) = (comm(&gpus, a), comm(&gpus, b));
             let start = Instant::now();
+            let go = Barrier::new(2);
             std::thread::scope(|s| {
-                s.spawn(|| worker(&ca, &gpus, 0, 12));
-                s.spawn(|| worker(&cb, &gpus, 1, 12));
+                s.spawn(|| worker(&ca, &gpus, 0, 12, &go));
+                s.spawn(|| worker(&cb, &gpus, 1, 12, &go));
             });
             println!("{a:?} beside {b:?}: {:?}", start.elapsed());
             ca.close().unwrap();
@@ -202,9 +203,10 @@ fn signed_zeros_give_the_hosts_bits_on_every_algorithm() {
     }
 }
 
-/// Diagnostics for the shared-communicator hang: narrowed variants, run by hand with
-/// `--ignored --exact`. `sizes` are element counts; `prealloc` makes every buffer once up front.
-fn narrowed(sizes: &[usize], enqueue: bool, prealloc: bool, threads: usize) {
+/// Threads calling one communicator at once with nothing else between their calls (buffers made
+/// before, results checked after): 2 × 300 back-to-back calls, one-shot and two-shot.
+#[test]
+fn threads_calling_at_once_back_to_back() {
     let Some(gpus) = two_gpus() else { return };
     let comm = Communicator::with_config(
         &gpus,
@@ -214,103 +216,42 @@ fn narrowed(sizes: &[usize], enqueue: bool, prealloc: bool, threads: usize) {
         },
     )
     .unwrap();
+    let op = ReduceOp::Sum;
+    let count = COUNTS[0];
+    let mut sets: Vec<Vec<GpuBuffer<f32>>> = (0..2)
+        .map(|_| {
+            gpus.iter()
+                .enumerate()
+                .map(|(r, &g)| GpuBuffer::from_host(g, &make_input::<f32>(op, r, count)).unwrap())
+                .collect()
+        })
+        .collect();
     let start = Instant::now();
-    let failed = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|s| {
-        for thread in 0..threads {
-            let (comm, failed) = (&comm, &failed);
+        for (thread, bufs) in sets.iter_mut().enumerate() {
+            let comm = &comm;
             s.spawn(move || {
-                let op = ReduceOp::Sum;
-                let mut made: Vec<(Vec<Vec<f32>>, Vec<GpuBuffer<f32>>)> = sizes
-                    .iter()
-                    .map(|&count| {
-                        let inputs: Vec<Vec<f32>> =
-                            (0..2).map(|r| make_input(op, r, count)).collect();
-                        let bufs = gpus
-                            .iter()
-                            .zip(&inputs)
-                            .map(|(&g, x)| GpuBuffer::from_host(g, x).unwrap())
-                            .collect();
-                        (inputs, bufs)
-                    })
-                    .collect();
-                for call in 0..60 {
-                    if failed.load(std::sync::atomic::Ordering::Relaxed) {
-                        return;
-                    }
-                    let which = call % sizes.len();
-                    let (inputs, bufs) = &mut made[which];
-                    if prealloc {
-                        for (b, x) in bufs.iter_mut().zip(inputs.iter()) {
-                            b.copy_from_host(x).unwrap();
-                        }
-                    } else {
-                        *bufs = gpus
-                            .iter()
-                            .zip(inputs.iter())
-                            .map(|(&g, x)| GpuBuffer::from_host(g, x).unwrap())
-                            .collect();
-                    }
-                    let t = Instant::now();
-                    let r = if enqueue && call % 2 == 1 {
-                        // SAFETY: the buffers live until synchronize below returns.
-                        unsafe { comm.enqueue_all_reduce_in_place(bufs, op) }
-                            .and_then(|()| comm.synchronize())
-                    } else {
-                        comm.all_reduce_in_place(bufs, op)
-                    };
-                    if let Err(e) = r {
-                        failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                        println!(
-                            "thread {thread} call {call} size {} after {:?}: {e}",
-                            sizes[which],
-                            t.elapsed()
-                        );
-                        return;
-                    }
-                    let want: Vec<f32> = make_expected(op, 2, sizes[which]);
-                    for (rank, b) in bufs.iter().enumerate() {
-                        assert_eq!(compare(rank, &b.to_host().unwrap(), &want, 2).0, 0);
+                for call in 0..300 {
+                    // Max is idempotent: every call leaves the same result.
+                    if let Err(e) = comm.all_reduce_in_place(bufs, ReduceOp::Max) {
+                        panic!("thread {thread} call {call}: {e}");
                     }
                 }
             });
         }
     });
-    println!(
-        "elapsed {:?}, health now {:?}",
-        start.elapsed(),
-        comm.health()
-    );
-    std::thread::sleep(Duration::from_secs(9));
-    println!("health after the kernels' deadline {:?}", comm.health());
-    assert!(
-        !failed.load(std::sync::atomic::Ordering::Relaxed),
-        "a call failed"
-    );
-}
-
-#[test]
-#[ignore]
-fn diag_oneshot_blocking_alloc_per_call() {
-    narrowed(&[4096], false, false, 2);
-}
-#[test]
-#[ignore]
-fn diag_oneshot_blocking_prealloc() {
-    narrowed(&[4096], false, true, 2);
-}
-#[test]
-#[ignore]
-fn diag_oneshot_enqueue_prealloc() {
-    narrowed(&[4096], true, true, 2);
-}
-#[test]
-#[ignore]
-fn diag_mixed_sizes_blocking_prealloc() {
-    narrowed(&COUNTS, false, true, 2);
-}
-#[test]
-#[ignore]
-fn diag_mixed_sizes_enqueue_prealloc() {
-    narrowed(&COUNTS, true, true, 3);
+    println!("600 calls, nothing between them: {:?}", start.elapsed());
+    let want: Vec<f32> = (0..count)
+        .map(|i| {
+            (0..2)
+                .map(|r| make_input::<f32>(op, r, count)[i])
+                .fold(f32::MIN, f32::max)
+        })
+        .collect();
+    for bufs in &sets {
+        for (rank, b) in bufs.iter().enumerate() {
+            let (wrong, first) = compare(rank, &b.to_host().unwrap(), &want, 4);
+            assert_eq!(wrong, 0, "{first:?}");
+        }
+    }
 }

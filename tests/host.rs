@@ -16,7 +16,7 @@ fn config(
     HostConfig {
         chunk_elems,
         slots,
-        transport,
+        transport: transport.into(),
         delay_seed: seed,
         ..HostConfig::default()
     }

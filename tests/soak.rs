@@ -130,7 +130,7 @@ fn soaked_communicators() -> Vec<Soaked> {
             let config = HostConfig {
                 chunk_elems: rng.pick(&[16, 33, 128, 1000]),
                 slots: rng.range(1, 4),
-                transport,
+                transport: transport.into(),
                 delay_seed: delays.then_some(world as u64),
                 // Ring, one-shot, two-shot and Auto in turn over the 16 communicators.
                 algorithm: [
@@ -203,7 +203,7 @@ fn four_threads_each_with_its_own_communicator() {
                 };
                 let config = HostConfig {
                     chunk_elems: 16 << t,
-                    transport,
+                    transport: transport.into(),
                     ..HostConfig::default()
                 };
                 let comm = Communicator::host_with(2 + t, config).unwrap();
@@ -230,7 +230,7 @@ fn one_communicator_shared_by_four_threads() {
     let config = HostConfig {
         chunk_elems: 5,
         slots: 2,
-        transport: EdgeTransport::Staged,
+        transport: EdgeTransport::Staged.into(),
         delay_seed: Some(9),
         ..HostConfig::default()
     };

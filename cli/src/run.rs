@@ -11,7 +11,7 @@ use crate::{
 };
 use ringreduce::device;
 use ringreduce::verify::{compare, make_expected, make_input};
-use ringreduce::{Communicator, EdgeTransport, GpuBuffer, HostConfig, ReduceOp};
+use ringreduce::{Communicator, GpuBuffer, HostConfig, ReduceOp, Transport};
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args, Clone)]
@@ -221,7 +221,7 @@ fn run_host(args: &RunArgs) -> Result<(), String> {
     let config = HostConfig {
         chunk_elems: (chunk_bytes / 4).max(1),
         slots: args.slots.unwrap_or(4),
-        transport: EdgeTransport::Peer,
+        transport: Transport::Peer,
         ..HostConfig::default()
     };
     let knobs = format!(

@@ -6,7 +6,43 @@
 
 use crate::check::MAX_SYMBOLIC_WORLD;
 use crate::error::{Error, Result};
+use crate::plan::EdgeTransport;
 use std::time::Duration;
+
+/// How a communicator's ring edges move data: the one transport option of both
+/// [`crate::CudaConfig`] and [`crate::HostConfig`]. A plan names each edge's choice as an
+/// [`EdgeTransport`]; this is what the caller asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Transport {
+    /// Peer copies where the ranks can reach each other, pinned-host staging elsewhere. Host
+    /// ranks always reach each other, so on the host this is `Peer`.
+    #[default]
+    Auto,
+    /// Peer copies on every edge; an edge without peer access is an error (GPUs).
+    Peer,
+    /// Staging through pinned host memory on every edge (on the host executor: the staged
+    /// plan's shape, run on the CPU — for tests, benchmarks and teaching).
+    Staged,
+}
+
+impl Transport {
+    /// The edge transport a host rank's edges get: `Staged` when asked for, else peer.
+    pub fn on_host(self) -> EdgeTransport {
+        match self {
+            Transport::Staged => EdgeTransport::Staged,
+            Transport::Auto | Transport::Peer => EdgeTransport::Peer,
+        }
+    }
+}
+
+impl From<EdgeTransport> for Transport {
+    fn from(edge: EdgeTransport) -> Transport {
+        match edge {
+            EdgeTransport::Peer => Transport::Peer,
+            EdgeTransport::Staged => Transport::Staged,
+        }
+    }
+}
 
 /// The most ranks a communicator may have: the checker proves plans symbolically for at most
 /// this many ranks ([`crate::check::MAX_SYMBOLIC_WORLD`]), and no plan runs unproven.

@@ -2,7 +2,7 @@
 //!
 //! A [`GpuBuffer<T>`] is `count` elements of `T` on one GPU, allocated with plain `cuMemAlloc`
 //! (outside the stream-ordered pools, so peer copies into it run at link speed — see the pool trap
-//! in [`super::device`]). It implements [`Buffer`] and [`BufferMut`], so it goes straight into
+//! in [`crate::device`]). It implements [`Buffer`] and [`BufferMut`], so it goes straight into
 //! [`crate::Communicator::all_reduce`]. Buffers from elsewhere (a framework's allocator) can be
 //! wrapped with [`GpuSlice`], which the communicator checks and, when they come from a pool,
 //! grants the peer access to that pool.

@@ -6,6 +6,7 @@ pub mod executor;
 pub mod kernels;
 pub mod probe;
 
+pub use crate::exec::config::Transport;
 pub use buffer::{GpuBuffer, GpuSlice};
-pub use executor::{auto_chunk_bytes, CudaConfig, EdgeInfo, Transport};
+pub use executor::{auto_chunk_bytes, CudaConfig, EdgeInfo};
 pub use probe::Probe;

@@ -22,10 +22,11 @@ mod stream;
 
 use self::fold::HostFolds;
 use self::stream::stream_worker;
+use super::config::Transport;
 use super::{enqueue_rank, panic_message, Algorithm, Enqueue, Handoff, Limits, PlanCache, Shape};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::plan::{BufKind, EdgeTransport, Instr, Op, Plan, Region, StreamKind};
+use crate::plan::{BufKind, Instr, Op, Plan, Region, StreamKind};
 use crossbeam_channel::{Receiver, Sender};
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -42,8 +43,9 @@ pub struct HostConfig {
     pub chunk_elems: usize,
     /// Staging slots per receiver.
     pub slots: usize,
-    /// How the ring's edges move data. `Staged` exercises the pinned-host plan shape on the CPU.
-    pub transport: EdgeTransport,
+    /// How the ring's edges move data ([`Transport`], shared with [`crate::CudaConfig`]);
+    /// `Staged` exercises the pinned-host plan shape on the CPU.
+    pub transport: Transport,
     /// How long a collective may take before every caller gets [`Error::Timeout`].
     pub timeout: Duration,
     /// Seed for random delays (0–100 µs) before a quarter of all operations; `None` for none.
@@ -61,7 +63,7 @@ impl Default for HostConfig {
         HostConfig {
             chunk_elems: 64 * 1024,
             slots: 4,
-            transport: EdgeTransport::Peer,
+            transport: Transport::Auto,
             timeout: Duration::from_secs(60),
             delay_seed: None,
             fault: None,
@@ -73,9 +75,11 @@ impl Default for HostConfig {
 /// A fault injected into the host executor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fault {
+    /// The rank whose program the fault hits.
     pub rank: usize,
     /// Index of the instruction in the rank's program (taken modulo its length).
     pub instr: usize,
+    /// What the fault does there.
     pub kind: FaultKind,
 }
 
@@ -296,7 +300,7 @@ impl HostExecutor {
                 self.config.chunk_elems,
                 self.config.slots,
                 1,
-                vec![self.config.transport; self.world],
+                vec![self.config.transport.on_host(); self.world],
             )?,
         };
         let scratch = plan

@@ -36,6 +36,7 @@ use super::kernels::{KernelModule, PEER_MAX_RANKS};
 use crate::device::{self, DeviceBuffer, Event, PinnedHost, Stream};
 use crate::element::{DType, Element, ReduceOp};
 use crate::error::{Error, Result};
+pub use crate::exec::config::Transport;
 use crate::exec::{Algorithm, Handoff, PlanCache, Shape};
 use crate::plan::{BufKind, EdgeTransport, Op, Plan, StreamKind};
 use crossbeam_channel::Sender;
@@ -49,21 +50,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// How the ring's edges move data.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Transport {
-    /// Peer copies where the GPUs can reach each other, pinned-host staging elsewhere.
-    #[default]
-    Auto,
-    /// Peer copies on every edge; an edge without peer access is an error.
-    Peer,
-    /// Pinned-host staging on every edge (for tests, benchmarks and teaching).
-    Staged,
-}
-
 /// Options of the GPU communicator.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CudaConfig {
+    /// How the ring's edges move data ([`Transport`], shared with [`crate::HostConfig`]).
     pub transport: Transport,
     /// Staging slots per receiver.
     pub slots: usize,
@@ -164,6 +154,9 @@ pub(crate) struct CudaExecutor {
     last_peer_kernel: PeerKernel,
     /// Every rank's context, by rank (for enqueuing from the caller's thread).
     contexts: Vec<Arc<CudaContext>>,
+    /// The latest peer call whose launches were held up between ranks: the rank whose launch
+    /// came late and by how much (`LaunchBlocked` names it when that call then fails).
+    launch_blocked: std::sync::Mutex<Option<(usize, Duration)>>,
 }
 
 impl CudaExecutor {
@@ -258,6 +251,7 @@ impl CudaExecutor {
             epoch: 0,
             last_peer_kernel: PeerKernel::OneShot,
             contexts,
+            launch_blocked: std::sync::Mutex::new(None),
         })
     }
 

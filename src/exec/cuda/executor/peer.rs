@@ -135,6 +135,10 @@ pub(super) fn setup_peer_kernels(
     })))
 }
 
+/// A launch of a later rank's peer kernel this long after the first rank's counts as held up:
+/// a launch takes microseconds, so this much is the driver blocked by another thread's call.
+const LAUNCH_BLOCKED_AFTER: Duration = Duration::from_millis(100);
+
 impl CudaExecutor {
     /// Opens a call of a peer kernel: reports a barrier timeout an earlier call left, advances
     /// the barrier epoch, and opens pool memory to every other GPU — out of place every GPU reads
@@ -168,6 +172,10 @@ impl CudaExecutor {
     pub(super) fn run_inline(&self, call: &CudaCall) -> Result<()> {
         let saved = device::save_current()?;
         let current = std::cell::Cell::new(0usize);
+        // When the first rank's kernel was launched: its kernel now waits at a barrier for the
+        // others' kernels, so a later rank's launch that takes long is a kernel left waiting.
+        let mut first_launched: Option<Instant> = None;
+        let mut blocked: Option<(usize, Duration)> = None;
         let outcome = catch_unwind(AssertUnwindSafe(|| -> Result<()> {
             for (rank, res) in self.ranks.iter().enumerate() {
                 current.set(rank);
@@ -186,6 +194,11 @@ impl CudaExecutor {
                     backend.flush()?;
                     device::record(&res.done, &res.streams[StreamKind::Main.index()])
                 })();
+                let now = Instant::now();
+                let late = now - *first_launched.get_or_insert(now);
+                if late >= LAUNCH_BLOCKED_AFTER && blocked.is_none_or(|(_, d)| late > d) {
+                    blocked = Some((rank, late));
+                }
                 if let Err(err) = enqueued {
                     // Ranks already launched spin at their barriers until the kernel's timeout
                     // (shorter than the call's deadline); wait for them, so that nothing on a GPU
@@ -202,10 +215,14 @@ impl CudaExecutor {
                     return Err(err);
                 }
             }
+            *self
+                .launch_blocked
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = blocked;
             if call.wait_complete {
                 for (rank, res) in self.ranks.iter().enumerate() {
                     current.set(rank);
-                    wait_done(res, rank, call)?;
+                    wait_done(res, rank, call).map_err(|err| self.name_blocked_launch(err))?;
                 }
             }
             Ok(())
@@ -219,6 +236,23 @@ impl CudaExecutor {
             })
         });
         result.and(restored)
+    }
+
+    /// A timeout of a peer call whose launches were held up between ranks is that, by name:
+    /// [`Error::LaunchBlocked`] instead of a timeout that blames a GPU.
+    fn name_blocked_launch(&self, err: Error) -> Error {
+        let blocked = *self
+            .launch_blocked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match (err, blocked) {
+            (Error::Timeout { .. }, Some((rank, late))) => Error::LaunchBlocked {
+                rank,
+                device: self.ranks[rank].device,
+                late,
+            },
+            (err, _) => err,
+        }
     }
 
     /// The first barrier timeout any rank's peer kernel reported (its kernel then returned
@@ -261,11 +295,11 @@ impl CudaExecutor {
                         })
                     }
                 };
-                return Err(Error::Timeout {
+                return Err(self.name_blocked_launch(Error::Timeout {
                     rank,
                     waiting_on,
                     after: self.config.timeout,
-                });
+                }));
             }
         }
         Ok(())
