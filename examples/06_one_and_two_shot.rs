@@ -20,7 +20,8 @@ fn main() -> ringreduce::Result<()> {
         "size", "2 ranks: out / in place", "4 ranks: out / in place"
     );
     for mib in [1, 4, 8, 16, 32, 64] {
-        let pick = |world, in_place| Algorithm::Auto.choose(mib * MIB, world, in_place, true);
+        let pick =
+            |world, in_place| Algorithm::Auto.choose(mib * MIB, world, in_place, true, false);
         let cell = |world| format!("{:?} / {:?}", pick(world, false), pick(world, true));
         println!("{:>5} MiB  {:<24} {:<24}", mib, cell(2), cell(4));
     }

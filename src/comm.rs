@@ -39,9 +39,19 @@ struct State {
     exec: Option<Executor>,
 }
 
+/// What a communicator is, fixed when it is made: read without waiting for a running call.
+struct Facts {
+    devices: Vec<usize>,
+    edges: Vec<EdgeInfo>,
+    algorithm: Algorithm,
+    peers_ok: bool,
+    deterministic: bool,
+}
+
 /// A set of ranks that run collectives together.
 pub struct Communicator {
     world: usize,
+    facts: Facts,
     state: Mutex<State>,
     /// The first error a collective hit. Outside `state`, whose lock a running call holds, so
     /// that `health` never waits for a call.
@@ -64,8 +74,17 @@ impl Communicator {
             std::mem::size_of::<u64>(),
         )?;
         config::check_timeout(config.timeout)?;
+        check_deterministic_if(config.deterministic, config.algorithm, world, true)?;
+        let facts = Facts {
+            devices: Vec::new(),
+            edges: Vec::new(),
+            algorithm: config.algorithm,
+            peers_ok: true,
+            deterministic: config.deterministic,
+        };
         Ok(Communicator::from_executor(
             world,
+            facts,
             Executor::Host(HostExecutor::new(world, config)?),
         ))
     }
@@ -91,38 +110,48 @@ impl Communicator {
             config::check_chunk("chunk_bytes", chunk_bytes, 1)?;
         }
         config::check_timeout(config.timeout)?;
+        let (algorithm, deterministic) = (config.algorithm, config.deterministic);
         let exec = CudaExecutor::new(devices, config)?;
+        check_deterministic_if(deterministic, algorithm, devices.len(), exec.peers_ok())?;
+        let facts = Facts {
+            devices: exec.devices(),
+            edges: exec.edges().to_vec(),
+            algorithm,
+            peers_ok: exec.peers_ok(),
+            deterministic,
+        };
         Ok(Communicator::from_executor(
             devices.len(),
+            facts,
             Executor::Cuda(exec),
         ))
     }
 
     /// The GPUs of a GPU communicator, by rank; empty for a host communicator.
+    /// Fixed at creation: never waits for a running call.
     pub fn devices(&self) -> Vec<usize> {
-        match &self.state.lock().unwrap_or_else(|p| p.into_inner()).exec {
-            Some(Executor::Cuda(exec)) => exec.devices(),
-            _ => Vec::new(),
-        }
+        self.facts.devices.clone()
     }
 
     /// How each ring edge moves data and why (GPU communicators; empty otherwise).
+    /// Fixed at creation: never waits for a running call.
     pub fn edges(&self) -> Vec<EdgeInfo> {
-        match &self.state.lock().unwrap_or_else(|p| p.into_inner()).exec {
-            Some(Executor::Cuda(exec)) => exec.edges().to_vec(),
-            _ => Vec::new(),
-        }
+        self.facts.edges.clone()
     }
 
     /// The algorithm a call of `bytes_per_rank` bytes, in place or not, runs on this
     /// communicator: the ring, the one-shot or the two-shot (see [`Algorithm`]; with `Auto` it
     /// depends on the size and, for the one-shot and the two-shot, on `in_place`).
+    /// The rule is [`Algorithm::choose`]'s; this never waits for a running call.
     pub fn algorithm_for(&self, bytes_per_rank: usize, in_place: bool) -> Algorithm {
-        match &self.state.lock().unwrap_or_else(|p| p.into_inner()).exec {
-            Some(Executor::Cuda(exec)) => exec.algorithm_for(bytes_per_rank, in_place),
-            Some(Executor::Host(exec)) => exec.algorithm_for(bytes_per_rank, in_place),
-            None => Algorithm::Ring,
-        }
+        let f = &self.facts;
+        f.algorithm.choose(
+            bytes_per_rank,
+            self.world,
+            in_place,
+            f.peers_ok,
+            f.deterministic,
+        )
     }
 
     /// The raw CUDA stream on which rank `rank`'s collectives start and end (GPU communicators):
@@ -149,9 +178,10 @@ impl Communicator {
         result
     }
 
-    fn from_executor(world: usize, exec: Executor) -> Communicator {
+    fn from_executor(world: usize, facts: Facts, exec: Executor) -> Communicator {
         Communicator {
             world,
+            facts,
             state: Mutex::new(State { exec: Some(exec) }),
             failed: OnceLock::new(),
         }
@@ -494,6 +524,18 @@ impl Communicator {
             None => Ok(()),
         }
     }
+}
+
+fn check_deterministic_if(
+    deterministic: bool,
+    algorithm: Algorithm,
+    world: usize,
+    peers_ok: bool,
+) -> Result<()> {
+    if deterministic {
+        crate::exec::algorithm::check_deterministic(algorithm, world, peers_ok)?;
+    }
+    Ok(())
 }
 
 /// Collectives that return once enqueued, inside [`Communicator::scope`], which waits for them.

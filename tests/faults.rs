@@ -188,6 +188,7 @@ fn case(seed: u64) -> Case {
             5 => Algorithm::TwoShot,
             _ => Algorithm::Ring,
         },
+        deterministic: false,
     };
     let plan = plan_of(world, count, in_place, op, &config);
     let rank = rng.range(0, world - 1);

@@ -255,3 +255,41 @@ fn threads_calling_at_once_back_to_back() {
         }
     }
 }
+
+/// Two GPUs: sums give the same bits on every algorithm (and the host's), so the size at which
+/// Auto switches never changes a result (deterministic without asking, at two ranks).
+#[test]
+fn sums_give_the_same_bits_on_every_algorithm() {
+    let Some(gpus) = two_gpus() else { return };
+    let count = (1 << 20) + 5;
+    let value = |rank: usize, i: usize| {
+        let h = (i as u64).wrapping_mul(2_654_435_761) ^ (rank as u64).wrapping_mul(40_503);
+        let v = (h % 1_000_003) as f32 * 1e-3;
+        if rank % 2 == 1 {
+            v * 1e4
+        } else {
+            v + 0.1
+        }
+    };
+    let inputs: Vec<Vec<f32>> = (0..2)
+        .map(|r| (0..count).map(|i| value(r, i)).collect())
+        .collect();
+    let mut want = inputs.clone();
+    Communicator::host(2)
+        .unwrap()
+        .all_reduce_in_place(&mut want, ReduceOp::Sum)
+        .unwrap();
+    for algorithm in [Algorithm::Ring, Algorithm::OneShot, Algorithm::TwoShot] {
+        let gpu = comm(&gpus, algorithm);
+        let mut bufs: Vec<GpuBuffer<f32>> = gpus
+            .iter()
+            .zip(&inputs)
+            .map(|(&g, x)| GpuBuffer::from_host(g, x).unwrap())
+            .collect();
+        gpu.all_reduce_in_place(&mut bufs, ReduceOp::Sum).unwrap();
+        for (rank, b) in bufs.iter().enumerate() {
+            let (wrong, first) = compare(rank, &b.to_host().unwrap(), &want[rank], 4);
+            assert_eq!(wrong, 0, "{algorithm:?}: {first:?}");
+        }
+    }
+}

@@ -933,3 +933,118 @@ fn min_max_of_signed_zeros_are_defined() {
         }
     }
 }
+
+/// Order-sensitive f32 data, by rank and index only (so element i is the same in every message
+/// size): magnitudes that differ by 10⁴ between ranks, so the fold order changes the rounding.
+fn order_sensitive(rank: usize, index: usize) -> f32 {
+    let h = (index as u64).wrapping_mul(2_654_435_761) ^ (rank as u64).wrapping_mul(40_503);
+    let v = (h % 1_000_003) as f32 * 1e-3;
+    if rank % 2 == 1 {
+        v * 1e4
+    } else {
+        v + 0.1
+    }
+}
+
+fn run_sum(comm: &Communicator, world: usize, count: usize) -> Vec<Vec<f32>> {
+    let mut bufs: Vec<Vec<f32>> = (0..world)
+        .map(|r| (0..count).map(|i| order_sensitive(r, i)).collect())
+        .collect();
+    comm.all_reduce_in_place(&mut bufs, ReduceOp::Sum).unwrap();
+    bufs
+}
+
+/// Two ranks: every algorithm gives the same bits already (a two-operand fold is symmetric).
+#[test]
+fn two_ranks_give_the_same_bits_on_every_algorithm() {
+    let count = 10_007;
+    let results: Vec<Vec<Vec<f32>>> = [Algorithm::Ring, Algorithm::OneShot, Algorithm::TwoShot]
+        .into_iter()
+        .map(|algorithm| {
+            let comm = Communicator::host_with(
+                2,
+                HostConfig {
+                    algorithm,
+                    ..HostConfig::default()
+                },
+            )
+            .unwrap();
+            run_sum(&comm, 2, count)
+        })
+        .collect();
+    for r in &results[1..] {
+        assert!(r
+            .iter()
+            .flatten()
+            .zip(results[0].iter().flatten())
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+}
+
+/// Deterministic mode: with three or more ranks every element is the rank-order fold, bit for
+/// bit, below and above the size where Auto leaves the one-shot; without it the ring's order
+/// differs (which is what the mode is for — this part checks the test can tell).
+#[test]
+fn deterministic_mode_folds_in_rank_order_at_every_size() {
+    let world = 3;
+    let limit = ringreduce::exec::algorithm::ONESHOT_AUTO_MAX_BYTES * 2 / world;
+    let small = 4099;
+    let large = limit / 4 + 1000;
+    let reference =
+        |i: usize| (1..world).fold(order_sensitive(0, i), |acc, r| acc + order_sensitive(r, i));
+    let deterministic = Communicator::host_with(
+        world,
+        HostConfig {
+            algorithm: Algorithm::Auto,
+            deterministic: true,
+            ..HostConfig::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        deterministic.algorithm_for(small * 4, true),
+        Algorithm::OneShot
+    );
+    assert_eq!(
+        deterministic.algorithm_for(large * 4, true),
+        Algorithm::TwoShot
+    );
+    for count in [small, large] {
+        for (rank, b) in run_sum(&deterministic, world, count).iter().enumerate() {
+            let wrong = (0..count)
+                .filter(|&i| b[i].to_bits() != reference(i).to_bits())
+                .count();
+            assert_eq!(wrong, 0, "count {count} rank {rank}");
+        }
+    }
+    let auto = Communicator::host_with(
+        world,
+        HostConfig {
+            algorithm: Algorithm::Auto,
+            ..HostConfig::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(auto.algorithm_for(large * 4, true), Algorithm::Ring);
+    let ring = run_sum(&auto, world, large);
+    let differ = (0..large)
+        .filter(|&i| ring[0][i].to_bits() != reference(i).to_bits())
+        .count();
+    assert!(
+        differ > 0,
+        "the ring folded every element in rank order: the data is not order-sensitive"
+    );
+    println!("ring vs rank order at {world} ranks: {differ} of {large} elements differ");
+    // What deterministic mode refuses: the ring forced with more than two ranks.
+    let err = Communicator::host_with(
+        world,
+        HostConfig {
+            algorithm: Algorithm::Ring,
+            deterministic: true,
+            ..HostConfig::default()
+        },
+    )
+    .err()
+    .unwrap();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+}

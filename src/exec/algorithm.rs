@@ -32,10 +32,11 @@ impl Algorithm {
 /// The largest message (bytes per rank) for which [`Algorithm::Auto`] runs a peer-reading
 /// algorithm (the one-shot or the two-shot) on two ranks; with more ranks the limit shrinks as
 /// `2/n`, since each rank then reads `n − 1` inputs where the ring moves `2(n−1)/n` of one. On
-/// the 2×H200 machine (ringreduce bench, commit 3f26871, docs/runs/2026-11-30-s3-3f26871): at
-/// 64 MiB the ring (16 MiB chunks) took 198.6 / 200.5 µs out of place / in place, the one-shot
-/// 214.4 / 261.5, the two-shot 215.9 / 216.4; at 32 MiB the one-shot 114.4 µs out of place,
-/// where the ring took 170 µs (commit 4d46125, 4 MiB chunks).
+/// the 2×H200 machine (`ringreduce bench`, the forced-algorithm sweep in
+/// docs/runs/2026-11-30-s3-3f26871/bench, tabled in docs/PERFORMANCE.md): at 64 MiB the ring
+/// (16 MiB chunks) took 198.6 / 200.5 µs out of place / in place, the one-shot 214.4 / 261.5, the
+/// two-shot 215.9 / 216.4; at 32 MiB the one-shot 114.4 µs out of place, where the ring took 170
+/// µs (4 MiB chunks, docs/runs/2026-11-29-s2-4d46125).
 pub const ONESHOT_AUTO_MAX_BYTES: usize = 32 << 20;
 
 /// The smallest in-place message (bytes per rank) for which [`Algorithm::Auto`] runs the
@@ -46,16 +47,44 @@ pub const ONESHOT_AUTO_MAX_BYTES: usize = 32 << 20;
 /// a few percent from 8 MiB and the one-shot is faster below, so out of place stays one-shot.
 pub const TWOSHOT_AUTO_MIN_IN_PLACE_BYTES: usize = 8 << 20;
 
+/// Deterministic results (`deterministic: true` in [`crate::CudaConfig`] and
+/// [`crate::HostConfig`]): every element is folded in rank order, 0, 1, …, n − 1, whatever the
+/// algorithm, message size or placement, so the bits a caller gets do not depend on the size at
+/// which `Auto` switches (batch invariance). The one-shot and the two-shot fold in rank order
+/// already; the ring folds segment s starting at rank s + 1, which for n ≤ 2 gives the same
+/// bits (a fold of two operands is `a ⊕ b = b ⊕ a`, exactly, for every operator and type) and
+/// for n > 2 does not. So in deterministic mode with more than two ranks `Auto` never picks the
+/// ring (the two-shot takes the sizes above the one-shot's limit), and a ring forced there, or
+/// ranks without peer access between every pair, are refused when the communicator is made.
+/// Cost: none at n ≤ 2 (nothing changes); at n > 2 the two-shot instead of the ring above the
+/// one-shot's limit — on 2×H200 the two-shot took 8–12% longer than the ring at 64–128 MiB
+/// (docs/PERFORMANCE.md); with more ranks it is not measured (no such machine yet).
+pub fn deterministic_needs_peers(world: usize) -> bool {
+    world > 2
+}
+
 impl Algorithm {
     /// The algorithm that runs a message of `bytes` per rank over `world` ranks, in place or
     /// not; `peers_ok` says whether the peer-reading algorithms can run at all (every pair of
-    /// GPUs reaches each other).
-    pub fn choose(self, bytes: usize, world: usize, in_place: bool, peers_ok: bool) -> Algorithm {
+    /// GPUs reaches each other); `deterministic` asks for rank-order folds (see
+    /// [`deterministic_needs_peers`]).
+    pub fn choose(
+        self,
+        bytes: usize,
+        world: usize,
+        in_place: bool,
+        peers_ok: bool,
+        deterministic: bool,
+    ) -> Algorithm {
         match self {
             Algorithm::Auto if world > 1 && peers_ok => {
                 let scaled = |limit: usize| limit.saturating_mul(2) / world;
                 if bytes > scaled(ONESHOT_AUTO_MAX_BYTES) {
-                    Algorithm::Ring
+                    if deterministic && deterministic_needs_peers(world) {
+                        Algorithm::TwoShot
+                    } else {
+                        Algorithm::Ring
+                    }
                 } else if in_place && bytes >= scaled(TWOSHOT_AUTO_MIN_IN_PLACE_BYTES) {
                     Algorithm::TwoShot
                 } else {
@@ -66,4 +95,27 @@ impl Algorithm {
             other => other,
         }
     }
+}
+
+/// Whether a communicator of `world` ranks with `algorithm` can keep the deterministic promise:
+/// an error naming why not, for [`crate::Communicator`]'s constructors.
+pub(crate) fn check_deterministic(
+    algorithm: Algorithm,
+    world: usize,
+    peers_ok: bool,
+) -> crate::error::Result<()> {
+    if !deterministic_needs_peers(world) {
+        return Ok(());
+    }
+    if algorithm == Algorithm::Ring {
+        return Err(crate::error::Error::InvalidArgument(format!(
+            "deterministic mode with {world} ranks cannot run the ring (it folds each segment from a different rank); use Auto, OneShot or TwoShot"
+        )));
+    }
+    if !peers_ok {
+        return Err(crate::error::Error::InvalidArgument(format!(
+            "deterministic mode with {world} ranks needs peer access between every pair of GPUs (the one- and two-shot); these GPUs lack it"
+        )));
+    }
+    Ok(())
 }

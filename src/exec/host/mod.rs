@@ -56,6 +56,10 @@ pub struct HostConfig {
     /// sweeps chunk sizes must not silently get the one-shot. `OneShot` and `Auto` (the GPU
     /// default, same size rule) run the one-shot's barriers on threads.
     pub algorithm: Algorithm,
+    /// Fold every element in rank order on every algorithm and size, so results do not depend
+    /// on which algorithm runs (see [`crate::exec::algorithm::deterministic_needs_peers`] for
+    /// what it costs and what it refuses). Off by default.
+    pub deterministic: bool,
 }
 
 impl Default for HostConfig {
@@ -68,6 +72,7 @@ impl Default for HostConfig {
             delay_seed: None,
             fault: None,
             algorithm: Algorithm::Ring,
+            deterministic: false,
         }
     }
 }
@@ -278,22 +283,18 @@ impl HostExecutor {
         })
     }
 
-    pub(crate) fn algorithm_for(&self, bytes: usize, in_place: bool) -> Algorithm {
-        self.config
-            .algorithm
-            .choose(bytes, self.world, in_place, true)
-    }
-
     fn prepare(&mut self, shape: Shape) -> Result<Arc<HostPlan>> {
         if let Some(p) = self.cache.get(&shape) {
             return Ok(p);
         }
         let bytes = shape.count.saturating_mul(shape.elem_bytes);
-        let plan = match self
-            .config
-            .algorithm
-            .choose(bytes, self.world, shape.in_place, true)
-        {
+        let plan = match self.config.algorithm.choose(
+            bytes,
+            self.world,
+            shape.in_place,
+            true,
+            self.config.deterministic,
+        ) {
             Algorithm::OneShot => shape.checked_oneshot_plan(self.world)?,
             Algorithm::TwoShot => shape.checked_twoshot_plan(self.world, 1)?,
             _ => shape.checked_plan(

@@ -72,6 +72,10 @@ pub struct CudaConfig {
     /// peer access between every pair of GPUs and at most 8 ranks; `Auto` falls back to the ring
     /// where it cannot run, `OneShot` is then an error at creation.
     pub algorithm: Algorithm,
+    /// Fold every element in rank order on every algorithm and size, so results do not depend
+    /// on which algorithm runs (see [`crate::exec::algorithm::deterministic_needs_peers`] for
+    /// what it costs and what it refuses). Off by default.
+    pub deterministic: bool,
 }
 
 impl Default for CudaConfig {
@@ -84,6 +88,7 @@ impl Default for CudaConfig {
             allow_shared_device: false,
             probe_edges: true,
             algorithm: Algorithm::Auto,
+            deterministic: false,
         }
     }
 }
@@ -259,10 +264,9 @@ impl CudaExecutor {
         self.ranks.iter().map(|r| r.device).collect()
     }
 
-    pub(crate) fn algorithm_for(&self, bytes: usize, in_place: bool) -> Algorithm {
-        self.config
-            .algorithm
-            .choose(bytes, self.ranks.len(), in_place, self.peer.is_some())
+    /// Whether the peer kernels can run here (every pair of GPUs reaches the other).
+    pub(crate) fn peers_ok(&self) -> bool {
+        self.peer.is_some()
     }
 
     pub(crate) fn edges(&self) -> &[EdgeInfo] {
@@ -308,10 +312,13 @@ impl CudaExecutor {
         }
         let n = self.ranks.len();
         let bytes = shape.count.saturating_mul(shape.elem_bytes);
-        let algorithm = self
-            .config
-            .algorithm
-            .choose(bytes, n, shape.in_place, self.peer.is_some());
+        let algorithm = self.config.algorithm.choose(
+            bytes,
+            n,
+            shape.in_place,
+            self.peer.is_some(),
+            self.config.deterministic,
+        );
         // 16-byte boundaries keep every chunk and segment vector-aligned for the kernels and
         // copies.
         let align_elems = (16 / shape.elem_bytes).max(1);
