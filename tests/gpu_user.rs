@@ -293,3 +293,41 @@ fn sums_give_the_same_bits_on_every_algorithm() {
         }
     }
 }
+
+/// Read-only views of GPU buffers are inputs without `&mut`: two views of one buffer's halves.
+#[test]
+fn read_only_views_are_inputs() {
+    let Some(gpus) = two_gpus() else { return };
+    let gpu = comm(&gpus, Algorithm::Auto);
+    let count = 1000;
+    let data: Vec<Vec<f32>> = (0..2)
+        .map(|r| make_input(ReduceOp::Sum, r, 2 * count))
+        .collect();
+    let bufs: Vec<GpuBuffer<f32>> = gpus
+        .iter()
+        .zip(&data)
+        .map(|(&g, x)| GpuBuffer::from_host(g, x).unwrap())
+        .collect();
+    let mut outs: Vec<GpuBuffer<f32>> = gpus
+        .iter()
+        .map(|&g| GpuBuffer::zeroed(g, count).unwrap())
+        .collect();
+    for half in 0..2 {
+        let views: Vec<ringreduce::GpuView<'_, f32>> = bufs
+            .iter()
+            .map(|b| b.view(half * count, count).unwrap())
+            .collect();
+        gpu.all_reduce(&views, &mut outs, ReduceOp::Sum).unwrap();
+        let want: Vec<f32> = (0..count)
+            .map(|i| data[0][half * count + i] + data[1][half * count + i])
+            .collect();
+        for (rank, o) in outs.iter().enumerate() {
+            assert_eq!(
+                compare(rank, &o.to_host().unwrap(), &want, 4).0,
+                0,
+                "half {half}"
+            );
+        }
+    }
+    assert!(bufs[0].view(count, count + 1).is_err());
+}

@@ -92,8 +92,30 @@ impl<T: Element> GpuBuffer<T> {
         self.device
     }
 
-    /// A view of elements `start..start + count` (for sub-slice collectives, e.g. misaligned).
+    /// A writable view of elements `start..start + count` (for sub-slice collectives, e.g.
+    /// misaligned outputs).
     pub fn slice(&mut self, start: usize, count: usize) -> Result<GpuSlice<'_, T>> {
+        Ok(GpuSlice {
+            address: self.address_of(start, count)?,
+            device: self.device,
+            count,
+            _borrow: PhantomData,
+        })
+    }
+
+    /// A read-only view of elements `start..start + count`: an input of an out-of-place
+    /// collective, borrowed shared, so several views of one buffer can be inputs at once.
+    pub fn view(&self, start: usize, count: usize) -> Result<GpuView<'_, T>> {
+        Ok(GpuView {
+            address: self.address_of(start, count)?,
+            device: self.device,
+            count,
+            _borrow: PhantomData,
+        })
+    }
+
+    /// The device address of element `start`, once `start..start + count` is checked in bounds.
+    fn address_of(&self, start: usize, count: usize) -> Result<u64> {
         if start.checked_add(count).is_none_or(|end| end > self.count) {
             return Err(Error::InvalidArgument(format!(
                 "slice {start}..{} of a buffer of {} elements",
@@ -102,12 +124,7 @@ impl<T: Element> GpuBuffer<T> {
             )));
         }
         let base = self.mem.as_ref().map_or(0, |m| m.ptr());
-        Ok(GpuSlice {
-            address: base + (start * std::mem::size_of::<T>()) as u64,
-            device: self.device,
-            count,
-            _borrow: PhantomData,
-        })
+        Ok(base + (start * std::mem::size_of::<T>()) as u64)
     }
 
     /// Frees the memory now, returning the driver's error if any (`Drop` does it silently).
@@ -163,6 +180,29 @@ impl<T: Element> GpuSlice<'_, T> {
             count,
             _borrow: PhantomData,
         }
+    }
+}
+
+/// A read-only view into a [`GpuBuffer`], from [`GpuBuffer::view`]: a collective's input.
+#[derive(Clone, Copy, Debug)]
+pub struct GpuView<'a, T> {
+    address: u64,
+    device: usize,
+    count: usize,
+    _borrow: PhantomData<&'a [T]>,
+}
+
+// SAFETY: a bounds-checked view into a GpuBuffer it borrows (shared) for 'a: the memory stays
+// allocated, and no `&mut` access to the buffer can write it meanwhile.
+unsafe impl<T: Element> Buffer<T> for GpuView<'_, T> {
+    fn placement(&self) -> Placement {
+        Placement::Device(self.device)
+    }
+    fn count(&self) -> usize {
+        self.count
+    }
+    fn address(&self) -> u64 {
+        self.address
     }
 }
 

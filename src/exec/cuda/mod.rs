@@ -7,6 +7,6 @@ pub mod kernels;
 pub mod probe;
 
 pub use crate::exec::config::Transport;
-pub use buffer::{GpuBuffer, GpuSlice};
+pub use buffer::{GpuBuffer, GpuSlice, GpuView};
 pub use executor::{auto_chunk_bytes, CudaConfig, EdgeInfo};
 pub use probe::Probe;
