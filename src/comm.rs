@@ -7,6 +7,11 @@
 //! communicator failed: later calls return that error at once ([`Error::CommunicatorFailed`]);
 //! make a new communicator to continue.
 //!
+//! A communicator is `Send + Sync`: calls from several threads are serialised, each holding it
+//! for its whole length. While a collective runs, other threads must not make CUDA calls that wait
+//! for its GPUs (allocations, frees, pageable copies): docs/ERRORS.md, "Several threads", and
+//! [`Error::LaunchBlocked`].
+//!
 //! ```
 //! use ringreduce::{Communicator, ReduceOp};
 //!
