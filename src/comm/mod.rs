@@ -35,6 +35,11 @@ use crate::exec::host::{HostConfig, HostExecutor};
 use crate::exec::{config, Algorithm};
 use std::sync::{Mutex, OnceLock, TryLockError};
 
+mod scope;
+mod validate;
+
+pub use scope::Scope;
+
 enum Executor {
     Host(HostExecutor),
     Cuda(CudaExecutor),
@@ -289,49 +294,6 @@ impl Communicator {
         unsafe { self.submit(Some(inputs), outputs, op, false) }
     }
 
-    /// Overlaps collectives with other work, safely: inside `f`, [`Scope`]'s calls return once
-    /// enqueued (as the `enqueue_*` calls do), and `scope` waits for every collective enqueued
-    /// through it before it returns — also when `f` panics — so the buffers handed to the scope
-    /// stay borrowed until their collectives have completed. No `unsafe` needed.
-    ///
-    /// ```
-    /// use ringreduce::{Communicator, ReduceOp};
-    ///
-    /// let comm = Communicator::host(2)?;
-    /// let mut grads = vec![vec![1.0f32, 2.0], vec![3.0, 4.0]];
-    /// let other_work = comm.scope(|s| {
-    ///     s.all_reduce_in_place(&mut grads, ReduceOp::Sum)?;
-    ///     // ... compute something that does not touch `grads` while the GPUs reduce ...
-    ///     Ok::<_, ringreduce::Error>(40 + 2)
-    /// })??;
-    /// assert_eq!(other_work, 42);
-    /// assert_eq!(grads, [[4.0, 6.0], [4.0, 6.0]]);
-    /// # Ok::<(), ringreduce::Error>(())
-    /// ```
-    ///
-    /// The outer `Result` is the wait's: the first error of a collective enqueued in the scope.
-    pub fn scope<'buf, R>(&self, f: impl FnOnce(&Scope<'_, 'buf>) -> R) -> Result<R> {
-        /// Waits on drop, so an unwinding `f` cannot leave collectives running on its buffers.
-        struct WaitOnDrop<'c>(&'c Communicator, bool);
-        impl Drop for WaitOnDrop<'_> {
-            fn drop(&mut self) {
-                if !self.1 {
-                    // The panic is what the caller sees; a failure here marks the communicator.
-                    let _ = self.0.synchronize();
-                }
-            }
-        }
-        let mut guard = WaitOnDrop(self, false);
-        let scope = Scope {
-            comm: self,
-            buffers: std::marker::PhantomData,
-        };
-        let out = f(&scope);
-        guard.1 = true;
-        self.synchronize()?;
-        Ok(out)
-    }
-
     /// Validates, then runs one collective (in place when `inputs` is `None`).
     ///
     /// # Safety
@@ -349,111 +311,6 @@ impl Communicator {
         let outs: Vec<u64> = outputs.iter_mut().map(|b| b.address_mut()).collect();
         // SAFETY: validated buffers; completion is awaited or is the caller's contract.
         unsafe { self.run::<T>(ins.as_deref(), &outs, count, op, wait_complete) }
-    }
-
-    /// Checks the arguments against each other and the communicator; returns the element count.
-    fn validate<T: Element, O: Buffer<T>>(
-        &self,
-        outputs: &[O],
-        inputs: Option<&[impl Buffer<T>]>,
-    ) -> Result<usize> {
-        if outputs.is_empty() || inputs.is_some_and(|i| i.is_empty()) {
-            return Err(Error::NoBuffers);
-        }
-        let sizes = |n: usize| {
-            if n == self.world {
-                Ok(())
-            } else {
-                Err(Error::WorldMismatch {
-                    world: self.world,
-                    got: n,
-                })
-            }
-        };
-        sizes(outputs.len())?;
-        if let Some(inputs) = inputs {
-            sizes(inputs.len())?;
-        }
-        let source_len = |r: usize| inputs.map_or(outputs[r].count(), |i| i[r].count());
-        let count = source_len(0);
-        for r in 1..self.world {
-            if source_len(r) != count {
-                return Err(Error::LengthMismatch {
-                    rank: r,
-                    expected: count,
-                    got: source_len(r),
-                });
-            }
-        }
-        // No object exceeds isize::MAX bytes (Rust's and every allocator's limit).
-        count
-            .checked_mul(std::mem::size_of::<T>())
-            .filter(|&bytes| bytes <= isize::MAX as usize)
-            .ok_or(Error::SizeOverflow {
-                count,
-                dtype: T::DTYPE,
-            })?;
-        let devices = self.devices();
-        let placement = |p: Placement, rank: usize| match (p, devices.get(rank)) {
-            (Placement::Host, None) => Ok(()),
-            (Placement::Device(_), None) => Err(Error::WrongPlacement {
-                rank,
-                got: p,
-                expected: "host memory (this is a host communicator)",
-            }),
-            (Placement::Host, Some(_)) => Err(Error::WrongPlacement {
-                rank,
-                got: p,
-                expected: "device memory (this is a GPU communicator)",
-            }),
-            (Placement::Device(device), Some(&expected)) if device != expected => {
-                Err(Error::WrongDevice {
-                    rank,
-                    device,
-                    expected,
-                })
-            }
-            (Placement::Device(_), Some(_)) => Ok(()),
-        };
-        // Byte range of a buffer's first `len` elements (saturating: a bogus address near the
-        // top of the address space must not overflow here).
-        let bytes = |b: &dyn Buffer<T>, len: usize| {
-            let start = b.address();
-            (
-                start,
-                start.saturating_add((len * std::mem::size_of::<T>()) as u64),
-            )
-        };
-        for (rank, out) in outputs.iter().enumerate() {
-            placement(out.placement(), rank)?;
-            let (o0, o1) = bytes(out, count);
-            for (q, other) in outputs[..rank].iter().enumerate() {
-                let (p0, p1) = bytes(other, count);
-                if count > 0 && o0 < p1 && p0 < o1 {
-                    return Err(Error::OutputsOverlap {
-                        first: q,
-                        second: rank,
-                    });
-                }
-            }
-            if let Some(inputs) = inputs {
-                placement(inputs[rank].placement(), rank)?;
-                if out.count() < count {
-                    return Err(Error::OutputTooShort {
-                        rank,
-                        input: count,
-                        output: out.count(),
-                    });
-                }
-                for input in inputs {
-                    let (i0, i1) = bytes(input, count);
-                    if count > 0 && o0 < i1 && i0 < o1 {
-                        return Err(Error::Overlap { rank });
-                    }
-                }
-            }
-        }
-        Ok(count)
     }
 
     /// # Safety
@@ -541,39 +398,6 @@ fn check_deterministic_if(
         crate::exec::algorithm::check_deterministic(algorithm, world, peers_ok)?;
     }
     Ok(())
-}
-
-/// Collectives that return once enqueued, inside [`Communicator::scope`], which waits for them.
-///
-/// `'buf` outlives the whole scope, so every buffer passed in stays borrowed (unusable by the
-/// caller, and alive) until `scope` has waited for its collective.
-pub struct Scope<'comm, 'buf> {
-    comm: &'comm Communicator,
-    buffers: std::marker::PhantomData<&'buf mut ()>,
-}
-
-impl<'buf> Scope<'_, 'buf> {
-    /// [`Communicator::all_reduce_in_place`], returning once enqueued.
-    pub fn all_reduce_in_place<T: Element, B: BufferMut<T>>(
-        &self,
-        bufs: &'buf mut [B],
-        op: ReduceOp,
-    ) -> Result<()> {
-        // SAFETY: `bufs` is borrowed for 'buf, which outlives the scope, and the scope waits for
-        // every collective enqueued through it before it ends (on unwinding too).
-        unsafe { self.comm.enqueue_all_reduce_in_place(bufs, op) }
-    }
-
-    /// [`Communicator::all_reduce`], returning once enqueued.
-    pub fn all_reduce<T: Element, I: Buffer<T>, O: BufferMut<T>>(
-        &self,
-        inputs: &'buf [I],
-        outputs: &'buf mut [O],
-        op: ReduceOp,
-    ) -> Result<()> {
-        // SAFETY: as above; shared borrows of the inputs for 'buf keep them unwritten.
-        unsafe { self.comm.enqueue_all_reduce(inputs, outputs, op) }
-    }
 }
 
 /// All-reduce (sum) in place over one buffer per rank: the common case in one call, with a

@@ -1,0 +1,87 @@
+//! Overlapping collectives with other work without `unsafe`: [`Communicator::scope`] hands out a
+//! [`Scope`] whose calls return once enqueued and waits for all of them before it returns (on
+//! unwinding too), so the buffers borrowed into it cannot be touched or freed while a GPU works
+//! on them — the idea of `std::thread::scope`, for collectives.
+
+use super::Communicator;
+use crate::buffer::{Buffer, BufferMut};
+use crate::element::{Element, ReduceOp};
+use crate::error::Result;
+
+impl Communicator {
+    /// Overlaps collectives with other work, safely: inside `f`, [`Scope`]'s calls return once
+    /// enqueued (as the `enqueue_*` calls do), and `scope` waits for every collective enqueued
+    /// through it before it returns — also when `f` panics — so the buffers handed to the scope
+    /// stay borrowed until their collectives have completed. No `unsafe` needed.
+    ///
+    /// ```
+    /// use ringreduce::{Communicator, ReduceOp};
+    ///
+    /// let comm = Communicator::host(2)?;
+    /// let mut grads = vec![vec![1.0f32, 2.0], vec![3.0, 4.0]];
+    /// let other_work = comm.scope(|s| {
+    ///     s.all_reduce_in_place(&mut grads, ReduceOp::Sum)?;
+    ///     // ... compute something that does not touch `grads` while the GPUs reduce ...
+    ///     Ok::<_, ringreduce::Error>(40 + 2)
+    /// })??;
+    /// assert_eq!(other_work, 42);
+    /// assert_eq!(grads, [[4.0, 6.0], [4.0, 6.0]]);
+    /// # Ok::<(), ringreduce::Error>(())
+    /// ```
+    ///
+    /// The outer `Result` is the wait's: the first error of a collective enqueued in the scope.
+    pub fn scope<'buf, R>(&self, f: impl FnOnce(&Scope<'_, 'buf>) -> R) -> Result<R> {
+        /// Waits on drop, so an unwinding `f` cannot leave collectives running on its buffers.
+        struct WaitOnDrop<'c>(&'c Communicator, bool);
+        impl Drop for WaitOnDrop<'_> {
+            fn drop(&mut self) {
+                if !self.1 {
+                    // The panic is what the caller sees; a failure here marks the communicator.
+                    let _ = self.0.synchronize();
+                }
+            }
+        }
+        let mut guard = WaitOnDrop(self, false);
+        let scope = Scope {
+            comm: self,
+            buffers: std::marker::PhantomData,
+        };
+        let out = f(&scope);
+        guard.1 = true;
+        self.synchronize()?;
+        Ok(out)
+    }
+}
+
+/// Collectives that return once enqueued, inside [`Communicator::scope`], which waits for them.
+///
+/// `'buf` outlives the whole scope, so every buffer passed in stays borrowed (unusable by the
+/// caller, and alive) until `scope` has waited for its collective.
+pub struct Scope<'comm, 'buf> {
+    comm: &'comm Communicator,
+    buffers: std::marker::PhantomData<&'buf mut ()>,
+}
+
+impl<'buf> Scope<'_, 'buf> {
+    /// [`Communicator::all_reduce_in_place`], returning once enqueued.
+    pub fn all_reduce_in_place<T: Element, B: BufferMut<T>>(
+        &self,
+        bufs: &'buf mut [B],
+        op: ReduceOp,
+    ) -> Result<()> {
+        // SAFETY: `bufs` is borrowed for 'buf, which outlives the scope, and the scope waits for
+        // every collective enqueued through it before it ends (on unwinding too).
+        unsafe { self.comm.enqueue_all_reduce_in_place(bufs, op) }
+    }
+
+    /// [`Communicator::all_reduce`], returning once enqueued.
+    pub fn all_reduce<T: Element, I: Buffer<T>, O: BufferMut<T>>(
+        &self,
+        inputs: &'buf [I],
+        outputs: &'buf mut [O],
+        op: ReduceOp,
+    ) -> Result<()> {
+        // SAFETY: as above; shared borrows of the inputs for 'buf keep them unwritten.
+        unsafe { self.comm.enqueue_all_reduce(inputs, outputs, op) }
+    }
+}
