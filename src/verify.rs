@@ -106,6 +106,19 @@ pub fn compare<T: Element>(
     (wrong, first)
 }
 
+/// f32 test data whose sum depends on the fold order: values of magnitudes 10⁴ apart on odd and
+/// even ranks, by rank and index only (element `index` is the same in every message size). Not
+/// exact like [`make_input`]: for comparing the bits of two folds, never with a hand-written sum.
+pub fn order_sensitive_input(rank: usize, index: usize) -> f32 {
+    let h = (index as u64).wrapping_mul(2_654_435_761) ^ (rank as u64).wrapping_mul(40_503);
+    let v = (h % 1_000_003) as f32 * 1e-3;
+    if rank % 2 == 1 {
+        v * 1e4
+    } else {
+        v + 0.1
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -262,17 +262,12 @@ fn threads_calling_at_once_back_to_back() {
 fn sums_give_the_same_bits_on_every_algorithm() {
     let Some(gpus) = two_gpus() else { return };
     let count = (1 << 20) + 5;
-    let value = |rank: usize, i: usize| {
-        let h = (i as u64).wrapping_mul(2_654_435_761) ^ (rank as u64).wrapping_mul(40_503);
-        let v = (h % 1_000_003) as f32 * 1e-3;
-        if rank % 2 == 1 {
-            v * 1e4
-        } else {
-            v + 0.1
-        }
-    };
     let inputs: Vec<Vec<f32>> = (0..2)
-        .map(|r| (0..count).map(|i| value(r, i)).collect())
+        .map(|r| {
+            (0..count)
+                .map(|i| ringreduce::verify::order_sensitive_input(r, i))
+                .collect()
+        })
         .collect();
     let mut want = inputs.clone();
     Communicator::host(2)

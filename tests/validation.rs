@@ -934,21 +934,13 @@ fn min_max_of_signed_zeros_are_defined() {
     }
 }
 
-/// Order-sensitive f32 data, by rank and index only (so element i is the same in every message
-/// size): magnitudes that differ by 10⁴ between ranks, so the fold order changes the rounding.
-fn order_sensitive(rank: usize, index: usize) -> f32 {
-    let h = (index as u64).wrapping_mul(2_654_435_761) ^ (rank as u64).wrapping_mul(40_503);
-    let v = (h % 1_000_003) as f32 * 1e-3;
-    if rank % 2 == 1 {
-        v * 1e4
-    } else {
-        v + 0.1
-    }
-}
-
 fn run_sum(comm: &Communicator, world: usize, count: usize) -> Vec<Vec<f32>> {
     let mut bufs: Vec<Vec<f32>> = (0..world)
-        .map(|r| (0..count).map(|i| order_sensitive(r, i)).collect())
+        .map(|r| {
+            (0..count)
+                .map(|i| ringreduce::verify::order_sensitive_input(r, i))
+                .collect()
+        })
         .collect();
     comm.all_reduce_in_place(&mut bufs, ReduceOp::Sum).unwrap();
     bufs
@@ -990,8 +982,11 @@ fn deterministic_mode_folds_in_rank_order_at_every_size() {
     let limit = ringreduce::exec::algorithm::ONESHOT_AUTO_MAX_BYTES * 2 / world;
     let small = 4099;
     let large = limit / 4 + 1000;
-    let reference =
-        |i: usize| (1..world).fold(order_sensitive(0, i), |acc, r| acc + order_sensitive(r, i));
+    let reference = |i: usize| {
+        (1..world).fold(ringreduce::verify::order_sensitive_input(0, i), |acc, r| {
+            acc + ringreduce::verify::order_sensitive_input(r, i)
+        })
+    };
     let deterministic = Communicator::host_with(
         world,
         HostConfig {
