@@ -82,3 +82,69 @@ fn gpu_detection_is_top_level() {
         }
     }
 }
+
+/// `devices()`, `edges()` and `algorithm_for()` are facts fixed at creation: they answer while
+/// another thread's call is running (here one stalled by an injected fault until its timeout).
+#[test]
+fn facts_answer_during_a_running_call() {
+    use ringreduce::plan::{Op, RingSpec};
+    use ringreduce::{Algorithm, Fault, FaultKind, HostConfig, Transport};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+    let config = HostConfig {
+        timeout: Duration::from_secs(3),
+        ..HostConfig::default()
+    };
+    // The fault goes on rank 0's first copy in this call's ring plan (faults hit data operations).
+    let plan = RingSpec {
+        world: 2,
+        count: 64,
+        in_place: true,
+        op: ReduceOp::Sum,
+        chunk_elems: config.chunk_elems,
+        slots: config.slots,
+        align_elems: 1,
+        transports: vec![Transport::Auto.on_host(); 2],
+    }
+    .build()
+    .unwrap();
+    let instr = plan.ranks[0]
+        .iter()
+        .position(|i| matches!(i.op, Op::Copy { .. }))
+        .unwrap();
+    let fault = Fault {
+        rank: 0,
+        instr,
+        kind: FaultKind::Stall,
+    };
+    let comm = Communicator::host_with(
+        2,
+        HostConfig {
+            fault: Some(fault),
+            ..config
+        },
+    )
+    .unwrap();
+    let running = AtomicBool::new(true);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut bufs = vec![vec![1.0f32; 64], vec![2.0f32; 64]];
+            let result = comm.all_reduce_in_place(&mut bufs, ReduceOp::Sum);
+            running.store(false, Ordering::SeqCst);
+            assert!(
+                result.is_err(),
+                "the stalled call should time out: {result:?}"
+            );
+        });
+        // Let the call start and take the communicator.
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(running.load(Ordering::SeqCst));
+        assert_eq!(comm.algorithm_for(256, true), Algorithm::Ring);
+        assert!(comm.devices().is_empty() && comm.edges().is_empty());
+        assert_eq!(comm.world(), 2);
+        assert!(
+            running.load(Ordering::SeqCst),
+            "a fact waited for the running call to end"
+        );
+    });
+}
