@@ -1,5 +1,11 @@
-//! Compiles `cuda/reduce.cu` into `$OUT_DIR/reduce.fatbin` when nvcc is available.
+//! Joins the kernel source and compiles it into `$OUT_DIR/reduce.fatbin` when nvcc is available.
 //!
+//! - The kernel source is the parts in `PARTS`, joined in that order into
+//!   `$OUT_DIR/ringreduce_kernels.cu`, each part preceded by a `#line 1 "cuda/<part>"` directive
+//!   so that compiler messages name the part and its own line. Both compilers read that one
+//!   joined file: nvcc here, and NVRTC at run time through `include_str!` in
+//!   `src/exec/cuda/kernels/mod.rs` (NVRTC has no file access, so the parts cannot include each
+//!   other; `PARTS` is the only list of them).
 //! - nvcc is looked for in `$NVCC`, then `$CUDA_HOME/bin/nvcc`, then on `PATH`.
 //! - Found and compiling: the fatbin holds SASS for sm_80 and sm_90 and PTX for compute_90, and
 //!   `cfg(ringreduce_fatbin)` tells `src/exec/cuda/kernels/mod.rs` to embed it.
@@ -14,10 +20,20 @@
 //! nvcc look for `~/include/cuda_runtime.h`).
 
 use std::env;
+use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{exit, Command};
 
-const SOURCE: &str = "cuda/reduce.cu";
+/// The kernel source's parts, in the order they are joined (each opens with what it holds).
+const PARTS: [&str; 5] = [
+    "cuda/types.cuh",
+    "cuda/reduce.cuh",
+    "cuda/peer.cuh",
+    "cuda/peer_kernels.cuh",
+    "cuda/instances.cuh",
+];
+/// The joined source, in `$OUT_DIR`.
+const JOINED: &str = "ringreduce_kernels.cu";
 /// Real code for Ampere (A100) and Hopper (H100/H200), PTX for anything newer to JIT.
 const GENCODE: [&str; 4] = [
     "-gencode",
@@ -30,10 +46,18 @@ const TARGETS: &str = "sm_80 + sm_90 SASS, compute_90 PTX";
 
 fn main() {
     println!("cargo:rustc-check-cfg=cfg(ringreduce_fatbin)");
-    println!("cargo:rerun-if-changed={SOURCE}");
+    for part in PARTS {
+        println!("cargo:rerun-if-changed={part}");
+    }
     println!("cargo:rerun-if-changed=build.rs");
     for var in ["NVCC", "CUDA_HOME", "PATH", "RINGREDUCE_REQUIRE_NVCC"] {
         println!("cargo:rerun-if-env-changed={var}");
+    }
+
+    let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let source = out_dir.join(JOINED);
+    if let Err(why) = write_joined(&source) {
+        fail(&why);
     }
 
     let nvcc = match find_nvcc() {
@@ -52,7 +76,6 @@ fn main() {
         Err(why) => fail(&why),
     };
 
-    let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let fatbin = out_dir.join("reduce.fatbin");
     let mut cmd = Command::new(&nvcc);
     cmd.arg("--fatbin")
@@ -63,7 +86,7 @@ fn main() {
         .args(GENCODE)
         .arg("-o")
         .arg(&fatbin)
-        .arg(SOURCE);
+        .arg(&source);
 
     let output = match cmd.output() {
         Ok(output) => output,
@@ -72,7 +95,10 @@ fn main() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     if !output.status.success() {
         fail(&format!(
-            "nvcc failed to compile {SOURCE} ({}):\n{:?}\n{}{}",
+            "nvcc failed to compile {}, joined from {} in this order (messages name the part \
+             and its line) ({}):\n{:?}\n{}{}",
+            source.display(),
+            PARTS.join(", "),
             output.status,
             cmd,
             String::from_utf8_lossy(&output.stdout),
@@ -89,6 +115,25 @@ fn main() {
         "cargo:rustc-env=RINGREDUCE_NVCC_RELEASE={}",
         nvcc_release(&nvcc)
     );
+}
+
+/// Writes the parts of `PARTS`, in order, into `path`, each after a `#line` directive that
+/// names it, and only when the text differs from what is there (an unchanged file keeps its
+/// mtime, so nothing that reads it is rebuilt for nothing).
+fn write_joined(path: &Path) -> Result<(), String> {
+    let mut joined = String::new();
+    for part in PARTS {
+        let text = fs::read_to_string(part).map_err(|e| format!("could not read {part}: {e}"))?;
+        joined.push_str(&format!("#line 1 \"{part}\"\n"));
+        joined.push_str(&text);
+        if !text.ends_with('\n') {
+            joined.push('\n');
+        }
+    }
+    if fs::read_to_string(path).is_ok_and(|old| old == joined) {
+        return Ok(());
+    }
+    fs::write(path, joined).map_err(|e| format!("could not write {}: {e}", path.display()))
 }
 
 /// Ends the build script with a message cargo shows.

@@ -4,9 +4,9 @@
 #   NVCC="$(bash .ci/install-nvcc.sh)"        # the path, alone on stdout
 #   eval "$(bash .ci/install-nvcc.sh --export)"  # or: export NVCC=<path>
 #
-# No GPU and no CUDA toolkit are needed: build.rs runs this nvcc to compile cuda/reduce.cu into a
-# fatbin. The wheels unpack into one tree, <prefix>/nvidia/cu13/{bin,include,lib,nvvm}, and
-# bin/nvcc.profile finds headers and cicc relative to bin/, so nothing else needs setting (build.rs
+# No GPU and no CUDA toolkit are needed: build.rs runs this nvcc to compile the kernels (cuda/*.cuh,
+# joined) into a fatbin. The wheels unpack into one tree, <prefix>/nvidia/cu13/{bin,include,lib,
+# nvvm}, and bin/nvcc.profile finds headers and cicc relative to bin/, so nothing else needs setting (build.rs
 # resolves symlinks to nvcc before running it). A host C++ compiler (g++) must be on PATH: nvcc
 # runs its preprocessor even for device-only output.
 #

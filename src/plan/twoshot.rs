@@ -20,7 +20,8 @@
 //! Each step is a meeting of the checker's model (start barrier, reads, end barrier). On GPUs the
 //! executor runs the whole plan as one kernel per rank with three barriers — start, between step 0
 //! and the gather, end — since the gather rounds read segments no round writes and write segments
-//! no round reads, the barriers between them order nothing (cuda/reduce.cu, `rr_twoshot_kernel`).
+//! no round reads, the barriers between them order nothing (`rr_twoshot_kernel` in
+//! cuda/peer_kernels.cuh).
 
 use super::oneshot::peer_plan;
 use super::ring::segment_range;

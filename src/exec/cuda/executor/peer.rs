@@ -1,6 +1,6 @@
 //! The peer kernels on the executor's side: the one-shot and the two-shot all-reduce, one kernel
 //! per rank that reads the other ranks' memory directly (peer access) and meets their kernels at
-//! flag barriers ([`crate::exec::cuda::kernels`] launches them; `cuda/reduce.cu` describes the
+//! flag barriers ([`crate::exec::cuda::kernels`] launches them; `cuda/peer.cuh` describes the
 //! protocol). Here: the state both kernels share across ranks ([`PeerKernelState`], made by
 //! [`setup_peer_kernels`]), the checks that a plan has exactly the layout its kernel implements
 //! ([`oneshot_layout`], [`twoshot_segments`]), the launch of each kernel from a plan's peer

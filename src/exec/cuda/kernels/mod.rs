@@ -1,5 +1,5 @@
-//! The kernels on the GPU: `cuda/reduce.cu` loaded into a context ([`KernelModule`]), launched
-//! by table index.
+//! The kernels on the GPU: the kernel source in `cuda/` loaded into a context ([`KernelModule`]),
+//! launched by table index.
 //!
 //! Every ring step on a GPU ends in one kernel, `dst[i] = a[i] ⊕ b[i]` (the received segment
 //! combined with the local partial), and `Avg` ends with one more, `x[i] = x[i] / world`
@@ -10,7 +10,7 @@
 //! ([`KernelModule::twoshot`]), with three barriers, reduces the rank's own segment from every
 //! rank's input, then copies the other segments from their owners. Their semantics are those of
 //! [`crate::element`]; the kernels themselves, the flag layout, the memory ordering and why they
-//! are fast are described in `cuda/reduce.cu`.
+//! are fast are described in `cuda/` (`reduce.cuh`, `peer.cuh`, `peer_kernels.cuh`).
 //!
 //! Where the code comes from is decided at build time (see `build.rs`):
 //! - nvcc was found: the build embeds `reduce.fatbin` (SASS for sm_80 and sm_90, PTX for
@@ -43,9 +43,11 @@ use cudarc::nvrtc::{CompileError, Ptx};
 use crate::element::{DType, ReduceOp};
 use crate::error::{Error, Result};
 
-/// The kernel source, for NVRTC (and for the tests that check it defines every symbol).
+/// The kernel source, for NVRTC (and for the tests that check it defines every symbol): the
+/// parts in `cuda/` joined by `build.rs` (its `PARTS` lists them in order), the same text nvcc
+/// compiles.
 #[cfg_attr(ringreduce_fatbin, allow(dead_code))]
-const SOURCE: &str = include_str!("../../../../cuda/reduce.cu");
+const SOURCE: &str = include_str!(concat!(env!("OUT_DIR"), "/ringreduce_kernels.cu"));
 
 /// The kernels compiled by nvcc at build time.
 #[cfg(ringreduce_fatbin)]
@@ -66,7 +68,8 @@ const PAIRWISE_OPS: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Mi
 pub enum KernelSource {
     /// The fatbin nvcc built and the build embedded.
     EmbeddedFatbin,
-    /// `cuda/reduce.cu` compiled by NVRTC when the [`KernelModule`] were made.
+    /// The kernel source (`cuda/`, joined by `build.rs`) compiled by NVRTC when the
+    /// [`KernelModule`] were made.
     Nvrtc,
 }
 
@@ -142,7 +145,7 @@ impl CudaFailure for CompileError {
     fn message(&self) -> String {
         match self {
             CompileError::CompileError { options, log, .. } => format!(
-                "compiling cuda/reduce.cu with {options:?}:\n{}",
+                "compiling the kernel source (cuda/*.cuh, joined) with {options:?}:\n{}",
                 log.to_string_lossy()
             ),
             _ => "NVRTC failed outside compilation".to_string(),
@@ -159,7 +162,8 @@ pub(crate) fn kernel_err<E: CudaFailure>(call: &'static str) -> impl Fn(E) -> Er
     }
 }
 
-/// `cuda/reduce.cu` loaded into one context: the reduce, scale, one-shot and two-shot kernels.
+/// The kernel source (`cuda/`) loaded into one context: the reduce, scale, one-shot and two-shot
+/// kernels.
 #[derive(Debug)]
 pub struct KernelModule {
     ctx: Arc<CudaContext>,
@@ -315,7 +319,7 @@ fn nvrtc_options(major: i32, minor: i32) -> cudarc::nvrtc::CompileOptions {
         prec_div: Some(true),
         fmad: Some(false),
         options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
-        name: Some("reduce.cu".to_string()),
+        name: Some("ringreduce_kernels.cu".to_string()),
         ..Default::default()
     }
 }

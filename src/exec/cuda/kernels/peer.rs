@@ -2,9 +2,9 @@
 //! the other ranks' memory directly (peer access) and meets their kernels at flag barriers.
 //! Their arguments ([`OneShotArgs`], [`TwoShotArgs`]), the checks made before a launch, the grid
 //! ([`peer_blocks`]) and the launch itself; the protocol (flag layout, epochs, memory order,
-//! timeouts) is described in `cuda/reduce.cu`, beside the kernels.
+//! timeouts) is described in `cuda/peer.cuh`, beside the kernels.
 //!
-//! Invariant: the constants here equal the `RR_PEER_*` defines of `cuda/reduce.cu` (a unit test
+//! Invariant: the constants here equal the `RR_PEER_*` defines of `cuda/peer.cuh` (a unit test
 //! reads them from the source), and [`PeerPointers`] and [`TwoShotSegs`] are byte-for-byte
 //! mirrors of the kernel parameters `rr_peers` and `rr_twoshot_segs`.
 
@@ -17,7 +17,7 @@ use crate::device::Stream;
 use crate::element::{DType, ReduceOp};
 use crate::error::{Error, Result};
 
-/// Most ranks one peer kernel serves (`RR_PEER_MAX_RANKS` in `cuda/reduce.cu`).
+/// Most ranks one peer kernel serves (`RR_PEER_MAX_RANKS` in `cuda/peer.cuh`).
 pub const PEER_MAX_RANKS: usize = 8;
 /// Most blocks of a peer kernel's grid (`RR_PEER_MAX_BLOCKS`): each block has its own flag words.
 pub const PEER_MAX_BLOCKS: u32 = 128;
@@ -314,7 +314,7 @@ pub struct TwoShotArgs {
     pub max_blocks: u32,
 }
 
-/// The kernel parameter `rr_twoshot_segs` of `cuda/reduce.cu`, byte for byte: every rank's
+/// The kernel parameter `rr_twoshot_segs` of `cuda/peer_kernels.cuh`, byte for byte: every rank's
 /// output, then the segments' offsets and lengths in elements.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -324,7 +324,7 @@ struct TwoShotSegs {
     len: [u64; PEER_MAX_RANKS],
 }
 
-/// The kernel parameter `rr_peers` of `cuda/reduce.cu`, byte for byte: two arrays of
+/// The kernel parameter `rr_peers` of `cuda/peer.cuh`, byte for byte: two arrays of
 /// `RR_PEER_MAX_RANKS` pointers.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

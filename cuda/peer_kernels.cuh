@@ -1,0 +1,152 @@
+// Part 4 of the kernel source of ringreduce: the bodies of the peer kernels, the one-shot and
+// the two-shot all-reduce, built from the pieces of peer.cuh.
+//
+// Joined into one translation unit by build.rs, in this order: types.cuh, reduce.cuh, peer.cuh,
+// peer_kernels.cuh, instances.cuh (build.rs: PARTS). No part includes another: NVRTC compiles the
+// joined text with no include paths, so the kernels include NO header at all.
+
+// ---------------------------------------------------------------------------------------------
+// rr_oneshot_<op>_<type>(rr_peers peers, unsigned world, unsigned rank, T* dst,
+//                        unsigned long long count, unsigned epoch,
+//                        unsigned long long timeout_ns, unsigned* error, const T* expose_from)
+//
+// Purpose: the whole all-reduce in one kernel per rank, for small and medium messages:
+//   dst[i] = src[0][i] ⊕ src[1][i] ⊕ ... ⊕ src[world - 1][i] for i < count, folded in rank
+//   order on every rank (so floats come out bit-identical everywhere), between a start barrier
+//   (every rank's inputs are ready) and an end barrier (no rank reads this rank's input any
+//   more when this kernel is complete). Avg is sum here, then rr_scale_<type>.
+// Assumptions: all `world` ranks (2..=8) launch the kernel of the same op and type, with the same
+//   grid (<= RR_PEER_MAX_BLOCKS blocks of 8..=RR_PEER_THREADS threads), peers, count and
+//   epoch, on their own GPUs, free to run at the same time; every block of every rank gets an
+//   SM within the timeout (a block waits only for the blocks of its own index on the other
+//   ranks, never for another block of its own grid, so blocks that start late only delay
+//   their partners). peers.src[r] (r < world) is readable and peers.flags[r] readable and
+//   writable from this GPU (peer access on), aligned to sizeof(T) and 4; src[r] is valid for
+//   `count` elements, written before rank r's kernel starts and not again until rank r's
+//   kernel is complete (its end barrier waits for every reader). dst is
+//   writable from this GPU, valid for `count` elements and disjoint from every source (peers
+//   read src[rank] while this rank writes dst). In place, src[rank] is the rank's exposed
+//   buffer and expose_from its in-place buffer (== dst): each block first copies its indices
+//   of expose_from into src[rank] (rr_oneshot_expose); otherwise expose_from is null. epoch is
+//   the previous call's epoch + 1 on these flags (the first call: 1; 0 may be skipped on
+//   wrapping), the flag arrays started at zero, and every call on them is made by all ranks.
+//   error points to a word this GPU can write (host-mapped pinned, so the host can watch it).
+//   On any error code the result is undefined on every rank, a peer may still be reading
+//   src[rank], and the flags are out of step: the caller must stop using these flags (or
+//   re-zero them on every rank once everything is idle and restart at epoch 1).
+// Why it is fast: no copy engines and no host between the ranks: one launch per rank, two
+//   barriers of a few µs each (one flag write over NVLink and one spin on local memory per
+//   peer, all peers in parallel), and the data read once from every source and written once.
+//   16-byte vector loads when all sources share their offset within 16 bytes (scalar head and
+//   tail), coalesced per warp, 2 x RR_PEER_UNROLL of them in flight per thread (the next
+//   source's loads are issued before the current one is combined): NVLink's latency is hidden
+//   by loads in flight rather than by threads. The grid is sized by the caller to the message
+//   (about 1 block per 32 KiB of one rank's input), at most RR_PEER_MAX_BLOCKS: with at most
+//   128 registers a thread (__launch_bounds__(512, 1); 8-bit min/max spill a few dozen bytes,
+//   to L1) one block fits on an SM, so the whole grid is resident at once on a 132-SM H200.
+// ---------------------------------------------------------------------------------------------
+template <class D, class Op>
+static __device__ __forceinline__ void rr_oneshot_kernel(const rr_peers& peers, unsigned world,
+                                                         unsigned rank, typename D::T* dst,
+                                                         rr_ull count, unsigned epoch,
+                                                         rr_ull timeout_ns, unsigned* error,
+                                                         const typename D::T* expose_from) {
+    __shared__ unsigned* flags[RR_PEER_MAX_RANKS];
+    if (!rr_peer_begin(peers, world, rank, error, flags)) {
+        return;
+    }
+    const rr_ull deadline = rr_deadline(timeout_ns);
+    if (expose_from != nullptr) {
+        rr_oneshot_expose<typename D::T>(peers, world, rank, expose_from, count);
+    }
+    // (The barrier's opening __syncthreads() makes `flags` visible to the block, and orders the
+    // block's exposure copy before its signal.)
+    if (!rr_peer_barrier(flags, world, rank, RR_PHASE_START, RR_PEER_ERR_START, true, epoch,
+                         deadline, error)) {
+        return;  // a peer is missing: read nothing of it
+    }
+    rr_peer_reduce_body<D, Op>(peers, world, dst, count);
+    rr_peer_barrier(flags, world, rank, RR_ONESHOT_PHASE_END, RR_PEER_ERR_END, false, epoch,
+                    deadline, error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The two-shot all-reduce (src/plan/twoshot.rs): rank r reduces its own segment s_r from every
+// rank's source into its own output, then copies every other segment s_q from its owner q's
+// output. Three barriers: start (sources ready), middle (every segment reduced; every rank done
+// reading the sources), end (every rank done reading every output).
+//
+// Kernel parameter: every rank's output and the segment bounds, in elements (segment q =
+// [off[q], off[q] + len[q]), the same on every rank).
+struct rr_twoshot_segs {
+    void* out[RR_PEER_MAX_RANKS];
+    rr_ull off[RR_PEER_MAX_RANKS];
+    rr_ull len[RR_PEER_MAX_RANKS];
+};
+
+// `peers` with every source moved `offset` elements on.
+template <typename T>
+static __device__ __forceinline__ rr_peers rr_peers_at(const rr_peers& peers, rr_ull offset) {
+    rr_peers moved = peers;
+#pragma unroll
+    for (unsigned r = 0; r < RR_PEER_MAX_RANKS; ++r) {
+        moved.src[r] = static_cast<const T*>(peers.src[r]) + offset;
+    }
+    return moved;
+}
+
+// rr_twoshot_<op>_<type>(rr_peers peers, rr_twoshot_segs segs, unsigned world, unsigned rank,
+//                        unsigned epoch, unsigned long long timeout_ns, unsigned* error)
+// Purpose: this rank's part of a two-shot all-reduce: segs.out[rank][s_rank] = fold over ranks r
+//   (in rank order) of peers.src[r][s_rank]; then segs.out[rank][s_q] = segs.out[q][s_q] for
+//   every q != rank.
+// Assumptions: as rr_oneshot_<op>_<type> for world, rank, the grid, flags, epoch, timeout and
+//   error, and: every rank launches with the same peers.src, segs and grid. The segments tile
+//   the buffer without overlap. In place, peers.src[r] == segs.out[r] (no exposed copy): rank r
+//   writes only s_r of its buffer before MIDDLE — which no other rank reads before MIDDLE (each
+//   reads s_p of everyone) and which rank r reads itself element by element, each element in
+//   the same thread just before writing it — and only the other segments after MIDDLE, which no
+//   rank reads after MIDDLE (the gather reads each segment from its owner only).
+// Per block: block b of rank q reduces the indices of s_q that the split of (peers moved to
+//   s_q, len[q]) gives block b; block b of rank r copies exactly those indices of s_q (the same
+//   split, computed from the same peers and segs) after its MIDDLE barrier with block b of every
+//   rank. So each block needs only its partner blocks, as in the one-shot.
+// Why it is fast: each rank reads 2(n-1)/n of the message over NVLink, like the ring, and (for
+//   two ranks) as much as the one-shot — but in place it needs no copy of the buffer, and it
+//   reads half as much local memory. One launch per rank; the gather is a plain 16-byte copy.
+// ---------------------------------------------------------------------------------------------
+template <class D, class Op>
+static __device__ __forceinline__ void rr_twoshot_kernel(const rr_peers& peers,
+                                                         const rr_twoshot_segs& segs,
+                                                         unsigned world, unsigned rank,
+                                                         unsigned epoch, rr_ull timeout_ns,
+                                                         unsigned* error) {
+    typedef typename D::T T;
+    __shared__ unsigned* flags[RR_PEER_MAX_RANKS];
+    if (!rr_peer_begin(peers, world, rank, error, flags)) {
+        return;
+    }
+    T* out = static_cast<T*>(segs.out[rank]);
+    const rr_ull deadline = rr_deadline(timeout_ns);
+    if (!rr_peer_barrier(flags, world, rank, RR_PHASE_START, RR_PEER_ERR_START, true, epoch,
+                         deadline, error)) {
+        return;  // a peer is missing: read nothing of it
+    }
+    {
+        const rr_ull off = segs.off[rank];
+        rr_peer_reduce_body<D, Op>(rr_peers_at<T>(peers, off), world, out + off, segs.len[rank]);
+    }
+    if (!rr_peer_barrier(flags, world, rank, RR_TWOSHOT_PHASE_MIDDLE, RR_PEER_ERR_MIDDLE, true,
+                         epoch, deadline, error)) {
+        return;  // a segment may be unfinished: copy nothing
+    }
+    for (unsigned j = 1; j < world; ++j) {
+        const unsigned q = (rank + j) % world;
+        const rr_ull off = segs.off[q];
+        const rr_peer_split<T> split(rr_peers_at<T>(peers, off), world, segs.len[q]);
+        rr_split_copy<T>(split, static_cast<const T*>(segs.out[q]) + off, out + off,
+                         segs.len[q]);
+    }
+    rr_peer_barrier(flags, world, rank, RR_TWOSHOT_PHASE_END, RR_PEER_ERR_END, false, epoch,
+                    deadline, error);
+}
