@@ -32,8 +32,9 @@ enum Allocation {
     Staging(usize, BufId),
 }
 
-/// Check 3: no data race over `calls` back-to-back calls, and completion on Main covers the
-/// caller's buffers.
+/// Check 3: no data race over `calls` back-to-back calls; every access to the caller's buffers
+/// follows the work queued on its rank's Main stream before the call (a caller's stream can
+/// stand in for Main), and completion on Main covers them all.
 pub fn check_races(plan: &Plan, order: &[(usize, usize)], calls: usize) -> Check {
     races(&[(plan, order)], &vec![0; calls])
 }
@@ -92,8 +93,20 @@ fn races(plans: &[(&Plan, &[(usize, usize)])], sequence: &[usize]) -> Check {
     // meeting, which completes only after its end barrier (every participant's accesses done).
     let mut done_clocks: Vec<Vec<u32>> = Vec::new();
     let mut by_allocation: HashMap<Allocation, Vec<(Access, usize)>> = HashMap::new();
+    // Per call and rank: the tick of rank r's Main stream that stands for the work the caller
+    // queued there before the call.
+    let mut caller_ticks: Vec<Vec<u32>> = Vec::new();
     for (call, &k) in sequence.iter().enumerate() {
         let (plan, order) = plans[k];
+        caller_ticks.push(
+            (0..world)
+                .map(|rank| {
+                    let main = rank * StreamKind::ALL.len() + StreamKind::Main.index();
+                    stream_clock[main][main] += 1;
+                    stream_clock[main][main]
+                })
+                .collect(),
+        );
         let mut next = 0;
         while next < order.len() {
             let (rank, index) = order[next];
@@ -207,6 +220,24 @@ fn races(plans: &[(&Plan, &[(usize, usize)])], sequence: &[usize]) -> Check {
                         name(second)
                     ));
                 }
+            }
+        }
+    }
+    // Start: every access to rank r's input and output, by any rank, follows what the caller
+    // queued on rank r's Main stream before the call (the tick above) — the kernel that wrote
+    // the input, say.
+    for list in by_allocation.values() {
+        for (a, _) in list {
+            let (k, _, _, call, _, _) = executed[a.at];
+            let Allocation::Caller(owner, kind) = allocation(k, a.region.buf) else {
+                continue;
+            };
+            let main = owner * StreamKind::ALL.len() + StreamKind::Main.index();
+            if clocks[a.at][main] < caller_ticks[call][owner] {
+                return reject(format!(
+                    "{} can touch rank {owner}'s {kind:?} before work queued on rank {owner}'s Main stream ahead of the call is done",
+                    name(a.at),
+                ));
             }
         }
     }

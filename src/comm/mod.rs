@@ -33,7 +33,7 @@ use crate::error::{Error, Result};
 use crate::exec::cuda::executor::{CudaConfig, CudaExecutor, EdgeInfo};
 use crate::exec::host::{HostConfig, HostExecutor};
 use crate::exec::{config, Algorithm};
-use std::sync::{Mutex, OnceLock, TryLockError};
+use std::sync::{Arc, Mutex, OnceLock, TryLockError};
 
 mod scope;
 mod validate;
@@ -244,7 +244,7 @@ impl Communicator {
         op: ReduceOp,
     ) -> Result<()> {
         // SAFETY: the buffers are borrowed until `submit` returns, which waits for completion.
-        unsafe { self.submit(None::<&[B]>, bufs, op, true) }
+        unsafe { self.submit(None::<&[B]>, bufs, op, true, None) }
     }
 
     /// [`Communicator::all_reduce_in_place`] that returns once the work is enqueued, without
@@ -262,7 +262,7 @@ impl Communicator {
         op: ReduceOp,
     ) -> Result<()> {
         // SAFETY: the buffers' lifetime until completion is the caller's contract.
-        unsafe { self.submit(None::<&[B]>, bufs, op, false) }
+        unsafe { self.submit(None::<&[B]>, bufs, op, false, None) }
     }
 
     /// All-reduce out of place: every `outputs[r]` ends holding the reduction of all `inputs`.
@@ -275,7 +275,7 @@ impl Communicator {
         op: ReduceOp,
     ) -> Result<()> {
         // SAFETY: the buffers are borrowed until `submit` returns, which waits for completion.
-        unsafe { self.submit(Some(inputs), outputs, op, true) }
+        unsafe { self.submit(Some(inputs), outputs, op, true, None) }
     }
 
     /// [`Communicator::all_reduce`] that returns once the work is enqueued (see
@@ -291,7 +291,62 @@ impl Communicator {
         op: ReduceOp,
     ) -> Result<()> {
         // SAFETY: the buffers' lifetime until completion is the caller's contract.
-        unsafe { self.submit(Some(inputs), outputs, op, false) }
+        unsafe { self.submit(Some(inputs), outputs, op, false, None) }
+    }
+
+    /// [`Communicator::enqueue_all_reduce_in_place`] ordered on the caller's streams, one per
+    /// rank (cudarc streams of each rank's GPU, in its primary context): the collective starts
+    /// after the work already queued on `streams[r]`, and work queued there afterwards runs after
+    /// it — a kernel that writes the gradients, the all-reduce, and the kernel that reads them
+    /// need no host synchronisation between them. Nothing is waited for on the host.
+    ///
+    /// ```no_run
+    /// # use ringreduce::{Communicator, GpuBuffer, ReduceOp};
+    /// # fn main() -> ringreduce::Result<()> {
+    /// let comm = Communicator::new(&[0, 1])?;
+    /// // The job's own streams (cudarc), one per GPU.
+    /// let streams = vec![
+    ///     ringreduce::device::context(0)?.new_stream().expect("a stream"),
+    ///     ringreduce::device::context(1)?.new_stream().expect("a stream"),
+    /// ];
+    /// let mut grads = vec![GpuBuffer::<f32>::zeroed(0, 1024)?, GpuBuffer::zeroed(1, 1024)?];
+    /// // ... a kernel writing `grads[r]` queued on `streams[r]` ...
+    /// // SAFETY: `grads` stays alive and untouched until the streams have passed the call.
+    /// unsafe { comm.enqueue_all_reduce_in_place_on(&mut grads, ReduceOp::Sum, &streams)? };
+    /// // ... a kernel reading `grads[r]` queued on `streams[r]` runs after the all-reduce ...
+    /// streams[0].synchronize().expect("sync"); // only where the host needs the result
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Safety
+    /// The buffers must stay allocated and untouched (no reads, no writes, on any stream or the
+    /// host) until each rank's stream has passed the collective, except by work queued on those
+    /// streams after this call.
+    pub unsafe fn enqueue_all_reduce_in_place_on<T: Element, B: BufferMut<T>>(
+        &self,
+        bufs: &mut [B],
+        op: ReduceOp,
+        streams: &[Arc<cudarc::driver::CudaStream>],
+    ) -> Result<()> {
+        // SAFETY: the buffers' lifetime until the streams pass the call is the caller's contract.
+        unsafe { self.submit(None::<&[B]>, bufs, op, false, Some(streams)) }
+    }
+
+    /// [`Communicator::enqueue_all_reduce`] ordered on the caller's streams (see
+    /// [`Communicator::enqueue_all_reduce_in_place_on`]).
+    ///
+    /// # Safety
+    /// Inputs and outputs must stay allocated, inputs unwritten and outputs untouched, until each
+    /// rank's stream has passed the collective, except by work queued on those streams after it.
+    pub unsafe fn enqueue_all_reduce_on<T: Element, I: Buffer<T>, O: BufferMut<T>>(
+        &self,
+        inputs: &[I],
+        outputs: &mut [O],
+        op: ReduceOp,
+        streams: &[Arc<cudarc::driver::CudaStream>],
+    ) -> Result<()> {
+        // SAFETY: as above.
+        unsafe { self.submit(Some(inputs), outputs, op, false, Some(streams)) }
     }
 
     /// Validates, then runs one collective (in place when `inputs` is `None`).
@@ -305,12 +360,13 @@ impl Communicator {
         outputs: &mut [O],
         op: ReduceOp,
         wait_complete: bool,
+        caller: Option<&[Arc<cudarc::driver::CudaStream>]>,
     ) -> Result<()> {
         let count = self.validate::<T, O>(outputs, inputs)?;
         let ins: Option<Vec<u64>> = inputs.map(|i| i.iter().map(|b| b.address()).collect());
         let outs: Vec<u64> = outputs.iter_mut().map(|b| b.address_mut()).collect();
         // SAFETY: validated buffers; completion is awaited or is the caller's contract.
-        unsafe { self.run::<T>(ins.as_deref(), &outs, count, op, wait_complete) }
+        unsafe { self.run::<T>(ins.as_deref(), &outs, count, op, wait_complete, caller) }
     }
 
     /// # Safety
@@ -323,6 +379,7 @@ impl Communicator {
         count: usize,
         op: ReduceOp,
         wait_complete: bool,
+        caller: Option<&[Arc<cudarc::driver::CudaStream>]>,
     ) -> Result<()> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(err) = self.failed.get() {
@@ -330,6 +387,10 @@ impl Communicator {
         }
         let result = match state.exec.as_mut() {
             None => return Err(Error::Closed),
+            Some(Executor::Host(_)) if caller.is_some() => return Err(Error::InvalidArgument(
+                "a host communicator has no streams: the caller's streams need a GPU communicator"
+                    .into(),
+            )),
             Some(Executor::Host(exec)) => {
                 let ins: Option<Vec<*const T>> =
                     inputs.map(|i| i.iter().map(|&a| a as *const T).collect());
@@ -341,10 +402,14 @@ impl Communicator {
                 unsafe { exec.run::<T>(ins.as_deref(), &outs, count, op) }
             }
             Some(Executor::Cuda(exec)) => {
+                // Bad streams are the caller's mistake: refused without failing the communicator.
+                if let Some(streams) = caller {
+                    exec.check_caller_streams(streams)?;
+                }
                 exec.prepare_buffers(outputs)?;
                 // SAFETY: `validate` checked every buffer is on its rank's GPU with `count`
                 // elements and no output overlaps an input; lifetimes are our caller's contract.
-                unsafe { exec.run::<T>(inputs, outputs, count, op, wait_complete) }
+                unsafe { exec.run::<T>(inputs, outputs, count, op, wait_complete, caller) }
             }
         };
         if let Err(err) = &result {

@@ -69,6 +69,7 @@
 //! | [`Stream::new`], [`Event::new`], [`Event::with_timing`], [`DeviceBuffer::new`], [`PinnedHost::new`], their methods, `close`/`free` and `Drop` | the one they were made in |
 //! | [`record`], [`wait`], [`memcpy_peer_async`], [`memcpy_async`], [`memset_d32_async`], [`stream_synchronize`] | the stream's |
 //! | [`event_query`], [`event_synchronize`], [`event_elapsed_ms`], [`record_on_raw_stream`] | the event's |
+//! | [`wait_on_raw_stream`] | the one given |
 //!
 //! Device-level queries need no context and bind none: [`driver_available`], [`device_count`],
 //! [`devices`], [`driver_version`], [`can_access_peer`], [`peer_matrix`], [`p2p_attributes`],
@@ -122,7 +123,7 @@ pub use peer::{
 };
 pub use stream::{
     event_elapsed_ms, event_query, event_synchronize, record, record_on_raw_stream, stream_query,
-    stream_synchronize, wait, Event, Stream,
+    stream_synchronize, wait, wait_on_raw_stream, Event, Stream,
 };
 
 use crate::error::{Error, Result};

@@ -230,6 +230,30 @@ pub unsafe fn record_on_raw_stream(
     unsafe { result::event::record(event.raw(), stream) }.call("cuEventRecord")
 }
 
+/// Makes work queued on a raw stream after this call wait until the work captured by `event`'s
+/// latest record has completed (`cuStreamWaitEvent`), e.g. a caller's stream waiting for a
+/// collective; binds `ctx`, the stream's context. The record-before-wait rule of [`wait`] holds.
+///
+/// # Safety
+/// `stream` is a live CUDA stream of `ctx`, and stays live until this returns.
+pub unsafe fn wait_on_raw_stream(
+    ctx: &Arc<CudaContext>,
+    stream: sys::CUstream,
+    event: &Event,
+) -> Result<()> {
+    bind(ctx)?;
+    // SAFETY: `stream` belongs to the context just bound (our caller's contract); the event is
+    // live (borrowed) and may belong to any context.
+    unsafe {
+        result::stream::wait_event(
+            stream,
+            event.raw,
+            sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+        )
+    }
+    .call("cuStreamWaitEvent")
+}
+
 /// Makes work queued on `stream` after this call wait until the work captured by `event`'s latest
 /// record has completed (`cuStreamWaitEvent`); binds the stream's context. Works across contexts: a
 /// stream on GPU 1 may wait on an event of GPU 0, on the GPU, without blocking the host. An event

@@ -40,7 +40,7 @@ pub use crate::exec::config::Transport;
 use crate::exec::{Algorithm, Handoff, PlanCache, Shape};
 use crate::plan::{BufKind, EdgeTransport, Op, Plan, StreamKind};
 use crossbeam_channel::Sender;
-use cudarc::driver::CudaContext;
+use cudarc::driver::{CudaContext, CudaStream};
 use edges::{decide_edges, probe_edges};
 use peer::{oneshot_layout, setup_peer_kernels, twoshot_segments, PeerKernel, PeerKernelState};
 use ring::{gpu_rank_thread, wait_done};
@@ -102,6 +102,10 @@ struct RankRes {
     kernels: KernelModule,
     /// Recorded on Main after each call, polled to learn that the rank is done.
     done: Event,
+    /// A call on a caller's stream: recorded there before the call, waited for by Main.
+    fence_in: Event,
+    /// A call on a caller's stream: recorded on Main after the call, waited for there.
+    fence_out: Event,
 }
 
 /// Staging memory a plan owns.
@@ -204,12 +208,15 @@ impl CudaExecutor {
                     .collect::<Result<Vec<_>>>()?;
                 let kernels = KernelModule::new(&ctx)?;
                 let done = Event::new(&ctx)?;
+                let (fence_in, fence_out) = (Event::new(&ctx)?, Event::new(&ctx)?);
                 Ok(Arc::new(RankRes {
                     device: d,
                     ctx,
                     streams,
                     kernels,
                     done,
+                    fence_in,
+                    fence_out,
                 }))
             })
             .collect::<Result<Vec<_>>>()?;
@@ -401,7 +408,80 @@ impl CudaExecutor {
     /// elements of `T`; outputs overlap nothing else in the call; nothing else touches the outputs
     /// (or writes the inputs) until the call is complete — when this returns if `wait_complete`,
     /// else once each rank's Main stream has passed the call.
+    ///
+    /// With `caller` streams (one per rank, enqueue only), the call starts after the work already
+    /// queued on each and later work there waits for it: an event recorded on the caller's
+    /// stream that Main waits for, and one recorded on Main after the call that the caller's
+    /// stream waits for — Main stands for the caller's stream, which the checker's start and
+    /// completion rules make exact. Events made once per rank; no host synchronisation.
     pub(crate) unsafe fn run<T: Element>(
+        &mut self,
+        inputs: Option<&[u64]>,
+        outputs: &[u64],
+        count: usize,
+        op: ReduceOp,
+        wait_complete: bool,
+        caller: Option<&[Arc<CudaStream>]>,
+    ) -> Result<()> {
+        let Some(streams) = caller else {
+            // SAFETY: our caller's contract, passed on.
+            return unsafe { self.run_on_main::<T>(inputs, outputs, count, op, wait_complete) };
+        };
+        self.check_caller_streams(streams)?;
+        let saved = device::save_current()?;
+        for (res, stream) in self.ranks.iter().zip(streams) {
+            // SAFETY: the stream is live (borrowed) and of the rank's context (checked above).
+            unsafe { device::record_on_raw_stream(&res.fence_in, stream.cu_stream()) }?;
+            device::wait(&res.streams[StreamKind::Main.index()], &res.fence_in)?;
+        }
+        // SAFETY: our caller's contract, passed on.
+        let result = unsafe { self.run_on_main::<T>(inputs, outputs, count, op, wait_complete) };
+        // Also after a failure: the caller's stream must not run ahead of what was enqueued.
+        let fenced = self
+            .ranks
+            .iter()
+            .zip(streams)
+            .try_for_each(|(res, stream)| {
+                device::record(&res.fence_out, &res.streams[StreamKind::Main.index()])?;
+                // SAFETY: as above.
+                unsafe { device::wait_on_raw_stream(&res.ctx, stream.cu_stream(), &res.fence_out) }
+            });
+        result.and(fenced).and(saved.restore())
+    }
+
+    /// Each caller's stream belongs to its rank's GPU, in the context ringreduce uses there (the
+    /// device's primary context, as cudarc's `CudaContext::new` gives).
+    pub(crate) fn check_caller_streams(&self, streams: &[Arc<CudaStream>]) -> Result<()> {
+        if streams.len() != self.ranks.len() {
+            return Err(Error::WorldMismatch {
+                world: self.ranks.len(),
+                got: streams.len(),
+            });
+        }
+        for (rank, (res, stream)) in self.ranks.iter().zip(streams).enumerate() {
+            let ctx = stream.context();
+            if ctx.ordinal() != res.device {
+                return Err(Error::WrongDevice {
+                    rank,
+                    device: ctx.ordinal(),
+                    expected: res.device,
+                });
+            }
+            if ctx.cu_ctx() != res.ctx.cu_ctx() {
+                return Err(Error::InvalidArgument(format!(
+                    "rank {rank}'s stream is in another context of device {}: use the device's primary context (cudarc's CudaContext::new)",
+                    res.device
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// [`CudaExecutor::run`] on the communicator's own Main streams.
+    ///
+    /// # Safety
+    /// As for [`CudaExecutor::run`].
+    unsafe fn run_on_main<T: Element>(
         &mut self,
         inputs: Option<&[u64]>,
         outputs: &[u64],

@@ -1,0 +1,160 @@
+//! Collectives on the caller's streams (GPU): ordered after the work already queued on each
+//! rank's stream, and before the work queued there afterwards, with no host synchronisation in
+//! between. Every test prints `waived: needs ≥ 2 GPUs` and passes where there are fewer.
+
+use cudarc::driver::{result, sys, CudaStream};
+use ringreduce::{Algorithm, Buffer, Communicator, CudaConfig, Error, GpuBuffer, ReduceOp};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn two_gpus() -> Option<[usize; 2]> {
+    let count = ringreduce::driver_available()
+        .and_then(|()| ringreduce::device_count())
+        .unwrap_or(0);
+    if count < 2 {
+        println!("waived: needs ≥ 2 GPUs (found {count})");
+        return None;
+    }
+    Some([0, 1])
+}
+
+/// What rank `rank` writes into every element of its input before call `call`.
+fn value(call: usize, rank: usize) -> u32 {
+    (call as u32).wrapping_mul(1_000_003) ^ (rank as u32 + 1).wrapping_mul(7919)
+}
+
+/// Fills `count` u32 at `ptr` with `v` on `stream` (a stand-in for the caller's kernel).
+fn fill(stream: &Arc<CudaStream>, ptr: u64, v: u32, count: usize) {
+    stream.context().bind_to_thread().unwrap();
+    // SAFETY: `ptr` is a live allocation of at least `count` u32 on the stream's device.
+    unsafe { sys::cuMemsetD32Async(ptr, v, count, stream.cu_stream()) }
+        .result()
+        .unwrap();
+}
+
+/// Copies `bytes` from `src` to `dst` on `stream` (a stand-in for the kernel that reads the
+/// result).
+fn copy(stream: &Arc<CudaStream>, dst: u64, src: u64, bytes: usize) {
+    stream.context().bind_to_thread().unwrap();
+    // SAFETY: both are live allocations of at least `bytes` on the stream's device.
+    unsafe { result::memcpy_dtod_async(dst, src, bytes, stream.cu_stream()) }.unwrap();
+}
+
+/// A write on each caller's stream, the all-reduce on those streams, a read on each: 20 calls
+/// back to back with one host synchronisation at the end, every algorithm, both placements.
+#[test]
+fn the_callers_streams_order_the_collective() {
+    let Some(gpus) = two_gpus() else { return };
+    let streams: Vec<Arc<CudaStream>> = gpus
+        .iter()
+        .map(|&g| {
+            ringreduce::device::context(g)
+                .unwrap()
+                .new_stream()
+                .unwrap()
+        })
+        .collect();
+    let count = 1 << 20;
+    let bytes = count * 4;
+    let calls = 20;
+    for algorithm in [Algorithm::OneShot, Algorithm::TwoShot, Algorithm::Ring] {
+        let comm = Communicator::with_config(
+            &gpus,
+            CudaConfig {
+                algorithm,
+                timeout: Duration::from_secs(20),
+                ..CudaConfig::default()
+            },
+        )
+        .unwrap();
+        for in_place in [true, false] {
+            let mut bufs: Vec<GpuBuffer<u32>> = gpus
+                .iter()
+                .map(|&g| GpuBuffer::zeroed(g, count).unwrap())
+                .collect();
+            let mut outs: Vec<GpuBuffer<u32>> = gpus
+                .iter()
+                .map(|&g| GpuBuffer::zeroed(g, count).unwrap())
+                .collect();
+            let seen: Vec<Vec<GpuBuffer<u32>>> = (0..calls)
+                .map(|_| {
+                    gpus.iter()
+                        .map(|&g| GpuBuffer::zeroed(g, count).unwrap())
+                        .collect()
+                })
+                .collect();
+            for (call, slots) in seen.iter().enumerate() {
+                for (rank, stream) in streams.iter().enumerate() {
+                    fill(stream, bufs[rank].address(), value(call, rank), count);
+                }
+                // SAFETY: nothing but work queued on `streams` after this touches the buffers
+                // before the streams are synchronised below.
+                unsafe {
+                    if in_place {
+                        comm.enqueue_all_reduce_in_place_on(&mut bufs, ReduceOp::Sum, &streams)
+                    } else {
+                        comm.enqueue_all_reduce_on(&bufs, &mut outs, ReduceOp::Sum, &streams)
+                    }
+                }
+                .unwrap_or_else(|e| panic!("{algorithm:?} in_place {in_place} call {call}: {e}"));
+                let result = if in_place { &bufs } else { &outs };
+                for (rank, stream) in streams.iter().enumerate() {
+                    copy(
+                        stream,
+                        slots[rank].address(),
+                        result[rank].address(),
+                        bytes,
+                    );
+                }
+            }
+            for stream in &streams {
+                stream.synchronize().unwrap();
+            }
+            for (call, per_rank) in seen.iter().enumerate() {
+                let want = value(call, 0).wrapping_add(value(call, 1));
+                for (rank, buf) in per_rank.iter().enumerate() {
+                    let got = buf.to_host().unwrap();
+                    let wrong = got.iter().filter(|&&x| x != want).count();
+                    assert_eq!(
+                        wrong, 0,
+                        "{algorithm:?} in_place {in_place} call {call} rank {rank}: {wrong} of {count} wrong (first {})",
+                        got[0]
+                    );
+                }
+            }
+            comm.health().unwrap();
+        }
+    }
+}
+
+/// Streams that do not match the ranks' GPUs are refused before anything is enqueued.
+#[test]
+fn streams_of_the_wrong_gpus_are_refused() {
+    let Some(gpus) = two_gpus() else { return };
+    let comm = Communicator::new(&gpus).unwrap();
+    let swapped: Vec<Arc<CudaStream>> = gpus
+        .iter()
+        .rev()
+        .map(|&g| {
+            ringreduce::device::context(g)
+                .unwrap()
+                .new_stream()
+                .unwrap()
+        })
+        .collect();
+    let mut bufs: Vec<GpuBuffer<f32>> = gpus
+        .iter()
+        .map(|&g| GpuBuffer::zeroed(g, 16).unwrap())
+        .collect();
+    // SAFETY: refused before anything is enqueued.
+    let err = unsafe { comm.enqueue_all_reduce_in_place_on(&mut bufs, ReduceOp::Sum, &swapped) }
+        .unwrap_err();
+    assert!(matches!(err, Error::WrongDevice { rank: 0, .. }), "{err}");
+    let one = &swapped[..1];
+    // SAFETY: as above.
+    let err =
+        unsafe { comm.enqueue_all_reduce_in_place_on(&mut bufs, ReduceOp::Sum, one) }.unwrap_err();
+    assert!(matches!(err, Error::WorldMismatch { .. }), "{err}");
+    // The refusals failed nothing.
+    comm.all_reduce_in_place(&mut bufs, ReduceOp::Sum).unwrap();
+}
