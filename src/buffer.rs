@@ -4,6 +4,7 @@
 //! plan, the executors and the communicator all speak of buffers the same way.
 
 use crate::element::Element;
+use cudarc::driver::CudaStream;
 
 /// Where a rank's buffer lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -12,6 +13,16 @@ pub enum Placement {
     Host,
     /// Device memory of the GPU with this index.
     Device(usize),
+}
+
+/// When a collective's work on a buffer is enqueued on a stream, told to buffers that track
+/// their own uses on streams (cudarc's slices record read and write events).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamUse {
+    /// Before the work is enqueued: make the stream wait for the buffer's earlier uses.
+    Before,
+    /// After the work is enqueued: record the use, so the buffer's later uses wait for it.
+    After,
 }
 
 /// A buffer a collective can read: its placement, length in elements and base address.
@@ -29,6 +40,9 @@ pub unsafe trait Buffer<T: Element> {
     fn count(&self) -> usize;
     /// Base address (a host pointer or a CUDA device address).
     fn address(&self) -> u64;
+    /// A GPU collective's reads of this buffer are enqueued on `stream` ([`StreamUse`] says
+    /// whether before or after). For buffers that track their own uses; the default does nothing.
+    fn on_stream(&self, _stream: &CudaStream, _when: StreamUse) {}
 }
 
 /// A buffer a collective can write.
@@ -38,6 +52,8 @@ pub unsafe trait Buffer<T: Element> {
 pub unsafe trait BufferMut<T: Element>: Buffer<T> {
     /// Base address, borrowed mutably for the duration of the call.
     fn address_mut(&mut self) -> u64;
+    /// As [`Buffer::on_stream`], for work that writes the buffer. The default does nothing.
+    fn on_stream_mut(&mut self, _stream: &CudaStream, _when: StreamUse) {}
 }
 
 macro_rules! host_buffer {

@@ -83,7 +83,7 @@ pub mod plan;
 pub mod topo;
 pub mod verify;
 
-pub use buffer::{Buffer, BufferMut, Placement};
+pub use buffer::{Buffer, BufferMut, Placement, StreamUse};
 pub use comm::{ring_allreduce, Communicator, Scope};
 pub use device::{device_count, driver_available};
 pub use element::{DType, Element, ReduceOp};

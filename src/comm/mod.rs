@@ -27,12 +27,13 @@
 //! # Ok::<(), ringreduce::Error>(())
 //! ```
 
-use crate::buffer::{Buffer, BufferMut, Placement};
+use crate::buffer::{Buffer, BufferMut, Placement, StreamUse};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::cuda::executor::{CudaConfig, CudaExecutor, EdgeInfo};
 use crate::exec::host::{HostConfig, HostExecutor};
 use crate::exec::{config, Algorithm};
+use cudarc::driver::CudaStream;
 use std::sync::{Arc, Mutex, OnceLock, TryLockError};
 
 mod scope;
@@ -47,6 +48,12 @@ enum Executor {
 
 struct State {
     exec: Option<Executor>,
+}
+
+/// How a call completes: blocking or not, on the communicator's streams or the caller's.
+struct When<'a> {
+    wait_complete: bool,
+    caller: Option<&'a [Arc<CudaStream>]>,
 }
 
 /// What a communicator is, fixed when it is made: read without waiting for a running call.
@@ -365,8 +372,29 @@ impl Communicator {
         let count = self.validate::<T, O>(outputs, inputs)?;
         let ins: Option<Vec<u64>> = inputs.map(|i| i.iter().map(|b| b.address()).collect());
         let outs: Vec<u64> = outputs.iter_mut().map(|b| b.address_mut()).collect();
+        // Buffers that track their own uses (cudarc's) learn of this one on each rank's stream.
+        let mut track = |streams: &[&CudaStream], when: StreamUse| {
+            for (b, s) in inputs.into_iter().flatten().zip(streams) {
+                b.on_stream(s, when);
+            }
+            for (b, s) in outputs.iter_mut().zip(streams) {
+                b.on_stream_mut(s, when);
+            }
+        };
         // SAFETY: validated buffers; completion is awaited or is the caller's contract.
-        unsafe { self.run::<T>(ins.as_deref(), &outs, count, op, wait_complete, caller) }
+        unsafe {
+            self.run::<T>(
+                ins.as_deref(),
+                &outs,
+                count,
+                op,
+                When {
+                    wait_complete,
+                    caller,
+                },
+                &mut track,
+            )
+        }
     }
 
     /// # Safety
@@ -378,9 +406,13 @@ impl Communicator {
         outputs: &[u64],
         count: usize,
         op: ReduceOp,
-        wait_complete: bool,
-        caller: Option<&[Arc<cudarc::driver::CudaStream>]>,
+        when: When<'_>,
+        track: &mut dyn FnMut(&[&CudaStream], StreamUse),
     ) -> Result<()> {
+        let When {
+            wait_complete,
+            caller,
+        } = when;
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(err) = self.failed.get() {
             return Err(Error::CommunicatorFailed(Box::new(err.clone())));
@@ -407,9 +439,24 @@ impl Communicator {
                     exec.check_caller_streams(streams)?;
                 }
                 exec.prepare_buffers(outputs)?;
+                // The stream each rank's work starts and ends on: the caller's, or Main.
+                let on =
+                    |exec: &CudaExecutor,
+                     when: StreamUse,
+                     track: &mut dyn FnMut(&[&CudaStream], StreamUse)| {
+                        let streams: Vec<&CudaStream> = match caller {
+                            Some(streams) => streams.iter().map(|s| &**s).collect(),
+                            None => exec.main_streams(),
+                        };
+                        track(&streams, when);
+                    };
+                on(exec, StreamUse::Before, track);
                 // SAFETY: `validate` checked every buffer is on its rank's GPU with `count`
                 // elements and no output overlaps an input; lifetimes are our caller's contract.
-                unsafe { exec.run::<T>(inputs, outputs, count, op, wait_complete, caller) }
+                let result =
+                    unsafe { exec.run::<T>(inputs, outputs, count, op, wait_complete, caller) };
+                on(exec, StreamUse::After, track);
+                result
             }
         };
         if let Err(err) = &result {

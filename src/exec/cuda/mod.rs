@@ -2,6 +2,7 @@
 //! edge probe that catches silent degradation ([`probe`]) and the executor that runs plans on GPU
 //! streams ([`executor`]). The driver calls underneath live one layer down, in [`crate::device`].
 pub mod buffer;
+pub mod cudarc_buffers;
 pub mod executor;
 pub mod kernels;
 pub mod probe;

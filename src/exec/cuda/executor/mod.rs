@@ -271,6 +271,14 @@ impl CudaExecutor {
         self.ranks.iter().map(|r| r.device).collect()
     }
 
+    /// Each rank's Main stream, as cudarc sees it (for buffers that track their uses).
+    pub(crate) fn main_streams(&self) -> Vec<&CudaStream> {
+        self.ranks
+            .iter()
+            .map(|r| r.streams[StreamKind::Main.index()].cudarc())
+            .collect()
+    }
+
     /// Whether the peer kernels can run here (every pair of GPUs reaches the other).
     pub(crate) fn peers_ok(&self) -> bool {
         self.peer.is_some()
