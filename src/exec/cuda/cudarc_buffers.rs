@@ -7,7 +7,8 @@
 //! stream it starts on (the communicator's Main stream, or the caller's) waits for the slice's
 //! earlier writes (and, when it writes, earlier reads); after, the use is recorded on that stream —
 //! so the caller's other cudarc work on the slice is ordered with the collective, with no host
-//! synchronisation. The rest of the collective's streams are ordered after and before that
+//! synchronisation. (cudarc records those events only on streams of a context handle in its
+//! multi-stream mode; the executor keeps one idle cudarc stream per rank to put its handle there.) The rest of the collective's streams are ordered after and before that
 //! stream by the plan (the checker's start and completion rules).
 //!
 //! cudarc allocates from the device's stream-ordered pool; the communicator opens that pool to

@@ -106,6 +106,10 @@ struct RankRes {
     fence_in: Event,
     /// A call on a caller's stream: recorded on Main after the call, waited for there.
     fence_out: Event,
+    /// A cudarc stream of `ctx`, never used: it puts this context handle in cudarc's multi-stream
+    /// mode, the only mode in which cudarc records a slice's read and write events on a stream —
+    /// so a cudarc slice's use by a collective is recorded on Main (`cudarc_buffers`).
+    _tracking: Arc<CudaStream>,
 }
 
 /// Staging memory a plan owns.
@@ -209,6 +213,8 @@ impl CudaExecutor {
                 let kernels = KernelModule::new(&ctx)?;
                 let done = Event::new(&ctx)?;
                 let (fence_in, fence_out) = (Event::new(&ctx)?, Event::new(&ctx)?);
+                // The first cudarc stream of a context handle synchronizes the context once.
+                let tracking = ctx.new_stream().map_err(device::check("cuStreamCreate"))?;
                 Ok(Arc::new(RankRes {
                     device: d,
                     ctx,
@@ -217,6 +223,7 @@ impl CudaExecutor {
                     done,
                     fence_in,
                     fence_out,
+                    _tracking: tracking,
                 }))
             })
             .collect::<Result<Vec<_>>>()?;
