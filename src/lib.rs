@@ -41,6 +41,15 @@
 //! # Ok::<(), ringreduce::Error>(())
 //! ```
 //!
+//! ## In a job: the caller's streams and cudarc's buffers
+//!
+//! A training step's gradients come from a kernel on the job's own stream. cudarc's
+//! `CudaSlice`, `CudaView` and `CudaViewMut` are buffers (their read/write events respected), and
+//! [`Communicator::enqueue_all_reduce_in_place_on`] orders the collective on the job's streams
+//! (one `Arc<CudaStream>` per rank): after the kernel that wrote the gradients, before the next
+//! one, with no host synchronisation (`examples/10_cudarc_streams.rs`). To overlap on the
+//! communicator's own streams without `unsafe`, use [`Communicator::scope`].
+//!
 //! ## How it is built: plan → check → execute → communicator
 //!
 //! A collective is first compiled into data, a [`plan::Plan`]: per rank, a list of operations on
