@@ -123,5 +123,9 @@ fn host_parts_run_and_gpu_parts_say_what_they_would_show() {
         assert_contains(name, &out, &["no GPU: ", "On ", "docs/TOUR.md"]);
     }
     let out = run("10_cudarc_streams");
-    assert_contains("10_cudarc_streams", &out, &["needs 2 GPUs", "no host synchronisation"]);
+    assert_contains(
+        "10_cudarc_streams",
+        &out,
+        &["needs 2 GPUs", "no host synchronisation"],
+    );
 }
