@@ -2,6 +2,8 @@
 //! `unsafe` (host ranks; the GPU forms of the same calls are in tests/gpu.rs).
 
 use ringreduce::{Communicator, Error, ReduceOp};
+
+mod common;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Separate vectors, borrowed mutably into one slice of buffers: `[&mut a, &mut b]`.
@@ -87,36 +89,14 @@ fn gpu_detection_is_top_level() {
 /// another thread's call is running (here one stalled by an injected fault until its timeout).
 #[test]
 fn facts_answer_during_a_running_call() {
-    use ringreduce::plan::{Op, RingSpec};
-    use ringreduce::{Algorithm, Fault, FaultKind, HostConfig, Transport};
+    use ringreduce::{Algorithm, FaultKind, HostConfig};
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
     let config = HostConfig {
         timeout: Duration::from_secs(3),
         ..HostConfig::default()
     };
-    // The fault goes on rank 0's first copy in this call's ring plan (faults hit data operations).
-    let plan = RingSpec {
-        world: 2,
-        count: 64,
-        in_place: true,
-        op: ReduceOp::Sum,
-        chunk_elems: config.chunk_elems,
-        slots: config.slots,
-        align_elems: 1,
-        transports: vec![Transport::Auto.on_host(); 2],
-    }
-    .build()
-    .unwrap();
-    let instr = plan.ranks[0]
-        .iter()
-        .position(|i| matches!(i.op, Op::Copy { .. }))
-        .unwrap();
-    let fault = Fault {
-        rank: 0,
-        instr,
-        kind: FaultKind::Stall,
-    };
+    let fault = common::fault_at_first_copy(2, 64, FaultKind::Stall);
     let comm = Communicator::host_with(
         2,
         HostConfig {

@@ -7,15 +7,18 @@ use ringreduce::{Algorithm, Buffer, Communicator, CudaConfig, Error, GpuBuffer, 
 use std::sync::Arc;
 use std::time::Duration;
 
-fn two_gpus() -> Option<[usize; 2]> {
-    let count = ringreduce::driver_available()
-        .and_then(|()| ringreduce::device_count())
-        .unwrap_or(0);
-    if count < 2 {
-        println!("waived: needs ≥ 2 GPUs (found {count})");
-        return None;
-    }
-    Some([0, 1])
+use common::two_gpus;
+
+mod common;
+
+/// A communicator that runs `algorithm` at every size, with a 20 s timeout.
+fn forced(gpus: &[usize], algorithm: Algorithm) -> Communicator {
+    let config = CudaConfig {
+        algorithm,
+        timeout: Duration::from_secs(20),
+        ..CudaConfig::default()
+    };
+    Communicator::with_config(gpus, config).unwrap()
 }
 
 /// What rank `rank` writes into every element of its input before call `call`.
@@ -58,15 +61,7 @@ fn the_callers_streams_order_the_collective() {
     let bytes = count * 4;
     let calls = 20;
     for algorithm in [Algorithm::OneShot, Algorithm::TwoShot, Algorithm::Ring] {
-        let comm = Communicator::with_config(
-            &gpus,
-            CudaConfig {
-                algorithm,
-                timeout: Duration::from_secs(20),
-                ..CudaConfig::default()
-            },
-        )
-        .unwrap();
+        let comm = forced(&gpus, algorithm);
         for in_place in [true, false] {
             let mut bufs: Vec<GpuBuffer<u32>> = gpus
                 .iter()
@@ -163,15 +158,7 @@ fn cudarc_slices_are_buffers_and_their_events_are_respected() {
     let Some(gpus) = two_gpus() else { return };
     let count = 1 << 18;
     for algorithm in [Algorithm::OneShot, Algorithm::TwoShot, Algorithm::Ring] {
-        let comm = Communicator::with_config(
-            &gpus,
-            CudaConfig {
-                algorithm,
-                timeout: Duration::from_secs(20),
-                ..CudaConfig::default()
-            },
-        )
-        .unwrap();
+        let comm = forced(&gpus, algorithm);
         // Each slice lives on a stream of its own (cudarc's default for a new stream).
         let streams: Vec<Arc<CudaStream>> = gpus
             .iter()

@@ -9,16 +9,9 @@ use ringreduce::{Algorithm, Communicator, CudaConfig, Element, GpuBuffer, HostCo
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-fn two_gpus() -> Option<[usize; 2]> {
-    let count = ringreduce::driver_available()
-        .and_then(|()| ringreduce::device_count())
-        .unwrap_or(0);
-    if count < 2 {
-        println!("waived: needs ≥ 2 GPUs (found {count})");
-        return None;
-    }
-    Some([0, 1])
-}
+use common::two_gpus;
+
+mod common;
 
 fn comm(gpus: &[usize], algorithm: Algorithm) -> Communicator {
     Communicator::with_config(

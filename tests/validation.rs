@@ -11,13 +11,14 @@
 //! Run with `--nocapture` to see every message (they are quoted in docs/ERRORS.md).
 
 use half::bf16;
-use ringreduce::plan::{EdgeTransport, Op, RingSpec};
 use ringreduce::verify::{make_expected, make_input};
 use ringreduce::{
-    Algorithm, Buffer, BufferMut, Communicator, CudaConfig, DType, Element, Error, Fault,
-    FaultKind, HostConfig, Placement, ReduceOp,
+    Algorithm, Buffer, BufferMut, Communicator, CudaConfig, DType, Element, Error, FaultKind,
+    HostConfig, Placement, ReduceOp,
 };
 use std::ptr::NonNull;
+
+mod common;
 use std::time::{Duration, Instant};
 
 /// `count` elements of `T` at `ptr` in `placement`: a buffer described by hand.
@@ -611,18 +612,7 @@ fn integer_prod_and_sum_wrap() {
 #[test]
 fn a_failed_communicator_refuses_calls_at_once() {
     let (world, count) = (2, 4);
-    let plan = RingSpec::new(world, count, 64 * 1024, 4, EdgeTransport::Peer)
-        .build()
-        .unwrap();
-    let instr = plan.ranks[0]
-        .iter()
-        .position(|i| matches!(i.op, Op::Copy { .. }))
-        .unwrap();
-    let fault = Fault {
-        rank: 0,
-        instr,
-        kind: FaultKind::Fail,
-    };
+    let fault = common::fault_at_first_copy(world, count, FaultKind::Fail);
     let comm = Communicator::host_with(
         world,
         HostConfig {

@@ -1,4 +1,6 @@
 //! Helpers shared by integration tests (each test file that needs them says `mod common;`).
+// Each test file is its own crate and uses only some of these.
+#![allow(dead_code)]
 
 use std::time::{Duration, Instant};
 
@@ -40,8 +42,48 @@ impl Rng {
     }
 
     /// One of `items`, uniformly.
-    #[allow(dead_code)] // not every test file picks
     pub fn pick<T: Copy>(&mut self, items: &[T]) -> T {
         items[self.range(0, items.len() - 1)]
     }
+}
+
+/// A fault of `kind` on rank 0's first copy of the ring plan a default host communicator of
+/// `world` ranks runs for `count` elements in place (faults hit data operations only).
+pub fn fault_at_first_copy(
+    world: usize,
+    count: usize,
+    kind: ringreduce::FaultKind,
+) -> ringreduce::Fault {
+    use ringreduce::plan::{EdgeTransport, Op, RingSpec};
+    let config = ringreduce::HostConfig::default();
+    let plan = RingSpec::new(
+        world,
+        count,
+        config.chunk_elems,
+        config.slots,
+        EdgeTransport::Peer,
+    )
+    .build()
+    .unwrap();
+    let instr = plan.ranks[0]
+        .iter()
+        .position(|i| matches!(i.op, Op::Copy { .. }))
+        .unwrap();
+    ringreduce::Fault {
+        rank: 0,
+        instr,
+        kind,
+    }
+}
+
+/// Two distinct GPUs, or `None` after printing the waiver.
+pub fn two_gpus() -> Option<[usize; 2]> {
+    let count = ringreduce::driver_available()
+        .and_then(|()| ringreduce::device_count())
+        .unwrap_or(0);
+    if count < 2 {
+        println!("waived: needs ≥ 2 GPUs (found {count})");
+        return None;
+    }
+    Some([0, 1])
 }
