@@ -250,17 +250,9 @@ pub(crate) struct HostExecutor {
 }
 
 impl HostExecutor {
+    /// The world and the options were checked against `exec::config`'s limits by the caller.
     pub(crate) fn new(world: usize, config: HostConfig) -> Result<HostExecutor> {
-        if world == 0 {
-            return Err(Error::InvalidArgument(
-                "a communicator needs at least one rank".into(),
-            ));
-        }
-        if config.chunk_elems == 0 || config.slots == 0 {
-            return Err(Error::InvalidArgument(
-                "chunk_elems and slots must be at least 1".into(),
-            ));
-        }
+        debug_assert!(world >= 1 && config.chunk_elems >= 1 && config.slots >= 1);
         let ranks = Handoff::ring(world)
             .into_iter()
             .map(|handoff| {

@@ -173,17 +173,11 @@ pub(crate) struct CudaExecutor {
 }
 
 impl CudaExecutor {
-    /// Sets up rank `r` on GPU `devices[r]`; the ring follows the order given.
+    /// Sets up rank `r` on GPU `devices[r]`; the ring follows the order given. The world and the
+    /// options were checked against `exec::config`'s limits by the caller.
     pub(crate) fn new(devices: &[usize], config: CudaConfig) -> Result<CudaExecutor> {
+        debug_assert!(!devices.is_empty() && config.slots >= 1 && config.chunk_bytes != Some(0));
         device::driver_available()?;
-        if devices.is_empty() {
-            return Err(Error::NoBuffers);
-        }
-        if config.slots == 0 || config.chunk_bytes == Some(0) {
-            return Err(Error::InvalidArgument(
-                "slots and chunk_bytes must be at least 1".into(),
-            ));
-        }
         for (second, d) in devices.iter().enumerate() {
             match devices[..second].iter().position(|x| x == d) {
                 Some(first) if !config.allow_shared_device => {
