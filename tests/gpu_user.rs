@@ -319,3 +319,59 @@ fn read_only_views_are_inputs() {
     }
     assert!(bufs[0].view(count, count + 1).is_err());
 }
+
+/// Breaking the contract on purpose: one thread runs peer calls while another allocates, frees
+/// and copies through pageable memory on the same GPUs. Either every call succeeds, or the first
+/// failure is `LaunchBlocked` (named, within the deadline) — never a plain timeout that blames a
+/// GPU. Prints which happened, and how often the hazard showed.
+#[test]
+fn blocking_calls_on_another_thread_fail_by_name_or_not_at_all() {
+    let Some(gpus) = two_gpus() else { return };
+    let comm = Communicator::with_config(
+        &gpus,
+        CudaConfig {
+            algorithm: Algorithm::OneShot,
+            timeout: Duration::from_secs(4),
+            ..CudaConfig::default()
+        },
+    )
+    .unwrap();
+    let count = 4096;
+    let mut bufs: Vec<GpuBuffer<f32>> = gpus
+        .iter()
+        .map(|&g| GpuBuffer::from_host(g, &vec![1.0f32; count]).unwrap())
+        .collect();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let outcome = std::thread::scope(|s| {
+        s.spawn(|| {
+            let host = vec![2.0f32; 1 << 20];
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for &g in &gpus {
+                    let b = GpuBuffer::from_host(g, &host).unwrap();
+                    let _ = b.to_host().unwrap();
+                    b.free().unwrap();
+                }
+            }
+        });
+        let start = Instant::now();
+        let mut calls = 0;
+        let result = loop {
+            if start.elapsed() > Duration::from_secs(10) {
+                break Ok(calls);
+            }
+            if let Err(e) = comm.all_reduce_in_place(&mut bufs, ReduceOp::Max) {
+                break Err(e);
+            }
+            calls += 1;
+        };
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        result
+    });
+    match outcome {
+        Ok(calls) => println!("{calls} calls beside another thread's blocking calls, none failed"),
+        Err(e) => {
+            println!("failed by name: {e}");
+            assert!(matches!(e, ringreduce::Error::LaunchBlocked { .. }), "{e}");
+        }
+    }
+}
