@@ -322,10 +322,10 @@ fn read_only_views_are_inputs() {
 
 /// Breaking the contract on purpose: one thread runs peer calls while another allocates, frees
 /// and copies through pageable memory on the same GPUs. Either every call succeeds, or the first
-/// failure is `LaunchBlocked` (named, within the deadline) — never a plain timeout that blames a
-/// GPU. Prints which happened, and how often the hazard showed.
+/// failure comes within the deadline and names the hazard (`LaunchBlocked`, or a timeout that
+/// says what else holds a peer kernel back) — never a hang. Prints which happened.
 #[test]
-fn blocking_calls_on_another_thread_fail_by_name_or_not_at_all() {
+fn blocking_calls_on_another_thread_fail_in_time_and_say_why() {
     let Some(gpus) = two_gpus() else { return };
     let comm = Communicator::with_config(
         &gpus,
@@ -370,8 +370,15 @@ fn blocking_calls_on_another_thread_fail_by_name_or_not_at_all() {
     match outcome {
         Ok(calls) => println!("{calls} calls beside another thread's blocking calls, none failed"),
         Err(e) => {
-            println!("failed by name: {e}");
-            assert!(matches!(e, ringreduce::Error::LaunchBlocked { .. }), "{e}");
+            println!("failed: {e}");
+            let named = match &e {
+                ringreduce::Error::LaunchBlocked { .. } => true,
+                ringreduce::Error::Timeout { waiting_on, .. } => {
+                    waiting_on.contains("blocking CUDA call")
+                }
+                _ => false,
+            };
+            assert!(named, "{e}");
         }
     }
 }

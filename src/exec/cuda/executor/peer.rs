@@ -239,7 +239,10 @@ impl CudaExecutor {
     }
 
     /// A timeout of a peer call whose launches were held up between ranks is that, by name:
-    /// [`Error::LaunchBlocked`] instead of a timeout that blames a GPU.
+    /// [`Error::LaunchBlocked`] instead of a timeout that blames a GPU. Any other timeout of a
+    /// peer call says what else holds a peer kernel back: another thread's blocking CUDA calls
+    /// on these GPUs make the driver hold a kernel's start on the GPU, not its launch (measured,
+    /// docs/runs/2026-12-01-s4-d3835ae), which the host cannot tell from a stuck GPU.
     fn name_blocked_launch(&self, err: Error) -> Error {
         let blocked = *self
             .launch_blocked
@@ -250,6 +253,20 @@ impl CudaExecutor {
                 rank,
                 device: self.ranks[rank].device,
                 late,
+            },
+            (
+                Error::Timeout {
+                    rank,
+                    waiting_on,
+                    after,
+                },
+                None,
+            ) => Error::Timeout {
+                rank,
+                waiting_on: format!(
+                    "{waiting_on} (a peer kernel waited for another that did not start: a stuck GPU, or another thread's blocking CUDA call on these GPUs — an allocation, a free, a pageable copy — during the call; docs/ERRORS.md, \"Several threads\")"
+                ),
+                after,
             },
             (err, _) => err,
         }
