@@ -1,0 +1,90 @@
+//! A collective on the caller's streams: the entry point of every GPU call, which fences the
+//! caller's streams (when given) around the communicator's own Main streams. Main then stands for
+//! the caller's stream: the checker's start and completion rules make every access to a caller's
+//! buffer follow the work queued before the call and precede the work queued after it.
+
+use super::CudaExecutor;
+use crate::device;
+use crate::element::{Element, ReduceOp};
+use crate::error::{Error, Result};
+use crate::plan::StreamKind;
+use cudarc::driver::CudaStream;
+use std::sync::Arc;
+
+impl CudaExecutor {
+    /// Runs one all-reduce over device buffers.
+    ///
+    /// # Safety
+    /// `outputs[r]` (and `inputs[r]`) are device addresses on rank r's GPU, valid for `count`
+    /// elements of `T`; outputs overlap nothing else in the call; nothing else touches the outputs
+    /// (or writes the inputs) until the call is complete — when this returns if `wait_complete`,
+    /// else once each rank's Main stream has passed the call.
+    ///
+    /// With `caller` streams (one per rank, enqueue only), the call starts after the work already
+    /// queued on each and later work there waits for it: an event recorded on the caller's
+    /// stream that Main waits for, and one recorded on Main after the call that the caller's
+    /// stream waits for — Main stands for the caller's stream, which the checker's start and
+    /// completion rules make exact. Events made once per rank; no host synchronisation.
+    pub(crate) unsafe fn run<T: Element>(
+        &mut self,
+        inputs: Option<&[u64]>,
+        outputs: &[u64],
+        count: usize,
+        op: ReduceOp,
+        wait_complete: bool,
+        caller: Option<&[Arc<CudaStream>]>,
+    ) -> Result<()> {
+        let Some(streams) = caller else {
+            // SAFETY: our caller's contract, passed on.
+            return unsafe { self.run_on_main::<T>(inputs, outputs, count, op, wait_complete) };
+        };
+        self.check_caller_streams(streams)?;
+        let saved = device::save_current()?;
+        for (res, stream) in self.ranks.iter().zip(streams) {
+            // SAFETY: the stream is live (borrowed) and of the rank's context (checked above).
+            unsafe { device::record_on_raw_stream(&res.fence_in, stream.cu_stream()) }?;
+            device::wait(&res.streams[StreamKind::Main.index()], &res.fence_in)?;
+        }
+        // SAFETY: our caller's contract, passed on.
+        let result = unsafe { self.run_on_main::<T>(inputs, outputs, count, op, wait_complete) };
+        // Also after a failure: the caller's stream must not run ahead of what was enqueued.
+        let fenced = self
+            .ranks
+            .iter()
+            .zip(streams)
+            .try_for_each(|(res, stream)| {
+                device::record(&res.fence_out, &res.streams[StreamKind::Main.index()])?;
+                // SAFETY: as above.
+                unsafe { device::wait_on_raw_stream(&res.ctx, stream.cu_stream(), &res.fence_out) }
+            });
+        result.and(fenced).and(saved.restore())
+    }
+
+    /// Each caller's stream belongs to its rank's GPU, in the context ringreduce uses there (the
+    /// device's primary context, as cudarc's `CudaContext::new` gives).
+    pub(crate) fn check_caller_streams(&self, streams: &[Arc<CudaStream>]) -> Result<()> {
+        if streams.len() != self.ranks.len() {
+            return Err(Error::WorldMismatch {
+                world: self.ranks.len(),
+                got: streams.len(),
+            });
+        }
+        for (rank, (res, stream)) in self.ranks.iter().zip(streams).enumerate() {
+            let ctx = stream.context();
+            if ctx.ordinal() != res.device {
+                return Err(Error::WrongDevice {
+                    rank,
+                    device: ctx.ordinal(),
+                    expected: res.device,
+                });
+            }
+            if ctx.cu_ctx() != res.ctx.cu_ctx() {
+                return Err(Error::InvalidArgument(format!(
+                    "rank {rank}'s stream is in another context of device {}: use the device's primary context (cudarc's CudaContext::new)",
+                    res.device
+                )));
+            }
+        }
+        Ok(())
+    }
+}
