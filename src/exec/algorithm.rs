@@ -57,7 +57,7 @@ pub const TWOSHOT_AUTO_MIN_IN_PLACE_BYTES: usize = 8 << 20;
 /// ring (the two-shot takes the sizes above the one-shot's limit), and a ring forced there, or
 /// ranks without peer access between every pair, are refused when the communicator is made.
 /// Cost: none at n ≤ 2 (nothing changes); at n > 2 the two-shot instead of the ring above the
-/// one-shot's limit — on 2×H200 the two-shot took 8–12% longer than the ring at 64–128 MiB
+/// one-shot's limit — on 2×H200 the two-shot took 8–13% longer than the ring at 64–128 MiB
 /// (docs/PERFORMANCE.md); with more ranks it is not measured (no such machine yet).
 pub fn deterministic_needs_peers(world: usize) -> bool {
     world > 2
