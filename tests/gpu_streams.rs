@@ -11,6 +11,18 @@ use common::two_gpus;
 
 mod common;
 
+/// A new cudarc stream on each GPU, in the order given.
+fn new_streams(gpus: &[usize]) -> Vec<Arc<CudaStream>> {
+    gpus.iter()
+        .map(|&g| {
+            ringreduce::device::context(g)
+                .unwrap()
+                .new_stream()
+                .unwrap()
+        })
+        .collect()
+}
+
 /// A communicator that runs `algorithm` at every size, with a 20 s timeout.
 fn forced(gpus: &[usize], algorithm: Algorithm) -> Communicator {
     let config = CudaConfig {
@@ -48,15 +60,7 @@ fn copy(stream: &Arc<CudaStream>, dst: u64, src: u64, bytes: usize) {
 #[test]
 fn the_callers_streams_order_the_collective() {
     let Some(gpus) = two_gpus() else { return };
-    let streams: Vec<Arc<CudaStream>> = gpus
-        .iter()
-        .map(|&g| {
-            ringreduce::device::context(g)
-                .unwrap()
-                .new_stream()
-                .unwrap()
-        })
-        .collect();
+    let streams: Vec<Arc<CudaStream>> = new_streams(&gpus);
     let count = 1 << 20;
     let bytes = count * 4;
     let calls = 20;
@@ -122,16 +126,7 @@ fn the_callers_streams_order_the_collective() {
 fn streams_of_the_wrong_gpus_are_refused() {
     let Some(gpus) = two_gpus() else { return };
     let comm = Communicator::new(&gpus).unwrap();
-    let swapped: Vec<Arc<CudaStream>> = gpus
-        .iter()
-        .rev()
-        .map(|&g| {
-            ringreduce::device::context(g)
-                .unwrap()
-                .new_stream()
-                .unwrap()
-        })
-        .collect();
+    let swapped = new_streams(&[gpus[1], gpus[0]]);
     let mut bufs: Vec<GpuBuffer<f32>> = gpus
         .iter()
         .map(|&g| GpuBuffer::zeroed(g, 16).unwrap())
@@ -160,15 +155,7 @@ fn cudarc_slices_are_buffers_and_their_events_are_respected() {
     for algorithm in [Algorithm::OneShot, Algorithm::TwoShot, Algorithm::Ring] {
         let comm = forced(&gpus, algorithm);
         // Each slice lives on a stream of its own (cudarc's default for a new stream).
-        let streams: Vec<Arc<CudaStream>> = gpus
-            .iter()
-            .map(|&g| {
-                ringreduce::device::context(g)
-                    .unwrap()
-                    .new_stream()
-                    .unwrap()
-            })
-            .collect();
+        let streams: Vec<Arc<CudaStream>> = new_streams(&gpus);
         let mut slices: Vec<cudarc::driver::CudaSlice<f32>> = streams
             .iter()
             .map(|s| s.alloc_zeros::<f32>(count).unwrap())
