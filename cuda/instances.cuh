@@ -1,14 +1,15 @@
-// Part 5 of the kernel source of ringreduce: the exported kernels, every symbol spelled out in
+// Part 6 of the kernel source of ringreduce: the exported kernels, every symbol spelled out in
 // full, where the unit tests in src/exec/cuda/kernels/ find them by name.
 //
 // Joined into one translation unit by build.rs, in this order: types.cuh, reduce.cuh, peer.cuh,
-// peer_kernels.cuh, instances.cuh (build.rs: PARTS). No part includes another: NVRTC compiles the
-// joined text with no include paths, so the kernels include NO header at all.
+// peer_kernels.cuh, handoff.cuh, instances.cuh (build.rs: PARTS). No part includes another:
+// NVRTC compiles the joined text with no include paths, so the kernels include NO header at all.
 
 // ---------------------------------------------------------------------------------------------
 // The exported kernels: 4 operators x 10 types of pairwise reduce, of one-shot and of two-shot
-// all-reduce, and one scale kernel per type. RR_REDUCE(symbol, op, type), RR_ONESHOT(symbol, op,
-// type), RR_TWOSHOT(symbol, op, type) and RR_SCALE(symbol, type): the symbol is written out in
+// all-reduce, one scale kernel per type, and the two handoff kernels (at the end).
+// RR_REDUCE(symbol, op, type), RR_ONESHOT(symbol, op, type), RR_TWOSHOT(symbol, op, type) and
+// RR_SCALE(symbol, type): the symbol is written out in
 // full and must read rr_reduce_<op>_<type> / rr_oneshot_<op>_<type> / rr_twoshot_<op>_<type> /
 // rr_scale_<type> (checked by the tests in src/exec/cuda/kernels/mod.rs).
 // ---------------------------------------------------------------------------------------------
@@ -27,18 +28,17 @@
 #define RR_ONESHOT(symbol, op, type)                                                         \
     extern "C" __global__ void __launch_bounds__(RR_PEER_THREADS, 1)                       \
         symbol(rr_peers peers, unsigned world, unsigned rank, type::T* dst,                  \
-               unsigned long long count, unsigned epoch, unsigned long long timeout_ns,      \
-               unsigned* error, const type::T* expose_from) {                                \
-        rr_oneshot_kernel<type, rr_op_##op>(peers, world, rank, dst, count, epoch,           \
-                                            timeout_ns, error, expose_from);                 \
+               unsigned long long count, unsigned long long timeout_ns, unsigned* error,     \
+               const type::T* expose_from) {                                                 \
+        rr_oneshot_kernel<type, rr_op_##op>(peers, world, rank, dst, count, timeout_ns,      \
+                                            error, expose_from);                             \
     }
 
 #define RR_TWOSHOT(symbol, op, type)                                                         \
     extern "C" __global__ void __launch_bounds__(RR_PEER_THREADS, 1)                       \
         symbol(rr_peers peers, rr_twoshot_segs segs, unsigned world, unsigned rank,          \
-               unsigned epoch, unsigned long long timeout_ns, unsigned* error) {             \
-        rr_twoshot_kernel<type, rr_op_##op>(peers, segs, world, rank, epoch, timeout_ns,     \
-                                            error);                                          \
+               unsigned long long timeout_ns, unsigned* error) {                             \
+        rr_twoshot_kernel<type, rr_op_##op>(peers, segs, world, rank, timeout_ns, error);    \
     }
 
 RR_REDUCE(rr_reduce_sum_f16, sum, rr_f16)
@@ -180,3 +180,13 @@ RR_TWOSHOT(rr_twoshot_max_i32, max, rr_i32)
 RR_TWOSHOT(rr_twoshot_max_u32, max, rr_u32)
 RR_TWOSHOT(rr_twoshot_max_i64, max, rr_i64)
 RR_TWOSHOT(rr_twoshot_max_u64, max, rr_u64)
+
+// The handoff kernels of captured rings (handoff.cuh).
+extern "C" __global__ void rr_handoff_signal(unsigned* sent, unsigned* mailbox) {
+    rr_handoff_signal_body(sent, mailbox);
+}
+extern "C" __global__ void rr_handoff_wait(const unsigned* mailbox, unsigned* seen,
+                                           unsigned long long timeout_ns, unsigned* error,
+                                           unsigned code) {
+    rr_handoff_wait_body(mailbox, seen, timeout_ns, error, code);
+}

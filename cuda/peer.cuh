@@ -3,8 +3,8 @@
 // elements between threads and the split copy. The kernel bodies are in peer_kernels.cuh.
 //
 // Joined into one translation unit by build.rs, in this order: types.cuh, reduce.cuh, peer.cuh,
-// peer_kernels.cuh, instances.cuh (build.rs: PARTS). No part includes another: NVRTC compiles the
-// joined text with no include paths, so the kernels include NO header at all.
+// peer_kernels.cuh, handoff.cuh, instances.cuh (build.rs: PARTS). No part includes another:
+// NVRTC compiles the joined text with no include paths, so the kernels include NO header at all.
 
 // ---------------------------------------------------------------------------------------------
 // The peer kernels (one-shot and two-shot all-reduce): every rank reads every rank's memory
@@ -12,19 +12,24 @@
 // ranks meet at flag barriers, two in the one-shot (start, end), three in the two-shot (start,
 // middle, end). The rr_peer_* pieces below serve both kernels.
 //
-// Flags: each rank owns one array of 3 * RR_PEER_MAX_BLOCKS * RR_PEER_MAX_RANKS words in
-// its own device memory (12 KiB, zeroed once, never reset). Word
+// Flags: each rank owns one array of RR_PEER_FLAG_WORDS words in its own device memory (12.5 KiB,
+// zeroed once, never reset). Word
 //     (phase * RR_PEER_MAX_BLOCKS + block) * RR_PEER_MAX_RANKS + from
 // of rank p's array is written only by rank `from`'s block `block`, at barrier `phase` (0: start;
-// 1: the one-shot's end or the two-shot's middle; 2: the two-shot's end), with the call's epoch;
-// rank p's block `block` spins on it. One writer per word, so no atomics; epochs only grow (1,
-// 2, 3, ... wrapping, skipping 0), so nothing is cleared — except a start signal withdrawn by a
-// block that timed out (0, which no call waits for). A word has
-// "reached" the call when it EQUALS the call's epoch. Equality is enough, since a peer cannot
-// write the next epoch into a word this block still waits on (its next call needs this block's
-// end signal first); and it is needed: a block index that the small grids of many calls left
-// unused keeps an old epoch, which an ordering comparison would take for "reached" after 2^31
-// calls, and a stale kernel of a failed call must not pair with the next call.
+// 1: the one-shot's end or the two-shot's middle; 2: the two-shot's end), with the block's epoch;
+// rank p's block `block` spins on it. One writer per word, so no atomics.
+//
+// Epochs live on the device: word RR_PEER_EPOCH_BASE + block of a rank's array is its block
+// `block`'s epoch, which that block advances itself at the start of every kernel it runs (1, 2,
+// 3, ... wrapping, skipping 0). Nothing about a call is passed in from the host, so a launch
+// captured into a CUDA graph is correct on every replay. Every rank runs the same grid for the
+// same call (the grid depends only on dtype and count), and a rank's peer kernels run one after
+// another (all on its Main stream), so block b's epoch advances in step on every rank. Flags are
+// never cleared — except a start signal withdrawn by a block that timed out (0, which no block
+// waits for). A word has "reached" the call when it EQUALS the block's epoch. Equality is enough,
+// since a peer cannot write the next epoch into a word this block still waits on (its next call
+// needs this block's end signal first); and it is needed: a stale kernel of a failed call must
+// not pair with the next call.
 //
 // Memory ordering (PTX memory model, system scope because the two sides are different GPUs):
 // - signal: __syncthreads() (everything the block did is done, CTA-wide), then one thread per
@@ -60,12 +65,15 @@
 // Barrier phases (the flag array's first index): a barrier's place in its kernel. Both kernels
 // start at phase 0; the one-shot ends at phase 1; the two-shot meets at phase 1 between its
 // reduce and its gather, and ends at phase 2. A word is written at most once per call, and calls
-// of either kind share the flags and the epoch counter.
+// of either kind share the flags and the epochs.
 #define RR_PHASE_START 0u
 #define RR_ONESHOT_PHASE_END 1u
 #define RR_TWOSHOT_PHASE_MIDDLE 1u
 #define RR_TWOSHOT_PHASE_END 2u
 #define RR_PEER_PHASES 3
+// Where the per-block epochs start in a rank's flag array, and the array's length in words.
+#define RR_PEER_EPOCH_BASE 3072
+#define RR_PEER_FLAG_WORDS 3200
 
 // Kernel parameter, passed by value (128 bytes): the input and the flag array of every rank
 // (index = rank), as device addresses usable from the launching GPU. Entries >= world unused.
@@ -87,6 +95,12 @@ static __device__ __forceinline__ void rr_st_release_sys(unsigned* word, unsigne
 
 static __device__ __forceinline__ void rr_st_relaxed_sys(unsigned* word, unsigned value) {
     asm volatile("st.relaxed.sys.u32 [%0], %1;" ::"l"(word), "r"(value) : "memory");
+}
+
+static __device__ __forceinline__ unsigned rr_ld_relaxed_sys(const unsigned* word) {
+    unsigned value;
+    asm volatile("ld.relaxed.sys.u32 %0, [%1];" : "=r"(value) : "l"(word) : "memory");
+    return value;
 }
 
 static __device__ __forceinline__ unsigned rr_ld_acquire_sys(const unsigned* word) {
@@ -114,11 +128,13 @@ static __device__ __forceinline__ rr_ull rr_deadline(rr_ull timeout_ns) {
 // outside 2..=RR_PEER_MAX_RANKS, rank >= world, more than RR_PEER_MAX_BLOCKS blocks, fewer than
 // RR_PEER_MAX_RANKS threads a block): uniform over the grid, so either every block returns then
 // or none does. Otherwise thread 0 copies peers.flags into `flags`, the block's shared array (a
-// kernel parameter indexed by a register would be copied to local memory by every thread); the
-// opening __syncthreads() of the first barrier makes the copy visible to the block.
+// kernel parameter indexed by a register would be copied to local memory by every thread), and
+// advances the block's epoch in this rank's array into *epoch (shared): the previous kernel on
+// this rank's stream is complete, so its store is visible, and no other block or rank touches
+// this word. The opening __syncthreads() of the first barrier makes both visible to the block.
 static __device__ __forceinline__ bool rr_peer_begin(const rr_peers& peers, unsigned world,
                                                      unsigned rank, unsigned* error,
-                                                     unsigned** flags) {
+                                                     unsigned** flags, unsigned* epoch) {
     if (world < 2 || world > RR_PEER_MAX_RANKS || rank >= world ||
         gridDim.x > RR_PEER_MAX_BLOCKS || blockDim.x < RR_PEER_MAX_RANKS) {
         if (threadIdx.x == 0) {
@@ -131,6 +147,11 @@ static __device__ __forceinline__ bool rr_peer_begin(const rr_peers& peers, unsi
         for (unsigned r = 0; r < RR_PEER_MAX_RANKS; ++r) {
             flags[r] = peers.flags[r];
         }
+        unsigned* mine = peers.flags[rank] + RR_PEER_EPOCH_BASE + blockIdx.x;
+        unsigned next = *mine + 1u;
+        next = next == 0u ? 1u : next;
+        *mine = next;
+        *epoch = next;
     }
     return true;
 }
@@ -141,14 +162,16 @@ static __device__ __forceinline__ bool rr_peer_begin(const rr_peers& peers, unsi
 // *error, when a wait ran past `deadline` (rr_deadline); with `withdraw` (every barrier but the
 // last) a barrier that failed also withdraws its signals (writes 0 over them), so that a peer
 // arriving later times out too instead of reading this rank's memory after the call has failed.
-// `flags` is peers.flags copied to shared memory (rr_peer_begin).
+// `flags` is peers.flags copied to shared memory and `epoch` the block's epoch (rr_peer_begin).
 static __device__ __forceinline__ bool rr_peer_barrier(unsigned* const* flags, unsigned world,
                                                        unsigned rank, unsigned phase,
                                                        unsigned code, bool withdraw,
-                                                       unsigned epoch, rr_ull deadline,
+                                                       const unsigned* epoch_shared,
+                                                       rr_ull deadline,
                                                        unsigned* error) {
     __syncthreads();  // everything the block did before is done before any thread signals
     const unsigned peer = threadIdx.x;
+    const unsigned epoch = *epoch_shared;
     int timed_out = 0;
     if (peer < world && peer != rank) {
         rr_st_release_sys(flags[peer] + rr_flag_word(phase, blockIdx.x, rank), epoch);

@@ -2,13 +2,13 @@
 // the two-shot all-reduce, built from the pieces of peer.cuh.
 //
 // Joined into one translation unit by build.rs, in this order: types.cuh, reduce.cuh, peer.cuh,
-// peer_kernels.cuh, instances.cuh (build.rs: PARTS). No part includes another: NVRTC compiles the
-// joined text with no include paths, so the kernels include NO header at all.
+// peer_kernels.cuh, handoff.cuh, instances.cuh (build.rs: PARTS). No part includes another:
+// NVRTC compiles the joined text with no include paths, so the kernels include NO header at all.
 
 // ---------------------------------------------------------------------------------------------
 // rr_oneshot_<op>_<type>(rr_peers peers, unsigned world, unsigned rank, T* dst,
-//                        unsigned long long count, unsigned epoch,
-//                        unsigned long long timeout_ns, unsigned* error, const T* expose_from)
+//                        unsigned long long count, unsigned long long timeout_ns,
+//                        unsigned* error, const T* expose_from)
 //
 // Purpose: the whole all-reduce in one kernel per rank, for small and medium messages:
 //   dst[i] = src[0][i] ⊕ src[1][i] ⊕ ... ⊕ src[world - 1][i] for i < count, folded in rank
@@ -16,8 +16,8 @@
 //   (every rank's inputs are ready) and an end barrier (no rank reads this rank's input any
 //   more when this kernel is complete). Avg is sum here, then rr_scale_<type>.
 // Assumptions: all `world` ranks (2..=8) launch the kernel of the same op and type, with the same
-//   grid (<= RR_PEER_MAX_BLOCKS blocks of 8..=RR_PEER_THREADS threads), peers, count and
-//   epoch, on their own GPUs, free to run at the same time; every block of every rank gets an
+//   grid (<= RR_PEER_MAX_BLOCKS blocks of 8..=RR_PEER_THREADS threads), peers and count, on
+//   their own GPUs, free to run at the same time; every block of every rank gets an
 //   SM within the timeout (a block waits only for the blocks of its own index on the other
 //   ranks, never for another block of its own grid, so blocks that start late only delay
 //   their partners). peers.src[r] (r < world) is readable and peers.flags[r] readable and
@@ -27,13 +27,13 @@
 //   writable from this GPU, valid for `count` elements and disjoint from every source (peers
 //   read src[rank] while this rank writes dst). In place, src[rank] is the rank's exposed
 //   buffer and expose_from its in-place buffer (== dst): each block first copies its indices
-//   of expose_from into src[rank] (rr_oneshot_expose); otherwise expose_from is null. epoch is
-//   the previous call's epoch + 1 on these flags (the first call: 1; 0 may be skipped on
-//   wrapping), the flag arrays started at zero, and every call on them is made by all ranks.
+//   of expose_from into src[rank] (rr_oneshot_expose); otherwise expose_from is null. The flag
+//   arrays (and the epochs in them) started at zero, every call on them is made by all ranks,
+//   and a rank's calls on them run one after another.
 //   error points to a word this GPU can write (host-mapped pinned, so the host can watch it).
 //   On any error code the result is undefined on every rank, a peer may still be reading
 //   src[rank], and the flags are out of step: the caller must stop using these flags (or
-//   re-zero them on every rank once everything is idle and restart at epoch 1).
+//   re-zero them on every rank once everything is idle).
 // Why it is fast: no copy engines and no host between the ranks: one launch per rank, two
 //   barriers of a few µs each (one flag write over NVLink and one spin on local memory per
 //   peer, all peers in parallel), and the data read once from every source and written once.
@@ -48,25 +48,26 @@
 template <class D, class Op>
 static __device__ __forceinline__ void rr_oneshot_kernel(const rr_peers& peers, unsigned world,
                                                          unsigned rank, typename D::T* dst,
-                                                         rr_ull count, unsigned epoch,
-                                                         rr_ull timeout_ns, unsigned* error,
+                                                         rr_ull count, rr_ull timeout_ns,
+                                                         unsigned* error,
                                                          const typename D::T* expose_from) {
     __shared__ unsigned* flags[RR_PEER_MAX_RANKS];
-    if (!rr_peer_begin(peers, world, rank, error, flags)) {
+    __shared__ unsigned epoch;
+    if (!rr_peer_begin(peers, world, rank, error, flags, &epoch)) {
         return;
     }
     const rr_ull deadline = rr_deadline(timeout_ns);
     if (expose_from != nullptr) {
         rr_oneshot_expose<typename D::T>(peers, world, rank, expose_from, count);
     }
-    // (The barrier's opening __syncthreads() makes `flags` visible to the block, and orders the
-    // block's exposure copy before its signal.)
-    if (!rr_peer_barrier(flags, world, rank, RR_PHASE_START, RR_PEER_ERR_START, true, epoch,
+    // (The barrier's opening __syncthreads() makes `flags` and `epoch` visible to the block, and
+    // orders the block's exposure copy before its signal.)
+    if (!rr_peer_barrier(flags, world, rank, RR_PHASE_START, RR_PEER_ERR_START, true, &epoch,
                          deadline, error)) {
         return;  // a peer is missing: read nothing of it
     }
     rr_peer_reduce_body<D, Op>(peers, world, dst, count);
-    rr_peer_barrier(flags, world, rank, RR_ONESHOT_PHASE_END, RR_PEER_ERR_END, false, epoch,
+    rr_peer_barrier(flags, world, rank, RR_ONESHOT_PHASE_END, RR_PEER_ERR_END, false, &epoch,
                     deadline, error);
 }
 
@@ -96,11 +97,11 @@ static __device__ __forceinline__ rr_peers rr_peers_at(const rr_peers& peers, rr
 }
 
 // rr_twoshot_<op>_<type>(rr_peers peers, rr_twoshot_segs segs, unsigned world, unsigned rank,
-//                        unsigned epoch, unsigned long long timeout_ns, unsigned* error)
+//                        unsigned long long timeout_ns, unsigned* error)
 // Purpose: this rank's part of a two-shot all-reduce: segs.out[rank][s_rank] = fold over ranks r
 //   (in rank order) of peers.src[r][s_rank]; then segs.out[rank][s_q] = segs.out[q][s_q] for
 //   every q != rank.
-// Assumptions: as rr_oneshot_<op>_<type> for world, rank, the grid, flags, epoch, timeout and
+// Assumptions: as rr_oneshot_<op>_<type> for world, rank, the grid, flags, timeout and
 //   error, and: every rank launches with the same peers.src, segs and grid. The segments tile
 //   the buffer without overlap. In place, peers.src[r] == segs.out[r] (no exposed copy): rank r
 //   writes only s_r of its buffer before MIDDLE — which no other rank reads before MIDDLE (each
@@ -119,16 +120,17 @@ template <class D, class Op>
 static __device__ __forceinline__ void rr_twoshot_kernel(const rr_peers& peers,
                                                          const rr_twoshot_segs& segs,
                                                          unsigned world, unsigned rank,
-                                                         unsigned epoch, rr_ull timeout_ns,
+                                                         rr_ull timeout_ns,
                                                          unsigned* error) {
     typedef typename D::T T;
     __shared__ unsigned* flags[RR_PEER_MAX_RANKS];
-    if (!rr_peer_begin(peers, world, rank, error, flags)) {
+    __shared__ unsigned epoch;
+    if (!rr_peer_begin(peers, world, rank, error, flags, &epoch)) {
         return;
     }
     T* out = static_cast<T*>(segs.out[rank]);
     const rr_ull deadline = rr_deadline(timeout_ns);
-    if (!rr_peer_barrier(flags, world, rank, RR_PHASE_START, RR_PEER_ERR_START, true, epoch,
+    if (!rr_peer_barrier(flags, world, rank, RR_PHASE_START, RR_PEER_ERR_START, true, &epoch,
                          deadline, error)) {
         return;  // a peer is missing: read nothing of it
     }
@@ -137,7 +139,7 @@ static __device__ __forceinline__ void rr_twoshot_kernel(const rr_peers& peers,
         rr_peer_reduce_body<D, Op>(rr_peers_at<T>(peers, off), world, out + off, segs.len[rank]);
     }
     if (!rr_peer_barrier(flags, world, rank, RR_TWOSHOT_PHASE_MIDDLE, RR_PEER_ERR_MIDDLE, true,
-                         epoch, deadline, error)) {
+                         &epoch, deadline, error)) {
         return;  // a segment may be unfinished: copy nothing
     }
     for (unsigned j = 1; j < world; ++j) {
@@ -147,6 +149,6 @@ static __device__ __forceinline__ void rr_twoshot_kernel(const rr_peers& peers,
         rr_split_copy<T>(split, static_cast<const T*>(segs.out[q]) + off, out + off,
                          segs.len[q]);
     }
-    rr_peer_barrier(flags, world, rank, RR_TWOSHOT_PHASE_END, RR_PEER_ERR_END, false, epoch,
+    rr_peer_barrier(flags, world, rank, RR_TWOSHOT_PHASE_END, RR_PEER_ERR_END, false, &epoch,
                     deadline, error);
 }

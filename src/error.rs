@@ -166,6 +166,14 @@ pub enum Error {
         /// The device whose memory it cannot reach.
         to: usize,
     },
+    /// A collective was enqueued on streams being captured into a CUDA graph, and this
+    /// communicator cannot make it part of a graph (the reason says why); nothing was enqueued,
+    /// and the capture is left as it was.
+    #[error("this collective cannot be captured into a CUDA graph: {reason}")]
+    NotCapturable {
+        /// Why not.
+        reason: String,
+    },
     /// A plan failed the plan checker: a bug in a planner, never in user input.
     #[error("plan rejected by the checker: {0}")]
     PlanRejected(String),

@@ -282,7 +282,6 @@ fn oneshot_kernel_gives_up_on_a_missing_peer() {
         rank: 0,
         dst: dst.ptr(),
         count: count as u64,
-        epoch: 1,
         timeout_ns: 200_000_000,
         error: error.uva_ptr(),
         expose_from: 0,

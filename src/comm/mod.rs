@@ -460,7 +460,8 @@ impl Communicator {
             }
         };
         if let Err(err) = &result {
-            if !matches!(err, Error::PlanRejected(_)) {
+            // Refusals that enqueued nothing leave the communicator usable.
+            if !matches!(err, Error::PlanRejected(_) | Error::NotCapturable { .. }) {
                 let _ = self.failed.set(err.clone());
             }
         }

@@ -3,10 +3,11 @@
 //! the caller's stream: the checker's start and completion rules make every access to a caller's
 //! buffer follow the work queued before the call and precede the work queued after it.
 
-use super::CudaExecutor;
+use super::{handoff, CudaExecutor};
 use crate::device;
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
+use crate::exec::Shape;
 use crate::plan::StreamKind;
 use cudarc::driver::CudaStream;
 use std::sync::Arc;
@@ -24,7 +25,9 @@ impl CudaExecutor {
     /// queued on each and later work there waits for it: an event recorded on the caller's
     /// stream that Main waits for, and one recorded on Main after the call that the caller's
     /// stream waits for — Main stands for the caller's stream, which the checker's start and
-    /// completion rules make exact. Events made once per rank; no host synchronisation.
+    /// completion rules make exact. Events made once per rank; no host synchronisation. When the
+    /// caller's streams are being captured, the collective becomes part of the caller's
+    /// graph(s) (module `handoff`).
     pub(crate) unsafe fn run<T: Element>(
         &mut self,
         inputs: Option<&[u64]>,
@@ -36,9 +39,20 @@ impl CudaExecutor {
     ) -> Result<()> {
         let Some(streams) = caller else {
             // SAFETY: our caller's contract, passed on.
-            return unsafe { self.run_on_main::<T>(inputs, outputs, count, op, wait_complete) };
+            return unsafe {
+                self.run_on_main::<T>(inputs, outputs, count, op, wait_complete, None)
+            };
         };
         self.check_caller_streams(streams)?;
+        // A capture: the plan is made (and refused if it cannot be captured) before any stream
+        // joins the capture, and pinned, since the graph will hold its memory.
+        let captured = match handoff::capturing(streams)? {
+            true => {
+                let prepared = self.prepare(Shape::of::<T>(count, inputs.is_none(), op))?;
+                Some(self.pin_for_capture(&prepared)?)
+            }
+            false => None,
+        };
         let saved = device::save_current()?;
         for (res, stream) in self.ranks.iter().zip(streams) {
             // SAFETY: the stream is live (borrowed) and of the rank's context (checked above).
@@ -46,7 +60,8 @@ impl CudaExecutor {
             device::wait(&res.streams[StreamKind::Main.index()], &res.fence_in)?;
         }
         // SAFETY: our caller's contract, passed on.
-        let result = unsafe { self.run_on_main::<T>(inputs, outputs, count, op, wait_complete) };
+        let result =
+            unsafe { self.run_on_main::<T>(inputs, outputs, count, op, wait_complete, captured) };
         // Also after a failure: the caller's stream must not run ahead of what was enqueued.
         let fenced = self
             .ranks

@@ -19,6 +19,9 @@
 //!   the diagnosis of a stalled call;
 //! - `peer`: the peer kernels' shared flags and error words, the layout checks that tie a
 //!   one- or two-shot plan to its kernel, their launch, and the inline enqueue;
+//! - `callers`: the entry point of every call, which fences the caller's streams around Main;
+//! - `handoff`: collectives captured into CUDA graphs (what is refused, the pinned plans, the
+//!   counters that replace the ring's cross-GPU events);
 //! - `teardown`: waiting for idle streams, `synchronize`, `close`, `Drop`, and the deliberate
 //!   leak of what a stuck GPU may still touch.
 //!
@@ -27,6 +30,7 @@
 
 mod callers;
 mod edges;
+mod handoff;
 mod peer;
 mod ring;
 mod teardown;
@@ -128,6 +132,9 @@ struct CudaPlan {
     waiters: Vec<Vec<usize>>,
     events: Vec<Event>,
     staging: Vec<Option<Staging>>,
+    /// The counters that replace cross-GPU event waits when the plan is captured (plans with
+    /// such waits, on communicators with peer access between every pair of GPUs).
+    handoff: Option<handoff::HandoffWords>,
 }
 
 /// Plans kept per communicator; older ones are dropped beyond this (after a device sync).
@@ -146,9 +153,12 @@ struct CudaCall {
     timeout: Duration,
     abort: AtomicBool,
     done: Sender<(usize, Result<()>)>,
-    /// The peer kernels' flags and error words, and this call's barrier epoch (1, 2, … per call).
+    /// The peer kernels' flags and error words (peer calls, and captured rings, whose handoff
+    /// waits report their timeouts there).
     peer: Option<Arc<PeerKernelState>>,
-    epoch: u32,
+    /// Captured into a CUDA graph: the plan's pin in `CudaExecutor::pinned`. Cross-GPU waits are
+    /// handoff kernels then, and nothing is recorded for the host to poll.
+    captured: Option<usize>,
 }
 
 /// The GPU executor of one communicator.
@@ -163,7 +173,9 @@ pub(crate) struct CudaExecutor {
     /// Present when the peer kernels (one-shot, two-shot) can run here: every pair of GPUs
     /// reaches the other.
     peer: Option<Arc<PeerKernelState>>,
-    epoch: u32,
+    /// Every plan ever captured into a CUDA graph, kept for the communicator's life: a graph
+    /// holds its staging and counters. A pin is an index here.
+    pinned: Vec<Arc<CudaPlan>>,
     /// The peer kernel of the latest peer call, which names the kernel in a barrier timeout.
     last_peer_kernel: PeerKernel,
     /// Every rank's context, by rank (for enqueuing from the caller's thread).
@@ -226,10 +238,8 @@ impl CudaExecutor {
         if config.probe_edges && !edges.is_empty() {
             probe_edges(&ranks, &mut edges)?;
         }
-        let peer = match config.algorithm {
-            Algorithm::Ring => None,
-            _ => setup_peer_kernels(&ranks, config.transport)?,
-        };
+        // Also for a forced ring: a captured ring reports its handoff timeouts in the error words.
+        let peer = setup_peer_kernels(&ranks, config.transport)?;
         if config.algorithm.reads_peers() && peer.is_none() {
             return Err(Error::InvalidArgument(format!(
                 "Algorithm::{:?} needs 2 to {PEER_MAX_RANKS} ranks on distinct GPUs that all \
@@ -262,7 +272,7 @@ impl CudaExecutor {
             pool_granted: HashSet::new(),
             calls: 0,
             peer,
-            epoch: 0,
+            pinned: Vec::new(),
             last_peer_kernel: PeerKernel::OneShot,
             contexts,
             launch_blocked: std::sync::Mutex::new(None),
@@ -386,6 +396,10 @@ impl CudaExecutor {
             // The oldest plan's events and buffers may still be in use by enqueued work.
             self.synchronize()?;
         }
+        let handoff = match self.peer {
+            Some(_) => handoff::HandoffWords::new(&self.ranks, &plan)?,
+            None => None,
+        };
         let twoshot = if algorithm == Algorithm::TwoShot {
             twoshot_segments(&plan)?
         } else {
@@ -397,6 +411,7 @@ impl CudaExecutor {
             plan,
             events,
             staging,
+            handoff,
         });
         self.cache.insert(shape, prepared.clone());
         Ok(prepared)
@@ -422,6 +437,7 @@ impl CudaExecutor {
         count: usize,
         op: ReduceOp,
         wait_complete: bool,
+        captured: Option<usize>,
     ) -> Result<()> {
         let shape = Shape::of::<T>(count, inputs.is_none(), op);
         let prepared = self.prepare(shape)?;
@@ -465,8 +481,11 @@ impl CudaExecutor {
             timeout: self.config.timeout,
             abort: AtomicBool::new(false),
             done: done_tx,
-            peer: self.peer.clone().filter(|_| reads_peers),
-            epoch: self.epoch,
+            peer: self
+                .peer
+                .clone()
+                .filter(|_| reads_peers || captured.is_some()),
+            captured,
         });
         if call.prepared.plan.events.is_empty() {
             // No event crosses between ranks (the peer kernels; one rank; nothing to do): there is

@@ -22,14 +22,17 @@
 //! reads; it is then inside the call's deadline, a quarter of the timeout before the call
 //! returns.)
 //!
-//! Invariant: every rank of a peer call launches its kernel with the same grid, epoch, sources
-//! and flags, so that the barriers meet.
+//! Invariant: every rank of a peer call launches its kernel with the same grid, sources and
+//! flags, on its Main stream, so that the barriers meet and each block's epoch (kept on the
+//! device, advanced by the kernel) moves in step on every rank.
 
 use super::ring::{wait_done, CudaEnqueue};
 use super::{CudaCall, CudaExecutor, RankRes, Transport};
 use crate::device::{self, DeviceBuffer, PinnedHost, Stream};
 use crate::error::{Error, Result};
-use crate::exec::cuda::kernels::{OneShotArgs, TwoShotArgs, PEER_FLAG_BYTES, PEER_MAX_RANKS};
+use crate::exec::cuda::kernels::{
+    OneShotArgs, TwoShotArgs, HANDOFF_ERR_BIT, PEER_FLAG_BYTES, PEER_MAX_RANKS,
+};
 use crate::exec::{panic_message, Enqueue};
 use crate::plan::{BufKind, Op, Plan, Ranks, Region, StreamKind};
 use std::fmt;
@@ -56,7 +59,7 @@ impl fmt::Display for PeerKernel {
 /// What the peer kernels (one-shot and two-shot) share across ranks, made once per communicator:
 /// per rank, the flag words its peers write at the barriers (device memory, zeroed, reached
 /// through peer access), and a pinned word its kernel sets when a barrier times out. Calls of
-/// either kernel share the flags and the epoch counter.
+/// either kernel share the flags and the epochs in them.
 pub(super) struct PeerKernelState {
     flags: Vec<DeviceBuffer>,
     errors: Vec<PinnedHost>,
@@ -72,6 +75,11 @@ impl PeerKernelState {
         // SAFETY: the pinned allocation is at least 4 bytes and page-aligned, and lives as long
         // as `self`; a volatile read, since the GPU may write the word at any time.
         unsafe { std::ptr::read_volatile(self.errors[rank].as_ptr().cast::<u32>()) }
+    }
+
+    /// Rank `rank`'s error word as a device address (its host mapping).
+    pub(super) fn error_word(&self, rank: usize) -> u64 {
+        self.errors[rank].uva_ptr()
     }
 }
 
@@ -140,8 +148,8 @@ pub(super) fn setup_peer_kernels(
 const LAUNCH_BLOCKED_AFTER: Duration = Duration::from_millis(100);
 
 impl CudaExecutor {
-    /// Opens a call of a peer kernel: reports a barrier timeout an earlier call left, advances
-    /// the barrier epoch, and opens pool memory to every other GPU — out of place every GPU reads
+    /// Opens a call of a peer kernel: reports a barrier timeout an earlier call left, and opens
+    /// pool memory to every other GPU — out of place every GPU reads
     /// every other GPU's input, and the two-shot also reads every other GPU's output.
     pub(super) fn open_peer_call(
         &mut self,
@@ -150,7 +158,6 @@ impl CudaExecutor {
         outputs: &[u64],
     ) -> Result<()> {
         self.check_peer_errors()?;
-        self.epoch = self.epoch.wrapping_add(1).max(1);
         self.last_peer_kernel = kernel;
         let outputs_read = (kernel == PeerKernel::TwoShot).then_some(outputs);
         for ranked in inputs.into_iter().chain(outputs_read) {
@@ -182,6 +189,7 @@ impl CudaExecutor {
                 let enqueued = (|| {
                     device::bind(&res.ctx)?;
                     let mut backend = CudaEnqueue {
+                        rank,
                         res,
                         contexts: &self.contexts,
                         call,
@@ -192,7 +200,7 @@ impl CudaExecutor {
                         backend.enqueue(index, instr)?;
                     }
                     backend.flush()?;
-                    device::record(&res.done, &res.streams[StreamKind::Main.index()])
+                    super::ring::record_done(res, call)
                 })();
                 let now = Instant::now();
                 let late = now - *first_launched.get_or_insert(now);
@@ -284,6 +292,9 @@ impl CudaExecutor {
         };
         for (rank, r) in self.ranks.iter().enumerate() {
             let code = shared.error(rank);
+            if code & HANDOFF_ERR_BIT != 0 {
+                return Err(self.handoff_timeout(rank, code));
+            }
             if code != 0 {
                 let kernel = if code == 4 {
                     PeerKernel::TwoShot
@@ -336,7 +347,7 @@ impl CudaCall {
     /// How long after its start a peer kernel of this call waits at its barriers: three
     /// quarters of the call's timeout, so that a barrier that never meets ends the kernel, with
     /// its code in the error word, before the host gives up waiting.
-    fn kernel_timeout_ns(&self) -> u64 {
+    pub(super) fn kernel_timeout_ns(&self) -> u64 {
         u64::try_from(self.timeout.as_nanos() / 4 * 3).unwrap_or(u64::MAX)
     }
 }
@@ -369,7 +380,6 @@ impl CudaEnqueue<'_> {
             world: plan.world as u32,
             rank: rank as u32,
             count: plan.count as u64,
-            epoch: call.epoch,
             timeout_ns: call.kernel_timeout_ns(),
             error: shared.errors[rank].uva_ptr(),
             max_blocks: shared.max_blocks,
@@ -386,8 +396,7 @@ impl CudaEnqueue<'_> {
         // place, the outputs themselves), on their ranks' GPUs, reachable from this one (peer
         // access between all pairs at creation, pool access granted per input and output); the
         // outputs are disjoint from each other and from other ranks' sources (validation);
-        // every rank launches with the same arguments but its rank, and the same epoch, so the
-        // barriers meet; the flags outlive the communicator's streams.
+        // every rank launches with the same arguments but its rank, so the barriers meet; the flags outlive the communicator's streams.
         unsafe {
             self.res.kernels.twoshot(
                 call.dtype,
@@ -419,7 +428,6 @@ impl CudaEnqueue<'_> {
             rank: rank as u32,
             dst: self.addr(dst),
             count: dst.count as u64,
-            epoch: call.epoch,
             timeout_ns: call.kernel_timeout_ns(),
             error: shared.errors[rank].uva_ptr(),
             expose_from: expose_from.unwrap_or(0),
@@ -436,7 +444,7 @@ impl CudaEnqueue<'_> {
         // validated inputs or our exposed copies), reachable from this GPU (peer access enabled
         // between all pairs at creation, pool access granted per input); `dst` is this rank's
         // output, disjoint from every source; every rank launches the same grid (`peer_blocks`
-        // of dtype and count) with the same epoch, so the barriers meet; the flags outlive the
+        // of dtype and count), so the barriers meet; the flags outlive the
         // communicator's streams.
         unsafe { self.res.kernels.oneshot(call.dtype, call.op, &args, stream) }
     }

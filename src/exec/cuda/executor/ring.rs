@@ -15,7 +15,7 @@ use super::{CudaCall, RankRes};
 use crate::device;
 use crate::error::{Error, Result};
 use crate::exec::{enqueue_rank, panic_message, Enqueue, Handoff, Limits};
-use crate::plan::{BufKind, Instr, Op, Ranks, Region, StreamKind, Tag};
+use crate::plan::{BufKind, EventId, Instr, Op, Ranks, Region, StreamKind, Tag};
 use crossbeam_channel::Receiver;
 use cudarc::driver::CudaContext;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -35,6 +35,7 @@ pub(super) fn gpu_rank_thread(
         let outcome = catch_unwind(AssertUnwindSafe(|| {
             device::bind(&res.ctx)?;
             let mut backend = CudaEnqueue {
+                rank,
                 res: &res,
                 contexts: &contexts,
                 call: &call,
@@ -53,7 +54,7 @@ pub(super) fn gpu_rank_thread(
                     abort: &call.abort,
                 },
             )?;
-            device::record(&res.done, &res.streams[StreamKind::Main.index()])
+            record_done(&res, &call)
         }));
         let result = match outcome {
             Ok(r) => r,
@@ -169,8 +170,19 @@ fn stalled(call: &CudaCall, rank: usize, device: usize) -> Error {
     }
 }
 
+/// Records the rank's completion event on Main after its part of `call` — except in a capture,
+/// where the record would be a node of the caller's graph that the host cannot poll.
+pub(super) fn record_done(res: &RankRes, call: &CudaCall) -> Result<()> {
+    match call.captured {
+        Some(_) => Ok(()),
+        None => device::record(&res.done, &res.streams[StreamKind::Main.index()]),
+    }
+}
+
 /// A rank thread's view while enqueuing one call.
 pub(super) struct CudaEnqueue<'a> {
+    /// The rank whose program this enqueues.
+    pub(super) rank: usize,
     pub(super) res: &'a RankRes,
     /// Every rank's context, by rank (a peer copy names both ends).
     pub(super) contexts: &'a [Arc<CudaContext>],
@@ -252,12 +264,27 @@ impl CudaEnqueue<'_> {
         let stream = &self.res.streams[instr.stream.index()];
         let eb = call.dtype.size_bytes();
         match instr.op {
-            Op::Record(e) => device::record(&call.prepared.events[e.0], stream),
+            Op::Record(e) => {
+                device::record(&call.prepared.events[e.0], stream)?;
+                match call.captured {
+                    Some(_) => self.signal_waiters(e, stream),
+                    None => Ok(()),
+                }
+            }
+            Op::Wait(e) if call.captured.is_some() && plan.events[e.0].rank != self.rank => {
+                self.wait_for_signal(e, instr.stream, stream)
+            }
             Op::Wait(e) => device::wait(stream, &call.prepared.events[e.0]),
             Op::Copy { src, dst } => {
                 let (src_rank, dst_rank) = (plan.decl(src.buf).rank, plan.decl(dst.buf).rank);
                 let bytes = src.count * eb;
-                if self.is_device(src) && self.is_device(dst) && src_rank != dst_rank {
+                // In a capture a peer copy is a plain UVA copy (peer access is on between every
+                // pair then, `pin_for_capture`): cuMemcpyPeerAsync cannot be captured.
+                if self.is_device(src)
+                    && self.is_device(dst)
+                    && src_rank != dst_rank
+                    && call.captured.is_none()
+                {
                     // SAFETY: both regions lie in device buffers of these ranks' contexts (checked
                     // plan, addresses from validated buffers or our own staging), stay allocated
                     // until the call completes, and the race-free plan orders every other access.
@@ -314,6 +341,59 @@ impl CudaEnqueue<'_> {
                 }
             }
             op @ Op::PeerReduce { dst, .. } => self.launch_oneshot(op, dst, expose_from, stream),
+        }
+    }
+}
+
+impl CudaEnqueue<'_> {
+    /// After a record in a captured call: one handoff signal per other rank that waits for
+    /// event `e`, on the recording stream.
+    fn signal_waiters(&self, e: EventId, stream: &device::Stream) -> Result<()> {
+        let call = self.call;
+        let Some(words) = &call.prepared.handoff else {
+            return Ok(()); // no event of this plan crosses GPUs
+        };
+        for &waiter in &call.prepared.waiters[e.0] {
+            // SAFETY: the words are this plan's handoff counters (zeroed device memory of each
+            // rank, pinned with the plan for the communicator's life); `sent` is this rank's and
+            // only this stream (the one recording `e`) signals it; `mailbox` is the waiter's,
+            // reachable over peer access (`pin_for_capture` refused the plan otherwise), and
+            // only this signal writes it.
+            unsafe {
+                self.res.kernels.handoff_signal(
+                    stream,
+                    words.sent(self.rank, e, waiter),
+                    words.mailbox(waiter, e),
+                )
+            }?;
+        }
+        Ok(())
+    }
+
+    /// In a captured call, a wait for another rank's event `e`: a handoff wait on `stream`
+    /// (this rank's `kind` stream), which gives up at the kernels' deadline.
+    fn wait_for_signal(&self, e: EventId, kind: StreamKind, stream: &device::Stream) -> Result<()> {
+        let call = self.call;
+        let (Some(words), Some(pin)) = (&call.prepared.handoff, call.captured) else {
+            return Err(Error::NotCapturable {
+                reason: "a wait between GPUs without handoff counters".into(),
+            });
+        };
+        let shared = call.peer.as_deref().ok_or_else(|| Error::NotCapturable {
+            reason: "a captured ring without error words".into(),
+        })?;
+        // SAFETY: `mailbox` and `seen` are this rank's words of the plan's counters (pinned with
+        // the plan), and only this stream waits on this `seen`; the error word is this rank's
+        // pinned host word, mapped for the device, alive as long as the communicator.
+        unsafe {
+            self.res.kernels.handoff_wait(
+                stream,
+                words.mailbox(self.rank, e),
+                words.seen(self.rank, e, kind),
+                call.kernel_timeout_ns(),
+                shared.error_word(self.rank),
+                super::handoff::wait_code(pin, e),
+            )
         }
     }
 }

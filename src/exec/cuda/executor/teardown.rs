@@ -119,6 +119,7 @@ impl CudaExecutor {
                 PlanCache::new(CACHED_PLANS),
             ));
             std::mem::forget(self.peer.take());
+            std::mem::forget(std::mem::take(&mut self.pinned));
             std::mem::forget(std::mem::take(&mut self.ranks));
             std::mem::forget(std::mem::take(&mut self.contexts));
         }

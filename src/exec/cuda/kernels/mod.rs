@@ -19,14 +19,17 @@
 //!   compute capability and loads the PTX ([`KernelSource::Nvrtc`]); that needs libnvrtc on the
 //!   GPU host.
 //!
-//! Invariant: a [`KernelModule`] holds all 130 functions (4 operators × 10 types of pairwise
-//! reduce, of one-shot and of two-shot all-reduce, and one scale kernel per type) resolved in its
-//! context, so a launch is a table index and one `cuLaunchKernel`, with no lookup and no
+//! Invariant: a [`KernelModule`] holds all 132 functions (4 operators × 10 types of pairwise
+//! reduce, of one-shot and of two-shot all-reduce, one scale kernel per type, and the two handoff
+//! kernels of captured rings, module `handoff`) resolved in its context, so a launch is a table
+//! index and one `cuLaunchKernel`, with no lookup and no
 //! allocation.
 
+mod handoff;
 mod peer;
 mod reduce;
 
+pub use handoff::HANDOFF_ERR_BIT;
 pub use peer::{
     peer_blocks, OneShotArgs, TwoShotArgs, PEER_FLAG_BYTES, PEER_MAX_BLOCKS, PEER_MAX_RANKS,
 };
@@ -176,6 +179,8 @@ pub struct KernelModule {
     oneshot: Vec<CudaFunction>,
     /// `twoshot[reduce_index(op, dtype)]`: the same table shape as `reduce`.
     twoshot: Vec<CudaFunction>,
+    /// `rr_handoff_signal`, `rr_handoff_wait`.
+    handoff: [CudaFunction; 2],
     /// The grid size that fills the device: SM count × `BLOCKS_PER_SM`.
     max_blocks: u32,
 }
@@ -208,6 +213,10 @@ impl KernelModule {
             .collect::<Result<Vec<_>>>()?;
         let oneshot = family(oneshot_symbol)?;
         let twoshot = family(twoshot_symbol)?;
+        let handoff = [
+            load("rr_handoff_signal".to_string())?,
+            load("rr_handoff_wait".to_string())?,
+        ];
 
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
@@ -221,6 +230,7 @@ impl KernelModule {
             scale,
             oneshot,
             twoshot,
+            handoff,
             max_blocks,
         })
     }

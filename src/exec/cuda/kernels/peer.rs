@@ -25,9 +25,13 @@ pub const PEER_MAX_BLOCKS: u32 = 128;
 /// first (both kernels' start), the second (the one-shot's end, the two-shot's middle) and the
 /// third (the two-shot's end).
 const PEER_PHASES: usize = 3;
-/// Bytes of one rank's flag array: 3 phases × PEER_MAX_BLOCKS × PEER_MAX_RANKS × 4.
-pub const PEER_FLAG_BYTES: usize =
-    PEER_PHASES * PEER_MAX_BLOCKS as usize * PEER_MAX_RANKS * size_of::<u32>();
+/// Where the per-block epochs start in a rank's flag array, in words (`RR_PEER_EPOCH_BASE`):
+/// after the barrier words, 3 phases × PEER_MAX_BLOCKS × PEER_MAX_RANKS.
+const PEER_EPOCH_BASE: usize = PEER_PHASES * PEER_MAX_BLOCKS as usize * PEER_MAX_RANKS;
+/// Bytes of one rank's flag array: the barrier words, then one epoch word per block, which the
+/// block advances on the device at the start of every kernel (so nothing call-specific is in a
+/// launch, and a captured launch replays correctly).
+pub const PEER_FLAG_BYTES: usize = (PEER_EPOCH_BASE + PEER_MAX_BLOCKS as usize) * size_of::<u32>();
 /// Threads per block of the peer kernels (`RR_PEER_THREADS`, their `__launch_bounds__`).
 const PEER_BLOCK_THREADS: u32 = 512;
 /// Bytes of one rank's input per peer-kernel block: a block moves 8 KiB per source per unrolled
@@ -56,7 +60,7 @@ impl KernelModule {
     /// # Safety
     ///
     /// The call is one of `args.world` calls, one per rank `0..world`, each on its own device,
-    /// with the same `dtype`, `op.combine_op()`, `count`, `epoch`, `srcs[..world]` and
+    /// with the same `dtype`, `op.combine_op()`, `count`, `srcs[..world]` and
     /// `flags[..world]`; all of them must be able to run at the same time (no rank's kernel
     /// may be ordered after another rank's kernel of the same call, or the barriers time out).
     /// Until this rank's kernel has completed on `stream` (and, for the inputs and flags, until
@@ -70,9 +74,9 @@ impl KernelModule {
     ///   rank reads it);
     /// - `flags[r]` for `r < world` is rank `r`'s flag array: [`PEER_FLAG_BYTES`] bytes of
     ///   device memory on rank `r`'s device, readable and writable from this context (peer
-    ///   access), zeroed before the first call and used by no other group of kernels; `epoch` is
-    ///   the previous call's epoch on these flags plus 1 (wrapping; 0 may be skipped; the first
-    ///   call's is 1), and every call on these flags is made by all `world` ranks;
+    ///   access), zeroed before the first call and used by no other group of kernels; every call
+    ///   on these flags is made by all `world` ranks, and one rank's calls on them run one after
+    ///   another (each block advances its epoch in its own rank's array);
     /// - `dst` is device memory writable from this context, valid for `count` elements, disjoint
     ///   from every `srcs[r]` range, and read or written by no other work meanwhile;
     /// - `error` is a 4-byte word writable from this context (the device pointer of host-mapped
@@ -84,7 +88,7 @@ impl KernelModule {
     ///   never). After any nonzero code, on any rank, `dst` is undefined on every
     ///   rank, a peer may still be reading this rank's input, and the flags are out of step: no
     ///   further call may use them until every rank's kernels have completed and all flag arrays
-    ///   are zeroed again (epochs restart at 1);
+    ///   are zeroed again;
     /// - this device has room for the grid's blocks beside whatever else runs on it: a block
     ///   that cannot start holds up its peers' blocks of the same index until it can (or until
     ///   the timeout).
@@ -105,27 +109,25 @@ impl KernelModule {
             args.rank,
             &args.srcs,
             &args.flags,
-            args.epoch,
             args.timeout_ns,
             args.error,
         );
         let (mut dst, mut count, mut expose_from) = (args.dst, args.count, args.expose_from);
-        let mut params: [*mut c_void; 9] = [
+        let mut params: [*mut c_void; 8] = [
             param(&mut shared.peers),
             param(&mut shared.world),
             param(&mut shared.rank),
             param(&mut dst),
             param(&mut count),
-            param(&mut shared.epoch),
             param(&mut shared.timeout_ns),
             param(&mut shared.error),
             param(&mut expose_from),
         ];
         let function = &self.oneshot[reduce_index(op, dtype)];
         // SAFETY: the function is rr_oneshot_<op>_<dtype>(rr_peers, unsigned, unsigned, T*,
-        // unsigned long long, unsigned, unsigned long long, unsigned*, const T*): `peers` is the
+        // unsigned long long, unsigned long long, unsigned*, const T*): `peers` is the
         // #[repr(C)] mirror of rr_peers (two arrays of 8 pointers, 128 bytes), then u32, u32,
-        // u64, u64, u32, u64, u64, u64 in parameter order, all outliving the call (the driver
+        // u64, u64, u64, u64, u64 in parameter order, all outliving the call (the driver
         // copies them at launch); the memory and the other ranks' calls are the caller's
         // contract.
         unsafe {
@@ -160,7 +162,7 @@ impl KernelModule {
     ///
     /// As for [`KernelModule::oneshot`], with `srcs` the inputs (or, in place, the outputs) and
     /// `outs[r]` rank r's output, valid for `count` elements of `dtype` and readable from this
-    /// context; every rank's call has the same `srcs`, `outs`, segments, `count`, `epoch`,
+    /// context; every rank's call has the same `srcs`, `outs`, segments, `count`,
     /// `flags` and dtype. `outs[r]` is written by rank r's kernel only, and read or written by
     /// no other work until every rank's kernel of the call has completed.
     pub unsafe fn twoshot(
@@ -181,7 +183,6 @@ impl KernelModule {
             args.rank,
             &args.srcs,
             &args.flags,
-            args.epoch,
             args.timeout_ns,
             args.error,
         );
@@ -193,20 +194,19 @@ impl KernelModule {
         segs.out[..world].copy_from_slice(&args.outs[..world]);
         segs.off[..world].copy_from_slice(&args.seg_off[..world]);
         segs.len[..world].copy_from_slice(&args.seg_len[..world]);
-        let mut params: [*mut c_void; 7] = [
+        let mut params: [*mut c_void; 6] = [
             param(&mut shared.peers),
             param(&mut segs),
             param(&mut shared.world),
             param(&mut shared.rank),
-            param(&mut shared.epoch),
             param(&mut shared.timeout_ns),
             param(&mut shared.error),
         ];
         let function = &self.twoshot[reduce_index(op, dtype)];
         let longest = args.seg_len[..world].iter().copied().max().unwrap_or(0);
         // SAFETY: the function is rr_twoshot_<op>_<dtype>(rr_peers, rr_twoshot_segs, unsigned,
-        // unsigned, unsigned, unsigned long long, unsigned*): `peers` and `segs` are the
-        // #[repr(C)] mirrors of those structs (128 and 192 bytes), then u32, u32, u32, u64, u64
+        // unsigned, unsigned long long, unsigned*): `peers` and `segs` are the
+        // #[repr(C)] mirrors of those structs (128 and 192 bytes), then u32, u32, u64, u64
         // in parameter order, all outliving the call (the driver copies them at launch); the
         // memory and the other ranks' calls are the caller's contract.
         unsafe {
@@ -267,8 +267,6 @@ pub struct OneShotArgs {
     pub dst: u64,
     /// Elements per rank.
     pub count: u64,
-    /// This call's barrier epoch: the previous call's on these flags + 1; the first call 1.
-    pub epoch: u32,
     /// How long after its start the kernel gives up waiting at a barrier, in nanoseconds.
     pub timeout_ns: u64,
     /// Where the kernel stores a nonzero code on failure (1: start barrier timed out, 2: end
@@ -304,8 +302,6 @@ pub struct TwoShotArgs {
     pub rank: u32,
     /// Elements per rank (the segments tile `0..count`).
     pub count: u64,
-    /// This call's barrier epoch, as for the one-shot (the two kinds share the flags).
-    pub epoch: u32,
     /// How long after its start the kernel gives up waiting at a barrier, in nanoseconds.
     pub timeout_ns: u64,
     /// Where the kernel stores a nonzero code on failure (1 start, 4 middle, 2 end, 3 launch).
@@ -349,12 +345,11 @@ impl PeerPointers {
 }
 
 /// The parameters both peer kernels take, owned so that a launch can point at them: the
-/// [`PeerPointers`] and the scalars `world`, `rank`, `epoch`, `timeout_ns` and `error`.
+/// [`PeerPointers`] and the scalars `world`, `rank`, `timeout_ns` and `error`.
 struct PeerParams {
     peers: PeerPointers,
     world: u32,
     rank: u32,
-    epoch: u32,
     timeout_ns: u64,
     error: u64,
 }
@@ -365,7 +360,6 @@ impl PeerParams {
         rank: u32,
         srcs: &[u64; PEER_MAX_RANKS],
         flags: &[u64; PEER_MAX_RANKS],
-        epoch: u32,
         timeout_ns: u64,
         error: u64,
     ) -> Self {
@@ -373,7 +367,6 @@ impl PeerParams {
             peers: PeerPointers::of(world, srcs, flags),
             world,
             rank,
-            epoch,
             timeout_ns,
             error,
         }
@@ -588,10 +581,16 @@ mod tests {
             PEER_BYTES_PER_BLOCK
         );
         assert_eq!(define("RR_PEER_PHASES"), PEER_PHASES as u64);
-        assert_eq!(PEER_FLAG_BYTES, 3 * 128 * 8 * 4);
-        // The last word, (3 * MAX_BLOCKS - 1) * MAX_RANKS + MAX_RANKS - 1, is in range.
+        assert_eq!(define("RR_PEER_EPOCH_BASE"), PEER_EPOCH_BASE as u64);
+        assert_eq!(define("RR_PEER_FLAG_WORDS") * 4, PEER_FLAG_BYTES as u64);
+        // The last barrier word, (3 * MAX_BLOCKS - 1) * MAX_RANKS + MAX_RANKS - 1, is just below
+        // the epochs, and the last block's epoch is the array's last word.
         let last_word = (PEER_MAX_BLOCKS as usize * 3 - 1) * PEER_MAX_RANKS + PEER_MAX_RANKS - 1;
-        assert_eq!((last_word + 1) * 4, PEER_FLAG_BYTES);
+        assert_eq!(last_word + 1, PEER_EPOCH_BASE);
+        assert_eq!(
+            (PEER_EPOCH_BASE + PEER_MAX_BLOCKS as usize) * 4,
+            PEER_FLAG_BYTES
+        );
     }
 
     #[test]
@@ -612,7 +611,6 @@ mod tests {
             world: 2,
             rank: 1,
             count: 100,
-            epoch: 1,
             timeout_ns: 1_000_000,
             error: 0x9000,
             max_blocks: 0,
@@ -710,7 +708,6 @@ mod tests {
             rank: 0,
             dst: base + (1 << 33),
             count: 1 << 20,
-            epoch: 1,
             timeout_ns: 1_000_000_000,
             error: base + (1 << 34),
             expose_from: 0,
