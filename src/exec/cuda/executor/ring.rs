@@ -265,11 +265,13 @@ impl CudaEnqueue<'_> {
         let eb = call.dtype.size_bytes();
         match instr.op {
             Op::Record(e) => {
-                device::record(&call.prepared.events[e.0], stream)?;
-                match call.captured {
-                    Some(_) => self.signal_waiters(e, stream),
-                    None => Ok(()),
+                // Captured: the other ranks' signals first, then the record, so the record stays
+                // the stream's last work that Main joins (a capture must end with every stream
+                // joined) and still follows everything the event marks.
+                if call.captured.is_some() {
+                    self.signal_waiters(e, stream)?;
                 }
+                device::record(&call.prepared.events[e.0], stream)
             }
             Op::Wait(e) if call.captured.is_some() && plan.events[e.0].rank != self.rank => {
                 self.wait_for_signal(e, instr.stream, stream)
@@ -346,8 +348,8 @@ impl CudaEnqueue<'_> {
 }
 
 impl CudaEnqueue<'_> {
-    /// After a record in a captured call: one handoff signal per other rank that waits for
-    /// event `e`, on the recording stream.
+    /// For a record in a captured call: one handoff signal per other rank that waits for event
+    /// `e`, on the recording stream, just before the record.
     fn signal_waiters(&self, e: EventId, stream: &device::Stream) -> Result<()> {
         let call = self.call;
         let Some(words) = &call.prepared.handoff else {
