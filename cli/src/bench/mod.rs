@@ -29,6 +29,7 @@
 mod compare;
 mod graph;
 mod measure;
+mod memory;
 mod nccl;
 mod plot;
 mod random;
@@ -348,13 +349,14 @@ fn measure_pass(
     let lib = Lib::Ring(&comm);
     let mut rows = sweep.run(&lib, label, true, Mode::Eager, Memory::Plain)?;
     let mut labels = vec![label.to_string()];
+    // The random workload before the graphs: a failed capture may leave the communicator failed.
+    if args.sizes == Sizes::Random {
+        random.push(sweep.run_random(&lib, label, Memory::Plain, args.random_calls, args.seed));
+    }
     if let Some(calls) = args.graph {
         let graph_label = with_note(label, &format!("graph {calls}"));
         rows.extend(sweep.run(&lib, &graph_label, true, Mode::Graph(calls), Memory::Plain)?);
         labels.push(graph_label);
-    }
-    if args.sizes == Sizes::Random {
-        random.push(sweep.run_random(&lib, label, Memory::Plain, args.random_calls, args.seed));
     }
     drop(sweep);
     comm.close()?;
@@ -490,5 +492,63 @@ mod tests {
         for text in ["1", "4K", "128M", "2G", "1000"] {
             assert_eq!(crate::format_bytes(parse_bytes(text).unwrap()), text);
         }
+    }
+
+    #[test]
+    fn graph_sizes_and_torch_flags() {
+        let args = parse(&[]).unwrap();
+        assert_eq!(
+            (args.graph, args.sizes, args.torch_json.clone()),
+            (None, Sizes::Sweep, None)
+        );
+        assert_eq!((args.random_calls, args.seed), (1000, random::DEFAULT_SEED));
+        let args = parse(&[
+            "--graph",
+            "10",
+            "--sizes",
+            "random",
+            "--random-calls",
+            "300",
+            "--seed",
+            "42",
+            "--torch-json",
+            "t.json",
+        ])
+        .unwrap();
+        assert_eq!((args.graph, args.sizes), (Some(10), Sizes::Random));
+        assert_eq!((args.random_calls, args.seed), (300, 42));
+        assert_eq!(
+            args.torch_json.as_deref(),
+            Some(std::path::Path::new("t.json"))
+        );
+        // The staged pass is eager and fixed-size.
+        let staged = staged_pass_args(&args);
+        assert_eq!((staged.graph, staged.sizes), (None, Sizes::Sweep));
+        for bad in [
+            &["--graph", "0"][..],
+            &["--random-calls", "0"],
+            &["--sizes", "zipf"],
+        ] {
+            let err = parse(bad)
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?} was accepted"));
+            assert!(
+                matches!(
+                    err.kind(),
+                    clap::error::ErrorKind::ValueValidation | clap::error::ErrorKind::InvalidValue
+                ),
+                "{bad:?}: {:?}",
+                err.kind()
+            );
+        }
+        assert_eq!(
+            with_note("ringreduce (auto)", "graph 10"),
+            "ringreduce (auto, graph 10)"
+        );
+        assert_eq!(
+            with_note("ringreduce (auto, chunk 32M, slots 4)", "graph 2"),
+            "ringreduce (auto, chunk 32M, slots 4, graph 2)"
+        );
+        assert_eq!(with_note("NCCL", "graph 10"), "NCCL (graph 10)");
     }
 }

@@ -226,9 +226,22 @@ pub fn machine_header(
         format!(
             "time = host wall clock over -n {} back-to-back iterations incl. completion, after -w {} \
              warm-up, per size; it min/med/p99 = CUDA events on rank 0's stream between iterations \
-             (separate pass, out of place); busbw = algbw * 2(n-1)/n, n = {n}; GB = 1e9 B; #wrong \
-             from one checked call per size and placement",
-            args.iters, args.warmup
+             (separate pass); call med/p99 = -n blocking calls, each timed on the host from the \
+             call to its completion; p99/med, mean/med of the call times (! = p99 > {}x or mean \
+             > {}x the median); the last four out of place; busbw = algbw * 2(n-1)/n, n = {n}; \
+             GB = 1e9 B; #wrong from one checked call per size and placement{}",
+            args.iters,
+            args.warmup,
+            P99_OVER_MEDIAN_MAX,
+            MEAN_OVER_MEDIAN_MAX,
+            match args.graph {
+                Some(g) => format!(
+                    "; graph rows: {g} all-reduces captured per CUDA graph (one per rank's \
+                     stream), -n/-w count replays, every time divided by {g}, #wrong also from \
+                     one replay out of place"
+                ),
+                None => String::new(),
+            }
         ),
     ));
     header.push((
@@ -360,6 +373,25 @@ pub(super) mod tests {
     }
 
     #[test]
+    fn consistency_flags_rows_past_the_bounds() {
+        let mut m = measure(10.0);
+        // Call median 12, p99 13, mean 12.5 (see `measure`).
+        let (p99, mean) = m.consistency().unwrap();
+        assert!((p99 - 13.0 / 12.0).abs() < 1e-12 && (mean - 12.5 / 12.0).abs() < 1e-12);
+        assert!(!m.inconsistent());
+        m.call_p99_us = Some(18.1); // > 1.5 × 12
+        assert!(m.inconsistent());
+        m.call_p99_us = Some(18.0);
+        assert!(!m.inconsistent(), "exactly 1.5× is within the bound");
+        m.call_mean_us = Some(14.5); // > 1.2 × 12
+        assert!(m.inconsistent());
+        // Per-iteration times when there is no call latency.
+        m.call_median_us = None;
+        let (p99, mean) = m.consistency().unwrap();
+        assert!((p99 - 1.2).abs() < 1e-12 && (mean - 1.05).abs() < 1e-12);
+    }
+
+    #[test]
     fn dates_are_civil_utc() {
         assert_eq!(utc_date(0), "1970-01-01 00:00:00 UTC");
         assert_eq!(utc_date(951_782_400), "2000-02-29 00:00:00 UTC");
@@ -402,6 +434,29 @@ pub(super) mod tests {
         let old: Report = serde_json::from_value(old).unwrap();
         assert_eq!((old.chunk_bytes, old.slots), (None, None));
         assert_eq!(old.rows, report.rows);
+        // A report from before the call latency, graph errors, random runs and PyTorch: the
+        // fields are absent and read as None / empty.
+        let mut old: serde_json::Value = serde_json::to_value(&report).unwrap();
+        for row in old["rows"].as_array_mut().unwrap() {
+            for placement in ["out_of_place", "in_place"] {
+                let m = row[placement].as_object_mut().unwrap();
+                for f in [
+                    "iter_mean_us",
+                    "call_median_us",
+                    "call_p99_us",
+                    "call_mean_us",
+                ] {
+                    assert!(m.remove(f).is_some(), "{f}");
+                }
+            }
+        }
+        let old: Report = serde_json::from_value(old).unwrap();
+        assert!(old.random.is_empty() && old.torch.is_none());
+        assert_eq!(old.rows[0].out_of_place.call_median_us, None);
+        assert_eq!(old.rows[0].error, None);
+        // Without call times the consistency comes from the per-iteration times, and without
+        // their mean there is none.
+        assert_eq!(old.rows[0].out_of_place.consistency(), None);
         let child = ChildOutput {
             nccl_version: "2.28.3".into(),
             rows: report.rows.clone(),
