@@ -352,6 +352,7 @@ mod tests {
             call_median_us: us,
             call_p99_us: us,
             call_mean_us: us,
+            wrong: Some(0),
             error: error.map(String::from),
         };
         r.torch = Some(TorchReport {

@@ -44,6 +44,9 @@ pub struct TorchRow {
     pub call_p99_us: Option<f64>,
     #[serde(default)]
     pub call_mean_us: Option<f64>,
+    /// Wrong elements on rank 0 in the checked call.
+    #[serde(default)]
+    pub wrong: Option<u64>,
     #[serde(default)]
     pub error: Option<String>,
 }
@@ -96,14 +99,15 @@ pub fn print_torch(t: &TorchReport) {
         out!("# PyTorch lacks: {}", missing.join(", "));
     }
     out!(
-        "#{:>11} {:>24} {:>12} | {:>10} {:>9} {:>9} {:>7}",
+        "#{:>11} {:>24} {:>12} | {:>10} {:>9} {:>9} {:>7} {:>6}",
         "size (B)",
         "op",
         "placement",
         "time (us)",
         "call med",
         "call p99",
-        "p99/med"
+        "p99/med",
+        "#wrong"
     );
     let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
     for r in &t.rows {
@@ -121,14 +125,15 @@ pub fn print_torch(t: &TorchReport) {
             _ => "-".into(),
         };
         out!(
-            " {:>11} {:>24} {:>12} | {:>10} {:>9} {:>9} {:>7}",
+            " {:>11} {:>24} {:>12} | {:>10} {:>9} {:>9} {:>7} {:>6}",
             r.size_bytes,
             r.op,
             r.placement,
             opt(r.time_us),
             opt(r.call_median_us),
             opt(r.call_p99_us),
-            ratio
+            ratio,
+            r.wrong.map_or("-".to_string(), |w| w.to_string())
         );
     }
 }
@@ -150,7 +155,7 @@ mod tests {
           "rows": [
             {"op": "one_shot_all_reduce", "placement": "out_of_place", "size_bytes": 8,
              "time_us": 5.5, "call_median_us": 9.0, "call_p99_us": 12.0, "call_mean_us": 9.4,
-             "error": null},
+             "wrong": 0, "error": null},
             {"op": "two_shot_all_reduce_", "placement": "in_place", "size_bytes": 8,
              "error": "op missing"}
           ]
@@ -166,6 +171,7 @@ mod tests {
         assert!(bad.contains("torch_symm_mem_bench.py"), "{bad}");
         assert_eq!(t.rows.len(), 2);
         assert_eq!(t.rows[0].time_us, Some(5.5));
+        assert_eq!((t.rows[0].wrong, t.rows[1].wrong), (Some(0), None));
         assert!(!t.rows[0].in_place() && t.rows[1].in_place());
         assert_eq!(t.rows[1].error.as_deref(), Some("op missing"));
         assert_eq!(t.rows[0].label(), "PyTorch symm_mem one_shot_all_reduce");
