@@ -8,6 +8,11 @@
 //! [`ringreduce::GpuBuffer`]s or [`ringreduce::GpuSlice`]s (plain `cuMemAlloc`), so NCCL is timed on the
 //! same memory as ringreduce.
 //!
+//! The same calls can be ordered on the caller's streams instead
+//! ([`NcclAllReduce::enqueue_all_reduce_on`], as `Communicator::enqueue_all_reduce_on` takes
+//! them), which is how `bench --graph` captures NCCL into CUDA graphs; and the buffers can be
+//! NCCL's symmetric memory ([`SymmetricBuffers`], `ncclMemAlloc` + `ncclCommWindowRegister`).
+//!
 //! # Layers
 //!
 //! NCCL's C API through cudarc (`nccl-02028`, `dynamic-loading`): its `sys` and `result` layers,
