@@ -8,6 +8,11 @@
 //! [`ringreduce::GpuBuffer`]s or [`ringreduce::GpuSlice`]s (plain `cuMemAlloc`), so NCCL is timed on the
 //! same memory as ringreduce.
 //!
+//! The same calls can be ordered on the caller's streams instead
+//! ([`NcclAllReduce::enqueue_all_reduce_on`], as `Communicator::enqueue_all_reduce_on` takes
+//! them), which is how `bench --graph` captures NCCL into CUDA graphs; and the buffers can be
+//! NCCL's symmetric memory ([`SymmetricBuffers`], `ncclMemAlloc` + `ncclCommWindowRegister`).
+//!
 //! # Layers
 //!
 //! NCCL's C API through cudarc (`nccl-02028`, `dynamic-loading`): its `sys` and `result` layers,
@@ -32,6 +37,7 @@
 //! `NCCL_NVLS_ENABLE` must stay 0 on the shared test machines (no NVLink multicast), and NCCL's
 //! anchor figures were measured so.
 
+use cudarc::driver::CudaStream;
 use cudarc::nccl::{result as nccl, sys as nccl_sys};
 use ringreduce::device;
 use ringreduce::{Buffer, BufferMut, Placement};
@@ -40,6 +46,10 @@ use ringreduce::{Error, Result};
 use std::ffi::{c_int, c_void, CStr};
 use std::panic::{self, AssertUnwindSafe};
 use std::path::PathBuf;
+use std::sync::Arc;
+
+mod symmetric;
+pub use symmetric::SymmetricBuffers;
 
 /// The names cudarc tries, in order, when it loads libnccl.
 pub fn nccl_library_candidates() -> Vec<String> {
@@ -238,7 +248,7 @@ impl NcclAllReduce {
         }
         // SAFETY: checked above: one buffer per rank on that rank's GPU, each of at least `count`
         // elements of T; no output overlaps an input. Lifetimes are our caller's contract.
-        unsafe { self.enqueue(&sends, &recvs, count, T::DTYPE, op) }
+        unsafe { self.enqueue(&sends, &recvs, count, T::DTYPE, op, &self.own_streams()) }
     }
 
     /// In place: every `bufs[r]` ends with the reduction of all; returns once enqueued.
@@ -255,7 +265,107 @@ impl NcclAllReduce {
         let addresses: Vec<u64> = bufs.iter_mut().map(BufferMut::address_mut).collect();
         // SAFETY: checked above; send and receive are the same range, which NCCL documents as in
         // place. Lifetimes are our caller's contract.
-        unsafe { self.enqueue(&addresses, &addresses, count, T::DTYPE, op) }
+        unsafe {
+            self.enqueue(
+                &addresses,
+                &addresses,
+                count,
+                T::DTYPE,
+                op,
+                &self.own_streams(),
+            )
+        }
+    }
+
+    /// [`NcclAllReduce::enqueue_all_reduce`] on the caller's streams, one per rank (cudarc streams
+    /// of each rank's GPU, in its primary context), as `Communicator::enqueue_all_reduce_on` takes
+    /// them: the group runs after the work already queued there. Inside a stream capture the
+    /// calls are captured, not run.
+    ///
+    /// # Safety
+    /// As [`NcclAllReduce::enqueue_all_reduce`], until each rank's stream has passed the call
+    /// (`synchronize` on the caller's streams, not [`NcclAllReduce::synchronize`]).
+    pub unsafe fn enqueue_all_reduce_on<T: Element, I: Buffer<T>, O: BufferMut<T>>(
+        &self,
+        inputs: &[I],
+        outputs: &mut [O],
+        op: ReduceOp,
+        streams: &[Arc<CudaStream>],
+    ) -> Result<()> {
+        let raw = self.check_streams(streams)?;
+        let count = self.check_buffers(inputs)?;
+        self.check_buffers(outputs)?;
+        if let Some(rank) = outputs.iter().position(|b| b.count() < count) {
+            return Err(Error::OutputTooShort {
+                rank,
+                input: count,
+                output: outputs[rank].count(),
+            });
+        }
+        let bytes = (count * std::mem::size_of::<T>()) as u64;
+        let sends: Vec<u64> = inputs.iter().map(Buffer::address).collect();
+        let recvs: Vec<u64> = outputs.iter_mut().map(BufferMut::address_mut).collect();
+        for (rank, &r) in recvs.iter().enumerate() {
+            if sends
+                .iter()
+                .any(|&s| count > 0 && r < s + bytes && s < r + bytes)
+            {
+                return Err(Error::Overlap { rank });
+            }
+        }
+        // SAFETY: as in `enqueue_all_reduce`; `raw[r]` is a live stream of GPU devices[r]
+        // (checked by `check_streams`), kept alive by the caller's `Arc`s for the call.
+        unsafe { self.enqueue(&sends, &recvs, count, T::DTYPE, op, &raw) }
+    }
+
+    /// [`NcclAllReduce::enqueue_all_reduce_in_place`] on the caller's streams (see
+    /// [`NcclAllReduce::enqueue_all_reduce_on`]).
+    ///
+    /// # Safety
+    /// As [`NcclAllReduce::enqueue_all_reduce_in_place`], until each rank's stream has passed the
+    /// call.
+    pub unsafe fn enqueue_all_reduce_in_place_on<T: Element, B: BufferMut<T>>(
+        &self,
+        bufs: &mut [B],
+        op: ReduceOp,
+        streams: &[Arc<CudaStream>],
+    ) -> Result<()> {
+        let raw = self.check_streams(streams)?;
+        let count = self.check_buffers(bufs)?;
+        let addresses: Vec<u64> = bufs.iter_mut().map(BufferMut::address_mut).collect();
+        // SAFETY: as in `enqueue_all_reduce_in_place`; the streams as in `enqueue_all_reduce_on`.
+        unsafe { self.enqueue(&addresses, &addresses, count, T::DTYPE, op, &raw) }
+    }
+
+    /// Our own streams, as NCCL takes them.
+    fn own_streams(&self) -> Vec<nccl_sys::cudaStream_t> {
+        self.streams
+            .iter()
+            .map(|s| s.raw() as nccl_sys::cudaStream_t)
+            .collect()
+    }
+
+    /// One caller stream per rank, each on the rank's GPU; their handles, as NCCL takes them.
+    fn check_streams(&self, streams: &[Arc<CudaStream>]) -> Result<Vec<nccl_sys::cudaStream_t>> {
+        if streams.len() != self.devices.len() {
+            return Err(Error::InvalidArgument(format!(
+                "{} streams for {} ranks: one stream per rank",
+                streams.len(),
+                self.devices.len()
+            )));
+        }
+        for (rank, (stream, &device)) in streams.iter().zip(&self.devices).enumerate() {
+            let on = stream.context().ordinal();
+            if on != device {
+                return Err(Error::InvalidArgument(format!(
+                    "rank {rank}'s stream is on GPU {on}, the rank is GPU {device}"
+                )));
+            }
+        }
+        Ok(streams
+            .iter()
+            .map(|s| s.cu_stream() as nccl_sys::cudaStream_t)
+            .collect())
     }
 
     /// One buffer per rank, on the rank's GPU, all of rank 0's length; returns that length.
@@ -308,8 +418,8 @@ impl NcclAllReduce {
     /// # Safety
     /// `sends[r]` and `recvs[r]` are device addresses on GPU `devices[r]`, valid for `count`
     /// elements of `dtype`, each receive range either equal to its send range or overlapping no
-    /// send range, and they stay valid and untouched by others until
-    /// [`NcclAllReduce::synchronize`] has returned.
+    /// send range, and they stay valid and untouched by others until `streams` have passed the
+    /// call; `streams[r]` is a live stream in GPU `devices[r]`'s primary context.
     unsafe fn enqueue(
         &self,
         sends: &[u64],
@@ -317,15 +427,17 @@ impl NcclAllReduce {
         count: usize,
         dtype: DType,
         op: ReduceOp,
+        streams: &[nccl_sys::cudaStream_t],
     ) -> Result<()> {
         debug_assert!(sends.len() == self.comms.len() && recvs.len() == self.comms.len());
+        debug_assert!(streams.len() == self.comms.len());
         nccl::group_start().map_err(nccl_error("ncclGroupStart"))?;
         let mut queued = Ok(());
         for (rank, comm) in self.comms.iter().enumerate() {
-            // SAFETY: the addresses and their lifetime are our caller's contract; `comm` is a
-            // live communicator of GPU devices[rank] (from ncclCommInitAll, destroyed only in
-            // `release`), and `streams[rank]` is a live stream in that GPU's primary context, the
-            // context NCCL works in. Inside a group the call only queues work.
+            // SAFETY: the addresses, their lifetime and the streams are our caller's contract;
+            // `comm` is a live communicator of GPU devices[rank] (from ncclCommInitAll, destroyed
+            // only in `release`), and `streams[rank]` is a live stream in that GPU's primary
+            // context, the context NCCL works in. Inside a group the call only queues work.
             let call = unsafe {
                 nccl::all_reduce(
                     sends[rank] as *const c_void,
@@ -334,7 +446,7 @@ impl NcclAllReduce {
                     nccl_data_type(dtype),
                     nccl_red_op(op),
                     *comm,
-                    self.streams[rank].raw() as nccl_sys::cudaStream_t,
+                    streams[rank],
                 )
             };
             if let Err(err) = call {
@@ -429,6 +541,20 @@ fn nccl_error(call: &'static str) -> impl FnOnce(nccl::NcclError) -> Error {
             call,
             message: format!("{code:?}: {text}; NCCL's last error: {last}"),
         }
+    }
+}
+
+/// Converts a cudarc `DriverError` from `call` (the calls this crate makes through cudarc's driver
+/// API: stream capture, copies into NCCL's memory) into [`Error::Cuda`] with the driver's text.
+/// The one place in this crate a CUDA status becomes an [`Error`].
+pub fn cuda_error(call: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> Error {
+    move |err| Error::Cuda {
+        call,
+        code: format!("{:?}", err.0),
+        message: err
+            .error_string()
+            .map(|m| m.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "(the driver has no message for this code)".into()),
     }
 }
 

@@ -1,19 +1,31 @@
-//! Timing one library over the sweep, as nccl-tests does: per size and placement one checked call,
-//! `-w` warm-up iterations, `-n` back-to-back iterations timed on the host, then `-n` more with a
-//! CUDA event between consecutive iterations on rank 0's stream for the per-iteration (min, median,
-//! p99) times; and the formulas the rows are made of (algbw, busbw, the sizes of the sweep).
+//! Timing one library over the sweep, as nccl-tests does, plus the latency a caller sees.
 //!
-//! Invariant: every enqueue is followed by the library's `synchronize` before its buffers are read
-//! or dropped, on the error paths too; ringreduce and NCCL are driven through the same [`Lib`]
-//! calls, so their numbers come from the same procedure.
+//! Per size and placement, eagerly: one checked call, `-w` warm-up iterations, `-n` back-to-back
+//! iterations timed on the host (time = wall clock / n), `-n` more with a CUDA event between
+//! consecutive iterations on rank 0's stream (per-iteration min, median, mean, p99), and `-n`
+//! blocking calls, each timed on the host from the call to its completion (call median, mean,
+//! p99). With `--graph N` ([`Mode::Graph`]): one eager call of the same shape on the bench's own
+//! streams (checked), N calls captured into one CUDA graph per rank ([`super::graph`]), the graph's
+//! result checked (out of place), and the same three passes over `-w`/`-n` replays, each time
+//! divided by N. And the random-size workload ([`super::random`]).
+//!
+//! Invariant: every enqueue is followed by a synchronize of the streams it used before its
+//! buffers are read or dropped, on the error paths too; ringreduce and NCCL are driven through the
+//! same [`Lib`] calls, so their numbers come from the same procedure.
 
+use super::graph;
+pub use super::memory::Memory;
+use super::memory::RankMemory;
+use super::random::{random_sizes, RandomRun};
 use super::report::{print_row, print_table_header, Measure, Row};
 use super::BenchArgs;
 use crate::Failure;
+use cudarc::driver::{CudaGraph, CudaStream};
 use ringreduce::device;
-use ringreduce::verify::{compare, make_expected, make_input};
-use ringreduce::{Communicator, DType, Element, GpuBuffer, ReduceOp};
+use ringreduce::verify::{make_expected, make_input};
+use ringreduce::{Communicator, DType, Element, GpuSlice, ReduceOp};
 use ringreduce_cli::baseline::NcclAllReduce;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// The library under test, driven the same way.
@@ -22,28 +34,39 @@ pub(super) enum Lib<'a> {
     Nccl(&'a NcclAllReduce),
 }
 
-/// One buffer per rank (inputs; in place, the results too) and, out of place, the outputs.
-struct Bufs<T: Element> {
-    inputs: Vec<GpuBuffer<T>>,
-    outputs: Vec<GpuBuffer<T>>,
+/// How the calls are issued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// One library call per all-reduce, on the library's own streams.
+    Eager,
+    /// N all-reduces captured into a CUDA graph on the bench's streams, replayed.
+    Graph(usize),
 }
 
 impl Lib<'_> {
+    /// One all-reduce of `ins` (in place when `outs` is `None`) on the library's own streams, or
+    /// on `streams` when given.
+    ///
     /// # Safety
-    /// The buffers stay allocated and untouched until `synchronize` has returned.
+    /// The buffers stay allocated and untouched until the streams used have been synchronized.
     unsafe fn enqueue<T: Element>(
         &self,
-        bufs: &mut Bufs<T>,
-        in_place: bool,
+        ins: &mut [GpuSlice<'_, T>],
+        outs: Option<&mut [GpuSlice<'_, T>]>,
         op: ReduceOp,
+        streams: Option<&[Arc<CudaStream>]>,
     ) -> ringreduce::Result<()> {
         // SAFETY: the caller's contract is each library's.
         unsafe {
-            match (self, in_place) {
-                (Lib::Ring(c), true) => c.enqueue_all_reduce_in_place(&mut bufs.inputs, op),
-                (Lib::Ring(c), false) => c.enqueue_all_reduce(&bufs.inputs, &mut bufs.outputs, op),
-                (Lib::Nccl(n), true) => n.enqueue_all_reduce_in_place(&mut bufs.inputs, op),
-                (Lib::Nccl(n), false) => n.enqueue_all_reduce(&bufs.inputs, &mut bufs.outputs, op),
+            match (self, outs, streams) {
+                (Lib::Ring(c), None, None) => c.enqueue_all_reduce_in_place(ins, op),
+                (Lib::Ring(c), Some(o), None) => c.enqueue_all_reduce(ins, o, op),
+                (Lib::Ring(c), None, Some(s)) => c.enqueue_all_reduce_in_place_on(ins, op, s),
+                (Lib::Ring(c), Some(o), Some(s)) => c.enqueue_all_reduce_on(ins, o, op, s),
+                (Lib::Nccl(n), None, None) => n.enqueue_all_reduce_in_place(ins, op),
+                (Lib::Nccl(n), Some(o), None) => n.enqueue_all_reduce(ins, o, op),
+                (Lib::Nccl(n), None, Some(s)) => n.enqueue_all_reduce_in_place_on(ins, op, s),
+                (Lib::Nccl(n), Some(o), Some(s)) => n.enqueue_all_reduce_on(ins, o, op, s),
             }
         }
     }
@@ -55,7 +78,7 @@ impl Lib<'_> {
         }
     }
 
-    /// Records `event` on rank 0's stream.
+    /// Records `event` on rank 0's own stream.
     fn record(&self, event: &device::Event) -> ringreduce::Result<()> {
         match self {
             Lib::Ring(c) => {
@@ -63,7 +86,7 @@ impl Lib<'_> {
                     ringreduce::Error::InvalidArgument("not a GPU communicator".into())
                 })?;
                 // SAFETY: `stream` is rank 0's main stream, live while `c` is, in the primary
-                // context of devices()[0], where `event` was made (see `measure_size`).
+                // context of devices()[0], where `event` was made (see `Sweep::new`).
                 unsafe { device::record_on_raw_stream(event, stream) }
             }
             Lib::Nccl(n) => match n.stream(0) {
@@ -74,12 +97,41 @@ impl Lib<'_> {
     }
 }
 
+/// min, median, mean and p99 of a set of samples (µs).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Stats {
+    pub min: f64,
+    pub median: f64,
+    pub mean: f64,
+    pub p99: f64,
+}
+
+impl Stats {
+    /// The statistics of `samples` (sorted in place); zeros when empty.
+    pub fn of(samples: &mut [f64]) -> Stats {
+        let (min, median, p99) = percentiles(samples);
+        let mean = if samples.is_empty() {
+            0.0
+        } else {
+            samples.iter().sum::<f64>() / samples.len() as f64
+        };
+        Stats {
+            min,
+            median,
+            mean,
+            p99,
+        }
+    }
+}
+
 /// Everything the sweep needs that does not change between sizes.
 pub(super) struct Sweep<'a> {
     args: &'a BenchArgs,
     devices: Vec<usize>,
     /// `iters + 1` timing events on rank 0's GPU.
     events: Vec<device::Event>,
+    /// The bench's own streams, one per GPU (the caller's streams of `Mode::Graph`).
+    streams: Vec<Arc<CudaStream>>,
 }
 
 impl Sweep<'_> {
@@ -88,19 +140,29 @@ impl Sweep<'_> {
         let events = (0..=args.iters.max(1))
             .map(|_| device::Event::with_timing(&ctx))
             .collect::<ringreduce::Result<_>>()?;
+        let streams = graph::new_streams(&devices)?;
         Ok(Sweep {
             args,
             devices,
             events,
+            streams,
         })
     }
 
-    /// Every size for `lib`, printed as it goes.
-    pub(super) fn run(&self, lib: &Lib, label: &str, print: bool) -> Result<Vec<Row>, Failure> {
+    /// Every size for `lib`, printed as it goes. In [`Mode::Graph`] a size whose capture or
+    /// replay fails becomes a row with its error, and the sweep goes on.
+    pub(super) fn run(
+        &self,
+        lib: &Lib,
+        label: &str,
+        print: bool,
+        mode: Mode,
+        memory: Memory,
+    ) -> Result<Vec<Row>, Failure> {
         macro_rules! typed {
             ($($d:ident => $t:ty),*) => {
                 match self.args.dtype {
-                    $(DType::$d => self.run_typed::<$t>(lib, label, print),)*
+                    $(DType::$d => self.run_typed::<$t>(lib, label, print, mode, memory),)*
                 }
             };
         }
@@ -113,6 +175,8 @@ impl Sweep<'_> {
         lib: &Lib,
         label: &str,
         print: bool,
+        mode: Mode,
+        memory: Memory,
     ) -> Result<Vec<Row>, Failure> {
         let args = self.args;
         let world = self.devices.len();
@@ -127,8 +191,19 @@ impl Sweep<'_> {
             let count = bytes / elem;
             let inputs: Vec<Vec<T>> = (0..world).map(|r| make_input(args.op, r, count)).collect();
             let want: Vec<T> = make_expected(args.op, world, count);
-            let oop = self.measure::<T>(lib, &inputs, &want, false)?;
-            let ip = self.measure::<T>(lib, &inputs, &want, true)?;
+            let both = self
+                .measure::<T>(lib, &inputs, &want, false, mode, memory)
+                .and_then(|oop| {
+                    let ip = self.measure::<T>(lib, &inputs, &want, true, mode, memory)?;
+                    Ok((oop, ip))
+                });
+            let (out_of_place, in_place, error) = match (both, mode) {
+                (Ok((oop, ip)), _) => (oop, ip, None),
+                (Err(e), Mode::Graph(_)) => {
+                    (Measure::default(), Measure::default(), Some(e.to_string()))
+                }
+                (Err(e), Mode::Eager) => return Err(e.into()),
+            };
             let row = Row {
                 library: label.to_string(),
                 size_bytes: bytes as u64,
@@ -149,8 +224,9 @@ impl Sweep<'_> {
                     }
                     _ => None,
                 },
-                out_of_place: oop,
-                in_place: ip,
+                out_of_place,
+                in_place,
+                error,
             };
             if print {
                 print_row(&row);
@@ -160,102 +236,279 @@ impl Sweep<'_> {
         Ok(rows)
     }
 
-    /// One placement of one size: checked call, warm-up, back-to-back timing, event timing.
+    /// One placement of one size, in `mode`, on `memory`.
     fn measure<T: Element>(
         &self,
         lib: &Lib,
         inputs: &[Vec<T>],
         want: &[T],
         in_place: bool,
+        mode: Mode,
+        memory: Memory,
     ) -> ringreduce::Result<Measure> {
-        let args = self.args;
         let count = want.len();
-        let mut bufs = Bufs {
-            inputs: self
-                .devices
-                .iter()
-                .zip(inputs)
-                .map(|(&d, x)| GpuBuffer::from_host(d, x))
-                .collect::<ringreduce::Result<_>>()?,
-            outputs: if in_place {
-                Vec::new()
-            } else {
-                self.devices
-                    .iter()
-                    .map(|&d| GpuBuffer::zeroed(d, count))
-                    .collect::<ringreduce::Result<_>>()?
-            },
-        };
-        // Every enqueue below is followed by `lib.synchronize()` before `bufs` is read or dropped,
-        // on the error paths too (`queue` waits before returning an error).
-        let queue = |bufs: &mut Bufs<T>,
-                     n: usize,
-                     mut between: Option<&mut dyn FnMut(usize) -> ringreduce::Result<()>>|
-         -> ringreduce::Result<()> {
-            for i in 0..n {
-                if let Some(f) = between.as_mut() {
-                    if let Err(e) = f(i) {
-                        let _ = lib.synchronize();
-                        return Err(e);
-                    }
-                }
-                // SAFETY: `bufs` is neither read nor dropped before the `synchronize` below (or
-                // the one on this error path).
-                if let Err(e) = unsafe { lib.enqueue(bufs, in_place, args.op) } {
-                    let _ = lib.synchronize();
-                    return Err(e);
-                }
-            }
-            if let Some(f) = between.as_mut() {
-                if let Err(e) = f(n) {
-                    let _ = lib.synchronize();
-                    return Err(e);
-                }
-            }
-            lib.synchronize()
-        };
-        // Checked call.
-        queue(&mut bufs, 1, None)?;
-        let results = if in_place {
-            &bufs.inputs
+        let mut ins = RankMemory::zeroed(lib, memory, &self.devices, count)?;
+        ins.write_all(inputs)?;
+        let mut outs = if in_place {
+            None
         } else {
-            &bufs.outputs
+            Some(RankMemory::zeroed(lib, memory, &self.devices, count)?)
         };
-        let mut wrong = 0u64;
-        for (rank, b) in results.iter().enumerate() {
-            let (w, first) = compare(rank, &b.to_host()?, want, 3);
-            wrong += w as u64;
-            for m in first {
-                eprintln!("ringreduce bench: wrong element {m} ({count} elements)");
-            }
+        match mode {
+            Mode::Eager => self.measure_eager(lib, &mut ins, outs.as_mut(), want),
+            Mode::Graph(calls) => self.measure_graph(lib, &mut ins, outs.as_mut(), want, calls),
         }
-        // Warm-up, then back-to-back iterations timed on the host.
-        queue(&mut bufs, args.warmup, None)?;
+    }
+
+    fn measure_eager<T: Element>(
+        &self,
+        lib: &Lib,
+        ins: &mut RankMemory<'_, T>,
+        mut outs: Option<&mut RankMemory<'_, T>>,
+        want: &[T],
+    ) -> ringreduce::Result<Measure> {
+        let (args, count) = (self.args, want.len());
+        // Checked call.
+        {
+            let mut i = ins.slices(count)?;
+            let mut o = outs.as_mut().map(|o| o.slices(count)).transpose()?;
+            // SAFETY: the slices' memory lives (in `ins`/`outs`) until after the synchronize.
+            let call = unsafe { lib.enqueue(&mut i, o.as_deref_mut(), args.op, None) };
+            let synced = lib.synchronize();
+            call.and(synced)?;
+        }
+        let wrong = outs.as_deref().unwrap_or(ins).count_wrong(want)?;
+        let mut i = ins.slices(count)?;
+        let mut o = outs.as_mut().map(|o| o.slices(count)).transpose()?;
+        // `n` calls back to back, `between(k)` before call k and after the last; then one wait
+        // (also when a call fails, before the buffers can be dropped).
+        let mut queue = |n: usize,
+                         between: &mut dyn FnMut(usize) -> ringreduce::Result<()>|
+         -> ringreduce::Result<()> {
+            let mut result = Ok(());
+            for k in 0..=n {
+                result = between(k);
+                if result.is_ok() && k < n {
+                    // SAFETY: the memory outlives the synchronize below, on every path.
+                    result = unsafe { lib.enqueue(&mut i, o.as_deref_mut(), args.op, None) };
+                }
+                if result.is_err() {
+                    break;
+                }
+            }
+            let synced = lib.synchronize();
+            result.and(synced)
+        };
         let n = args.iters.max(1);
+        queue(args.warmup, &mut |_| Ok(()))?;
         let start = Instant::now();
-        queue(&mut bufs, n, None)?;
+        queue(n, &mut |_| Ok(()))?;
         let seconds = start.elapsed().as_secs_f64() / n as f64;
-        // Per-iteration times: an event between consecutive iterations on rank 0's stream.
-        let mut record = |i: usize| lib.record(&self.events[i]);
-        queue(&mut bufs, n, Some(&mut record))?;
-        let mut per_iter = (0..n)
-            .map(|i| {
-                device::event_elapsed_ms(&self.events[i], &self.events[i + 1])
-                    .map(|ms| f64::from(ms) * 1e3)
+        queue(n, &mut |k| lib.record(&self.events[k]))?;
+        let mut per_iter = self.event_times_us(n, 1)?;
+        let mut per_call = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t = Instant::now();
+            queue(1, &mut |_| Ok(()))?;
+            per_call.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        Ok(self.measure_from(want, seconds, wrong, &mut per_iter, &mut per_call))
+    }
+
+    fn measure_graph<T: Element>(
+        &self,
+        lib: &Lib,
+        ins: &mut RankMemory<'_, T>,
+        mut outs: Option<&mut RankMemory<'_, T>>,
+        want: &[T],
+        calls: usize,
+    ) -> ringreduce::Result<Measure> {
+        let (args, count, streams) = (self.args, want.len(), &self.streams[..]);
+        // One eager call of the same shape on the same streams (plans and staging are made outside
+        // the capture), checked; then the capture.
+        let graphs: Vec<CudaGraph> = {
+            let mut i = ins.slices(count)?;
+            let mut o = outs.as_mut().map(|o| o.slices(count)).transpose()?;
+            // SAFETY: the slices' memory lives (in `ins`/`outs`) until after the synchronize.
+            let call = unsafe { lib.enqueue(&mut i, o.as_deref_mut(), args.op, Some(streams)) };
+            let synced = graph::synchronize(streams);
+            call.and(synced)?;
+            // SAFETY: captured work runs only in replays, each followed by a synchronize of
+            // `streams` while `ins`/`outs` still hold the memory (the graphs are dropped first).
+            let captured = graph::capture(streams, calls, || unsafe {
+                lib.enqueue(&mut i, o.as_deref_mut(), args.op, Some(streams))
+            });
+            let synced = graph::synchronize(streams);
+            let graphs = captured?;
+            synced?;
+            graphs
+        };
+        let mut wrong = outs.as_deref().unwrap_or(ins).count_wrong(want)?;
+        graph::upload(&graphs)?;
+        let queue = |n: usize,
+                     between: &mut dyn FnMut(usize) -> ringreduce::Result<()>|
+         -> ringreduce::Result<()> {
+            let mut result = Ok(());
+            for k in 0..=n {
+                result = between(k);
+                if result.is_ok() && k < n {
+                    result = graph::replay(&graphs);
+                }
+                if result.is_err() {
+                    break;
+                }
+            }
+            let synced = graph::synchronize(streams);
+            result.and(synced)
+        };
+        // The graph's own result: out of place, outputs zeroed, one replay, compared.
+        if let Some(o) = outs.as_mut() {
+            let zeros = vec![vec![T::zeroed(); count]; self.devices.len()];
+            o.write_all(&zeros)?;
+            queue(1, &mut |_| Ok(()))?;
+            wrong += o.count_wrong(want)?;
+        }
+        let n = args.iters.max(1);
+        queue(args.warmup.max(1), &mut |_| Ok(()))?;
+        let start = Instant::now();
+        queue(n, &mut |_| Ok(()))?;
+        let seconds = start.elapsed().as_secs_f64() / (n * calls) as f64;
+        let rank0 = streams[0].cu_stream();
+        queue(n, &mut |k| {
+            // SAFETY: `rank0` is the bench's live stream of devices[0], in the primary context
+            // where the events were made (`Sweep::new`).
+            unsafe { device::record_on_raw_stream(&self.events[k], rank0) }
+        })?;
+        let mut per_iter = self.event_times_us(n, calls)?;
+        let mut per_call = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t = Instant::now();
+            queue(1, &mut |_| Ok(()))?;
+            per_call.push(t.elapsed().as_secs_f64() * 1e6 / calls as f64);
+        }
+        drop(graphs);
+        Ok(self.measure_from(want, seconds, wrong, &mut per_iter, &mut per_call))
+    }
+
+    /// The times between consecutive events 0..=n, µs, each divided by `per`.
+    fn event_times_us(&self, n: usize, per: usize) -> ringreduce::Result<Vec<f64>> {
+        (0..n)
+            .map(|k| {
+                device::event_elapsed_ms(&self.events[k], &self.events[k + 1])
+                    .map(|ms| f64::from(ms) * 1e3 / per as f64)
             })
-            .collect::<ringreduce::Result<Vec<f64>>>()?;
-        let (min, median, p99) = percentiles(&mut per_iter);
-        let bytes = std::mem::size_of_val(want);
-        let algbw = algbw_gbps(bytes, seconds);
-        Ok(Measure {
+            .collect()
+    }
+
+    fn measure_from<T>(
+        &self,
+        want: &[T],
+        seconds: f64,
+        wrong: u64,
+        per_iter: &mut [f64],
+        per_call: &mut [f64],
+    ) -> Measure {
+        let it = Stats::of(per_iter);
+        let call = Stats::of(per_call);
+        let algbw = algbw_gbps(std::mem::size_of_val(want), seconds);
+        Measure {
             time_us: seconds * 1e6,
             algbw_gbps: algbw,
             busbw_gbps: busbw_gbps(algbw, self.devices.len()),
             wrong,
-            iter_min_us: min,
-            iter_median_us: median,
-            iter_p99_us: p99,
-        })
+            iter_min_us: it.min,
+            iter_median_us: it.median,
+            iter_p99_us: it.p99,
+            iter_mean_us: Some(it.mean),
+            call_median_us: Some(call.median),
+            call_p99_us: Some(call.p99),
+            call_mean_us: Some(call.mean),
+        }
+    }
+
+    /// The random-size workload for `lib` (out of place, eager): `calls` sizes from
+    /// [`random_sizes`], `-w` warm-up calls at the smallest of them, then every call timed from
+    /// the call to its completion. An error stops the workload and is recorded in the run.
+    pub(super) fn run_random(
+        &self,
+        lib: &Lib,
+        label: &str,
+        memory: Memory,
+        calls: usize,
+        seed: u64,
+    ) -> RandomRun {
+        macro_rules! typed {
+            ($($d:ident => $t:ty),*) => {
+                match self.args.dtype {
+                    $(DType::$d => self.random_typed::<$t>(lib, label, memory, calls, seed),)*
+                }
+            };
+        }
+        typed!(F16 => half::f16, BF16 => half::bf16, F32 => f32, F64 => f64, I8 => i8,
+               U8 => u8, I32 => i32, U32 => u32, I64 => i64, U64 => u64)
+    }
+
+    fn random_typed<T: Element>(
+        &self,
+        lib: &Lib,
+        label: &str,
+        memory: Memory,
+        calls: usize,
+        seed: u64,
+    ) -> RandomRun {
+        let args = self.args;
+        let elem = std::mem::size_of::<T>();
+        let sequence = random_sizes(args.min_bytes, args.max_bytes, calls, elem, seed);
+        let mut run = RandomRun {
+            library: label.to_string(),
+            seed,
+            min_bytes: args.min_bytes as u64,
+            max_bytes: args.max_bytes as u64,
+            calls: Vec::with_capacity(calls),
+            wrong: 0,
+            error: None,
+        };
+        if let Err(e) = self.random_calls::<T>(lib, memory, &sequence, &mut run) {
+            run.error = Some(e.to_string());
+        }
+        run
+    }
+
+    fn random_calls<T: Element>(
+        &self,
+        lib: &Lib,
+        memory: Memory,
+        sequence: &[usize],
+        run: &mut RandomRun,
+    ) -> ringreduce::Result<()> {
+        let (args, world, elem) = (self.args, self.devices.len(), std::mem::size_of::<T>());
+        let largest = sequence.iter().max().map_or(0, |b| b / elem);
+        let smallest = sequence.iter().min().map_or(0, |b| b / elem);
+        let mut ins = RankMemory::zeroed(lib, memory, &self.devices, largest)?;
+        let inputs: Vec<Vec<T>> = (0..world)
+            .map(|r| make_input(args.op, r, largest))
+            .collect();
+        ins.write_all(&inputs)?;
+        let mut outs = RankMemory::zeroed(lib, memory, &self.devices, largest)?;
+        let mut one = |count: usize| -> ringreduce::Result<f64> {
+            let mut i = ins.slices(count)?;
+            let mut o = outs.slices(count)?;
+            let t = Instant::now();
+            // SAFETY: `ins`/`outs` hold the memory until after the synchronize, on every path.
+            let call = unsafe { lib.enqueue(&mut i, Some(&mut o), args.op, None) };
+            let synced = lib.synchronize();
+            call.and(synced)?;
+            Ok(t.elapsed().as_secs_f64() * 1e6)
+        };
+        for _ in 0..args.warmup {
+            one(smallest)?;
+        }
+        for &bytes in sequence {
+            let us = one(bytes / elem)?;
+            run.calls.push((bytes as u64, us));
+        }
+        run.wrong = outs.count_wrong(&make_expected(args.op, world, largest))?;
+        Ok(())
     }
 }
 

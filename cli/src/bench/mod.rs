@@ -26,18 +26,24 @@
 //! sweep, [`nccl`] runs NCCL in its child processes, [`report`] holds the rows, the JSON report
 //! and the printed tables, and [`plot`] draws a report (SVG, or PNG through resvg).
 
+mod compare;
+mod graph;
 mod measure;
+mod memory;
 mod nccl;
 mod plot;
+mod random;
 mod report;
+mod torch;
 
 pub use measure::{algbw_gbps, busbw_gbps};
 
 use crate::{parse_bytes, parse_op, parse_transport, require_gpus, Failure};
-use measure::{Lib, Sweep};
+use compare::{print_comparison, print_random};
+use measure::{Lib, Memory, Mode, Sweep};
 use nccl::run_nccl_only;
 use plot::{check_plot_path, write_plot};
-use report::{print_comparison, Report, Row};
+use report::{Header, Report, Row};
 use ringreduce::{Communicator, DType, ReduceOp, Transport};
 use std::path::PathBuf;
 
@@ -98,12 +104,43 @@ pub struct BenchArgs {
     /// NCCL_P2P_DISABLE=1, up to 256 MiB) that follows the main one unless --transport staged.
     #[arg(long)]
     pub no_staged: bool,
+    /// Also capture N back-to-back all-reduces per CUDA graph, for ringreduce (on the bench's own
+    /// streams) and NCCL alike, and time the replays (per all-reduce = replay / N); `-n` and `-w`
+    /// count replays there.
+    #[arg(long, value_name = "N", value_parser = crate::parse_positive)]
+    pub graph: Option<usize>,
+    /// `random`: after the sweep, a workload whose size changes on every call (sizes from -b..-e,
+    /// log-uniform, fixed seed), each call timed to its completion, against the fixed sizes.
+    #[arg(long, value_enum, default_value = "sweep")]
+    pub sizes: Sizes,
+    /// Calls in the random-size workload.
+    #[arg(long, default_value_t = 1000, value_parser = crate::parse_positive)]
+    pub random_calls: usize,
+    /// Seed of the random-size workload.
+    #[arg(long, default_value_t = random::DEFAULT_SEED)]
+    pub seed: u64,
+    /// The JSON of scripts/torch_symm_mem_bench.py: PyTorch's symmetric-memory all-reduces as
+    /// columns and in the best-competitor comparison.
+    #[arg(long, value_name = "FILE")]
+    pub torch_json: Option<PathBuf>,
     /// Internal: run NCCL only (in a child process of `bench`).
     #[arg(long, hide = true)]
     pub nccl_only: bool,
+    /// Internal: with --nccl-only, NCCL's buffers in symmetric memory (registered windows).
+    #[arg(long, hide = true)]
+    pub nccl_symmetric: bool,
     /// Internal: with --nccl-only, print the rows as JSON on stdout and nothing else there.
     #[arg(long, hide = true)]
     pub json_stdout: bool,
+}
+
+/// Which sizes `bench` calls with.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sizes {
+    /// The fixed sweep -b..-e, ×-f.
+    Sweep,
+    /// The fixed sweep, then the random-size workload.
+    Random,
 }
 
 fn parse_dtype(text: &str) -> Result<DType, String> {
@@ -124,8 +161,9 @@ pub fn cuda_config(args: &BenchArgs) -> ringreduce::CudaConfig {
     }
 }
 
-/// The staged pass's arguments: the ring with every edge staged, up to [`STAGED_MAX_BYTES`]; the
-/// ring knobs (`--chunk`, `--slots`) and everything else as in the main pass.
+/// The staged pass's arguments: the ring with every edge staged, up to [`STAGED_MAX_BYTES`],
+/// eager and fixed sizes only; the ring knobs (`--chunk`, `--slots`) and everything else as in
+/// the main pass.
 pub fn staged_pass_args(args: &BenchArgs) -> BenchArgs {
     let max_bytes = args.max_bytes.min(STAGED_MAX_BYTES);
     BenchArgs {
@@ -133,6 +171,8 @@ pub fn staged_pass_args(args: &BenchArgs) -> BenchArgs {
         algorithm: ringreduce::Algorithm::Ring,
         max_bytes,
         min_bytes: args.min_bytes.min(max_bytes),
+        graph: None,
+        sizes: Sizes::Sweep,
         ..args.clone()
     }
 }
@@ -151,9 +191,18 @@ pub fn knobs_suffix(chunk_bytes: Option<u64>, slots: Option<u64>) -> String {
     }
 }
 
+/// `label` with `note` added inside its parentheses: "ringreduce (auto)" + "graph 10" →
+/// "ringreduce (auto, graph 10)"; "NCCL" + "graph 10" → "NCCL (graph 10)".
+pub fn with_note(label: &str, note: &str) -> String {
+    match label.strip_suffix(')') {
+        Some(head) if head.contains('(') => format!("{head}, {note})"),
+        _ => format!("{label} ({note})"),
+    }
+}
+
 /// The command: `--from-json` draws an earlier report; otherwise the main pass, then the staged
-/// pass unless `--no-staged` (or the main pass is staged), the comparison tables, `--json` and
-/// `--plot`. Fails when any element of any row was wrong.
+/// pass unless `--no-staged` (or the main pass is staged), the comparison tables, the random-size
+/// tables, `--json` and `--plot`. Fails when any element of any row was wrong.
 pub fn run(args: &BenchArgs) -> Result<(), Failure> {
     if let Some(p) = &args.plot {
         check_plot_path(p)?;
@@ -170,6 +219,11 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
     if let Some(source) = &args.from_json {
         return report::plot_from_json(source, args.plot.as_deref());
     }
+    // Read before any GPU work, so a wrong path fails at once.
+    let torch = match &args.torch_json {
+        Some(path) => Some(torch::read_torch_json(path)?),
+        None => None,
+    };
     let n = require_gpus(2)?;
     let devices: Vec<usize> = (0..n).collect();
     let (chunk_bytes, slots) = (args.chunk.map(|b| b as u64), Some(args.slots as u64));
@@ -186,32 +240,29 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
     let (mut header, detected) = report::machine_header(args, n)?;
 
     let mut not_measured = Vec::new();
-    let (mut rows, against) = measure_pass(
-        args,
-        &devices,
-        &ring_label,
-        detected.as_ref(),
-        &mut header,
-        &mut not_measured,
-    )?;
-    let mut comparisons = vec![(ring_label.clone(), against)];
-    // The staged fallback against NCCL's host path, in the same report (issue 4, point 2):
-    // ringreduce's ring with every edge staged through pinned host memory, and NCCL with
-    // NCCL_P2P_DISABLE=1. Up to 256 MiB (the staged path moves ~45 GB/s: a 1 GiB row alone
-    // would take seconds per iteration).
+    let mut random = Vec::new();
+    let mut pass = |args: &BenchArgs, label: &str, header: &mut Header| {
+        measure_pass(
+            args,
+            &devices,
+            label,
+            detected.as_ref(),
+            header,
+            &mut not_measured,
+            &mut random,
+        )
+    };
+    let (mut rows, mut comparisons) = pass(args, &ring_label, &mut header)?;
+    // The staged fallback against NCCL's host path, in the same report: ringreduce's ring with
+    // every edge staged through pinned host memory, and NCCL with NCCL_P2P_DISABLE=1. Up to
+    // 256 MiB (the staged path moves ~45 GB/s: a 1 GiB row alone would take seconds per
+    // iteration).
     if args.transport != Transport::Staged && !args.no_staged {
         let staged = staged_pass_args(args);
         let label = format!("ringreduce (staged{knobs})");
-        let (staged_rows, against) = measure_pass(
-            &staged,
-            &devices,
-            &label,
-            detected.as_ref(),
-            &mut header,
-            &mut not_measured,
-        )?;
+        let (staged_rows, staged_comparisons) = pass(&staged, &label, &mut header)?;
         rows.extend(staged_rows);
-        comparisons.push((label, against));
+        comparisons.extend(staged_comparisons);
     }
     let report = Report {
         header,
@@ -219,10 +270,16 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
         slots,
         not_measured,
         rows,
+        random,
+        torch,
     };
+    if let Some(t) = &report.torch {
+        torch::print_torch(t);
+    }
     for (label, against) in &comparisons {
         print_comparison(&report, label, against);
     }
+    print_random(&report);
 
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
@@ -238,30 +295,43 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
         .rows
         .iter()
         .map(|r| r.out_of_place.wrong + r.in_place.wrong)
+        .chain(report.random.iter().map(|r| r.wrong))
         .sum();
     if wrong > 0 {
         return Err(Failure::Failed(format!(
             "{wrong} wrong elements (see the #wrong columns)"
         )));
     }
-    out!("# all results correct");
+    let failed = report.rows.iter().filter(|r| r.error.is_some()).count()
+        + report.random.iter().filter(|r| r.error.is_some()).count();
+    if failed > 0 {
+        out!("# all results measured are correct; {failed} rows or workloads could not be measured (see above)");
+    } else {
+        out!("# all results correct");
+    }
     Ok(())
 }
+
+/// A ringreduce label and the labels of the NCCL runs its comparison table counts.
+type Comparison = (String, Vec<String>);
 
 /// Bytes per rank the staged pass of a default `bench` goes up to.
 const STAGED_MAX_BYTES: usize = 256 << 20;
 
-/// One pass of the report: ringreduce with `args`' transport and algorithm over the sweep, then
-/// each NCCL configuration that matches it (in child processes). Returns the rows and the labels
-/// of the NCCL runs measured, for the comparison table.
+/// One pass of the report: ringreduce with `args`' transport and algorithm over the sweep (eager,
+/// then in CUDA graphs with `--graph`, then the random-size workload with `--sizes random`), then
+/// each NCCL configuration that matches it (in child processes). Returns the rows and, per
+/// ringreduce label, the labels of the NCCL runs it is compared with.
+#[allow(clippy::too_many_arguments)]
 fn measure_pass(
     args: &BenchArgs,
     devices: &[usize],
     label: &str,
     detected: Option<&ringreduce::topo::Detected>,
-    header: &mut Vec<(String, String)>,
+    header: &mut Header,
     not_measured: &mut Vec<(String, String)>,
-) -> Result<(Vec<Row>, Vec<String>), Failure> {
+    random: &mut Vec<random::RandomRun>,
+) -> Result<(Vec<Row>, Vec<Comparison>), Failure> {
     let first = !header.iter().any(|(k, _)| k.ends_with(" links"));
     let printed = header.len();
     let comm = Communicator::with_config(devices, cuda_config(args))?;
@@ -269,6 +339,37 @@ fn measure_pass(
         format!("{label} algorithm"),
         crate::describe_algorithm(&comm),
     ));
+    header.push((format!("{label} links"), describe_links(&comm, detected)));
+    let from = if first { 0 } else { printed };
+    for (k, v) in &header[from..] {
+        out!("# {k}: {v}");
+    }
+
+    let sweep = Sweep::new(args, devices.to_vec())?;
+    let lib = Lib::Ring(&comm);
+    let mut rows = sweep.run(&lib, label, true, Mode::Eager, Memory::Plain)?;
+    let mut labels = vec![label.to_string()];
+    // The random workload before the graphs: a failed capture may leave the communicator failed.
+    if args.sizes == Sizes::Random {
+        random.push(sweep.run_random(&lib, label, Memory::Plain, args.random_calls, args.seed));
+    }
+    if let Some(calls) = args.graph {
+        let graph_label = with_note(label, &format!("graph {calls}"));
+        rows.extend(sweep.run(&lib, &graph_label, true, Mode::Graph(calls), Memory::Plain)?);
+        labels.push(graph_label);
+    }
+    drop(sweep);
+    comm.close()?;
+
+    let against = nccl::measure_nccl(args, &mut rows, random, header, not_measured);
+    Ok((
+        rows,
+        labels.into_iter().map(|l| (l, against.clone())).collect(),
+    ))
+}
+
+/// Each ring edge's link and how ringreduce moves data over it; warns about slow edges.
+fn describe_links(comm: &Communicator, detected: Option<&ringreduce::topo::Detected>) -> String {
     let mut links = Vec::new();
     for e in comm.edges() {
         let link = detected.and_then(|d| {
@@ -299,24 +400,7 @@ fn measure_pass(
             );
         }
     }
-    header.push((format!("{label} links"), links.join("; ")));
-    if first {
-        for (k, v) in header.iter() {
-            out!("# {k}: {v}");
-        }
-    } else {
-        for (k, v) in &header[printed..] {
-            out!("# {k}: {v}");
-        }
-    }
-
-    let sweep = Sweep::new(args, devices.to_vec())?;
-    let mut rows = sweep.run(&Lib::Ring(&comm), label, true)?;
-    drop(sweep);
-    comm.close()?;
-
-    let against = nccl::measure_nccl(args, &mut rows, header, not_measured);
-    Ok((rows, against))
+    links.join("; ")
 }
 
 #[cfg(test)]
@@ -408,5 +492,63 @@ mod tests {
         for text in ["1", "4K", "128M", "2G", "1000"] {
             assert_eq!(crate::format_bytes(parse_bytes(text).unwrap()), text);
         }
+    }
+
+    #[test]
+    fn graph_sizes_and_torch_flags() {
+        let args = parse(&[]).unwrap();
+        assert_eq!(
+            (args.graph, args.sizes, args.torch_json.clone()),
+            (None, Sizes::Sweep, None)
+        );
+        assert_eq!((args.random_calls, args.seed), (1000, random::DEFAULT_SEED));
+        let args = parse(&[
+            "--graph",
+            "10",
+            "--sizes",
+            "random",
+            "--random-calls",
+            "300",
+            "--seed",
+            "42",
+            "--torch-json",
+            "t.json",
+        ])
+        .unwrap();
+        assert_eq!((args.graph, args.sizes), (Some(10), Sizes::Random));
+        assert_eq!((args.random_calls, args.seed), (300, 42));
+        assert_eq!(
+            args.torch_json.as_deref(),
+            Some(std::path::Path::new("t.json"))
+        );
+        // The staged pass is eager and fixed-size.
+        let staged = staged_pass_args(&args);
+        assert_eq!((staged.graph, staged.sizes), (None, Sizes::Sweep));
+        for bad in [
+            &["--graph", "0"][..],
+            &["--random-calls", "0"],
+            &["--sizes", "zipf"],
+        ] {
+            let err = parse(bad)
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?} was accepted"));
+            assert!(
+                matches!(
+                    err.kind(),
+                    clap::error::ErrorKind::ValueValidation | clap::error::ErrorKind::InvalidValue
+                ),
+                "{bad:?}: {:?}",
+                err.kind()
+            );
+        }
+        assert_eq!(
+            with_note("ringreduce (auto)", "graph 10"),
+            "ringreduce (auto, graph 10)"
+        );
+        assert_eq!(
+            with_note("ringreduce (auto, chunk 32M, slots 4)", "graph 2"),
+            "ringreduce (auto, chunk 32M, slots 4, graph 2)"
+        );
+        assert_eq!(with_note("NCCL", "graph 10"), "NCCL (graph 10)");
     }
 }

@@ -1,16 +1,19 @@
 //! NCCL's side of `bench`: each NCCL configuration runs in a child process of this executable
 //! (`bench --nccl-only --json-stdout`), because NCCL reads its environment once, at communicator
-//! creation. The configurations are NCCL's defaults and `NCCL_ALGO=Ring`; with staged transport
-//! both with `NCCL_P2P_DISABLE=1`; `NCCL_NVLS_ENABLE` is 0 unless the parent's environment says
-//! otherwise.
+//! creation. The configurations are NCCL's defaults, `NCCL_ALGO=Ring`, symmetric registration
+//! (`ncclMemAlloc` + `ncclCommWindowRegister`, nccl-tests' `-R 2`) and, with `--graph N`, the
+//! defaults and symmetric registration again with N all-reduces captured per CUDA graph; with
+//! staged transport the first two (and the graph) with `NCCL_P2P_DISABLE=1`.
+//! `NCCL_NVLS_ENABLE` is 0 unless the parent's environment says otherwise.
 //!
 //! Invariant: the child runs the same sweep (sizes, type, op, iterations) as the parent and never
 //! ringreduce's ring knobs; its rows are the last line of its stdout that is JSON
 //! ([`ChildOutput`]), relabelled with the configuration that produced them.
 
-use super::measure::{Lib, Sweep};
+use super::measure::{Lib, Memory, Mode, Sweep};
+use super::random::RandomRun;
 use super::report::{print_row, print_table_header, ChildOutput, Row};
-use super::BenchArgs;
+use super::{BenchArgs, Sizes};
 use crate::{require_gpus, Failure};
 use ringreduce::Transport;
 use ringreduce_cli::baseline::{self, NcclAllReduce};
@@ -24,42 +27,73 @@ pub struct NcclRun {
     pub set: Vec<(String, String)>,
     /// Variables removed from the child's environment.
     pub remove: Vec<String>,
+    /// Buffers in NCCL's symmetric memory, registered as windows.
+    pub symmetric: bool,
+    /// All-reduces per CUDA graph, when captured.
+    pub graph: Option<usize>,
 }
 
-/// The NCCL runs for this sweep: defaults and `NCCL_ALGO=Ring`; with staged transport both with
-/// `NCCL_P2P_DISABLE=1`. `NCCL_NVLS_ENABLE` is 0 unless `nvls` (the parent's value) says
+/// The NCCL runs for this sweep: defaults, `NCCL_ALGO=Ring` and symmetric registration; with
+/// `graph`, the defaults and symmetric registration in CUDA graphs of that many all-reduces. With
+/// staged transport every run gets `NCCL_P2P_DISABLE=1` and symmetric registration is left out
+/// (it needs peer access). `NCCL_NVLS_ENABLE` is 0 unless `nvls` (the parent's value) says
 /// otherwise.
-pub fn nccl_runs(transport: Transport, nvls: Option<&str>) -> Vec<NcclRun> {
+pub fn nccl_runs(transport: Transport, nvls: Option<&str>, graph: Option<usize>) -> Vec<NcclRun> {
     let nvls = nvls.unwrap_or("0").to_string();
     let p2p_off = transport == Transport::Staged;
-    [false, true]
+    // (NCCL_ALGO=Ring, symmetric, graph)
+    let mut shapes = vec![(false, false, None), (true, false, None)];
+    if !p2p_off {
+        shapes.push((false, true, None));
+    }
+    if let Some(n) = graph {
+        shapes.push((false, false, Some(n)));
+        if !p2p_off {
+            shapes.push((false, true, Some(n)));
+        }
+    }
+    shapes
         .into_iter()
-        .map(|ring| {
+        .map(|(ring, symmetric, graph)| {
             let mut set = vec![("NCCL_NVLS_ENABLE".to_string(), nvls.clone())];
             let mut remove = Vec::new();
-            let mut label = "NCCL".to_string();
             let mut notes = Vec::new();
             if ring {
                 set.push(("NCCL_ALGO".into(), "Ring".into()));
-                notes.push("NCCL_ALGO=Ring");
+                notes.push("NCCL_ALGO=Ring".to_string());
             } else {
                 remove.push("NCCL_ALGO".to_string());
             }
             if p2p_off {
                 set.push(("NCCL_P2P_DISABLE".into(), "1".into()));
-                notes.push("NCCL_P2P_DISABLE=1");
+                notes.push("NCCL_P2P_DISABLE=1".to_string());
             }
-            if !notes.is_empty() {
-                label = format!("{label} ({})", notes.join(", "));
+            if symmetric {
+                notes.push("symmetric".to_string());
             }
-            NcclRun { label, set, remove }
+            if let Some(n) = graph {
+                notes.push(format!("graph {n}"));
+            }
+            let label = if notes.is_empty() {
+                "NCCL".to_string()
+            } else {
+                format!("NCCL ({})", notes.join(", "))
+            };
+            NcclRun {
+                label,
+                set,
+                remove,
+                symmetric,
+                graph,
+            }
         })
         .collect()
 }
 
-/// The child's command line (after the executable): the same sweep, NCCL only, JSON on stdout.
-pub fn child_args(args: &BenchArgs) -> Vec<String> {
-    vec![
+/// The child's command line (after the executable): the same sweep, NCCL only, JSON on stdout,
+/// in `run`'s configuration; the random-size workload too when asked for and not in a graph.
+pub fn child_args(args: &BenchArgs, run: &NcclRun) -> Vec<String> {
+    let mut argv: Vec<String> = vec![
         "bench".into(),
         "--nccl-only".into(),
         "--json-stdout".into(),
@@ -77,7 +111,23 @@ pub fn child_args(args: &BenchArgs) -> Vec<String> {
         args.iters.to_string(),
         "-w".into(),
         args.warmup.to_string(),
-    ]
+    ];
+    if run.symmetric {
+        argv.push("--nccl-symmetric".into());
+    }
+    if let Some(n) = run.graph {
+        argv.extend(["--graph".into(), n.to_string()]);
+    } else if args.sizes == Sizes::Random {
+        argv.extend([
+            "--sizes".into(),
+            "random".into(),
+            "--random-calls".into(),
+            args.random_calls.to_string(),
+            "--seed".into(),
+            args.seed.to_string(),
+        ]);
+    }
+    argv
 }
 
 /// Runs one NCCL configuration in a child process; its rows, or why there are none.
@@ -88,7 +138,7 @@ fn run_child(
 ) -> Result<ChildOutput, String> {
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
     let mut cmd = std::process::Command::new(exe);
-    cmd.args(child_args(args));
+    cmd.args(child_args(args, run));
     for (k, v) in &run.set {
         cmd.env(k, v);
     }
@@ -138,6 +188,9 @@ fn run_child(
     for row in &mut child.rows {
         row.library = run.label.clone();
     }
+    for r in &mut child.random {
+        r.library = run.label.clone();
+    }
     Ok(child)
 }
 
@@ -169,11 +222,13 @@ fn nccl_link_dir() -> Result<Option<PathBuf>, String> {
 }
 
 /// The NCCL runs that match `args`' pass, each in a child process: their rows appended to `rows`,
-/// their versions to `header`, and the ones that could not run to `not_measured` with why. Returns
-/// the labels of the runs measured, for the comparison table.
+/// their random-size workloads to `random`, their versions to `header`, and the ones that could
+/// not run to `not_measured` with why. Returns the labels of the runs measured, for the
+/// comparison table.
 pub fn measure_nccl(
     args: &BenchArgs,
     rows: &mut Vec<Row>,
+    random: &mut Vec<RandomRun>,
     header: &mut Vec<(String, String)>,
     not_measured: &mut Vec<(String, String)>,
 ) -> Vec<String> {
@@ -186,7 +241,7 @@ pub fn measure_nccl(
             None
         });
         let nvls = std::env::var("NCCL_NVLS_ENABLE").ok();
-        for nrun in nccl_runs(args.transport, nvls.as_deref()) {
+        for nrun in nccl_runs(args.transport, nvls.as_deref(), args.graph) {
             match run_child(args, &nrun, lib_dir.as_deref()) {
                 Ok(child) => {
                     out!("#");
@@ -207,6 +262,7 @@ pub fn measure_nccl(
                     header.push((nrun.label.clone(), format!("NCCL {}", child.nccl_version)));
                     against.push(nrun.label.clone());
                     rows.extend(child.rows);
+                    random.extend(child.random);
                 }
                 Err(why) => {
                     out!("#");
@@ -222,15 +278,29 @@ pub fn measure_nccl(
     against
 }
 
-/// The child: NCCL alone over the same sweep; JSON on stdout.
+/// The child: NCCL alone over the same sweep, in the configuration its flags name; JSON on
+/// stdout.
 pub(super) fn run_nccl_only(args: &BenchArgs) -> Result<(), Failure> {
     let n = require_gpus(2)?;
     let devices: Vec<usize> = (0..n).collect();
     let nccl = NcclAllReduce::new(&devices)?;
     let print = !args.json_stdout;
     let version = nccl.version().to_string();
+    let memory = if args.nccl_symmetric {
+        Memory::Symmetric
+    } else {
+        Memory::Plain
+    };
+    let mode = args.graph.map_or(Mode::Eager, Mode::Graph);
     let sweep = Sweep::new(args, devices)?;
-    let rows = sweep.run(&Lib::Nccl(&nccl), "NCCL", print);
+    let lib = Lib::Nccl(&nccl);
+    let rows = sweep.run(&lib, "NCCL", print, mode, memory);
+    let random = match (&rows, args.sizes, mode) {
+        (Ok(_), Sizes::Random, Mode::Eager) => {
+            vec![sweep.run_random(&lib, "NCCL", memory, args.random_calls, args.seed)]
+        }
+        _ => Vec::new(),
+    };
     drop(sweep);
     let closed = nccl.close();
     let rows = rows?;
@@ -239,6 +309,7 @@ pub(super) fn run_nccl_only(args: &BenchArgs) -> Result<(), Failure> {
         let text = serde_json::to_string(&ChildOutput {
             nccl_version: version,
             rows,
+            random,
         })
         .map_err(|e| e.to_string())?;
         out!("{text}");
@@ -278,7 +349,8 @@ mod tests {
             "x.json",
         ])
         .command;
-        let argv = child_args(&args);
+        let plain = &nccl_runs(args.transport, None, None)[0];
+        let argv = child_args(&args, plain);
         let Sub::Bench(child) =
             Wrap::parse_from(std::iter::once("ringreduce".to_string()).chain(argv)).command;
         assert!(child.nccl_only && child.json_stdout);
@@ -289,14 +361,62 @@ mod tests {
         assert_eq!((child.dtype, child.op), (DType::BF16, ReduceOp::Max));
         assert_eq!((child.iters, child.warmup), (7, 2));
         assert!(child.json.is_none() && child.plot.is_none());
+        assert!(!child.nccl_symmetric && child.graph.is_none() && child.sizes == Sizes::Sweep);
         // The ring knobs are ringreduce's: never passed to the NCCL child.
         let Sub::Bench(with_knobs) =
             Wrap::parse_from(["ringreduce", "bench", "--chunk", "32M", "--slots", "4"]).command;
-        assert!(child_args(&with_knobs)
+        assert!(child_args(&with_knobs, plain)
             .iter()
             .all(|a| a != "--chunk" && a != "--slots"));
 
-        let runs = nccl_runs(Transport::Staged, None);
+        // Graph, symmetric and the random workload reach the child that runs them.
+        let Sub::Bench(args) = Wrap::parse_from([
+            "ringreduce",
+            "bench",
+            "--graph",
+            "10",
+            "--sizes",
+            "random",
+            "--random-calls",
+            "50",
+            "--seed",
+            "7",
+            "-e",
+            "32M",
+        ])
+        .command;
+        let runs = nccl_runs(args.transport, None, args.graph);
+        let labels: Vec<&str> = runs.iter().map(|r| r.label.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "NCCL",
+                "NCCL (NCCL_ALGO=Ring)",
+                "NCCL (symmetric)",
+                "NCCL (graph 10)",
+                "NCCL (symmetric, graph 10)"
+            ]
+        );
+        let child = |run: &NcclRun| {
+            let Sub::Bench(c) = Wrap::parse_from(
+                std::iter::once("ringreduce".to_string()).chain(child_args(&args, run)),
+            )
+            .command;
+            c
+        };
+        let sym = child(&runs[2]);
+        assert!(sym.nccl_symmetric && sym.graph.is_none());
+        assert_eq!(
+            (sym.sizes, sym.random_calls, sym.seed),
+            (Sizes::Random, 50, 7)
+        );
+        let sym_graph = child(&runs[4]);
+        assert!(sym_graph.nccl_symmetric && sym_graph.graph == Some(10));
+        // A graph holds one size: no random workload there.
+        assert_eq!(sym_graph.sizes, Sizes::Sweep);
+        assert_eq!(child(&runs[1]).graph, None);
+
+        let runs = nccl_runs(Transport::Staged, None, None);
         assert_eq!(runs.len(), 2);
         let env = |r: &NcclRun, k: &str| {
             r.set
@@ -312,9 +432,12 @@ mod tests {
             .all(|r| env(r, "NCCL_P2P_DISABLE").as_deref() == Some("1")));
         assert_eq!(env(&runs[1], "NCCL_ALGO").as_deref(), Some("Ring"));
         assert!(runs[0].remove.contains(&"NCCL_ALGO".to_string()));
-        let runs = nccl_runs(Transport::Auto, Some("0"));
+        assert!(runs.iter().all(|r| !r.symmetric));
+        let runs = nccl_runs(Transport::Auto, Some("0"), None);
         assert_eq!(runs[0].label, "NCCL");
         assert_eq!(runs[1].label, "NCCL (NCCL_ALGO=Ring)");
+        assert_eq!(runs[2].label, "NCCL (symmetric)");
+        assert!(runs[2].symmetric && runs[2].remove.contains(&"NCCL_ALGO".to_string()));
         assert!(runs.iter().all(|r| env(r, "NCCL_P2P_DISABLE").is_none()));
     }
 }

@@ -9,7 +9,9 @@ use std::path::Path;
 /// Writes the plot to `path`: SVG as drawn, or PNG rasterised from the SVG (resvg, with the
 /// system's fonts; where none are found the PNG has no text and a note says so).
 pub fn write_plot(path: &Path, rows: &[Row], title: &str) -> Result<(), String> {
-    let svg = render_svg(rows, title).map_err(|e| format!("plot {}: {e}", path.display()))?;
+    // Rows that could not be measured (zero times) are not drawn.
+    let rows: Vec<Row> = rows.iter().filter(|r| r.error.is_none()).cloned().collect();
+    let svg = render_svg(&rows, title).map_err(|e| format!("plot {}: {e}", path.display()))?;
     let err = |e: &dyn std::fmt::Display| format!("plot {}: {e}", path.display());
     if is_png(path) {
         let mut options = resvg::usvg::Options::default();

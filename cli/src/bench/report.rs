@@ -6,6 +6,8 @@
 //! (`chunk_bytes`, `slots`) have defaults that say what the older runs did.
 
 use super::plot::write_plot;
+use super::random::RandomRun;
+use super::torch::TorchReport;
 use super::{knobs_suffix, BenchArgs};
 use crate::Failure;
 use ringreduce::device;
@@ -14,8 +16,9 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// One placement's numbers for one size.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// One placement's numbers for one size. The optional fields are absent in reports written
+/// before they were measured.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Measure {
     /// Host wall clock over `iters` back-to-back iterations including completion, per iteration.
     pub time_us: f64,
@@ -29,6 +32,41 @@ pub struct Measure {
     pub iter_min_us: f64,
     pub iter_median_us: f64,
     pub iter_p99_us: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iter_mean_us: Option<f64>,
+    /// Call-to-completion latency: each call timed on the host from the call to the end of the
+    /// wait for its completion (`-n` calls; with `--graph N`, one replay / N).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_median_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_p99_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_mean_us: Option<f64>,
+}
+
+/// The consistency bounds a row is held to: p99 at most 1.5× the median, the mean within 1.2× of
+/// the median (of the call-to-completion latency; of the per-iteration times where a report has
+/// no call latency).
+pub const P99_OVER_MEDIAN_MAX: f64 = 1.5;
+pub const MEAN_OVER_MEDIAN_MAX: f64 = 1.2;
+
+impl Measure {
+    /// (p99 / median, mean / median) of the call latency, else of the per-iteration times;
+    /// `None` when neither has a median and a mean.
+    pub fn consistency(&self) -> Option<(f64, f64)> {
+        let (median, p99, mean) = match (self.call_median_us, self.call_p99_us, self.call_mean_us) {
+            (Some(m), Some(p), Some(a)) => (m, p, a),
+            _ => (self.iter_median_us, self.iter_p99_us, self.iter_mean_us?),
+        };
+        (median > 0.0).then(|| (p99 / median, mean / median))
+    }
+
+    /// Whether [`Measure::consistency`] breaks [`P99_OVER_MEDIAN_MAX`] or
+    /// [`MEAN_OVER_MEDIAN_MAX`].
+    pub fn inconsistent(&self) -> bool {
+        self.consistency()
+            .is_some_and(|(p99, mean)| p99 > P99_OVER_MEDIAN_MAX || mean > MEAN_OVER_MEDIAN_MAX)
+    }
 }
 
 /// One size of one library: nccl-tests' row.
@@ -45,6 +83,9 @@ pub struct Row {
     pub algorithm: Option<String>,
     pub out_of_place: Measure,
     pub in_place: Measure,
+    /// Why this size has no numbers (a failed capture with `--graph`); both measures are zero.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// Everything a run says: the header lines, ringreduce's ring knobs and every row. What `--json`
@@ -63,6 +104,12 @@ pub struct Report {
     /// Libraries that were not measured, with why.
     pub not_measured: Vec<(String, String)>,
     pub rows: Vec<Row>,
+    /// `--sizes random`: each library's random-size workload.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub random: Vec<RandomRun>,
+    /// `--torch-json`: PyTorch's symmetric-memory all-reduces, from the script's JSON.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub torch: Option<TorchReport>,
 }
 
 /// What a `--nccl-only --json-stdout` child prints.
@@ -70,6 +117,8 @@ pub struct Report {
 pub struct ChildOutput {
     pub nccl_version: String,
     pub rows: Vec<Row>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub random: Vec<RandomRun>,
 }
 
 /// "YYYY-MM-DD HH:MM:SS UTC" for seconds since the Unix epoch (proleptic Gregorian calendar;
@@ -177,9 +226,22 @@ pub fn machine_header(
         format!(
             "time = host wall clock over -n {} back-to-back iterations incl. completion, after -w {} \
              warm-up, per size; it min/med/p99 = CUDA events on rank 0's stream between iterations \
-             (separate pass, out of place); busbw = algbw * 2(n-1)/n, n = {n}; GB = 1e9 B; #wrong \
-             from one checked call per size and placement",
-            args.iters, args.warmup
+             (separate pass); call med/p99 = -n blocking calls, each timed on the host from the \
+             call to its completion; p99/med, mean/med of the call times (! = p99 > {}x or mean \
+             > {}x the median); the last four out of place; busbw = algbw * 2(n-1)/n, n = {n}; \
+             GB = 1e9 B; #wrong from one checked call per size and placement{}",
+            args.iters,
+            args.warmup,
+            P99_OVER_MEDIAN_MAX,
+            MEAN_OVER_MEDIAN_MAX,
+            match args.graph {
+                Some(g) => format!(
+                    "; graph rows: {g} all-reduces captured per CUDA graph (one per rank's \
+                     stream), -n/-w count replays, every time divided by {g}, #wrong also from \
+                     one replay out of place"
+                ),
+                None => String::new(),
+            }
         ),
     ));
     header.push((
@@ -222,68 +284,55 @@ pub fn plot_from_json(source: &Path, plot: Option<&Path>) -> Result<(), Failure>
 
 pub(super) fn print_table_header() {
     out!(
-        "#{:>11} {:>11} {:>5} {:>5} | {:>10} {:>8} {:>8} {:>6} | {:>10} {:>8} {:>8} {:>6} | {:>9} {:>9} {:>9} | algo",
+        "#{:>11} {:>11} {:>5} {:>5} | {:>10} {:>8} {:>8} {:>6} | {:>10} {:>8} {:>8} {:>6} | {:>9} {:>9} {:>9} | {:>9} {:>9} {:>7} {:>8} | algo",
         "size (B)", "count", "type", "redop", "oop (us)", "algbw", "busbw", "#wrong",
-        "ip (us)", "algbw", "busbw", "#wrong", "it min", "it med", "it p99"
+        "ip (us)", "algbw", "busbw", "#wrong", "it min", "it med", "it p99",
+        "call med", "call p99", "p99/med", "mean/med"
     );
 }
 
 pub(super) fn print_row(r: &Row) {
+    if let Some(e) = &r.error {
+        out!(
+            " {:>11} {:>11} {:>5} {:>5} | not measured: {e}",
+            r.size_bytes,
+            r.count,
+            r.dtype,
+            r.redop
+        );
+        return;
+    }
     let m = |m: &Measure| {
         format!(
             "{:>10.2} {:>8.2} {:>8.2} {:>6}",
             m.time_us, m.algbw_gbps, m.busbw_gbps, m.wrong
         )
     };
+    let o = &r.out_of_place;
+    let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
+    let (p99, mean) = o
+        .consistency()
+        .map_or(("-".to_string(), "-".to_string()), |(p, m)| {
+            (format!("{p:.2}"), format!("{m:.2}"))
+        });
     out!(
-        " {:>11} {:>11} {:>5} {:>5} | {} | {} | {:>9.2} {:>9.2} {:>9.2} | {}",
+        " {:>11} {:>11} {:>5} {:>5} | {} | {} | {:>9.2} {:>9.2} {:>9.2} | {:>9} {:>9} {:>7} {:>7}{} | {}",
         r.size_bytes,
         r.count,
         r.dtype,
         r.redop,
         m(&r.out_of_place),
         m(&r.in_place),
-        r.out_of_place.iter_min_us,
-        r.out_of_place.iter_median_us,
-        r.out_of_place.iter_p99_us,
+        o.iter_min_us,
+        o.iter_median_us,
+        o.iter_p99_us,
+        opt(o.call_median_us),
+        opt(o.call_p99_us),
+        p99,
+        mean,
+        if o.inconsistent() { "!" } else { " " },
         r.algorithm.as_deref().unwrap_or("-")
     );
-}
-
-/// busbw ratio ringreduce / each NCCL run, per size (> 1: ringreduce is faster).
-pub(super) fn print_comparison(report: &Report, ring_label: &str, against: &[String]) {
-    let others: Vec<&str> = against.iter().map(String::as_str).collect();
-    if others.is_empty() {
-        return;
-    }
-    out!("#");
-    out!("# {ring_label} / NCCL: time(NCCL) / time(ringreduce), out of place | in place (> 1: ringreduce faster)");
-    let mut head = format!("#{:>11}", "size (B)");
-    for o in &others {
-        head += &format!(" | {o}");
-    }
-    out!("{head}");
-    for ring in report.rows.iter().filter(|r| r.library == ring_label) {
-        let mut line = format!(" {:>11}", ring.size_bytes);
-        for o in &others {
-            let cell = report
-                .rows
-                .iter()
-                .find(|r| r.library == *o && r.size_bytes == ring.size_bytes)
-                .map_or_else(
-                    || "n/a".to_string(),
-                    |n| {
-                        format!(
-                            "{:.2} | {:.2}",
-                            n.out_of_place.time_us / ring.out_of_place.time_us,
-                            n.in_place.time_us / ring.in_place.time_us
-                        )
-                    },
-                );
-            line += &format!(" | {:>w$}", cell, w = o.len().max(11));
-        }
-        out!("{line}");
-    }
 }
 
 #[cfg(test)]
@@ -299,6 +348,10 @@ pub(super) mod tests {
             iter_min_us: t * 0.9,
             iter_median_us: t,
             iter_p99_us: t * 1.2,
+            iter_mean_us: Some(t * 1.05),
+            call_median_us: Some(t + 2.0),
+            call_p99_us: Some(t + 3.0),
+            call_mean_us: Some(t + 2.5),
         }
     }
 
@@ -315,7 +368,27 @@ pub(super) mod tests {
                 ..measure(t)
             },
             in_place: measure(t * 1.01),
+            error: None,
         }
+    }
+
+    #[test]
+    fn consistency_flags_rows_past_the_bounds() {
+        let mut m = measure(10.0);
+        // Call median 12, p99 13, mean 12.5 (see `measure`).
+        let (p99, mean) = m.consistency().unwrap();
+        assert!((p99 - 13.0 / 12.0).abs() < 1e-12 && (mean - 12.5 / 12.0).abs() < 1e-12);
+        assert!(!m.inconsistent());
+        m.call_p99_us = Some(18.1); // > 1.5 × 12
+        assert!(m.inconsistent());
+        m.call_p99_us = Some(18.0);
+        assert!(!m.inconsistent(), "exactly 1.5× is within the bound");
+        m.call_mean_us = Some(14.5); // > 1.2 × 12
+        assert!(m.inconsistent());
+        // Per-iteration times when there is no call latency.
+        m.call_median_us = None;
+        let (p99, mean) = m.consistency().unwrap();
+        assert!((p99 - 1.2).abs() < 1e-12 && (mean - 1.05).abs() < 1e-12);
     }
 
     #[test]
@@ -335,6 +408,8 @@ pub(super) mod tests {
             slots: Some(4),
             not_measured: vec![("NCCL".into(), "libnccl not found".into())],
             rows: vec![row("ringreduce (auto)", 8, 20.0), row("NCCL", 8, 17.5)],
+            random: Vec::new(),
+            torch: None,
         };
         let text = serde_json::to_string(&report).unwrap();
         assert!(
@@ -359,9 +434,33 @@ pub(super) mod tests {
         let old: Report = serde_json::from_value(old).unwrap();
         assert_eq!((old.chunk_bytes, old.slots), (None, None));
         assert_eq!(old.rows, report.rows);
+        // A report from before the call latency, graph errors, random runs and PyTorch: the
+        // fields are absent and read as None / empty.
+        let mut old: serde_json::Value = serde_json::to_value(&report).unwrap();
+        for row in old["rows"].as_array_mut().unwrap() {
+            for placement in ["out_of_place", "in_place"] {
+                let m = row[placement].as_object_mut().unwrap();
+                for f in [
+                    "iter_mean_us",
+                    "call_median_us",
+                    "call_p99_us",
+                    "call_mean_us",
+                ] {
+                    assert!(m.remove(f).is_some(), "{f}");
+                }
+            }
+        }
+        let old: Report = serde_json::from_value(old).unwrap();
+        assert!(old.random.is_empty() && old.torch.is_none());
+        assert_eq!(old.rows[0].out_of_place.call_median_us, None);
+        assert_eq!(old.rows[0].error, None);
+        // Without call times the consistency comes from the per-iteration times, and without
+        // their mean there is none.
+        assert_eq!(old.rows[0].out_of_place.consistency(), None);
         let child = ChildOutput {
             nccl_version: "2.28.3".into(),
             rows: report.rows.clone(),
+            random: Vec::new(),
         };
         let text = serde_json::to_string(&child).unwrap();
         assert!(

@@ -1,0 +1,111 @@
+//! The memory a measurement runs on: one buffer per rank, either ringreduce's `GpuBuffer`s
+//! (`cuMemAlloc`, what both libraries use by default) or NCCL's symmetric memory
+//! ([`SymmetricBuffers`]: `ncclMemAlloc` + registered windows), seen the same way — as
+//! `GpuSlice`s of the first `count` elements of every rank, written and read from the host.
+//!
+//! Invariant: slices always start at offset 0 of every rank's buffer, so on symmetric memory
+//! every rank passes the same offset into its window, as NCCL's symmetric kernels require.
+
+use super::measure::Lib;
+use ringreduce::verify::compare;
+use ringreduce::{Element, GpuBuffer, GpuSlice};
+use ringreduce_cli::baseline::SymmetricBuffers;
+
+/// Where the buffers come from: `cuMemAlloc` (ringreduce's `GpuBuffer`), or NCCL's symmetric
+/// memory (`ncclMemAlloc` + window registration; NCCL only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Memory {
+    Plain,
+    Symmetric,
+}
+
+/// One buffer per rank, of either kind.
+pub(super) enum RankMemory<'a, T: Element> {
+    Plain(Vec<GpuBuffer<T>>),
+    Symmetric(SymmetricBuffers<'a, T>),
+}
+
+impl<'a, T: Element> RankMemory<'a, T> {
+    /// `count` zeroed elements per rank.
+    pub(super) fn zeroed(
+        lib: &Lib<'a>,
+        memory: Memory,
+        devices: &[usize],
+        count: usize,
+    ) -> ringreduce::Result<Self> {
+        match (memory, lib) {
+            (Memory::Symmetric, Lib::Nccl(n)) => {
+                let mut bufs = n.symmetric_buffers(count)?;
+                let zeros = vec![T::zeroed(); count];
+                for rank in 0..devices.len() {
+                    bufs.write(rank, &zeros)?;
+                }
+                Ok(RankMemory::Symmetric(bufs))
+            }
+            (Memory::Symmetric, Lib::Ring(_)) => Err(ringreduce::Error::InvalidArgument(
+                "symmetric memory is NCCL's".into(),
+            )),
+            (Memory::Plain, _) => Ok(RankMemory::Plain(
+                devices
+                    .iter()
+                    .map(|&d| GpuBuffer::zeroed(d, count))
+                    .collect::<ringreduce::Result<_>>()?,
+            )),
+        }
+    }
+
+    /// The first `count` elements of every rank's buffer.
+    pub(super) fn slices(&mut self, count: usize) -> ringreduce::Result<Vec<GpuSlice<'_, T>>> {
+        match self {
+            RankMemory::Plain(b) => b.iter_mut().map(|b| b.slice(0, count)).collect(),
+            RankMemory::Symmetric(s) => s.slices(count),
+        }
+    }
+
+    /// Overwrites every rank's buffer from the start with `data[rank]`.
+    pub(super) fn write_all(&mut self, data: &[Vec<T>]) -> ringreduce::Result<()> {
+        for (rank, d) in data.iter().enumerate() {
+            match self {
+                RankMemory::Plain(b) if b[rank].len() == d.len() => b[rank].copy_from_host(d)?,
+                RankMemory::Plain(b) => {
+                    let mut full = b[rank].to_host()?;
+                    full[..d.len()].copy_from_slice(d);
+                    b[rank].copy_from_host(&full)?;
+                }
+                RankMemory::Symmetric(s) => s.write(rank, d)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Compares every rank's first `want.len()` elements with `want`; the number wrong.
+    pub(super) fn count_wrong(&self, want: &[T]) -> ringreduce::Result<u64> {
+        let mut wrong = 0u64;
+        for rank in 0..self.ranks() {
+            let got = match self {
+                RankMemory::Plain(b) => {
+                    let mut v = b[rank].to_host()?;
+                    v.truncate(want.len());
+                    v
+                }
+                RankMemory::Symmetric(s) => s.read(rank, want.len())?,
+            };
+            let (w, first) = compare(rank, &got, want, 3);
+            wrong += w as u64;
+            for m in first {
+                eprintln!(
+                    "ringreduce bench: wrong element {m} ({} elements)",
+                    want.len()
+                );
+            }
+        }
+        Ok(wrong)
+    }
+
+    fn ranks(&self) -> usize {
+        match self {
+            RankMemory::Plain(b) => b.len(),
+            RankMemory::Symmetric(s) => s.ranks(),
+        }
+    }
+}
