@@ -44,13 +44,10 @@ impl CudaExecutor {
             };
         };
         self.check_caller_streams(streams)?;
-        // A capture: the plan is made (and refused if it cannot be captured) before any stream
-        // joins the capture, and pinned, since the graph will hold its memory.
+        // A capture: the plan (prepared by an earlier call) is refused if it cannot be captured
+        // before any stream joins the capture, and pinned, since the graph will hold its memory.
         let captured = match handoff::capturing(streams)? {
-            true => {
-                let prepared = self.prepare(Shape::of::<T>(count, inputs.is_none(), op))?;
-                Some(self.pin_for_capture(&prepared)?)
-            }
+            true => Some(self.pin_for_capture(Shape::of::<T>(count, inputs.is_none(), op))?),
             false => None,
         };
         let saved = device::save_current()?;

@@ -18,7 +18,8 @@
 //!   replay from the kernels' error words (`Communicator::health`, the next call, `synchronize`).
 //!
 //! What cannot be captured is refused before anything is enqueued, with
-//! [`Error::NotCapturable`] naming why: edges staged through host memory (a host-side
+//! [`Error::NotCapturable`] naming why: a shape that has not run on the communicator before
+//! (preparing it allocates and synchronises), edges staged through host memory (a host-side
 //! handoff), and rings without peer access between every pair of GPUs (the handoff counters are
 //! written across GPUs).
 //!
@@ -26,10 +27,11 @@
 //! waiting stream, on every replay, because each counter has exactly one writer and every rank
 //! replays the same sequence of collectives.
 
-use super::{CudaExecutor, CudaPlan, RankRes};
+use super::{CudaExecutor, RankRes};
 use crate::device::{self, DeviceBuffer};
 use crate::error::{Error, Result};
 use crate::exec::cuda::kernels::HANDOFF_ERR_BIT;
+use crate::exec::Shape;
 use crate::plan::{EdgeTransport, EventId, Op, Plan, StreamKind};
 use cudarc::driver::{sys, CudaStream};
 use std::sync::Arc;
@@ -123,9 +125,23 @@ pub(super) fn capturing(streams: &[Arc<CudaStream>]) -> Result<bool> {
 }
 
 impl CudaExecutor {
-    /// Refuses a plan that cannot be captured, and pins the one that can for the communicator's
-    /// life (a graph holds its staging and counters). Returns the plan's pin.
-    pub(super) fn pin_for_capture(&mut self, prepared: &Arc<CudaPlan>) -> Result<usize> {
+    /// The plan of `shape` for a capture, pinned for the communicator's life (a graph holds its
+    /// staging and counters); returns its pin. Refused: a shape never prepared (preparing
+    /// allocates and synchronises, which a capture does not allow), and a plan that cannot be
+    /// captured.
+    pub(super) fn pin_for_capture(&mut self, shape: Shape) -> Result<usize> {
+        let Some(prepared) = self.prepared(&shape) else {
+            return Err(Error::NotCapturable {
+                reason: format!(
+                    "this shape ({} elements of {} bytes, {}{}) has not run on this communicator yet: make one call of it outside the capture first (preparing a shape allocates memory, which a capture does not allow)",
+                    shape.count,
+                    shape.elem_bytes,
+                    if shape.in_place { "in place" } else { "out of place" },
+                    if shape.average { ", Avg" } else { "" },
+                ),
+            });
+        };
+        let prepared = &prepared;
         let plan = &prepared.plan;
         let staged = plan.ranks.iter().flatten().any(|i| match i.op {
             Op::Copy { src, dst } => {
@@ -148,10 +164,14 @@ impl CudaExecutor {
                 reason: "the ring's handoffs between GPUs need peer access between every pair of GPUs, which this communicator does not have".into(),
             });
         }
-        if let Some(pin) = self.pinned.iter().position(|p| Arc::ptr_eq(p, prepared)) {
+        if let Some(pin) = self
+            .pinned
+            .iter()
+            .position(|(_, p)| Arc::ptr_eq(p, prepared))
+        {
             return Ok(pin);
         }
-        self.pinned.push(prepared.clone());
+        self.pinned.push((shape, prepared.clone()));
         Ok(self.pinned.len() - 1)
     }
 
@@ -163,7 +183,7 @@ impl CudaExecutor {
         let what = self
             .pinned
             .get(pin)
-            .and_then(|p| p.plan.events.get(event))
+            .and_then(|(_, p)| p.plan.events.get(event))
             .map_or_else(
                 || "an event of a captured ring".to_string(),
                 |d| d.to_string(),

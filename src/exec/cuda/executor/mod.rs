@@ -175,7 +175,7 @@ pub(crate) struct CudaExecutor {
     peer: Option<Arc<PeerKernelState>>,
     /// Every plan ever captured into a CUDA graph, kept for the communicator's life: a graph
     /// holds its staging and counters. A pin is an index here.
-    pinned: Vec<Arc<CudaPlan>>,
+    pinned: Vec<(Shape, Arc<CudaPlan>)>,
     /// The peer kernel of the latest peer call, which names the kernel in a barrier timeout.
     last_peer_kernel: PeerKernel,
     /// Every rank's context, by rank (for enqueuing from the caller's thread).
@@ -334,7 +334,7 @@ impl CudaExecutor {
     }
 
     fn prepare(&mut self, shape: Shape) -> Result<Arc<CudaPlan>> {
-        if let Some(p) = self.cache.get(&shape) {
+        if let Some(p) = self.prepared(&shape) {
             return Ok(p);
         }
         let n = self.ranks.len();
@@ -415,6 +415,16 @@ impl CudaExecutor {
         });
         self.cache.insert(shape, prepared.clone());
         Ok(prepared)
+    }
+
+    /// The plan prepared for `shape` earlier, if any: cached, or pinned by a capture.
+    fn prepared(&self, shape: &Shape) -> Option<Arc<CudaPlan>> {
+        self.cache.get(shape).or_else(|| {
+            self.pinned
+                .iter()
+                .find(|(s, _)| s == shape)
+                .map(|(_, p)| p.clone())
+        })
     }
 
     /// Each ring edge's transport, by sending rank. One rank has no edge (`decide_edges` makes
