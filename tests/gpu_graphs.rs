@@ -188,9 +188,14 @@ fn captured_all_reduces_replay_exactly() {
         for in_place in [true, false] {
             let label = format!("{algorithm:?} count {count} in_place {in_place}");
             let mut b = Buffers::new(&gpus, count);
-            // One eager call of the shape first, as a job's warm-up step would be.
-            comm.all_reduce_in_place(&mut b.bufs, ReduceOp::Sum)
-                .unwrap();
+            // One eager call of the shape first (a capture cannot prepare a new shape), as a
+            // job's warm-up step would be.
+            if in_place {
+                comm.all_reduce_in_place(&mut b.bufs, ReduceOp::Sum)
+            } else {
+                comm.all_reduce(&b.bufs, &mut b.outs, ReduceOp::Sum)
+            }
+            .unwrap();
             let graphs = capture(&comm, &streams, &mut b, count, in_place)
                 .unwrap_or_else(|e| panic!("{label}: capture: {e}"));
             let start = Instant::now();
@@ -307,6 +312,20 @@ fn what_cannot_be_captured_is_refused_by_name() {
     assert!(matches!(err, Error::NotCapturable { .. }), "{err}");
     drop(end(&streams[..1]));
     comm.all_reduce_in_place(&mut bufs, ReduceOp::Sum).unwrap();
+
+    // A shape that never ran: refused, with the remedy in the message.
+    let mut fresh: Vec<GpuBuffer<f32>> = gpus
+        .iter()
+        .map(|&g| GpuBuffer::zeroed(g, 777).unwrap())
+        .collect();
+    begin(&streams);
+    // SAFETY: refused before anything is enqueued.
+    let err = unsafe { comm.enqueue_all_reduce_in_place_on(&mut fresh, ReduceOp::Sum, &streams) }
+        .unwrap_err();
+    println!("unprepared: {err}");
+    assert!(matches!(err, Error::NotCapturable { .. }), "{err}");
+    drop(end(&streams));
+    comm.all_reduce_in_place(&mut fresh, ReduceOp::Sum).unwrap();
 
     let staged = Communicator::with_config(
         &gpus,
