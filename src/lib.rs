@@ -50,6 +50,13 @@
 //! one, with no host synchronisation (`examples/10_cudarc_streams.rs`). To overlap on the
 //! communicator's own streams without `unsafe`, use [`Communicator::scope`].
 //!
+//! The same call on streams being captured into CUDA graphs becomes part of the graphs (one
+//! graph per GPU, or one for all): every algorithm replays correctly any number of times, since
+//! barrier epochs and handoff counters live in device memory and advance there. Run each shape
+//! once before capturing it (preparing a shape allocates), replay every rank's graph as often as
+//! the others, and keep the communicator open while its graphs may run; what cannot be captured
+//! (a ring staged through host memory) is refused with [`Error::NotCapturable`].
+//!
 //! ## How it is built: plan → check → execute → communicator
 //!
 //! A collective is first compiled into data, a [`plan::Plan`]: per rank, a list of operations on

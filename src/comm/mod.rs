@@ -325,10 +325,22 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     ///
+    /// **In CUDA graphs.** When the streams are being captured (every rank's, each into its own
+    /// graph or all into one; relaxed capture mode is safest), the collective becomes part of the
+    /// graph(s) and replays correctly any number of times, with whatever the buffers hold then.
+    /// Rules: the shape (count, element size, placement, `Avg` or not) must have run on this
+    /// communicator before the capture; every rank's graph must be replayed as many times as the
+    /// others (a rank whose peers never arrive gives up after ¾ of the timeout, and
+    /// [`Communicator::health`] then reports the [`Error::Timeout`]); the communicator must stay
+    /// open while its graphs can run. Refused with [`Error::NotCapturable`] (nothing enqueued):
+    /// an unprepared shape, a capture of some ranks' streams but not others', a ring staged
+    /// through host memory.
+    ///
     /// # Safety
     /// The buffers must stay allocated and untouched (no reads, no writes, on any stream or the
     /// host) until each rank's stream has passed the collective, except by work queued on those
-    /// streams after this call.
+    /// streams after this call. Captured: the buffers must stay allocated, and the communicator
+    /// open, while any graph holding the call may be replayed.
     pub unsafe fn enqueue_all_reduce_in_place_on<T: Element, B: BufferMut<T>>(
         &self,
         bufs: &mut [B],
