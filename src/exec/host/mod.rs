@@ -300,13 +300,15 @@ impl HostExecutor {
             .buffers
             .iter()
             .map(|decl| match decl.kind {
-                BufKind::Slots | BufKind::HostSlots | BufKind::Exposed => decl
+                BufKind::Slots | BufKind::HostSlots | BufKind::Exposed | BufKind::Scratch => decl
                     .len
                     .checked_mul(shape.elem_bytes)
                     .ok_or(Error::InvalidArgument("staging size overflows".into()))
                     .and_then(Scratch::new)
                     .map(Some),
-                BufKind::Input | BufKind::Output => Ok(None),
+                BufKind::Input | BufKind::Output | BufKind::SendBuf(_) | BufKind::RecvBuf(_) => {
+                    Ok(None)
+                }
             })
             .collect::<Result<Vec<_>>>()?;
         let prepared = Arc::new(HostPlan {
@@ -352,7 +354,8 @@ impl HostExecutor {
                     ptr: outputs[decl.rank] as *mut u8,
                     len_bytes,
                 },
-                BufKind::Slots | BufKind::HostSlots | BufKind::Exposed => {
+                BufKind::SendBuf(_) | BufKind::RecvBuf(_) => unreachable!("all-reduce plans"),
+                BufKind::Slots | BufKind::HostSlots | BufKind::Exposed | BufKind::Scratch => {
                     let s = prepared.scratch[i]
                         .as_ref()
                         .expect("staging is allocated in prepare");

@@ -372,8 +372,11 @@ impl CudaExecutor {
                 let bytes = decl.len * shape.elem_bytes;
                 let ctx = &self.ranks[decl.rank].ctx;
                 match decl.kind {
-                    BufKind::Input | BufKind::Output => Ok(None),
-                    BufKind::Slots | BufKind::Exposed => {
+                    BufKind::Input
+                    | BufKind::Output
+                    | BufKind::SendBuf(_)
+                    | BufKind::RecvBuf(_) => Ok(None),
+                    BufKind::Slots | BufKind::Exposed | BufKind::Scratch => {
                         DeviceBuffer::new(ctx, bytes.max(1)).map(|b| Some(Staging::Device(b)))
                     }
                     BufKind::HostSlots => {
