@@ -75,6 +75,25 @@ pub enum Error {
         /// What was given.
         got: usize,
     },
+    /// A collective was given the wrong number of buffers in one of its lists (a broadcast's
+    /// input list holds the root's buffer alone, a send/recv's one buffer per transfer, ...).
+    #[error("{collective}: expected {expected} {what}, got {got}")]
+    BufferCount {
+        /// The collective called.
+        collective: &'static str,
+        /// Which list ("input buffers (the root's alone)", "send buffers (one per transfer)", ...).
+        what: &'static str,
+        /// How many the collective needs.
+        expected: usize,
+        /// How many were given.
+        got: usize,
+    },
+    /// The collective has no in-place form (all-to-all, send/recv): pass inputs.
+    #[error("{collective} has no in-place form: pass separate inputs")]
+    NoInPlace {
+        /// The collective called.
+        collective: &'static str,
+    },
     /// A rooted collective (broadcast, reduce) was given a root outside the world.
     #[error("root {root} is out of range: the communicator has {world} ranks")]
     RootOutOfRange {
