@@ -1,10 +1,15 @@
-//! Check 4, symbolic result: the plan is executed on sets of contributions instead of numbers.
+//! Check 4, symbolic result: the plan is executed on symbolic values ([`Sym`]) instead of numbers.
 //!
-//! Rank r's input holds `{r}`; a reduction takes the union and rejects operands that share a rank
-//! (a contribution counted twice); a read of memory nothing wrote is rejected. Every element of
-//! every output must end holding every rank exactly once (and, for `Avg`, scaled exactly once,
-//! after the sum was complete). Because the plan is race-free (check 3), the order of execution
-//! cannot change this, so one legal order (check 2) decides it.
+//! Element p holding a value means "the fold over a set of ranks of their input element
+//! p + shift"; rank r's input holds `{r}` with shift 0 (an in-place buffer holds it where the
+//! collective puts the input: [`initial`]), a copy moves the shift with the data, a reduction
+//! takes the union and rejects operands that share a rank (a contribution counted twice) or name
+//! different elements; a read of memory nothing wrote is rejected. Every range the collective
+//! defines must end holding exactly its value ([`expectations`]: the all-reduce's outputs every
+//! rank at shift 0; an all-gather's block j rank j's input; a reduce-scatter's output block r of
+//! the sum; ...) and, for `Avg`, scaled exactly once, after the sum was complete. Because the
+//! plan is race-free (check 3), the order of execution cannot change this, so one legal order
+//! (check 2) decides it.
 //!
 //! Memory is held as runs of equal values ([`Runs`]), not element by element: the check costs the
 //! number of instructions times the runs they touch, the same for 1 GiB as for 1 KiB. Invariant

@@ -78,6 +78,18 @@
 //! other segment from its owner (one `PeerReduce` over that rank alone per gather round). It
 //! moves `2(n−1)/n·count` per rank, like the ring, and needs no exposed copy in place: what a
 //! rank writes before the middle barrier, nobody else reads then. The table is in its module.
+//!
+//! # The other collectives
+//!
+//! A plan says which collective it computes ([`Plan::collective`], a [`Collective`]); the
+//! collective fixes every caller's buffer length and what the checker proves about the outputs
+//! (the table is in [`Collective`]'s module). [`CollectiveSpec`] compiles any of them from the
+//! ring's parameters. Each planner is a module with its diagram, step table and formulas:
+//! [`reducescatter`] and [`allgather`] (the ring's two halves on blocks), [`broadcast`] and
+//! [`reduce`] (pipelined chains along the ring), [`alltoall`] and [`sendrecv`] (direct pushes).
+//! They all emit their transfers through one builder (`push.rs`: staging slots and their credits,
+//! staged edges through host slots), the same one the ring all-reduce uses, so every plan is made
+//! of the ops both executors run.
 
 pub mod allgather;
 pub mod alltoall;
