@@ -356,6 +356,13 @@ fn bad_inputs_get_named_errors() {
     let mut outs = vec![vec![0f32; 2]; 3];
     // A reduce-scatter output of the wrong length names the rank, the buffer and both lengths.
     outs[1] = vec![0.0; 3];
+    let err = c
+        .reduce_scatter(&ins, &mut outs, ReduceOp::Sum)
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "reduce-scatter: rank 1's output has 3 elements, expected 2"
+    );
     match c.reduce_scatter(&ins, &mut outs, ReduceOp::Sum) {
         Err(Error::BufferLength {
             rank: 1,
@@ -381,9 +388,11 @@ fn bad_inputs_get_named_errors() {
     ));
     // Roots out of range.
     let mut outs = vec![vec![0f32; 6]; 3];
+    let err = c.broadcast(&vec![0f32; 6], &mut outs, 3).unwrap_err();
+    assert_eq!(err, Error::RootOutOfRange { root: 3, world: 3 });
     assert_eq!(
-        c.broadcast(&vec![0f32; 6], &mut outs, 3),
-        Err(Error::RootOutOfRange { root: 3, world: 3 })
+        err.to_string(),
+        "root 3 is out of range: the communicator has 3 ranks"
     );
     assert_eq!(
         c.reduce_in_place(&mut outs, 7, ReduceOp::Sum),

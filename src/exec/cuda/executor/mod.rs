@@ -313,6 +313,24 @@ impl CudaExecutor {
         Ok(())
     }
 
+    /// [`CudaExecutor::prepare_buffers`] for any collective's plan: every caller's buffer that
+    /// another rank's copy engine writes into (a peer push) gets its pool opened to that rank's
+    /// GPU, once per buffer address. `addrs` are the plan's buffer addresses for this call.
+    fn grant_pushers(&mut self, plan: &Plan, addrs: &[u64]) -> Result<()> {
+        for (rank, program) in plan.ranks.iter().enumerate() {
+            for instr in program {
+                let Op::Copy { dst, .. } = instr.op else {
+                    continue;
+                };
+                let decl = plan.decl(dst.buf);
+                if decl.rank != rank && decl.kind.is_callers() && addrs[dst.buf.0] != 0 {
+                    self.grant_once(addrs[dst.buf.0], self.ranks[rank].device)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Grants `peer` access to the pool behind `addr` unless that was done already; remembered
     /// only once it succeeded, so a failed grant is tried again on the next call.
     fn grant_once(&mut self, addr: u64, peer: usize) -> Result<()> {
@@ -490,7 +508,11 @@ impl CudaExecutor {
                     (None, None) => 0,
                 },
             )
-            .collect();
+            .collect::<Vec<u64>>();
+        if prepared.plan.collective != Collective::AllReduce {
+            // The all-reduce's caller grants its pools (`prepare_buffers`) before the call.
+            self.grant_pushers(&prepared.plan, &addrs)?;
+        }
         self.calls += 1;
         let (done_tx, done_rx) = crossbeam_channel::unbounded();
         let call = Arc::new(CudaCall {
