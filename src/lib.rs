@@ -65,7 +65,7 @@
 //! - **Grouped send/recv** ([`Communicator::send_recv`]): a list of (from, to) transfers in one
 //!   call, so a pipeline's exchange cannot deadlock ([`plan::sendrecv`]).
 //!
-//! One generic entry, [`Communicator::enqueue_collective`], takes any [`plan::Collective`], the
+//! One generic entry, [`Communicator::enqueue_collective`], takes any [`Collective`], the
 //! buffers and optionally the caller's streams; the named methods above are its blocking forms.
 //!
 //! ```
@@ -141,4 +141,4 @@ pub use error::{Error, Result};
 pub use exec::cuda::{CudaConfig, EdgeInfo, GpuBuffer, GpuSlice, GpuView, Transport};
 pub use exec::host::{Fault, FaultKind, HostConfig};
 pub use exec::Algorithm;
-pub use plan::EdgeTransport;
+pub use plan::{Collective, EdgeTransport, Transfer};

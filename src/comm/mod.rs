@@ -7,6 +7,11 @@
 //! communicator failed: later calls return that error at once ([`Error::CommunicatorFailed`]);
 //! make a new communicator to continue.
 //!
+//! Beside the all-reduce (this file), every other collective — reduce-scatter, all-gather,
+//! broadcast, reduce, all-to-all, grouped send/recv — has its methods and its one generic entry,
+//! [`Communicator::enqueue_collective`], in `collectives.rs`; the checks of every call are in
+//! `validate.rs`.
+//!
 //! A communicator is `Send + Sync`: calls from several threads are serialised, each holding it
 //! for its whole length. While a collective runs, other threads must not make CUDA calls that wait
 //! for its GPUs (allocations, frees, pageable copies): docs/ERRORS.md, "Several threads", and

@@ -8,7 +8,7 @@
 //!
 //! Two disciplines for where a call starts and ends. The ring all-reduce places its own Entry
 //! waits and finish (its module explains why its chain of events needs no more). Every other
-//! planner uses [`Pusher::guarded`]: a rank's side stream waits on the rank's Entry before its
+//! planner builds with `guarded` set: a rank's side stream waits on the rank's Entry before its
 //! first operation, a sender waits on the receiver's Entry before its first write into the
 //! receiver's memory (so a call never writes memory the receiver's previous call still reads,
 //! nor the caller's buffers before the work queued ahead of the call), and [`Pusher::finish`]
@@ -70,7 +70,8 @@ impl<'a> Pusher<'a> {
     /// An empty plan of `spec.world` ranks computing `plan`'s collective, with the buffers
     /// already declared in `plan`, plus device slots of `spec.slots × chunk` elements for the
     /// ranks in `slotted` (those that receive chunks to reduce). A staged sender's host slots are
-    /// declared at its first staged transfer unless `plan` declares them.
+    /// declared at its first staged transfer unless `plan` declares them. `guarded` picks the
+    /// discipline of the module doc (every planner but the ring all-reduce's).
     pub(super) fn new(
         spec: &'a RingSpec,
         chunk: usize,

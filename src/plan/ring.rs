@@ -1,5 +1,8 @@
 //! The ring all-reduce planner: segment and chunk arithmetic as small pure functions, and
-//! [`RingSpec::build`], which emits the [`Plan`] the module above describes.
+//! [`RingSpec::build`], which emits the [`Plan`] the module above describes through the shared
+//! push builder (`push.rs`: slots, credits, staged edges), with the ring's own Entry waits and
+//! finish. [`RingSpec`]'s parameters (world, count, chunking, slots, edges) are every other
+//! collective's too ([`super::CollectiveSpec`]).
 //!
 //! Emission order is the proof that the host threads cannot deadlock while enqueuing: transfers
 //! are generated in (phase, step, chunk, sender) order and every wait refers to a record generated
@@ -21,7 +24,8 @@ pub enum EdgeTransport {
     Staged,
 }
 
-/// Everything that decides the shape of a ring all-reduce plan.
+/// Everything that decides the shape of a ring all-reduce plan (and, with the collective, of
+/// every other collective's plan: [`super::CollectiveSpec`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct RingSpec {
     /// Number of ranks in the ring.
