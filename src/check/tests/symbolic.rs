@@ -687,3 +687,99 @@ fn a_copy_onto_its_own_tail_repeats_its_head_as_element_by_element() {
     let err = agree(&plan).unwrap().unwrap_err();
     assert!(err.0.contains("reads element 2 of Output"), "{err}");
 }
+
+/// Small plans of every collective but the all-reduce, in and out of place, peer and staged.
+fn collective_plans() -> Vec<Plan> {
+    use crate::plan::{Collective, CollectiveSpec, Transfer};
+    let mut plans = Vec::new();
+    for (world, count, chunk, slots) in [(2, 7, 3, 2), (3, 5, 2, 1), (4, 3, 8, 3), (1, 4, 2, 1)] {
+        let transfers = (0..world)
+            .map(|r| Transfer {
+                from: r,
+                to: (r + 1) % world,
+                count: count + r,
+            })
+            .collect();
+        for c in [
+            Collective::ReduceScatter,
+            Collective::AllGather,
+            Collective::Broadcast { root: world - 1 },
+            Collective::Reduce { root: world / 2 },
+            Collective::AllToAll,
+            Collective::SendRecv { transfers },
+        ] {
+            for transport in [EdgeTransport::Peer, EdgeTransport::Staged] {
+                for in_place in [false, true] {
+                    if in_place && !c.has_in_place() {
+                        continue;
+                    }
+                    let mut s =
+                        CollectiveSpec::new(c.clone(), world, count, chunk, slots, transport);
+                    s.ring.in_place = in_place;
+                    if c.reduces() {
+                        s.ring.op = ReduceOp::Avg;
+                    }
+                    plans.push(s.build().unwrap());
+                }
+            }
+        }
+    }
+    plans
+}
+
+/// Every plant at every instruction of small plans of every other collective: both executions
+/// agree (the shifts move with the data in runs as element by element), and the faults reach the
+/// rejections only shifts can give.
+#[test]
+fn runs_agree_with_elements_on_every_planted_fault_of_every_collective() {
+    let mut seen: Vec<String> = Vec::new();
+    let (mut accepted, mut rejected) = (0, 0);
+    for plan in &collective_plans() {
+        assert_eq!(agree(plan), Some(Ok(())), "{:?}", plan.collective);
+        for rank in 0..plan.world {
+            for index in 0..plan.ranks[rank].len() {
+                for plant in PLANTS {
+                    let Some(broken) = planted(plan, rank, index, plant) else {
+                        continue;
+                    };
+                    match agree(&broken) {
+                        Some(Ok(())) => accepted += 1,
+                        Some(Err(e)) => {
+                            rejected += 1;
+                            seen.push(e.0);
+                        }
+                        None => {}
+                    }
+                }
+            }
+        }
+    }
+    assert!(accepted > 0 && rejected > 100, "{accepted} {rejected}");
+    for needle in [
+        "nothing has written",
+        "twice",
+        "reduces different elements",
+        "holds element",
+        "holds the contribution of rank(s)",
+        "never written",
+    ] {
+        assert!(
+            seen.iter().any(|m| m.contains(needle)),
+            "no planted fault was rejected with {needle:?}"
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    #[test]
+    fn runs_agree_with_elements_on_random_collective_plans(
+        which in 0usize..32,
+        plants in plants_strategy(),
+    ) {
+        let plans = collective_plans();
+        let plan = plans[which % plans.len()].clone();
+        agree(&plant_all(plan, &plants));
+    }
+}
