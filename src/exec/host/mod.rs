@@ -7,7 +7,8 @@
 //! enqueued, and a wait on an event never recorded is a no-op. Buffers are host memory, copies are
 //! `memmove`, reductions run on the CPU.
 //!
-//! It is the reference every GPU path is tested against and a usable all-reduce across threads.
+//! It is the reference every GPU path is tested against, and runs every collective (all-reduce,
+//! reduce-scatter, all-gather, broadcast, reduce, all-to-all, send/recv) across threads.
 //! For tests it can shake the schedule (seeded random delays before operations) and inject faults
 //! (fail, panic or stall rank r at instruction k). Every wait has the call's deadline, so a fault
 //! never hangs a caller: the first error aborts the call, every thread drains, and the caller gets
@@ -56,9 +57,11 @@ pub struct HostConfig {
     /// sweeps chunk sizes must not silently get the one-shot. `OneShot` and `Auto` (the GPU
     /// default, same size rule) run the one-shot's barriers on threads.
     pub algorithm: Algorithm,
-    /// Fold every element in rank order on every algorithm and size, so results do not depend
-    /// on which algorithm runs (see [`crate::exec::algorithm::deterministic_needs_peers`] for
-    /// what it costs and what it refuses). Off by default.
+    /// Fold every element of an all-reduce in rank order on every algorithm and size, so results
+    /// do not depend on which algorithm runs (see
+    /// [`crate::exec::algorithm::deterministic_needs_peers`] for what it costs and what it
+    /// refuses). The other collectives fold in their plan's fixed order whatever this says
+    /// (docs/guide/07-other-collectives.md, "Fold order"). Off by default.
     pub deterministic: bool,
 }
 
