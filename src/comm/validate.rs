@@ -183,26 +183,24 @@ impl Communicator {
                     .enumerate()
                     .map(|(i, x)| (i, x, true)),
             );
-        {
-            for (index, ((b, want), &rank), written) in listed {
-                if b.count() != want {
-                    return Err(Error::BufferLength {
-                        collective: name,
-                        rank,
-                        buffer: layout.buffer_name(index, written, in_place),
-                        expected: want,
-                        got: b.count(),
-                    });
-                }
-                placed(&devices, b.placement(), rank)?;
-                let start = b.address();
-                seen.push((
+        for (index, ((b, want), &rank), written) in listed {
+            if b.count() != want {
+                return Err(Error::BufferLength {
+                    collective: name,
                     rank,
-                    start,
-                    start.saturating_add(bytes(want)? as u64),
-                    written,
-                ));
+                    buffer: layout.buffer_name(index, written, in_place),
+                    expected: want,
+                    got: b.count(),
+                });
             }
+            placed(&devices, b.placement(), rank)?;
+            let start = b.address();
+            seen.push((
+                rank,
+                start,
+                start.saturating_add(bytes(want)? as u64),
+                written,
+            ));
         }
         for (i, &(rank, s0, e0, w0)) in seen.iter().enumerate() {
             for &(other, s1, e1, w1) in &seen[..i] {
