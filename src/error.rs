@@ -60,6 +60,66 @@ pub enum Error {
         /// What was given.
         got: usize,
     },
+    /// A buffer of a collective has the wrong length for the collective's count (see the table in
+    /// [`crate::plan::Collective`]'s module: all-gather outputs are world × count, and so on).
+    #[error("{collective}: rank {rank}'s {buffer} has {got} elements, expected {expected}")]
+    BufferLength {
+        /// The collective called.
+        collective: &'static str,
+        /// The rank concerned.
+        rank: usize,
+        /// Which buffer ("input", "output", "in-place buffer", "send buffer of transfer 2", ...).
+        buffer: String,
+        /// What the collective needs there.
+        expected: usize,
+        /// What was given.
+        got: usize,
+    },
+    /// A collective was given the wrong number of buffers in one of its lists (a broadcast's
+    /// input list holds the root's buffer alone, a send/recv's one buffer per transfer, ...).
+    #[error("{collective}: expected {expected} {what}, got {got}")]
+    BufferCount {
+        /// The collective called.
+        collective: &'static str,
+        /// Which list ("input buffers (the root's alone)", "send buffers (one per transfer)", ...).
+        what: &'static str,
+        /// How many the collective needs.
+        expected: usize,
+        /// How many were given.
+        got: usize,
+    },
+    /// The collective has no in-place form (all-to-all, send/recv): pass inputs.
+    #[error("{collective} has no in-place form: pass separate inputs")]
+    NoInPlace {
+        /// The collective called.
+        collective: &'static str,
+    },
+    /// A rooted collective (broadcast, reduce) was given a root outside the world.
+    #[error("root {root} is out of range: the communicator has {world} ranks")]
+    RootOutOfRange {
+        /// The root given.
+        root: usize,
+        /// The communicator's world size.
+        world: usize,
+    },
+    /// A send/recv transfer names a rank outside the world.
+    #[error("transfer {index} ({from} → {to}) names a rank outside the world of {world}")]
+    TransferOutOfRange {
+        /// The transfer's index in the list.
+        index: usize,
+        /// Its sending rank.
+        from: usize,
+        /// Its receiving rank.
+        to: usize,
+        /// The communicator's world size.
+        world: usize,
+    },
+    /// The collective cannot run on this kind of communicator yet.
+    #[error("{collective} is not yet available on GPU communicators (host communicators run it)")]
+    NotOnGpu {
+        /// The collective called.
+        collective: &'static str,
+    },
     /// An out-of-place output is shorter than its input.
     #[error("output too short on rank {rank}: input has {input} elements, output {output}")]
     OutputTooShort {

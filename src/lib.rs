@@ -41,6 +41,47 @@
 //! # Ok::<(), ringreduce::Error>(())
 //! ```
 //!
+//! ## Every collective
+//!
+//! Beside the all-reduce, a communicator runs NCCL's other collectives, with NCCL's counts,
+//! roots and in-place layouts (`examples/11_collectives.rs`; the lengths per collective are
+//! tabled in [`plan::Collective`]'s module, the buffer lists in `comm/collectives.rs`). Each is a
+//! copy-engine plan — pushes into the receiver's memory, pairwise reduces, events — proved by the
+//! checker like the all-reduce. Host communicators run them all; GPU communicators return
+//! [`Error::NotOnGpu`] for all but the all-reduce so far.
+//!
+//! - **Reduce-scatter** ([`Communicator::reduce_scatter`], `_in_place`): rank r gets block r of
+//!   the reduction of every rank's world·count input. The ring's first half, on blocks
+//!   ([`plan::reducescatter`]); in place, the result is block r of the rank's buffer.
+//! - **All-gather** ([`Communicator::all_gather`], `_in_place`): every rank gets every rank's
+//!   count elements, rank j's in block j. The ring's second half ([`plan::allgather`]); in place,
+//!   rank r's input is block r of its buffer.
+//! - **Broadcast** ([`Communicator::broadcast`], `_in_place`): every rank gets the root's
+//!   buffer, chunk by chunk down a chain ([`plan::broadcast`]).
+//! - **Reduce** ([`Communicator::reduce`], `_in_place`): the root gets the reduction, folded
+//!   down a chain that ends at the root ([`plan::reduce`]); other ranks' buffers are untouched.
+//! - **All-to-all** ([`Communicator::all_to_all`]): rank r's output block j is rank j's input
+//!   block r, pushed directly ([`plan::alltoall`]).
+//! - **Grouped send/recv** ([`Communicator::send_recv`]): a list of (from, to) transfers in one
+//!   call, so a pipeline's exchange cannot deadlock ([`plan::sendrecv`]).
+//!
+//! One generic entry, [`Communicator::enqueue_collective`], takes any [`Collective`], the
+//! buffers and optionally the caller's streams; the named methods above are its blocking forms.
+//!
+//! ```
+//! use ringreduce::{Communicator, ReduceOp};
+//!
+//! let comm = Communicator::host(2)?;
+//! let inputs = vec![vec![1i32, 2, 3, 4], vec![10, 20, 30, 40]];
+//! let mut outputs = vec![vec![0i32; 2]; 2];
+//! comm.reduce_scatter(&inputs, &mut outputs, ReduceOp::Sum)?;
+//! assert_eq!(outputs, [[11, 22], [33, 44]]);
+//! let mut gathered = vec![vec![0i32; 4]; 2];
+//! comm.all_gather(&outputs, &mut gathered)?;
+//! assert_eq!(gathered[1], [11, 22, 33, 44]);
+//! # Ok::<(), ringreduce::Error>(())
+//! ```
+//!
 //! ## In a job: the caller's streams and cudarc's buffers
 //!
 //! A training step's gradients come from a kernel on the job's own stream. cudarc's
@@ -67,8 +108,8 @@
 //! | layer | module | what lives there |
 //! |---|---|---|
 //! | types | [`element`], [`buffer`], [`error`] | element types and operators, buffers and where they live, the one error type |
-//! | plan | [`plan`] | the ring, one-shot and two-shot compiled into data; the ring's diagram and step table |
-//! | check | [`check`] | proves a plan: shape, enqueue order (no deadlock), no data race over calls, the exact symbolic result |
+//! | plan | [`plan`] | every collective compiled into data: the all-reduce's ring, one-shot and two-shot, and the other collectives' planners, each with its diagram and step table |
+//! | check | [`check`] | proves a plan: shape, enqueue order (no deadlock), no data race over calls, the exact symbolic result of its collective |
 //! | device | [`device`] | the CUDA driver layer: contexts, peer access, memory and pools, streams and events |
 //! | topology | [`topo`] | link classes (NVLink, PCIe, host), detection through NVML, the ring order |
 //! | execute | [`exec`] | [`exec::host`] (host threads) and [`exec::cuda`] (GPUs: copy-engine ring, peer kernels, edge probe); [`exec::algorithm`] picks the algorithm |
@@ -107,4 +148,4 @@ pub use error::{Error, Result};
 pub use exec::cuda::{CudaConfig, EdgeInfo, GpuBuffer, GpuSlice, GpuView, Transport};
 pub use exec::host::{Fault, FaultKind, HostConfig};
 pub use exec::Algorithm;
-pub use plan::EdgeTransport;
+pub use plan::{Collective, EdgeTransport, Transfer};

@@ -6,7 +6,9 @@
 
 use ringreduce::check::check;
 use ringreduce::exec::cuda::auto_chunk_bytes;
-use ringreduce::plan::{EdgeTransport, OneShotSpec, Plan, RingSpec, TwoShotSpec};
+use ringreduce::plan::{
+    Collective, CollectiveSpec, EdgeTransport, OneShotSpec, Plan, RingSpec, TwoShotSpec,
+};
 use ringreduce::ReduceOp;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -100,6 +102,36 @@ fn one_gib_and_larger_plans_check_without_per_element_memory() {
                 align: 4,
             };
             cases.push((format!("{spec:?}"), spec.build().unwrap()));
+        }
+    }
+    // Every other collective at 4 GiB of f32 per world·count buffer on 8 ranks, and at 1 GiB
+    // with small chunks (many of them per block).
+    for in_place in [false, true] {
+        for (count, chunk_elems) in [(1 << 27, 32 << 20), (1 << 25, 1 << 20)] {
+            for c in [
+                Collective::ReduceScatter,
+                Collective::AllGather,
+                Collective::Broadcast { root: 3 },
+                Collective::Reduce { root: 5 },
+                Collective::AllToAll,
+            ] {
+                if in_place && !c.has_in_place() {
+                    continue;
+                }
+                let mut ring = gpu_ring(8, count, in_place);
+                ring.chunk_elems = chunk_elems;
+                if !c.reduces() {
+                    ring.op = ReduceOp::Sum;
+                }
+                let spec = CollectiveSpec {
+                    collective: c,
+                    ring,
+                };
+                cases.push((
+                    format!("{:?} {spec:?}", spec.collective),
+                    spec.build().unwrap(),
+                ));
+            }
         }
     }
     for (name, plan) in &cases {

@@ -76,6 +76,27 @@ fn plans_are_built_and_proved_on_the_cpu() {
 }
 
 #[test]
+fn every_collective_runs_on_host_ranks() {
+    let out = run("11_collectives");
+    assert_contains(
+        "11_collectives",
+        &out,
+        &[
+            "reduce-scatter (rank r gets block r of the sum): [[60, 64], [68, 72], [76, 80], [84, 88]]",
+            "all-gather (every rank gets every block): [0, 1, 10, 11, 20, 21, 30, 31]",
+            "broadcast from rank 2, in place: [[20, 21, 22], [20, 21, 22], [20, 21, 22], [20, 21, 22]]",
+            "reduce (max) into rank 1: [30, 31, 32]",
+            "[[0, 10, 20, 30], [1, 11, 21, 31], [2, 12, 22, 32], [3, 13, 23, 33]]",
+            "in one call: [[0, 1], [10, 11], [20, 21], [30, 31]]",
+            "all-to-all: ",
+            "proved",
+            "1009 f32 per rank: 0 wrong",
+        ],
+    );
+    assert!(!out.contains("REJECTED"), "a plan was rejected:\n{out}");
+}
+
+#[test]
 fn ring_orders_are_chosen_for_synthetic_topologies() {
     let out = run("08_topology");
     assert_contains(

@@ -2,11 +2,15 @@
 //! primes included), chunk size, slot count, alignment, in or out of place, `Avg` or not, and any
 //! mix of peer and staged edges, the ring plan passes all four checks — symbolic result, no data
 //! race over two back-to-back calls, deadlock-free enqueue, completion on Main. The same for the
-//! one-shot plan, and for sequences of calls that mix both algorithms on one communicator.
+//! one-shot plan, for every other collective (reduce-scatter, all-gather, broadcast, reduce,
+//! all-to-all, send/recv) on the same parameters, and for sequences of calls that mix all of them
+//! on one communicator.
 
 use proptest::prelude::*;
 use ringreduce::check::check;
-use ringreduce::plan::{EdgeTransport, OneShotSpec, Plan, RingSpec, TwoShotSpec};
+use ringreduce::plan::{
+    Collective, CollectiveSpec, EdgeTransport, OneShotSpec, Plan, RingSpec, Transfer, TwoShotSpec,
+};
 use ringreduce::ReduceOp;
 
 fn spec_strategy() -> impl Strategy<Value = RingSpec> {
@@ -88,6 +92,59 @@ proptest! {
     }
 }
 
+/// Collective `which` (0 to 6: all-reduce, reduce-scatter, all-gather, broadcast, reduce,
+/// all-to-all, send/recv) over `world` ranks; `seed` picks the root, or the transfers' shape.
+fn collective(which: usize, world: usize, seed: usize) -> Collective {
+    match which % 7 {
+        1 => Collective::ReduceScatter,
+        2 => Collective::AllGather,
+        3 => Collective::Broadcast { root: seed % world },
+        4 => Collective::Reduce { root: seed % world },
+        5 => Collective::AllToAll,
+        6 => Collective::SendRecv {
+            transfers: (0..world + seed % 3)
+                .map(|i| Transfer {
+                    from: (i * 7 + seed) % world,
+                    to: (i * 5 + seed / 3) % world,
+                    count: (seed + i * 13) % 40,
+                })
+                .collect(),
+        },
+        _ => Collective::AllReduce,
+    }
+}
+
+/// `ring`'s parameters for collective `c`, made legal for it (out of place where it has no
+/// in-place form, `Sum` where it does not reduce).
+fn collective_spec(c: Collective, ring: &RingSpec) -> CollectiveSpec {
+    let mut ring = ring.clone();
+    ring.in_place &= c.has_in_place();
+    if !c.reduces() {
+        ring.op = ReduceOp::Sum;
+    }
+    CollectiveSpec {
+        collective: c,
+        ring,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_collective_plan_is_correct(
+        spec in spec_strategy(),
+        which in 1usize..7,
+        seed in 0usize..1000,
+    ) {
+        let c = collective_spec(collective(which, spec.world, seed), &spec);
+        let plan = c.build().unwrap();
+        if let Err(e) = check(&plan) {
+            panic!("{c:?}: {e}");
+        }
+    }
+}
+
 #[test]
 fn large_count_with_many_chunks() {
     for world in [2, 3, 8, 16] {
@@ -101,7 +158,7 @@ fn large_count_with_many_chunks() {
 /// of several sizes): each shape has its own plan, events and staging; the caller's buffers may be
 /// the same memory in every call. Any such sequence must be race-free.
 /// A shape of a sequence: the ring spec, and which algorithm the executor picked for it (0: the
-/// ring, 1: the one-shot, 2: the two-shot).
+/// ring, 1: the one-shot, 2: the two-shot; 3 to 8: another collective, see [`collective`]).
 type SeqShape = (RingSpec, usize);
 
 fn build(shape: &SeqShape) -> Plan {
@@ -124,6 +181,9 @@ fn build(shape: &SeqShape) -> Plan {
         }
         .build()
         .unwrap(),
+        3.. => collective_spec(collective(algorithm - 2, ring.world, ring.count), ring)
+            .build()
+            .unwrap(),
         _ => ring.build().unwrap(),
     }
 }
@@ -150,7 +210,7 @@ fn sequence_strategy() -> impl Strategy<Value = (Vec<SeqShape>, Vec<usize>)> {
                 1usize..64,
                 any::<bool>(),
                 any::<bool>(),
-                0usize..3,
+                0usize..9,
             );
             (
                 proptest::collection::vec(shape, 1..4).prop_map(move |shapes| {

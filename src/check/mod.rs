@@ -1,5 +1,6 @@
-//! The plan checker: proves, on the CPU, that a [`Plan`] is a correct all-reduce before any
-//! executor runs it.
+//! The plan checker: proves, on the CPU, that a [`Plan`] computes its collective
+//! ([`Plan::collective`]: all-reduce, reduce-scatter, all-gather, broadcast, reduce, all-to-all,
+//! grouped send/recv) before any executor runs it.
 //!
 //! Four checks, in order; the first failure is returned as a message that names the rank, the
 //! instruction and the place in the algorithm:
@@ -22,11 +23,14 @@
 //!    its own events and staging, the caller's buffers may be the same). Each rank's last Main
 //!    instruction must also come after every access to its input and output: when Main is done,
 //!    the caller's buffers are free.
-//! 4. **Symbolic result** — the plan is executed on sets of contributions: rank r's input holds
-//!    `{r}`, a reduction takes the union and rejects operands that share a rank (a contribution
-//!    counted twice), a read of memory nothing wrote is rejected. Every element of every output
-//!    must end holding every rank exactly once (and, for `Avg`, scaled exactly once, after the sum
-//!    was complete). Because the plan is race-free, the order of execution cannot change this.
+//! 4. **Symbolic result** — the plan is executed on symbolic values: element p holds "the fold
+//!    over ranks R of input element p + shift" (rank r's input holds `{r}` with shift 0; a copy
+//!    moves the shift with the data); a reduction takes the union and rejects operands that share
+//!    a rank (a contribution counted twice) or name different elements, a read of memory nothing
+//!    wrote is rejected. Every output range must end holding exactly what the collective defines
+//!    (for the all-reduce every rank once, at its own element; for an all-gather block j, rank
+//!    j's input; and so on) and, for `Avg`, scaled exactly once, after the sum was complete.
+//!    Because the plan is race-free, the order of execution cannot change this.
 //!    Memory is held as runs of equal values, not element by element: the check costs the
 //!    number of instructions times the runs they touch, the same for 1 GiB as for 1 KiB.
 //!

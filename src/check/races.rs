@@ -75,9 +75,10 @@ fn races(plans: &[(&Plan, &[(usize, usize)])], sequence: &[usize]) -> Check {
         |rank: usize, instr: &Instr| rank * StreamKind::ALL.len() + instr.stream.index();
     let allocation = |k: usize, buf: BufId| {
         let decl = plans[k].0.decl(buf);
-        match decl.kind {
-            BufKind::Input | BufKind::Output => Allocation::Caller(decl.rank, decl.kind),
-            BufKind::Slots | BufKind::HostSlots | BufKind::Exposed => Allocation::Staging(k, buf),
+        if decl.kind.is_callers() {
+            Allocation::Caller(decl.rank, decl.kind)
+        } else {
+            Allocation::Staging(k, buf)
         }
     };
     // Vector clock of each stream and of each event's latest record, per plan.

@@ -1,10 +1,15 @@
-//! Check 4, symbolic result: the plan is executed on sets of contributions instead of numbers.
+//! Check 4, symbolic result: the plan is executed on symbolic values ([`Sym`]) instead of numbers.
 //!
-//! Rank r's input holds `{r}`; a reduction takes the union and rejects operands that share a rank
-//! (a contribution counted twice); a read of memory nothing wrote is rejected. Every element of
-//! every output must end holding every rank exactly once (and, for `Avg`, scaled exactly once,
-//! after the sum was complete). Because the plan is race-free (check 3), the order of execution
-//! cannot change this, so one legal order (check 2) decides it.
+//! Element p holding a value means "the fold over a set of ranks of their input element
+//! p + shift"; rank r's input holds `{r}` with shift 0 (an in-place buffer holds it where the
+//! collective puts the input: [`initial`]), a copy moves the shift with the data, a reduction
+//! takes the union and rejects operands that share a rank (a contribution counted twice) or name
+//! different elements; a read of memory nothing wrote is rejected. Every range the collective
+//! defines must end holding exactly its value ([`expectations`]: the all-reduce's outputs every
+//! rank at shift 0; an all-gather's block j rank j's input; a reduce-scatter's output block r of
+//! the sum; ...) and, for `Avg`, scaled exactly once, after the sum was complete. Because the
+//! plan is race-free (check 3), the order of execution cannot change this, so one legal order
+//! (check 2) decides it.
 //!
 //! Memory is held as runs of equal values ([`Runs`]), not element by element: the check costs the
 //! number of instructions times the runs they touch, the same for 1 GiB as for 1 KiB. Invariant
@@ -14,17 +19,215 @@
 
 use super::enqueue::check_order;
 use super::{describe, peer_sources, reject, Check, Rejection};
-use crate::plan::{BufKind, Op, Plan, Region};
+use crate::plan::{BufKind, Collective, Op, Plan, Region};
 use std::collections::BTreeMap;
 
 /// The largest world the symbolic check represents (contributions are bits of a `u128`).
 pub const MAX_SYMBOLIC_WORLD: usize = 128;
 
-/// A symbolic value: which ranks' inputs an element holds, and how often it was scaled.
+/// A symbolic value. Element `p` of a buffer holding it holds the fold over `ranks` of element
+/// `p + shift` of each of those ranks' input (`source` 0; for send/recv, `source` i + 1 is
+/// transfer i's send buffer), scaled `scaled` times. The shift is relative to the element's own
+/// position, so a copied range keeps one value (a run) however long it is: an all-gather's output
+/// is `world` runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Sym {
     pub(super) ranks: u128,
     pub(super) scaled: u8,
+    pub(super) shift: i64,
+    pub(super) source: u32,
+}
+
+impl Sym {
+    /// Rank `rank`'s own input element `p + shift` at element `p`, from input buffer `source`.
+    pub(super) fn input(rank: usize, shift: i64, source: u32) -> Sym {
+        Sym {
+            ranks: 1u128 << rank,
+            scaled: 0,
+            shift,
+            source,
+        }
+    }
+
+    /// The same value seen from a range that starts at `to` instead of `from` (a copy from
+    /// element `from` to element `to`, or an operand read at `from` for a result at `to`).
+    pub(super) fn moved(self, from: usize, to: usize) -> Sym {
+        Sym {
+            shift: self.shift + from as i64 - to as i64,
+            ..self
+        }
+    }
+}
+
+/// The values a plan's buffers hold when a call starts, as runs covering each buffer (see the
+/// table in [`crate::plan::Collective`]'s module): an input holds its rank's input; an in-place
+/// buffer holds it where the collective puts the input (block `rank` of an all-gather; nothing
+/// on a broadcast's non-root ranks); everything else is unwritten.
+pub(super) fn initial(plan: &Plan, decl: &crate::plan::BufferDecl) -> Vec<Run> {
+    let (rank, len) = (decl.rank, decl.len);
+    let whole = |v: Option<Sym>| vec![(len, v)];
+    match decl.kind {
+        BufKind::Input => whole(Some(Sym::input(rank, 0, 0))),
+        BufKind::SendBuf(i) => whole(Some(Sym::input(rank, 0, i as u32 + 1))),
+        BufKind::Output if plan.in_place => match plan.collective {
+            Collective::AllGather => {
+                let at = plan.collective.in_place_input_at(rank, plan.count);
+                let count = plan.count.min(len.saturating_sub(at));
+                vec![
+                    (at.min(len), None),
+                    (count, Some(Sym::input(rank, -(at as i64), 0))),
+                    (len.saturating_sub(at + count), None),
+                ]
+            }
+            Collective::Broadcast { root } if root != rank => whole(None),
+            _ => whole(Some(Sym::input(rank, 0, 0))),
+        },
+        _ => whole(None),
+    }
+}
+
+/// One range a correct plan must leave holding one value: `len` elements of `buf` from
+/// `offset`, each holding `want`.
+pub(super) struct Expect {
+    pub(super) buf: crate::plan::BufId,
+    pub(super) offset: usize,
+    pub(super) len: usize,
+    pub(super) want: Sym,
+}
+
+/// Every rank's full set.
+fn full_set(world: usize) -> u128 {
+    if world == 128 {
+        u128::MAX
+    } else {
+        (1u128 << world) - 1
+    }
+}
+
+/// What the plan's collective must leave in the caller's buffers (NCCL's semantics, see
+/// [`crate::plan::Collective`]), after checking that every caller's buffer the collective needs
+/// is declared with its length.
+pub(super) fn expectations(plan: &Plan) -> Check<Vec<Expect>> {
+    let (n, count, c) = (plan.world, plan.count, &plan.collective);
+    let full = full_set(n);
+    let reduced = |shift: i64| Sym {
+        ranks: full,
+        scaled: u8::from(plan.average),
+        shift,
+        source: 0,
+    };
+    let mut out = Vec::new();
+    let declared = |rank: usize, kind: BufKind, len: usize, what: &str| {
+        let Some(buf) = plan.buffer(rank, kind) else {
+            return reject(format!("the plan declares no {what} for rank {rank}"));
+        };
+        let got = plan.decl(buf).len;
+        if got != len {
+            return reject(format!(
+                "rank {rank}'s {what} has {got} elements, not {len}"
+            ));
+        }
+        Ok(buf)
+    };
+    if let Collective::SendRecv { transfers } = c {
+        for (i, t) in transfers.iter().enumerate() {
+            declared(t.from, BufKind::SendBuf(i), t.count, "send buffer")?;
+            let buf = declared(t.to, BufKind::RecvBuf(i), t.count, "receive buffer")?;
+            let want = Sym::input(t.from, 0, i as u32 + 1);
+            out.push(Expect {
+                buf,
+                offset: 0,
+                len: t.count,
+                want,
+            });
+        }
+        return Ok(out);
+    }
+    for rank in 0..n {
+        let in_len = c.input_len(rank, n, count);
+        let out_len = if plan.in_place {
+            Some(c.in_place_len(n, count))
+        } else {
+            c.output_len(rank, n, count)
+        };
+        if let (false, Some(len)) = (plan.in_place, in_len) {
+            declared(rank, BufKind::Input, len, "input")?;
+        }
+        let Some(len) = out_len else { continue };
+        let buf = declared(rank, BufKind::Output, len, "output")?;
+        let mut expect = |offset: usize, len: usize, want: Sym| {
+            out.push(Expect {
+                buf,
+                offset,
+                len,
+                want,
+            });
+        };
+        let block = |j: usize| (j * count) as i64;
+        match *c {
+            Collective::AllReduce => expect(0, count, reduced(0)),
+            Collective::ReduceScatter if plan.in_place => {
+                expect(c.in_place_output_at(rank, count), count, reduced(0))
+            }
+            Collective::ReduceScatter => expect(0, count, reduced(block(rank))),
+            Collective::AllGather => {
+                for j in 0..n {
+                    expect(j * count, count, Sym::input(j, -block(j), 0));
+                }
+            }
+            Collective::Broadcast { root } => expect(0, count, Sym::input(root, 0, 0)),
+            Collective::Reduce { root } if rank == root => expect(0, count, reduced(0)),
+            // In place, a non-root rank's buffer is its input, and stays so.
+            Collective::Reduce { .. } => expect(0, count, Sym::input(rank, 0, 0)),
+            Collective::AllToAll => {
+                for j in 0..n {
+                    expect(j * count, count, Sym::input(j, block(rank) - block(j), 0));
+                }
+            }
+            Collective::SendRecv { .. } => unreachable!("handled above"),
+        }
+    }
+    Ok(out)
+}
+
+/// A reduction's two values at one element, both seen from the result's position: the union of
+/// their ranks, or why they cannot be combined (`at` names the result element).
+pub(super) fn combine(here: &str, x: Sym, y: Sym, at: usize, world: usize) -> Check<Sym> {
+    if x.ranks & y.ranks != 0 {
+        return reject(format!(
+            "{here} counts the contribution of rank(s) {:?} twice at element {at}",
+            ranks_in(x.ranks & y.ranks, world)
+        ));
+    }
+    if x.scaled + y.scaled > 0 {
+        return reject(format!("{here} reduces an already averaged value"));
+    }
+    if (x.shift, x.source) != (y.shift, y.source) {
+        return reject(format!(
+            "{here} reduces different elements at element {at}: element {} of {} with element {} of {}",
+            at as i64 + x.shift,
+            source_name(x.source),
+            at as i64 + y.shift,
+            source_name(y.source)
+        ));
+    }
+    Ok(Sym {
+        ranks: x.ranks | y.ranks,
+        scaled: 0,
+        ..x
+    })
+}
+
+fn source_name(source: u32) -> String {
+    match source {
+        0 => "the inputs".into(),
+        i => format!("send buffer {}", i - 1),
+    }
+}
+
+/// The ranks of a set, in order.
+pub(super) fn ranks_in(set: u128, world: usize) -> Vec<usize> {
+    (0..world).filter(|r| set >> r & 1 == 1).collect()
 }
 
 /// A run of equal elements: its length in elements and the value each element holds (`None`:
@@ -113,11 +316,6 @@ impl Runs {
             }
         }
     }
-
-    /// All runs of the buffer, each with the index of its first element.
-    fn all(&self) -> impl Iterator<Item = (usize, Option<Sym>)> + '_ {
-        self.starts.iter().map(|(&k, &v)| (k, v))
-    }
 }
 
 /// Walks several run lists over one range of `count` elements together, cut at every boundary
@@ -177,29 +375,18 @@ pub fn check_result(plan: &Plan, order: &[(usize, usize)]) -> Check {
         ));
     }
     check_order(plan, order)?;
+    let expected = expectations(plan)?;
     let mut memory: Vec<Runs> = plan
         .buffers
         .iter()
         .map(|decl| {
-            let own = Some(Sym {
-                ranks: 1u128 << decl.rank,
-                scaled: 0,
-            });
-            let holds_input =
-                decl.kind == BufKind::Input || (plan.in_place && decl.kind == BufKind::Output);
-            Runs::new(decl.len, if holds_input { own } else { None })
+            let mut runs = Runs::new(decl.len, None);
+            runs.write(0, &initial(plan, decl));
+            runs
         })
         .collect();
-    let full: u128 = if plan.world == 128 {
-        u128::MAX
-    } else {
-        (1u128 << plan.world) - 1
-    };
-    let ranks_of = |set: u128| {
-        (0..plan.world)
-            .filter(|r| set >> r & 1 == 1)
-            .collect::<Vec<_>>()
-    };
+    let full = full_set(plan.world);
+    let ranks_of = |set: u128| ranks_in(set, plan.world);
     // A meeting's writes, held back until every participant has read (its members are adjacent
     // in `order`, rank 0 first: `check_order` above): peers read each other's sources
     // concurrently.
@@ -232,27 +419,24 @@ pub fn check_result(plan: &Plan, order: &[(usize, usize)]) -> Check {
                 if let Some(k) = first_unwritten(&runs) {
                     return Err(unwritten(src, k));
                 }
-                if period == src.count {
-                    memory[dst.buf.0].write(dst.offset, &runs);
-                } else if let [(_, value)] = runs[..] {
-                    memory[dst.buf.0].write(dst.offset, &[(src.count, value)]);
-                } else {
-                    // No plan the crate builds copies onto itself; a hand-made one that does
-                    // costs (runs of the head) × (count / period) here.
-                    let mut tiled = Vec::new();
-                    let mut left = src.count;
-                    while left > 0 {
-                        for &(len, value) in &runs {
-                            let len = len.min(left);
-                            tiled.push((len, value));
-                            left -= len;
-                            if left == 0 {
-                                break;
-                            }
+                // Tile t of the copy (elements t·period… of `dst`) repeats the head, each value
+                // seen from its new place; an ordinary copy is the one tile.
+                let mut tiled = Vec::new();
+                let mut done = 0;
+                while done < src.count {
+                    let mut within = 0;
+                    for &(len, value) in &runs {
+                        let len = len.min(src.count - done - within);
+                        if len == 0 {
+                            break;
                         }
+                        let moved = value.map(|v| v.moved(src.offset, dst.offset + done));
+                        tiled.push((len, moved));
+                        within += len;
                     }
-                    memory[dst.buf.0].write(dst.offset, &tiled);
+                    done += within;
                 }
+                memory[dst.buf.0].write(dst.offset, &tiled);
             }
             Op::Reduce { dst, a, b } => {
                 // The shape check allows `dst == a` or `dst` disjoint from both: no piece reads
@@ -265,24 +449,9 @@ pub fn check_result(plan: &Plan, order: &[(usize, usize)]) -> Check {
                 for_each_piece(dst.count, &operands, |k, len, values| {
                     let x = values[0].ok_or_else(|| unwritten(a, k))?;
                     let y = values[1].ok_or_else(|| unwritten(b, k))?;
-                    if x.ranks & y.ranks != 0 {
-                        return reject(format!(
-                            "{} counts the contribution of rank(s) {:?} twice at element {}",
-                            here(),
-                            ranks_of(x.ranks & y.ranks),
-                            dst.offset + k
-                        ));
-                    }
-                    if x.scaled + y.scaled > 0 {
-                        return reject(format!("{} reduces an already averaged value", here()));
-                    }
-                    out.push((
-                        len,
-                        Some(Sym {
-                            ranks: x.ranks | y.ranks,
-                            scaled: 0,
-                        }),
-                    ));
+                    let (x, y) = (x.moved(a.offset, dst.offset), y.moved(b.offset, dst.offset));
+                    let sum = combine(&here(), x, y, dst.offset + k, plan.world)?;
+                    out.push((len, Some(sum)));
                     Ok(())
                 })?;
                 memory[dst.buf.0].write(dst.offset, &out);
@@ -300,8 +469,8 @@ pub fn check_result(plan: &Plan, order: &[(usize, usize)]) -> Check {
                         ));
                     }
                     *value = Some(Sym {
-                        ranks: v.ranks,
                         scaled: v.scaled + 1,
+                        ..v
                     });
                     k += *len;
                 }
@@ -316,28 +485,24 @@ pub fn check_result(plan: &Plan, order: &[(usize, usize)]) -> Check {
                     .collect();
                 let mut out: Vec<Run> = Vec::new();
                 for_each_piece(dst.count, &lists, |k, len, values| {
-                    let mut acc = Sym {
-                        ranks: 0,
-                        scaled: 0,
-                    };
+                    let mut acc: Option<Sym> = None;
                     for (&src, value) in sources.iter().zip(values) {
-                        let v = value.ok_or_else(|| unwritten(src, k))?;
-                        if acc.ranks & v.ranks != 0 {
-                            return reject(format!(
-                                "{} counts the contribution of rank(s) {:?} twice at element {}",
-                                here(),
-                                ranks_of(acc.ranks & v.ranks),
-                                dst.offset + k
-                            ));
-                        }
-                        // A copy (one source) may carry an averaged value; a fold may not.
-                        if v.scaled > 0 && sources.len() > 1 {
-                            return reject(format!("{} reduces an already averaged value", here()));
-                        }
-                        acc.ranks |= v.ranks;
-                        acc.scaled = acc.scaled.max(v.scaled);
+                        let v = value
+                            .ok_or_else(|| unwritten(src, k))?
+                            .moved(src.offset, dst.offset);
+                        acc = Some(match acc {
+                            // A copy (one source) may carry an averaged value; a fold may not.
+                            None if v.scaled > 0 && sources.len() > 1 => {
+                                return reject(format!(
+                                    "{} reduces an already averaged value",
+                                    here()
+                                ))
+                            }
+                            None => v,
+                            Some(acc) => combine(&here(), acc, v, dst.offset + k, plan.world)?,
+                        });
                     }
-                    out.push((len, Some(acc)));
+                    out.push((len, acc));
                     Ok(())
                 })?;
                 meeting.push((dst, out));
@@ -349,55 +514,61 @@ pub fn check_result(plan: &Plan, order: &[(usize, usize)]) -> Check {
             }
         }
     }
-    let want_scaled = u8::from(plan.average);
-    for (b, decl) in plan.buffers.iter().enumerate() {
-        if decl.kind != BufKind::Output {
-            continue;
+    for e in &expected {
+        let mut k = 0;
+        for (len, v) in memory[e.buf.0].read(e.offset, e.len) {
+            judge(plan, e.buf, e.offset + k, v, e.want)?;
+            k += len;
         }
-        if decl.len != plan.count {
-            return reject(format!(
-                "rank {}'s output has {} elements, not {}",
-                decl.rank, decl.len, plan.count
-            ));
-        }
-        for (i, v) in memory[b].all() {
-            judge_output(plan, decl.rank, i, v, want_scaled)?;
-        }
-    }
-    if plan.buffer(0, BufKind::Output).is_none() && plan.world > 0 {
-        return reject("the plan declares no output".into());
     }
     Ok(())
 }
 
-/// The verdict on one element (or the first element of a run) of rank `rank`'s output: every
-/// rank's contribution exactly once, scaled `want_scaled` times.
-pub(super) fn judge_output(
+/// The verdict on one element (or the first element of a run) of a caller's buffer: it must hold
+/// `want` (its ranks exactly once, the element it names, scaled as often).
+pub(super) fn judge(
     plan: &Plan,
-    rank: usize,
+    buf: crate::plan::BufId,
     i: usize,
-    v: Option<Sym>,
-    want_scaled: u8,
+    got: Option<Sym>,
+    want: Sym,
 ) -> Check {
-    let full: u128 = if plan.world == 128 {
-        u128::MAX
-    } else {
-        (1u128 << plan.world) - 1
+    let decl = plan.decl(buf);
+    let rank = decl.rank;
+    let name = match decl.kind {
+        BufKind::Output => "output".to_string(),
+        kind => format!("{kind:?}"),
     };
-    match v {
-        Some(v) if v.ranks == full && v.scaled == want_scaled => Ok(()),
-        Some(v) if v.ranks == full => reject(format!(
-            "rank {rank}'s output element {i} was averaged {} times, want {want_scaled}",
-            v.scaled
-        )),
-        Some(v) => {
-            let missing: Vec<usize> = (0..plan.world)
-                .filter(|r| (full & !v.ranks) >> r & 1 == 1)
-                .collect();
-            reject(format!(
-                "rank {rank}'s output element {i} lacks the contribution of rank(s) {missing:?}"
-            ))
-        }
-        None => reject(format!("rank {rank}'s output element {i} is never written")),
+    let ranks_of = |set: u128| ranks_in(set, plan.world);
+    let Some(v) = got else {
+        return reject(format!("rank {rank}'s {name} element {i} is never written"));
+    };
+    if v.ranks & !want.ranks != 0 {
+        return reject(format!(
+            "rank {rank}'s {name} element {i} holds the contribution of rank(s) {:?}, which does not belong there",
+            ranks_of(v.ranks & !want.ranks)
+        ));
     }
+    if v.ranks != want.ranks {
+        return reject(format!(
+            "rank {rank}'s {name} element {i} lacks the contribution of rank(s) {:?}",
+            ranks_of(want.ranks & !v.ranks)
+        ));
+    }
+    if (v.shift, v.source) != (want.shift, want.source) {
+        return reject(format!(
+            "rank {rank}'s {name} element {i} holds element {} of {}, want element {} of {}",
+            i as i64 + v.shift,
+            source_name(v.source),
+            i as i64 + want.shift,
+            source_name(want.source)
+        ));
+    }
+    if v.scaled != want.scaled {
+        return reject(format!(
+            "rank {rank}'s {name} element {i} was averaged {} times, want {}",
+            v.scaled, want.scaled
+        ));
+    }
+    Ok(())
 }

@@ -7,7 +7,7 @@
 //! index buffers and events without looking again.
 
 use super::{accesses, describe, peer_sources, reject, Check};
-use crate::plan::{BufKind, Op, Plan};
+use crate::plan::{Op, Plan};
 
 /// Check 1: shape.
 pub fn check_shape(plan: &Plan) -> Check {
@@ -45,7 +45,7 @@ pub fn check_shape(plan: &Plan) -> Check {
                 }
             }
             for w in &writes {
-                if plan.decl(w.buf).kind == BufKind::Input {
+                if plan.decl(w.buf).kind.is_read_only() {
                     return reject(format!(
                         "{} writes an input buffer",
                         describe(plan, rank, i)

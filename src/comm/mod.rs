@@ -7,6 +7,11 @@
 //! communicator failed: later calls return that error at once ([`Error::CommunicatorFailed`]);
 //! make a new communicator to continue.
 //!
+//! Beside the all-reduce (this file), every other collective — reduce-scatter, all-gather,
+//! broadcast, reduce, all-to-all, grouped send/recv — has its methods and its one generic entry,
+//! [`Communicator::enqueue_collective`], in `collectives.rs`; the checks of every call are in
+//! `validate.rs`.
+//!
 //! A communicator is `Send + Sync`: calls from several threads are serialised, each holding it
 //! for its whole length. While a collective runs, other threads must not make CUDA calls that wait
 //! for its GPUs (allocations, frees, pageable copies): docs/ERRORS.md, "Several threads", and
@@ -32,10 +37,12 @@ use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::cuda::executor::{CudaConfig, CudaExecutor, EdgeInfo};
 use crate::exec::host::{HostConfig, HostExecutor};
-use crate::exec::{config, Algorithm};
+use crate::exec::{config, Algorithm, Shape};
+use crate::plan::Collective;
 use cudarc::driver::CudaStream;
 use std::sync::{Arc, Mutex, OnceLock, TryLockError};
 
+mod collectives;
 mod scope;
 mod validate;
 
@@ -48,6 +55,13 @@ enum Executor {
 
 struct State {
     exec: Option<Executor>,
+}
+
+/// What a call computes, beside its buffers.
+struct Call {
+    collective: Collective,
+    count: usize,
+    in_place: bool,
 }
 
 /// How a call completes: blocking or not, on the communicator's streams or the caller's.
@@ -393,12 +407,17 @@ impl Communicator {
                 b.on_stream_mut(s, when);
             }
         };
+        let call = Call {
+            collective: Collective::AllReduce,
+            count,
+            in_place: ins.is_none(),
+        };
         // SAFETY: validated buffers; completion is awaited or is the caller's contract.
         unsafe {
             self.run::<T>(
-                ins.as_deref(),
+                call,
+                ins.as_deref().unwrap_or(&[]),
                 &outs,
-                count,
                 op,
                 When {
                     wait_complete,
@@ -409,18 +428,26 @@ impl Communicator {
         }
     }
 
+    /// Runs one validated call; `inputs` and `outputs` are the buffers' addresses as
+    /// [`crate::exec::caller_address`] lays them out (`inputs` empty in place).
+    ///
     /// # Safety
-    /// The buffers passed `validate`; they stay valid and untouched by others until the call is
+    /// The buffers passed validation; they stay valid and untouched by others until the call is
     /// complete (until this returns when `wait_complete`).
     unsafe fn run<T: Element>(
         &self,
-        inputs: Option<&[u64]>,
+        call: Call,
+        inputs: &[u64],
         outputs: &[u64],
-        count: usize,
         op: ReduceOp,
         when: When<'_>,
         track: &mut dyn FnMut(&[&CudaStream], StreamUse),
     ) -> Result<()> {
+        let Call {
+            collective,
+            count,
+            in_place,
+        } = call;
         let When {
             wait_complete,
             caller,
@@ -436,16 +463,20 @@ impl Communicator {
                     .into(),
             )),
             Some(Executor::Host(exec)) => {
-                let ins: Option<Vec<*const T>> =
-                    inputs.map(|i| i.iter().map(|&a| a as *const T).collect());
-                let outs: Vec<*mut T> = outputs.iter().map(|&a| a as *mut T).collect();
-                // SAFETY: `validate` checked every buffer is host memory of at least `count`
-                // elements, outputs don't overlap inputs; each output is a distinct `&mut`
-                // borrow held by our caller until this returns, and `run` returns only once
-                // every thread is done with the buffers.
-                unsafe { exec.run::<T>(ins.as_deref(), &outs, count, op) }
+                let shape = Shape::collective::<T>(collective, count, in_place, op);
+                // SAFETY: validation checked every buffer is host memory of the length the
+                // collective needs and that no written buffer overlaps another buffer; each
+                // written buffer is a distinct `&mut` borrow held by our caller until this
+                // returns, and `run` returns only once every thread is done with the buffers.
+                unsafe { exec.run::<T>(shape, inputs, outputs, op) }
+            }
+            Some(Executor::Cuda(_)) if collective != Collective::AllReduce => {
+                return Err(Error::NotOnGpu {
+                    collective: collective.name(),
+                })
             }
             Some(Executor::Cuda(exec)) => {
+                let inputs = (!in_place).then_some(inputs);
                 // Bad streams are the caller's mistake: refused without failing the communicator.
                 if let Some(streams) = caller {
                     exec.check_caller_streams(streams)?;

@@ -7,6 +7,7 @@ use super::Communicator;
 use crate::buffer::{Buffer, BufferMut};
 use crate::element::{Element, ReduceOp};
 use crate::error::Result;
+use crate::plan::Collective;
 
 impl Communicator {
     /// Overlaps collectives with other work, safely: inside `f`, [`Scope`]'s calls return once
@@ -83,5 +84,21 @@ impl<'buf> Scope<'_, 'buf> {
     ) -> Result<()> {
         // SAFETY: as above; shared borrows of the inputs for 'buf keep them unwritten.
         unsafe { self.comm.enqueue_all_reduce(inputs, outputs, op) }
+    }
+
+    /// [`Communicator::collective`] (any collective, see [`Communicator::enqueue_collective`]),
+    /// returning once enqueued.
+    pub fn collective<T: Element, I: Buffer<T>, O: BufferMut<T>>(
+        &self,
+        collective: &Collective,
+        inputs: Option<&'buf [I]>,
+        outputs: &'buf mut [O],
+        op: ReduceOp,
+    ) -> Result<()> {
+        // SAFETY: as above: every buffer is borrowed for 'buf, which outlives the scope.
+        unsafe {
+            self.comm
+                .enqueue_collective(collective, inputs, outputs, op, None)
+        }
     }
 }

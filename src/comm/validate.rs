@@ -2,11 +2,18 @@
 //! ranks, placement (host or the rank's own GPU), overlap between an output and an input and
 //! between ranks' outputs, and the byte count. Each failure is its own [`Error`] variant naming
 //! the rank; nothing has been touched when one is returned.
+//!
+//! The all-reduce's checks are `validate` (its outputs may be longer than its inputs); every
+//! other collective's are `validate_collective`: the collective against the world (roots,
+//! transfers: [`Collective::validate`]), how many buffers each list holds, every buffer's exact
+//! length ([`Collective::input_len`] and its siblings are the one home of those rules), and no
+//! buffer the call writes overlapping any other buffer of the call.
 
 use super::Communicator;
 use crate::buffer::{Buffer, Placement};
 use crate::element::Element;
 use crate::error::{Error, Result};
+use crate::plan::{Collective, Transfer};
 
 impl Communicator {
     /// Checks the arguments against each other and the communicator; returns the element count.
@@ -52,27 +59,7 @@ impl Communicator {
                 dtype: T::DTYPE,
             })?;
         let devices = self.devices();
-        let placement = |p: Placement, rank: usize| match (p, devices.get(rank)) {
-            (Placement::Host, None) => Ok(()),
-            (Placement::Device(_), None) => Err(Error::WrongPlacement {
-                rank,
-                got: p,
-                expected: "host memory (this is a host communicator)",
-            }),
-            (Placement::Host, Some(_)) => Err(Error::WrongPlacement {
-                rank,
-                got: p,
-                expected: "device memory (this is a GPU communicator)",
-            }),
-            (Placement::Device(device), Some(&expected)) if device != expected => {
-                Err(Error::WrongDevice {
-                    rank,
-                    device,
-                    expected,
-                })
-            }
-            (Placement::Device(_), Some(_)) => Ok(()),
-        };
+        let placement = |p: Placement, rank: usize| placed(&devices, p, rank);
         // Byte range of a buffer's first `len` elements (saturating: a bogus address near the
         // top of the address space must not overflow here).
         let bytes = |b: &dyn Buffer<T>, len: usize| {
@@ -112,5 +99,255 @@ impl Communicator {
             }
         }
         Ok(count)
+    }
+}
+
+impl Communicator {
+    /// The checks of one call of a collective other than the all-reduce, before anything is
+    /// enqueued: the collective against the world (roots, transfers), the number of buffers in
+    /// each list, every buffer's exact length, placement on its rank, and no written buffer
+    /// overlapping another buffer of the call.
+    pub(super) fn validate_collective<T: Element, I: Buffer<T>, O: Buffer<T>>(
+        &self,
+        collective: &Collective,
+        inputs: Option<&[I]>,
+        outputs: &[O],
+    ) -> Result<Layout> {
+        let (world, name) = (self.world, collective.name());
+        collective.validate(world)?;
+        let in_place = inputs.is_none();
+        if in_place && !collective.has_in_place() {
+            return Err(Error::NoInPlace { collective: name });
+        }
+        let layout = Layout::of(collective, world, in_place, inputs.map_or(0, |i| i.len()))?;
+        let count_lists = |what: &'static str, expected: usize, got: usize| {
+            if got == expected {
+                Ok(())
+            } else if expected == world && !matches!(collective, Collective::SendRecv { .. }) {
+                Err(Error::WorldMismatch { world, got })
+            } else {
+                Err(Error::BufferCount {
+                    collective: name,
+                    what,
+                    expected,
+                    got,
+                })
+            }
+        };
+        if outputs.is_empty() && !layout.output_at.is_empty() {
+            return Err(Error::NoBuffers);
+        }
+        if let Some(inputs) = inputs {
+            count_lists(layout.input_what, layout.input_at.len(), inputs.len())?;
+        }
+        count_lists(layout.output_what, layout.output_at.len(), outputs.len())?;
+        // The count, from the first buffer that states it (the others are checked against it).
+        let count = match (collective, inputs) {
+            (Collective::SendRecv { .. }, _) => 0,
+            (Collective::ReduceScatter, Some(_)) => outputs[0].count(),
+            (Collective::AllToAll, Some(i)) => i[0].count() / world,
+            (_, Some(i)) => i[0].count(),
+            (Collective::ReduceScatter | Collective::AllGather, None) => outputs[0].count() / world,
+            (_, None) => outputs[0].count(),
+        };
+        // No object exceeds isize::MAX bytes; the longest buffer is world·count elements.
+        count
+            .checked_mul(world)
+            .and_then(|n| n.checked_mul(std::mem::size_of::<T>()))
+            .filter(|&b| b <= isize::MAX as usize)
+            .ok_or(Error::SizeOverflow {
+                count,
+                dtype: T::DTYPE,
+            })?;
+        let (len_in, len_out) = layout.lengths(collective, world, count, in_place);
+        let devices = self.devices();
+        let mut seen: Vec<(usize, u64, u64, bool)> = Vec::new();
+        let bytes = |len: usize| {
+            len.checked_mul(std::mem::size_of::<T>())
+                .filter(|&b| b <= isize::MAX as usize)
+                .ok_or(Error::SizeOverflow {
+                    count: len,
+                    dtype: T::DTYPE,
+                })
+        };
+        let ins = inputs.into_iter().flatten().map(|b| b as &dyn Buffer<T>);
+        let outs = outputs.iter().map(|b| b as &dyn Buffer<T>);
+        let listed = ins
+            .zip(len_in)
+            .zip(&layout.input_rank)
+            .enumerate()
+            .map(|(i, x)| (i, x, false))
+            .chain(
+                outs.zip(len_out)
+                    .zip(&layout.output_rank)
+                    .enumerate()
+                    .map(|(i, x)| (i, x, true)),
+            );
+        for (index, ((b, want), &rank), written) in listed {
+            if b.count() != want {
+                return Err(Error::BufferLength {
+                    collective: name,
+                    rank,
+                    buffer: layout.buffer_name(index, written, in_place),
+                    expected: want,
+                    got: b.count(),
+                });
+            }
+            placed(&devices, b.placement(), rank)?;
+            let start = b.address();
+            seen.push((
+                rank,
+                start,
+                start.saturating_add(bytes(want)? as u64),
+                written,
+            ));
+        }
+        for (i, &(rank, s0, e0, w0)) in seen.iter().enumerate() {
+            for &(other, s1, e1, w1) in &seen[..i] {
+                if (w0 || w1) && s0 < e1 && s1 < e0 {
+                    return Err(match (w0, w1) {
+                        (true, true) => Error::OutputsOverlap {
+                            first: other.min(rank),
+                            second: other.max(rank),
+                        },
+                        (true, false) => Error::Overlap { rank },
+                        _ => Error::Overlap { rank: other },
+                    });
+                }
+            }
+        }
+        Ok(Layout { count, ..layout })
+    }
+}
+
+/// Where each buffer of a call's lists belongs: its rank, and its index in the address lists
+/// the executors read ([`crate::exec::caller_address`]: by rank, or by transfer).
+pub(super) struct Layout {
+    pub(super) count: usize,
+    pub(super) input_rank: Vec<usize>,
+    pub(super) input_at: Vec<usize>,
+    pub(super) input_slots: usize,
+    input_what: &'static str,
+    pub(super) output_rank: Vec<usize>,
+    pub(super) output_at: Vec<usize>,
+    pub(super) output_slots: usize,
+    output_what: &'static str,
+    transfers: Vec<Transfer>,
+}
+
+impl Layout {
+    fn of(c: &Collective, world: usize, in_place: bool, inputs: usize) -> Result<Layout> {
+        let ranks: Vec<usize> = (0..world).collect();
+        let per_rank = "buffers (one per rank)";
+        let mut l = Layout {
+            count: 0,
+            input_rank: if in_place { Vec::new() } else { ranks.clone() },
+            input_at: if in_place { Vec::new() } else { ranks.clone() },
+            input_slots: if in_place { 0 } else { world },
+            input_what: per_rank,
+            output_rank: ranks.clone(),
+            output_at: ranks,
+            output_slots: world,
+            output_what: per_rank,
+            transfers: Vec::new(),
+        };
+        match c {
+            Collective::Broadcast { root } if !in_place => {
+                (l.input_rank, l.input_at) = (vec![*root], vec![*root]);
+                l.input_what = "input buffers (the root's alone)";
+            }
+            Collective::Reduce { root } if !in_place => {
+                (l.output_rank, l.output_at) = (vec![*root], vec![*root]);
+                l.output_what = "output buffers (the root's alone)";
+            }
+            Collective::SendRecv { transfers } => {
+                let n = transfers.len();
+                if inputs != n {
+                    return Err(Error::BufferCount {
+                        collective: c.name(),
+                        what: "send buffers (one per transfer)",
+                        expected: n,
+                        got: inputs,
+                    });
+                }
+                l.input_rank = transfers.iter().map(|t| t.from).collect();
+                l.output_rank = transfers.iter().map(|t| t.to).collect();
+                (l.input_at, l.output_at) = ((0..n).collect(), (0..n).collect());
+                (l.input_slots, l.output_slots) = (n, n);
+                l.input_what = "send buffers (one per transfer)";
+                l.output_what = "receive buffers (one per transfer)";
+                l.transfers = transfers.clone();
+            }
+            _ => {}
+        }
+        Ok(l)
+    }
+
+    /// The exact length of each buffer in the input and output lists.
+    fn lengths(
+        &self,
+        c: &Collective,
+        world: usize,
+        count: usize,
+        in_place: bool,
+    ) -> (Vec<usize>, Vec<usize>) {
+        if !self.transfers.is_empty() {
+            let counts: Vec<usize> = self.transfers.iter().map(|t| t.count).collect();
+            return (counts.clone(), counts);
+        }
+        let ins = self
+            .input_rank
+            .iter()
+            .map(|&r| c.input_len(r, world, count).unwrap_or(0))
+            .collect();
+        let outs = self
+            .output_rank
+            .iter()
+            .map(|&r| {
+                if in_place {
+                    c.in_place_len(world, count)
+                } else {
+                    c.output_len(r, world, count).unwrap_or(0)
+                }
+            })
+            .collect();
+        (ins, outs)
+    }
+
+    /// How errors name buffer `index` of the input (or output) list.
+    fn buffer_name(&self, index: usize, output: bool, in_place: bool) -> String {
+        match (self.transfers.is_empty(), output, in_place) {
+            (false, false, _) => format!("send buffer of transfer {index}"),
+            (false, true, _) => format!("receive buffer of transfer {index}"),
+            (true, _, true) => "in-place buffer".into(),
+            (true, false, false) => "input".into(),
+            (true, true, false) => "output".into(),
+        }
+    }
+}
+
+/// Whether a buffer of rank `rank` is where this communicator needs it: host memory for a host
+/// communicator (`devices` empty), the rank's own GPU otherwise.
+pub(super) fn placed(devices: &[usize], p: Placement, rank: usize) -> Result<()> {
+    match (p, devices.get(rank)) {
+        (Placement::Host, None) if devices.is_empty() => Ok(()),
+        (Placement::Device(_), None) => Err(Error::WrongPlacement {
+            rank,
+            got: p,
+            expected: "host memory (this is a host communicator)",
+        }),
+        (Placement::Host, _) => Err(Error::WrongPlacement {
+            rank,
+            got: p,
+            expected: "device memory (this is a GPU communicator)",
+        }),
+        (Placement::Device(device), Some(&expected)) if device != expected => {
+            Err(Error::WrongDevice {
+                rank,
+                device,
+                expected,
+            })
+        }
+        (Placement::Device(_), Some(_)) => Ok(()),
     }
 }

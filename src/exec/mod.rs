@@ -22,7 +22,10 @@ pub use algorithm::Algorithm;
 
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::plan::{EdgeTransport, EventId, Instr, OneShotSpec, Op, Plan, RingSpec};
+use crate::plan::{
+    BufKind, BufferDecl, Collective, CollectiveSpec, EdgeTransport, EventId, Instr, OneShotSpec,
+    Op, Plan, RingSpec,
+};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,8 +33,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What a prepared plan is cached under: everything about a call but its buffers' addresses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Shape {
+    pub(crate) collective: Collective,
     pub(crate) count: usize,
     pub(crate) in_place: bool,
     pub(crate) average: bool,
@@ -40,10 +44,21 @@ pub(crate) struct Shape {
 
 impl Shape {
     pub(crate) fn of<T: Element>(count: usize, in_place: bool, op: ReduceOp) -> Shape {
+        Shape::collective::<T>(Collective::AllReduce, count, in_place, op)
+    }
+
+    /// The shape of any collective (`Avg` counts only where the collective reduces).
+    pub(crate) fn collective<T: Element>(
+        collective: Collective,
+        count: usize,
+        in_place: bool,
+        op: ReduceOp,
+    ) -> Shape {
         Shape {
+            average: op == ReduceOp::Avg && collective.reduces(),
+            collective,
             count,
             in_place,
-            average: op == ReduceOp::Avg,
             elem_bytes: std::mem::size_of::<T>(),
         }
     }
@@ -81,6 +96,33 @@ impl Shape {
         Ok(plan)
     }
 
+    /// Builds the plan of a collective other than the all-reduce (their planners share the ring's
+    /// parameters: see [`CollectiveSpec`]) and proves it with the checker.
+    pub(crate) fn checked_collective_plan(
+        &self,
+        chunk_elems: usize,
+        slots: usize,
+        align_elems: usize,
+        transports: Vec<EdgeTransport>,
+    ) -> Result<Plan> {
+        let spec = CollectiveSpec {
+            collective: self.collective.clone(),
+            ring: RingSpec {
+                world: transports.len().max(1),
+                count: self.count,
+                in_place: self.in_place,
+                op: self.plan_op(),
+                chunk_elems,
+                slots,
+                align_elems,
+                transports,
+            },
+        };
+        let plan = spec.build()?;
+        crate::check::check(&plan)?;
+        Ok(plan)
+    }
+
     /// Builds the two-shot plan for this shape over `world` ranks (segments aligned to
     /// `align_elems`) and proves it with the checker.
     pub(crate) fn checked_twoshot_plan(&self, world: usize, align_elems: usize) -> Result<Plan> {
@@ -107,6 +149,20 @@ impl Shape {
         .build()?;
         crate::check::check(&plan)?;
         Ok(plan)
+    }
+}
+
+/// The address of a caller's buffer in a call: rank r's input and output are `inputs[r]` and
+/// `outputs[r]`; transfer i's send and receive buffers are `inputs[i]` and `outputs[i]` (the
+/// communicator lays them out so). `None` for the memory a prepared plan owns.
+pub(crate) fn caller_address(decl: &BufferDecl, inputs: &[u64], outputs: &[u64]) -> Option<u64> {
+    let at = |list: &[u64], i: usize| list.get(i).copied();
+    match decl.kind {
+        BufKind::Input => at(inputs, decl.rank),
+        BufKind::Output => at(outputs, decl.rank),
+        BufKind::SendBuf(i) => at(inputs, i),
+        BufKind::RecvBuf(i) => at(outputs, i),
+        BufKind::Slots | BufKind::HostSlots | BufKind::Exposed | BufKind::Scratch => None,
     }
 }
 

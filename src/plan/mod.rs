@@ -78,11 +78,32 @@
 //! other segment from its owner (one `PeerReduce` over that rank alone per gather round). It
 //! moves `2(n−1)/n·count` per rank, like the ring, and needs no exposed copy in place: what a
 //! rank writes before the middle barrier, nobody else reads then. The table is in its module.
+//!
+//! # The other collectives
+//!
+//! A plan says which collective it computes ([`Plan::collective`], a [`Collective`]); the
+//! collective fixes every caller's buffer length and what the checker proves about the outputs
+//! (the table is in [`Collective`]'s module). [`CollectiveSpec`] compiles any of them from the
+//! ring's parameters. Each planner is a module with its diagram, step table and formulas:
+//! [`reducescatter`] and [`allgather`] (the ring's two halves on blocks), [`broadcast`] and
+//! [`reduce`] (pipelined chains along the ring), [`alltoall`] and [`sendrecv`] (direct pushes).
+//! They all emit their transfers through one builder (`push.rs`: staging slots and their credits,
+//! staged edges through host slots), the same one the ring all-reduce uses, so every plan is made
+//! of the ops both executors run.
 
+pub mod allgather;
+pub mod alltoall;
+pub mod broadcast;
+mod collective;
 pub mod oneshot;
+mod push;
+pub mod reduce;
+pub mod reducescatter;
 pub mod ring;
+pub mod sendrecv;
 pub mod twoshot;
 
+pub use collective::{Collective, CollectiveSpec, Transfer};
 pub use oneshot::OneShotSpec;
 pub use ring::{EdgeTransport, RingSpec};
 pub use twoshot::TwoShotSpec;
@@ -110,6 +131,15 @@ pub enum BufKind {
     HostSlots,
     /// A rank's copy of its in-place buffer that the other ranks read (one-shot in place).
     Exposed,
+    /// A rank's device scratch for partial sums that its output has no room for (ring
+    /// reduce-scatter out of place, the reduce chain's non-root ranks); allocated like `Slots`.
+    Scratch,
+    /// The send buffer of transfer `i` of a [`Collective::SendRecv`] (the caller's, on the
+    /// transfer's `from` rank); never written.
+    SendBuf(usize),
+    /// The receive buffer of transfer `i` of a [`Collective::SendRecv`] (the caller's, on the
+    /// transfer's `to` rank).
+    RecvBuf(usize),
 }
 
 /// Where a buffer lives.
@@ -128,6 +158,20 @@ impl BufKind {
             BufKind::HostSlots => Memory::Host,
             _ => Memory::Device,
         }
+    }
+
+    /// True for the caller's buffers (inputs, outputs, send and receive buffers), false for the
+    /// memory a prepared plan owns (slots, scratch, exposed copies).
+    pub fn is_callers(self) -> bool {
+        matches!(
+            self,
+            BufKind::Input | BufKind::Output | BufKind::SendBuf(_) | BufKind::RecvBuf(_)
+        )
+    }
+
+    /// True for buffers a plan may only read (inputs and send buffers).
+    pub fn is_read_only(self) -> bool {
+        matches!(self, BufKind::Input | BufKind::SendBuf(_))
     }
 }
 
@@ -276,6 +320,17 @@ pub enum Phase {
     /// The two-shot: step 0 reduces the rank's own segment from every rank, step j ≥ 1 copies
     /// segment (rank + j) mod n from its owner.
     TwoShot,
+    /// A rank's own block copied from its input into its output (all-gather, all-to-all,
+    /// broadcast at the root, the one-rank cases).
+    Local,
+    /// The broadcast chain: step p is the hop from chain position p to p + 1.
+    Broadcast,
+    /// The reduce chain towards the root: step p is the hop from chain position p to p + 1.
+    Reduce,
+    /// All-to-all: step j is the push of block (rank + j) mod n to that rank.
+    AllToAll,
+    /// Grouped send/recv: step i is transfer i.
+    SendRecv,
     /// The close: Main's waits on everything else the rank did (and the two-shot's `Avg` scaling).
     Finish,
 }
@@ -295,6 +350,12 @@ impl Tag {
     /// The tag of the [`Phase::Entry`] instructions.
     pub const ENTRY: Tag = Tag {
         phase: Phase::Entry,
+        step: 0,
+        chunk: 0,
+    };
+    /// The tag of the [`Phase::Local`] copies.
+    pub const LOCAL: Tag = Tag {
+        phase: Phase::Local,
         step: 0,
         chunk: 0,
     };
@@ -322,6 +383,11 @@ impl fmt::Display for Tag {
                 f.write_str("the two-shot's reduce of the rank's own segment")
             }
             Phase::TwoShot => write!(f, "the two-shot's gather round {}", self.step),
+            Phase::Local => f.write_str("the local copy of the rank's own block"),
+            Phase::Broadcast => write!(f, "chunk {} of broadcast hop {}", self.chunk, self.step),
+            Phase::Reduce => write!(f, "chunk {} of reduce hop {}", self.chunk, self.step),
+            Phase::AllToAll => write!(f, "all-to-all push {}", self.step),
+            Phase::SendRecv => write!(f, "chunk {} of transfer {}", self.chunk, self.step),
         }
     }
 }
@@ -360,9 +426,14 @@ impl fmt::Display for EventDecl {
 /// A collective compiled for one shape: world, count, in/out of place, op, chunking, transports.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Plan {
+    /// Which collective the plan computes: what the checker proves about its outputs, and the
+    /// length of every caller's buffer ([`Collective::input_len`], [`Collective::output_len`]).
+    pub collective: Collective,
     /// Number of ranks.
     pub world: usize,
-    /// Elements per rank.
+    /// The collective's count, as NCCL counts it: elements per rank for all-reduce, broadcast
+    /// and reduce; per block (each rank's share) for all-gather, reduce-scatter and all-to-all;
+    /// 0 for send/recv, whose transfers carry their own counts.
     pub count: usize,
     /// True when each rank's output buffer is also its input.
     pub in_place: bool,

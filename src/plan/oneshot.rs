@@ -115,6 +115,7 @@ pub(super) fn declare(plan: &mut Plan, rank: usize, kind: BufKind, len: usize) {
 /// `count` elements each: the start of the one-shot's and the two-shot's plans.
 pub(super) fn peer_plan(world: usize, count: usize, in_place: bool, op: ReduceOp) -> Plan {
     let mut plan = Plan {
+        collective: super::Collective::AllReduce,
         world,
         count,
         in_place,

@@ -1,14 +1,16 @@
 //! The ring all-reduce planner: segment and chunk arithmetic as small pure functions, and
-//! [`RingSpec::build`], which emits the [`Plan`] the module above describes.
+//! [`RingSpec::build`], which emits the [`Plan`] the module above describes through the shared
+//! push builder (`push.rs`: slots, credits, staged edges), with the ring's own Entry waits and
+//! finish. [`RingSpec`]'s parameters (world, count, chunking, slots, edges) are every other
+//! collective's too ([`super::CollectiveSpec`]).
 //!
 //! Emission order is the proof that the host threads cannot deadlock while enqueuing: transfers
 //! are generated in (phase, step, chunk, sender) order and every wait refers to a record generated
 //! earlier, so each rank's program, read in order, only ever waits for records that some rank
 //! enqueues before it — the checker verifies this by simulating the enqueue.
 
-use super::{
-    BufId, BufKind, BufferDecl, EventDecl, EventId, Instr, Op, Phase, Plan, Region, StreamKind, Tag,
-};
+use super::push::{region, Landing, Pusher};
+use super::{BufId, BufKind, BufferDecl, EventId, Phase, Plan, StreamKind, Tag};
 use crate::element::ReduceOp;
 use crate::error::{Error, Result};
 use std::ops::Range;
@@ -22,7 +24,8 @@ pub enum EdgeTransport {
     Staged,
 }
 
-/// Everything that decides the shape of a ring all-reduce plan.
+/// Everything that decides the shape of a ring all-reduce plan (and, with the collective, of
+/// every other collective's plan: [`super::CollectiveSpec`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct RingSpec {
     /// Number of ranks in the ring.
@@ -59,9 +62,7 @@ pub fn send_segment(phase: Phase, rank: usize, step: usize, world: usize) -> usi
     match phase {
         Phase::ReduceScatter => (rank + world - step % world) % world,
         Phase::AllGather => (rank + 1 + world - step % world) % world,
-        Phase::Entry | Phase::OneShot | Phase::TwoShot | Phase::Finish => {
-            unreachable!("no segment moves outside the ring phases")
-        }
+        _ => unreachable!("no segment moves outside the ring phases"),
     }
 }
 
@@ -144,6 +145,11 @@ impl RingSpec {
         chunk.div_ceil(self.align_elems) * self.align_elems
     }
 
+    /// The checks every planner makes on the shared parameters (world, chunking, slots, edges).
+    pub(super) fn check_common(&self) -> Result<()> {
+        self.validate()
+    }
+
     fn validate(&self) -> Result<()> {
         let bad = |what: String| Err(Error::InvalidArgument(what));
         if self.world == 0 {
@@ -179,46 +185,20 @@ impl RingSpec {
             b.ring();
         }
         b.finish();
-        Ok(b.plan)
+        Ok(b.push.plan)
     }
 }
 
-/// State while emitting a plan: the plan so far, and per rank the staging-slot rotation.
+/// The ring all-reduce's emission over the shared [`Pusher`]: its own Entry waits and finish.
 struct Builder<'a> {
-    spec: &'a RingSpec,
-    chunk: usize,
-    plan: Plan,
-    /// Per receiver: device staging slot uses so far, and the event that frees each slot.
-    slot_uses: Vec<usize>,
-    slot_free: Vec<Vec<Option<EventId>>>,
-    /// Per staged sender: host slot uses so far, and the event that frees each host slot.
-    host_uses: Vec<usize>,
-    host_free: Vec<Vec<Option<EventId>>>,
-    /// Per rank and stream: the last event recorded there (what Main waits on at the end).
-    last_record: Vec<[Option<EventId>; 4]>,
-    entry: Vec<EventId>,
-}
-
-/// Events one transfer leaves behind, looked up by later steps.
-#[derive(Clone, Copy)]
-struct Landed {
-    /// Recorded when the chunk is final in the receiver's output (reduced or copied in).
-    ready: EventId,
+    push: Pusher<'a>,
 }
 
 impl<'a> Builder<'a> {
     fn new(spec: &'a RingSpec) -> Builder<'a> {
         let n = spec.world;
         let chunk = spec.effective_chunk();
-        let mut plan = Plan {
-            world: n,
-            count: spec.count,
-            in_place: spec.in_place,
-            average: spec.op == ReduceOp::Avg && n > 1,
-            buffers: Vec::new(),
-            events: Vec::new(),
-            ranks: vec![Vec::new(); n],
-        };
+        let mut plan = Pusher::empty_plan(spec, super::Collective::AllReduce);
         for rank in 0..n {
             if !spec.in_place {
                 plan.buffers.push(BufferDecl {
@@ -233,44 +213,35 @@ impl<'a> Builder<'a> {
                 len: spec.count,
             });
             if n > 1 && spec.count > 0 {
+                let len = spec.slots * chunk;
                 plan.buffers.push(BufferDecl {
                     rank,
                     kind: BufKind::Slots,
-                    len: spec.slots * chunk,
+                    len,
                 });
                 if spec.transports[rank] == EdgeTransport::Staged {
                     plan.buffers.push(BufferDecl {
                         rank,
                         kind: BufKind::HostSlots,
-                        len: spec.slots * chunk,
+                        len,
                     });
                 }
             }
         }
         Builder {
-            spec,
-            chunk,
-            plan,
-            slot_uses: vec![0; n],
-            slot_free: vec![vec![None; spec.slots]; n],
-            host_uses: vec![0; n],
-            host_free: vec![vec![None; spec.slots]; n],
-            last_record: vec![[None; 4]; n],
-            entry: Vec::new(),
+            push: Pusher::new(spec, chunk, plan, &[], false),
         }
     }
 
     fn buf(&self, rank: usize, kind: BufKind) -> BufId {
-        self.plan
-            .buffer(rank, kind)
-            .expect("the builder declares every buffer it uses")
+        self.push.buf(rank, kind)
     }
 
     /// The buffer a rank's own contribution is read from.
     fn source(&self, rank: usize) -> BufId {
         self.buf(
             rank,
-            if self.spec.in_place {
+            if self.push.spec.in_place {
                 BufKind::Output
             } else {
                 BufKind::Input
@@ -278,35 +249,15 @@ impl<'a> Builder<'a> {
         )
     }
 
-    fn emit(&mut self, rank: usize, stream: StreamKind, op: Op, tag: Tag) {
-        self.plan.ranks[rank].push(Instr { stream, op, tag });
-    }
-
-    fn record(&mut self, rank: usize, stream: StreamKind, tag: Tag, what: &'static str) -> EventId {
-        let id = EventId(self.plan.events.len());
-        self.plan.events.push(EventDecl {
-            rank,
-            stream,
-            tag,
-            what,
-        });
-        self.emit(rank, stream, Op::Record(id), tag);
-        self.last_record[rank][stream.index()] = Some(id);
-        id
-    }
-
-    fn wait(&mut self, rank: usize, stream: StreamKind, event: EventId, tag: Tag) {
-        self.emit(rank, stream, Op::Wait(event), tag);
-    }
-
     /// Streams a rank will use besides Main.
     fn side_streams(&self, rank: usize) -> Vec<StreamKind> {
-        let n = self.spec.world;
-        if n == 1 || self.spec.count == 0 {
+        let spec = self.push.spec;
+        let n = spec.world;
+        if n == 1 || spec.count == 0 {
             return Vec::new();
         }
         let mut s = vec![StreamKind::Send, StreamKind::Reduce];
-        if self.spec.transports[recv_from(rank, n)] == EdgeTransport::Staged {
+        if spec.transports[recv_from(rank, n)] == EdgeTransport::Staged {
             s.push(StreamKind::Recv);
         }
         s
@@ -322,47 +273,39 @@ impl<'a> Builder<'a> {
     /// needed: every reduce feeds a later send that every rank's finish waits on, so the chain of
     /// events already orders a call's first push after the previous call's last read of the slot.
     fn entry(&mut self) {
-        let n = self.spec.world;
-        for rank in 0..n {
-            let e = self.record(rank, StreamKind::Main, Tag::ENTRY, "entry");
-            self.entry.push(e);
-        }
+        let spec = self.push.spec;
+        let n = spec.world;
+        self.push.record_entries();
         for rank in 0..n {
             for stream in self.side_streams(rank) {
-                let own = self.entry[rank];
-                self.wait(rank, stream, own, Tag::ENTRY);
+                let own = self.push.entry[rank];
+                self.push.wait(rank, stream, own, Tag::ENTRY);
             }
-            if n > 1 && self.spec.count > 0 && self.spec.transports[rank] == EdgeTransport::Staged {
-                let next = self.entry[send_to(rank, n)];
-                self.wait(rank, StreamKind::Send, next, Tag::ENTRY);
+            if n > 1 && spec.count > 0 && spec.transports[rank] == EdgeTransport::Staged {
+                let next = self.push.entry[send_to(rank, n)];
+                self.push.wait(rank, StreamKind::Send, next, Tag::ENTRY);
             }
         }
     }
 
     fn single_rank(&mut self) {
-        if !self.spec.in_place && self.spec.count > 0 {
-            let count = self.spec.count;
-            let src = Region {
-                buf: self.buf(0, BufKind::Input),
-                offset: 0,
-                count,
-            };
-            let dst = Region {
-                buf: self.buf(0, BufKind::Output),
-                offset: 0,
-                count,
-            };
-            self.emit(0, StreamKind::Main, Op::Copy { src, dst }, Tag::ENTRY);
+        let spec = self.push.spec;
+        if !spec.in_place && spec.count > 0 {
+            let src = region(self.buf(0, BufKind::Input), 0..spec.count);
+            let dst = region(self.buf(0, BufKind::Output), 0..spec.count);
+            self.push
+                .local_copy(0, StreamKind::Main, src, dst, None, Tag::ENTRY);
         }
     }
 
     fn ring(&mut self) {
-        let spec = self.spec;
+        let spec = self.push.spec;
         let n = spec.world;
-        let chunks = chunks_per_segment(spec.count, n, spec.align_elems, self.chunk);
+        let chunk_elems = self.push.chunk;
+        let chunks = chunks_per_segment(spec.count, n, spec.align_elems, chunk_elems);
         // ready[rank][chunk]: the event after which chunk `chunk` of the segment rank just
         // received is final in its output, for the current step.
-        let mut ready: Vec<Vec<Option<Landed>>> = vec![vec![None; chunks]; n];
+        let mut ready: Vec<Vec<Option<EventId>>> = vec![vec![None; chunks]; n];
         for phase in [Phase::ReduceScatter, Phase::AllGather] {
             for step in 0..n - 1 {
                 let mut next_ready = vec![vec![None; chunks]; n];
@@ -373,7 +316,7 @@ impl<'a> Builder<'a> {
                         let seg = send_segment(phase, sender, step, n);
                         let range = chunk_range(
                             segment_range(spec.count, n, spec.align_elems, seg),
-                            self.chunk,
+                            chunk_elems,
                             chunk,
                         );
                         if range.is_empty() {
@@ -381,13 +324,28 @@ impl<'a> Builder<'a> {
                         }
                         // Reduce-scatter step 0 sends the sender's own input; every later send
                         // forwards what the sender finished in its previous step.
-                        let after = if phase == Phase::ReduceScatter && step == 0 {
-                            None
+                        let first = phase == Phase::ReduceScatter && step == 0;
+                        let after = if first { None } else { ready[sender][chunk] };
+                        let src_buf = if first {
+                            self.source(sender)
                         } else {
-                            ready[sender][chunk]
+                            self.buf(sender, BufKind::Output)
                         };
                         let receiver = send_to(sender, n);
-                        let landed = self.transfer(sender, receiver, range, after, tag);
+                        let out = region(self.buf(receiver, BufKind::Output), range.clone());
+                        let landing = if phase == Phase::ReduceScatter {
+                            Landing::Reduce {
+                                own: region(self.source(receiver), range.clone()),
+                                dst: out,
+                                scale: self.push.plan.average && step + 2 == n,
+                            }
+                        } else {
+                            Landing::Final(out)
+                        };
+                        let src = region(src_buf, range);
+                        let landed = self
+                            .push
+                            .transfer(sender, receiver, src, landing, after, tag);
                         next_ready[receiver][chunk] = Some(landed);
                     }
                 }
@@ -396,147 +354,22 @@ impl<'a> Builder<'a> {
         }
     }
 
-    /// Moves one chunk from `sender` to `receiver` over their edge's transport; returns the event
-    /// after which the chunk is final in the receiver's output.
-    fn transfer(
-        &mut self,
-        sender: usize,
-        receiver: usize,
-        range: Range<usize>,
-        after: Option<Landed>,
-        tag: Tag,
-    ) -> Landed {
-        let spec = self.spec;
-        let count = range.len();
-        let src_buf = if tag.phase == Phase::ReduceScatter && tag.step == 0 {
-            self.source(sender)
-        } else {
-            self.buf(sender, BufKind::Output)
-        };
-        let src = Region {
-            buf: src_buf,
-            offset: range.start,
-            count,
-        };
-        let out = Region {
-            buf: self.buf(receiver, BufKind::Output),
-            offset: range.start,
-            count,
-        };
-        let reducing = tag.phase == Phase::ReduceScatter;
-        let staged = spec.transports[sender] == EdgeTransport::Staged;
-
-        // Where the chunk lands on the receiver: a staging slot when it will be reduced, the output
-        // itself when it is final (all-gather).
-        let (landing, slot) = if reducing {
-            let slot = self.slot_uses[receiver] % spec.slots;
-            self.slot_uses[receiver] += 1;
-            let region = Region {
-                buf: self.buf(receiver, BufKind::Slots),
-                offset: slot * self.chunk,
-                count,
-            };
-            (region, Some(slot))
-        } else {
-            (out, None)
-        };
-
-        // Sender side: wait for the data to be final here, then push it out.
-        if let Some(after) = after {
-            self.wait(sender, StreamKind::Send, after.ready, tag);
-        }
-        let arrived = if staged {
-            let h = self.host_uses[sender] % spec.slots;
-            self.host_uses[sender] += 1;
-            let host = Region {
-                buf: self.buf(sender, BufKind::HostSlots),
-                offset: h * self.chunk,
-                count,
-            };
-            if let Some(free) = self.host_free[sender][h] {
-                self.wait(sender, StreamKind::Send, free, tag);
-            }
-            self.emit(sender, StreamKind::Send, Op::Copy { src, dst: host }, tag);
-            let staged_out = self.record(sender, StreamKind::Send, tag, "copied to host");
-            self.wait(receiver, StreamKind::Recv, staged_out, tag);
-            if let Some(slot) = slot {
-                if let Some(free) = self.slot_free[receiver][slot] {
-                    self.wait(receiver, StreamKind::Recv, free, tag);
-                }
-            }
-            self.emit(
-                receiver,
-                StreamKind::Recv,
-                Op::Copy {
-                    src: host,
-                    dst: landing,
-                },
-                tag,
-            );
-            let landed = self.record(receiver, StreamKind::Recv, tag, "copied from host");
-            self.host_free[sender][h] = Some(landed);
-            landed
-        } else {
-            if let Some(slot) = slot {
-                if let Some(free) = self.slot_free[receiver][slot] {
-                    self.wait(sender, StreamKind::Send, free, tag);
-                }
-            }
-            self.emit(
-                sender,
-                StreamKind::Send,
-                Op::Copy { src, dst: landing },
-                tag,
-            );
-            self.record(sender, StreamKind::Send, tag, "sent")
-        };
-
-        if !reducing {
-            return Landed { ready: arrived };
-        }
-        // Receiver side: fold the slot into its own contribution.
-        let own = Region {
-            buf: self.source(receiver),
-            offset: range.start,
-            count,
-        };
-        self.wait(receiver, StreamKind::Reduce, arrived, tag);
-        self.emit(
-            receiver,
-            StreamKind::Reduce,
-            Op::Reduce {
-                dst: out,
-                a: own,
-                b: landing,
-            },
-            tag,
-        );
-        if self.plan.average && tag.step + 2 == spec.world {
-            self.emit(receiver, StreamKind::Reduce, Op::Scale { region: out }, tag);
-        }
-        let reduced = self.record(receiver, StreamKind::Reduce, tag, "reduced");
-        self.slot_free[receiver][slot.expect("reduce-scatter lands in a slot")] = Some(reduced);
-        Landed { ready: reduced }
-    }
-
     /// Main waits on the last record of every stream that wrote into this rank's memory: its own
     /// side streams and, for peer pushes, the sender's send stream.
     fn finish(&mut self) {
-        let n = self.spec.world;
+        let spec = self.push.spec;
+        let n = spec.world;
         for rank in 0..n {
             for stream in self.side_streams(rank) {
-                let last = self.record(rank, stream, Tag::FINISH, "done");
-                self.wait(rank, StreamKind::Main, last, Tag::FINISH);
+                let last = self.push.record(rank, stream, Tag::FINISH, "done");
+                self.push.wait(rank, StreamKind::Main, last, Tag::FINISH);
             }
         }
         for rank in 0..n {
             let prev = recv_from(rank, n);
-            if prev != rank
-                && self.spec.count > 0
-                && self.spec.transports[prev] == EdgeTransport::Peer
-            {
-                if let Some(last) = self.last_record[prev][StreamKind::Send.index()] {
-                    self.wait(rank, StreamKind::Main, last, Tag::FINISH);
+            if prev != rank && spec.count > 0 && spec.transports[prev] == EdgeTransport::Peer {
+                if let Some(last) = self.push.last_record[prev][StreamKind::Send.index()] {
+                    self.push.wait(rank, StreamKind::Main, last, Tag::FINISH);
                 }
             }
         }

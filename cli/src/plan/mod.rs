@@ -14,7 +14,9 @@ mod table;
 mod timeline;
 
 use crate::{parse_op, parse_positive, Failure};
-use ringreduce::plan::{EdgeTransport, OneShotSpec, Plan, RingSpec, TwoShotSpec};
+use ringreduce::plan::{
+    Collective, CollectiveSpec, EdgeTransport, OneShotSpec, Plan, RingSpec, Transfer, TwoShotSpec,
+};
 use ringreduce::ReduceOp;
 use std::path::PathBuf;
 
@@ -51,8 +53,49 @@ fn parse_plan_algorithm(text: &str) -> Result<PlanAlgorithm, String> {
     }
 }
 
+/// A collective by its command-line name (`root` for broadcast and reduce; send/recv is the
+/// pipeline exchange r → r + 1 of `count` elements each).
+fn parse_collective(
+    text: &str,
+    root: usize,
+    world: usize,
+    count: usize,
+) -> Result<Collective, String> {
+    Ok(match text {
+        "allreduce" | "all-reduce" => Collective::AllReduce,
+        "reducescatter" | "reduce-scatter" => Collective::ReduceScatter,
+        "allgather" | "all-gather" => Collective::AllGather,
+        "broadcast" => Collective::Broadcast { root },
+        "reduce" => Collective::Reduce { root },
+        "alltoall" | "all-to-all" => Collective::AllToAll,
+        "sendrecv" | "send-recv" => Collective::SendRecv {
+            transfers: (0..world)
+                .map(|r| Transfer {
+                    from: r,
+                    to: (r + 1) % world,
+                    count,
+                })
+                .collect(),
+        },
+        _ => {
+            return Err(format!(
+                "unknown collective {text:?}: use all-reduce, reduce-scatter, all-gather, \
+                 broadcast, reduce, all-to-all or send-recv"
+            ))
+        }
+    })
+}
+
 #[derive(clap::Args, Clone, Debug)]
 pub struct PlanArgs {
+    /// Which collective: all-reduce (default), reduce-scatter, all-gather, broadcast, reduce,
+    /// all-to-all or send-recv (the pipeline exchange r → r + 1). All but the all-reduce are
+    /// copy-engine plans with the ring's knobs; `--count` is NCCL's count for each.
+    #[arg(long, default_value = "all-reduce")]
+    pub collective: String,
+    /// The root of a broadcast or reduce.
+    #[arg(long, default_value_t = 0)]
+    pub root: usize,
     /// Which all-reduce: ring, oneshot or twoshot.
     #[arg(long, default_value = "ring", value_parser = parse_plan_algorithm)]
     pub algorithm: PlanAlgorithm,
@@ -103,6 +146,45 @@ pub fn build(args: &PlanArgs) -> Result<(Plan, String), Failure> {
         }
     }
     let (world, count, in_place, op) = (args.ranks, args.count, args.in_place, args.op);
+    let collective =
+        parse_collective(&args.collective, args.root, world, count).map_err(Failure::Usage)?;
+    if collective != Collective::AllReduce {
+        if args.algorithm != PlanAlgorithm::Ring {
+            return Err(Failure::Usage(format!(
+                "{} has one plan, the copy-engine one: leave out --algorithm",
+                collective.name()
+            )));
+        }
+        let transport = if args.staged {
+            EdgeTransport::Staged
+        } else {
+            EdgeTransport::Peer
+        };
+        let mut spec = CollectiveSpec::new(
+            collective,
+            world,
+            count,
+            args.chunk.unwrap_or(count.max(1)),
+            args.slots
+                .unwrap_or(ringreduce::CudaConfig::default().slots),
+            transport,
+        );
+        spec.ring.in_place = in_place;
+        spec.ring.op = op;
+        spec.ring.align_elems = args.align;
+        let title = format!(
+            "{}, {world} rank{} × count {count}, {}, {}; {} edges",
+            spec.collective.name(),
+            if world == 1 { "" } else { "s" },
+            if in_place { "in place" } else { "out of place" },
+            op.name(),
+            if args.staged { "staged" } else { "peer" },
+        );
+        return spec
+            .build()
+            .map(|plan| (plan, title))
+            .map_err(|e| Failure::Failed(format!("the plan could not be built: {e}")));
+    }
     let shape = format!(
         "{} all-reduce, {world} rank{} × {count} element{}, {}, {}",
         args.algorithm.name(),
@@ -167,10 +249,15 @@ pub fn run(args: &PlanArgs) -> Result<(), Failure> {
     let (plan, title) = build(args)?;
     out!("# {title}");
     let verdict = ringreduce::check::check(&plan);
+    let result = if plan.collective == Collective::AllReduce {
+        "every output element holds every rank's contribution once"
+    } else {
+        "every output holds exactly what the collective defines"
+    };
     match &verdict {
         Ok(()) => out!(
             "checked: ok (shape; enqueue order without deadlock; no data race over two \
-             back-to-back calls; every output element holds every rank's contribution once)"
+             back-to-back calls; {result})"
         ),
         Err(why) => out!("checked: REJECTED: {why}"),
     }
@@ -231,6 +318,31 @@ mod tests {
             assert!(title.contains(&format!("{} rank", args.ranks)), "{title}");
             ringreduce::check::check(&plan).unwrap_or_else(|r| panic!("{argv:?}: {r}"));
         }
+    }
+
+    #[test]
+    fn every_collective_builds_a_plan_the_checker_accepts() {
+        for name in [
+            "reduce-scatter",
+            "all-gather",
+            "broadcast",
+            "reduce",
+            "all-to-all",
+            "send-recv",
+        ] {
+            for extra in [&[][..], &["--staged", "--chunk", "2"], &["--root", "2"]] {
+                let mut argv = vec!["--collective", name, "--ranks", "3", "--count", "5"];
+                argv.extend_from_slice(extra);
+                let args = parse(&argv).unwrap();
+                let (plan, title) = build(&args).unwrap_or_else(|e| panic!("{argv:?}: {e:?}"));
+                assert!(title.starts_with(plan.collective.name()), "{title}");
+                ringreduce::check::check(&plan).unwrap_or_else(|r| panic!("{argv:?}: {r}"));
+            }
+        }
+        let args = parse(&["--collective", "gather"]).unwrap();
+        assert!(matches!(build(&args), Err(Failure::Usage(_))));
+        let args = parse(&["--collective", "all-gather", "--algorithm", "oneshot"]).unwrap();
+        assert!(matches!(build(&args), Err(Failure::Usage(_))));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! and on random plans and programs — the same `Result`, message for message.
 
 use super::{oneshot, spec};
-use crate::check::result::{judge_output, Runs, Sym};
+use crate::check::result::{combine, expectations, initial, judge, ranks_in, Runs, Sym};
 use crate::check::*;
 use crate::element::ReduceOp;
 use crate::plan::{
@@ -19,17 +19,15 @@ fn check_result_per_element(plan: &Plan, order: &[(usize, usize)]) -> Check {
             "the symbolic check handles at most {MAX_SYMBOLIC_WORLD} ranks"
         ));
     }
+    let expected = expectations(plan)?;
     let mut memory: Vec<Vec<Option<Sym>>> = plan
         .buffers
         .iter()
         .map(|decl| {
-            let own = Some(Sym {
-                ranks: 1u128 << decl.rank,
-                scaled: 0,
-            });
-            let holds_input =
-                decl.kind == BufKind::Input || (plan.in_place && decl.kind == BufKind::Output);
-            vec![if holds_input { own } else { None }; decl.len]
+            initial(plan, decl)
+                .into_iter()
+                .flat_map(|(len, v)| std::iter::repeat_n(v, len))
+                .collect()
         })
         .collect();
     let full: u128 = if plan.world == 128 {
@@ -37,11 +35,7 @@ fn check_result_per_element(plan: &Plan, order: &[(usize, usize)]) -> Check {
     } else {
         (1u128 << plan.world) - 1
     };
-    let ranks_of = |set: u128| {
-        (0..plan.world)
-            .filter(|r| set >> r & 1 == 1)
-            .collect::<Vec<_>>()
-    };
+    let ranks_of = |set: u128| ranks_in(set, plan.world);
     // A meeting's writes, held back until every participant has read (its members are adjacent
     // in `order`, rank 0 first): peers read each other's sources concurrently.
     let mut meeting: Vec<(Region, Vec<Sym>)> = Vec::new();
@@ -63,27 +57,15 @@ fn check_result_per_element(plan: &Plan, order: &[(usize, usize)]) -> Check {
             Op::Copy { src, dst } => {
                 for k in 0..src.count {
                     let v = read(&memory, src, k)?;
-                    memory[dst.buf.0][dst.offset + k] = Some(v);
+                    memory[dst.buf.0][dst.offset + k] = Some(v.moved(src.offset, dst.offset));
                 }
             }
             Op::Reduce { dst, a, b } => {
                 for k in 0..dst.count {
                     let (x, y) = (read(&memory, a, k)?, read(&memory, b, k)?);
-                    if x.ranks & y.ranks != 0 {
-                        return reject(format!(
-                            "{} counts the contribution of rank(s) {:?} twice at element {}",
-                            here(),
-                            ranks_of(x.ranks & y.ranks),
-                            dst.offset + k
-                        ));
-                    }
-                    if x.scaled + y.scaled > 0 {
-                        return reject(format!("{} reduces an already averaged value", here()));
-                    }
-                    memory[dst.buf.0][dst.offset + k] = Some(Sym {
-                        ranks: x.ranks | y.ranks,
-                        scaled: 0,
-                    });
+                    let (x, y) = (x.moved(a.offset, dst.offset), y.moved(b.offset, dst.offset));
+                    memory[dst.buf.0][dst.offset + k] =
+                        Some(combine(&here(), x, y, dst.offset + k, plan.world)?);
                 }
             }
             Op::Scale { region } => {
@@ -97,8 +79,8 @@ fn check_result_per_element(plan: &Plan, order: &[(usize, usize)]) -> Check {
                         ));
                     }
                     memory[region.buf.0][region.offset + k] = Some(Sym {
-                        ranks: v.ranks,
                         scaled: v.scaled + 1,
+                        ..v
                     });
                 }
             }
@@ -107,27 +89,21 @@ fn check_result_per_element(plan: &Plan, order: &[(usize, usize)]) -> Check {
                 let sources = peer_sources(plan, &op);
                 let mut values = Vec::with_capacity(dst.count);
                 for k in 0..dst.count {
-                    let mut acc = Sym {
-                        ranks: 0,
-                        scaled: 0,
-                    };
+                    let mut acc: Option<Sym> = None;
                     for &src in &sources {
-                        let v = read(&memory, src, k)?;
-                        if acc.ranks & v.ranks != 0 {
-                            return reject(format!(
-                                "{} counts the contribution of rank(s) {:?} twice at element {}",
-                                here(),
-                                ranks_of(acc.ranks & v.ranks),
-                                dst.offset + k
-                            ));
-                        }
-                        if v.scaled > 0 && sources.len() > 1 {
-                            return reject(format!("{} reduces an already averaged value", here()));
-                        }
-                        acc.ranks |= v.ranks;
-                        acc.scaled = acc.scaled.max(v.scaled);
+                        let v = read(&memory, src, k)?.moved(src.offset, dst.offset);
+                        acc = Some(match acc {
+                            None if v.scaled > 0 && sources.len() > 1 => {
+                                return reject(format!(
+                                    "{} reduces an already averaged value",
+                                    here()
+                                ))
+                            }
+                            None => v,
+                            Some(acc) => combine(&here(), acc, v, dst.offset + k, plan.world)?,
+                        });
                     }
-                    values.push(acc);
+                    values.push(acc.expect("a peer reduce reads at least one rank"));
                 }
                 meeting.push((dst, values));
                 if rank + 1 == plan.world {
@@ -140,23 +116,11 @@ fn check_result_per_element(plan: &Plan, order: &[(usize, usize)]) -> Check {
             }
         }
     }
-    let want_scaled = u8::from(plan.average);
-    for (b, decl) in plan.buffers.iter().enumerate() {
-        if decl.kind != BufKind::Output {
-            continue;
+    for e in &expected {
+        let values = &memory[e.buf.0][e.offset..e.offset + e.len];
+        for (k, &v) in values.iter().enumerate() {
+            judge(plan, e.buf, e.offset + k, v, e.want)?;
         }
-        if decl.len != plan.count {
-            return reject(format!(
-                "rank {}'s output has {} elements, not {}",
-                decl.rank, decl.len, plan.count
-            ));
-        }
-        for (i, v) in memory[b].iter().enumerate() {
-            judge_output(plan, decl.rank, i, *v, want_scaled)?;
-        }
-    }
-    if plan.buffer(0, BufKind::Output).is_none() && plan.world > 0 {
-        return reject("the plan declares no output".into());
     }
     Ok(())
 }
@@ -174,7 +138,12 @@ fn assert_canonical(runs: &Runs) {
 }
 
 fn sym(ranks: u128) -> Option<Sym> {
-    Some(Sym { ranks, scaled: 0 })
+    Some(Sym {
+        ranks,
+        scaled: 0,
+        shift: 0,
+        source: 0,
+    })
 }
 
 #[test]
@@ -472,6 +441,7 @@ fn program_strategy() -> impl Strategy<Value = Plan> {
         .prop_map(
             |(world, count, slots, in_place, average, prologue, steps)| {
                 let mut plan = Plan {
+                    collective: crate::plan::Collective::AllReduce,
                     world,
                     count,
                     in_place,
@@ -698,10 +668,15 @@ fn a_copy_onto_its_own_tail_repeats_its_head_as_element_by_element() {
     plan.ranks[0] = vec![
         copy(at(input, 0, 2), at(output, 0, 2)),
         // Element by element this reads 0, 1, then what it wrote to 2, 3, ...: the whole
-        // output ends written.
+        // output ends written, with the head repeated — so element 2 holds input element 0.
         copy(at(output, 0, 6), at(output, 2, 6)),
     ];
-    assert_eq!(agree(&plan), Some(Ok(())));
+    let err = agree(&plan).unwrap().unwrap_err();
+    assert!(
+        err.0
+            .contains("output element 2 holds element 0 of the inputs, want element 2"),
+        "{err}"
+    );
     // Copied backwards it reads elements never written.
     plan.ranks[0][1] = copy(at(output, 2, 6), at(output, 0, 6));
     let err = agree(&plan).unwrap().unwrap_err();
@@ -711,4 +686,100 @@ fn a_copy_onto_its_own_tail_repeats_its_head_as_element_by_element() {
     plan.ranks[0][1] = copy(at(output, 1, 4), at(output, 4, 4));
     let err = agree(&plan).unwrap().unwrap_err();
     assert!(err.0.contains("reads element 2 of Output"), "{err}");
+}
+
+/// Small plans of every collective but the all-reduce, in and out of place, peer and staged.
+fn collective_plans() -> Vec<Plan> {
+    use crate::plan::{Collective, CollectiveSpec, Transfer};
+    let mut plans = Vec::new();
+    for (world, count, chunk, slots) in [(2, 7, 3, 2), (3, 5, 2, 1), (4, 3, 8, 3), (1, 4, 2, 1)] {
+        let transfers = (0..world)
+            .map(|r| Transfer {
+                from: r,
+                to: (r + 1) % world,
+                count: count + r,
+            })
+            .collect();
+        for c in [
+            Collective::ReduceScatter,
+            Collective::AllGather,
+            Collective::Broadcast { root: world - 1 },
+            Collective::Reduce { root: world / 2 },
+            Collective::AllToAll,
+            Collective::SendRecv { transfers },
+        ] {
+            for transport in [EdgeTransport::Peer, EdgeTransport::Staged] {
+                for in_place in [false, true] {
+                    if in_place && !c.has_in_place() {
+                        continue;
+                    }
+                    let mut s =
+                        CollectiveSpec::new(c.clone(), world, count, chunk, slots, transport);
+                    s.ring.in_place = in_place;
+                    if c.reduces() {
+                        s.ring.op = ReduceOp::Avg;
+                    }
+                    plans.push(s.build().unwrap());
+                }
+            }
+        }
+    }
+    plans
+}
+
+/// Every plant at every instruction of small plans of every other collective: both executions
+/// agree (the shifts move with the data in runs as element by element), and the faults reach the
+/// rejections only shifts can give.
+#[test]
+fn runs_agree_with_elements_on_every_planted_fault_of_every_collective() {
+    let mut seen: Vec<String> = Vec::new();
+    let (mut accepted, mut rejected) = (0, 0);
+    for plan in &collective_plans() {
+        assert_eq!(agree(plan), Some(Ok(())), "{:?}", plan.collective);
+        for rank in 0..plan.world {
+            for index in 0..plan.ranks[rank].len() {
+                for plant in PLANTS {
+                    let Some(broken) = planted(plan, rank, index, plant) else {
+                        continue;
+                    };
+                    match agree(&broken) {
+                        Some(Ok(())) => accepted += 1,
+                        Some(Err(e)) => {
+                            rejected += 1;
+                            seen.push(e.0);
+                        }
+                        None => {}
+                    }
+                }
+            }
+        }
+    }
+    assert!(accepted > 0 && rejected > 100, "{accepted} {rejected}");
+    for needle in [
+        "nothing has written",
+        "twice",
+        "reduces different elements",
+        "holds element",
+        "holds the contribution of rank(s)",
+        "never written",
+    ] {
+        assert!(
+            seen.iter().any(|m| m.contains(needle)),
+            "no planted fault was rejected with {needle:?}"
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    #[test]
+    fn runs_agree_with_elements_on_random_collective_plans(
+        which in 0usize..32,
+        plants in plants_strategy(),
+    ) {
+        let plans = collective_plans();
+        let plan = plans[which % plans.len()].clone();
+        agree(&plant_all(plan, &plants));
+    }
 }

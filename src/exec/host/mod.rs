@@ -7,7 +7,8 @@
 //! enqueued, and a wait on an event never recorded is a no-op. Buffers are host memory, copies are
 //! `memmove`, reductions run on the CPU.
 //!
-//! It is the reference every GPU path is tested against and a usable all-reduce across threads.
+//! It is the reference every GPU path is tested against, and runs every collective (all-reduce,
+//! reduce-scatter, all-gather, broadcast, reduce, all-to-all, send/recv) across threads.
 //! For tests it can shake the schedule (seeded random delays before operations) and inject faults
 //! (fail, panic or stall rank r at instruction k). Every wait has the call's deadline, so a fault
 //! never hangs a caller: the first error aborts the call, every thread drains, and the caller gets
@@ -26,7 +27,7 @@ use super::config::Transport;
 use super::{enqueue_rank, panic_message, Algorithm, Enqueue, Handoff, Limits, PlanCache, Shape};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::plan::{BufKind, Instr, Op, Plan, Region, StreamKind};
+use crate::plan::{BufKind, Collective, Instr, Op, Plan, Region, StreamKind};
 use crossbeam_channel::{Receiver, Sender};
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -56,9 +57,11 @@ pub struct HostConfig {
     /// sweeps chunk sizes must not silently get the one-shot. `OneShot` and `Auto` (the GPU
     /// default, same size rule) run the one-shot's barriers on threads.
     pub algorithm: Algorithm,
-    /// Fold every element in rank order on every algorithm and size, so results do not depend
-    /// on which algorithm runs (see [`crate::exec::algorithm::deterministic_needs_peers`] for
-    /// what it costs and what it refuses). Off by default.
+    /// Fold every element of an all-reduce in rank order on every algorithm and size, so results
+    /// do not depend on which algorithm runs (see
+    /// [`crate::exec::algorithm::deterministic_needs_peers`] for what it costs and what it
+    /// refuses). The other collectives fold in their plan's fixed order whatever this says
+    /// (docs/guide/07-other-collectives.md, "Fold order"). Off by default.
     pub deterministic: bool,
 }
 
@@ -280,33 +283,34 @@ impl HostExecutor {
             return Ok(p);
         }
         let bytes = shape.count.saturating_mul(shape.elem_bytes);
-        let plan = match self.config.algorithm.choose(
-            bytes,
-            self.world,
-            shape.in_place,
-            true,
-            self.config.deterministic,
-        ) {
-            Algorithm::OneShot => shape.checked_oneshot_plan(self.world)?,
-            Algorithm::TwoShot => shape.checked_twoshot_plan(self.world, 1)?,
-            _ => shape.checked_plan(
-                self.config.chunk_elems,
-                self.config.slots,
-                1,
-                vec![self.config.transport.on_host(); self.world],
-            )?,
+        let transports = vec![self.config.transport.on_host(); self.world];
+        let (chunk, slots) = (self.config.chunk_elems, self.config.slots);
+        let plan = if shape.collective != Collective::AllReduce {
+            shape.checked_collective_plan(chunk, slots, 1, transports)?
+        } else {
+            match self.config.algorithm.choose(
+                bytes,
+                self.world,
+                shape.in_place,
+                true,
+                self.config.deterministic,
+            ) {
+                Algorithm::OneShot => shape.checked_oneshot_plan(self.world)?,
+                Algorithm::TwoShot => shape.checked_twoshot_plan(self.world, 1)?,
+                _ => shape.checked_plan(chunk, slots, 1, transports)?,
+            }
         };
         let scratch = plan
             .buffers
             .iter()
             .map(|decl| match decl.kind {
-                BufKind::Slots | BufKind::HostSlots | BufKind::Exposed => decl
+                BufKind::Slots | BufKind::HostSlots | BufKind::Exposed | BufKind::Scratch => decl
                     .len
                     .checked_mul(shape.elem_bytes)
                     .ok_or(Error::InvalidArgument("staging size overflows".into()))
                     .and_then(Scratch::new)
                     .map(Some),
-                BufKind::Input | BufKind::Output => Ok(None),
+                _ => Ok(None),
             })
             .collect::<Result<Vec<_>>>()?;
         let prepared = Arc::new(HostPlan {
@@ -320,48 +324,47 @@ impl HostExecutor {
         Ok(prepared)
     }
 
-    /// Runs one all-reduce and returns when every rank is done (or the call failed and every
-    /// thread has stopped touching the buffers).
+    /// Runs one collective and returns when every rank is done (or the call failed and every
+    /// thread has stopped touching the buffers). `inputs` and `outputs` hold the caller's
+    /// buffers' addresses as [`super::caller_address`] lays them out.
     ///
     /// # Safety
-    /// `outputs[r]` (and `inputs[r]` when given) must point to `count` valid, aligned elements of
-    /// `T` that nothing else reads or writes until this returns; outputs must not overlap each other
-    /// or any input. Inputs may overlap each other (they are only read).
+    /// Every caller's buffer the plan of `shape` declares must point to as many valid, aligned
+    /// elements of `T` as the plan's declaration says, that nothing else reads or writes until
+    /// this returns; buffers written (outputs, receive buffers) must not overlap each other or
+    /// any buffer read. Buffers only read may overlap each other.
     pub(crate) unsafe fn run<T: Element>(
         &mut self,
-        inputs: Option<&[*const T]>,
-        outputs: &[*mut T],
-        count: usize,
+        shape: Shape,
+        inputs: &[u64],
+        outputs: &[u64],
         op: ReduceOp,
     ) -> Result<()> {
         let elem_bytes = std::mem::size_of::<T>();
-        let shape = Shape::of::<T>(count, inputs.is_none(), op);
+        debug_assert_eq!(shape.elem_bytes, elem_bytes);
         let prepared = self.prepare(shape)?;
-        let len_bytes = count * elem_bytes;
         let bufs = prepared
             .plan
             .buffers
             .iter()
             .enumerate()
-            .map(|(i, decl)| match decl.kind {
-                BufKind::Input => RawBuf {
-                    ptr: inputs.expect("out-of-place plans declare inputs")[decl.rank] as *mut u8,
-                    len_bytes,
-                },
-                BufKind::Output => RawBuf {
-                    ptr: outputs[decl.rank] as *mut u8,
-                    len_bytes,
-                },
-                BufKind::Slots | BufKind::HostSlots | BufKind::Exposed => {
-                    let s = prepared.scratch[i]
-                        .as_ref()
-                        .expect("staging is allocated in prepare");
-                    RawBuf {
-                        ptr: s.ptr.as_ptr(),
-                        len_bytes: s.layout.size(),
+            .map(
+                |(i, decl)| match super::caller_address(decl, inputs, outputs) {
+                    Some(addr) => RawBuf {
+                        ptr: addr as *mut u8,
+                        len_bytes: decl.len * elem_bytes,
+                    },
+                    None => {
+                        let s = prepared.scratch[i]
+                            .as_ref()
+                            .expect("staging is allocated in prepare");
+                        RawBuf {
+                            ptr: s.ptr.as_ptr(),
+                            len_bytes: s.layout.size(),
+                        }
                     }
-                }
-            })
+                },
+            )
             .collect();
         self.calls += 1;
         let (done_tx, done_rx) = crossbeam_channel::unbounded();

@@ -42,8 +42,8 @@ use crate::device::{self, DeviceBuffer, Event, PinnedHost, Stream};
 use crate::element::{DType, Element, ReduceOp};
 use crate::error::{Error, Result};
 pub use crate::exec::config::Transport;
-use crate::exec::{Algorithm, Handoff, PlanCache, Shape};
-use crate::plan::{BufKind, EdgeTransport, Op, Plan, StreamKind};
+use crate::exec::{caller_address, Algorithm, Handoff, PlanCache, Shape};
+use crate::plan::{BufKind, Collective, EdgeTransport, Op, Plan, StreamKind};
 use crossbeam_channel::Sender;
 use cudarc::driver::{CudaContext, CudaStream};
 use edges::{decide_edges, probe_edges};
@@ -77,9 +77,11 @@ pub struct CudaConfig {
     /// peer access between every pair of GPUs and at most 8 ranks; `Auto` falls back to the ring
     /// where it cannot run, `OneShot` is then an error at creation.
     pub algorithm: Algorithm,
-    /// Fold every element in rank order on every algorithm and size, so results do not depend
-    /// on which algorithm runs (see [`crate::exec::algorithm::deterministic_needs_peers`] for
-    /// what it costs and what it refuses). Off by default.
+    /// Fold every element of an all-reduce in rank order on every algorithm and size, so results
+    /// do not depend on which algorithm runs (see
+    /// [`crate::exec::algorithm::deterministic_needs_peers`] for what it costs and what it
+    /// refuses). The other collectives fold in their plan's fixed order whatever this says
+    /// (docs/guide/07-other-collectives.md, "Fold order"). Off by default.
     pub deterministic: bool,
 }
 
@@ -323,6 +325,24 @@ impl CudaExecutor {
         Ok(())
     }
 
+    /// [`CudaExecutor::prepare_buffers`] for any collective's plan: every caller's buffer that
+    /// another rank's copy engine writes into (a peer push) gets its pool opened to that rank's
+    /// GPU, once per buffer address. `addrs` are the plan's buffer addresses for this call.
+    fn grant_pushers(&mut self, plan: &Plan, addrs: &[u64]) -> Result<()> {
+        for (rank, program) in plan.ranks.iter().enumerate() {
+            for instr in program {
+                let Op::Copy { dst, .. } = instr.op else {
+                    continue;
+                };
+                let decl = plan.decl(dst.buf);
+                if decl.rank != rank && decl.kind.is_callers() && addrs[dst.buf.0] != 0 {
+                    self.grant_once(addrs[dst.buf.0], self.ranks[rank].device)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Grants `peer` access to the pool behind `addr` unless that was done already; remembered
     /// only once it succeeded, so a failed grant is tried again on the next call.
     fn grant_once(&mut self, addr: u64, peer: usize) -> Result<()> {
@@ -349,13 +369,7 @@ impl CudaExecutor {
         // 16-byte boundaries keep every chunk and segment vector-aligned for the kernels and
         // copies.
         let align_elems = (16 / shape.elem_bytes).max(1);
-        let plan = if algorithm == Algorithm::OneShot {
-            let plan = shape.checked_oneshot_plan(n)?;
-            oneshot_layout(&plan)?;
-            plan
-        } else if algorithm == Algorithm::TwoShot {
-            shape.checked_twoshot_plan(n, align_elems)?
-        } else {
+        let chunk_elems = || {
             let chunk_bytes = self.config.chunk_bytes.unwrap_or_else(|| {
                 let staged = self
                     .edges
@@ -363,8 +377,25 @@ impl CudaExecutor {
                     .any(|e| e.transport == EdgeTransport::Staged);
                 auto_chunk_bytes(shape.count, n, shape.elem_bytes, staged)
             });
+            (chunk_bytes / shape.elem_bytes).max(1)
+        };
+        let plan = if shape.collective != Collective::AllReduce {
+            // Every other collective is a copy-engine plan (pushes, pairwise reduces, events).
+            shape.checked_collective_plan(
+                chunk_elems(),
+                self.config.slots,
+                align_elems,
+                self.edge_transports(),
+            )?
+        } else if algorithm == Algorithm::OneShot {
+            let plan = shape.checked_oneshot_plan(n)?;
+            oneshot_layout(&plan)?;
+            plan
+        } else if algorithm == Algorithm::TwoShot {
+            shape.checked_twoshot_plan(n, align_elems)?
+        } else {
             shape.checked_plan(
-                (chunk_bytes / shape.elem_bytes).max(1),
+                chunk_elems(),
                 self.config.slots,
                 align_elems,
                 self.edge_transports(),
@@ -382,8 +413,11 @@ impl CudaExecutor {
                 let bytes = decl.len * shape.elem_bytes;
                 let ctx = &self.ranks[decl.rank].ctx;
                 match decl.kind {
-                    BufKind::Input | BufKind::Output => Ok(None),
-                    BufKind::Slots | BufKind::Exposed => {
+                    BufKind::Input
+                    | BufKind::Output
+                    | BufKind::SendBuf(_)
+                    | BufKind::RecvBuf(_) => Ok(None),
+                    BufKind::Slots | BufKind::Exposed | BufKind::Scratch => {
                         DeviceBuffer::new(ctx, bytes.max(1)).map(|b| Some(Staging::Device(b)))
                     }
                     BufKind::HostSlots => {
@@ -450,6 +484,29 @@ impl CudaExecutor {
         captured: Option<usize>,
     ) -> Result<()> {
         let shape = Shape::of::<T>(count, inputs.is_none(), op);
+        // SAFETY: our caller's contract, passed on.
+        unsafe {
+            self.run_shape_on_main::<T>(shape, inputs.unwrap_or(&[]), outputs, op, wait_complete)
+        }
+    }
+
+    /// Runs one call of any collective's plan on the Main streams; `inputs` and `outputs` are
+    /// the caller's buffers' addresses as [`crate::exec::caller_address`] lays them out
+    /// (`inputs` empty in place).
+    ///
+    /// # Safety
+    /// Every caller's buffer the plan of `shape` declares is a device address on its rank's GPU,
+    /// valid for the declared length; written buffers overlap nothing else in the call; nothing
+    /// else touches them (or writes the ones read) until the call is complete — when this returns
+    /// if `wait_complete`, else once each rank's Main stream has passed the call.
+    pub(super) unsafe fn run_shape_on_main<T: Element>(
+        &mut self,
+        shape: Shape,
+        inputs: &[u64],
+        outputs: &[u64],
+        op: ReduceOp,
+        wait_complete: bool,
+    ) -> Result<()> {
         let prepared = self.prepare(shape)?;
         let reads_peers = prepared
             .plan
@@ -463,6 +520,7 @@ impl CudaExecutor {
             } else {
                 PeerKernel::OneShot
             };
+            let inputs = (!prepared.plan.in_place).then_some(inputs);
             self.open_peer_call(kernel, inputs, outputs)?;
         }
         let addrs = prepared
@@ -470,14 +528,19 @@ impl CudaExecutor {
             .buffers
             .iter()
             .zip(&prepared.staging)
-            .map(|(decl, staging)| match (decl.kind, staging) {
-                (BufKind::Input, _) => inputs.map_or(0, |i| i[decl.rank]),
-                (BufKind::Output, _) => outputs[decl.rank],
-                (_, Some(Staging::Device(b))) => b.ptr(),
-                (_, Some(Staging::Host(h))) => h.uva_ptr(),
-                (_, None) => 0,
-            })
-            .collect();
+            .map(
+                |(decl, staging)| match (caller_address(decl, inputs, outputs), staging) {
+                    (Some(addr), _) => addr,
+                    (None, Some(Staging::Device(b))) => b.ptr(),
+                    (None, Some(Staging::Host(h))) => h.uva_ptr(),
+                    (None, None) => 0,
+                },
+            )
+            .collect::<Vec<u64>>();
+        if prepared.plan.collective != Collective::AllReduce {
+            // The all-reduce's caller grants its pools (`prepare_buffers`) before the call.
+            self.grant_pushers(&prepared.plan, &addrs)?;
+        }
         self.calls += 1;
         let (done_tx, done_rx) = crossbeam_channel::unbounded();
         let call = Arc::new(CudaCall {
