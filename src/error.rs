@@ -114,12 +114,6 @@ pub enum Error {
         /// The communicator's world size.
         world: usize,
     },
-    /// The collective cannot run on this kind of communicator yet.
-    #[error("{collective} is not yet available on GPU communicators (host communicators run it)")]
-    NotOnGpu {
-        /// The collective called.
-        collective: &'static str,
-    },
     /// An out-of-place output is shorter than its input.
     #[error("output too short on rank {rank}: input has {input} elements, output {output}")]
     OutputTooShort {

@@ -47,8 +47,8 @@
 //! roots and in-place layouts (`examples/11_collectives.rs`; the lengths per collective are
 //! tabled in [`plan::Collective`]'s module, the buffer lists in `comm/collectives.rs`). Each is a
 //! copy-engine plan — pushes into the receiver's memory, pairwise reduces, events — proved by the
-//! checker like the all-reduce. Host communicators run them all; GPU communicators return
-//! [`Error::NotOnGpu`] for all but the all-reduce so far.
+//! checker like the all-reduce. Host and GPU communicators run them all (on GPUs as copy-engine
+//! plans; peer-kernel versions for small messages do not exist yet).
 //!
 //! - **Reduce-scatter** ([`Communicator::reduce_scatter`], `_in_place`): rank r gets block r of
 //!   the reduction of every rank's world·count input. The ring's first half, on blocks

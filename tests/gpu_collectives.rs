@@ -1,10 +1,7 @@
-//! The other collectives on GPUs. Today a GPU communicator runs only the all-reduce: the first
-//! test checks that every other collective is refused with `NotOnGpu` after validation and
-//! leaves the communicator usable. The second runs every collective on the GPUs against the host
-//! reference; it is ignored until the CUDA executor routes them (`run_shape_on_main` in
-//! `src/exec/cuda/executor/mod.rs` takes any collective's plan; the caller's-stream entry and the
-//! communicator's GPU branch do not call it yet). Both print `waived: needs ≥ 2 GPUs` and pass
-//! where there are fewer.
+//! The other collectives on GPUs: refused bad calls, and every collective against the host
+//! reference (reduce-scatter, all-gather, broadcast, reduce, all-to-all, send/recv), blocking and
+//! on the caller's streams. Every test prints `waived: needs ≥ 2 GPUs` and passes where there are
+//! fewer.
 
 use ringreduce::device;
 use ringreduce::verify::{compare, expected_value, input_value};
@@ -31,8 +28,10 @@ fn input(rank: usize, len: usize) -> Vec<f32> {
         .collect()
 }
 
+/// Bad calls are refused on GPUs as on host ranks, before anything is enqueued, and leave the
+/// communicator usable.
 #[test]
-fn other_collectives_say_they_are_not_on_gpus_yet() {
+fn bad_collective_calls_are_refused_on_gpus() {
     let Some(devices) = two_gpus() else { return };
     let comm = Communicator::with_config(&devices, CudaConfig::default()).unwrap();
     let count = 1000;
@@ -41,26 +40,23 @@ fn other_collectives_say_they_are_not_on_gpus_yet() {
         .iter()
         .map(|&d| gpu(d, &vec![0.0; 2 * count]))
         .collect();
-    assert_eq!(
-        comm.all_gather(&inputs, &mut outs),
-        Err(Error::NotOnGpu {
-            collective: "all-gather"
-        })
-    );
-    // Validation still comes first.
     assert!(matches!(
         comm.broadcast(&inputs[0], &mut outs, 0),
         Err(Error::BufferLength { .. })
     ));
-    // Nothing failed: the all-reduce still runs.
+    assert!(matches!(
+        comm.broadcast(&inputs[0], &mut outs, 5),
+        Err(Error::RootOutOfRange { .. }) | Err(Error::BufferLength { .. })
+    ));
     let mut bufs: Vec<_> = devices.iter().map(|&d| gpu(d, &input(d, count))).collect();
     comm.all_reduce_in_place(&mut bufs, ReduceOp::Sum).unwrap();
     comm.health().unwrap();
     comm.close().unwrap();
 }
 
+/// Every collective on 2 GPUs (both placements where NCCL has them), against the host
+/// reference, at counts 0, 1, a prime and 1 Mi + 7.
 #[test]
-#[ignore = "the CUDA executor does not route the other collectives yet (see the module doc)"]
 fn every_collective_on_gpus_matches_the_host_reference() {
     let Some(devices) = two_gpus() else { return };
     let n = devices.len();
@@ -128,6 +124,107 @@ fn every_collective_on_gpus_matches_the_host_reference() {
             let (wrong, first) = compare(r, &b.to_host().unwrap(), &want, 4);
             assert_eq!(wrong, 0, "all-to-all count {count}: {first:?}");
         }
+        // Reduce-scatter in place: the result is block r of each rank's buffer.
+        let mut bufs: Vec<_> = (0..n)
+            .map(|r| gpu(devices[r], &input(r, n * count)))
+            .collect();
+        comm.reduce_scatter_in_place(&mut bufs, ReduceOp::Sum)
+            .unwrap();
+        for (r, b) in bufs.iter().enumerate() {
+            let got = b.to_host().unwrap();
+            let want: Vec<f32> = (0..count)
+                .map(|k| expected_value(ReduceOp::Sum, n, r * count + k))
+                .collect();
+            let (wrong, first) = compare(r, &got[r * count..(r + 1) * count], &want, 4);
+            assert_eq!(wrong, 0, "reduce-scatter in place count {count}: {first:?}");
+        }
+        // Broadcast in place from rank 0.
+        let mut bufs: Vec<_> = (0..n).map(|r| gpu(devices[r], &input(r, count))).collect();
+        comm.broadcast_in_place(&mut bufs, 0).unwrap();
+        for (r, b) in bufs.iter().enumerate() {
+            let (wrong, first) = compare(r, &b.to_host().unwrap(), &input(0, count), 4);
+            assert_eq!(wrong, 0, "broadcast in place count {count}: {first:?}");
+        }
+        // Send/recv: a pipeline exchange where both ranks send and receive in one call.
+        let sends = vec![
+            gpu(devices[0], &input(0, count)),
+            gpu(devices[1], &input(1, count)),
+        ];
+        let mut recvs = vec![
+            gpu(devices[1], &vec![77.0; count]),
+            gpu(devices[0], &vec![77.0; count]),
+        ];
+        comm.send_recv(&[(0, 1), (1, 0)], &sends, &mut recvs)
+            .unwrap();
+        for (i, from) in [0usize, 1].into_iter().enumerate() {
+            let (wrong, first) = compare(i, &recvs[i].to_host().unwrap(), &input(from, count), 4);
+            assert_eq!(wrong, 0, "send/recv {from} count {count}: {first:?}");
+        }
     }
+    comm.health().unwrap();
     comm.close().unwrap();
+}
+
+/// An all-gather enqueued on the caller's streams, 10 calls back to back
+/// with one synchronisation at the end, each call's result copied out on the same streams.
+#[test]
+fn collectives_on_the_callers_streams() {
+    use ringreduce::{Buffer, Collective};
+    let Some(devices) = two_gpus() else { return };
+    let n = devices.len();
+    let comm = Communicator::with_config(&devices, CudaConfig::default()).unwrap();
+    let streams: Vec<_> = devices
+        .iter()
+        .map(|&d| device::context(d).unwrap().new_stream().unwrap())
+        .collect();
+    let count = 4099;
+    let calls = 10;
+    let inputs: Vec<_> = (0..n).map(|r| gpu(devices[r], &input(r, count))).collect();
+    let mut outs: Vec<_> = (0..n)
+        .map(|r| gpu(devices[r], &vec![77.0; n * count]))
+        .collect();
+    let copies: Vec<Vec<GpuBuffer<f32>>> = (0..calls)
+        .map(|_| {
+            (0..n)
+                .map(|r| gpu(devices[r], &vec![0.0; n * count]))
+                .collect()
+        })
+        .collect();
+    for slot in &copies {
+        // SAFETY: only work queued on `streams` touches the buffers until they are synchronised.
+        unsafe {
+            comm.enqueue_collective(
+                &Collective::AllGather,
+                Some(&inputs[..]),
+                &mut outs,
+                ReduceOp::Sum,
+                Some(&streams),
+            )
+        }
+        .unwrap();
+        for (r, s) in streams.iter().enumerate() {
+            s.context().bind_to_thread().unwrap();
+            // SAFETY: both are live device buffers of n·count f32 on this stream's device.
+            unsafe {
+                cudarc::driver::result::memcpy_dtod_async(
+                    slot[r].address(),
+                    outs[r].address(),
+                    n * count * 4,
+                    s.cu_stream(),
+                )
+            }
+            .unwrap();
+        }
+    }
+    for s in &streams {
+        s.synchronize().unwrap();
+    }
+    let want: Vec<f32> = (0..n).flat_map(|j| input(j, count)).collect();
+    for (call, slot) in copies.iter().enumerate() {
+        for (r, b) in slot.iter().enumerate() {
+            let (wrong, first) = compare(r, &b.to_host().unwrap(), &want, 4);
+            assert_eq!(wrong, 0, "all-gather call {call}: {first:?}");
+        }
+    }
+    comm.health().unwrap();
 }

@@ -35,9 +35,6 @@ impl Communicator {
     /// buffers each list holds is in this module's table. `op` is used where the collective
     /// reduces (all-reduce, reduce-scatter, reduce).
     ///
-    /// On GPU communicators only the all-reduce runs so far: the others return
-    /// [`Error::NotOnGpu`] (after validation, before anything is enqueued).
-    ///
     /// # Safety
     /// Every buffer must stay allocated, inputs unwritten and outputs untouched (no reads, no
     /// writes, on any stream or the host) until the collective has completed: after

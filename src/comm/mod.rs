@@ -470,18 +470,15 @@ impl Communicator {
                 // returns, and `run` returns only once every thread is done with the buffers.
                 unsafe { exec.run::<T>(shape, inputs, outputs, op) }
             }
-            Some(Executor::Cuda(_)) if collective != Collective::AllReduce => {
-                return Err(Error::NotOnGpu {
-                    collective: collective.name(),
-                })
-            }
             Some(Executor::Cuda(exec)) => {
-                let inputs = (!in_place).then_some(inputs);
                 // Bad streams are the caller's mistake: refused without failing the communicator.
                 if let Some(streams) = caller {
                     exec.check_caller_streams(streams)?;
                 }
-                exec.prepare_buffers(outputs)?;
+                if collective == Collective::AllReduce {
+                    exec.prepare_buffers(outputs)?;
+                }
+                let shape = Shape::collective::<T>(collective, count, in_place, op);
                 // The stream each rank's work starts and ends on: the caller's, or Main.
                 let on =
                     |exec: &CudaExecutor,
@@ -494,10 +491,11 @@ impl Communicator {
                         track(&streams, when);
                     };
                 on(exec, StreamUse::Before, track);
-                // SAFETY: `validate` checked every buffer is on its rank's GPU with `count`
-                // elements and no output overlaps an input; lifetimes are our caller's contract.
+                // SAFETY: validation checked every buffer is on its rank's GPU with the length the
+                // collective needs and that no written buffer overlaps another; lifetimes are our
+                // caller's contract.
                 let result =
-                    unsafe { exec.run::<T>(inputs, outputs, count, op, wait_complete, caller) };
+                    unsafe { exec.run::<T>(shape, inputs, outputs, op, wait_complete, caller) };
                 on(exec, StreamUse::After, track);
                 result
             }

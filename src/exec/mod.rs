@@ -43,10 +43,6 @@ pub(crate) struct Shape {
 }
 
 impl Shape {
-    pub(crate) fn of<T: Element>(count: usize, in_place: bool, op: ReduceOp) -> Shape {
-        Shape::collective::<T>(Collective::AllReduce, count, in_place, op)
-    }
-
     /// The shape of any collective (`Avg` counts only where the collective reduces).
     pub(crate) fn collective<T: Element>(
         collective: Collective,

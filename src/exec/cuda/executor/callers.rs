@@ -13,13 +13,14 @@ use cudarc::driver::CudaStream;
 use std::sync::Arc;
 
 impl CudaExecutor {
-    /// Runs one all-reduce over device buffers.
+    /// Runs one collective of `shape` over device buffers (addresses laid out as
+    /// [`crate::exec::caller_address`] lays them out; `inputs` empty in place).
     ///
     /// # Safety
-    /// `outputs[r]` (and `inputs[r]`) are device addresses on rank r's GPU, valid for `count`
-    /// elements of `T`; outputs overlap nothing else in the call; nothing else touches the outputs
-    /// (or writes the inputs) until the call is complete — when this returns if `wait_complete`,
-    /// else once each rank's Main stream has passed the call.
+    /// Every caller's buffer the plan of `shape` declares is a device address on its rank's GPU,
+    /// valid for the declared length; written buffers overlap nothing else in the call; nothing
+    /// else touches them (or writes the ones read) until the call is complete — when this returns
+    /// if `wait_complete`, else once each rank's Main stream has passed the call.
     ///
     /// With `caller` streams (one per rank, enqueue only), the call starts after the work already
     /// queued on each and later work there waits for it: an event recorded on the caller's
@@ -30,9 +31,9 @@ impl CudaExecutor {
     /// graph(s) (module `handoff`).
     pub(crate) unsafe fn run<T: Element>(
         &mut self,
-        inputs: Option<&[u64]>,
+        shape: Shape,
+        inputs: &[u64],
         outputs: &[u64],
-        count: usize,
         op: ReduceOp,
         wait_complete: bool,
         caller: Option<&[Arc<CudaStream>]>,
@@ -40,14 +41,14 @@ impl CudaExecutor {
         let Some(streams) = caller else {
             // SAFETY: our caller's contract, passed on.
             return unsafe {
-                self.run_on_main::<T>(inputs, outputs, count, op, wait_complete, None)
+                self.run_shape_on_main::<T>(shape, inputs, outputs, op, wait_complete, None)
             };
         };
         self.check_caller_streams(streams)?;
         // A capture: the plan (prepared by an earlier call) is refused if it cannot be captured
         // before any stream joins the capture, and pinned, since the graph will hold its memory.
         let captured = match handoff::capturing(streams)? {
-            true => Some(self.pin_for_capture(Shape::of::<T>(count, inputs.is_none(), op))?),
+            true => Some(self.pin_for_capture(shape.clone())?),
             false => None,
         };
         let saved = device::save_current()?;
@@ -57,8 +58,9 @@ impl CudaExecutor {
             device::wait(&res.streams[StreamKind::Main.index()], &res.fence_in)?;
         }
         // SAFETY: our caller's contract, passed on.
-        let result =
-            unsafe { self.run_on_main::<T>(inputs, outputs, count, op, wait_complete, captured) };
+        let result = unsafe {
+            self.run_shape_on_main::<T>(shape, inputs, outputs, op, wait_complete, captured)
+        };
         // Also after a failure: the caller's stream must not run ahead of what was enqueued.
         let fenced = self
             .ranks

@@ -470,29 +470,10 @@ impl CudaExecutor {
         self.edges.iter().map(|e| e.transport).collect()
     }
 
-    /// [`CudaExecutor::run`] on the communicator's own Main streams.
-    ///
-    /// # Safety
-    /// As for [`CudaExecutor::run`].
-    pub(super) unsafe fn run_on_main<T: Element>(
-        &mut self,
-        inputs: Option<&[u64]>,
-        outputs: &[u64],
-        count: usize,
-        op: ReduceOp,
-        wait_complete: bool,
-        captured: Option<usize>,
-    ) -> Result<()> {
-        let shape = Shape::of::<T>(count, inputs.is_none(), op);
-        // SAFETY: our caller's contract, passed on.
-        unsafe {
-            self.run_shape_on_main::<T>(shape, inputs.unwrap_or(&[]), outputs, op, wait_complete)
-        }
-    }
-
     /// Runs one call of any collective's plan on the Main streams; `inputs` and `outputs` are
     /// the caller's buffers' addresses as [`crate::exec::caller_address`] lays them out
-    /// (`inputs` empty in place).
+    /// (`inputs` empty in place); `captured` is the plan's pin when the call is being captured
+    /// into CUDA graphs (module `handoff`).
     ///
     /// # Safety
     /// Every caller's buffer the plan of `shape` declares is a device address on its rank's GPU,
@@ -506,6 +487,7 @@ impl CudaExecutor {
         outputs: &[u64],
         op: ReduceOp,
         wait_complete: bool,
+        captured: Option<usize>,
     ) -> Result<()> {
         let prepared = self.prepare(shape)?;
         let reads_peers = prepared
