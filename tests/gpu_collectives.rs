@@ -59,8 +59,32 @@ fn bad_collective_calls_are_refused_on_gpus() {
 #[test]
 fn every_collective_on_gpus_matches_the_host_reference() {
     let Some(devices) = two_gpus() else { return };
+    every_collective(&devices);
+}
+
+/// The same with three ranks sharing one GPU (the test-only shared mode: every copy is local,
+/// but the plans, streams, events and kernels are the GPU executor's, at a world of 3).
+#[test]
+fn every_collective_with_three_ranks_on_one_gpu() {
+    let count = device::driver_available()
+        .and_then(|()| device::device_count())
+        .unwrap_or(0);
+    if count < 1 {
+        println!("waived: needs ≥ 1 GPU (found {count})");
+        return;
+    }
+    every_collective(&[0, 0, 0]);
+}
+
+/// Every collective on `devices` against the host reference; the send/recv exchange is between
+/// ranks 0 and 1.
+fn every_collective(devices: &[usize]) {
     let n = devices.len();
-    let comm = Communicator::with_config(&devices, CudaConfig::default()).unwrap();
+    let config = CudaConfig {
+        allow_shared_device: devices.iter().skip(1).any(|&d| d == devices[0]),
+        ..CudaConfig::default()
+    };
+    let comm = Communicator::with_config(devices, config).unwrap();
     for count in [0, 1, 1009, (1 << 20) + 7] {
         // Reduce-scatter, out of place.
         let inputs: Vec<_> = (0..n)
