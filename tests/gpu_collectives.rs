@@ -3,20 +3,12 @@
 //! on the caller's streams. Every test prints `waived: needs ≥ 2 GPUs` and passes where there are
 //! fewer.
 
+use common::two_gpus;
 use ringreduce::device;
 use ringreduce::verify::{compare, expected_value, input_value};
 use ringreduce::{Communicator, CudaConfig, Error, GpuBuffer, ReduceOp};
 
-fn two_gpus() -> Option<Vec<usize>> {
-    let count = device::driver_available()
-        .and_then(|()| device::device_count())
-        .unwrap_or(0);
-    if count < 2 {
-        println!("waived: needs ≥ 2 GPUs (found {count})");
-        return None;
-    }
-    Some(vec![0, 1])
-}
+mod common;
 
 fn gpu(device: usize, data: &[f32]) -> GpuBuffer<f32> {
     GpuBuffer::from_host(device, data).expect("a GPU buffer")

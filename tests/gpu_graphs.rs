@@ -12,7 +12,7 @@ use ringreduce::{Algorithm, Buffer, Communicator, CudaConfig, Error, GpuBuffer, 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::two_gpus;
+use common::{new_streams, two_gpus};
 
 mod common;
 
@@ -24,17 +24,6 @@ fn replays() -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(100)
-}
-
-fn new_streams(gpus: &[usize]) -> Vec<Arc<CudaStream>> {
-    gpus.iter()
-        .map(|&g| {
-            ringreduce::device::context(g)
-                .unwrap()
-                .new_stream()
-                .unwrap()
-        })
-        .collect()
 }
 
 fn forced(gpus: &[usize], algorithm: Algorithm, timeout: Duration) -> Communicator {

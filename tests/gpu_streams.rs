@@ -7,21 +7,9 @@ use ringreduce::{Algorithm, Buffer, Communicator, CudaConfig, Error, GpuBuffer, 
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::two_gpus;
+use common::{new_streams, two_gpus};
 
 mod common;
-
-/// A new cudarc stream on each GPU, in the order given.
-fn new_streams(gpus: &[usize]) -> Vec<Arc<CudaStream>> {
-    gpus.iter()
-        .map(|&g| {
-            ringreduce::device::context(g)
-                .unwrap()
-                .new_stream()
-                .unwrap()
-        })
-        .collect()
-}
 
 /// A communicator that runs `algorithm` at every size, with a 20 s timeout.
 fn forced(gpus: &[usize], algorithm: Algorithm) -> Communicator {

@@ -87,3 +87,16 @@ pub fn two_gpus() -> Option<[usize; 2]> {
     }
     Some([0, 1])
 }
+
+/// A new cudarc stream on each GPU, in the order given.
+pub fn new_streams(gpus: &[usize]) -> Vec<std::sync::Arc<cudarc::driver::CudaStream>> {
+    gpus.iter()
+        .map(|&g| {
+            ringreduce::device::context(g)
+                .unwrap()
+                .new_stream()
+                .unwrap()
+        })
+        .collect()
+}
+
