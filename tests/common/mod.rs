@@ -99,4 +99,3 @@ pub fn new_streams(gpus: &[usize]) -> Vec<std::sync::Arc<cudarc::driver::CudaStr
         })
         .collect()
 }
-
