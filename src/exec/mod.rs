@@ -27,7 +27,8 @@ use crate::plan::{
     Op, Plan, RingSpec,
 };
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use std::collections::VecDeque;
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -134,17 +135,15 @@ impl Shape {
         Ok(plan)
     }
 
-    /// Builds the one-shot plan for this shape over `world` ranks and proves it with the checker.
-    pub(crate) fn checked_oneshot_plan(&self, world: usize) -> Result<Plan> {
-        let plan = OneShotSpec {
+    /// The one-shot plan for this shape over `world` ranks, built (not yet proven).
+    fn oneshot_plan(&self, world: usize, count: usize) -> Result<Plan> {
+        OneShotSpec {
             world,
-            count: self.count,
+            count,
             in_place: self.in_place,
             op: self.plan_op(),
         }
-        .build()?;
-        crate::check::check(&plan)?;
-        Ok(plan)
+        .build()
     }
 }
 
@@ -162,10 +161,14 @@ pub(crate) fn caller_address(decl: &BufferDecl, inputs: &[u64], outputs: &[u64])
     }
 }
 
-/// Prepared plans by shape, oldest first, at most `capacity` of them.
+/// Prepared plans by shape, oldest first, at most `capacity` of them; and the one-element
+/// one-shot plans proven so far, by (world, in place, `Avg`), which prove every other count's
+/// one-shot by the scaling lemma ([`crate::check::scaled_from`]) — a message size never seen
+/// before costs a plan build and a comparison, not the four checks.
 pub(crate) struct PlanCache<P> {
     capacity: usize,
     entries: VecDeque<(Shape, Arc<P>)>,
+    units: HashMap<(usize, bool, bool), Plan>,
 }
 
 impl<P> PlanCache<P> {
@@ -173,7 +176,32 @@ impl<P> PlanCache<P> {
         PlanCache {
             capacity: capacity.max(1),
             entries: VecDeque::new(),
+            units: HashMap::new(),
         }
+    }
+
+    /// The one-shot plan of `shape` over `world` ranks, proven: by the checker at zero elements
+    /// (and for the one-element plan, once per world and placement), by the scaling lemma
+    /// against that one-element plan otherwise (the full check if the comparison ever fails).
+    pub(crate) fn checked_oneshot_plan(&mut self, shape: &Shape, world: usize) -> Result<Plan> {
+        let plan = shape.oneshot_plan(world, shape.count)?;
+        if shape.count == 0 {
+            crate::check::check(&plan)?;
+            return Ok(plan);
+        }
+        let key = (world, shape.in_place, shape.average);
+        let unit = match self.units.entry(key) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => {
+                let unit = shape.oneshot_plan(world, 1)?;
+                crate::check::check(&unit)?;
+                e.insert(unit)
+            }
+        };
+        if crate::check::scaled_from(unit, &plan).is_none() {
+            crate::check::check(&plan)?;
+        }
+        Ok(plan)
     }
 
     pub(crate) fn get(&self, shape: &Shape) -> Option<Arc<P>> {

@@ -295,7 +295,7 @@ impl HostExecutor {
                 true,
                 self.config.deterministic,
             ) {
-                Algorithm::OneShot => shape.checked_oneshot_plan(self.world)?,
+                Algorithm::OneShot => self.cache.checked_oneshot_plan(&shape, self.world)?,
                 Algorithm::TwoShot => shape.checked_twoshot_plan(self.world, 1)?,
                 _ => shape.checked_plan(chunk, slots, 1, transports)?,
             }

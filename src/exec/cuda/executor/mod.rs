@@ -388,7 +388,7 @@ impl CudaExecutor {
                 self.edge_transports(),
             )?
         } else if algorithm == Algorithm::OneShot {
-            let plan = shape.checked_oneshot_plan(n)?;
+            let plan = self.cache.checked_oneshot_plan(&shape, n)?;
             oneshot_layout(&plan)?;
             plan
         } else if algorithm == Algorithm::TwoShot {
