@@ -59,6 +59,11 @@
 //
 // Error codes written to *error (as the other peer kernels, peer.cuh): 3 = the launch broke the
 // kernel's assumptions; RR_LL_ERR_WAIT = 5: a thread waited past the deadline for a peer's words.
+// A thread that gives up withdraws the words it pushed (overwrites them with flag 0), as the
+// read one-shot withdraws its start signal: a peer's kernel of the same call that starts later
+// then times out too instead of completing — and writing its caller's output — after the call
+// has failed. (A peer thread that took the words in the instant before still completes, within
+// the call's deadline.)
 // ---------------------------------------------------------------------------------------------
 
 // Threads per block (src/exec/cuda/kernels/ll.rs: LL_BLOCK_THREADS).
@@ -270,6 +275,15 @@ static __device__ __forceinline__ void rr_ll_kernel(const rr_ll_peers& peers, un
             if (r != rank &&
                 !rr_ll_receive(inbox + rr_ll_word(set, world, r), epoch, deadline, x.v)) {
                 rr_st_relaxed_sys(error, RR_LL_ERR_WAIT);
+                // Withdraw the words this thread pushed (flag 0, never an epoch): a peer whose
+                // kernel of this call arrives later (queued behind stuck work) must time out
+                // too, not complete and write its output after this call has failed.
+#pragma unroll
+                for (unsigned p = 0; p < RR_PEER_MAX_RANKS; ++p) {
+                    if (p < world && p != rank) {
+                        rr_ll_store(peers.recv[p] + at, 0ull, 0ull);
+                    }
+                }
                 return;  // a peer is missing: dst stays as it is
             }
             if (r == 0) {

@@ -22,11 +22,11 @@
 //! in its error word, which the call (or the next one, or `synchronize`) turns into
 //! [`Error::Timeout`]; a call that fails after launching some ranks waits for their kernels to
 //! give up before it returns. A kernel that gives up at its start barrier (or the two-shot's
-//! middle one) also withdraws its signal, so that a peer's kernel starting later (queued behind
-//! work that was stuck) times out too instead of reading this rank's memory after the call has
-//! returned its error. (A peer that passed the barrier in the instant before the withdrawal still
-//! reads; it is then inside the call's deadline, a quarter of the timeout before the call
-//! returns.)
+//! middle one) also withdraws its signal (the LL one-shot: the words it pushed), so that a peer's
+//! kernel starting later (queued behind work that was stuck) times out too instead of reading
+//! this rank's memory (or, LL, writing its own output) after the call has returned its error. (A
+//! peer that passed the barrier in the instant before the withdrawal still reads; it is then
+//! inside the call's deadline, a quarter of the timeout before the call returns.)
 //!
 //! Invariant: every rank of a peer call launches its kernel with the same grid, sources and
 //! flags, on its Main stream, so that the barriers meet and each block's epoch (kept on the
@@ -330,34 +330,23 @@ impl CudaExecutor {
                 return Err(self.handoff_timeout(rank, code));
             }
             if code != 0 {
-                let kernel = match code {
-                    4 => PeerKernel::TwoShot,
-                    LL_ERR_WAIT => PeerKernel::OneShotLl,
-                    _ => self.last_peer_kernel,
+                let (named, gave_up) = peer_timeout(code);
+                let kernel = named.unwrap_or(self.last_peer_kernel);
+                let Some(gave_up) = gave_up else {
+                    let device = r.device;
+                    return Err(Error::RankFailed {
+                        rank,
+                        during: format!("the {kernel} peer reduce"),
+                        message: format!(
+                            "GPU {device}'s {kernel} kernel found its launch inconsistent \
+                             (code {code})"
+                        ),
+                    });
                 };
-                let barrier = match code {
-                    1 => Some("at the start barrier"),
-                    2 => Some("at the end barrier"),
-                    4 => Some("at the middle barrier"),
-                    LL_ERR_WAIT => Some("waiting for a peer's pushed data"),
-                    _ => None,
-                };
-                let waiting_on = match barrier {
-                    Some(barrier) => format!(
-                        "GPU {}'s {kernel} kernel gave up {barrier}: a peer's kernel never arrived",
-                        r.device,
-                    ),
-                    _ => {
-                        return Err(Error::RankFailed {
-                            rank,
-                            during: format!("the {kernel} peer reduce"),
-                            message: format!(
-                                "GPU {}'s {kernel} kernel found its launch inconsistent (code {code})",
-                                r.device
-                            ),
-                        })
-                    }
-                };
+                let waiting_on = format!(
+                    "GPU {}'s {kernel} kernel gave up {gave_up}: a peer's kernel never arrived",
+                    r.device,
+                );
                 return Err(self.name_blocked_launch(Error::Timeout {
                     rank,
                     waiting_on,
@@ -366,6 +355,23 @@ impl CudaExecutor {
             }
         }
         Ok(())
+    }
+}
+
+/// What a peer kernel's error code (not a handoff's) says: the kernel it names, when only one
+/// kernel writes it (4: the two-shot, [`LL_ERR_WAIT`]: the LL one-shot; otherwise the latest
+/// peer call's), and where that kernel gave up waiting — `None` for a launch the kernel refused
+/// (3) or a code no kernel writes.
+fn peer_timeout(code: u32) -> (Option<PeerKernel>, Option<&'static str>) {
+    match code {
+        1 => (None, Some("at the start barrier")),
+        2 => (None, Some("at the end barrier")),
+        4 => (Some(PeerKernel::TwoShot), Some("at the middle barrier")),
+        LL_ERR_WAIT => (
+            Some(PeerKernel::OneShotLl),
+            Some("waiting for a peer's pushed data"),
+        ),
+        _ => (None, None),
     }
 }
 
@@ -531,5 +537,38 @@ impl CudaEnqueue<'_> {
         // peer kernels, all on Main; every rank launches with the same dtype, op and count, so
         // the grids and epochs match; all outlive the communicator's streams.
         unsafe { self.res.kernels.ll(call.dtype, call.op, &args, stream) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{peer_timeout, PeerKernel, LL_ERR_WAIT};
+    use crate::element::DType;
+    use crate::exec::cuda::kernels::LL_MAX_BYTES;
+
+    #[test]
+    fn every_peer_code_is_named() {
+        assert_eq!(peer_timeout(1), (None, Some("at the start barrier")));
+        assert_eq!(peer_timeout(2), (None, Some("at the end barrier")));
+        assert_eq!(peer_timeout(4).0, Some(PeerKernel::TwoShot));
+        let (kernel, gave_up) = peer_timeout(LL_ERR_WAIT);
+        assert_eq!(kernel, Some(PeerKernel::OneShotLl));
+        assert_eq!(kernel.unwrap().to_string(), "LL one-shot");
+        assert!(gave_up.unwrap().contains("pushed data"));
+        assert_eq!(peer_timeout(3), (None, None));
+        assert_eq!(peer_timeout(99), (None, None));
+    }
+
+    #[test]
+    fn the_oneshot_runs_the_ll_kernel_up_to_its_limit() {
+        for dtype in DType::ALL {
+            let most = LL_MAX_BYTES / dtype.size_bytes();
+            assert_eq!(PeerKernel::oneshot_for(dtype, 1), PeerKernel::OneShotLl);
+            assert_eq!(PeerKernel::oneshot_for(dtype, most), PeerKernel::OneShotLl);
+            assert_eq!(
+                PeerKernel::oneshot_for(dtype, most + 1),
+                PeerKernel::OneShot
+            );
+        }
     }
 }

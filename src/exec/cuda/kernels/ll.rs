@@ -102,11 +102,19 @@ impl KernelModule {
     ///   work that completes before the kernel starts; `dst` this device's memory valid for
     ///   `count` elements, read or written by no other work meanwhile;
     /// - `error` is a 4-byte word writable from this context (host-mapped pinned), zero before
-    ///   the call; threads give up once `timeout_ns` have passed since their block started.
+    ///   the call; threads give up once `timeout_ns` have passed since their block started, and
+    ///   withdraw the words they pushed, so that a peer's kernel of this call starting later
+    ///   gives up too rather than complete.
     ///   After any nonzero code, on any rank, `dst` is undefined on every rank and the receive
     ///   buffers and epochs are out of step: no further call may use them until every rank's
     ///   kernels have completed and the flag arrays and receive buffers are zeroed again.
-    pub unsafe fn ll(&self, dtype: DType, op: ReduceOp, args: &LlArgs, stream: &Stream) -> Result<()> {
+    pub unsafe fn ll(
+        &self,
+        dtype: DType,
+        op: ReduceOp,
+        args: &LlArgs,
+        stream: &Stream,
+    ) -> Result<()> {
         self.check_stream(stream)?;
         validate_ll(dtype, args)?;
         if args.count == 0 {
@@ -221,7 +229,8 @@ fn validate_ll(dtype: DType, args: &LlArgs) -> Result<()> {
             args.count
         )));
     }
-    let overlaps = args.dst < args.src.saturating_add(bytes) && args.src < args.dst.saturating_add(bytes);
+    let overlaps =
+        args.dst < args.src.saturating_add(bytes) && args.src < args.dst.saturating_add(bytes);
     if overlaps && args.dst != args.src {
         return Err(Error::InvalidArgument(format!(
             "{KERNEL} dst = {:#x} overlaps src = {:#x} ({bytes} bytes each) without being it: \
@@ -266,7 +275,7 @@ mod tests {
         // The message splits into whole blocks, each block has an epoch word, and the wait code
         // is none of the other peer kernels' codes (1 start, 2 end, 3 launch, 4 middle).
         assert_eq!(LL_MAX_BYTES % LL_BLOCK_BYTES, 0);
-        assert!(LL_MAX_BLOCKS <= PEER_MAX_BLOCKS);
+        const { assert!(LL_MAX_BLOCKS <= PEER_MAX_BLOCKS) };
         for name in [
             "RR_PEER_ERR_START",
             "RR_PEER_ERR_END",
@@ -287,7 +296,14 @@ mod tests {
     /// The kernel's word index of thread `thread` of block `block`, half `half`, in region
     /// (`set`, `from`) of a receive buffer for `world` ranks — `cuda/ll.cuh`'s layout, written
     /// out independently of the kernel.
-    fn word(set: usize, world: usize, from: usize, block: usize, thread: usize, half: usize) -> usize {
+    fn word(
+        set: usize,
+        world: usize,
+        from: usize,
+        block: usize,
+        thread: usize,
+        half: usize,
+    ) -> usize {
         ((set * world + from) * LL_MAX_BLOCKS as usize + block) * 2 * LL_BLOCK_THREADS as usize
             + 2 * thread
             + half
@@ -384,7 +400,13 @@ mod tests {
         validate_ll(DType::F32, &ok).unwrap();
         // In place is fine; a partial overlap is not.
         validate_ll(DType::F32, &LlArgs { dst: ok.src, ..ok }).unwrap();
-        let why = invalid(DType::F32, &LlArgs { dst: ok.src + 4, ..ok });
+        let why = invalid(
+            DType::F32,
+            &LlArgs {
+                dst: ok.src + 4,
+                ..ok
+            },
+        );
         assert!(why.contains("overlaps src"), "{why}");
         // Touching ends are disjoint.
         validate_ll(
@@ -402,8 +424,22 @@ mod tests {
         let why = invalid(DType::F32, &LlArgs { rank: 2, ..ok });
         assert!(why.contains("rank = 2"), "{why}");
         // Alignment: elements for src and dst, 16 for the receive buffers, 4 for the words.
-        assert!(invalid(DType::F32, &LlArgs { src: ok.src + 2, ..ok }).contains("src"));
-        validate_ll(DType::F16, &LlArgs { src: ok.src + 2, ..ok }).unwrap();
+        assert!(invalid(
+            DType::F32,
+            &LlArgs {
+                src: ok.src + 2,
+                ..ok
+            }
+        )
+        .contains("src"));
+        validate_ll(
+            DType::F16,
+            &LlArgs {
+                src: ok.src + 2,
+                ..ok
+            },
+        )
+        .unwrap();
         let mut args = ok;
         args.recvs[1] += 8;
         assert!(invalid(DType::U8, &args).contains("recvs[1]"));
@@ -411,8 +447,22 @@ mod tests {
         let mut above = ok;
         above.recvs[5] = 0x3;
         validate_ll(DType::U8, &above).unwrap();
-        assert!(invalid(DType::F32, &LlArgs { flags: ok.flags + 2, ..ok }).contains("flags"));
-        assert!(invalid(DType::F32, &LlArgs { error: ok.error + 1, ..ok }).contains("error"));
+        assert!(invalid(
+            DType::F32,
+            &LlArgs {
+                flags: ok.flags + 2,
+                ..ok
+            }
+        )
+        .contains("flags"));
+        assert!(invalid(
+            DType::F32,
+            &LlArgs {
+                error: ok.error + 1,
+                ..ok
+            }
+        )
+        .contains("error"));
         // Nulls only matter when there is something to do.
         let mut null = ok;
         null.recvs[0] = 0;
