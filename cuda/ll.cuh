@@ -10,8 +10,8 @@
 // The LL protocol. The read one-shot (peer_kernels.cuh) costs a start barrier (a flag written
 // over NVLink, then a spin), then reads of every peer's input (an NVLink round trip each), then
 // an end barrier: three NVLink latencies in a row. Here each rank WRITES its input into every
-// peer's memory and each rank waits only on its OWN memory: one NVLink latency per call, no
-// barrier at all.
+// peer's memory and each rank waits only on its OWN memory: one one-way NVLink crossing per
+// call, no barrier at all.
 //
 // LL word: 8 bytes, stored and loaded as one access: the low 4 bytes are 4 bytes of data, the
 // high 4 bytes the flag, the sending block's epoch for this call. A word whose flag equals the
@@ -55,7 +55,11 @@
 //   (system scope: the writer is another GPU; .relaxed so every poll goes to memory); the data
 //   comes in the same atomic access as its flag;
 // - peers never read this rank's input or output, so once this rank's kernel is complete the
-//   stream may overwrite both (no end barrier), and in place needs no exposed copy.
+//   stream may overwrite both (no end barrier), and in place needs no exposed copy;
+// - the reuse of a set (above) is ordered by kernel boundaries only: p's loads of call e - 2
+//   have returned their values before p's kernel of e - 2 completes, and q issues its stores of
+//   call e only after it saw words p wrote in its call e - 1, which started after that
+//   completion. No fence is needed inside the kernel.
 //
 // Error codes written to *error (as the other peer kernels, peer.cuh): 3 = the launch broke the
 // kernel's assumptions; RR_LL_ERR_WAIT = 5: a thread waited past the deadline for a peer's words.
