@@ -503,7 +503,7 @@ impl CudaExecutor {
             let kernel = if prepared.twoshot.is_some() {
                 PeerKernel::TwoShot
             } else {
-                PeerKernel::oneshot_for(T::DTYPE, count)
+                PeerKernel::oneshot_for(T::DTYPE, prepared.plan.count)
             };
             let inputs = (!prepared.plan.in_place).then_some(inputs);
             self.open_peer_call(kernel, inputs, outputs)?;
