@@ -142,6 +142,16 @@ struct CudaPlan {
     handoff: Option<handoff::HandoffWords>,
 }
 
+impl CudaPlan {
+    /// Whether dropping the plan frees anything the GPUs may still use: events, staging, or
+    /// handoff counters.
+    fn owns_gpu_resources(&self) -> bool {
+        !self.events.is_empty()
+            || self.staging.iter().any(Option::is_some)
+            || self.handoff.is_some()
+    }
+}
+
 /// Plans kept per communicator; older ones are dropped beyond this (after a device sync).
 const CACHED_PLANS: usize = 8;
 
@@ -429,8 +439,13 @@ impl CudaExecutor {
                 }
             })
             .collect::<Result<Vec<_>>>()?;
-        if self.cache.is_full() {
-            // The oldest plan's events and buffers may still be in use by enqueued work.
+        if self
+            .cache
+            .oldest()
+            .is_some_and(|p| self.cache.is_full() && p.owns_gpu_resources())
+        {
+            // The oldest plan's events and buffers may still be in use by enqueued work. (A
+            // plan without any — the one-shot out of place — is dropped without waiting.)
             self.synchronize()?;
         }
         let handoff = match self.peer {
