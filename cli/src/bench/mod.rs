@@ -515,6 +515,31 @@ mod tests {
     }
 
     #[test]
+    fn collective_and_all_flags() {
+        let args = parse(&[]).unwrap();
+        assert_eq!(args.collectives(), [BenchCollective::AllReduce]);
+        let args = parse(&["--collective", "reduce_scatter"]).unwrap();
+        assert_eq!(args.collectives(), [BenchCollective::ReduceScatter]);
+        let args = parse(&["--all"]).unwrap();
+        assert_eq!(args.collectives(), BenchCollective::ALL);
+        for bad in [
+            &["--collective", "allreduce"][..],
+            &["--collective", "all_reduce", "--all"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} was accepted");
+        }
+        let at = |c| plot::plot_path(std::path::Path::new("out/bench.svg"), c);
+        assert_eq!(
+            at(BenchCollective::AllGather),
+            std::path::Path::new("out/bench-all_gather.svg")
+        );
+        assert_eq!(
+            plot::plot_path(std::path::Path::new("b"), BenchCollective::SendRecv),
+            std::path::Path::new("b-sendrecv")
+        );
+    }
+
+    #[test]
     fn graph_sizes_and_torch_flags() {
         let args = parse(&[]).unwrap();
         assert_eq!(

@@ -435,7 +435,7 @@ pub(super) mod tests {
 
     #[test]
     fn json_rows_round_trip() {
-        let mut gather = row("NCCL", 96, 3.0);
+        let mut gather = row("NCCL", 96, 20.0);
         gather.collective = BenchCollective::AllGather;
         let report = Report {
             header: vec![("date".into(), utc_date(0))],
