@@ -407,6 +407,7 @@ mod tests {
     }
 
     /// Each reference against the collective's definition, element by element, from the inputs.
+    #[allow(clippy::needless_range_loop)]
     #[test]
     fn references_match_the_definitions() {
         let (world, count) = (3, 4);

@@ -346,7 +346,7 @@ impl Sweep<'_> {
             call.and(synced)?;
         }
         let wrong = outs.as_deref().unwrap_or(ins).count_wrong_each(expect)?;
-        let (mut i, mut o) = shape.slices(ins, outs.as_deref_mut())?;
+        let (mut i, mut o) = shape.slices(ins, outs)?;
         // `n` calls back to back, `between(k)` before call k and after the last; then one wait
         // (also when a call fails, before the buffers can be dropped).
         let mut queue = |n: usize,
