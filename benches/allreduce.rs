@@ -1,6 +1,7 @@
 //! Criterion benchmarks of ringreduce's all-reduce, and of NCCL's on the same GPUs beside it.
 //!
-//! Two groups, f32 sum throughout:
+//! Two all-reduce groups, f32 sum throughout (and a group per other collective, `gpu_all_gather`
+//! … `gpu_sendrecv`, in `allreduce/collectives.rs`, on the same GPUs and with the same waivers):
 //!
 //! - **`host`**: the host executor (one thread per rank), in place, 2 and 4 ranks, 4 KiB to 4 MiB.
 //!   It runs everywhere; on a 2-core machine the whole group takes well under a minute.
@@ -51,6 +52,9 @@
 //! `LD_LIBRARY_PATH` (the waiver line says so when it applies; docs/BENCH.md). `NCCL_NVLS_ENABLE`
 //! is set to 0 when unset (NVLink multicast must stay off on the shared test machines, and NCCL's
 //! anchor figures were measured so); set it yourself to override.
+
+#[path = "allreduce/collectives.rs"]
+mod collectives;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use ringreduce::device;
@@ -228,6 +232,7 @@ fn bench_gpu(c: &mut Criterion) {
         }
     }
     group.finish();
+    collectives::bench_collectives(c, &comm, nccl.as_ref());
 
     if let Some(nccl) = nccl {
         nccl.close()

@@ -48,7 +48,9 @@ use std::panic::{self, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+mod collectives;
 mod symmetric;
+pub use collectives::{input_ranks, output_ranks};
 pub use symmetric::SymmetricBuffers;
 
 /// The names cudarc tries, in order, when it loads libnccl.

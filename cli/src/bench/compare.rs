@@ -8,6 +8,7 @@
 //! and zero or missing times never count as a competitor. [`best`] is the one rule for "the
 //! best"; every table uses it.
 
+use super::collective::BenchCollective;
 use super::random::bands;
 use super::report::{Report, Row};
 
@@ -28,7 +29,7 @@ pub struct Candidate {
 }
 
 fn metric_of(row: &Row, in_place: bool, metric: Metric) -> Option<f64> {
-    if row.error.is_some() {
+    if row.error.is_some() || (in_place && !row.collective.has_in_place()) {
         return None;
     }
     let m = if in_place {
@@ -42,11 +43,12 @@ fn metric_of(row: &Row, in_place: bool, metric: Metric) -> Option<f64> {
     }
 }
 
-/// The competitors at `size` and placement: the rows of `nccl_labels`, and with `torch` the
-/// PyTorch rows of that placement.
+/// The competitors of `collective` at `size` and placement: the rows of `nccl_labels`, and with
+/// `torch` the PyTorch rows of that placement (all-reduces: the all-reduce's alone).
 pub fn candidates(
     report: &Report,
     nccl_labels: &[String],
+    collective: BenchCollective,
     size: u64,
     in_place: bool,
     metric: Metric,
@@ -55,7 +57,9 @@ pub fn candidates(
     let mut out: Vec<Candidate> = report
         .rows
         .iter()
-        .filter(|r| r.size_bytes == size && nccl_labels.contains(&r.library))
+        .filter(|r| {
+            r.collective == collective && r.size_bytes == size && nccl_labels.contains(&r.library)
+        })
         .filter_map(|r| {
             metric_of(r, in_place, metric).map(|us| Candidate {
                 label: r.library.clone(),
@@ -63,7 +67,8 @@ pub fn candidates(
             })
         })
         .collect();
-    if let (true, Some(t)) = (torch, &report.torch) {
+    let all_reduce = collective == BenchCollective::AllReduce;
+    if let (true, true, Some(t)) = (torch, all_reduce, &report.torch) {
         out.extend(
             t.rows
                 .iter()
@@ -102,21 +107,36 @@ fn cell(best: Option<&Candidate>, ring_us: Option<f64>) -> String {
     }
 }
 
-/// The comparison of `ring_label`'s rows against each NCCL run of `nccl_labels` and against the
-/// best competitor, by time, then by call-to-completion median.
+/// Per collective of the report, the comparison of `ring_label`'s rows against each NCCL run of
+/// `nccl_labels` and against the best competitor, by time, then by call-to-completion median.
 pub(super) fn print_comparison(report: &Report, ring_label: &str, nccl_labels: &[String]) {
-    if nccl_labels.is_empty() && report.torch.is_none() {
+    for &collective in &report.collectives {
+        print_comparison_of(report, ring_label, nccl_labels, collective);
+    }
+}
+
+fn print_comparison_of(
+    report: &Report,
+    ring_label: &str,
+    nccl_labels: &[String],
+    collective: BenchCollective,
+) {
+    let torch = report.torch.is_some() && collective == BenchCollective::AllReduce;
+    if nccl_labels.is_empty() && !torch {
         return;
     }
-    let torch = report.torch.is_some();
     let rings: Vec<&Row> = report
         .rows
         .iter()
-        .filter(|r| r.library == ring_label)
+        .filter(|r| r.library == ring_label && r.collective == collective)
         .collect();
+    if rings.is_empty() {
+        return;
+    }
+    let name = collective.name();
     out!("#");
     out!(
-        "# {ring_label} against NCCL: time(NCCL) / time(ringreduce), out of place | in place \
+        "# {ring_label}, {name}, against NCCL: time(NCCL) / time(ringreduce), out of place | in place \
          (> 1: ringreduce faster); best = the fastest NCCL configuration of this run at that size{}",
         if torch {
             "; best of all = also PyTorch symm_mem"
@@ -138,7 +158,15 @@ pub(super) fn print_comparison(report: &Report, ring_label: &str, nccl_labels: &
         for o in nccl_labels {
             let one = [o.clone()];
             let per = |ip| {
-                let c = candidates(report, &one, ring.size_bytes, ip, Metric::Time, false);
+                let c = candidates(
+                    report,
+                    &one,
+                    collective,
+                    ring.size_bytes,
+                    ip,
+                    Metric::Time,
+                    false,
+                );
                 best(&c)
                     .zip(metric_of(ring, ip, Metric::Time))
                     .map(|(b, r)| b.us / r)
@@ -157,6 +185,7 @@ pub(super) fn print_comparison(report: &Report, ring_label: &str, nccl_labels: &
                 let c = candidates(
                     report,
                     nccl_labels,
+                    collective,
                     ring.size_bytes,
                     ip,
                     Metric::Time,
@@ -169,7 +198,7 @@ pub(super) fn print_comparison(report: &Report, ring_label: &str, nccl_labels: &
     }
     out!("#");
     out!(
-        "# {ring_label}, call-to-completion median: best competitor / ringreduce, out of place | \
+        "# {ring_label}, {name}, call-to-completion median: best competitor / ringreduce, out of place | \
          in place (> 1: ringreduce faster)"
     );
     out!(
@@ -191,6 +220,7 @@ pub(super) fn print_comparison(report: &Report, ring_label: &str, nccl_labels: &
                 let c = candidates(
                     report,
                     nccl_labels,
+                    collective,
                     ring.size_bytes,
                     ip,
                     Metric::CallMedian,
@@ -267,9 +297,12 @@ mod tests {
     use super::super::torch::{TorchReport, TorchRow};
     use super::*;
 
+    const AR: BenchCollective = BenchCollective::AllReduce;
+
     fn report(rows: Vec<Row>) -> Report {
         Report {
             header: Vec::new(),
+            collectives: vec![AR],
             chunk_bytes: None,
             slots: None,
             not_measured: Vec::new(),
@@ -299,29 +332,58 @@ mod tests {
         failed.error = Some("capture failed".into());
         rows.push(failed);
         let r = report(rows);
-        let c = candidates(&r, &labels, 8, false, Metric::Time, false);
+        let c = candidates(&r, &labels, AR, 8, false, Metric::Time, false);
         assert_eq!(c.len(), 3);
         assert_eq!(
             best(&c).map(|b| b.label.as_str()),
             Some("NCCL (NCCL_ALGO=Ring)")
         );
-        let c = candidates(&r, &labels, 8, true, Metric::Time, false);
+        let c = candidates(&r, &labels, AR, 8, true, Metric::Time, false);
         assert_eq!(
             best(&c).map(|b| (b.label.as_str(), b.us)),
             Some(("NCCL (symmetric)", 5.0))
         );
-        let c = candidates(&r, &labels, 1024, false, Metric::Time, false);
+        let c = candidates(&r, &labels, AR, 1024, false, Metric::Time, false);
         assert_eq!(best(&c).map(|b| b.label.as_str()), Some("NCCL"));
         // Only the labels asked for: ringreduce's own row is never its competitor.
-        assert!(candidates(&r, &labels, 8, false, Metric::Time, false)
+        assert!(candidates(&r, &labels, AR, 8, false, Metric::Time, false)
             .iter()
             .all(|c| c.label != "ringreduce (auto)"));
         // Call latency: `row` sets call median = time + 2.
-        let c = candidates(&r, &labels, 8, false, Metric::CallMedian, false);
+        let c = candidates(&r, &labels, AR, 8, false, Metric::CallMedian, false);
         assert_eq!(best(&c).map(|b| b.us), Some(16.0));
         assert_eq!(cell(best(&c), Some(8.0)), "2.00 (NCCL (NCCL_ALGO=Ring))");
         assert_eq!(cell(None, Some(8.0)), "n/a");
         assert!(best(&[]).is_none());
+        // Another collective's rows of the same label and size never compete with the
+        // all-reduce's, and a collective without an in-place form has no in-place time.
+        let mut other = r.clone();
+        let mut gather = row("NCCL", 8, 1.0);
+        gather.collective = BenchCollective::AllGather;
+        let mut a2a = row("NCCL", 8, 3.0);
+        a2a.collective = BenchCollective::AllToAll;
+        other.rows.extend([gather, a2a]);
+        let c = candidates(&other, &labels, AR, 8, false, Metric::Time, false);
+        assert_eq!(best(&c).map(|b| b.us), Some(14.0));
+        let c = candidates(
+            &other,
+            &labels,
+            BenchCollective::AllGather,
+            8,
+            false,
+            Metric::Time,
+            false,
+        );
+        assert_eq!(
+            best(&c).map(|b| (b.label.as_str(), b.us)),
+            Some(("NCCL", 1.0))
+        );
+        let a2a = BenchCollective::AllToAll;
+        assert!(candidates(&other, &labels, a2a, 8, true, Metric::Time, false).is_empty());
+        assert_eq!(
+            candidates(&other, &labels, a2a, 8, false, Metric::Time, false).len(),
+            1
+        );
         // Ties: the first.
         let tie = [
             Candidate {
@@ -373,15 +435,15 @@ mod tests {
                 ),
             ],
         });
-        let oop = candidates(&r, &labels, 8, false, Metric::Time, true);
+        let oop = candidates(&r, &labels, AR, 8, false, Metric::Time, true);
         assert_eq!(
             best(&oop).map(|b| b.label.as_str()),
             Some("PyTorch symm_mem one_shot_all_reduce")
         );
         // Without PyTorch (best NCCL), NCCL; in place the failed PyTorch row does not count.
-        let nccl_only = candidates(&r, &labels, 8, false, Metric::Time, false);
+        let nccl_only = candidates(&r, &labels, AR, 8, false, Metric::Time, false);
         assert_eq!(best(&nccl_only).map(|b| b.label.as_str()), Some("NCCL"));
-        let ip = candidates(&r, &labels, 8, true, Metric::Time, true);
+        let ip = candidates(&r, &labels, AR, 8, true, Metric::Time, true);
         assert_eq!(best(&ip).map(|b| b.label.as_str()), Some("NCCL"));
     }
 }

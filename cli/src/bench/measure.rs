@@ -13,9 +13,10 @@
 //! buffers are read or dropped, on the error paths too; ringreduce and NCCL are driven through the
 //! same [`Lib`] calls, so their numbers come from the same procedure.
 
+use super::collective::BenchCollective;
 use super::graph;
 pub use super::memory::Memory;
-use super::memory::RankMemory;
+use super::memory::{Expected, RankMemory};
 use super::random::{random_sizes, RandomRun};
 use super::report::{print_row, print_table_header, Measure, Row};
 use super::BenchArgs;
@@ -23,8 +24,8 @@ use crate::Failure;
 use cudarc::driver::{CudaGraph, CudaStream};
 use ringreduce::device;
 use ringreduce::verify::{make_expected, make_input};
-use ringreduce::{Communicator, DType, Element, GpuSlice, ReduceOp};
-use ringreduce_cli::baseline::NcclAllReduce;
+use ringreduce::{Collective, Communicator, DType, Element, GpuSlice, ReduceOp};
+use ringreduce_cli::baseline::{input_ranks, output_ranks, NcclAllReduce};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -44,18 +45,41 @@ pub enum Mode {
 }
 
 impl Lib<'_> {
-    /// One all-reduce of `ins` (in place when `outs` is `None`) on the library's own streams, or
-    /// on `streams` when given.
+    /// One `collective` of `ins` (in place when `outs` is `None`; the lists as [`arrange`] makes
+    /// them) on the library's own streams, or on `streams` when given. The all-reduce goes
+    /// through each library's all-reduce calls, every other collective through its
+    /// `enqueue_collective`.
     ///
     /// # Safety
     /// The buffers stay allocated and untouched until the streams used have been synchronized.
     unsafe fn enqueue<T: Element>(
         &self,
+        collective: &Collective,
         ins: &mut [GpuSlice<'_, T>],
         outs: Option<&mut [GpuSlice<'_, T>]>,
         op: ReduceOp,
         streams: Option<&[Arc<CudaStream>]>,
     ) -> ringreduce::Result<()> {
+        if *collective != Collective::AllReduce {
+            let none = None::<&[GpuSlice<'_, T>]>;
+            // SAFETY: the caller's contract is each library's.
+            return unsafe {
+                match (self, outs) {
+                    (Lib::Ring(c), None) => {
+                        c.enqueue_collective(collective, none, ins, op, streams)
+                    }
+                    (Lib::Ring(c), Some(o)) => {
+                        c.enqueue_collective(collective, Some(&*ins), o, op, streams)
+                    }
+                    (Lib::Nccl(n), None) => {
+                        n.enqueue_collective(collective, none, ins, op, streams)
+                    }
+                    (Lib::Nccl(n), Some(o)) => {
+                        n.enqueue_collective(collective, Some(&*ins), o, op, streams)
+                    }
+                }
+            };
+        }
         // SAFETY: the caller's contract is each library's.
         unsafe {
             match (self, outs, streams) {
@@ -182,104 +206,147 @@ impl Sweep<'_> {
         let world = self.devices.len();
         let elem = std::mem::size_of::<T>();
         let mut rows = Vec::new();
-        if print {
-            out!("#");
-            out!("# {label}");
-            print_table_header();
-        }
-        for bytes in sizes(args.min_bytes, args.max_bytes, args.factor, elem) {
-            let count = bytes / elem;
-            let inputs: Vec<Vec<T>> = (0..world).map(|r| make_input(args.op, r, count)).collect();
-            let want: Vec<T> = make_expected(args.op, world, count);
-            let both = self
-                .measure::<T>(lib, &inputs, &want, false, mode, memory)
-                .and_then(|oop| {
-                    let ip = self.measure::<T>(lib, &inputs, &want, true, mode, memory)?;
-                    Ok((oop, ip))
-                });
-            let (out_of_place, in_place, error) = match (both, mode) {
-                (Ok((oop, ip)), _) => (oop, ip, None),
-                (Err(e), Mode::Graph(_)) => {
-                    (Measure::default(), Measure::default(), Some(e.to_string()))
-                }
-                (Err(e), Mode::Eager) => return Err(e.into()),
-            };
-            let row = Row {
-                library: label.to_string(),
-                size_bytes: bytes as u64,
-                count: count as u64,
-                dtype: args.dtype.name().into(),
-                redop: args.op.name().into(),
-                algorithm: match lib {
-                    Lib::Ring(comm) => {
-                        let name = |in_place| {
-                            format!("{:?}", comm.algorithm_for(bytes, in_place)).to_lowercase()
-                        };
-                        let (oop, ip) = (name(false), name(true));
-                        Some(if oop == ip {
-                            oop
-                        } else {
-                            format!("{oop}/{ip}")
-                        })
-                    }
-                    _ => None,
-                },
-                out_of_place,
-                in_place,
-                error,
-            };
+        for which in args.collectives() {
             if print {
-                print_row(&row);
+                out!("#");
+                out!(
+                    "# {label}: {}, busbw = algbw * {}",
+                    which.name(),
+                    which.busbw_formula()
+                );
+                print_table_header();
             }
-            rows.push(row);
+            for bytes in which.sizes(args.min_bytes, args.max_bytes, args.factor, elem, world) {
+                let row = self.row::<T>(lib, label, which, bytes, mode, memory)?;
+                if print {
+                    print_row(&row);
+                }
+                rows.push(row);
+            }
         }
         Ok(rows)
     }
 
-    /// One placement of one size, in `mode`, on `memory`.
+    /// One size of one collective, out of place and (where it has one) in place. An error is
+    /// the row's (and the sweep goes on), except for the eager all-reduce, where it ends the
+    /// sweep.
+    fn row<T: Element>(
+        &self,
+        lib: &Lib,
+        label: &str,
+        which: BenchCollective,
+        bytes: usize,
+        mode: Mode,
+        memory: Memory,
+    ) -> Result<Row, Failure> {
+        let args = self.args;
+        let elem = std::mem::size_of::<T>();
+        let both = self
+            .measure::<T>(lib, which, bytes, false, mode, memory)
+            .and_then(|oop| {
+                let ip = if which.has_in_place() {
+                    self.measure::<T>(lib, which, bytes, true, mode, memory)?
+                } else {
+                    Measure::default()
+                };
+                Ok((oop, ip))
+            });
+        let (out_of_place, in_place, error) = match both {
+            Ok((oop, ip)) => (oop, ip, None),
+            Err(e) if mode == Mode::Eager && which == BenchCollective::AllReduce => {
+                return Err(e.into())
+            }
+            Err(e) => (Measure::default(), Measure::default(), Some(e.to_string())),
+        };
+        Ok(Row {
+            library: label.to_string(),
+            collective: which,
+            size_bytes: bytes as u64,
+            count: (bytes / elem) as u64,
+            dtype: args.dtype.name().into(),
+            redop: which.redop_name(args.op).into(),
+            algorithm: match lib {
+                Lib::Ring(comm) if which == BenchCollective::AllReduce => {
+                    let name = |in_place| {
+                        format!("{:?}", comm.algorithm_for(bytes, in_place)).to_lowercase()
+                    };
+                    let (oop, ip) = (name(false), name(true));
+                    Some(if oop == ip {
+                        oop
+                    } else {
+                        format!("{oop}/{ip}")
+                    })
+                }
+                _ => None,
+            },
+            out_of_place,
+            in_place,
+            error,
+        })
+    }
+
+    /// One placement of one size of `which`, in `mode`, on `memory`: the buffers made and
+    /// filled with [`BenchCollective::initial`], checked against [`BenchCollective::expected`].
     fn measure<T: Element>(
         &self,
         lib: &Lib,
-        inputs: &[Vec<T>],
-        want: &[T],
+        which: BenchCollective,
+        bytes: usize,
         in_place: bool,
         mode: Mode,
         memory: Memory,
     ) -> ringreduce::Result<Measure> {
-        let count = want.len();
-        let mut ins = RankMemory::zeroed(lib, memory, &self.devices, count)?;
-        ins.write_all(inputs)?;
+        let (args, world) = (self.args, self.devices.len());
+        let count = which.count(bytes, std::mem::size_of::<T>(), world);
+        let (input, output, one) = which.lengths(world, count);
+        let shape = Shape {
+            which,
+            collective: which.collective(world, count),
+            op: which.op(args.op),
+            bytes,
+            in_len: if in_place { one } else { input },
+            out_len: output,
+        };
+        let mut ins = RankMemory::zeroed(lib, memory, &self.devices, shape.in_len)?;
+        let data: Vec<Vec<T>> = (0..world)
+            .map(|r| which.initial(args.op, world, count, r, in_place))
+            .collect();
+        ins.write_all(&data)?;
+        drop(data);
         let mut outs = if in_place {
             None
         } else {
-            Some(RankMemory::zeroed(lib, memory, &self.devices, count)?)
+            Some(RankMemory::zeroed(lib, memory, &self.devices, output)?)
         };
+        let expect = which.expected::<T>(args.op, world, count, in_place);
         match mode {
-            Mode::Eager => self.measure_eager(lib, &mut ins, outs.as_mut(), want),
-            Mode::Graph(calls) => self.measure_graph(lib, &mut ins, outs.as_mut(), want, calls),
+            Mode::Eager => self.measure_eager(lib, &shape, &mut ins, outs.as_mut(), &expect),
+            Mode::Graph(calls) => {
+                self.measure_graph(lib, &shape, &mut ins, outs.as_mut(), &expect, calls)
+            }
         }
     }
 
     fn measure_eager<T: Element>(
         &self,
         lib: &Lib,
+        shape: &Shape,
         ins: &mut RankMemory<'_, T>,
         mut outs: Option<&mut RankMemory<'_, T>>,
-        want: &[T],
+        expect: &[Expected<T>],
     ) -> ringreduce::Result<Measure> {
-        let (args, count) = (self.args, want.len());
+        let args = self.args;
+        let (c, op) = (&shape.collective, shape.op);
         // Checked call.
         {
-            let mut i = ins.slices(count)?;
-            let mut o = outs.as_mut().map(|o| o.slices(count)).transpose()?;
+            let (mut i, mut o) = shape.slices(ins, outs.as_deref_mut())?;
             // SAFETY: the slices' memory lives (in `ins`/`outs`) until after the synchronize.
-            let call = unsafe { lib.enqueue(&mut i, o.as_deref_mut(), args.op, None) };
+            let call = unsafe { lib.enqueue(c, &mut i, o.as_deref_mut(), op, None) };
             let synced = lib.synchronize();
             call.and(synced)?;
         }
-        let wrong = outs.as_deref().unwrap_or(ins).count_wrong(want)?;
-        let mut i = ins.slices(count)?;
-        let mut o = outs.as_mut().map(|o| o.slices(count)).transpose()?;
+        let wrong = outs.as_deref().unwrap_or(ins).count_wrong_each(expect)?;
+        let (mut i, mut o) = shape.slices(ins, outs)?;
         // `n` calls back to back, `between(k)` before call k and after the last; then one wait
         // (also when a call fails, before the buffers can be dropped).
         let mut queue = |n: usize,
@@ -290,7 +357,7 @@ impl Sweep<'_> {
                 result = between(k);
                 if result.is_ok() && k < n {
                     // SAFETY: the memory outlives the synchronize below, on every path.
-                    result = unsafe { lib.enqueue(&mut i, o.as_deref_mut(), args.op, None) };
+                    result = unsafe { lib.enqueue(c, &mut i, o.as_deref_mut(), op, None) };
                 }
                 if result.is_err() {
                     break;
@@ -312,38 +379,39 @@ impl Sweep<'_> {
             queue(1, &mut |_| Ok(()))?;
             per_call.push(t.elapsed().as_secs_f64() * 1e6);
         }
-        Ok(self.measure_from(want, seconds, wrong, &mut per_iter, &mut per_call))
+        Ok(self.measure_from(shape, seconds, wrong, &mut per_iter, &mut per_call))
     }
 
     fn measure_graph<T: Element>(
         &self,
         lib: &Lib,
+        shape: &Shape,
         ins: &mut RankMemory<'_, T>,
         mut outs: Option<&mut RankMemory<'_, T>>,
-        want: &[T],
+        expect: &[Expected<T>],
         calls: usize,
     ) -> ringreduce::Result<Measure> {
-        let (args, count, streams) = (self.args, want.len(), &self.streams[..]);
+        let (args, streams) = (self.args, &self.streams[..]);
+        let (c, op) = (&shape.collective, shape.op);
         // One eager call of the same shape on the same streams (plans and staging are made outside
         // the capture), checked; then the capture.
         let graphs: Vec<CudaGraph> = {
-            let mut i = ins.slices(count)?;
-            let mut o = outs.as_mut().map(|o| o.slices(count)).transpose()?;
+            let (mut i, mut o) = shape.slices(ins, outs.as_deref_mut())?;
             // SAFETY: the slices' memory lives (in `ins`/`outs`) until after the synchronize.
-            let call = unsafe { lib.enqueue(&mut i, o.as_deref_mut(), args.op, Some(streams)) };
+            let call = unsafe { lib.enqueue(c, &mut i, o.as_deref_mut(), op, Some(streams)) };
             let synced = graph::synchronize(streams);
             call.and(synced)?;
             // SAFETY: captured work runs only in replays, each followed by a synchronize of
             // `streams` while `ins`/`outs` still hold the memory (the graphs are dropped first).
             let captured = graph::capture(streams, calls, || unsafe {
-                lib.enqueue(&mut i, o.as_deref_mut(), args.op, Some(streams))
+                lib.enqueue(c, &mut i, o.as_deref_mut(), op, Some(streams))
             });
             let synced = graph::synchronize(streams);
             let graphs = captured?;
             synced?;
             graphs
         };
-        let mut wrong = outs.as_deref().unwrap_or(ins).count_wrong(want)?;
+        let mut wrong = outs.as_deref().unwrap_or(ins).count_wrong_each(expect)?;
         graph::upload(&graphs)?;
         let queue = |n: usize,
                      between: &mut dyn FnMut(usize) -> ringreduce::Result<()>|
@@ -363,10 +431,10 @@ impl Sweep<'_> {
         };
         // The graph's own result: out of place, outputs zeroed, one replay, compared.
         if let Some(o) = outs.as_mut() {
-            let zeros = vec![vec![T::zeroed(); count]; self.devices.len()];
+            let zeros = vec![vec![T::zeroed(); shape.out_len]; self.devices.len()];
             o.write_all(&zeros)?;
             queue(1, &mut |_| Ok(()))?;
-            wrong += o.count_wrong(want)?;
+            wrong += o.count_wrong_each(expect)?;
         }
         let n = args.iters.max(1);
         queue(args.warmup.max(1), &mut |_| Ok(()))?;
@@ -387,7 +455,7 @@ impl Sweep<'_> {
             per_call.push(t.elapsed().as_secs_f64() * 1e6 / calls as f64);
         }
         drop(graphs);
-        Ok(self.measure_from(want, seconds, wrong, &mut per_iter, &mut per_call))
+        Ok(self.measure_from(shape, seconds, wrong, &mut per_iter, &mut per_call))
     }
 
     /// The times between consecutive events 0..=n, µs, each divided by `per`.
@@ -400,9 +468,9 @@ impl Sweep<'_> {
             .collect()
     }
 
-    fn measure_from<T>(
+    fn measure_from(
         &self,
-        want: &[T],
+        shape: &Shape,
         seconds: f64,
         wrong: u64,
         per_iter: &mut [f64],
@@ -410,11 +478,11 @@ impl Sweep<'_> {
     ) -> Measure {
         let it = Stats::of(per_iter);
         let call = Stats::of(per_call);
-        let algbw = algbw_gbps(std::mem::size_of_val(want), seconds);
+        let algbw = algbw_gbps(shape.bytes, seconds);
         Measure {
             time_us: seconds * 1e6,
             algbw_gbps: algbw,
-            busbw_gbps: busbw_gbps(algbw, self.devices.len()),
+            busbw_gbps: algbw * shape.which.busbw_factor(self.devices.len()),
             wrong,
             iter_min_us: it.min,
             iter_median_us: it.median,
@@ -495,7 +563,8 @@ impl Sweep<'_> {
             let mut o = outs.slices(count)?;
             let t = Instant::now();
             // SAFETY: `ins`/`outs` hold the memory until after the synchronize, on every path.
-            let call = unsafe { lib.enqueue(&mut i, Some(&mut o), args.op, None) };
+            let all_reduce = &Collective::AllReduce;
+            let call = unsafe { lib.enqueue(all_reduce, &mut i, Some(&mut o), args.op, None) };
             let synced = lib.synchronize();
             call.and(synced)?;
             Ok(t.elapsed().as_secs_f64() * 1e6)
@@ -510,6 +579,60 @@ impl Sweep<'_> {
         run.wrong = outs.count_wrong(&make_expected(args.op, world, largest))?;
         Ok(())
     }
+}
+
+/// One measurement's collective and buffers.
+struct Shape {
+    which: BenchCollective,
+    /// The library's collective for this count.
+    collective: Collective,
+    /// The operator passed (`Sum` where nothing reduces).
+    op: ReduceOp,
+    /// The row's size, nccl-tests' S.
+    bytes: usize,
+    /// Elements of every rank's input (its one buffer in place) and output buffer.
+    in_len: usize,
+    out_len: usize,
+}
+
+impl Shape {
+    /// The buffer lists of one call, as [`arrange`] orders them.
+    #[allow(clippy::type_complexity)]
+    fn slices<'b, T: Element>(
+        &self,
+        ins: &'b mut RankMemory<'_, T>,
+        outs: Option<&'b mut RankMemory<'_, T>>,
+    ) -> ringreduce::Result<(Vec<GpuSlice<'b, T>>, Option<Vec<GpuSlice<'b, T>>>)> {
+        let i = ins.slices(self.in_len)?;
+        let o = outs.map(|o| o.slices(self.out_len)).transpose()?;
+        Ok(arrange(&self.collective, i, o))
+    }
+}
+
+/// The lists a collective call takes, from one buffer per rank: in place, every rank's; out of
+/// place, the inputs and outputs of the ranks that pass one, in the order of
+/// [`input_ranks`] / [`output_ranks`] (the broadcast's root alone in; the reduce's root alone
+/// out; sendrecv's receive buffer of transfer i is rank i+1's).
+pub(super) fn arrange<B>(
+    collective: &Collective,
+    ins: Vec<B>,
+    outs: Option<Vec<B>>,
+) -> (Vec<B>, Option<Vec<B>>) {
+    let Some(outs) = outs else {
+        return (ins, None);
+    };
+    let world = ins.len();
+    let pick = |list: Vec<B>, ranks: Vec<usize>| -> Vec<B> {
+        let mut slots: Vec<Option<B>> = list.into_iter().map(Some).collect();
+        ranks
+            .iter()
+            .filter_map(|&r| slots.get_mut(r)?.take())
+            .collect()
+    };
+    (
+        pick(ins, input_ranks(collective, world)),
+        Some(pick(outs, output_ranks(collective, world))),
+    )
 }
 
 /// algbw in GB/s (10⁹ B/s): one rank's buffer over the time of one all-reduce.

@@ -11,6 +11,9 @@ use ringreduce::verify::compare;
 use ringreduce::{Element, GpuBuffer, GpuSlice};
 use ringreduce_cli::baseline::SymmetricBuffers;
 
+/// What one rank must hold: `None` (not checked) or the element offset and the values there.
+pub(super) type Expected<T> = Option<(usize, std::rc::Rc<Vec<T>>)>;
+
 /// Where the buffers come from: `cuMemAlloc` (ringreduce's `GpuBuffer`), or NCCL's symmetric
 /// memory (`ncclMemAlloc` + window registration; NCCL only).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,21 +83,32 @@ impl<'a, T: Element> RankMemory<'a, T> {
 
     /// Compares every rank's first `want.len()` elements with `want`; the number wrong.
     pub(super) fn count_wrong(&self, want: &[T]) -> ringreduce::Result<u64> {
+        let want = std::rc::Rc::new(want.to_vec());
+        let each: Vec<Expected<T>> = (0..self.ranks()).map(|_| Some((0, want.clone()))).collect();
+        self.count_wrong_each(&each)
+    }
+
+    /// Compares each rank's elements `at..at + values.len()` with `values` where `expect[rank]`
+    /// is `Some((at, values))` (ranks with `None` are not checked); the number wrong.
+    pub(super) fn count_wrong_each(&self, expect: &[Expected<T>]) -> ringreduce::Result<u64> {
         let mut wrong = 0u64;
-        for rank in 0..self.ranks() {
+        for (rank, e) in expect.iter().enumerate().take(self.ranks()) {
+            let Some((at, want)) = e else { continue };
+            let end = at + want.len();
             let got = match self {
                 RankMemory::Plain(b) => {
                     let mut v = b[rank].to_host()?;
-                    v.truncate(want.len());
+                    v.truncate(end);
                     v
                 }
-                RankMemory::Symmetric(s) => s.read(rank, want.len())?,
+                RankMemory::Symmetric(s) => s.read(rank, end)?,
             };
-            let (w, first) = compare(rank, &got, want, 3);
+            let got = got.get(*at..).unwrap_or(&[]);
+            let (w, first) = compare(rank, got, want, 3);
             wrong += w as u64;
             for m in first {
                 eprintln!(
-                    "ringreduce bench: wrong element {m} ({} elements)",
+                    "ringreduce bench: wrong element {m} (index from element {at}; {} elements)",
                     want.len()
                 );
             }

@@ -26,6 +26,7 @@
 //! sweep, [`nccl`] runs NCCL in its child processes, [`report`] holds the rows, the JSON report
 //! and the printed tables, and [`plot`] draws a report (SVG, or PNG through resvg).
 
+mod collective;
 mod compare;
 mod graph;
 mod measure;
@@ -39,16 +40,24 @@ mod torch;
 pub use measure::{algbw_gbps, busbw_gbps};
 
 use crate::{parse_bytes, parse_op, parse_transport, require_gpus, Failure};
+use collective::{parse_collective, BenchCollective};
 use compare::{print_comparison, print_random};
 use measure::{Lib, Memory, Mode, Sweep};
 use nccl::run_nccl_only;
-use plot::{check_plot_path, write_plot};
+use plot::check_plot_path;
 use report::{Header, Report, Row};
 use ringreduce::{Communicator, DType, ReduceOp, Transport};
 use std::path::PathBuf;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct BenchArgs {
+    /// The collective, by nccl-tests' name: all_reduce, all_gather, reduce_scatter, broadcast,
+    /// reduce, alltoall, sendrecv. Sizes are nccl-tests' (see docs/BENCH.md).
+    #[arg(long, default_value = "all_reduce", value_parser = parse_collective)]
+    pub collective: BenchCollective,
+    /// Every collective, one after the other (in place of --collective).
+    #[arg(long, conflicts_with = "collective")]
+    pub all: bool,
     /// Smallest message in bytes per rank (suffixes K, M, G: powers of 1024).
     #[arg(short = 'b', long, default_value = "8", value_parser = parse_bytes)]
     pub min_bytes: usize,
@@ -141,6 +150,17 @@ pub enum Sizes {
     Sweep,
     /// The fixed sweep, then the random-size workload.
     Random,
+}
+
+impl BenchArgs {
+    /// The collectives this run measures: every one with `--all`, else `--collective`'s.
+    pub fn collectives(&self) -> Vec<BenchCollective> {
+        if self.all {
+            BenchCollective::ALL.to_vec()
+        } else {
+            vec![self.collective]
+        }
+    }
 }
 
 fn parse_dtype(text: &str) -> Result<DType, String> {
@@ -266,6 +286,7 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
     }
     let report = Report {
         header,
+        collectives: args.collectives(),
         chunk_bytes,
         slots,
         not_measured,
@@ -287,9 +308,8 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
         out!("# JSON: {}", path.display());
     }
     if let Some(path) = &args.plot {
-        let title = format!("all-reduce {} {} on {n} GPUs{knobs}", args.dtype, args.op);
-        write_plot(path, &report.rows, &title)?;
-        out!("# plot: {}", path.display());
+        let what = format!("{} {} on {n} GPUs{knobs}", args.dtype, args.op);
+        plot::write_plots(path, &report.rows, &report.collectives, &what)?;
     }
     let wrong: u64 = report
         .rows
@@ -350,7 +370,7 @@ fn measure_pass(
     let mut rows = sweep.run(&lib, label, true, Mode::Eager, Memory::Plain)?;
     let mut labels = vec![label.to_string()];
     // The random workload before the graphs: a failed capture may leave the communicator failed.
-    if args.sizes == Sizes::Random {
+    if args.sizes == Sizes::Random && args.collectives().contains(&BenchCollective::AllReduce) {
         random.push(sweep.run_random(&lib, label, Memory::Plain, args.random_calls, args.seed));
     }
     if let Some(calls) = args.graph {
@@ -492,6 +512,31 @@ mod tests {
         for text in ["1", "4K", "128M", "2G", "1000"] {
             assert_eq!(crate::format_bytes(parse_bytes(text).unwrap()), text);
         }
+    }
+
+    #[test]
+    fn collective_and_all_flags() {
+        let args = parse(&[]).unwrap();
+        assert_eq!(args.collectives(), [BenchCollective::AllReduce]);
+        let args = parse(&["--collective", "reduce_scatter"]).unwrap();
+        assert_eq!(args.collectives(), [BenchCollective::ReduceScatter]);
+        let args = parse(&["--all"]).unwrap();
+        assert_eq!(args.collectives(), BenchCollective::ALL);
+        for bad in [
+            &["--collective", "allreduce"][..],
+            &["--collective", "all_reduce", "--all"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} was accepted");
+        }
+        let at = |c| plot::plot_path(std::path::Path::new("out/bench.svg"), c);
+        assert_eq!(
+            at(BenchCollective::AllGather),
+            std::path::Path::new("out/bench-all_gather.svg")
+        );
+        assert_eq!(
+            plot::plot_path(std::path::Path::new("b"), BenchCollective::SendRecv),
+            std::path::Path::new("b-sendrecv")
+        );
     }
 
     #[test]

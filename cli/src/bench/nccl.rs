@@ -10,6 +10,7 @@
 //! ringreduce's ring knobs; its rows are the last line of its stdout that is JSON
 //! ([`ChildOutput`]), relabelled with the configuration that produced them.
 
+use super::collective::BenchCollective;
 use super::measure::{Lib, Memory, Mode, Sweep};
 use super::random::RandomRun;
 use super::report::{print_row, print_table_header, ChildOutput, Row};
@@ -112,6 +113,11 @@ pub fn child_args(args: &BenchArgs, run: &NcclRun) -> Vec<String> {
         "-w".into(),
         args.warmup.to_string(),
     ];
+    if args.all {
+        argv.push("--all".into());
+    } else {
+        argv.extend(["--collective".into(), args.collective.name().into()]);
+    }
     if run.symmetric {
         argv.push("--nccl-symmetric".into());
     }
@@ -295,8 +301,9 @@ pub(super) fn run_nccl_only(args: &BenchArgs) -> Result<(), Failure> {
     let sweep = Sweep::new(args, devices)?;
     let lib = Lib::Nccl(&nccl);
     let rows = sweep.run(&lib, "NCCL", print, mode, memory);
+    let all_reduce = args.collectives().contains(&BenchCollective::AllReduce);
     let random = match (&rows, args.sizes, mode) {
-        (Ok(_), Sizes::Random, Mode::Eager) => {
+        (Ok(_), Sizes::Random, Mode::Eager) if all_reduce => {
             vec![sweep.run_random(&lib, "NCCL", memory, args.random_calls, args.seed)]
         }
         _ => Vec::new(),
@@ -362,6 +369,23 @@ mod tests {
         assert_eq!((child.iters, child.warmup), (7, 2));
         assert!(child.json.is_none() && child.plot.is_none());
         assert!(!child.nccl_symmetric && child.graph.is_none() && child.sizes == Sizes::Sweep);
+        assert!(child.collective == BenchCollective::AllReduce && !child.all);
+        // The collective, or --all, reaches the child.
+        for (flags, want) in [
+            (
+                &["--collective", "alltoall"][..],
+                vec![BenchCollective::AllToAll],
+            ),
+            (&["--all"][..], BenchCollective::ALL.to_vec()),
+        ] {
+            let Sub::Bench(parent) =
+                Wrap::parse_from(["ringreduce", "bench"].iter().chain(flags).copied()).command;
+            let Sub::Bench(c) = Wrap::parse_from(
+                std::iter::once("ringreduce".to_string()).chain(child_args(&parent, plain)),
+            )
+            .command;
+            assert_eq!(c.collectives(), want, "{flags:?}");
+        }
         // The ring knobs are ringreduce's: never passed to the NCCL child.
         let Sub::Bench(with_knobs) =
             Wrap::parse_from(["ringreduce", "bench", "--chunk", "32M", "--slots", "4"]).command;

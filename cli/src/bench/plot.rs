@@ -3,8 +3,47 @@
 //!
 //! Invariant: the PNG is the SVG, rendered — there is one drawing, not two.
 
+use super::collective::BenchCollective;
 use super::report::Row;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// One plot per collective of `collectives` (those with rows), titled "<collective> <what>": at
+/// `path` itself when there is one, else at [`plot_path`] for each.
+pub fn write_plots(
+    path: &Path,
+    rows: &[Row],
+    collectives: &[BenchCollective],
+    what: &str,
+) -> Result<(), String> {
+    let drawn: Vec<BenchCollective> = collectives
+        .iter()
+        .copied()
+        .filter(|c| rows.iter().any(|r| r.collective == *c))
+        .collect();
+    for &c in &drawn {
+        let target = if drawn.len() == 1 {
+            path.to_path_buf()
+        } else {
+            plot_path(path, c)
+        };
+        let mine: Vec<Row> = rows.iter().filter(|r| r.collective == c).cloned().collect();
+        write_plot(&target, &mine, &format!("{} {what}", c.name()))?;
+        out!("# plot: {}", target.display());
+    }
+    Ok(())
+}
+
+/// `bench.svg` for all_gather → `bench-all_gather.svg` (the collective before the extension).
+pub fn plot_path(path: &Path, collective: BenchCollective) -> PathBuf {
+    let stem = path
+        .file_stem()
+        .map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}-{}.{}", collective.name(), ext.to_string_lossy()),
+        None => format!("{stem}-{}", collective.name()),
+    };
+    path.with_file_name(name)
+}
 
 /// Writes the plot to `path`: SVG as drawn, or PNG rasterised from the SVG (resvg, with the
 /// system's fonts; where none are found the PNG has no text and a note says so).

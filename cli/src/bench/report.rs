@@ -5,7 +5,8 @@
 //! Invariant: a report written by any version of `bench` still reads — fields added later
 //! (`chunk_bytes`, `slots`) have defaults that say what the older runs did.
 
-use super::plot::write_plot;
+use super::collective::BenchCollective;
+use super::plot::write_plots;
 use super::random::RandomRun;
 use super::torch::TorchReport;
 use super::{knobs_suffix, BenchArgs};
@@ -74,6 +75,10 @@ impl Measure {
 pub struct Row {
     /// "ringreduce (auto)", "NCCL", "NCCL (NCCL_ALGO=Ring)", ...
     pub library: String,
+    /// The collective (nccl-tests' name); absent in reports from before `--collective`, which
+    /// measured the all-reduce alone.
+    #[serde(default = "all_reduce")]
+    pub collective: BenchCollective,
     pub size_bytes: u64,
     pub count: u64,
     pub dtype: String,
@@ -93,6 +98,10 @@ pub struct Row {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Report {
     pub header: Vec<(String, String)>,
+    /// The collectives measured, in order (`--collective` or `--all`); absent in reports from
+    /// before the flag: the all-reduce.
+    #[serde(default = "all_reduce_only")]
+    pub collectives: Vec<BenchCollective>,
     /// ringreduce's ring chunk in bytes (`--chunk`, both passes); `null` = automatic per size.
     /// Absent in reports from before the flag, which read as `null` (they all ran automatic).
     #[serde(default)]
@@ -172,6 +181,14 @@ fn commit() -> String {
     }
 }
 
+fn all_reduce() -> BenchCollective {
+    BenchCollective::AllReduce
+}
+
+fn all_reduce_only() -> Vec<BenchCollective> {
+    vec![BenchCollective::AllReduce]
+}
+
 /// The header of a report: (name, value) lines, in the order they are printed.
 pub type Header = Vec<(String, String)>;
 
@@ -228,15 +245,26 @@ pub fn machine_header(
              warm-up, per size; it min/med/p99 = CUDA events on rank 0's stream between iterations \
              (separate pass); call med/p99 = -n blocking calls, each timed on the host from the \
              call to its completion; p99/med, mean/med of the call times (! = p99 > {}x or mean \
-             > {}x the median); the last four out of place; busbw = algbw * 2(n-1)/n, n = {n}; \
-             GB = 1e9 B; #wrong from one checked call per size and placement{}",
+             > {}x the median); the last four out of place; size = nccl-tests' S, algbw = S / time, \
+             busbw = algbw * nccl-tests' factor ({}), n = {n}; GB = 1e9 B; #wrong from one \
+             checked call per size and placement against the host reference{}{}",
             args.iters,
             args.warmup,
             P99_OVER_MEDIAN_MAX,
             MEAN_OVER_MEDIAN_MAX,
+            args.collectives()
+                .iter()
+                .map(|c| format!("{} {}", c.name(), c.busbw_formula()))
+                .collect::<Vec<_>>()
+                .join(", "),
+            if args.collectives().iter().any(|c| c.root().is_some()) {
+                format!("; root {}", super::collective::ROOT)
+            } else {
+                String::new()
+            },
             match args.graph {
                 Some(g) => format!(
-                    "; graph rows: {g} all-reduces captured per CUDA graph (one per rank's \
+                    "; graph rows: {g} calls captured per CUDA graph (one per rank's \
                      stream), -n/-w count replays, every time divided by {g}, #wrong also from \
                      one replay out of place"
                 ),
@@ -272,13 +300,12 @@ pub fn plot_from_json(source: &Path, plot: Option<&Path>) -> Result<(), Failure>
         .iter()
         .find(|(k, _)| k == "date")
         .map_or(String::new(), |(_, v)| format!(", {v}"));
-    let title = format!(
-        "all-reduce, {}{when}{}",
+    let what = format!(
+        "{}{when}{}",
         source.display(),
         knobs_suffix(report.chunk_bytes, report.slots)
     );
-    write_plot(path, &report.rows, &title)?;
-    out!("# plot: {}", path.display());
+    write_plots(path, &report.rows, &report.collectives, &what)?;
     Ok(())
 }
 
@@ -308,6 +335,11 @@ pub(super) fn print_row(r: &Row) {
             m.time_us, m.algbw_gbps, m.busbw_gbps, m.wrong
         )
     };
+    let in_place = if r.collective.has_in_place() {
+        m(&r.in_place)
+    } else {
+        format!("{:>10} {:>8} {:>8} {:>6}", "n/a", "", "", "")
+    };
     let o = &r.out_of_place;
     let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
     let (p99, mean) = o
@@ -322,7 +354,7 @@ pub(super) fn print_row(r: &Row) {
         r.dtype,
         r.redop,
         m(&r.out_of_place),
-        m(&r.in_place),
+        in_place,
         o.iter_min_us,
         o.iter_median_us,
         o.iter_p99_us,
@@ -358,6 +390,7 @@ pub(super) mod tests {
     pub(in crate::bench) fn row(library: &str, size: u64, t: f64) -> Row {
         Row {
             library: library.into(),
+            collective: BenchCollective::AllReduce,
             size_bytes: size,
             count: size / 4,
             dtype: "f32".into(),
@@ -402,12 +435,19 @@ pub(super) mod tests {
 
     #[test]
     fn json_rows_round_trip() {
+        let mut gather = row("NCCL", 96, 20.0);
+        gather.collective = BenchCollective::AllGather;
         let report = Report {
             header: vec![("date".into(), utc_date(0))],
+            collectives: vec![BenchCollective::AllReduce, BenchCollective::AllGather],
             chunk_bytes: Some(32 << 20),
             slots: Some(4),
             not_measured: vec![("NCCL".into(), "libnccl not found".into())],
-            rows: vec![row("ringreduce (auto)", 8, 20.0), row("NCCL", 8, 17.5)],
+            rows: vec![
+                row("ringreduce (auto)", 8, 20.0),
+                row("NCCL", 8, 17.5),
+                gather,
+            ],
             random: Vec::new(),
             torch: None,
         };
@@ -417,6 +457,23 @@ pub(super) mod tests {
             "{text}"
         );
         assert_eq!(serde_json::from_str::<Report>(&text).unwrap(), report);
+        assert!(
+            text.contains("\"collectives\":[\"all_reduce\",\"all_gather\"]"),
+            "{text}"
+        );
+        assert!(text.contains("\"collective\":\"all_gather\""), "{text}");
+        // A report from before --collective (no collective anywhere) reads as the all-reduce.
+        let mut old: serde_json::Value = serde_json::to_value(&report).unwrap();
+        old.as_object_mut().unwrap().remove("collectives");
+        for row in old["rows"].as_array_mut().unwrap() {
+            assert!(row.as_object_mut().unwrap().remove("collective").is_some());
+        }
+        let old: Report = serde_json::from_value(old).unwrap();
+        assert_eq!(old.collectives, [BenchCollective::AllReduce]);
+        assert!(old
+            .rows
+            .iter()
+            .all(|r| r.collective == BenchCollective::AllReduce));
         // The automatic chunk is written as null, not left out.
         let auto = Report {
             chunk_bytes: None,

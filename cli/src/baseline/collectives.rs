@@ -1,0 +1,327 @@
+//! Every collective of [`ringreduce::Collective`] on NCCL, with the buffer lists of
+//! `Communicator::enqueue_collective` (the table in `ringreduce::comm::collectives`), so that
+//! `bench` drives both libraries through the same call.
+//!
+//! Per collective, one NCCL call per rank inside one group (`ncclGroupStart` … `ncclGroupEnd`,
+//! the single-thread, multi-GPU pattern of [`NcclAllReduce`]):
+//!
+//! | collective      | NCCL per rank r                                                           |
+//! |-----------------|---------------------------------------------------------------------------|
+//! | all-reduce      | `ncclAllReduce(in_r, out_r, count)`                                       |
+//! | reduce-scatter  | `ncclReduceScatter(in_r, out_r, recvcount = count)`; in place out = block r |
+//! | all-gather      | `ncclAllGather(in_r, out_r, sendcount = count)`; in place in = block r    |
+//! | broadcast(root) | `ncclBroadcast(in_root or null, out_r, count, root)`                      |
+//! | reduce(root)    | `ncclReduce(in_r, out_root or null, count, root)`                         |
+//! | all-to-all      | for every peer p: `ncclSend(in_r + p·count, p)`, `ncclRecv(out_r + p·count, p)` (as nccl-tests' `alltoall_perf`) |
+//! | send/recv       | per transfer: `ncclSend` on the sender's communicator, `ncclRecv` on the receiver's |
+//!
+//! NCCL reads the root's send buffer alone in a broadcast and writes the root's receive buffer
+//! alone in a reduce; the other ranks pass null there.
+//!
+//! Invariant: every buffer is checked (count, device, exact length from
+//! [`Collective::input_len`] / [`Collective::output_len`] / [`Collective::in_place_len`]) before
+//! the group starts; a group that started is always ended.
+
+use super::{nccl, nccl_data_type, nccl_error, nccl_red_op, NcclAllReduce};
+use cudarc::driver::CudaStream;
+use ringreduce::{Buffer, BufferMut, Collective, Element, Error, Placement, ReduceOp, Result};
+use std::ffi::{c_int, c_void};
+use std::sync::Arc;
+
+type NcclResult = std::result::Result<nccl::NcclStatus, nccl::NcclError>;
+
+/// Which rank each buffer of a list belongs to.
+pub fn input_ranks(collective: &Collective, world: usize) -> Vec<usize> {
+    match collective {
+        Collective::Broadcast { root } => vec![*root],
+        Collective::SendRecv { transfers } => transfers.iter().map(|t| t.from).collect(),
+        _ => (0..world).collect(),
+    }
+}
+
+/// Which rank each output buffer belongs to (out of place; in place every rank passes one).
+pub fn output_ranks(collective: &Collective, world: usize) -> Vec<usize> {
+    match collective {
+        Collective::Reduce { root } => vec![*root],
+        Collective::SendRecv { transfers } => transfers.iter().map(|t| t.to).collect(),
+        _ => (0..world).collect(),
+    }
+}
+
+/// Blocks per rank's buffer in the list that sets the count: the count is that buffer's length
+/// over this.
+fn blocks(collective: &Collective, world: usize, in_place: bool) -> usize {
+    match (collective, in_place) {
+        (Collective::ReduceScatter | Collective::AllGather, true) => world,
+        (Collective::ReduceScatter | Collective::AllToAll, false) => world,
+        _ => 1,
+    }
+}
+
+impl NcclAllReduce {
+    /// Any collective on NCCL, with `Communicator::enqueue_collective`'s buffer lists (`inputs`
+    /// `None`: in place; all-to-all and send/recv have no in-place form); on the caller's
+    /// `streams` (one per rank) or NCCL's own. Returns once enqueued. Rooted collectives use
+    /// their root; `op` applies where the collective reduces.
+    ///
+    /// # Safety
+    /// Every buffer must stay allocated, inputs unwritten and outputs neither read nor written (on
+    /// any stream or the host), until the streams used have passed the call
+    /// ([`NcclAllReduce::synchronize`], or a synchronize of the caller's streams).
+    pub unsafe fn enqueue_collective<T: Element, I: Buffer<T>, O: BufferMut<T>>(
+        &self,
+        collective: &Collective,
+        inputs: Option<&[I]>,
+        outputs: &mut [O],
+        op: ReduceOp,
+        streams: Option<&[Arc<CudaStream>]>,
+    ) -> Result<()> {
+        let world = self.devices.len();
+        collective.validate(world)?;
+        let raw_streams = match streams {
+            Some(s) => self.check_streams(s)?,
+            None => self.own_streams(),
+        };
+        let name = collective.name();
+        let in_place = inputs.is_none();
+        if in_place && !collective.has_in_place() {
+            return Err(Error::InvalidArgument(format!(
+                "{name} has no in-place form"
+            )));
+        }
+        let in_ranks = if in_place {
+            Vec::new()
+        } else {
+            input_ranks(collective, world)
+        };
+        let out_ranks = if in_place {
+            (0..world).collect()
+        } else {
+            output_ranks(collective, world)
+        };
+        let list = |what, expected: usize, got: usize| {
+            if expected == got {
+                Ok(())
+            } else {
+                Err(Error::BufferCount {
+                    collective: name,
+                    what,
+                    expected,
+                    got,
+                })
+            }
+        };
+        let ins: &[I] = inputs.unwrap_or(&[]);
+        list("input buffers", in_ranks.len(), ins.len())?;
+        list("output buffers", out_ranks.len(), outputs.len())?;
+        // The count, from the first buffer of the list that sets it.
+        let first = match inputs.and_then(|i| i.first()) {
+            Some(b) => b.count(),
+            None => outputs.first().map(|b| b.count()).ok_or(Error::NoBuffers)?,
+        };
+        let count = first / blocks(collective, world, in_place);
+        let elem = std::mem::size_of::<T>() as u64;
+        // Expected length of each list's buffer i.
+        let want = |output: bool, i: usize, rank: usize| -> Option<usize> {
+            if let Collective::SendRecv { transfers } = collective {
+                return Some(transfers[i].count);
+            }
+            match (in_place, output) {
+                (true, _) => Some(collective.in_place_len(world, count)),
+                (false, false) => collective.input_len(rank, world, count),
+                (false, true) => collective.output_len(rank, world, count),
+            }
+        };
+        let mut sends: Vec<Option<u64>> = vec![None; world];
+        let mut recvs: Vec<Option<u64>> = vec![None; world];
+        let mut send_at = Vec::with_capacity(ins.len());
+        for (i, (b, &rank)) in ins.iter().zip(&in_ranks).enumerate() {
+            self.check_one(rank, b.placement(), want(false, i, rank), b.count())?;
+            sends[rank] = Some(b.address());
+            send_at.push(b.address());
+        }
+        let mut recv_at = Vec::with_capacity(outputs.len());
+        for (i, (b, &rank)) in outputs.iter_mut().zip(&out_ranks).enumerate() {
+            self.check_one(rank, b.placement(), want(true, i, rank), b.count())?;
+            recvs[rank] = Some(b.address_mut());
+            recv_at.push(b.address_mut());
+        }
+        if in_place {
+            sends.clone_from(&recvs);
+            // The input or the result is one block of the in-place buffer.
+            for (rank, (s, r)) in sends.iter_mut().zip(&mut recvs).enumerate() {
+                let input_at = collective.in_place_input_at(rank, count) as u64 * elem;
+                let output_at = collective.in_place_output_at(rank, count) as u64 * elem;
+                *s = s.map(|a| a + input_at);
+                *r = r.map(|a| a + output_at);
+            }
+        }
+        let dtype = nccl_data_type(T::DTYPE);
+        let red = nccl_red_op(op);
+        let block_bytes = count as u64 * elem;
+        let peer = |p: usize| c_int::try_from(p).unwrap_or(c_int::MAX);
+        let root = peer(collective.root().unwrap_or(0));
+        let ptr = |a: Option<u64>| a.unwrap_or(0) as *mut c_void;
+        nccl::group_start().map_err(nccl_error("ncclGroupStart"))?;
+        let mut queued = Ok(());
+        let mut call = |what: &'static str, f: &mut dyn FnMut() -> NcclResult| {
+            if queued.is_ok() {
+                if let Err(e) = f() {
+                    queued = Err(nccl_error(what)(e));
+                }
+            }
+        };
+        // SAFETY (every call below): the addresses were checked above to be buffers of the
+        // lengths NCCL reads and writes for this collective and count, on the rank's GPU (null
+        // only where NCCL documents the pointer as unused on that rank), kept alive and
+        // untouched by our caller until the streams pass the group; `self.comms[rank]` is a live
+        // communicator of GPU devices[rank] and `raw_streams[rank]` a live stream in that GPU's
+        // primary context. Inside a group each call only queues work.
+        match collective {
+            Collective::SendRecv { transfers } => {
+                for (i, t) in transfers.iter().enumerate() {
+                    call("ncclSend", &mut || unsafe {
+                        nccl::send(
+                            send_at[i] as *const c_void,
+                            t.count,
+                            dtype,
+                            peer(t.to),
+                            self.comms[t.from],
+                            raw_streams[t.from],
+                        )
+                    });
+                    call("ncclRecv", &mut || unsafe {
+                        nccl::recv(
+                            recv_at[i] as *mut c_void,
+                            t.count,
+                            dtype,
+                            peer(t.from),
+                            self.comms[t.to],
+                            raw_streams[t.to],
+                        )
+                    });
+                }
+            }
+            _ => {
+                for (rank, &comm) in self.comms.iter().enumerate() {
+                    let (s, r, stream) = (ptr(sends[rank]), ptr(recvs[rank]), raw_streams[rank]);
+                    match collective {
+                        Collective::AllReduce => call("ncclAllReduce", &mut || unsafe {
+                            nccl::all_reduce(s, r, count, dtype, red, comm, stream)
+                        }),
+                        Collective::ReduceScatter => call("ncclReduceScatter", &mut || unsafe {
+                            nccl::reduce_scatter(s, r, count, dtype, red, comm, stream)
+                        }),
+                        Collective::AllGather => call("ncclAllGather", &mut || unsafe {
+                            nccl::all_gather(s, r, count, dtype, comm, stream)
+                        }),
+                        Collective::Broadcast { .. } => call("ncclBroadcast", &mut || unsafe {
+                            nccl::broadcast(s, r, count, dtype, root, comm, stream)
+                        }),
+                        Collective::Reduce { .. } => call("ncclReduce", &mut || unsafe {
+                            nccl::reduce(s, r, count, dtype, red, root, comm, stream)
+                        }),
+                        Collective::AllToAll => {
+                            for p in 0..world {
+                                let at = p as u64 * block_bytes;
+                                let (s, r) = (sends[rank].map(|a| a + at), recvs[rank]);
+                                call("ncclSend", &mut || unsafe {
+                                    nccl::send(ptr(s), count, dtype, peer(p), comm, stream)
+                                });
+                                call("ncclRecv", &mut || unsafe {
+                                    nccl::recv(
+                                        ptr(r.map(|a| a + at)),
+                                        count,
+                                        dtype,
+                                        peer(p),
+                                        comm,
+                                        stream,
+                                    )
+                                });
+                            }
+                        }
+                        Collective::SendRecv { .. } => {}
+                    }
+                }
+            }
+        }
+        // Always close the group, even after a failed call, so the thread is not left inside it.
+        let ended = nccl::group_end().map_err(nccl_error("ncclGroupEnd"));
+        queued.and(ended.map(|_| ()))
+    }
+
+    /// One buffer of a collective: on rank `rank`'s GPU, of exactly `want` elements (`None`: the
+    /// rank passes no buffer in that list).
+    fn check_one(
+        &self,
+        rank: usize,
+        placement: Placement,
+        want: Option<usize>,
+        got: usize,
+    ) -> Result<()> {
+        let expected = self.devices[rank];
+        match placement {
+            Placement::Device(device) if device == expected => {}
+            Placement::Device(device) => {
+                return Err(Error::WrongDevice {
+                    rank,
+                    device,
+                    expected,
+                })
+            }
+            got @ Placement::Host => {
+                return Err(Error::WrongPlacement {
+                    rank,
+                    got,
+                    expected: "device memory (NCCL works on GPU buffers)",
+                })
+            }
+        }
+        match want {
+            Some(expected) if expected == got => Ok(()),
+            Some(expected) => Err(Error::LengthMismatch {
+                rank,
+                expected,
+                got,
+            }),
+            None => Err(Error::InvalidArgument(format!(
+                "rank {rank} passes no buffer in this list"
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ringreduce::Transfer;
+
+    #[test]
+    fn lists_name_their_ranks() {
+        let ring = Collective::SendRecv {
+            transfers: (0..3)
+                .map(|r| Transfer {
+                    from: r,
+                    to: (r + 1) % 3,
+                    count: 4,
+                })
+                .collect(),
+        };
+        assert_eq!(input_ranks(&ring, 3), [0, 1, 2]);
+        assert_eq!(output_ranks(&ring, 3), [1, 2, 0]);
+        assert_eq!(input_ranks(&Collective::Broadcast { root: 2 }, 3), [2]);
+        assert_eq!(
+            output_ranks(&Collective::Broadcast { root: 2 }, 3),
+            [0, 1, 2]
+        );
+        assert_eq!(output_ranks(&Collective::Reduce { root: 1 }, 3), [1]);
+        assert_eq!(input_ranks(&Collective::Reduce { root: 1 }, 3), [0, 1, 2]);
+        // The count: reduce-scatter's input and all-to-all's buffers hold world blocks; in place,
+        // reduce-scatter's and all-gather's one buffer does.
+        assert_eq!(blocks(&Collective::ReduceScatter, 4, false), 4);
+        assert_eq!(blocks(&Collective::AllGather, 4, false), 1);
+        assert_eq!(blocks(&Collective::AllGather, 4, true), 4);
+        assert_eq!(blocks(&Collective::AllToAll, 4, false), 4);
+        assert_eq!(blocks(&Collective::Broadcast { root: 0 }, 4, true), 1);
+    }
+}
