@@ -78,7 +78,22 @@ impl Shape {
         align_elems: usize,
         transports: Vec<EdgeTransport>,
     ) -> Result<Plan> {
-        let spec = RingSpec {
+        let plan = self
+            .ring_spec(chunk_elems, slots, align_elems, transports)
+            .build()?;
+        crate::check::check(&plan)?;
+        Ok(plan)
+    }
+
+    /// The ring's parameters for this shape (the other collectives' planners share them).
+    fn ring_spec(
+        &self,
+        chunk_elems: usize,
+        slots: usize,
+        align_elems: usize,
+        transports: Vec<EdgeTransport>,
+    ) -> RingSpec {
+        RingSpec {
             world: transports.len().max(1),
             count: self.count,
             in_place: self.in_place,
@@ -87,10 +102,7 @@ impl Shape {
             slots,
             align_elems,
             transports,
-        };
-        let plan = spec.build()?;
-        crate::check::check(&plan)?;
-        Ok(plan)
+        }
     }
 
     /// Builds the plan of a collective other than the all-reduce (their planners share the ring's
@@ -104,16 +116,7 @@ impl Shape {
     ) -> Result<Plan> {
         let spec = CollectiveSpec {
             collective: self.collective.clone(),
-            ring: RingSpec {
-                world: transports.len().max(1),
-                count: self.count,
-                in_place: self.in_place,
-                op: self.plan_op(),
-                chunk_elems,
-                slots,
-                align_elems,
-                transports,
-            },
+            ring: self.ring_spec(chunk_elems, slots, align_elems, transports),
         };
         let plan = spec.build()?;
         crate::check::check(&plan)?;
