@@ -244,3 +244,138 @@ fn collectives_on_the_callers_streams() {
     }
     comm.health().unwrap();
 }
+
+/// Reduce-scatter (out of place and in place) and reduce (into the last rank) of every type
+/// and operator, on sub-slices that start `offset` elements into their allocation, against the
+/// host reference, bit for bit.
+fn reducing_collectives_of<T: ringreduce::Element>(
+    comm: &Communicator,
+    count: usize,
+    offset: usize,
+) {
+    use ringreduce::verify::{make_expected, make_input};
+    let devices = comm.devices();
+    let n = devices.len();
+    let padded = |r: usize, data: Vec<T>| -> GpuBuffer<T> {
+        let mut v = vec![T::from_i64(77); offset];
+        v.extend(data);
+        GpuBuffer::from_host(devices[r], &v).unwrap()
+    };
+    for op in ReduceOp::ALL {
+        let want = make_expected::<T>(op, n, n * count);
+        // Reduce-scatter, out of place.
+        let inputs: Vec<_> = (0..n)
+            .map(|r| padded(r, make_input::<T>(op, r, n * count)))
+            .collect();
+        let mut outs: Vec<_> = (0..n)
+            .map(|r| padded(r, vec![T::from_i64(5); count]))
+            .collect();
+        {
+            let ins: Vec<_> = inputs
+                .iter()
+                .map(|b| b.view(offset, n * count).unwrap())
+                .collect();
+            let mut os: Vec<_> = outs
+                .iter_mut()
+                .map(|b| b.slice(offset, count).unwrap())
+                .collect();
+            comm.reduce_scatter(&ins, &mut os, op).unwrap();
+        }
+        for (r, b) in outs.iter().enumerate() {
+            let got = b.to_host().unwrap();
+            let (wrong, first) = compare(r, &got[offset..], &want[r * count..(r + 1) * count], 3);
+            assert_eq!(
+                wrong,
+                0,
+                "{} {op:?} reduce-scatter {count}+{offset}: {first:?}",
+                T::DTYPE
+            );
+        }
+        // Reduce-scatter, in place.
+        let mut bufs: Vec<_> = (0..n)
+            .map(|r| padded(r, make_input::<T>(op, r, n * count)))
+            .collect();
+        {
+            let mut bs: Vec<_> = bufs
+                .iter_mut()
+                .map(|b| b.slice(offset, n * count).unwrap())
+                .collect();
+            comm.reduce_scatter_in_place(&mut bs, op).unwrap();
+        }
+        for (r, b) in bufs.iter().enumerate() {
+            let got = b.to_host().unwrap();
+            let mine = &got[offset + r * count..offset + (r + 1) * count];
+            let (wrong, first) = compare(r, mine, &want[r * count..(r + 1) * count], 3);
+            assert_eq!(
+                wrong,
+                0,
+                "{} {op:?} reduce-scatter in place {count}+{offset}: {first:?}",
+                T::DTYPE
+            );
+        }
+        // Reduce into the last rank.
+        let want = make_expected::<T>(op, n, count);
+        let inputs: Vec<_> = (0..n)
+            .map(|r| padded(r, make_input::<T>(op, r, count)))
+            .collect();
+        let mut out = padded(n - 1, vec![T::from_i64(5); count]);
+        {
+            let ins: Vec<_> = inputs
+                .iter()
+                .map(|b| b.view(offset, count).unwrap())
+                .collect();
+            let mut o = out.slice(offset, count).unwrap();
+            comm.reduce(&ins, &mut o, n - 1, op).unwrap();
+        }
+        let got = out.to_host().unwrap();
+        let (wrong, first) = compare(n - 1, &got[offset..], &want, 3);
+        assert_eq!(
+            wrong,
+            0,
+            "{} {op:?} reduce {count}+{offset}: {first:?}",
+            T::DTYPE
+        );
+    }
+}
+
+fn reducing_collectives(devices: &[usize]) {
+    use half::{bf16, f16};
+    let config = CudaConfig {
+        allow_shared_device: devices.iter().skip(1).any(|&d| d == devices[0]),
+        ..CudaConfig::default()
+    };
+    let comm = Communicator::with_config(devices, config).unwrap();
+    for (count, offset) in [(1, 0), (7, 1), (1009, 3), (65_537, 0)] {
+        reducing_collectives_of::<f16>(&comm, count, offset);
+        reducing_collectives_of::<bf16>(&comm, count, offset);
+        reducing_collectives_of::<f32>(&comm, count, offset);
+        reducing_collectives_of::<f64>(&comm, count, offset);
+        reducing_collectives_of::<i8>(&comm, count, offset);
+        reducing_collectives_of::<u8>(&comm, count, offset);
+        reducing_collectives_of::<i32>(&comm, count, offset);
+        reducing_collectives_of::<u32>(&comm, count, offset);
+        reducing_collectives_of::<i64>(&comm, count, offset);
+        reducing_collectives_of::<u64>(&comm, count, offset);
+    }
+    comm.health().unwrap();
+}
+
+/// Every type and operator of the reducing collectives on two GPUs.
+#[test]
+fn reducing_collectives_every_type_and_op() {
+    let Some(devices) = two_gpus() else { return };
+    reducing_collectives(&devices);
+}
+
+/// The same with three ranks sharing one GPU.
+#[test]
+fn reducing_collectives_every_type_and_op_three_ranks_on_one_gpu() {
+    let count = device::driver_available()
+        .and_then(|()| device::device_count())
+        .unwrap_or(0);
+    if count < 1 {
+        println!("waived: needs ≥ 1 GPU (found {count})");
+        return;
+    }
+    reducing_collectives(&[0, 0, 0]);
+}
