@@ -2,7 +2,7 @@
 // the two-shot all-reduce, built from the pieces of peer.cuh.
 //
 // Joined into one translation unit by build.rs, in this order: types.cuh, reduce.cuh, peer.cuh,
-// peer_kernels.cuh, ll.cuh, handoff.cuh, instances.cuh (build.rs: PARTS). No part includes another:
+// peer_kernels.cuh, handoff.cuh, instances.cuh (build.rs: PARTS). No part includes another:
 // NVRTC compiles the joined text with no include paths, so the kernels include NO header at all.
 
 // ---------------------------------------------------------------------------------------------

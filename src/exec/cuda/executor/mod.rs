@@ -17,9 +17,8 @@
 //! - `ring`: the rank threads and the enqueue of a plan's operations on a rank's streams
 //!   (copies, reduce and scale kernels, event records and waits), the wait for completion and
 //!   the diagnosis of a stalled call;
-//! - `peer`: the peer kernels' shared flags, LL receive buffers and error words, their launch
-//!   (the LL one-shot for small one-shot messages), and the inline enqueue;
-//! - `layout`: the checks that tie a one- or two-shot plan to its kernel;
+//! - `peer`: the peer kernels' shared flags and error words, the layout checks that tie a
+//!   one- or two-shot plan to its kernel, their launch, and the inline enqueue;
 //! - `callers`: the entry point of every call, which fences the caller's streams around Main;
 //! - `handoff`: collectives captured into CUDA graphs (what is refused, the pinned plans, the
 //!   counters that replace the ring's cross-GPU events);
@@ -32,7 +31,6 @@
 mod callers;
 mod edges;
 mod handoff;
-mod layout;
 mod peer;
 mod ring;
 mod teardown;
@@ -49,8 +47,7 @@ use crate::plan::{BufKind, Collective, EdgeTransport, Op, Plan, StreamKind};
 use crossbeam_channel::Sender;
 use cudarc::driver::{CudaContext, CudaStream};
 use edges::{decide_edges, probe_edges};
-use layout::{oneshot_layout, twoshot_segments};
-use peer::{setup_peer_kernels, PeerKernel, PeerKernelState};
+use peer::{oneshot_layout, setup_peer_kernels, twoshot_segments, PeerKernel, PeerKernelState};
 use ring::{gpu_rank_thread, wait_done};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -518,7 +515,7 @@ impl CudaExecutor {
             let kernel = if prepared.twoshot.is_some() {
                 PeerKernel::TwoShot
             } else {
-                PeerKernel::oneshot_for(T::DTYPE, prepared.plan.count)
+                PeerKernel::OneShot
             };
             let inputs = (!prepared.plan.in_place).then_some(inputs);
             self.open_peer_call(kernel, inputs, outputs)?;

@@ -1,17 +1,11 @@
 //! The peer kernels on the executor's side: the one-shot and the two-shot all-reduce, one kernel
 //! per rank that reads the other ranks' memory directly (peer access) and meets their kernels at
-//! flag barriers, and the LL one-shot, which pushes each rank's input into its peers' receive
-//! buffers instead ([`crate::exec::cuda::kernels`] launches them; `cuda/peer.cuh` and
-//! `cuda/ll.cuh` describe the protocols). Here: the state the kernels share across ranks
-//! ([`PeerKernelState`], made by [`setup_peer_kernels`]), the launch of each kernel from a plan's
-//! peer reduce (whose layout module `layout` verified), the inline enqueue of plans without
-//! events, and the timeouts the kernels report.
-//!
-//! A one-shot plan's peer reduce runs the LL kernel when the message fits
-//! ([`crate::exec::cuda::kernels::ll_fits`]: at most
-//! [`LL_MAX_BYTES`](crate::exec::cuda::kernels::LL_MAX_BYTES) per rank), else the read one-shot:
-//! the plan is the same (the checker proves its result; both kernels compute it, with the same
-//! fold in the same order), only the executor's way of running the meeting differs.
+//! flag barriers ([`crate::exec::cuda::kernels`] launches them; `cuda/peer.cuh` describes the
+//! protocol). Here: the state both kernels share across ranks ([`PeerKernelState`], made by
+//! [`setup_peer_kernels`]), the checks that a plan has exactly the layout its kernel implements
+//! ([`oneshot_layout`], [`twoshot_segments`]), the launch of each kernel from a plan's peer
+//! reduce, the inline enqueue of plans without events, and the barrier timeouts the kernels
+//! report.
 //!
 //! Plans without events skip the rank threads: the caller's thread binds each rank's context in
 //! turn, launches, and puts its own context back. The kernels meet on the GPUs whenever each
@@ -22,11 +16,11 @@
 //! in its error word, which the call (or the next one, or `synchronize`) turns into
 //! [`Error::Timeout`]; a call that fails after launching some ranks waits for their kernels to
 //! give up before it returns. A kernel that gives up at its start barrier (or the two-shot's
-//! middle one) also withdraws its signal (the LL one-shot: the words it pushed), so that a peer's
-//! kernel starting later (queued behind work that was stuck) times out too instead of reading
-//! this rank's memory (or, LL, writing its own output) after the call has returned its error. (A
-//! peer that passed the barrier in the instant before the withdrawal still reads; it is then
-//! inside the call's deadline, a quarter of the timeout before the call returns.)
+//! middle one) also withdraws its signal, so that a peer's kernel starting later (queued behind
+//! work that was stuck) times out too instead of reading this rank's memory after the call has
+//! returned its error. (A peer that passed the barrier in the instant before the withdrawal still
+//! reads; it is then inside the call's deadline, a quarter of the timeout before the call
+//! returns.)
 //!
 //! Invariant: every rank of a peer call launches its kernel with the same grid, sources and
 //! flags, on its Main stream, so that the barriers meet and each block's epoch (kept on the
@@ -37,11 +31,10 @@ use super::{CudaCall, CudaExecutor, RankRes, Transport};
 use crate::device::{self, DeviceBuffer, PinnedHost, Stream};
 use crate::error::{Error, Result};
 use crate::exec::cuda::kernels::{
-    ll_fits, ll_recv_bytes, LlArgs, OneShotArgs, TwoShotArgs, HANDOFF_ERR_BIT, LL_ERR_WAIT,
-    PEER_FLAG_BYTES, PEER_MAX_RANKS,
+    OneShotArgs, TwoShotArgs, HANDOFF_ERR_BIT, PEER_FLAG_BYTES, PEER_MAX_RANKS,
 };
 use crate::exec::{panic_message, Enqueue};
-use crate::plan::{BufKind, Op, Region, StreamKind};
+use crate::plan::{BufKind, Op, Plan, Ranks, Region, StreamKind};
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -52,20 +45,6 @@ use std::time::{Duration, Instant};
 pub(super) enum PeerKernel {
     OneShot,
     TwoShot,
-    /// The LL one-shot: a one-shot plan whose message fits [`ll_fits`].
-    OneShotLl,
-}
-
-impl PeerKernel {
-    /// The kernel that runs a one-shot plan of `count` elements of `dtype`: the LL one-shot when
-    /// the message fits it, else the read one-shot. The executor's one rule for it.
-    pub(super) fn oneshot_for(dtype: crate::element::DType, count: usize) -> PeerKernel {
-        if ll_fits(dtype, count) {
-            PeerKernel::OneShotLl
-        } else {
-            PeerKernel::OneShot
-        }
-    }
 }
 
 impl fmt::Display for PeerKernel {
@@ -73,21 +52,16 @@ impl fmt::Display for PeerKernel {
         f.write_str(match self {
             PeerKernel::OneShot => "one-shot",
             PeerKernel::TwoShot => "two-shot",
-            PeerKernel::OneShotLl => "LL one-shot",
         })
     }
 }
 
-/// What the peer kernels (one-shot, two-shot, LL one-shot) share across ranks, made once per
-/// communicator: per rank, the flag words its peers write at the barriers (device memory,
-/// zeroed, reached through peer access), the LL kernel's receive buffer, and a pinned word its
-/// kernel sets when it times out. Calls of every kernel share the flags and the per-block epochs
-/// in them.
+/// What the peer kernels (one-shot and two-shot) share across ranks, made once per communicator:
+/// per rank, the flag words its peers write at the barriers (device memory, zeroed, reached
+/// through peer access), and a pinned word its kernel sets when a barrier times out. Calls of
+/// either kernel share the flags and the epochs in them.
 pub(super) struct PeerKernelState {
     flags: Vec<DeviceBuffer>,
-    /// Per rank, [`ll_recv_bytes`]`(world)` bytes of device memory, zeroed once: the LL words its
-    /// peers push (layout in `cuda/ll.cuh`).
-    ll_recv: Vec<DeviceBuffer>,
     errors: Vec<PinnedHost>,
     /// The smallest SM count of the ranks' GPUs: the grid cap that keeps every block resident.
     max_blocks: u32,
@@ -95,8 +69,7 @@ pub(super) struct PeerKernelState {
 
 impl PeerKernelState {
     /// The code rank `rank`'s kernel left (1: start barrier timed out, 2: end barrier, 3: a launch
-    /// it could not accept, 4: the two-shot's middle barrier, [`LL_ERR_WAIT`]: the LL one-shot
-    /// waited in vain for a peer's words), 0 when none. Read through the host
+    /// it could not accept, 4: the two-shot's middle barrier), 0 when none. Read through the host
     /// mapping; the kernel writes it with a plain system-scope store.
     fn error(&self, rank: usize) -> u32 {
         // SAFETY: the pinned allocation is at least 4 bytes and page-aligned, and lives as long
@@ -110,7 +83,7 @@ impl PeerKernelState {
     }
 }
 
-/// Makes the peer kernels' flags, LL receive buffers and error words, after enabling peer access between every pair
+/// Makes the peer kernels' flags and error words, after enabling peer access between every pair
 /// of GPUs (each rank's kernel reads every rank's memory). `None` where they cannot run:
 /// one rank, more than [`PEER_MAX_RANKS`], forced staging, two ranks on one GPU, or a pair
 /// without peer access.
@@ -148,10 +121,6 @@ pub(super) fn setup_peer_kernels(
         .iter()
         .map(|r| DeviceBuffer::zeroed(&r.ctx, PEER_FLAG_BYTES))
         .collect::<Result<Vec<_>>>()?;
-    let ll_recv = ranks
-        .iter()
-        .map(|r| DeviceBuffer::zeroed(&r.ctx, ll_recv_bytes(n)))
-        .collect::<Result<Vec<_>>>()?;
     let errors = ranks
         .iter()
         .map(|r| {
@@ -169,7 +138,6 @@ pub(super) fn setup_peer_kernels(
         .max(1);
     Ok(Some(Arc::new(PeerKernelState {
         flags,
-        ll_recv,
         errors,
         max_blocks,
     })))
@@ -181,9 +149,8 @@ const LAUNCH_BLOCKED_AFTER: Duration = Duration::from_millis(100);
 
 impl CudaExecutor {
     /// Opens a call of a peer kernel: reports a barrier timeout an earlier call left, and opens
-    /// pool memory to every other GPU — out of place every GPU reads every other GPU's input
-    /// (but in the LL one-shot, which reads only its own), and the two-shot also reads every
-    /// other GPU's output.
+    /// pool memory to every other GPU — out of place every GPU reads
+    /// every other GPU's input, and the two-shot also reads every other GPU's output.
     pub(super) fn open_peer_call(
         &mut self,
         kernel: PeerKernel,
@@ -192,9 +159,8 @@ impl CudaExecutor {
     ) -> Result<()> {
         self.check_peer_errors()?;
         self.last_peer_kernel = kernel;
-        let inputs_read = inputs.filter(|_| kernel != PeerKernel::OneShotLl);
         let outputs_read = (kernel == PeerKernel::TwoShot).then_some(outputs);
-        for ranked in inputs_read.into_iter().chain(outputs_read) {
+        for ranked in inputs.into_iter().chain(outputs_read) {
             for (rank, &addr) in ranked.iter().enumerate() {
                 let own = self.ranks[rank].device;
                 let peers: Vec<usize> = self.ranks.iter().map(|r| r.device).collect();
@@ -330,23 +296,33 @@ impl CudaExecutor {
                 return Err(self.handoff_timeout(rank, code));
             }
             if code != 0 {
-                let (named, gave_up) = peer_timeout(code);
-                let kernel = named.unwrap_or(self.last_peer_kernel);
-                let Some(gave_up) = gave_up else {
-                    let device = r.device;
-                    return Err(Error::RankFailed {
-                        rank,
-                        during: format!("the {kernel} peer reduce"),
-                        message: format!(
-                            "GPU {device}'s {kernel} kernel found its launch inconsistent \
-                             (code {code})"
-                        ),
-                    });
+                let kernel = if code == 4 {
+                    PeerKernel::TwoShot
+                } else {
+                    self.last_peer_kernel
                 };
-                let waiting_on = format!(
-                    "GPU {}'s {kernel} kernel gave up {gave_up}: a peer's kernel never arrived",
-                    r.device,
-                );
+                let barrier = match code {
+                    1 => Some("start"),
+                    2 => Some("end"),
+                    4 => Some("middle"),
+                    _ => None,
+                };
+                let waiting_on = match barrier {
+                    Some(barrier) => format!(
+                        "GPU {}'s {kernel} kernel gave up at the {barrier} barrier: a peer's kernel never arrived",
+                        r.device,
+                    ),
+                    _ => {
+                        return Err(Error::RankFailed {
+                            rank,
+                            during: format!("the {kernel} peer reduce"),
+                            message: format!(
+                                "GPU {}'s {kernel} kernel found its launch inconsistent (code {code})",
+                                r.device
+                            ),
+                        })
+                    }
+                };
                 return Err(self.name_blocked_launch(Error::Timeout {
                     rank,
                     waiting_on,
@@ -355,23 +331,6 @@ impl CudaExecutor {
             }
         }
         Ok(())
-    }
-}
-
-/// What a peer kernel's error code (not a handoff's) says: the kernel it names, when only one
-/// kernel writes it (4: the two-shot, [`LL_ERR_WAIT`]: the LL one-shot; otherwise the latest
-/// peer call's), and where that kernel gave up waiting — `None` for a launch the kernel refused
-/// (3) or a code no kernel writes.
-fn peer_timeout(code: u32) -> (Option<PeerKernel>, Option<&'static str>) {
-    match code {
-        1 => (None, Some("at the start barrier")),
-        2 => (None, Some("at the end barrier")),
-        4 => (Some(PeerKernel::TwoShot), Some("at the middle barrier")),
-        LL_ERR_WAIT => (
-            Some(PeerKernel::OneShotLl),
-            Some("waiting for a peer's pushed data"),
-        ),
-        _ => (None, None),
     }
 }
 
@@ -449,9 +408,8 @@ impl CudaEnqueue<'_> {
     }
 
     /// Launches this rank's one-shot kernel for the peer reduce `op` into `dst` (a plan whose
-    /// layout `oneshot_layout` verified): the LL one-shot when the message fits it
-    /// ([`PeerKernel::oneshot_for`]), else the read one-shot. `expose_from` is the fused exposure
-    /// copy's source (see `CudaEnqueue::fuse_exposure`).
+    /// layout `oneshot_layout` verified); `expose_from` is the fused exposure copy's source
+    /// (see `CudaEnqueue::fuse_exposure`).
     pub(super) fn launch_oneshot(
         &self,
         op: Op,
@@ -463,21 +421,6 @@ impl CudaEnqueue<'_> {
         let plan = &call.prepared.plan;
         let shared = call.peer_state(PeerKernel::OneShot)?;
         let rank = plan.decl(dst.buf).rank;
-        let sources = crate::check::peer_sources(plan, &op);
-        if PeerKernel::oneshot_for(call.dtype, dst.count) == PeerKernel::OneShotLl {
-            // This rank's input: out of place, its Input; in place with the exposure copy fused
-            // (`expose_from`, the in-place buffer itself), that buffer, and the copy is dropped:
-            // the plan's Exposed buffer exists only for peers to read in the read one-shot, and
-            // the LL kernel's peers never read this rank's memory (they are sent its words), so
-            // the copy has no reader. The kernel reads each chunk of the in-place buffer before
-            // the same thread overwrites it with the result. In place with the copy enqueued on
-            // its own (not fused), the Exposed buffer holds the input by then, on this stream.
-            let src = match expose_from {
-                Some(in_place) => in_place,
-                None => self.addr(sources[rank]),
-            };
-            return self.launch_ll(shared, rank, src, dst, stream);
-        }
         let mut args = OneShotArgs {
             srcs: [0; PEER_MAX_RANKS],
             flags: [0; PEER_MAX_RANKS],
@@ -490,7 +433,10 @@ impl CudaEnqueue<'_> {
             expose_from: expose_from.unwrap_or(0),
             max_blocks: shared.max_blocks,
         };
-        for (r, src) in sources.into_iter().enumerate() {
+        for (r, src) in crate::check::peer_sources(plan, &op)
+            .into_iter()
+            .enumerate()
+        {
             args.srcs[r] = self.addr(src);
             args.flags[r] = shared.flags[r].ptr();
         }
@@ -502,73 +448,223 @@ impl CudaEnqueue<'_> {
         // communicator's streams.
         unsafe { self.res.kernels.oneshot(call.dtype, call.op, &args, stream) }
     }
+}
 
-    /// Launches this rank's LL one-shot kernel: this rank's input `src` (device memory of this
-    /// rank, `dst.count` elements) folded with every peer's into `dst`.
-    fn launch_ll(
-        &self,
-        shared: &PeerKernelState,
-        rank: usize,
-        src: u64,
-        dst: Region,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = self.call;
-        let world = call.prepared.plan.world;
-        let mut args = LlArgs {
-            recvs: [0; PEER_MAX_RANKS],
-            flags: shared.flags[rank].ptr(),
-            world: world as u32,
-            rank: rank as u32,
-            src,
-            dst: self.addr(dst),
-            count: dst.count as u64,
-            timeout_ns: call.kernel_timeout_ns(),
-            error: shared.errors[rank].uva_ptr(),
-        };
-        for (r, recv) in shared.ll_recv.iter().enumerate() {
-            args.recvs[r] = recv.ptr();
-        }
-        // SAFETY: `src` is this rank's input (the caller's validated input, its in-place buffer,
-        // or our exposed copy of it, filled earlier on this stream) and `dst` its output, both on
-        // this GPU, equal (in place) or disjoint (validated buffers); the receive buffers are
-        // ours (ll_recv_bytes(world), zeroed at creation, reached over the peer access enabled
-        // between all pairs) and the flags this rank's, both used only by this communicator's
-        // peer kernels, all on Main; every rank launches with the same dtype, op and count, so
-        // the grids and epochs match; all outlive the communicator's streams.
-        unsafe { self.res.kernels.ll(call.dtype, call.op, &args, stream) }
+/// Each rank's segment (offset, count) of a two-shot plan, after verifying that the plan has
+/// exactly the layout the fused two-shot kernel implements: on every rank, a peer reduce of
+/// every rank's sources into its own output segment, then one peer reduce per other rank q — in
+/// the order `twoshot::gather_from` gives — copying q's output segment from q alone, and nothing
+/// else but a final `Scale`; the segments tile the buffer in rank order. `None` for an empty
+/// plan (one rank, or zero elements).
+pub(super) fn twoshot_segments(plan: &Plan) -> Result<Option<Vec<(usize, usize)>>> {
+    let n = plan.world;
+    let peer_ops = |rank: usize| -> Vec<Op> {
+        plan.ranks[rank]
+            .iter()
+            .map(|i| i.op)
+            .filter(|op| matches!(op, Op::PeerReduce { .. }))
+            .collect()
+    };
+    if (0..n).all(|r| peer_ops(r).is_empty()) {
+        return Ok(None);
     }
+    let bad = |why: String| Err(Error::PlanRejected(format!("not a two-shot plan: {why}")));
+    let src_kind = if plan.in_place {
+        BufKind::Output
+    } else {
+        BufKind::Input
+    };
+    let mut segments = Vec::with_capacity(n);
+    for rank in 0..n {
+        match peer_ops(rank).first() {
+            Some(&Op::PeerReduce {
+                dst,
+                src,
+                offset,
+                count,
+                ranks: Ranks::ALL,
+            }) if dst.offset == offset
+                && src == src_kind
+                && plan.decl(dst.buf).rank == rank
+                && plan.decl(dst.buf).kind == BufKind::Output =>
+            {
+                segments.push((offset, count))
+            }
+            _ => {
+                return bad(format!(
+                    "rank {rank} does not start by reducing its own segment"
+                ))
+            }
+        }
+    }
+    let mut end = 0;
+    for (q, &(offset, count)) in segments.iter().enumerate() {
+        if offset != end {
+            return bad(format!("segment {q} starts at {offset}, not at {end}"));
+        }
+        end += count;
+    }
+    if end != plan.count {
+        return bad(format!("the segments end at {end}, not at {}", plan.count));
+    }
+    for rank in 0..n {
+        let ops = peer_ops(rank);
+        if ops.len() != n {
+            return bad(format!(
+                "rank {rank} has {} peer reduces, not {n}",
+                ops.len()
+            ));
+        }
+        for (round, op) in ops.iter().enumerate().skip(1) {
+            let owner = crate::plan::twoshot::gather_from(rank, round, n);
+            let (offset, count) = segments[owner];
+            let fits = matches!(*op, Op::PeerReduce { dst, src: BufKind::Output, offset: o, count: c, ranks }
+                if ranks == Ranks::only(owner)
+                    && (o, c) == (offset, count)
+                    && (dst.offset, dst.count) == (offset, count)
+                    && plan.decl(dst.buf).rank == rank
+                    && plan.decl(dst.buf).kind == BufKind::Output);
+            if !fits {
+                return bad(format!(
+                    "rank {rank}'s gather round {round} does not copy segment {owner} from rank {owner}"
+                ));
+            }
+        }
+        let program = &plan.ranks[rank];
+        let others_ok = program.iter().enumerate().all(|(i, instr)| {
+            instr.stream == StreamKind::Main
+                && match instr.op {
+                    Op::PeerReduce { .. } => true,
+                    Op::Scale { .. } => i + 1 == program.len(),
+                    _ => false,
+                }
+        });
+        if !others_ok {
+            return bad(format!(
+                "rank {rank} has work besides its peer reduces and a final scale on Main"
+            ));
+        }
+    }
+    Ok(Some(segments))
+}
+
+/// Verifies that a one-shot plan has the layout the one-shot kernel assumes: in every meeting,
+/// every rank reads every rank (`Ranks::ALL`) over the same source kind and range, so that all
+/// ranks launch the same grid and every source is known. (The checker allows more: ranks of a
+/// meeting reading different ranges or a subset of ranks, as the two-shot does.)
+pub(super) fn oneshot_layout(plan: &Plan) -> Result<()> {
+    let meetings = |rank: usize| -> Vec<Op> {
+        plan.ranks[rank]
+            .iter()
+            .map(|i| i.op)
+            .filter(|op| matches!(op, Op::PeerReduce { .. }))
+            .collect()
+    };
+    let first = meetings(0);
+    for rank in 0..plan.world {
+        let mine = meetings(rank);
+        if mine.len() != first.len() {
+            return Err(Error::PlanRejected(format!(
+                "not a one-shot plan: rank {rank} has {} peer reduces, rank 0 {}",
+                mine.len(),
+                first.len()
+            )));
+        }
+        for (k, (op, op0)) in mine.iter().zip(&first).enumerate() {
+            let same = match (*op, *op0) {
+                (
+                    Op::PeerReduce {
+                        src,
+                        offset,
+                        count,
+                        ranks,
+                        ..
+                    },
+                    Op::PeerReduce {
+                        src: src0,
+                        offset: offset0,
+                        count: count0,
+                        ..
+                    },
+                ) => ranks == Ranks::ALL && (src, offset, count) == (src0, offset0, count0),
+                _ => false,
+            };
+            if !same {
+                return Err(Error::PlanRejected(format!(
+                    "not a one-shot plan: rank {rank}'s peer reduce {k} does not read every rank \
+                     over rank 0's range"
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{peer_timeout, PeerKernel, LL_ERR_WAIT};
-    use crate::element::DType;
-    use crate::exec::cuda::kernels::LL_MAX_BYTES;
+    use super::{oneshot_layout, twoshot_segments};
+    use crate::element::ReduceOp;
+    use crate::plan::{BufKind, OneShotSpec, Op, Ranks, TwoShotSpec};
 
-    #[test]
-    fn every_peer_code_is_named() {
-        assert_eq!(peer_timeout(1), (None, Some("at the start barrier")));
-        assert_eq!(peer_timeout(2), (None, Some("at the end barrier")));
-        assert_eq!(peer_timeout(4).0, Some(PeerKernel::TwoShot));
-        let (kernel, gave_up) = peer_timeout(LL_ERR_WAIT);
-        assert_eq!(kernel, Some(PeerKernel::OneShotLl));
-        assert_eq!(kernel.unwrap().to_string(), "LL one-shot");
-        assert!(gave_up.unwrap().contains("pushed data"));
-        assert_eq!(peer_timeout(3), (None, None));
-        assert_eq!(peer_timeout(99), (None, None));
+    fn twoshot(world: usize, count: usize, in_place: bool) -> crate::plan::Plan {
+        TwoShotSpec {
+            world,
+            count,
+            in_place,
+            op: ReduceOp::Avg,
+            align: 4,
+        }
+        .build()
+        .unwrap()
     }
 
     #[test]
-    fn the_oneshot_runs_the_ll_kernel_up_to_its_limit() {
-        for dtype in DType::ALL {
-            let most = LL_MAX_BYTES / dtype.size_bytes();
-            assert_eq!(PeerKernel::oneshot_for(dtype, 1), PeerKernel::OneShotLl);
-            assert_eq!(PeerKernel::oneshot_for(dtype, most), PeerKernel::OneShotLl);
-            assert_eq!(
-                PeerKernel::oneshot_for(dtype, most + 1),
-                PeerKernel::OneShot
-            );
+    fn twoshot_layout_is_read_from_the_plan_and_tiles_the_buffer() {
+        for world in 2..=8 {
+            for count in [1, 7, 64, 1001] {
+                for in_place in [false, true] {
+                    let segments = twoshot_segments(&twoshot(world, count, in_place))
+                        .unwrap()
+                        .expect("a collective");
+                    assert_eq!(segments.len(), world);
+                    assert_eq!(segments[0].0, 0);
+                    for pair in segments.windows(2) {
+                        assert_eq!(pair[0].0 + pair[0].1, pair[1].0);
+                    }
+                    let (last_offset, last_count) = segments[world - 1];
+                    assert_eq!(last_offset + last_count, count);
+                }
+            }
         }
+        assert_eq!(twoshot_segments(&twoshot(1, 10, true)).unwrap(), None);
+        assert_eq!(twoshot_segments(&twoshot(3, 0, false)).unwrap(), None);
+    }
+
+    #[test]
+    fn plans_the_kernels_do_not_implement_are_refused() {
+        // A gather round that copies from the wrong rank.
+        let mut wrong_owner = twoshot(3, 12, true);
+        if let Op::PeerReduce { ranks, .. } = &mut wrong_owner.ranks[0][1].op {
+            *ranks = Ranks::only(2);
+        }
+        assert!(twoshot_segments(&wrong_owner).is_err());
+        // Step 0 reading the input of an in-place plan.
+        let mut wrong_source = twoshot(2, 12, true);
+        if let Op::PeerReduce { src, .. } = &mut wrong_source.ranks[1][0].op {
+            *src = BufKind::Input;
+        }
+        assert!(twoshot_segments(&wrong_source).is_err());
+        // A one-shot plan is not a two-shot plan, and the reverse.
+        let oneshot = OneShotSpec {
+            world: 2,
+            count: 12,
+            in_place: false,
+            op: ReduceOp::Sum,
+        }
+        .build()
+        .unwrap();
+        oneshot_layout(&oneshot).unwrap();
+        assert!(twoshot_segments(&oneshot).is_err());
+        assert!(oneshot_layout(&twoshot(2, 12, false)).is_err());
     }
 }
