@@ -58,25 +58,17 @@ fn every_collective_on_gpus_matches_the_host_reference() {
 /// but the plans, streams, events and kernels are the GPU executor's, at a world of 3).
 #[test]
 fn every_collective_with_three_ranks_on_one_gpu() {
-    let count = device::driver_available()
-        .and_then(|()| device::device_count())
-        .unwrap_or(0);
-    if count < 1 {
-        println!("waived: needs ≥ 1 GPU (found {count})");
+    let Some(devices) = three_ranks_on_one_gpu() else {
         return;
-    }
-    every_collective(&[0, 0, 0]);
+    };
+    every_collective(&devices);
 }
 
 /// Every collective on `devices` against the host reference; the send/recv exchange is between
 /// ranks 0 and 1.
 fn every_collective(devices: &[usize]) {
     let n = devices.len();
-    let config = CudaConfig {
-        allow_shared_device: devices.iter().skip(1).any(|&d| d == devices[0]),
-        ..CudaConfig::default()
-    };
-    let comm = Communicator::with_config(devices, config).unwrap();
+    let comm = communicator(devices);
     for count in [0, 1, 1009, (1 << 20) + 7] {
         // Reduce-scatter, out of place.
         let inputs: Vec<_> = (0..n)
@@ -340,11 +332,7 @@ fn reducing_collectives_of<T: ringreduce::Element>(
 
 fn reducing_collectives(devices: &[usize]) {
     use half::{bf16, f16};
-    let config = CudaConfig {
-        allow_shared_device: devices.iter().skip(1).any(|&d| d == devices[0]),
-        ..CudaConfig::default()
-    };
-    let comm = Communicator::with_config(devices, config).unwrap();
+    let comm = communicator(devices);
     for (count, offset) in [(1, 0), (7, 1), (1009, 3), (65_537, 0)] {
         reducing_collectives_of::<f16>(&comm, count, offset);
         reducing_collectives_of::<bf16>(&comm, count, offset);
@@ -370,12 +358,29 @@ fn reducing_collectives_every_type_and_op() {
 /// The same with three ranks sharing one GPU.
 #[test]
 fn reducing_collectives_every_type_and_op_three_ranks_on_one_gpu() {
+    let Some(devices) = three_ranks_on_one_gpu() else {
+        return;
+    };
+    reducing_collectives(&devices);
+}
+
+/// Three ranks on GPU 0, where there is a GPU (else `waived`).
+fn three_ranks_on_one_gpu() -> Option<[usize; 3]> {
     let count = device::driver_available()
         .and_then(|()| device::device_count())
         .unwrap_or(0);
     if count < 1 {
         println!("waived: needs ≥ 1 GPU (found {count})");
-        return;
+        return None;
     }
-    reducing_collectives(&[0, 0, 0]);
+    Some([0, 0, 0])
+}
+
+/// A communicator over `devices`, in the shared mode where a device repeats.
+fn communicator(devices: &[usize]) -> Communicator {
+    let config = CudaConfig {
+        allow_shared_device: devices.iter().skip(1).any(|&d| d == devices[0]),
+        ..CudaConfig::default()
+    };
+    Communicator::with_config(devices, config).unwrap()
 }
