@@ -177,23 +177,7 @@ fn print_comparison_of(
             };
             line += &format!(" | {:>w$}", text, w = o.len().max(11));
         }
-        for with_torch in [false, true] {
-            if with_torch && !torch {
-                continue;
-            }
-            for ip in [false, true] {
-                let c = candidates(
-                    report,
-                    nccl_labels,
-                    collective,
-                    ring.size_bytes,
-                    ip,
-                    Metric::Time,
-                    with_torch,
-                );
-                line += &format!(" | {}", cell(best(&c), metric_of(ring, ip, Metric::Time)));
-            }
-        }
+        line += &best_cells(report, nccl_labels, collective, ring, torch, Metric::Time);
         out!("{line}");
     }
     out!("#");
@@ -212,28 +196,47 @@ fn print_comparison_of(
     );
     for ring in &rings {
         let mut line = format!(" {:>11}", ring.size_bytes);
-        for with_torch in [false, true] {
-            if with_torch && !torch {
-                continue;
-            }
-            for ip in [false, true] {
-                let c = candidates(
-                    report,
-                    nccl_labels,
-                    collective,
-                    ring.size_bytes,
-                    ip,
-                    Metric::CallMedian,
-                    with_torch,
-                );
-                line += &format!(
-                    " | {}",
-                    cell(best(&c), metric_of(ring, ip, Metric::CallMedian))
-                );
-            }
-        }
+        line += &best_cells(
+            report,
+            nccl_labels,
+            collective,
+            ring,
+            torch,
+            Metric::CallMedian,
+        );
         out!("{line}");
     }
+}
+
+/// The "best NCCL" cells of one row (out of place, in place) and, with `torch`, the "best of
+/// all" cells, for `metric`: each the best competitor's ratio to `ring` and its name.
+fn best_cells(
+    report: &Report,
+    nccl_labels: &[String],
+    collective: BenchCollective,
+    ring: &Row,
+    torch: bool,
+    metric: Metric,
+) -> String {
+    let mut cells = String::new();
+    for with_torch in [false, true] {
+        if with_torch && !torch {
+            continue;
+        }
+        for ip in [false, true] {
+            let c = candidates(
+                report,
+                nccl_labels,
+                collective,
+                ring.size_bytes,
+                ip,
+                metric,
+                with_torch,
+            );
+            cells += &format!(" | {}", cell(best(&c), metric_of(ring, ip, metric)));
+        }
+    }
+    cells
 }
 
 /// Per random-size run: per band of the fixed sizes, the random calls' median and p99 against the
