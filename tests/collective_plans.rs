@@ -4,7 +4,8 @@
 
 use ringreduce::check::{check, find_instr, waited};
 use ringreduce::plan::{
-    BufKind, Collective, CollectiveSpec, EdgeTransport, Op, Phase, Plan, StreamKind, Transfer,
+    BufKind, Collective, CollectiveSpec, EdgeTransport, OneShotSpec, Op, Phase, Plan, Ranks,
+    StreamKind, Transfer,
 };
 use ringreduce::ReduceOp;
 
@@ -339,4 +340,145 @@ fn send_recv_finishing_before_the_push_is_caught() {
     src.buf = plan.buffer(rank, BufKind::SendBuf(3)).unwrap();
     broken.ranks[rank][i].op = Op::Copy { src, dst };
     rejects(&broken, "send buffer 3");
+}
+
+/// The one-shot form of `c` (every collective but send/recv), built and proven.
+fn oneshot(c: &Collective, world: usize, count: usize, in_place: bool, op: ReduceOp) -> Plan {
+    let spec = OneShotSpec {
+        world,
+        count,
+        in_place,
+        op,
+    };
+    let plan = spec
+        .build_collective(c)
+        .unwrap_or_else(|e| panic!("{c:?} world {world} count {count}: {e}"));
+    check(&plan).unwrap_or_else(|e| {
+        panic!("one-shot {c:?} world {world} count {count} in place {in_place}: {e}")
+    });
+    plan
+}
+
+#[test]
+fn every_one_shot_collective_is_proven_up_to_sixteen_ranks() {
+    for world in 1..=16 {
+        let counts: &[usize] = if world <= 6 {
+            &[0, 1, 2, 7, 13]
+        } else {
+            &[0, 1, 17]
+        };
+        for c in collectives(world) {
+            if matches!(c, Collective::SendRecv { .. }) {
+                continue;
+            }
+            for &count in counts {
+                for in_place in [false, true] {
+                    if in_place && !c.has_in_place() {
+                        continue;
+                    }
+                    for op in [ReduceOp::Sum, ReduceOp::Avg] {
+                        if op == ReduceOp::Avg && !c.reduces() {
+                            continue;
+                        }
+                        oneshot(&c, world, count, in_place, op);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn send_recv_has_no_one_shot_form() {
+    let spec = OneShotSpec {
+        world: 3,
+        count: 0,
+        in_place: false,
+        op: ReduceOp::Sum,
+    };
+    assert!(spec.build_collective(&pipeline(3, 4)).is_err());
+}
+
+/// Rank `rank`'s `k`-th peer reduce, for planting faults.
+fn meeting_mut(plan: &mut Plan, rank: usize, k: usize) -> &mut Op {
+    plan.ranks[rank]
+        .iter_mut()
+        .map(|i| &mut i.op)
+        .filter(|op| matches!(op, Op::PeerReduce { .. }))
+        .nth(k)
+        .expect("the rank has that many meetings")
+}
+
+#[test]
+fn one_shot_all_gather_copying_from_the_wrong_rank_is_caught() {
+    let mut plan = oneshot(&Collective::AllGather, 3, 4, false, ReduceOp::Sum);
+    if let Op::PeerReduce { ranks, .. } = meeting_mut(&mut plan, 0, 1) {
+        *ranks = Ranks::only(2); // block 1 filled from rank 2
+    }
+    rejects(&plan, "holds the contribution of rank(s) [2]");
+    // In place, a rank that copies its own block over itself from a peer.
+    let mut plan = oneshot(&Collective::AllGather, 3, 4, true, ReduceOp::Sum);
+    if let Op::PeerReduce { dst, .. } = meeting_mut(&mut plan, 1, 0) {
+        dst.offset = 4; // rank 1's own block, which rank 0 and 2 read
+    }
+    assert!(check(&plan).is_err());
+}
+
+#[test]
+fn one_shot_reduce_scatter_reading_the_wrong_block_is_caught() {
+    let mut plan = oneshot(&Collective::ReduceScatter, 3, 5, false, ReduceOp::Sum);
+    if let Op::PeerReduce { offset, .. } = meeting_mut(&mut plan, 2, 0) {
+        *offset = 0; // block 0 instead of block 2
+    }
+    rejects(&plan, "holds element");
+    // Summing only some ranks.
+    let mut plan = oneshot(&Collective::ReduceScatter, 3, 5, true, ReduceOp::Sum);
+    if let Op::PeerReduce { ranks, .. } = meeting_mut(&mut plan, 1, 0) {
+        *ranks = Ranks(0b011);
+    }
+    assert!(check(&plan).is_err());
+}
+
+#[test]
+fn one_shot_rank_that_skips_the_meeting_is_caught() {
+    // A non-root of the reduce that does not join: the root's barriers would never meet.
+    let plan = oneshot(&Collective::Reduce { root: 1 }, 3, 6, false, ReduceOp::Sum);
+    let broken = without(&plan, |r, ins| {
+        r == 2 && matches!(ins.op, Op::PeerReduce { .. })
+    });
+    rejects(&broken, "peer reduces");
+    // The broadcast root in place, rewriting its buffer (with its own values) while the
+    // others read it: a race, though every value stays the same.
+    let mut plan = oneshot(
+        &Collective::Broadcast { root: 0 },
+        2,
+        6,
+        true,
+        ReduceOp::Sum,
+    );
+    if let Op::PeerReduce { dst, count, .. } = meeting_mut(&mut plan, 0, 0) {
+        dst.count = 6;
+        *count = 6;
+    }
+    rejects(&plan, "data race");
+    // A rank writing into the root's buffer.
+    let mut plan = oneshot(
+        &Collective::Broadcast { root: 0 },
+        2,
+        6,
+        true,
+        ReduceOp::Sum,
+    );
+    let buf0 = plan.buffer(0, BufKind::Output).unwrap();
+    if let Op::PeerReduce { dst, .. } = meeting_mut(&mut plan, 1, 0) {
+        dst.buf = buf0;
+    }
+    rejects(&plan, "another rank's buffer");
+}
+
+#[test]
+fn one_shot_reduce_without_its_average_is_caught() {
+    let plan = oneshot(&Collective::Reduce { root: 2 }, 4, 6, true, ReduceOp::Avg);
+    let broken = without(&plan, |_, ins| matches!(ins.op, Op::Scale { .. }));
+    rejects(&broken, "averaged 0 times");
 }

@@ -7,7 +7,7 @@
 
 use ringreduce::plan::{Collective, Transfer};
 use ringreduce::verify::{compare, expected_value, input_value};
-use ringreduce::{Communicator, Element, Error, HostConfig, ReduceOp, Transport};
+use ringreduce::{Algorithm, Communicator, Element, Error, HostConfig, ReduceOp, Transport};
 
 /// A host buffer by address, for overlap tests: validation must refuse it before any use.
 struct Raw(*mut f32, usize);
@@ -37,6 +37,12 @@ const COUNTS: [usize; 5] = [0, 1, 7, 13, 1009];
 const WORLDS: std::ops::RangeInclusive<usize> = 1..=9;
 
 fn comm(world: usize) -> Communicator {
+    comm_running(world, Algorithm::Ring)
+}
+
+/// A host communicator whose collectives take `algorithm`'s form: the ring's (pushes) or the
+/// one-shot's (direct reads between two barriers; send/recv has only the ring's).
+fn comm_running(world: usize, algorithm: Algorithm) -> Communicator {
     // Small chunks and two slots: every block of the larger counts is many chunks, and slots are
     // reused within a call.
     Communicator::host_with(
@@ -44,6 +50,7 @@ fn comm(world: usize) -> Communicator {
         HostConfig {
             chunk_elems: 96,
             slots: 2,
+            algorithm,
             ..HostConfig::default()
         },
     )
@@ -228,8 +235,8 @@ fn send_recv<T: Element>(c: &Communicator, count: usize) {
 }
 
 fn every_collective<T: Element>() {
-    for n in WORLDS {
-        let c = comm(n);
+    for (n, algorithm) in WORLDS.flat_map(|n| [(n, Algorithm::Ring), (n, Algorithm::OneShot)]) {
+        let c = comm_running(n, algorithm);
         for count in COUNTS {
             for in_place in [false, true] {
                 for op in ReduceOp::ALL {
@@ -294,6 +301,31 @@ fn staged_edges_and_schedule_shaking_give_the_same_results() {
             }
             all_to_all::<i64>(&c, 13);
             send_recv::<u32>(&c, 13);
+            c.close().unwrap();
+        }
+    }
+}
+
+#[test]
+fn one_shot_forms_under_schedule_shaking_give_the_same_results() {
+    for seed in 0..3 {
+        for n in [2, 3, 5] {
+            let c = Communicator::host_with(
+                n,
+                HostConfig {
+                    algorithm: Algorithm::OneShot,
+                    delay_seed: Some(seed),
+                    ..HostConfig::default()
+                },
+            )
+            .unwrap();
+            for in_place in [false, true] {
+                reduce_scatter::<i32>(&c, ReduceOp::Sum, 13, in_place);
+                all_gather::<f32>(&c, 13, in_place);
+                broadcast::<u8>(&c, n - 1, 13, in_place);
+                reduce::<f64>(&c, ReduceOp::Avg, 1, 13, in_place);
+            }
+            all_to_all::<i64>(&c, 13);
             c.close().unwrap();
         }
     }

@@ -97,6 +97,62 @@ impl Algorithm {
     }
 }
 
+/// The most bytes that cross one rank's links in a one-shot collective other than the
+/// all-reduce for which [`Algorithm::Auto`] runs the one-shot (the ring above it): `(n − 1)` ×
+/// the collective's count in bytes, which each rank reads (reduce-scatter, all-gather,
+/// all-to-all, the reduce's root) or serves (the broadcast's root). Provisional, not yet
+/// measured per collective: set where the all-reduce's measurements make the one-shot the clear
+/// winner. On 2×H200 the all-reduce one-shot out of place, reading 4 MiB from its peer, took
+/// 22.2 µs (docs/PERFORMANCE.md, run da93a79) against NCCL's best 26.4, while a copy-engine
+/// plan pays ~20 µs of chained copies and cross-GPU events before its bytes count; the ring's
+/// collectives move no more bytes than the one-shot's, so the one-shot is ahead up to here.
+pub const COLLECTIVE_ONESHOT_AUTO_MAX_BYTES: usize = 4 << 20;
+
+impl Algorithm {
+    /// The algorithm that runs `collective` for a count of `count_bytes` (NCCL's count times the
+    /// element size) over `world` ranks — the one rule for every collective. The all-reduce
+    /// follows [`Algorithm::choose`]. The others have two forms: the ring's (copy engines,
+    /// [`crate::plan::CollectiveSpec`]) and the one-shot's (SM kernels reading peer memory,
+    /// [`crate::plan::OneShotSpec::build_collective`]); the two-shot is an all-reduce only, so
+    /// forcing it (or the one-shot) runs the one-shot form. Send/recv has only the ring's form.
+    /// `Auto` takes the one-shot up to [`COLLECTIVE_ONESHOT_AUTO_MAX_BYTES`] crossing a rank's
+    /// links; in deterministic mode with more than two ranks the reducing collectives always take
+    /// the one-shot (it folds in rank order; the ring's reduce-scatter and reduce chain do not).
+    pub fn choose_for(
+        self,
+        collective: &crate::plan::Collective,
+        count_bytes: usize,
+        world: usize,
+        in_place: bool,
+        peers_ok: bool,
+        deterministic: bool,
+    ) -> Algorithm {
+        use crate::plan::Collective;
+        match collective {
+            Collective::AllReduce => {
+                return self.choose(count_bytes, world, in_place, peers_ok, deterministic)
+            }
+            Collective::SendRecv { .. } => return Algorithm::Ring,
+            _ => {}
+        }
+        match self {
+            Algorithm::Ring => Algorithm::Ring,
+            Algorithm::OneShot | Algorithm::TwoShot => Algorithm::OneShot,
+            Algorithm::Auto if world > 1 && peers_ok => {
+                let crossing = count_bytes.saturating_mul(world - 1);
+                let ordered =
+                    deterministic && deterministic_needs_peers(world) && collective.reduces();
+                if ordered || crossing <= COLLECTIVE_ONESHOT_AUTO_MAX_BYTES {
+                    Algorithm::OneShot
+                } else {
+                    Algorithm::Ring
+                }
+            }
+            Algorithm::Auto => Algorithm::Ring,
+        }
+    }
+}
+
 /// Whether a communicator of `world` ranks with `algorithm` can keep the deterministic promise:
 /// an error naming why not, for [`crate::Communicator`]'s constructors.
 pub(crate) fn check_deterministic(

@@ -123,6 +123,20 @@ impl Shape {
         Ok(plan)
     }
 
+    /// Builds the one-shot plan of a collective other than the all-reduce over `world` ranks
+    /// ([`OneShotSpec::build_collective`]) and proves it with the checker.
+    pub(crate) fn checked_oneshot_collective_plan(&self, world: usize) -> Result<Plan> {
+        let plan = OneShotSpec {
+            world,
+            count: self.count,
+            in_place: self.in_place,
+            op: self.plan_op(),
+        }
+        .build_collective(&self.collective)?;
+        crate::check::check(&plan)?;
+        Ok(plan)
+    }
+
     /// Builds the two-shot plan for this shape over `world` ranks (segments aligned to
     /// `align_elems`) and proves it with the checker.
     pub(crate) fn checked_twoshot_plan(&self, world: usize, align_elems: usize) -> Result<Plan> {

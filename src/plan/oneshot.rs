@@ -1,4 +1,39 @@
-//! The one-shot all-reduce plan: one [`Op::PeerReduce`] per rank (module doc of [`crate::plan`]).
+//! The one-shot plans: every collective as direct reads of the other ranks' buffers, between
+//! one start and one end barrier — the algorithm for small messages, where the copy-engine
+//! chain's fixed cost (copies, kernels and cross-GPU events, ~20 µs) outweighs the bytes.
+//!
+//! Each rank's work is a list of [`Op::PeerReduce`] meetings on its Main stream: a *fold* reads
+//! one range from every rank and combines them in rank order; a *copy* reads one range from one
+//! rank. Block `j` of a world·count buffer is elements `j·count..(j+1)·count`
+//! ([`Collective`]'s table); in place, the caller's buffer is both source and destination.
+//!
+//! | collective      | rank r's meetings, in order                                     | + |
+//! |-----------------|-----------------------------------------------------------------|---|
+//! | all-reduce      | out_r = fold over q of src_q                                    | Avg: scale |
+//! | reduce-scatter  | out_r = fold over q of block r of src_q                         | Avg: scale |
+//! | all-gather      | for k in 0..n: j = (r + k) mod n, block j of out_r = copy src_j  | in place: k ≥ 1 |
+//! | broadcast(root) | out_r = copy src_root                                           | in place root: joins only |
+//! | reduce(root)    | root: out = fold over q of src_q; others join only               | Avg: scale |
+//! | all-to-all      | for k in 0..n: j = (r + k) mod n, block j of out_r = copy block r of src_j | |
+//!
+//! `src` is the input out of place and the buffer itself in place (an in-place all-gather's
+//! input is its own block; an in-place reduce-scatter writes its own block). A rank that
+//! "joins only" holds a meeting that moves nothing (zero elements of its own buffer): it still
+//! signals at both barriers, so that the others know its buffer is ready, and that nobody reads
+//! it any more when its call completes. Starting each rank's list at its own index (`(r + k)
+//! mod n`, [`gather_from`]) spreads the ranks' reads over different peers at once.
+//!
+//! In place, no rank writes what another reads in any meeting: the all-gather writes block j ≠ r
+//! of its own buffer and everyone reads only block j of rank j; the reduce-scatter writes block r
+//! of its own buffer, which only it reads (element by element, each read before it is written);
+//! the broadcast and the reduce write only at ranks nobody reads (non-roots; the root, which
+//! reads itself element by element). So on GPUs all of a rank's meetings run in one kernel
+//! between one start and one end barrier (`cuda/peer_kernels.cuh`, `rr_steps`), and the checker
+//! proves each meeting as if it had barriers of its own.
+//!
+//! # The all-reduce
+//!
+//! One [`Op::PeerReduce`] per rank (module doc of [`crate::plan`]):
 //!
 //! ```text
 //!   out of place, rank r (Main stream)         in place, rank r (Main stream)
@@ -15,7 +50,9 @@
 //! rank moves on — to the caller's next kernel, or to the next call's copy into the same exposed
 //! buffer. The checker ([`crate::check`]) proves both.
 
-use super::{BufId, BufKind, BufferDecl, Instr, Op, Phase, Plan, Ranks, Region, StreamKind, Tag};
+use super::{
+    BufId, BufKind, BufferDecl, Collective, Instr, Op, Phase, Plan, Ranks, Region, StreamKind, Tag,
+};
 use crate::element::ReduceOp;
 use crate::error::{Error, Result};
 
@@ -104,6 +141,191 @@ impl OneShotSpec {
                 .collect();
         }
         Ok(plan)
+    }
+}
+
+/// The rank whose block rank `rank` reads at position `k` of its all-gather or all-to-all list.
+pub fn gather_from(rank: usize, k: usize, world: usize) -> usize {
+    (rank + k) % world
+}
+
+impl OneShotSpec {
+    /// Compiles the one-shot form of `collective` (the table in the module doc; `count` is the
+    /// collective's count). World 1 is a copy out of place and nothing in place; count 0 is an
+    /// empty plan. Send/recv has no one-shot form (its ranks do not all take part).
+    pub fn build_collective(&self, collective: &Collective) -> Result<Plan> {
+        if *collective == Collective::AllReduce {
+            return self.build();
+        }
+        let (n, count, in_place) = (self.world, self.count, self.in_place);
+        if n == 0 || n > 64 {
+            return Err(Error::InvalidArgument(format!(
+                "a one-shot plan needs 1 to 64 ranks (got {n})"
+            )));
+        }
+        collective.validate(n)?;
+        if matches!(collective, Collective::SendRecv { .. })
+            || in_place && !collective.has_in_place()
+        {
+            return Err(Error::InvalidArgument(format!(
+                "{} has no one-shot form{}",
+                collective.name(),
+                if in_place { " in place" } else { "" }
+            )));
+        }
+        let average = self.op == ReduceOp::Avg && collective.reduces() && n > 1;
+        let mut plan = Plan {
+            collective: collective.clone(),
+            world: n,
+            count,
+            in_place,
+            average,
+            buffers: Vec::new(),
+            events: Vec::new(),
+            ranks: vec![Vec::new(); n],
+        };
+        for rank in 0..n {
+            if in_place {
+                declare(
+                    &mut plan,
+                    rank,
+                    BufKind::Output,
+                    collective.in_place_len(n, count),
+                );
+            } else {
+                if let Some(len) = collective.input_len(rank, n, count) {
+                    declare(&mut plan, rank, BufKind::Input, len);
+                }
+                if let Some(len) = collective.output_len(rank, n, count) {
+                    declare(&mut plan, rank, BufKind::Output, len);
+                }
+            }
+        }
+        let src = if in_place {
+            BufKind::Output
+        } else {
+            BufKind::Input
+        };
+        for rank in 0..n {
+            let ops = if count == 0 {
+                Vec::new()
+            } else if n == 1 {
+                local_copy(&plan, rank)
+            } else {
+                self.meetings(&plan, collective, rank, src)
+            };
+            plan.ranks[rank] = ops
+                .into_iter()
+                .map(|op| Instr {
+                    stream: StreamKind::Main,
+                    op,
+                    tag: TAG,
+                })
+                .collect();
+        }
+        Ok(plan)
+    }
+
+    /// Rank `rank`'s meetings (and `Avg` scaling) for `collective` over two or more ranks.
+    fn meetings(&self, plan: &Plan, collective: &Collective, rank: usize, src: BufKind) -> Vec<Op> {
+        let (n, count) = (self.world, self.count);
+        let own = |kind: BufKind| plan.buffer(rank, kind).expect("declared");
+        let region = |buf: BufId, offset: usize| Region { buf, offset, count };
+        let read = |dst: Region, offset: usize, ranks: Ranks| Op::PeerReduce {
+            dst,
+            src,
+            offset,
+            count,
+            ranks,
+        };
+        // A meeting that moves nothing: zero elements of the rank's own source.
+        let join = || Op::PeerReduce {
+            dst: Region {
+                buf: own(src),
+                offset: 0,
+                count: 0,
+            },
+            src,
+            offset: 0,
+            count: 0,
+            ranks: Ranks::only(rank),
+        };
+        let mut ops = Vec::new();
+        match *collective {
+            Collective::ReduceScatter => {
+                let at = if self.in_place { rank * count } else { 0 };
+                let dst = region(own(BufKind::Output), at);
+                ops.push(read(dst, rank * count, Ranks::ALL));
+            }
+            Collective::AllGather => {
+                for k in 0..n {
+                    let j = gather_from(rank, k, n);
+                    if !(self.in_place && j == rank) {
+                        let from = if self.in_place { j * count } else { 0 };
+                        ops.push(read(
+                            region(own(BufKind::Output), j * count),
+                            from,
+                            Ranks::only(j),
+                        ));
+                    }
+                }
+            }
+            Collective::Broadcast { root } => {
+                if self.in_place && rank == root {
+                    ops.push(join());
+                } else {
+                    ops.push(read(region(own(BufKind::Output), 0), 0, Ranks::only(root)));
+                }
+            }
+            Collective::Reduce { root } => {
+                if rank == root {
+                    ops.push(read(region(own(BufKind::Output), 0), 0, Ranks::ALL));
+                } else {
+                    ops.push(join());
+                }
+            }
+            Collective::AllToAll => {
+                for k in 0..n {
+                    let j = gather_from(rank, k, n);
+                    ops.push(read(
+                        region(own(BufKind::Output), j * count),
+                        rank * count,
+                        Ranks::only(j),
+                    ));
+                }
+            }
+            Collective::AllReduce | Collective::SendRecv { .. } => {
+                unreachable!("handled by build_collective")
+            }
+        }
+        let written = match ops.first() {
+            Some(&Op::PeerReduce { dst, .. }) if plan.average && dst.count > 0 => Some(dst),
+            _ => None,
+        };
+        if let Some(region) = written {
+            ops.push(Op::Scale { region });
+        }
+        ops
+    }
+}
+
+/// One rank's whole work at world 1, out of place: its input copied into its output (the
+/// lengths agree at world 1); nothing in place.
+fn local_copy(plan: &Plan, rank: usize) -> Vec<Op> {
+    let whole = |buf: BufId| Region {
+        buf,
+        offset: 0,
+        count: plan.decl(buf).len,
+    };
+    match (
+        plan.buffer(rank, BufKind::Input),
+        plan.buffer(rank, BufKind::Output),
+    ) {
+        (Some(input), Some(output)) => vec![Op::Copy {
+            src: whole(input),
+            dst: whole(output),
+        }],
+        _ => Vec::new(),
     }
 }
 

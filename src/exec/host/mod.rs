@@ -286,7 +286,19 @@ impl HostExecutor {
         let transports = vec![self.config.transport.on_host(); self.world];
         let (chunk, slots) = (self.config.chunk_elems, self.config.slots);
         let plan = if shape.collective != Collective::AllReduce {
-            shape.checked_collective_plan(chunk, slots, 1, transports)?
+            let algorithm = self.config.algorithm.choose_for(
+                &shape.collective,
+                bytes,
+                self.world,
+                shape.in_place,
+                true,
+                self.config.deterministic,
+            );
+            if algorithm == Algorithm::OneShot {
+                shape.checked_oneshot_collective_plan(self.world)?
+            } else {
+                shape.checked_collective_plan(chunk, slots, 1, transports)?
+            }
         } else {
             match self.config.algorithm.choose(
                 bytes,

@@ -254,8 +254,8 @@ impl CudaExecutor {
         let peer = setup_peer_kernels(&ranks, config.transport)?;
         if config.algorithm.reads_peers() && peer.is_none() {
             return Err(Error::InvalidArgument(format!(
-                "Algorithm::{:?} needs 2 to {PEER_MAX_RANKS} ranks on distinct GPUs that all \
-                 reach each other over peer access, and a transport other than Staged",
+                "Algorithm::{:?} needs 2 to {PEER_MAX_RANKS} ranks on GPUs that all reach each \
+                 other over peer access, and a transport other than Staged",
                 config.algorithm
             )));
         }

@@ -85,20 +85,18 @@ impl PeerKernelState {
 
 /// Makes the peer kernels' flags and error words, after enabling peer access between every pair
 /// of GPUs (each rank's kernel reads every rank's memory). `None` where they cannot run:
-/// one rank, more than [`PEER_MAX_RANKS`], forced staging, two ranks on one GPU, or a pair
-/// without peer access.
+/// one rank, more than [`PEER_MAX_RANKS`], forced staging, or a pair of GPUs without peer access.
+///
+/// Ranks that share a GPU (the test-only shared mode) run their kernels side by side on it, and
+/// a block spinning for a partner block that has no SM would wait until the timeout: so the grid
+/// cap is each GPU's SM count divided by the ranks on it (one block fits per SM), the smallest
+/// over the GPUs, which keeps every block of every rank resident at once.
 pub(super) fn setup_peer_kernels(
     ranks: &[Arc<RankRes>],
     transport: Transport,
 ) -> Result<Option<Arc<PeerKernelState>>> {
     let n = ranks.len();
     if !(2..=PEER_MAX_RANKS).contains(&n) || transport == Transport::Staged {
-        return Ok(None);
-    }
-    // Two ranks on one GPU (the test-only shared mode) would need both grids resident on one
-    // device at once; a block of one spinning for a block of the other that has no SM is a
-    // deadlock until the timeout. The peer kernels are for distinct GPUs.
-    if (1..n).any(|i| ranks[..i].iter().any(|r| r.device == ranks[i].device)) {
         return Ok(None);
     }
     for a in ranks {
@@ -132,7 +130,10 @@ pub(super) fn setup_peer_kernels(
     let sm_counts = device::devices()?;
     let max_blocks = ranks
         .iter()
-        .filter_map(|r| sm_counts.get(r.device).map(|d| d.sm_count))
+        .map(|r| {
+            let sharing = ranks.iter().filter(|o| o.device == r.device).count() as u32;
+            sm_counts.get(r.device).map_or(1, |d| d.sm_count) / sharing
+        })
         .min()
         .unwrap_or(1)
         .max(1);
