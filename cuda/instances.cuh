@@ -7,11 +7,12 @@
 
 // ---------------------------------------------------------------------------------------------
 // The exported kernels: 4 operators x 10 types of pairwise reduce, of one-shot and of two-shot
-// all-reduce, one scale kernel per type, and the two handoff kernels (at the end).
-// RR_REDUCE(symbol, op, type), RR_ONESHOT(symbol, op, type), RR_TWOSHOT(symbol, op, type) and
-// RR_SCALE(symbol, type): the symbol is written out in
-// full and must read rr_reduce_<op>_<type> / rr_oneshot_<op>_<type> / rr_twoshot_<op>_<type> /
-// rr_scale_<type> (checked by the tests in src/exec/cuda/kernels/mod.rs).
+// all-reduce and of the other collectives' one-shot steps, one scale kernel per type, and the
+// two handoff kernels (at the end). RR_REDUCE(symbol, op, type), RR_ONESHOT(symbol, op, type),
+// RR_TWOSHOT(symbol, op, type), RR_STEPS(symbol, op, type) and RR_SCALE(symbol, type): the
+// symbol is written out in full and must read rr_reduce_<op>_<type> / rr_oneshot_<op>_<type> /
+// rr_twoshot_<op>_<type> / rr_steps_<op>_<type> / rr_scale_<type> (checked by the tests in
+// src/exec/cuda/kernels/mod.rs).
 // ---------------------------------------------------------------------------------------------
 #define RR_REDUCE(symbol, op, type)                                                          \
     extern "C" __global__ void symbol(type::T* dst, const type::T* a, const type::T* b,     \
@@ -39,6 +40,14 @@
         symbol(rr_peers peers, rr_twoshot_segs segs, unsigned world, unsigned rank,          \
                unsigned long long timeout_ns, unsigned* error) {                             \
         rr_twoshot_kernel<type, rr_op_##op>(peers, segs, world, rank, timeout_ns, error);    \
+    }
+
+#define RR_STEPS(symbol, op, type)                                                           \
+    extern "C" __global__ void __launch_bounds__(RR_PEER_THREADS, 1)                       \
+        symbol(rr_peers peers, rr_steps steps, unsigned world, unsigned rank,                \
+               unsigned long long count, unsigned long long timeout_ns, unsigned* error) {   \
+        rr_steps_kernel<type, rr_op_##op>(peers, steps, world, rank, count, timeout_ns,      \
+                                          error);                                            \
     }
 
 RR_REDUCE(rr_reduce_sum_f16, sum, rr_f16)
@@ -180,6 +189,47 @@ RR_TWOSHOT(rr_twoshot_max_i32, max, rr_i32)
 RR_TWOSHOT(rr_twoshot_max_u32, max, rr_u32)
 RR_TWOSHOT(rr_twoshot_max_i64, max, rr_i64)
 RR_TWOSHOT(rr_twoshot_max_u64, max, rr_u64)
+
+RR_STEPS(rr_steps_sum_f16, sum, rr_f16)
+RR_STEPS(rr_steps_sum_bf16, sum, rr_bf16)
+RR_STEPS(rr_steps_sum_f32, sum, rr_f32)
+RR_STEPS(rr_steps_sum_f64, sum, rr_f64)
+RR_STEPS(rr_steps_sum_i8, sum, rr_i8)
+RR_STEPS(rr_steps_sum_u8, sum, rr_u8)
+RR_STEPS(rr_steps_sum_i32, sum, rr_i32)
+RR_STEPS(rr_steps_sum_u32, sum, rr_u32)
+RR_STEPS(rr_steps_sum_i64, sum, rr_i64)
+RR_STEPS(rr_steps_sum_u64, sum, rr_u64)
+RR_STEPS(rr_steps_prod_f16, prod, rr_f16)
+RR_STEPS(rr_steps_prod_bf16, prod, rr_bf16)
+RR_STEPS(rr_steps_prod_f32, prod, rr_f32)
+RR_STEPS(rr_steps_prod_f64, prod, rr_f64)
+RR_STEPS(rr_steps_prod_i8, prod, rr_i8)
+RR_STEPS(rr_steps_prod_u8, prod, rr_u8)
+RR_STEPS(rr_steps_prod_i32, prod, rr_i32)
+RR_STEPS(rr_steps_prod_u32, prod, rr_u32)
+RR_STEPS(rr_steps_prod_i64, prod, rr_i64)
+RR_STEPS(rr_steps_prod_u64, prod, rr_u64)
+RR_STEPS(rr_steps_min_f16, min, rr_f16)
+RR_STEPS(rr_steps_min_bf16, min, rr_bf16)
+RR_STEPS(rr_steps_min_f32, min, rr_f32)
+RR_STEPS(rr_steps_min_f64, min, rr_f64)
+RR_STEPS(rr_steps_min_i8, min, rr_i8)
+RR_STEPS(rr_steps_min_u8, min, rr_u8)
+RR_STEPS(rr_steps_min_i32, min, rr_i32)
+RR_STEPS(rr_steps_min_u32, min, rr_u32)
+RR_STEPS(rr_steps_min_i64, min, rr_i64)
+RR_STEPS(rr_steps_min_u64, min, rr_u64)
+RR_STEPS(rr_steps_max_f16, max, rr_f16)
+RR_STEPS(rr_steps_max_bf16, max, rr_bf16)
+RR_STEPS(rr_steps_max_f32, max, rr_f32)
+RR_STEPS(rr_steps_max_f64, max, rr_f64)
+RR_STEPS(rr_steps_max_i8, max, rr_i8)
+RR_STEPS(rr_steps_max_u8, max, rr_u8)
+RR_STEPS(rr_steps_max_i32, max, rr_i32)
+RR_STEPS(rr_steps_max_u32, max, rr_u32)
+RR_STEPS(rr_steps_max_i64, max, rr_i64)
+RR_STEPS(rr_steps_max_u64, max, rr_u64)
 
 // The handoff kernels of captured rings (handoff.cuh).
 extern "C" __global__ void rr_handoff_signal(unsigned* sent, unsigned* mailbox) {

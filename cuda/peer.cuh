@@ -62,14 +62,15 @@
 #define RR_PEER_ERR_LAUNCH 3u
 #define RR_PEER_ERR_MIDDLE 4u
 
-// Barrier phases (the flag array's first index): a barrier's place in its kernel. Both kernels
-// start at phase 0; the one-shot ends at phase 1; the two-shot meets at phase 1 between its
-// reduce and its gather, and ends at phase 2. A word is written at most once per call, and calls
+// Barrier phases (the flag array's first index): a barrier's place in its kernel. Every kernel
+// starts at phase 0; the one-shot and the steps kernel end at phase 1; the two-shot meets at
+// phase 1 between its reduce and its gather, and ends at phase 2. A word is written at most once per call, and calls
 // of either kind share the flags and the epochs.
 #define RR_PHASE_START 0u
 #define RR_ONESHOT_PHASE_END 1u
 #define RR_TWOSHOT_PHASE_MIDDLE 1u
 #define RR_TWOSHOT_PHASE_END 2u
+#define RR_STEPS_PHASE_END 1u
 #define RR_PEER_PHASES 3
 // Where the per-block epochs start in a rank's flag array, and the array's length in words.
 #define RR_PEER_EPOCH_BASE 3072

@@ -1,5 +1,6 @@
-// Part 4 of the kernel source of ringreduce: the bodies of the peer kernels, the one-shot and
-// the two-shot all-reduce, built from the pieces of peer.cuh.
+// Part 4 of the kernel source of ringreduce: the bodies of the peer kernels — the one-shot and
+// the two-shot all-reduce, and the one-shot steps of every other collective — built from the
+// pieces of peer.cuh.
 //
 // Joined into one translation unit by build.rs, in this order: types.cuh, reduce.cuh, peer.cuh,
 // peer_kernels.cuh, handoff.cuh, instances.cuh (build.rs: PARTS). No part includes another:
@@ -150,5 +151,92 @@ static __device__ __forceinline__ void rr_twoshot_kernel(const rr_peers& peers,
                          segs.len[q]);
     }
     rr_peer_barrier(flags, world, rank, RR_TWOSHOT_PHASE_END, RR_PEER_ERR_END, false, &epoch,
+                    deadline, error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The one-shot form of every other collective (src/plan/oneshot.rs): a list of steps between one
+// start and one end barrier. A step is a fold (dst = src[0] ⊕ ... ⊕ src[world - 1], in rank
+// order) or a copy (dst = src[from]); every step moves `count` elements.
+//
+// Kernel parameter: the steps of this rank. src[s][r] is step s's source in rank r's memory (a
+// copy reads src[s][from[s]] only), dst[s] its destination in this rank's memory.
+// At most one step per rank (an all-gather or all-to-all reads every rank once): RR_PEER_MAX_RANKS.
+#define RR_STEPS_MAX 8
+#define RR_STEP_FOLD 0xffffffffu
+struct rr_steps {
+    const void* src[RR_STEPS_MAX][RR_PEER_MAX_RANKS];
+    void* dst[RR_STEPS_MAX];
+    unsigned from[RR_STEPS_MAX];
+    unsigned steps;
+};
+
+// A rr_peers whose every source is `p`: the split of a copy from one rank (rr_peer_split then
+// sees one offset within 16 bytes).
+static __device__ __forceinline__ rr_peers rr_peers_all(const rr_peers& peers, const void* p) {
+    rr_peers one = peers;
+#pragma unroll
+    for (unsigned r = 0; r < RR_PEER_MAX_RANKS; ++r) {
+        one.src[r] = p;
+    }
+    return one;
+}
+
+// rr_steps_<op>_<type>(rr_peers peers, rr_steps steps, unsigned world, unsigned rank,
+//                      unsigned long long count, unsigned long long timeout_ns, unsigned* error)
+// Purpose: this rank's part of a one-shot reduce-scatter, all-gather, broadcast, reduce or
+//   all-to-all: start barrier; each step in order (a fold over every rank's src[s][r], or a
+//   copy of src[s][from[s]]) into dst[s]; end barrier. A rank with no step (a reduce's non-root,
+//   an in-place broadcast's root) only takes part in the barriers.
+// Assumptions: as rr_oneshot_<op>_<type> for world, rank, the grid (every rank launches the
+//   grid of `count`, whatever its steps), peers.flags, timeout and error; peers.src is unused.
+//   steps.steps <= RR_STEPS_MAX (else code 3). No step writes what any step of any rank reads,
+//   except a fold whose dst is exactly this rank's own source of that step (read element by
+//   element before it is written, by the same thread): the planner's invariant, verified by
+//   the executor before launch (steps_layout in src/exec/cuda/executor/peer.rs). So the steps
+//   need no barrier between them; sources are ready at the start barrier (written before their
+//   rank's kernel started) and nobody reads them after the end barrier. Nothing here depends on
+//   which block handles which index, so a rank's steps may differ from its peers'.
+// Why it is fast: one launch per rank and two barriers whatever the collective; every byte read
+//   once over NVLink (or locally) and written once, with the one-shot's 16-byte vector loads.
+// ---------------------------------------------------------------------------------------------
+template <class D, class Op>
+static __device__ __forceinline__ void rr_steps_kernel(const rr_peers& peers,
+                                                       const rr_steps& steps, unsigned world,
+                                                       unsigned rank, rr_ull count,
+                                                       rr_ull timeout_ns, unsigned* error) {
+    typedef typename D::T T;
+    __shared__ unsigned* flags[RR_PEER_MAX_RANKS];
+    __shared__ unsigned epoch;
+    if (steps.steps > RR_STEPS_MAX) {
+        if (threadIdx.x == 0) {
+            rr_st_relaxed_sys(error, RR_PEER_ERR_LAUNCH);
+        }
+        return;
+    }
+    if (!rr_peer_begin(peers, world, rank, error, flags, &epoch)) {
+        return;
+    }
+    const rr_ull deadline = rr_deadline(timeout_ns);
+    if (!rr_peer_barrier(flags, world, rank, RR_PHASE_START, RR_PEER_ERR_START, true, &epoch,
+                         deadline, error)) {
+        return;  // a peer is missing: read nothing of it
+    }
+    for (unsigned s = 0; s < steps.steps; ++s) {
+        T* dst = static_cast<T*>(steps.dst[s]);
+        if (steps.from[s] == RR_STEP_FOLD) {
+            rr_peers sources = peers;
+#pragma unroll
+            for (unsigned r = 0; r < RR_PEER_MAX_RANKS; ++r) {
+                sources.src[r] = steps.src[s][r];
+            }
+            rr_peer_reduce_body<D, Op>(sources, world, dst, count);
+        } else {
+            const T* from = static_cast<const T*>(steps.src[s][steps.from[s]]);
+            const rr_peer_split<T> split(rr_peers_all(peers, from), world, count);
+            rr_split_copy<T>(split, from, dst, count);
+        }
+    }
+    rr_peer_barrier(flags, world, rank, RR_STEPS_PHASE_END, RR_PEER_ERR_END, false, &epoch,
                     deadline, error);
 }

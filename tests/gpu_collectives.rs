@@ -6,7 +6,7 @@
 use common::two_gpus;
 use ringreduce::device;
 use ringreduce::verify::{compare, expected_value, input_value};
-use ringreduce::{Communicator, CudaConfig, Error, GpuBuffer, ReduceOp};
+use ringreduce::{Algorithm, Communicator, CudaConfig, Error, GpuBuffer, ReduceOp};
 
 mod common;
 
@@ -46,8 +46,9 @@ fn bad_collective_calls_are_refused_on_gpus() {
     comm.close().unwrap();
 }
 
-/// Every collective on 2 GPUs (both placements where NCCL has them), against the host
-/// reference, at counts 0, 1, a prime and 1 Mi + 7.
+/// Every collective on 2 GPUs (both placements where NCCL has them), in both forms — the
+/// ring's (copy engines) and the one-shot's (SM kernels reading peer memory; send/recv has only
+/// the ring's) — against the host reference, at counts 0, 1, a prime and 1 Mi + 7.
 #[test]
 fn every_collective_on_gpus_matches_the_host_reference() {
     let Some(devices) = two_gpus() else { return };
@@ -64,11 +65,17 @@ fn every_collective_with_three_ranks_on_one_gpu() {
     every_collective(&devices);
 }
 
-/// Every collective on `devices` against the host reference; the send/recv exchange is between
-/// ranks 0 and 1.
+/// Every collective on `devices` against the host reference, in the ring's and the one-shot's
+/// form; the send/recv exchange is between ranks 0 and 1.
 fn every_collective(devices: &[usize]) {
+    for algorithm in [Algorithm::Ring, Algorithm::OneShot] {
+        every_collective_in(devices, algorithm);
+    }
+}
+
+fn every_collective_in(devices: &[usize], algorithm: Algorithm) {
     let n = devices.len();
-    let comm = communicator(devices);
+    let comm = communicator(devices, algorithm);
     for count in [0, 1, 1009, (1 << 20) + 7] {
         // Reduce-scatter, out of place.
         let inputs: Vec<_> = (0..n)
@@ -84,7 +91,10 @@ fn every_collective(devices: &[usize]) {
                 .map(|k| expected_value(ReduceOp::Sum, n, r * count + k))
                 .collect();
             let (wrong, first) = compare(r, &out.to_host().unwrap(), &want, 4);
-            assert_eq!(wrong, 0, "reduce-scatter count {count}: {first:?}");
+            assert_eq!(
+                wrong, 0,
+                "reduce-scatter count {count} {algorithm:?}: {first:?}"
+            );
         }
         // All-gather, in place.
         let mut bufs: Vec<_> = (0..n)
@@ -98,7 +108,10 @@ fn every_collective(devices: &[usize]) {
         let want: Vec<f32> = (0..n).flat_map(|j| input(j, count)).collect();
         for (r, b) in bufs.iter().enumerate() {
             let (wrong, first) = compare(r, &b.to_host().unwrap(), &want, 4);
-            assert_eq!(wrong, 0, "all-gather count {count}: {first:?}");
+            assert_eq!(
+                wrong, 0,
+                "all-gather count {count} {algorithm:?}: {first:?}"
+            );
         }
         // Broadcast from the last rank, reduce (avg) into rank 0, all-to-all.
         let mut outs: Vec<_> = (0..n)
@@ -108,7 +121,7 @@ fn every_collective(devices: &[usize]) {
             .unwrap();
         for (r, b) in outs.iter().enumerate() {
             let (wrong, first) = compare(r, &b.to_host().unwrap(), &input(n - 1, count), 4);
-            assert_eq!(wrong, 0, "broadcast count {count}: {first:?}");
+            assert_eq!(wrong, 0, "broadcast count {count} {algorithm:?}: {first:?}");
         }
         let inputs: Vec<_> = (0..n).map(|r| gpu(devices[r], &input(r, count))).collect();
         let mut out = gpu(devices[0], &vec![77.0; count]);
@@ -117,7 +130,7 @@ fn every_collective(devices: &[usize]) {
             .map(|k| expected_value(ReduceOp::Avg, n, k))
             .collect();
         let (wrong, first) = compare(0, &out.to_host().unwrap(), &want, 4);
-        assert_eq!(wrong, 0, "reduce count {count}: {first:?}");
+        assert_eq!(wrong, 0, "reduce count {count} {algorithm:?}: {first:?}");
         let inputs: Vec<_> = (0..n)
             .map(|r| gpu(devices[r], &input(r, n * count)))
             .collect();
@@ -130,7 +143,10 @@ fn every_collective(devices: &[usize]) {
                 .flat_map(|j| (0..count).map(move |k| input_value(ReduceOp::Sum, j, r * count + k)))
                 .collect();
             let (wrong, first) = compare(r, &b.to_host().unwrap(), &want, 4);
-            assert_eq!(wrong, 0, "all-to-all count {count}: {first:?}");
+            assert_eq!(
+                wrong, 0,
+                "all-to-all count {count} {algorithm:?}: {first:?}"
+            );
         }
         // Reduce-scatter in place: the result is block r of each rank's buffer.
         let mut bufs: Vec<_> = (0..n)
@@ -144,14 +160,20 @@ fn every_collective(devices: &[usize]) {
                 .map(|k| expected_value(ReduceOp::Sum, n, r * count + k))
                 .collect();
             let (wrong, first) = compare(r, &got[r * count..(r + 1) * count], &want, 4);
-            assert_eq!(wrong, 0, "reduce-scatter in place count {count}: {first:?}");
+            assert_eq!(
+                wrong, 0,
+                "reduce-scatter in place count {count} {algorithm:?}: {first:?}"
+            );
         }
         // Broadcast in place from rank 0.
         let mut bufs: Vec<_> = (0..n).map(|r| gpu(devices[r], &input(r, count))).collect();
         comm.broadcast_in_place(&mut bufs, 0).unwrap();
         for (r, b) in bufs.iter().enumerate() {
             let (wrong, first) = compare(r, &b.to_host().unwrap(), &input(0, count), 4);
-            assert_eq!(wrong, 0, "broadcast in place count {count}: {first:?}");
+            assert_eq!(
+                wrong, 0,
+                "broadcast in place count {count} {algorithm:?}: {first:?}"
+            );
         }
         // Send/recv: a pipeline exchange where both ranks send and receive in one call.
         let sends = vec![
@@ -166,7 +188,10 @@ fn every_collective(devices: &[usize]) {
             .unwrap();
         for (i, from) in [0usize, 1].into_iter().enumerate() {
             let (wrong, first) = compare(i, &recvs[i].to_host().unwrap(), &input(from, count), 4);
-            assert_eq!(wrong, 0, "send/recv {from} count {count}: {first:?}");
+            assert_eq!(
+                wrong, 0,
+                "send/recv {from} count {count} {algorithm:?}: {first:?}"
+            );
         }
     }
     comm.health().unwrap();
@@ -174,13 +199,20 @@ fn every_collective(devices: &[usize]) {
 }
 
 /// An all-gather enqueued on the caller's streams, 10 calls back to back
-/// with one synchronisation at the end, each call's result copied out on the same streams.
+/// with one synchronisation at the end, each call's result copied out on the same streams; in
+/// the ring's form and in the one-shot's.
 #[test]
 fn collectives_on_the_callers_streams() {
-    use ringreduce::{Buffer, Collective};
     let Some(devices) = two_gpus() else { return };
+    for algorithm in [Algorithm::Ring, Algorithm::OneShot] {
+        collectives_on_the_callers_streams_in(&devices, algorithm);
+    }
+}
+
+fn collectives_on_the_callers_streams_in(devices: &[usize], algorithm: Algorithm) {
+    use ringreduce::{Buffer, Collective};
     let n = devices.len();
-    let comm = Communicator::with_config(&devices, CudaConfig::default()).unwrap();
+    let comm = communicator(devices, algorithm);
     let streams: Vec<_> = devices
         .iter()
         .map(|&d| device::context(d).unwrap().new_stream().unwrap())
@@ -231,7 +263,7 @@ fn collectives_on_the_callers_streams() {
     for (call, slot) in copies.iter().enumerate() {
         for (r, b) in slot.iter().enumerate() {
             let (wrong, first) = compare(r, &b.to_host().unwrap(), &want, 4);
-            assert_eq!(wrong, 0, "all-gather call {call}: {first:?}");
+            assert_eq!(wrong, 0, "all-gather call {call} {algorithm:?}: {first:?}");
         }
     }
     comm.health().unwrap();
@@ -331,8 +363,14 @@ fn reducing_collectives_of<T: ringreduce::Element>(
 }
 
 fn reducing_collectives(devices: &[usize]) {
+    for algorithm in [Algorithm::Ring, Algorithm::OneShot] {
+        reducing_collectives_in(devices, algorithm);
+    }
+}
+
+fn reducing_collectives_in(devices: &[usize], algorithm: Algorithm) {
     use half::{bf16, f16};
-    let comm = communicator(devices);
+    let comm = communicator(devices, algorithm);
     for (count, offset) in [(1, 0), (7, 1), (1009, 3), (65_537, 0)] {
         reducing_collectives_of::<f16>(&comm, count, offset);
         reducing_collectives_of::<bf16>(&comm, count, offset);
@@ -348,7 +386,7 @@ fn reducing_collectives(devices: &[usize]) {
     comm.health().unwrap();
 }
 
-/// Every type and operator of the reducing collectives on two GPUs.
+/// Every type and operator of the reducing collectives on two GPUs, in both forms.
 #[test]
 fn reducing_collectives_every_type_and_op() {
     let Some(devices) = two_gpus() else { return };
@@ -376,10 +414,12 @@ fn three_ranks_on_one_gpu() -> Option<[usize; 3]> {
     Some([0, 0, 0])
 }
 
-/// A communicator over `devices`, in the shared mode where a device repeats.
-fn communicator(devices: &[usize]) -> Communicator {
+/// A communicator over `devices` running `algorithm`'s form of every collective, in the shared
+/// mode where a device repeats.
+fn communicator(devices: &[usize], algorithm: Algorithm) -> Communicator {
     let config = CudaConfig {
         allow_shared_device: devices.iter().skip(1).any(|&d| d == devices[0]),
+        algorithm,
         ..CudaConfig::default()
     };
     Communicator::with_config(devices, config).unwrap()

@@ -47,7 +47,10 @@ use crate::plan::{BufKind, Collective, EdgeTransport, Op, Plan, StreamKind};
 use crossbeam_channel::Sender;
 use cudarc::driver::{CudaContext, CudaStream};
 use edges::{decide_edges, probe_edges};
-use peer::{oneshot_layout, setup_peer_kernels, twoshot_segments, PeerKernel, PeerKernelState};
+use peer::{
+    oneshot_layout, setup_peer_kernels, steps_layout, twoshot_segments, PeerKernel,
+    PeerKernelState, StepLayout,
+};
 use ring::{gpu_rank_thread, wait_done};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -131,6 +134,9 @@ struct CudaPlan {
     /// For a two-shot plan: each rank's segment (offset, count), which its one fused kernel per
     /// rank needs (`twoshot_segments`).
     twoshot: Option<Vec<(usize, usize)>>,
+    /// For the one-shot plan of a collective other than the all-reduce: each rank's steps, which
+    /// its one kernel runs between one start and one end barrier (`steps_layout`).
+    steps: Option<Vec<Vec<StepLayout>>>,
     waiters: Vec<Vec<usize>>,
     events: Vec<Event>,
     staging: Vec<Option<Staging>>,
@@ -369,7 +375,8 @@ impl CudaExecutor {
         }
         let n = self.ranks.len();
         let bytes = shape.count.saturating_mul(shape.elem_bytes);
-        let algorithm = self.config.algorithm.choose(
+        let algorithm = self.config.algorithm.choose_for(
+            &shape.collective,
             bytes,
             n,
             shape.in_place,
@@ -389,8 +396,10 @@ impl CudaExecutor {
             });
             (chunk_bytes / shape.elem_bytes).max(1)
         };
-        let plan = if shape.collective != Collective::AllReduce {
-            // Every other collective is a copy-engine plan (pushes, pairwise reduces, events).
+        let plan = if shape.collective != Collective::AllReduce && algorithm == Algorithm::OneShot {
+            shape.checked_oneshot_collective_plan(n)?
+        } else if shape.collective != Collective::AllReduce {
+            // The ring's form: a copy-engine plan (pushes, pairwise reduces, events).
             shape.checked_collective_plan(
                 chunk_elems(),
                 self.config.slots,
@@ -454,8 +463,15 @@ impl CudaExecutor {
         } else {
             None
         };
+        let steps = if shape.collective != Collective::AllReduce && algorithm == Algorithm::OneShot
+        {
+            steps_layout(&plan)?
+        } else {
+            None
+        };
         let prepared = Arc::new(CudaPlan {
             twoshot,
+            steps,
             waiters: plan.remote_waiters(),
             plan,
             events,
@@ -514,6 +530,8 @@ impl CudaExecutor {
         if reads_peers {
             let kernel = if prepared.twoshot.is_some() {
                 PeerKernel::TwoShot
+            } else if prepared.steps.is_some() {
+                PeerKernel::Steps
             } else {
                 PeerKernel::OneShot
             };

@@ -31,7 +31,7 @@ use super::{CudaCall, CudaExecutor, RankRes, Transport};
 use crate::device::{self, DeviceBuffer, PinnedHost, Stream};
 use crate::error::{Error, Result};
 use crate::exec::cuda::kernels::{
-    OneShotArgs, TwoShotArgs, HANDOFF_ERR_BIT, PEER_FLAG_BYTES, PEER_MAX_RANKS,
+    OneShotArgs, PeerStep, StepsArgs, TwoShotArgs, HANDOFF_ERR_BIT, PEER_FLAG_BYTES, PEER_MAX_RANKS,
 };
 use crate::exec::{panic_message, Enqueue};
 use crate::plan::{BufKind, Op, Plan, Ranks, Region, StreamKind};
@@ -45,6 +45,8 @@ use std::time::{Duration, Instant};
 pub(super) enum PeerKernel {
     OneShot,
     TwoShot,
+    /// The one-shot form of a collective other than the all-reduce.
+    Steps,
 }
 
 impl fmt::Display for PeerKernel {
@@ -52,6 +54,7 @@ impl fmt::Display for PeerKernel {
         f.write_str(match self {
             PeerKernel::OneShot => "one-shot",
             PeerKernel::TwoShot => "two-shot",
+            PeerKernel::Steps => "one-shot collective",
         })
     }
 }
@@ -150,8 +153,9 @@ const LAUNCH_BLOCKED_AFTER: Duration = Duration::from_millis(100);
 
 impl CudaExecutor {
     /// Opens a call of a peer kernel: reports a barrier timeout an earlier call left, and opens
-    /// pool memory to every other GPU — out of place every GPU reads
-    /// every other GPU's input, and the two-shot also reads every other GPU's output.
+    /// pool memory to every other GPU — out of place every GPU reads every other GPU's input,
+    /// the two-shot also every other GPU's output, and an in-place one-shot collective the
+    /// caller's one buffer of every GPU.
     pub(super) fn open_peer_call(
         &mut self,
         kernel: PeerKernel,
@@ -160,9 +164,14 @@ impl CudaExecutor {
     ) -> Result<()> {
         self.check_peer_errors()?;
         self.last_peer_kernel = kernel;
-        let outputs_read = (kernel == PeerKernel::TwoShot).then_some(outputs);
+        // The two-shot gathers from outputs; an in-place one-shot collective reads the caller's
+        // one buffer (passed as the outputs).
+        let outputs_read = (kernel == PeerKernel::TwoShot
+            || kernel == PeerKernel::Steps && inputs.is_none())
+        .then_some(outputs);
         for ranked in inputs.into_iter().chain(outputs_read) {
-            for (rank, &addr) in ranked.iter().enumerate() {
+            // (A rank without such a buffer — a broadcast's non-root input — has address 0.)
+            for (rank, &addr) in ranked.iter().enumerate().filter(|(_, &a)| a != 0) {
                 let own = self.ranks[rank].device;
                 let peers: Vec<usize> = self.ranks.iter().map(|r| r.device).collect();
                 for peer in peers.into_iter().filter(|&p| p != own) {
@@ -196,6 +205,7 @@ impl CudaExecutor {
                         call,
                         fuse_exposure: true,
                         held: None,
+                        steps_launched: false,
                     };
                     for (index, instr) in call.prepared.plan.ranks[rank].iter().enumerate() {
                         backend.enqueue(index, instr)?;
@@ -408,6 +418,71 @@ impl CudaEnqueue<'_> {
         }
     }
 
+    /// Launches this rank's steps kernel: every step of the rank's one-shot collective (their
+    /// layout was verified by `steps_layout` when the plan was prepared).
+    pub(super) fn launch_steps(&self, rank: usize) -> Result<()> {
+        let call = self.call;
+        let plan = &call.prepared.plan;
+        let layout = call
+            .prepared
+            .steps
+            .as_ref()
+            .expect("a one-shot collective plan");
+        let shared = call.peer_state(PeerKernel::Steps)?;
+        let eb = call.dtype.size_bytes() as u64;
+        let source = |q: usize, kind: BufKind, offset: usize| -> Result<u64> {
+            let buf = plan.buffer(q, kind).ok_or_else(|| {
+                Error::PlanRejected(format!("the one-shot plan has no {kind:?} for rank {q}"))
+            })?;
+            Ok(call.addrs[buf.0] + offset as u64 * eb)
+        };
+        let mut steps = Vec::with_capacity(layout[rank].len());
+        for step in &layout[rank] {
+            let mut srcs = [0; PEER_MAX_RANKS];
+            match step.from {
+                Some(q) => srcs[q] = source(q, step.src, step.offset)?,
+                None => {
+                    for (q, src) in srcs.iter_mut().enumerate().take(plan.world) {
+                        *src = source(q, step.src, step.offset)?;
+                    }
+                }
+            }
+            steps.push(PeerStep {
+                srcs,
+                dst: self.addr(step.dst),
+                from: step.from,
+            });
+        }
+        let mut flags = [0; PEER_MAX_RANKS];
+        for (r, f) in flags.iter_mut().enumerate().take(plan.world) {
+            *f = shared.flags[r].ptr();
+        }
+        let args = StepsArgs {
+            steps,
+            flags,
+            world: plan.world as u32,
+            rank: rank as u32,
+            count: plan.count as u64,
+            timeout_ns: call.kernel_timeout_ns(),
+            error: shared.errors[rank].uva_ptr(),
+            max_blocks: shared.max_blocks,
+        };
+        // SAFETY: the plan is a checked one-shot collective plan whose layout `steps_layout`
+        // verified (no meeting writes what another reads or writes); every source is a
+        // caller's validated buffer on its rank's GPU, reachable from this one (peer access
+        // between all pairs at creation, pool access granted in `open_peer_call`); every rank
+        // launches with the same count, flags and grid, so the barriers meet; the flags outlive
+        // the communicator's streams.
+        unsafe {
+            self.res.kernels.steps(
+                call.dtype,
+                call.op,
+                &args,
+                &self.res.streams[StreamKind::Main.index()],
+            )
+        }
+    }
+
     /// Launches this rank's one-shot kernel for the peer reduce `op` into `dst` (a plan whose
     /// layout `oneshot_layout` verified); `expose_from` is the fused exposure copy's source
     /// (see `CudaEnqueue::fuse_exposure`).
@@ -449,6 +524,115 @@ impl CudaEnqueue<'_> {
         // communicator's streams.
         unsafe { self.res.kernels.oneshot(call.dtype, call.op, &args, stream) }
     }
+}
+
+/// One step of a rank's one-shot collective, read from its plan (`steps_layout`): a fold over
+/// every rank (`from: None`) or a copy from rank `from`, of elements `offset..offset + count` of
+/// each source rank's `src` buffer, into `dst`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct StepLayout {
+    pub(super) from: Option<usize>,
+    pub(super) src: BufKind,
+    pub(super) offset: usize,
+    pub(super) dst: Region,
+}
+
+/// Each rank's steps for the steps kernel, after verifying that the plan has the layout it
+/// implements: every rank's work is peer reduces on Main (and a final `Scale`), each reading
+/// every rank or exactly one, moving the plan's count or nothing (a rank that only joins), at
+/// most [`PEER_MAX_RANKS`] that move data per rank; and no meeting writes anything another
+/// meeting — of any rank — reads or writes, which is what lets one kernel run all of a rank's
+/// meetings between a single start and end barrier (the checker proves each meeting with
+/// barriers of its own). `None` for a plan without meetings (one rank, or zero elements).
+pub(super) fn steps_layout(plan: &Plan) -> Result<Option<Vec<Vec<StepLayout>>>> {
+    let bad = |why: String| {
+        Err(Error::PlanRejected(format!(
+            "not a one-shot collective plan: {why}"
+        )))
+    };
+    let n = plan.world;
+    let mut all: Vec<Vec<StepLayout>> = Vec::with_capacity(n);
+    // Per meeting (rank, its k-th peer reduce): what it writes and what it reads.
+    let mut accesses: Vec<(usize, usize, Region, Vec<Region>)> = Vec::new();
+    let mut meetings = 0;
+    for rank in 0..n {
+        let program = &plan.ranks[rank];
+        let mut steps = Vec::new();
+        let mut k = 0;
+        for (i, instr) in program.iter().enumerate() {
+            let op = instr.op;
+            match op {
+                _ if instr.stream != StreamKind::Main => {
+                    return bad(format!("rank {rank} has work off its Main stream"))
+                }
+                Op::Scale { .. } if i + 1 == program.len() => {}
+                Op::PeerReduce {
+                    dst,
+                    src,
+                    offset,
+                    count,
+                    ranks,
+                } => {
+                    let readers = (0..n).filter(|&q| ranks.contains(q)).count();
+                    let from = match (ranks, readers) {
+                        (Ranks::ALL, _) => None,
+                        (_, 1) => (0..n).find(|&q| ranks.contains(q)),
+                        _ => {
+                            return bad(format!(
+                                "rank {rank}'s peer reduce {k} reads {readers} of {n} ranks"
+                            ))
+                        }
+                    };
+                    if count != 0 && count != plan.count {
+                        return bad(format!(
+                            "rank {rank}'s peer reduce {k} moves {count} elements, not {}",
+                            plan.count
+                        ));
+                    }
+                    if count > 0 {
+                        steps.push(StepLayout {
+                            from,
+                            src,
+                            offset,
+                            dst,
+                        });
+                        accesses.push((rank, k, dst, crate::check::peer_sources(plan, &op)));
+                    }
+                    k += 1;
+                }
+                _ => {
+                    return bad(format!(
+                        "rank {rank} has work besides peer reduces and a final scale"
+                    ))
+                }
+            }
+        }
+        if steps.len() > PEER_MAX_RANKS {
+            return bad(format!(
+                "rank {rank} has {} steps; the kernel runs at most {PEER_MAX_RANKS}",
+                steps.len()
+            ));
+        }
+        meetings = meetings.max(k);
+        all.push(steps);
+    }
+    if meetings == 0 {
+        return Ok(None);
+    }
+    for (rank, k, dst, _) in &accesses {
+        for (other, k2, dst2, reads) in &accesses {
+            if k == k2 {
+                continue; // one meeting: the checker proved its ranks' accesses race-free
+            }
+            if dst.overlaps(dst2) || reads.iter().any(|r| r.overlaps(dst)) {
+                return bad(format!(
+                    "rank {rank}'s meeting {k} writes what rank {other}'s meeting {k2} reads or writes: \
+                     they would need a barrier between them"
+                ));
+            }
+        }
+    }
+    Ok(Some(all))
 }
 
 /// Each rank's segment (offset, count) of a two-shot plan, after verifying that the plan has
@@ -639,6 +823,66 @@ mod tests {
         }
         assert_eq!(twoshot_segments(&twoshot(1, 10, true)).unwrap(), None);
         assert_eq!(twoshot_segments(&twoshot(3, 0, false)).unwrap(), None);
+    }
+
+    #[test]
+    fn every_one_shot_collective_has_the_steps_kernels_layout() {
+        use crate::plan::Collective;
+        for world in 2..=8 {
+            let mut all = vec![
+                Collective::ReduceScatter,
+                Collective::AllGather,
+                Collective::AllToAll,
+            ];
+            for root in [0, world - 1] {
+                all.push(Collective::Broadcast { root });
+                all.push(Collective::Reduce { root });
+            }
+            for c in &all {
+                for in_place in [false, true] {
+                    if in_place && !c.has_in_place() {
+                        continue;
+                    }
+                    let plan = OneShotSpec {
+                        world,
+                        count: 13,
+                        in_place,
+                        op: ReduceOp::Avg,
+                    }
+                    .build_collective(c)
+                    .unwrap();
+                    let steps = super::steps_layout(&plan)
+                        .unwrap_or_else(|e| panic!("{c:?} {world} {in_place}: {e}"))
+                        .expect("a collective");
+                    // Every rank reads each rank at most once; a gather reads all of them.
+                    let most = steps.iter().map(Vec::len).max().unwrap();
+                    let want = match c {
+                        Collective::AllGather if in_place => world - 1,
+                        Collective::AllGather | Collective::AllToAll => world,
+                        _ => 1,
+                    };
+                    assert_eq!(most, want, "{c:?} {world} {in_place}");
+                }
+            }
+        }
+        // Two meetings where the second reads what the first wrote: refused.
+        let mut plan = OneShotSpec {
+            world: 2,
+            count: 4,
+            in_place: false,
+            op: ReduceOp::Sum,
+        }
+        .build_collective(&Collective::AllGather)
+        .unwrap();
+        let written = match plan.ranks[0][0].op {
+            Op::PeerReduce { dst, .. } => dst,
+            _ => unreachable!(),
+        };
+        if let Op::PeerReduce { src, offset, .. } = &mut plan.ranks[1][1].op {
+            *src = BufKind::Output;
+            *offset = written.offset;
+        }
+        assert!(super::steps_layout(&plan).is_err());
     }
 
     #[test]

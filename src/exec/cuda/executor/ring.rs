@@ -41,6 +41,7 @@ pub(super) fn gpu_rank_thread(
                 call: &call,
                 fuse_exposure: false,
                 held: None,
+                steps_launched: false,
             };
             enqueue_rank(
                 &call.prepared.plan,
@@ -194,6 +195,9 @@ pub(super) struct CudaEnqueue<'a> {
     /// it stands. The caller must `flush` at the end of the program.
     pub(super) fuse_exposure: bool,
     pub(super) held: Option<Instr>,
+    /// Whether this rank's steps kernel (a one-shot collective's) is enqueued: its first
+    /// meeting launches it, the others are inside it.
+    pub(super) steps_launched: bool,
 }
 
 impl CudaEnqueue<'_> {
@@ -340,6 +344,14 @@ impl CudaEnqueue<'_> {
                     self.launch_twoshot(plan.decl(dst.buf).rank)
                 } else {
                     Ok(())
+                }
+            }
+            Op::PeerReduce { .. } if call.prepared.steps.is_some() => {
+                // A one-shot collective: the rank's first meeting launches its whole kernel.
+                if std::mem::replace(&mut self.steps_launched, true) {
+                    Ok(())
+                } else {
+                    self.launch_steps(self.rank)
                 }
             }
             op @ Op::PeerReduce { dst, .. } => self.launch_oneshot(op, dst, expose_from, stream),

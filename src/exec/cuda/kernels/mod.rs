@@ -31,7 +31,8 @@ mod reduce;
 
 pub use handoff::HANDOFF_ERR_BIT;
 pub use peer::{
-    peer_blocks, OneShotArgs, TwoShotArgs, PEER_FLAG_BYTES, PEER_MAX_BLOCKS, PEER_MAX_RANKS,
+    peer_blocks, OneShotArgs, PeerStep, StepsArgs, TwoShotArgs, PEER_FLAG_BYTES, PEER_MAX_BLOCKS,
+    PEER_MAX_RANKS,
 };
 
 use std::ffi::c_void;
@@ -179,6 +180,8 @@ pub struct KernelModule {
     oneshot: Vec<CudaFunction>,
     /// `twoshot[reduce_index(op, dtype)]`: the same table shape as `reduce`.
     twoshot: Vec<CudaFunction>,
+    /// `steps[reduce_index(op, dtype)]`: the same table shape as `reduce`.
+    steps: Vec<CudaFunction>,
     /// `rr_handoff_signal`, `rr_handoff_wait`.
     handoff: [CudaFunction; 2],
     /// The grid size that fills the device: SM count × `BLOCKS_PER_SM`.
@@ -213,6 +216,7 @@ impl KernelModule {
             .collect::<Result<Vec<_>>>()?;
         let oneshot = family(oneshot_symbol)?;
         let twoshot = family(twoshot_symbol)?;
+        let steps = family(steps_symbol)?;
         let handoff = [
             load("rr_handoff_signal".to_string())?,
             load("rr_handoff_wait".to_string())?,
@@ -230,6 +234,7 @@ impl KernelModule {
             scale,
             oneshot,
             twoshot,
+            steps,
             handoff,
             max_blocks,
         })
@@ -355,6 +360,10 @@ fn oneshot_symbol(op: ReduceOp, dtype: DType) -> String {
 
 fn twoshot_symbol(op: ReduceOp, dtype: DType) -> String {
     format!("rr_twoshot_{}_{}", op.name(), dtype.name())
+}
+
+fn steps_symbol(op: ReduceOp, dtype: DType) -> String {
+    format!("rr_steps_{}_{}", op.name(), dtype.name())
 }
 
 fn scale_symbol(dtype: DType) -> String {
@@ -495,6 +504,11 @@ mod tests {
     #[test]
     fn source_defines_every_twoshot_kernel() {
         defines_the_family("RR_TWOSHOT", "rr_twoshot", twoshot_symbol);
+    }
+
+    #[test]
+    fn source_defines_every_steps_kernel() {
+        defines_the_family("RR_STEPS", "rr_steps", steps_symbol);
     }
 
     #[test]
