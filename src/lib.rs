@@ -45,10 +45,13 @@
 //!
 //! Beside the all-reduce, a communicator runs NCCL's other collectives, with NCCL's counts,
 //! roots and in-place layouts (`examples/11_collectives.rs`; the lengths per collective are
-//! tabled in [`plan::Collective`]'s module, the buffer lists in `comm/collectives.rs`). Each is a
-//! copy-engine plan — pushes into the receiver's memory, pairwise reduces, events — proved by the
-//! checker like the all-reduce. Host and GPU communicators run them all (on GPUs as copy-engine
-//! plans; peer-kernel versions for small messages do not exist yet).
+//! tabled in [`plan::Collective`]'s module, the buffer lists in `comm/collectives.rs`). Each has
+//! two forms, both proved by the checker like the all-reduce: the ring's (copy-engine pushes into
+//! the receiver's memory, pairwise reduces, events; the modules below) and, for all but send/recv,
+//! the one-shot's (every rank reads what it needs straight from the others' buffers between two
+//! barriers, one SM kernel per GPU; [`plan::oneshot`]). [`Algorithm::Auto`] takes the one-shot
+//! for small messages and the ring above ([`Algorithm::choose_for`], the one rule for every
+//! collective); host and GPU communicators run both.
 //!
 //! - **Reduce-scatter** ([`Communicator::reduce_scatter`], `_in_place`): rank r gets block r of
 //!   the reduction of every rank's world·count input. The ring's first half, on blocks

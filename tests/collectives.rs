@@ -534,3 +534,70 @@ fn bad_inputs_get_named_errors() {
     c.health().unwrap();
     c.close().unwrap();
 }
+
+/// `Auto` picks each collective's form by the bytes that cross a rank's links (the one rule,
+/// `Algorithm::choose_for`): the one-shot up to the limit, the ring above; send/recv is always
+/// the ring's; deterministic mode keeps the reducing collectives on the one-shot with more than
+/// two ranks; a forced algorithm is obeyed (the two-shot, an all-reduce only, means the one-shot).
+#[test]
+fn auto_picks_each_collectives_form_by_size() {
+    use ringreduce::exec::algorithm::COLLECTIVE_ONESHOT_AUTO_MAX_BYTES as LIMIT;
+    let auto = |world: usize, deterministic: bool| {
+        Communicator::host_with(
+            world,
+            HostConfig {
+                algorithm: Algorithm::Auto,
+                deterministic,
+                ..HostConfig::default()
+            },
+        )
+        .unwrap()
+    };
+    let c = auto(3, false);
+    let per_rank = LIMIT / 2; // crosses (3 − 1) × per_rank = LIMIT
+    for coll in [
+        Collective::ReduceScatter,
+        Collective::AllGather,
+        Collective::Broadcast { root: 1 },
+        Collective::Reduce { root: 2 },
+        Collective::AllToAll,
+    ] {
+        assert_eq!(
+            c.algorithm_for_collective(&coll, per_rank, false),
+            Algorithm::OneShot
+        );
+        assert_eq!(
+            c.algorithm_for_collective(&coll, per_rank + 1, false),
+            Algorithm::Ring
+        );
+    }
+    let pipeline = Collective::SendRecv {
+        transfers: vec![Transfer {
+            from: 0,
+            to: 1,
+            count: 4,
+        }],
+    };
+    assert_eq!(
+        c.algorithm_for_collective(&pipeline, 16, false),
+        Algorithm::Ring
+    );
+    let d = auto(3, true);
+    assert_eq!(
+        d.algorithm_for_collective(&Collective::ReduceScatter, 1 << 30, true),
+        Algorithm::OneShot
+    );
+    assert_eq!(
+        d.algorithm_for_collective(&Collective::AllGather, 1 << 30, true),
+        Algorithm::Ring
+    );
+    let forced = comm_running(2, Algorithm::TwoShot);
+    assert_eq!(
+        forced.algorithm_for_collective(&Collective::AllToAll, 1 << 30, false),
+        Algorithm::OneShot
+    );
+    assert_eq!(
+        forced.algorithm_for_collective(&Collective::AllReduce, 1 << 30, false),
+        Algorithm::TwoShot
+    );
+}

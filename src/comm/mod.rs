@@ -185,6 +185,27 @@ impl Communicator {
         )
     }
 
+    /// The algorithm whose form of `collective` a call of `count_bytes` (NCCL's count times the
+    /// element size), in place or not, runs on this communicator: `Ring` or `OneShot` for the
+    /// collectives other than the all-reduce (see [`Algorithm::choose_for`], the one rule);
+    /// for the all-reduce, [`Communicator::algorithm_for`]'s answer. Never waits for a call.
+    pub fn algorithm_for_collective(
+        &self,
+        collective: &crate::plan::Collective,
+        count_bytes: usize,
+        in_place: bool,
+    ) -> Algorithm {
+        let f = &self.facts;
+        f.algorithm.choose_for(
+            collective,
+            count_bytes,
+            self.world,
+            in_place,
+            f.peers_ok,
+            f.deterministic,
+        )
+    }
+
     /// The raw CUDA stream on which rank `rank`'s collectives start and end (GPU communicators):
     /// work the caller enqueues there after a call runs after that call.
     pub fn main_stream(&self, rank: usize) -> Option<cudarc::driver::sys::CUstream> {

@@ -48,9 +48,11 @@ pub const ONESHOT_AUTO_MAX_BYTES: usize = 32 << 20;
 pub const TWOSHOT_AUTO_MIN_IN_PLACE_BYTES: usize = 8 << 20;
 
 /// Deterministic results (`deterministic: true` in [`crate::CudaConfig`] and
-/// [`crate::HostConfig`]): every element is folded in rank order, 0, 1, …, n − 1, whatever the
-/// algorithm, message size or placement, so the bits a caller gets do not depend on the size at
-/// which `Auto` switches (batch invariance). The one-shot and the two-shot fold in rank order
+/// [`crate::HostConfig`]): every element of a reducing collective is folded in rank order, 0, 1,
+/// …, n − 1, whatever the algorithm, message size or placement, so the bits a caller gets do not
+/// depend on the size at which `Auto` switches (batch invariance). The all-reduce is described
+/// here; the reduce-scatter and the reduce keep their one-shot form at every size instead
+/// ([`Algorithm::choose_for`]). The one-shot and the two-shot fold in rank order
 /// already; the ring folds segment s starting at rank s + 1, which for n ≤ 2 gives the same
 /// bits (a fold of two operands is `a ⊕ b = b ⊕ a`, exactly, for every operator and type) and
 /// for n > 2 does not. So in deterministic mode with more than two ranks `Auto` never picks the

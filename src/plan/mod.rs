@@ -89,7 +89,9 @@
 //! [`reduce`] (pipelined chains along the ring), [`alltoall`] and [`sendrecv`] (direct pushes).
 //! They all emit their transfers through one builder (`push.rs`: staging slots and their credits,
 //! staged edges through host slots), the same one the ring all-reduce uses, so every plan is made
-//! of the ops both executors run.
+//! of the ops both executors run. Every collective but send/recv also has a one-shot form, made
+//! of `PeerReduce` meetings like the all-reduce's ([`oneshot`], with its table), for small
+//! messages.
 
 pub mod allgather;
 pub mod alltoall;

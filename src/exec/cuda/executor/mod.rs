@@ -80,11 +80,10 @@ pub struct CudaConfig {
     /// peer access between every pair of GPUs and at most 8 ranks; `Auto` falls back to the ring
     /// where it cannot run, `OneShot` is then an error at creation.
     pub algorithm: Algorithm,
-    /// Fold every element of an all-reduce in rank order on every algorithm and size, so results
-    /// do not depend on which algorithm runs (see
+    /// Fold every element of a reducing collective (all-reduce, reduce-scatter, reduce) in rank
+    /// order on every algorithm and size, so results do not depend on which algorithm runs (see
     /// [`crate::exec::algorithm::deterministic_needs_peers`] for what it costs and what it
-    /// refuses). The other collectives fold in their plan's fixed order whatever this says
-    /// (docs/guide/07-other-collectives.md, "Fold order"). Off by default.
+    /// refuses, and docs/guide/07-other-collectives.md, "Fold order"). Off by default.
     pub deterministic: bool,
 }
 
