@@ -320,18 +320,31 @@ fn read_only_views_are_inputs() {
     assert!(bufs[0].view(count, count + 1).is_err());
 }
 
-/// Breaking the contract on purpose: one thread runs peer calls while another allocates, frees
-/// and copies through pageable memory on the same GPUs. Either every call succeeds, or the first
-/// failure comes within the deadline and names the hazard (`LaunchBlocked`, or a timeout that
-/// says what else holds a peer kernel back) — never a hang. Prints which happened.
-#[test]
-fn blocking_calls_on_another_thread_fail_in_time_and_say_why() {
-    let Some(gpus) = two_gpus() else { return };
+/// Two distinct GPUs where there are, else two ranks sharing GPU 0 (the peer kernels then run
+/// side by side on it); `None` without a GPU.
+fn peer_gpus() -> Option<[usize; 2]> {
+    let count = ringreduce::driver_available()
+        .and_then(|()| ringreduce::device_count())
+        .unwrap_or(0);
+    match count {
+        0 => {
+            println!("waived: needs a GPU");
+            None
+        }
+        1 => Some([0, 0]),
+        _ => Some([0, 1]),
+    }
+}
+
+/// Peer calls (one-shot all-reduces) on one thread for ten seconds while another thread runs
+/// `blocking` on the same GPUs in a loop: the number of calls made, or the first error.
+fn peer_calls_beside(gpus: [usize; 2], blocking: fn(usize)) -> ringreduce::Result<usize> {
     let comm = Communicator::with_config(
         &gpus,
         CudaConfig {
             algorithm: Algorithm::OneShot,
             timeout: Duration::from_secs(4),
+            allow_shared_device: gpus[0] == gpus[1],
             ..CudaConfig::default()
         },
     )
@@ -342,14 +355,11 @@ fn blocking_calls_on_another_thread_fail_in_time_and_say_why() {
         .map(|&g| GpuBuffer::from_host(g, &vec![1.0f32; count]).unwrap())
         .collect();
     let stop = std::sync::atomic::AtomicBool::new(false);
-    let outcome = std::thread::scope(|s| {
+    std::thread::scope(|s| {
         s.spawn(|| {
-            let host = vec![2.0f32; 1 << 20];
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 for &g in &gpus {
-                    let b = GpuBuffer::from_host(g, &host).unwrap();
-                    let _ = b.to_host().unwrap();
-                    b.free().unwrap();
+                    blocking(g);
                 }
             }
         });
@@ -366,6 +376,49 @@ fn blocking_calls_on_another_thread_fail_in_time_and_say_why() {
         };
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         result
+    })
+}
+
+/// What the user's program did: another thread allocating, uploading, downloading and freeing
+/// `GpuBuffer`s on the same GPUs while peer calls run. ringreduce's own blocking calls wait for
+/// the peer kernels in flight and hold new launches back meanwhile (`device::gate`), so every
+/// call succeeds.
+#[test]
+fn our_buffers_on_another_thread_beside_peer_calls() {
+    let Some(gpus) = peer_gpus() else { return };
+    let outcome = peer_calls_beside(gpus, |g| {
+        let b = GpuBuffer::from_host(g, &vec![2.0f32; 1 << 20]).unwrap();
+        let _ = b.to_host().unwrap();
+        b.free().unwrap();
+    });
+    match outcome {
+        Ok(calls) => println!("{calls} calls beside another thread's GpuBuffer calls, none failed"),
+        Err(e) => panic!("a peer call failed beside GpuBuffer calls: {e}"),
+    }
+}
+
+/// Breaking the contract on purpose: the same with another thread's raw CUDA calls (cudarc's
+/// synchronous allocation, pageable copies and free), which ringreduce cannot see. Either every
+/// call succeeds, or the first failure comes within the deadline and names the hazard
+/// (`LaunchBlocked`, or a timeout that says what else holds a peer kernel back) — never a hang.
+/// Prints which happened.
+#[test]
+fn blocking_calls_on_another_thread_fail_in_time_and_say_why() {
+    let Some(gpus) = peer_gpus() else { return };
+    let outcome = peer_calls_beside(gpus, |g| {
+        use cudarc::driver::result;
+        let ctx = ringreduce::device::context(g).unwrap();
+        ctx.bind_to_thread().unwrap();
+        let host = vec![2u8; 4 << 20];
+        let mut back = vec![0u8; 4 << 20];
+        // SAFETY: a fresh allocation of host.len() bytes in the bound context, written and read
+        // whole with synchronous copies, then freed once.
+        unsafe {
+            let ptr = result::malloc_sync(host.len()).unwrap();
+            result::memcpy_htod_sync(ptr, &host).unwrap();
+            result::memcpy_dtoh_sync(&mut back, ptr).unwrap();
+            result::free_sync(ptr).unwrap();
+        }
     });
     match outcome {
         Ok(calls) => println!("{calls} calls beside another thread's blocking calls, none failed"),
