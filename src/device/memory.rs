@@ -39,6 +39,7 @@ impl DeviceBuffer {
                 "a device buffer needs at least one byte".to_string(),
             ));
         }
+        let _quiet = super::gate::quiet();
         bind(ctx)?;
         // SAFETY: `ctx` is current, so the memory lands on its device; the memory is uninitialized,
         // which is fine for device bytes we only ever copy, never read as typed host values.
@@ -96,6 +97,7 @@ impl DeviceBuffer {
     /// helper, not for the hot path.
     pub fn copy_from_host(&mut self, src: &[u8]) -> Result<()> {
         self.check_len("copy_from_host", src.len())?;
+        let _quiet = super::gate::quiet();
         bind(&self.ctx)?;
         result::ctx::synchronize().call("cuCtxSynchronize")?;
         // SAFETY: `self.ptr` is a live cuMemAlloc allocation of len_bytes == src.len() bytes, and
@@ -109,6 +111,7 @@ impl DeviceBuffer {
     /// return. Same caveat about other contexts as [`copy_from_host`](Self::copy_from_host).
     pub fn copy_to_host(&self, dst: &mut [u8]) -> Result<()> {
         self.check_len("copy_to_host", dst.len())?;
+        let _quiet = super::gate::quiet();
         bind(&self.ctx)?;
         result::ctx::synchronize().call("cuCtxSynchronize")?;
         // SAFETY: `self.ptr` is a live allocation of len_bytes == dst.len() bytes; `dst` is an
@@ -119,6 +122,7 @@ impl DeviceBuffer {
     /// Sets every byte to 0 (`cuMemsetD8`), synchronous with respect to the context like
     /// [`copy_from_host`](Self::copy_from_host).
     pub fn fill_zero(&mut self) -> Result<()> {
+        let _quiet = super::gate::quiet();
         bind(&self.ctx)?;
         result::ctx::synchronize().call("cuCtxSynchronize")?;
         // SAFETY: `self.ptr` is a live allocation of len_bytes bytes, all of which we write.
@@ -136,6 +140,7 @@ impl DeviceBuffer {
         if ptr == 0 {
             return Ok(());
         }
+        let _quiet = super::gate::quiet();
         bind(&self.ctx)?;
         // SAFETY: `ptr` came from cuMemAlloc in `self.ctx` (now current) and is freed exactly once:
         // it was swapped for 0 above, and `free` and `Drop` both come through here. Queued work that
@@ -183,6 +188,7 @@ impl PinnedHost {
                 "a pinned host buffer needs at least one byte".to_string(),
             ));
         }
+        let _quiet = super::gate::quiet();
         bind(ctx)?;
         let ptr = guard("cuMemHostAlloc", || {
             // SAFETY: `ctx` is current; the returned memory is uninitialized, and we zero it below
@@ -256,6 +262,7 @@ impl PinnedHost {
         if ptr.is_null() {
             return Ok(());
         }
+        let _quiet = super::gate::quiet();
         bind(&self.ctx)?;
         // SAFETY: `ptr` came from cuMemHostAlloc in `self.ctx` (now current) and is freed exactly
         // once: it was swapped for null above, and `free` and `Drop` both come through here.

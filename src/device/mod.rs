@@ -19,6 +19,7 @@
 //! | `peer.rs` | peer access ([`can_access_peer`], [`enable_peer_access`], [`p2p_attributes`]), pool access grants, pointer queries |
 //! | `memory.rs` | [`DeviceBuffer`], [`PinnedHost`], asynchronous copies and fills ([`memcpy_peer_async`], [`memcpy_async`], [`memset_d32_async`]) |
 //! | `stream.rs` | [`Stream`], [`Event`], [`record`], [`wait`] (and the trap of waiting before recording), synchronize, query, elapsed time |
+//! | `gate.rs` | [`gate`]: this crate's blocking calls wait for spinning peer kernels and hold new launches back |
 //!
 //! Every public item is re-exported here, so its path is `ringreduce::device::<name>`.
 //!
@@ -109,6 +110,7 @@
 //! not by `Drop`.
 
 mod context;
+pub mod gate;
 mod memory;
 mod peer;
 mod stream;

@@ -256,7 +256,7 @@ impl CudaExecutor {
             probe_edges(&ranks, &mut edges)?;
         }
         // Also for a forced ring: a captured ring reports its handoff timeouts in the error words.
-        let peer = setup_peer_kernels(&ranks, config.transport)?;
+        let peer = setup_peer_kernels(&ranks, config.transport, config.timeout)?;
         if config.algorithm.reads_peers() && peer.is_none() {
             return Err(Error::InvalidArgument(format!(
                 "Algorithm::{:?} needs 2 to {PEER_MAX_RANKS} ranks on GPUs that all reach each \

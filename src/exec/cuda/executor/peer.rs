@@ -68,6 +68,34 @@ pub(super) struct PeerKernelState {
     errors: Vec<PinnedHost>,
     /// The smallest SM count of the ranks' GPUs: the grid cap that keeps every block resident.
     max_blocks: u32,
+    /// Every rank, whose `done` event follows its latest call on Main: what the gate waits for.
+    ranks: Vec<Arc<RankRes>>,
+    /// The communicator's timeout: a peer kernel gives up within it of its launch.
+    timeout: Duration,
+    /// When the latest call's kernels were launched (under the gate, `device::gate::launching`).
+    last_launch: std::sync::Mutex<Option<Instant>>,
+}
+
+impl device::gate::InFlight for PeerKernelState {
+    /// Waits for every rank's latest call to complete on Main, or until the latest launch's
+    /// timeout has passed (its kernels have given up by then, or never started).
+    fn settle(&self) {
+        let launched = *self.last_launch.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(launched) = launched else {
+            return;
+        };
+        let deadline = launched + self.timeout;
+        let Ok(saved) = device::save_current() else {
+            return;
+        };
+        for res in &self.ranks {
+            while Instant::now() < deadline && matches!(device::event_query(&res.done), Ok(false)) {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+        // (Restoring can only fail if the driver does; the blocking call that follows reports it.)
+        let _ = saved.restore();
+    }
 }
 
 impl PeerKernelState {
@@ -97,6 +125,7 @@ impl PeerKernelState {
 pub(super) fn setup_peer_kernels(
     ranks: &[Arc<RankRes>],
     transport: Transport,
+    timeout: Duration,
 ) -> Result<Option<Arc<PeerKernelState>>> {
     let n = ranks.len();
     if !(2..=PEER_MAX_RANKS).contains(&n) || transport == Transport::Staged {
@@ -140,11 +169,17 @@ pub(super) fn setup_peer_kernels(
         .min()
         .unwrap_or(1)
         .max(1);
-    Ok(Some(Arc::new(PeerKernelState {
+    let state = Arc::new(PeerKernelState {
         flags,
         errors,
         max_blocks,
-    })))
+        ranks: ranks.to_vec(),
+        timeout,
+        last_launch: std::sync::Mutex::new(None),
+    });
+    let weak: std::sync::Weak<dyn device::gate::InFlight> = Arc::downgrade(&state) as _;
+    device::gate::register(weak);
+    Ok(Some(state))
 }
 
 /// A launch of a later rank's peer kernel this long after the first rank's counts as held up:
@@ -193,6 +228,12 @@ impl CudaExecutor {
         // others' kernels, so a later rank's launch that takes long is a kernel left waiting.
         let mut first_launched: Option<Instant> = None;
         let mut blocked: Option<(usize, Duration)> = None;
+        // No blocking CUDA call of this crate runs between the ranks' launches, and each waits
+        // for these kernels (module `device::gate`).
+        let launching = device::gate::launching();
+        if let Some(peer) = &call.peer {
+            *peer.last_launch.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        }
         let outcome = catch_unwind(AssertUnwindSafe(|| -> Result<()> {
             for (rank, res) in self.ranks.iter().enumerate() {
                 current.set(rank);
@@ -234,6 +275,7 @@ impl CudaExecutor {
                     return Err(err);
                 }
             }
+            drop(launching);
             *self
                 .launch_blocked
                 .lock()
