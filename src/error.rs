@@ -246,7 +246,7 @@ pub enum Error {
     /// these GPUs (a memory allocation or free, a copy to or from pageable host memory, a device
     /// synchronize) while the first rank's kernel waited at its barrier. Don't make such calls on
     /// a communicator's GPUs from other threads while its collectives run (docs/ERRORS.md).
-    #[error("GPU {device}'s kernel (rank {rank}) was launched {late:?} after the first rank's: the CUDA driver held the launch, most likely for another thread's blocking call on these GPUs (an allocation, a free, a copy with pageable host memory) while the first kernel waited at its barrier; the collective gave up")]
+    #[error("GPU {device}'s kernel (rank {rank}) was launched {late:?} after the first rank's: the CUDA driver held the launch, most likely for another thread's blocking CUDA call outside ringreduce on these GPUs (an allocation, a free, a copy with pageable host memory) while the first kernel waited at its barrier; the collective gave up")]
     LaunchBlocked {
         /// The rank whose launch came late.
         rank: usize,

@@ -325,7 +325,7 @@ impl CudaExecutor {
             ) => Error::Timeout {
                 rank,
                 waiting_on: format!(
-                    "{waiting_on} (a peer kernel waited for another that did not start: a stuck GPU, a peer's CUDA graph that was not replayed, or another thread's blocking CUDA call on these GPUs — an allocation, a free, a pageable copy — during the call; docs/ERRORS.md, \"Several threads\")"
+                    "{waiting_on} (a peer kernel waited for another that did not start: a stuck GPU, a peer's CUDA graph that was not replayed, or another thread's blocking CUDA call on these GPUs outside ringreduce — an allocation, a free, a pageable copy — during the call; docs/ERRORS.md, \"Several threads\")"
                 ),
                 after,
             },
