@@ -13,9 +13,10 @@
 //! `validate.rs`.
 //!
 //! A communicator is `Send + Sync`: calls from several threads are serialised, each holding it
-//! for its whole length. While a collective runs, other threads must not make CUDA calls that wait
-//! for its GPUs (allocations, frees, pageable copies): docs/ERRORS.md, "Several threads", and
-//! [`Error::LaunchBlocked`].
+//! for its whole length. Other threads may use `GpuBuffer`s meanwhile (ringreduce's own blocking
+//! calls wait for its peer kernels: [`crate::device::gate`]), but must not make CUDA calls outside
+//! ringreduce that wait for its GPUs (allocations, frees, pageable copies): docs/ERRORS.md,
+//! "Several threads", and [`Error::LaunchBlocked`].
 //!
 //! ```
 //! use ringreduce::{Communicator, ReduceOp};
