@@ -1,6 +1,6 @@
 //! The step table of a plan: for each rank, for each of its streams, the instructions in program
 //! order, one line each — the stream, the instruction's index in the rank's program, what it does
-//! (ranges in elements, events, peers) and where in the algorithm it sits ([`Tag`]).
+//! (ranges in elements, events, peers) and where in the algorithm it sits ([`ringreduce::plan::Tag`]).
 //!
 //! Notation: `r1.slots[4..6]` is elements 4 to 6 (exclusive) of rank 1's buffer of that kind
 //! ([`BufKind`]); `e7` is event 7 of the plan; `⊕` is the reduction.
