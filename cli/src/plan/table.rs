@@ -112,7 +112,7 @@ pub fn describe(plan: &Plan, instr: &Instr) -> (&'static str, String) {
     }
 }
 
-/// The buffers of rank `rank`: "input[7], output[7], slots[6]".
+/// The buffers of rank `rank`: `"input[7], output[7], slots[6]"`.
 fn buffers(plan: &Plan, rank: usize) -> String {
     let list: Vec<String> = plan
         .buffers
