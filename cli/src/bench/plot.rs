@@ -7,7 +7,7 @@ use super::collective::BenchCollective;
 use super::report::Row;
 use std::path::{Path, PathBuf};
 
-/// One plot per collective of `collectives` (those with rows), titled "<collective> <what>": at
+/// One plot per collective of `collectives` (those with rows), titled `"<collective> <what>"`: at
 /// `path` itself when there is one, else at [`plot_path`] for each.
 pub fn write_plots(
     path: &Path,
