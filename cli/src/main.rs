@@ -3,7 +3,7 @@
 //! `ringreduce` (no subcommand) is the main job, [`run`]: it looks for GPUs, runs the all-reduce on
 //! them — or, where no GPU or driver is found, on host ranks — checks every result exactly, and
 //! prints a table in the style of nccl-tests. [`info`] says what this build and machine have;
-//! [`topo`], [`p2p`], [`sync`] and [`tour`] look at the machine; [`bench`] measures against NCCL;
+//! [`topo`], [`p2p`], [`sync`] and [`tour`] look at the machine; [`bench`](mod@bench) measures against NCCL;
 //! [`plan`] shows and checks one plan, with no GPU.
 //! This file holds the command line, the exit codes and the flag parsers the subcommands share.
 //!
