@@ -20,7 +20,7 @@
 //!    with its reason.
 //!
 //! Nothing here enables peer access or allocates memory: `topo` only asks. [`gather`] returns the
-//! data (used by `ringreduce tour` as well), [`print`] shows it.
+//! data (used by `ringreduce tour` as well), [`print()`] shows it.
 
 use crate::Failure;
 use ringreduce::device::{self, DeviceInfo, P2pAttributes};
