@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# gpu-suite.sh — the GPU checks of a change, in phases that each fit one device call (≤ 10 min),
+# from prebuilt executables in one folder (the GPU host has no Rust toolchain).
+#
+# Here:   build the CLI and the GPU test executables (cargo test --release --no-run --test gpu …),
+#         copy them into one folder as ringreduce and test-<name>, with this script beside them.
+# There:  bash <folder>/gpu-suite.sh tests|sanitize|bench OUT_DIR
+#
+#   tests     tests/gpu.rs, gpu_graphs.rs, gpu_streams.rs, gpu_user.rs, gpu_collectives.rs
+#   sanitize  compute-sanitizer racecheck and synccheck on gpu_graphs (2 replays) and gpu_streams
+#   bench     every collective against the best NCCL configuration (auto), then ringreduce's ring
+#             and one-shot forms alone up to 128 MiB, where Auto's per-collective limit is set
+#
+# Logs go to OUT_DIR/logs (summary.log has one line per step and its exit code), packed into
+# OUT_DIR/logs.tgz at the end. NCCL_NVLS_ENABLE=0 always (NVLink multicast stays off).
+set -uo pipefail
+phase=${1:?tests|sanitize|bench}
+out=${2:?OUT_DIR}
+bin=$(cd "$(dirname "$0")" && pwd)
+logs="$out/logs"
+mkdir -p "$logs"
+export NCCL_NVLS_ENABLE=0
+step() {
+  local name=$1 limit=$2; shift 2
+  local start=$SECONDS
+  timeout "$limit" "$@" > "$logs/$name.log" 2>&1
+  echo "$name rc=$? ${SECONDS}s-${start}s" >> "$logs/summary.log"
+}
+{ date -u; nvidia-smi -L; nvidia-smi topo -m; } > "$logs/env-$phase.log" 2>&1
+case $phase in
+  tests)
+    for t in gpu_collectives gpu_streams gpu_graphs gpu_user gpu; do
+      step "test-$t" 300 "$bin/test-$t" --test-threads=1 --nocapture
+    done ;;
+  sanitize)
+    for tool in racecheck synccheck; do
+      RINGREDUCE_GRAPH_REPLAYS=2 step "san-$tool-graphs" 150 \
+        compute-sanitizer --tool "$tool" "$bin/test-gpu_graphs" --test-threads=1
+      step "san-$tool-streams" 120 \
+        compute-sanitizer --tool "$tool" "$bin/test-gpu_streams" --test-threads=1
+    done ;;
+  bench)
+    step bench-all 330 "$bin/ringreduce" bench --all -b 8 -e 128M -f 4 --no-staged \
+      --json "$logs/bench-all.json"
+    for a in ring oneshot; do
+      step "bench-$a" 110 "$bin/ringreduce" bench --all -b 8 -e 128M -f 4 --no-staged \
+        --no-nccl --algorithm "$a" -n 10 -w 3 --json "$logs/bench-$a.json"
+    done ;;
+  *) echo "unknown phase $phase"; exit 2 ;;
+esac
+tar czf "$out/logs.tgz" -C "$out" logs
+cat "$logs/summary.log"
