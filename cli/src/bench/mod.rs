@@ -105,6 +105,15 @@ pub struct BenchArgs {
     /// Skip NCCL.
     #[arg(long)]
     pub no_nccl: bool,
+    /// Launch ringreduce's peer calls from the caller's thread alone, one GPU after the other
+    /// (`CudaConfig::launch_threads` off), to compare with the launcher threads.
+    #[arg(long)]
+    pub no_launch_threads: bool,
+    /// Development on a one-GPU machine: two ranks share GPU 0 (`allow_shared_device`; the peer
+    /// kernels split its SMs), NCCL skipped (it refuses two ranks on one GPU). The times show the
+    /// host's part of a call and the kernels without NVLink: never a result to publish.
+    #[arg(long)]
+    pub shared_gpu: bool,
     /// Measure nothing: read a report written earlier with --json and draw it (--plot); no GPU
     /// needed.
     #[arg(long)]
@@ -177,6 +186,8 @@ pub fn cuda_config(args: &BenchArgs) -> ringreduce::CudaConfig {
         algorithm: args.algorithm,
         chunk_bytes: args.chunk,
         slots: args.slots,
+        allow_shared_device: args.shared_gpu,
+        launch_threads: !args.no_launch_threads,
         ..Default::default()
     }
 }
@@ -244,8 +255,17 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
         Some(path) => Some(torch::read_torch_json(path)?),
         None => None,
     };
-    let n = require_gpus(2)?;
-    let devices: Vec<usize> = (0..n).collect();
+    let (n, devices) = if args.shared_gpu {
+        (require_gpus(1)?, vec![0, 0])
+    } else {
+        let n = require_gpus(2)?;
+        (n, (0..n).collect())
+    };
+    let no_nccl = BenchArgs {
+        no_nccl: true,
+        ..args.clone()
+    };
+    let args = if args.shared_gpu { &no_nccl } else { args };
     let (chunk_bytes, slots) = (args.chunk.map(|b| b as u64), Some(args.slots as u64));
     let knobs = knobs_suffix(chunk_bytes, slots);
     let ring_label = format!(

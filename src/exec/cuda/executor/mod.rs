@@ -31,6 +31,7 @@
 mod callers;
 mod edges;
 mod handoff;
+mod launch;
 mod peer;
 mod ring;
 mod teardown;
@@ -85,6 +86,10 @@ pub struct CudaConfig {
     /// [`crate::exec::algorithm::deterministic_needs_peers`] for what it costs and what it
     /// refuses, and docs/guide/07-other-collectives.md, "Fold order"). Off by default.
     pub deterministic: bool,
+    /// Launch a peer call's kernels on every GPU at once, from a launcher thread per rank (rank
+    /// 0's from the caller's thread), instead of one GPU after the other from the caller's
+    /// thread. A launcher spins for 200 µs after each call, then sleeps. On by default.
+    pub launch_threads: bool,
 }
 
 impl Default for CudaConfig {
@@ -98,6 +103,7 @@ impl Default for CudaConfig {
             probe_edges: true,
             algorithm: Algorithm::Auto,
             deterministic: false,
+            launch_threads: true,
         }
     }
 }
@@ -200,6 +206,9 @@ pub(crate) struct CudaExecutor {
     /// The latest peer call whose launches were held up between ranks: the rank whose launch
     /// came late and by how much (`LaunchBlocked` names it when that call then fails).
     launch_blocked: std::sync::Mutex<Option<(usize, Duration)>>,
+    /// The launcher threads of ranks 1, 2, … (peer calls launched on every GPU at once), when the
+    /// peer kernels can run and `launch_threads` is on.
+    launchers: Option<Box<launch::Launchers>>,
 }
 
 impl CudaExecutor {
@@ -280,6 +289,10 @@ impl CudaExecutor {
             })
             .collect::<Result<Vec<_>>>()?;
         let contexts = ranks.iter().map(|r| r.ctx.clone()).collect();
+        let launchers = match &peer {
+            Some(_) if config.launch_threads => Some(Box::new(launch::Launchers::start(&ranks)?)),
+            _ => None,
+        };
         Ok(CudaExecutor {
             ranks,
             threads,
@@ -293,6 +306,7 @@ impl CudaExecutor {
             last_peer_kernel: PeerKernel::OneShot,
             contexts,
             launch_blocked: std::sync::Mutex::new(None),
+            launchers,
         })
     }
 

@@ -35,6 +35,7 @@ use crate::exec::cuda::kernels::{
 };
 use crate::exec::{panic_message, Enqueue};
 use crate::plan::{BufKind, Op, Plan, Ranks, Region, StreamKind};
+use cudarc::driver::CudaContext;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -217,86 +218,95 @@ impl CudaExecutor {
         Ok(())
     }
 
-    /// Enqueues a plan without events from the calling thread, rank after rank (each rank's
-    /// work goes on its own streams, so the order between ranks does not matter: the peer
-    /// kernels meet on the GPUs, whenever each is launched), then waits for completion if asked.
-    /// A panic is caught and returned as an error, as on the rank threads.
-    pub(super) fn run_inline(&self, call: &CudaCall) -> Result<()> {
+    /// Enqueues a plan without events on every rank — from the calling thread for rank 0 and, where
+    /// the communicator has them, from the launcher threads for the others at the same time
+    /// (module `launch`), else from the calling thread rank after rank (each rank's work goes on
+    /// its own streams, so the order between ranks does not matter: the peer kernels meet on the
+    /// GPUs, whenever each is launched) — then waits for completion if asked. A panic is caught
+    /// and returned as an error, as on the rank threads.
+    pub(super) fn run_inline(&mut self, call: &Arc<CudaCall>) -> Result<()> {
         let saved = device::save_current()?;
-        let current = std::cell::Cell::new(0usize);
-        // When the first rank's kernel was launched: its kernel now waits at a barrier for the
-        // others' kernels, so a later rank's launch that takes long is a kernel left waiting.
-        let mut first_launched: Option<Instant> = None;
-        let mut blocked: Option<(usize, Duration)> = None;
         // No blocking CUDA call of this crate runs between the ranks' launches, and each waits
         // for these kernels (module `device::gate`).
         let launching = device::gate::launching();
+        let started = Instant::now();
         if let Some(peer) = &call.peer {
-            *peer.last_launch.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+            *peer.last_launch.lock().unwrap_or_else(|p| p.into_inner()) = Some(started);
         }
-        let outcome = catch_unwind(AssertUnwindSafe(|| -> Result<()> {
-            for (rank, res) in self.ranks.iter().enumerate() {
-                current.set(rank);
-                let enqueued = (|| {
-                    device::bind(&res.ctx)?;
-                    let mut backend = CudaEnqueue {
-                        rank,
-                        res,
-                        contexts: &self.contexts,
-                        call,
-                        fuse_exposure: true,
-                        held: None,
-                        steps_launched: false,
-                    };
-                    for (index, instr) in call.prepared.plan.ranks[rank].iter().enumerate() {
-                        backend.enqueue(index, instr)?;
+        // Each rank's result and when its launch ended.
+        let mut launched: Vec<(Result<()>, Instant)> = Vec::with_capacity(self.ranks.len());
+        match self.launchers.as_mut() {
+            Some(launchers) => {
+                launchers.post(call);
+                launched.push(self.enqueue_rank_caught(0, call));
+                let launchers = self.launchers.as_ref().expect("posted above");
+                launched.extend(launchers.wait(call.deadline));
+            }
+            None => {
+                for rank in 0..self.ranks.len() {
+                    let outcome = self.enqueue_rank_caught(rank, call);
+                    let failed = outcome.0.is_err();
+                    launched.push(outcome);
+                    if failed {
+                        break;
                     }
-                    backend.flush()?;
-                    super::ring::record_done(res, call)
-                })();
-                let now = Instant::now();
-                let late = now - *first_launched.get_or_insert(now);
-                if late >= LAUNCH_BLOCKED_AFTER && blocked.is_none_or(|(_, d)| late > d) {
-                    blocked = Some((rank, late));
-                }
-                if let Err(err) = enqueued {
-                    // Ranks already launched spin at their barriers until the kernel's timeout
-                    // (shorter than the call's deadline); wait for them, so that nothing on a GPU
-                    // touches the caller's buffers after this call has returned its error.
-                    // (Bounded by the deadline: a stuck stream must not hold the caller.)
-                    for earlier in &self.ranks[..=rank] {
-                        let main = &earlier.streams[StreamKind::Main.index()];
-                        while matches!(device::stream_query(main), Ok(false))
-                            && Instant::now() < call.deadline
-                        {
-                            std::thread::sleep(Duration::from_micros(50));
-                        }
-                    }
-                    return Err(err);
                 }
             }
-            drop(launching);
-            *self
-                .launch_blocked
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()) = blocked;
-            if call.wait_complete {
-                for (rank, res) in self.ranks.iter().enumerate() {
-                    current.set(rank);
-                    wait_done(res, rank, call).map_err(|err| self.name_blocked_launch(err))?;
-                }
+        }
+        drop(launching);
+        // A later rank's launch that ended long after the first: its kernel waited that long.
+        let mut blocked: Option<(usize, Duration)> = None;
+        let first = launched.iter().map(|(_, at)| *at).min().unwrap_or(started);
+        for (rank, (_, at)) in launched.iter().enumerate() {
+            let late = *at - first;
+            if late >= LAUNCH_BLOCKED_AFTER && blocked.is_none_or(|(_, d)| late > d) {
+                blocked = Some((rank, late));
             }
-            Ok(())
-        }));
-        let restored = saved.restore();
-        let result = outcome.unwrap_or_else(|payload| {
+        }
+        *self
+            .launch_blocked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = blocked;
+        let result = match launched.into_iter().find_map(|(r, _)| r.err()) {
+            Some(err) => {
+                // Ranks already launched spin at their barriers until the kernel's timeout
+                // (shorter than the call's deadline); wait for them, so that nothing on a GPU
+                // touches the caller's buffers after this call has returned its error.
+                // (Bounded by the deadline: a stuck stream must not hold the caller.)
+                for res in &self.ranks {
+                    let main = &res.streams[StreamKind::Main.index()];
+                    while matches!(device::stream_query(main), Ok(false))
+                        && Instant::now() < call.deadline
+                    {
+                        std::thread::sleep(Duration::from_micros(50));
+                    }
+                }
+                Err(err)
+            }
+            None if call.wait_complete => {
+                self.ranks.iter().enumerate().try_for_each(|(rank, res)| {
+                    wait_done(res, rank, call).map_err(|err| self.name_blocked_launch(err))
+                })
+            }
+            None => Ok(()),
+        };
+        result.and(saved.restore())
+    }
+
+    /// [`enqueue_rank_inline`] for rank `rank` from the calling thread, a panic caught as an
+    /// error; with the time its launch ended.
+    fn enqueue_rank_caught(&self, rank: usize, call: &CudaCall) -> (Result<()>, Instant) {
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            enqueue_rank_inline(rank, &self.ranks[rank], &self.contexts, call)
+        }))
+        .unwrap_or_else(|payload| {
             Err(Error::RankFailed {
-                rank: current.get(),
+                rank,
                 during: "enqueue".into(),
                 message: panic_message(&*payload),
             })
         });
-        result.and(restored)
+        (result, Instant::now())
     }
 
     /// A timeout of a peer call whose launches were held up between ranks is that, by name:
@@ -385,6 +395,32 @@ impl CudaExecutor {
         }
         Ok(())
     }
+}
+
+/// Enqueues rank `rank`'s whole program of a plan without events on its own streams (binding its
+/// context), then its completion record: what the calling thread or a launcher thread does for
+/// one rank of a peer call.
+pub(super) fn enqueue_rank_inline(
+    rank: usize,
+    res: &RankRes,
+    contexts: &[Arc<CudaContext>],
+    call: &CudaCall,
+) -> Result<()> {
+    device::bind(&res.ctx)?;
+    let mut backend = CudaEnqueue {
+        rank,
+        res,
+        contexts,
+        call,
+        fuse_exposure: true,
+        held: None,
+        steps_launched: false,
+    };
+    for (index, instr) in call.prepared.plan.ranks[rank].iter().enumerate() {
+        backend.enqueue(index, instr)?;
+    }
+    backend.flush()?;
+    super::ring::record_done(res, call)
 }
 
 impl CudaCall {

@@ -97,6 +97,8 @@ impl CudaExecutor {
     }
 
     fn teardown(&mut self) -> Result<()> {
+        // Idle between calls (a call waits for its launchers): stopped and joined at once.
+        self.launchers = None;
         for (tx, handle) in self.threads.drain(..) {
             drop(tx);
             let _ = handle.join();
