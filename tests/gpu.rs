@@ -846,3 +846,57 @@ fn abort_does_not_hang_on_a_stuck_gpu() {
         fresh.close().unwrap();
     }
 }
+
+/// `launch_threads`: every peer algorithm launched on every GPU at once from the launcher
+/// threads gives the host reference's bits (blocking calls, and enqueued calls back to back with
+/// one synchronize), and the launchers are gone after `close`.
+#[test]
+fn launcher_threads_give_the_same_results() {
+    let Some(gpus) = two_gpus() else { return };
+    for algorithm in [Algorithm::OneShot, Algorithm::TwoShot, Algorithm::Auto] {
+        let comm = Communicator::with_config(
+            &gpus,
+            CudaConfig {
+                allow_shared_device: shared(&gpus),
+                algorithm,
+                launch_threads: true,
+                ..CudaConfig::default()
+            },
+        )
+        .unwrap();
+        for (count, offset) in [(1, 0), (1000, 1), (65_536, 0), (1 << 20, 3)] {
+            for in_place in [false, true] {
+                check_case::<f32>(&comm, count, ReduceOp::Sum, in_place, offset);
+                check_case::<half::bf16>(&comm, count, ReduceOp::Max, in_place, offset);
+            }
+        }
+        // 200 enqueued calls back to back, each into its own outputs (each launcher takes one
+        // job at a time), then one synchronize.
+        let count = 4099;
+        let world = gpus.len();
+        let inputs: Vec<GpuBuffer<i32>> = (0..world)
+            .map(|r| GpuBuffer::from_host(gpus[r], &make_input::<i32>(ReduceOp::Sum, r, count)))
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let mut outputs: Vec<Vec<GpuBuffer<i32>>> = (0..200)
+            .map(|_| {
+                gpus.iter()
+                    .map(|&g| GpuBuffer::zeroed(g, count).unwrap())
+                    .collect()
+            })
+            .collect();
+        for outs in &mut outputs {
+            // SAFETY: the buffers are only read back after the synchronize below.
+            unsafe { comm.enqueue_all_reduce(&inputs, outs, ReduceOp::Sum) }.unwrap();
+        }
+        comm.synchronize().unwrap();
+        let want = make_expected::<i32>(ReduceOp::Sum, world, count);
+        for (call, outs) in outputs.iter().enumerate() {
+            for (rank, b) in outs.iter().enumerate() {
+                let (wrong, first) = compare(rank, &b.to_host().unwrap(), &want, 3);
+                assert_eq!(wrong, 0, "{algorithm:?} call {call}: {first:?}");
+            }
+        }
+        comm.close().unwrap();
+    }
+}

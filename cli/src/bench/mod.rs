@@ -105,10 +105,10 @@ pub struct BenchArgs {
     /// Skip NCCL.
     #[arg(long)]
     pub no_nccl: bool,
-    /// Launch ringreduce's peer calls from the caller's thread alone, one GPU after the other
-    /// (`CudaConfig::launch_threads` off), to compare with the launcher threads.
+    /// Launch ringreduce's peer calls on every GPU at once from launcher threads
+    /// (`CudaConfig::launch_threads`), instead of one GPU after the other from the caller's thread.
     #[arg(long)]
-    pub no_launch_threads: bool,
+    pub launch_threads: bool,
     /// Development on a one-GPU machine: two ranks share GPU 0 (`allow_shared_device`; the peer
     /// kernels split its SMs), NCCL skipped (it refuses two ranks on one GPU). The times show the
     /// host's part of a call and the kernels without NVLink: never a result to publish.
@@ -187,7 +187,7 @@ pub fn cuda_config(args: &BenchArgs) -> ringreduce::CudaConfig {
         chunk_bytes: args.chunk,
         slots: args.slots,
         allow_shared_device: args.shared_gpu,
-        launch_threads: !args.no_launch_threads,
+        launch_threads: args.launch_threads,
         ..Default::default()
     }
 }

@@ -88,7 +88,10 @@ pub struct CudaConfig {
     pub deterministic: bool,
     /// Launch a peer call's kernels on every GPU at once, from a launcher thread per rank (rank
     /// 0's from the caller's thread), instead of one GPU after the other from the caller's
-    /// thread. A launcher spins for 200 µs after each call, then sleeps. On by default.
+    /// thread. A launcher spins for 200 µs after each call, then sleeps. Off by default until
+    /// measured on two GPUs: with two ranks sharing one H200 it changed the eager time little
+    /// (10.6–11.5 against 10.2–21.3 µs, 8 B–256 KiB) and raised the call-to-completion p99
+    /// (docs/runs/2026-12-01-s6-launch/NOTES.md).
     pub launch_threads: bool,
 }
 
@@ -103,7 +106,7 @@ impl Default for CudaConfig {
             probe_edges: true,
             algorithm: Algorithm::Auto,
             deterministic: false,
-            launch_threads: true,
+            launch_threads: false,
         }
     }
 }
