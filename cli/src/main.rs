@@ -228,6 +228,16 @@ pub fn describe_algorithm(comm: &Communicator) -> String {
     }
 }
 
+/// The same for a collective other than the all-reduce on `comm`: which form (the one-shot's or
+/// the ring's) runs by the collective's count in bytes.
+pub fn describe_collective_algorithm(
+    comm: &Communicator,
+    collective: &ringreduce::plan::Collective,
+) -> String {
+    describe_by_size(|b| comm.algorithm_for_collective(collective, b, false))
+        .replace("B per rank", "B of count")
+}
+
 fn describe_by_size(algorithm_for: impl Fn(usize) -> ringreduce::Algorithm) -> String {
     let name = |a: ringreduce::Algorithm| match a {
         ringreduce::Algorithm::OneShot => "one-shot (SM kernel reading peers)",

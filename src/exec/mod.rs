@@ -60,6 +60,22 @@ impl Shape {
         }
     }
 
+    /// The element count an automatic ring chunk is sized from (as for an all-reduce of that
+    /// many): the collective's count, except for send/recv, whose count is 0 and whose
+    /// transfers carry their own: there `world` × its longest transfer, so that a chunk is cut
+    /// from a transfer as a segment is from an all-reduce.
+    pub(crate) fn chunking_count(&self, world: usize) -> usize {
+        match &self.collective {
+            Collective::SendRecv { transfers } => transfers
+                .iter()
+                .map(|t| t.count)
+                .max()
+                .unwrap_or(0)
+                .saturating_mul(world),
+            _ => self.count,
+        }
+    }
+
     /// The operator as the plans see it: only `Avg` changes a plan (it adds the scaling).
     fn plan_op(&self) -> ReduceOp {
         if self.average {
@@ -380,4 +396,48 @@ pub(crate) fn enqueue_rank(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::cuda::executor::auto_chunk_bytes;
+    use crate::plan::Transfer;
+
+    /// Send/recv's shape has count 0: its automatic chunk must come from its transfers, or a
+    /// transfer is cut into one-element chunks (a copy and two events per element).
+    #[test]
+    fn send_recv_chunks_follow_the_longest_transfer() {
+        let transfers = vec![
+            Transfer {
+                from: 0,
+                to: 1,
+                count: 2 << 20,
+            },
+            Transfer {
+                from: 1,
+                to: 0,
+                count: 5,
+            },
+        ];
+        let shape =
+            Shape::collective::<f32>(Collective::SendRecv { transfers }, 0, false, ReduceOp::Sum);
+        let elems = shape.chunking_count(2);
+        assert_eq!(elems, 4 << 20);
+        let chunk_elems = auto_chunk_bytes(elems, 2, 4, false) / 4;
+        let plan = shape
+            .checked_collective_plan(chunk_elems, 3, 4, vec![EdgeTransport::Peer; 2])
+            .unwrap();
+        let copies = plan.ranks[0]
+            .iter()
+            .filter(|i| matches!(i.op, Op::Copy { .. }))
+            .count();
+        assert!(
+            (1..=4).contains(&copies),
+            "8 MiB sent in {copies} chunks of {chunk_elems} elements"
+        );
+        // Every other collective sizes its chunks from its own count.
+        let gather = Shape::collective::<f32>(Collective::AllGather, 1000, false, ReduceOp::Sum);
+        assert_eq!(gather.chunking_count(4), 1000);
+    }
 }

@@ -266,9 +266,14 @@ impl Sweep<'_> {
             dtype: args.dtype.name().into(),
             redop: which.redop_name(args.op).into(),
             algorithm: match lib {
-                Lib::Ring(comm) if which == BenchCollective::AllReduce => {
+                Lib::Ring(comm) => {
+                    let world = self.devices.len();
+                    let count = which.count(bytes, elem, world);
+                    let collective = which.collective(world, count);
                     let name = |in_place| {
-                        format!("{:?}", comm.algorithm_for(bytes, in_place)).to_lowercase()
+                        let algorithm =
+                            comm.algorithm_for_collective(&collective, count * elem, in_place);
+                        format!("{algorithm:?}").to_lowercase()
                     };
                     let (oop, ip) = (name(false), name(true));
                     Some(if oop == ip {

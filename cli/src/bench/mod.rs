@@ -379,6 +379,24 @@ fn measure_pass(
         format!("{label} algorithm"),
         crate::describe_algorithm(&comm),
     ));
+    if args
+        .collectives()
+        .iter()
+        .any(|&c| c != BenchCollective::AllReduce)
+    {
+        // The other collectives share one rule (the one-shot's form up to a limit on the bytes
+        // crossing a rank's links): shown for the all-gather, whose count is a rank's block.
+        header.push((
+            format!("{label} other collectives"),
+            format!(
+                "{} (send/recv: ring at every size)",
+                crate::describe_collective_algorithm(
+                    &comm,
+                    &ringreduce::plan::Collective::AllGather,
+                )
+            ),
+        ));
+    }
     header.push((format!("{label} links"), describe_links(&comm, detected)));
     let from = if first { 0 } else { printed };
     for (k, v) in &header[from..] {

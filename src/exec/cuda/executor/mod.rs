@@ -408,7 +408,7 @@ impl CudaExecutor {
                     .edges
                     .iter()
                     .any(|e| e.transport == EdgeTransport::Staged);
-                auto_chunk_bytes(shape.count, n, shape.elem_bytes, staged)
+                auto_chunk_bytes(shape.chunking_count(n), n, shape.elem_bytes, staged)
             });
             (chunk_bytes / shape.elem_bytes).max(1)
         };
