@@ -131,14 +131,7 @@ impl OneShotSpec {
                     ops.push(Op::Scale { region: out });
                 }
             }
-            plan.ranks[rank] = ops
-                .into_iter()
-                .map(|op| Instr {
-                    stream: StreamKind::Main,
-                    op,
-                    tag: TAG,
-                })
-                .collect();
+            plan.ranks[rank] = on_main(ops);
         }
         Ok(plan)
     }
@@ -214,14 +207,7 @@ impl OneShotSpec {
             } else {
                 self.meetings(&plan, collective, rank, src)
             };
-            plan.ranks[rank] = ops
-                .into_iter()
-                .map(|op| Instr {
-                    stream: StreamKind::Main,
-                    op,
-                    tag: TAG,
-                })
-                .collect();
+            plan.ranks[rank] = on_main(ops);
         }
         Ok(plan)
     }
@@ -327,6 +313,17 @@ fn local_copy(plan: &Plan, rank: usize) -> Vec<Op> {
         }],
         _ => Vec::new(),
     }
+}
+
+/// A rank's program: `ops` in order on its Main stream.
+fn on_main(ops: Vec<Op>) -> Vec<Instr> {
+    ops.into_iter()
+        .map(|op| Instr {
+            stream: StreamKind::Main,
+            op,
+            tag: TAG,
+        })
+        .collect()
 }
 
 pub(super) fn declare(plan: &mut Plan, rank: usize, kind: BufKind, len: usize) {
