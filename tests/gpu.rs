@@ -9,24 +9,11 @@ use ringreduce::exec::cuda::probe;
 use ringreduce::verify::{compare, make_expected, make_input};
 use ringreduce::{Algorithm, Communicator, CudaConfig, Element, GpuBuffer, ReduceOp, Transport};
 
-/// The GPUs to use: two distinct GPUs where there are, or — on a one-GPU machine — two ranks
-/// sharing GPU 0 (every stream, event, kernel, staging and copy path runs, but no copy crosses
-/// between GPUs; the test says so). `None`, after printing the waiver, without GPUs.
+mod common;
+
+/// The GPUs to use: [`common::two_gpus_or_shared`].
 fn two_gpus() -> Option<[usize; 2]> {
-    let count = device::driver_available()
-        .and_then(|()| device::device_count())
-        .unwrap_or(0);
-    match count {
-        0 => {
-            println!("waived: needs ≥ 2 GPUs (found none)");
-            None
-        }
-        1 => {
-            println!("note: one GPU: two ranks share GPU 0; copies between GPUs are not exercised");
-            Some([0, 0])
-        }
-        _ => Some([0, 1]),
-    }
+    common::two_gpus_or_shared()
 }
 
 fn shared(devices: &[usize]) -> bool {

@@ -320,22 +320,6 @@ fn read_only_views_are_inputs() {
     assert!(bufs[0].view(count, count + 1).is_err());
 }
 
-/// Two distinct GPUs where there are, else two ranks sharing GPU 0 (the peer kernels then run
-/// side by side on it); `None` without a GPU.
-fn peer_gpus() -> Option<[usize; 2]> {
-    let count = ringreduce::driver_available()
-        .and_then(|()| ringreduce::device_count())
-        .unwrap_or(0);
-    match count {
-        0 => {
-            println!("waived: needs a GPU");
-            None
-        }
-        1 => Some([0, 0]),
-        _ => Some([0, 1]),
-    }
-}
-
 /// Peer calls (one-shot all-reduces) on one thread for ten seconds while another thread runs
 /// `blocking` on the same GPUs in a loop: the number of calls made, or the first error.
 fn peer_calls_beside(gpus: [usize; 2], blocking: fn(usize)) -> ringreduce::Result<usize> {
@@ -385,7 +369,9 @@ fn peer_calls_beside(gpus: [usize; 2], blocking: fn(usize)) -> ringreduce::Resul
 /// call succeeds.
 #[test]
 fn our_buffers_on_another_thread_beside_peer_calls() {
-    let Some(gpus) = peer_gpus() else { return };
+    let Some(gpus) = common::two_gpus_or_shared() else {
+        return;
+    };
     let outcome = peer_calls_beside(gpus, |g| {
         let b = GpuBuffer::from_host(g, &vec![2.0f32; 1 << 20]).unwrap();
         let _ = b.to_host().unwrap();
@@ -404,7 +390,9 @@ fn our_buffers_on_another_thread_beside_peer_calls() {
 /// Prints which happened.
 #[test]
 fn blocking_calls_on_another_thread_fail_in_time_and_say_why() {
-    let Some(gpus) = peer_gpus() else { return };
+    let Some(gpus) = common::two_gpus_or_shared() else {
+        return;
+    };
     let outcome = peer_calls_beside(gpus, |g| {
         use cudarc::driver::result;
         let ctx = ringreduce::device::context(g).unwrap();

@@ -88,6 +88,27 @@ pub fn two_gpus() -> Option<[usize; 2]> {
     Some([0, 1])
 }
 
+/// Two distinct GPUs where there are, or — on a one-GPU machine — two ranks sharing GPU 0 (every
+/// stream, event, kernel and copy path runs, the peer kernels side by side on the one GPU, but
+/// nothing crosses between GPUs; the test says so). `None`, after printing the waiver, without
+/// a GPU. Communicators over `[0, 0]` need `allow_shared_device`.
+pub fn two_gpus_or_shared() -> Option<[usize; 2]> {
+    let count = ringreduce::driver_available()
+        .and_then(|()| ringreduce::device_count())
+        .unwrap_or(0);
+    match count {
+        0 => {
+            println!("waived: needs ≥ 2 GPUs (found none)");
+            None
+        }
+        1 => {
+            println!("note: one GPU: two ranks share GPU 0; copies between GPUs are not exercised");
+            Some([0, 0])
+        }
+        _ => Some([0, 1]),
+    }
+}
+
 /// A new cudarc stream on each GPU, in the order given.
 pub fn new_streams(gpus: &[usize]) -> Vec<std::sync::Arc<cudarc::driver::CudaStream>> {
     gpus.iter()
