@@ -6,7 +6,7 @@
 use common::two_gpus;
 use ringreduce::device;
 use ringreduce::verify::{compare, expected_value, input_value};
-use ringreduce::{Algorithm, Communicator, CudaConfig, Error, GpuBuffer, ReduceOp};
+use ringreduce::{Algorithm, Communicator, CudaConfig, Error, GpuBuffer, ReduceOp, Transport};
 
 mod common;
 
@@ -46,9 +46,10 @@ fn bad_collective_calls_are_refused_on_gpus() {
     comm.close().unwrap();
 }
 
-/// Every collective on 2 GPUs (both placements where NCCL has them), in both forms — the
-/// ring's (copy engines) and the one-shot's (SM kernels reading peer memory; send/recv has only
-/// the ring's) — against the host reference, at counts 0, 1, a prime and 1 Mi + 7.
+/// Every collective on 2 GPUs (both placements where NCCL has them), in every form — the
+/// ring's over peer copies and staged through pinned host memory, and the one-shot's (SM
+/// kernels reading peer memory; send/recv has only the ring's) — against the host reference, at
+/// counts 0, 1, a prime and 1 Mi + 7.
 #[test]
 fn every_collective_on_gpus_matches_the_host_reference() {
     let Some(devices) = two_gpus() else { return };
@@ -65,17 +66,25 @@ fn every_collective_with_three_ranks_on_one_gpu() {
     every_collective(&devices);
 }
 
-/// Every collective on `devices` against the host reference, in the ring's and the one-shot's
-/// form; the send/recv exchange is between ranks 0 and 1.
+/// Every collective on `devices` against the host reference, in every form ([`FORMS`]); the
+/// send/recv exchange is between ranks 0 and 1.
 fn every_collective(devices: &[usize]) {
-    for algorithm in [Algorithm::Ring, Algorithm::OneShot] {
-        every_collective_in(devices, algorithm);
+    for (algorithm, transport) in FORMS {
+        every_collective_in(devices, algorithm, transport);
     }
 }
 
-fn every_collective_in(devices: &[usize], algorithm: Algorithm) {
+/// Every form a collective runs in: the ring's over peer copies and staged through pinned host
+/// memory, and the one-shot's.
+const FORMS: [(Algorithm, Transport); 3] = [
+    (Algorithm::Ring, Transport::Peer),
+    (Algorithm::Ring, Transport::Staged),
+    (Algorithm::OneShot, Transport::Auto),
+];
+
+fn every_collective_in(devices: &[usize], algorithm: Algorithm, transport: Transport) {
     let n = devices.len();
-    let comm = communicator(devices, algorithm);
+    let comm = communicator(devices, algorithm, transport);
     for count in [0, 1, 1009, (1 << 20) + 7] {
         // Reduce-scatter, out of place.
         let inputs: Vec<_> = (0..n)
@@ -93,7 +102,7 @@ fn every_collective_in(devices: &[usize], algorithm: Algorithm) {
             let (wrong, first) = compare(r, &out.to_host().unwrap(), &want, 4);
             assert_eq!(
                 wrong, 0,
-                "reduce-scatter count {count} {algorithm:?}: {first:?}"
+                "reduce-scatter count {count} {algorithm:?} {transport:?}: {first:?}"
             );
         }
         // All-gather, in place.
@@ -110,7 +119,7 @@ fn every_collective_in(devices: &[usize], algorithm: Algorithm) {
             let (wrong, first) = compare(r, &b.to_host().unwrap(), &want, 4);
             assert_eq!(
                 wrong, 0,
-                "all-gather count {count} {algorithm:?}: {first:?}"
+                "all-gather count {count} {algorithm:?} {transport:?}: {first:?}"
             );
         }
         // Broadcast from the last rank, reduce (avg) into rank 0, all-to-all.
@@ -121,7 +130,10 @@ fn every_collective_in(devices: &[usize], algorithm: Algorithm) {
             .unwrap();
         for (r, b) in outs.iter().enumerate() {
             let (wrong, first) = compare(r, &b.to_host().unwrap(), &input(n - 1, count), 4);
-            assert_eq!(wrong, 0, "broadcast count {count} {algorithm:?}: {first:?}");
+            assert_eq!(
+                wrong, 0,
+                "broadcast count {count} {algorithm:?} {transport:?}: {first:?}"
+            );
         }
         let inputs: Vec<_> = (0..n).map(|r| gpu(devices[r], &input(r, count))).collect();
         let mut out = gpu(devices[0], &vec![77.0; count]);
@@ -130,7 +142,10 @@ fn every_collective_in(devices: &[usize], algorithm: Algorithm) {
             .map(|k| expected_value(ReduceOp::Avg, n, k))
             .collect();
         let (wrong, first) = compare(0, &out.to_host().unwrap(), &want, 4);
-        assert_eq!(wrong, 0, "reduce count {count} {algorithm:?}: {first:?}");
+        assert_eq!(
+            wrong, 0,
+            "reduce count {count} {algorithm:?} {transport:?}: {first:?}"
+        );
         let inputs: Vec<_> = (0..n)
             .map(|r| gpu(devices[r], &input(r, n * count)))
             .collect();
@@ -145,7 +160,7 @@ fn every_collective_in(devices: &[usize], algorithm: Algorithm) {
             let (wrong, first) = compare(r, &b.to_host().unwrap(), &want, 4);
             assert_eq!(
                 wrong, 0,
-                "all-to-all count {count} {algorithm:?}: {first:?}"
+                "all-to-all count {count} {algorithm:?} {transport:?}: {first:?}"
             );
         }
         // Reduce-scatter in place: the result is block r of each rank's buffer.
@@ -162,7 +177,7 @@ fn every_collective_in(devices: &[usize], algorithm: Algorithm) {
             let (wrong, first) = compare(r, &got[r * count..(r + 1) * count], &want, 4);
             assert_eq!(
                 wrong, 0,
-                "reduce-scatter in place count {count} {algorithm:?}: {first:?}"
+                "reduce-scatter in place count {count} {algorithm:?} {transport:?}: {first:?}"
             );
         }
         // Broadcast in place from rank 0.
@@ -172,7 +187,7 @@ fn every_collective_in(devices: &[usize], algorithm: Algorithm) {
             let (wrong, first) = compare(r, &b.to_host().unwrap(), &input(0, count), 4);
             assert_eq!(
                 wrong, 0,
-                "broadcast in place count {count} {algorithm:?}: {first:?}"
+                "broadcast in place count {count} {algorithm:?} {transport:?}: {first:?}"
             );
         }
         // Send/recv: a pipeline exchange where both ranks send and receive in one call.
@@ -190,7 +205,7 @@ fn every_collective_in(devices: &[usize], algorithm: Algorithm) {
             let (wrong, first) = compare(i, &recvs[i].to_host().unwrap(), &input(from, count), 4);
             assert_eq!(
                 wrong, 0,
-                "send/recv {from} count {count} {algorithm:?}: {first:?}"
+                "send/recv {from} count {count} {algorithm:?} {transport:?}: {first:?}"
             );
         }
     }
@@ -212,7 +227,7 @@ fn collectives_on_the_callers_streams() {
 fn collectives_on_the_callers_streams_in(devices: &[usize], algorithm: Algorithm) {
     use ringreduce::{Buffer, Collective};
     let n = devices.len();
-    let comm = communicator(devices, algorithm);
+    let comm = communicator(devices, algorithm, Transport::Auto);
     let streams: Vec<_> = devices
         .iter()
         .map(|&d| device::context(d).unwrap().new_stream().unwrap())
@@ -363,14 +378,14 @@ fn reducing_collectives_of<T: ringreduce::Element>(
 }
 
 fn reducing_collectives(devices: &[usize]) {
-    for algorithm in [Algorithm::Ring, Algorithm::OneShot] {
-        reducing_collectives_in(devices, algorithm);
+    for (algorithm, transport) in FORMS {
+        reducing_collectives_in(devices, algorithm, transport);
     }
 }
 
-fn reducing_collectives_in(devices: &[usize], algorithm: Algorithm) {
+fn reducing_collectives_in(devices: &[usize], algorithm: Algorithm, transport: Transport) {
     use half::{bf16, f16};
-    let comm = communicator(devices, algorithm);
+    let comm = communicator(devices, algorithm, transport);
     for (count, offset) in [(1, 0), (7, 1), (1009, 3), (65_537, 0)] {
         reducing_collectives_of::<f16>(&comm, count, offset);
         reducing_collectives_of::<bf16>(&comm, count, offset);
@@ -386,7 +401,7 @@ fn reducing_collectives_in(devices: &[usize], algorithm: Algorithm) {
     comm.health().unwrap();
 }
 
-/// Every type and operator of the reducing collectives on two GPUs, in both forms.
+/// Every type and operator of the reducing collectives on two GPUs, in every form.
 #[test]
 fn reducing_collectives_every_type_and_op() {
     let Some(devices) = two_gpus() else { return };
@@ -414,12 +429,13 @@ fn three_ranks_on_one_gpu() -> Option<[usize; 3]> {
     Some([0, 0, 0])
 }
 
-/// A communicator over `devices` running `algorithm`'s form of every collective, in the shared
-/// mode where a device repeats.
-fn communicator(devices: &[usize], algorithm: Algorithm) -> Communicator {
+/// A communicator over `devices` running `algorithm`'s form of every collective over
+/// `transport`, in the shared mode where a device repeats.
+fn communicator(devices: &[usize], algorithm: Algorithm, transport: Transport) -> Communicator {
     let config = CudaConfig {
         allow_shared_device: devices.iter().skip(1).any(|&d| d == devices[0]),
         algorithm,
+        transport,
         ..CudaConfig::default()
     };
     Communicator::with_config(devices, config).unwrap()
