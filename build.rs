@@ -25,11 +25,12 @@ use std::path::{Path, PathBuf};
 use std::process::{exit, Command};
 
 /// The kernel source's parts, in the order they are joined (each opens with what it holds).
-const PARTS: [&str; 6] = [
+const PARTS: [&str; 7] = [
     "cuda/types.cuh",
     "cuda/reduce.cuh",
     "cuda/peer.cuh",
     "cuda/peer_kernels.cuh",
+    "cuda/ll.cuh",
     "cuda/handoff.cuh",
     "cuda/instances.cuh",
 ];

@@ -1,9 +1,10 @@
-// Part 5 of the kernel source of ringreduce: the handoff kernels, which carry the ring's
+// Part 6 of the kernel source of ringreduce: the handoff kernels, which carry the ring's
 // cross-GPU "record on one GPU, wait on another" when the collective is captured into CUDA
 // graphs.
 //
 // Joined into one translation unit by build.rs, in this order: types.cuh, reduce.cuh, peer.cuh,
-// peer_kernels.cuh, handoff.cuh, instances.cuh (build.rs: PARTS). No part includes another.
+// peer_kernels.cuh, ll.cuh, handoff.cuh, instances.cuh (build.rs: PARTS). No part includes
+// another.
 //
 // Why kernels: an event wait across two captures (one graph per GPU, as one process per GPU
 // would make) is not allowed, and a wait captured on a stream memory operation cannot time out.

@@ -1,17 +1,19 @@
-// Part 6 of the kernel source of ringreduce: the exported kernels, every symbol spelled out in
+// Part 7 of the kernel source of ringreduce: the exported kernels, every symbol spelled out in
 // full, where the unit tests in src/exec/cuda/kernels/ find them by name.
 //
 // Joined into one translation unit by build.rs, in this order: types.cuh, reduce.cuh, peer.cuh,
-// peer_kernels.cuh, handoff.cuh, instances.cuh (build.rs: PARTS). No part includes another:
-// NVRTC compiles the joined text with no include paths, so the kernels include NO header at all.
+// peer_kernels.cuh, ll.cuh, handoff.cuh, instances.cuh (build.rs: PARTS). No part includes
+// another: NVRTC compiles the joined text with no include paths, so the kernels include NO
+// header at all.
 
 // ---------------------------------------------------------------------------------------------
-// The exported kernels: 4 operators x 10 types of pairwise reduce, of one-shot and of two-shot
-// all-reduce and of the other collectives' one-shot steps, one scale kernel per type, and the
-// two handoff kernels (at the end). RR_REDUCE(symbol, op, type), RR_ONESHOT(symbol, op, type),
-// RR_TWOSHOT(symbol, op, type), RR_STEPS(symbol, op, type) and RR_SCALE(symbol, type): the
-// symbol is written out in full and must read rr_reduce_<op>_<type> / rr_oneshot_<op>_<type> /
-// rr_twoshot_<op>_<type> / rr_steps_<op>_<type> / rr_scale_<type> (checked by the tests in
+// The exported kernels: 4 operators x 10 types of pairwise reduce, of one-shot, of two-shot and
+// of LL one-shot all-reduce and of the other collectives' one-shot steps, one scale kernel per
+// type, and the two handoff kernels (at the end). RR_REDUCE(symbol, op, type),
+// RR_ONESHOT(symbol, op, type), RR_TWOSHOT(symbol, op, type), RR_STEPS(symbol, op, type),
+// RR_LL(symbol, op, type) and RR_SCALE(symbol, type): the symbol is written out in full and must
+// read rr_reduce_<op>_<type> / rr_oneshot_<op>_<type> / rr_twoshot_<op>_<type> /
+// rr_steps_<op>_<type> / rr_ll_<op>_<type> / rr_scale_<type> (checked by the tests in
 // src/exec/cuda/kernels/mod.rs).
 // ---------------------------------------------------------------------------------------------
 #define RR_REDUCE(symbol, op, type)                                                          \
@@ -48,6 +50,15 @@
                unsigned long long count, unsigned long long timeout_ns, unsigned* error) {   \
         rr_steps_kernel<type, rr_op_##op>(peers, steps, world, rank, count, timeout_ns,      \
                                           error);                                            \
+    }
+
+#define RR_LL(symbol, op, type)                                                              \
+    extern "C" __global__ void __launch_bounds__(RR_LL_THREADS, 1)                         \
+        symbol(rr_ll_peers peers, unsigned* flags, unsigned world, unsigned rank,             \
+               const type::T* src, type::T* dst, unsigned long long count,                   \
+               unsigned long long timeout_ns, unsigned* error) {                             \
+        rr_ll_kernel<type, rr_op_##op>(peers, flags, world, rank, src, dst, count,           \
+                                       timeout_ns, error);                                   \
     }
 
 RR_REDUCE(rr_reduce_sum_f16, sum, rr_f16)
@@ -231,6 +242,49 @@ RR_STEPS(rr_steps_max_u32, max, rr_u32)
 RR_STEPS(rr_steps_max_i64, max, rr_i64)
 RR_STEPS(rr_steps_max_u64, max, rr_u64)
 
+RR_LL(rr_ll_sum_f16, sum, rr_f16)
+RR_LL(rr_ll_sum_bf16, sum, rr_bf16)
+RR_LL(rr_ll_sum_f32, sum, rr_f32)
+RR_LL(rr_ll_sum_f64, sum, rr_f64)
+RR_LL(rr_ll_sum_i8, sum, rr_i8)
+RR_LL(rr_ll_sum_u8, sum, rr_u8)
+RR_LL(rr_ll_sum_i32, sum, rr_i32)
+RR_LL(rr_ll_sum_u32, sum, rr_u32)
+RR_LL(rr_ll_sum_i64, sum, rr_i64)
+RR_LL(rr_ll_sum_u64, sum, rr_u64)
+
+RR_LL(rr_ll_prod_f16, prod, rr_f16)
+RR_LL(rr_ll_prod_bf16, prod, rr_bf16)
+RR_LL(rr_ll_prod_f32, prod, rr_f32)
+RR_LL(rr_ll_prod_f64, prod, rr_f64)
+RR_LL(rr_ll_prod_i8, prod, rr_i8)
+RR_LL(rr_ll_prod_u8, prod, rr_u8)
+RR_LL(rr_ll_prod_i32, prod, rr_i32)
+RR_LL(rr_ll_prod_u32, prod, rr_u32)
+RR_LL(rr_ll_prod_i64, prod, rr_i64)
+RR_LL(rr_ll_prod_u64, prod, rr_u64)
+
+RR_LL(rr_ll_min_f16, min, rr_f16)
+RR_LL(rr_ll_min_bf16, min, rr_bf16)
+RR_LL(rr_ll_min_f32, min, rr_f32)
+RR_LL(rr_ll_min_f64, min, rr_f64)
+RR_LL(rr_ll_min_i8, min, rr_i8)
+RR_LL(rr_ll_min_u8, min, rr_u8)
+RR_LL(rr_ll_min_i32, min, rr_i32)
+RR_LL(rr_ll_min_u32, min, rr_u32)
+RR_LL(rr_ll_min_i64, min, rr_i64)
+RR_LL(rr_ll_min_u64, min, rr_u64)
+
+RR_LL(rr_ll_max_f16, max, rr_f16)
+RR_LL(rr_ll_max_bf16, max, rr_bf16)
+RR_LL(rr_ll_max_f32, max, rr_f32)
+RR_LL(rr_ll_max_f64, max, rr_f64)
+RR_LL(rr_ll_max_i8, max, rr_i8)
+RR_LL(rr_ll_max_u8, max, rr_u8)
+RR_LL(rr_ll_max_i32, max, rr_i32)
+RR_LL(rr_ll_max_u32, max, rr_u32)
+RR_LL(rr_ll_max_i64, max, rr_i64)
+RR_LL(rr_ll_max_u64, max, rr_u64)
 // The handoff kernels of captured rings (handoff.cuh).
 extern "C" __global__ void rr_handoff_signal(unsigned* sent, unsigned* mailbox) {
     rr_handoff_signal_body(sent, mailbox);

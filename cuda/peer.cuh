@@ -3,8 +3,9 @@
 // elements between threads and the split copy. The kernel bodies are in peer_kernels.cuh.
 //
 // Joined into one translation unit by build.rs, in this order: types.cuh, reduce.cuh, peer.cuh,
-// peer_kernels.cuh, handoff.cuh, instances.cuh (build.rs: PARTS). No part includes another:
-// NVRTC compiles the joined text with no include paths, so the kernels include NO header at all.
+// peer_kernels.cuh, ll.cuh, handoff.cuh, instances.cuh (build.rs: PARTS). No part includes
+// another: NVRTC compiles the joined text with no include paths, so the kernels include NO
+// header at all.
 
 // ---------------------------------------------------------------------------------------------
 // The peer kernels (one-shot and two-shot all-reduce): every rank reads every rank's memory
@@ -21,10 +22,12 @@
 //
 // Epochs live on the device: word RR_PEER_EPOCH_BASE + block of a rank's array is its block
 // `block`'s epoch, which that block advances itself at the start of every kernel it runs (1, 2,
-// 3, ... wrapping, skipping 0). Nothing about a call is passed in from the host, so a launch
-// captured into a CUDA graph is correct on every replay. Every rank runs the same grid for the
-// same call (the grid depends only on dtype and count), and a rank's peer kernels run one after
-// another (all on its Main stream), so block b's epoch advances in step on every rank. Flags are
+// 3, ... wrapping, skipping 0 with the parity kept: rr_epoch_next). The LL one-shot (ll.cuh)
+// advances the same words, so calls of every peer kernel share one epoch sequence per block.
+// Nothing about a call is passed in from the host, so a launch captured into a CUDA graph is
+// correct on every replay. Every rank runs the same grid for the same call (the grid depends
+// only on dtype and count), and a rank's peer kernels run one after another (all on its Main
+// stream), so block b's epoch advances in step on every rank. Flags are
 // never cleared — except a start signal withdrawn by a block that timed out (0, which no block
 // waits for). A word has "reached" the call when it EQUALS the block's epoch. Equality is enough,
 // since a peer cannot write the next epoch into a word this block still waits on (its next call
@@ -116,6 +119,14 @@ static __device__ __forceinline__ unsigned rr_flag_word(unsigned phase, unsigned
     return (phase * RR_PEER_MAX_BLOCKS + block) * RR_PEER_MAX_RANKS + from;
 }
 
+// The epoch after `epoch`: epoch + 1, skipping 0 (never an epoch: a zeroed or withdrawn word)
+// and keeping the parity alternating across the wrap (0xffffffff is followed by 2, not 1), since
+// the LL one-shot (ll.cuh) picks its receive set by the epoch's parity.
+static __device__ __forceinline__ unsigned rr_epoch_next(unsigned epoch) {
+    const unsigned next = epoch + 1u;
+    return next == 0u ? 2u : next;
+}
+
 // The kernel's deadline on the global timer: timeout_ns after now (the block's start), saturating.
 // Every barrier of the kernel gives up at this one deadline, so the whole kernel ends within
 // timeout_ns of its start however many barriers it has.
@@ -149,8 +160,7 @@ static __device__ __forceinline__ bool rr_peer_begin(const rr_peers& peers, unsi
             flags[r] = peers.flags[r];
         }
         unsigned* mine = peers.flags[rank] + RR_PEER_EPOCH_BASE + blockIdx.x;
-        unsigned next = *mine + 1u;
-        next = next == 0u ? 1u : next;
+        const unsigned next = rr_epoch_next(*mine);
         *mine = next;
         *epoch = next;
     }

@@ -3,8 +3,9 @@
 // pieces of peer.cuh.
 //
 // Joined into one translation unit by build.rs, in this order: types.cuh, reduce.cuh, peer.cuh,
-// peer_kernels.cuh, handoff.cuh, instances.cuh (build.rs: PARTS). No part includes another:
-// NVRTC compiles the joined text with no include paths, so the kernels include NO header at all.
+// peer_kernels.cuh, ll.cuh, handoff.cuh, instances.cuh (build.rs: PARTS). No part includes
+// another: NVRTC compiles the joined text with no include paths, so the kernels include NO
+// header at all.
 
 // ---------------------------------------------------------------------------------------------
 // rr_oneshot_<op>_<type>(rr_peers peers, unsigned world, unsigned rank, T* dst,
@@ -193,7 +194,7 @@ static __device__ __forceinline__ rr_peers rr_peers_all(const rr_peers& peers, c
 //   steps.steps <= RR_STEPS_MAX (else code 3). No step writes what any step of any rank reads,
 //   except a fold whose dst is exactly this rank's own source of that step (read element by
 //   element before it is written, by the same thread): the planner's invariant, verified by
-//   the executor before launch (steps_layout in src/exec/cuda/executor/peer.rs). So the steps
+//   the executor before launch (steps_layout in src/exec/cuda/executor/layout.rs). So the steps
 //   need no barrier between them; sources are ready at the start barrier (written before their
 //   rank's kernel started) and nobody reads them after the end barrier. Nothing here depends on
 //   which block handles which index, so a rank's steps may differ from its peers'.

@@ -2,8 +2,9 @@
 // pairwise reduce (one ring step) and the Avg-scale (the last step of Avg).
 //
 // Joined into one translation unit by build.rs, in this order: types.cuh, reduce.cuh, peer.cuh,
-// peer_kernels.cuh, handoff.cuh, instances.cuh (build.rs: PARTS). No part includes another:
-// NVRTC compiles the joined text with no include paths, so the kernels include NO header at all.
+// peer_kernels.cuh, ll.cuh, handoff.cuh, instances.cuh (build.rs: PARTS). No part includes
+// another: NVRTC compiles the joined text with no include paths, so the kernels include NO
+// header at all.
 
 // ---------------------------------------------------------------------------------------------
 // rr_reduce_<op>_<type>(T* dst, const T* a, const T* b, unsigned long long count)

@@ -1,8 +1,9 @@
 // Part 1 of the kernel source of ringreduce: the element types and their operations.
 //
 // Joined into one translation unit by build.rs, in this order: types.cuh, reduce.cuh, peer.cuh,
-// peer_kernels.cuh, handoff.cuh, instances.cuh (build.rs: PARTS). No part includes another:
-// NVRTC compiles the joined text with no include paths, so the kernels include NO header at all.
+// peer_kernels.cuh, ll.cuh, handoff.cuh, instances.cuh (build.rs: PARTS). No part includes
+// another: NVRTC compiles the joined text with no include paths, so the kernels include NO
+// header at all.
 //
 // The kernels (pairwise reduce, Avg-scale, one-shot and two-shot all-reduce) are compiled by
 // one of two compilers: build.rs compiles the joined text with nvcc into a fatbin (SASS for sm_80

@@ -49,6 +49,12 @@
 //! arrival on its own stream), the end barrier that no rank still reads another's source when that
 //! rank moves on — to the caller's next kernel, or to the next call's copy into the same exposed
 //! buffer. The checker ([`crate::check`]) proves both.
+//!
+//! With `CudaConfig::low_latency` on, the GPU executor runs small messages' meetings with its LL
+//! kernel instead (`cuda/ll.cuh`), which gives more than these guarantees without the barriers:
+//! it reads no other rank's memory at all (each rank pushes its source into its peers' receive
+//! buffers, after its own stream has written it), so no source is read early or late, and the
+//! in-place copy into the exposed buffer, which only peers read, has no reader and is skipped.
 
 use super::{
     BufId, BufKind, BufferDecl, Collective, Instr, Op, Phase, Plan, Ranks, Region, StreamKind, Tag,

@@ -1,7 +1,10 @@
-//! Launcher threads: the peer kernels of one call launched on every GPU at once.
+//! The inline enqueue of a call without events (the peer kernels; one rank; nothing to do),
+//! which skips the rank threads: `CudaExecutor::run_inline` enqueues every rank's program
+//! ([`enqueue_rank_inline`]) from the caller's thread, binding each rank's context in turn and
+//! putting its own back — or, with `launch_threads`, from launcher threads that launch the peer
+//! kernels of one call on every GPU at once. The kernels meet on the GPUs whenever each starts.
 //!
-//! A call without events (the peer kernels) is enqueued from the caller's thread. One thread
-//! launching on every GPU pays each launch in turn — ~3 µs per GPU on 2×H200, 6.1–6.5 µs per
+//! Why launcher threads: one thread launching on every GPU pays each launch in turn — ~3 µs per GPU on 2×H200, 6.1–6.5 µs per
 //! call for two GPUs against 3.2 µs with a thread per GPU (../shared/gpu/README.md, "Launch
 //! floors") — and at small sizes the launches are the call. So each rank but the first has a
 //! launcher thread, its rank's context current, which spins on its slot for a while after each
@@ -14,17 +17,175 @@
 //! after the launcher finished it (`finished`, the same way); the caller waits for every
 //! launcher it posted to before it returns, so a slot holds at most one job at a time.
 
-use super::peer::enqueue_rank_inline;
-use super::{CudaCall, RankRes};
+use super::ring::{record_done, wait_done, CudaEnqueue};
+use super::{CudaCall, CudaExecutor, RankRes};
 use crate::device;
 use crate::error::{Error, Result};
-use crate::exec::panic_message;
+use crate::exec::{panic_message, Enqueue};
+use crate::plan::StreamKind;
 use cudarc::driver::CudaContext;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
+
+/// A launch of a later rank's peer kernel this long after the first rank's counts as held up:
+/// a launch takes microseconds, so this much is the driver blocked by another thread's call.
+const LAUNCH_BLOCKED_AFTER: Duration = Duration::from_millis(100);
+
+impl CudaExecutor {
+    /// Enqueues a plan without events on every rank — from the calling thread for rank 0 and, where
+    /// the communicator has them, from the launcher threads for the others at the same time
+    /// (module `launch`), else from the calling thread rank after rank (each rank's work goes on
+    /// its own streams, so the order between ranks does not matter: the peer kernels meet on the
+    /// GPUs, whenever each is launched) — then waits for completion if asked. A panic is caught
+    /// and returned as an error, as on the rank threads.
+    pub(super) fn run_inline(&mut self, call: &Arc<CudaCall>) -> Result<()> {
+        let saved = device::save_current()?;
+        // No blocking CUDA call of this crate runs between the ranks' launches, and each waits
+        // for these kernels (module `device::gate`).
+        let launching = device::gate::launching();
+        let started = Instant::now();
+        if let Some(peer) = &call.peer {
+            peer.launched_at(started);
+        }
+        // Each rank's result and when its launch ended.
+        let mut launched: Vec<(Result<()>, Instant)> = Vec::with_capacity(self.ranks.len());
+        match self.launchers.as_mut() {
+            Some(launchers) => {
+                launchers.post(call);
+                launched.push(self.enqueue_rank_caught(0, call));
+                let launchers = self.launchers.as_ref().expect("posted above");
+                launched.extend(launchers.wait(call.deadline));
+            }
+            None => {
+                for rank in 0..self.ranks.len() {
+                    let outcome = self.enqueue_rank_caught(rank, call);
+                    let failed = outcome.0.is_err();
+                    launched.push(outcome);
+                    if failed {
+                        break;
+                    }
+                }
+            }
+        }
+        drop(launching);
+        // A later rank's launch that ended long after the first: its kernel waited that long.
+        let mut blocked: Option<(usize, Duration)> = None;
+        let first = launched.iter().map(|(_, at)| *at).min().unwrap_or(started);
+        for (rank, (_, at)) in launched.iter().enumerate() {
+            let late = *at - first;
+            if late >= LAUNCH_BLOCKED_AFTER && blocked.is_none_or(|(_, d)| late > d) {
+                blocked = Some((rank, late));
+            }
+        }
+        *self
+            .launch_blocked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = blocked;
+        let result = match launched.into_iter().find_map(|(r, _)| r.err()) {
+            Some(err) => {
+                // Ranks already launched spin at their barriers until the kernel's timeout
+                // (shorter than the call's deadline); wait for them, so that nothing on a GPU
+                // touches the caller's buffers after this call has returned its error.
+                // (Bounded by the deadline: a stuck stream must not hold the caller.)
+                for res in &self.ranks {
+                    let main = &res.streams[StreamKind::Main.index()];
+                    while matches!(device::stream_query(main), Ok(false))
+                        && Instant::now() < call.deadline
+                    {
+                        std::thread::sleep(Duration::from_micros(50));
+                    }
+                }
+                Err(err)
+            }
+            None if call.wait_complete => {
+                self.ranks.iter().enumerate().try_for_each(|(rank, res)| {
+                    wait_done(res, rank, call).map_err(|err| self.name_blocked_launch(err))
+                })
+            }
+            None => Ok(()),
+        };
+        result.and(saved.restore())
+    }
+
+    /// [`enqueue_rank_inline`] for rank `rank` from the calling thread, a panic caught as an
+    /// error; with the time its launch ended.
+    fn enqueue_rank_caught(&self, rank: usize, call: &CudaCall) -> (Result<()>, Instant) {
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            enqueue_rank_inline(rank, &self.ranks[rank], &self.contexts, call)
+        }))
+        .unwrap_or_else(|payload| {
+            Err(Error::RankFailed {
+                rank,
+                during: "enqueue".into(),
+                message: panic_message(&*payload),
+            })
+        });
+        (result, Instant::now())
+    }
+
+    /// A timeout of a peer call whose launches were held up between ranks is that, by name:
+    /// [`Error::LaunchBlocked`] instead of a timeout that blames a GPU. Any other timeout of a
+    /// peer call says what else holds a peer kernel back: another thread's blocking CUDA calls
+    /// on these GPUs make the driver hold a kernel's start on the GPU, not its launch (measured,
+    /// docs/runs/2026-12-01-s4-d3835ae), which the host cannot tell from a stuck GPU.
+    pub(super) fn name_blocked_launch(&self, err: Error) -> Error {
+        let blocked = *self
+            .launch_blocked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match (err, blocked) {
+            (Error::Timeout { .. }, Some((rank, late))) => Error::LaunchBlocked {
+                rank,
+                device: self.ranks[rank].device,
+                late,
+            },
+            (
+                Error::Timeout {
+                    rank,
+                    waiting_on,
+                    after,
+                },
+                None,
+            ) => Error::Timeout {
+                rank,
+                waiting_on: format!(
+                    "{waiting_on} (a peer kernel waited for another that did not start: a stuck GPU, a peer's CUDA graph that was not replayed, or another thread's blocking CUDA call on these GPUs outside ringreduce — an allocation, a free, a pageable copy — during the call; docs/ERRORS.md, \"Several threads\")"
+                ),
+                after,
+            },
+            (err, _) => err,
+        }
+    }
+}
+
+/// Enqueues rank `rank`'s whole program of a plan without events on its own streams (binding its
+/// context), then its completion record: what the calling thread or a launcher thread does for
+/// one rank of a peer call.
+pub(super) fn enqueue_rank_inline(
+    rank: usize,
+    res: &RankRes,
+    contexts: &[Arc<CudaContext>],
+    call: &CudaCall,
+) -> Result<()> {
+    device::bind(&res.ctx)?;
+    let mut backend = CudaEnqueue {
+        rank,
+        res,
+        contexts,
+        call,
+        fuse_exposure: true,
+        held: None,
+        steps_launched: false,
+    };
+    for (index, instr) in call.prepared.plan.ranks[rank].iter().enumerate() {
+        backend.enqueue(index, instr)?;
+    }
+    backend.flush()?;
+    record_done(res, call)
+}
 
 /// How long a launcher spins for its next job before it parks: longer than the gap between
 /// back-to-back calls (a few µs) and a blocking call's completion wait (tens of µs).

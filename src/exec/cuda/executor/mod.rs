@@ -1,5 +1,6 @@
 //! The GPU executor: the same plans as the host executor, enqueued on CUDA streams by one host
-//! thread per GPU (the ring) or by the caller's thread (the peer kernels: one-shot and two-shot).
+//! thread per GPU (the ring) or by the caller's thread (the peer kernels: one-shot, two-shot,
+//! steps and LL one-shot).
 //!
 //! At creation the communicator binds each rank to a GPU, decides how each ring edge moves data
 //! ([`Transport`]: peer copies where `cuDeviceCanAccessPeer` allows and peer access could be
@@ -17,8 +18,12 @@
 //! - `ring`: the rank threads and the enqueue of a plan's operations on a rank's streams
 //!   (copies, reduce and scale kernels, event records and waits), the wait for completion and
 //!   the diagnosis of a stalled call;
-//! - `peer`: the peer kernels' shared flags and error words, the layout checks that tie a
-//!   one- or two-shot plan to its kernel, their launch, and the inline enqueue;
+//! - `peer`: the peer kernels' shared flags, LL receive buffers and error words, their launch
+//!   (the LL one-shot for small one-shot all-reduces with `low_latency`), and the timeouts they
+//!   report;
+//! - `layout`: the checks that tie a one-shot, two-shot or steps plan to its kernel;
+//! - `launch`: the inline enqueue of plans without events (the peer kernels), from the caller's
+//!   thread or the launcher threads;
 //! - `callers`: the entry point of every call, which fences the caller's streams around Main;
 //! - `handoff`: collectives captured into CUDA graphs (what is refused, the pinned plans, the
 //!   counters that replace the ring's cross-GPU events);
@@ -26,12 +31,13 @@
 //!   leak of what a stuck GPU may still touch.
 //!
 //! Invariant: a failed enqueue never leaves a GPU waiting forever, and teardown never hangs on a
-//! stuck GPU (see `ring`, `peer` and `teardown` for how each path keeps it).
+//! stuck GPU (see `ring`, `peer`, `launch` and `teardown` for how each path keeps it).
 
 mod callers;
 mod edges;
 mod handoff;
 mod launch;
+mod layout;
 mod peer;
 mod ring;
 mod teardown;
@@ -48,10 +54,8 @@ use crate::plan::{BufKind, Collective, EdgeTransport, Op, Plan, StreamKind};
 use crossbeam_channel::Sender;
 use cudarc::driver::{CudaContext, CudaStream};
 use edges::{decide_edges, probe_edges};
-use peer::{
-    oneshot_layout, setup_peer_kernels, steps_layout, twoshot_segments, PeerKernel,
-    PeerKernelState, StepLayout,
-};
+use layout::{oneshot_layout, steps_layout, twoshot_segments, StepLayout};
+use peer::{setup_peer_kernels, PeerKernel, PeerKernelState};
 use ring::{gpu_rank_thread, wait_done};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -93,6 +97,17 @@ pub struct CudaConfig {
     /// (10.6–11.5 against 10.2–21.3 µs, 8 B–256 KiB) and raised the call-to-completion p99
     /// (docs/runs/2026-12-01-s6-launch/NOTES.md).
     pub launch_threads: bool,
+    /// Run the one-shot all-reduce of messages up to
+    /// [`LL_MAX_BYTES`](crate::exec::cuda::kernels::LL_MAX_BYTES) (64 KiB) per rank with the LL
+    /// kernel (`cuda/ll.cuh`): each rank pushes its input into its peers' receive buffers as
+    /// words that carry their own flag, and waits only on its own — one NVLink crossing per call
+    /// where the read one-shot waits for three (start barrier, reads, end barrier), and no copy
+    /// of the buffer in place. Same plan, same fold, same bits; costs a receive buffer of
+    /// [`ll_recv_bytes`](crate::exec::cuda::kernels::ll_recv_bytes)`(world)` (512 KiB for two
+    /// ranks) per rank. Changes nothing where the one-shot does not run (`Auto` above its
+    /// limits, the other collectives). Off by default until measured on two GPUs: on one GPU
+    /// only its protocol has run (docs/runs/2026-12-01-s5-ll-one-gpu).
+    pub low_latency: bool,
 }
 
 impl Default for CudaConfig {
@@ -107,6 +122,7 @@ impl Default for CudaConfig {
             algorithm: Algorithm::Auto,
             deterministic: false,
             launch_threads: false,
+            low_latency: false,
         }
     }
 }
@@ -196,8 +212,8 @@ pub(crate) struct CudaExecutor {
     cache: PlanCache<CudaPlan>,
     pool_granted: HashSet<(u64, usize)>,
     calls: u64,
-    /// Present when the peer kernels (one-shot, two-shot) can run here: every pair of GPUs
-    /// reaches the other.
+    /// Present when the peer kernels (one-shot, two-shot, steps, LL one-shot) can run here:
+    /// every pair of GPUs reaches the other.
     peer: Option<Arc<PeerKernelState>>,
     /// Every plan ever captured into a CUDA graph, kept for the communicator's life: a graph
     /// holds its staging and counters. A pin is an index here.
@@ -268,7 +284,8 @@ impl CudaExecutor {
             probe_edges(&ranks, &mut edges)?;
         }
         // Also for a forced ring: a captured ring reports its handoff timeouts in the error words.
-        let peer = setup_peer_kernels(&ranks, config.transport, config.timeout)?;
+        let peer =
+            setup_peer_kernels(&ranks, config.transport, config.timeout, config.low_latency)?;
         if config.algorithm.reads_peers() && peer.is_none() {
             return Err(Error::InvalidArgument(format!(
                 "Algorithm::{:?} needs 2 to {PEER_MAX_RANKS} ranks on GPUs that all reach each \
@@ -549,7 +566,10 @@ impl CudaExecutor {
             } else if prepared.steps.is_some() {
                 PeerKernel::Steps
             } else {
-                PeerKernel::OneShot
+                match &self.peer {
+                    Some(peer) => peer.oneshot_kernel(T::DTYPE, prepared.plan.count),
+                    None => PeerKernel::OneShot,
+                }
             };
             let inputs = (!prepared.plan.in_place).then_some(inputs);
             self.open_peer_call(kernel, inputs, outputs)?;

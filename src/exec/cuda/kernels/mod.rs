@@ -8,9 +8,15 @@
 //! flags written into peer memory: the one-shot all-reduce ([`KernelModule::oneshot`]) folds
 //! every rank's input in rank order into `dst` between a start and an end barrier; the two-shot
 //! ([`KernelModule::twoshot`]), with three barriers, reduces the rank's own segment from every
-//! rank's input, then copies the other segments from their owners. Their semantics are those of
-//! [`crate::element`]; the kernels themselves, the flag layout, the memory ordering and why they
-//! are fast are described in `cuda/` (`reduce.cuh`, `peer.cuh`, `peer_kernels.cuh`).
+//! rank's input, then copies the other segments from their owners; the steps kernel
+//! ([`KernelModule::steps`]) runs the one-shot form of every other collective between one start
+//! and one end barrier. The LL one-shot (module `ll`, [`KernelModule::ll`]) computes the
+//! one-shot's result for small messages without barriers: each rank pushes its input into every
+//! peer's receive buffer as self-validating words and folds what arrives in its own
+//! ([`LL_MAX_BYTES`] says up to which size; the executor runs it only when
+//! [`crate::CudaConfig::low_latency`] is on). Their semantics are those of [`crate::element`];
+//! the kernels themselves, the flag layout, the memory ordering and why they are fast are
+//! described in `cuda/` (`reduce.cuh`, `peer.cuh`, `peer_kernels.cuh`, `ll.cuh`).
 //!
 //! Where the code comes from is decided at build time (see `build.rs`):
 //! - nvcc was found: the build embeds `reduce.fatbin` (SASS for sm_80 and sm_90, PTX for
@@ -19,17 +25,19 @@
 //!   compute capability and loads the PTX ([`KernelSource::Nvrtc`]); that needs libnvrtc on the
 //!   GPU host.
 //!
-//! Invariant: a [`KernelModule`] holds all 132 functions (4 operators × 10 types of pairwise
-//! reduce, of one-shot and of two-shot all-reduce, one scale kernel per type, and the two handoff
-//! kernels of captured rings, module `handoff`) resolved in its context, so a launch is a table
-//! index and one `cuLaunchKernel`, with no lookup and no
+//! Invariant: a [`KernelModule`] holds all 212 functions (4 operators × 10 types of pairwise
+//! reduce, of one-shot, two-shot and LL one-shot all-reduce and of the steps kernel, one scale
+//! kernel per type, and the two handoff kernels of captured rings, module `handoff`) resolved in
+//! its context, so a launch is a table index and one `cuLaunchKernel`, with no lookup and no
 //! allocation.
 
 mod handoff;
+mod ll;
 mod peer;
 mod reduce;
 
 pub use handoff::HANDOFF_ERR_BIT;
+pub use ll::{ll_blocks, ll_fits, ll_recv_bytes, LlArgs, LL_ERR_WAIT, LL_MAX_BYTES};
 pub use peer::{
     peer_blocks, OneShotArgs, PeerStep, StepsArgs, TwoShotArgs, PEER_FLAG_BYTES, PEER_MAX_BLOCKS,
     PEER_MAX_RANKS,
@@ -166,8 +174,8 @@ pub(crate) fn kernel_err<E: CudaFailure>(call: &'static str) -> impl Fn(E) -> Er
     }
 }
 
-/// The kernel source (`cuda/`) loaded into one context: the reduce, scale, one-shot and two-shot
-/// kernels.
+/// The kernel source (`cuda/`) loaded into one context: the reduce, scale, one-shot, two-shot,
+/// steps, LL one-shot and handoff kernels.
 #[derive(Debug)]
 pub struct KernelModule {
     ctx: Arc<CudaContext>,
@@ -182,6 +190,8 @@ pub struct KernelModule {
     twoshot: Vec<CudaFunction>,
     /// `steps[reduce_index(op, dtype)]`: the same table shape as `reduce`.
     steps: Vec<CudaFunction>,
+    /// `ll[reduce_index(op, dtype)]`: the same table shape as `reduce`.
+    ll: Vec<CudaFunction>,
     /// `rr_handoff_signal`, `rr_handoff_wait`.
     handoff: [CudaFunction; 2],
     /// The grid size that fills the device: SM count × `BLOCKS_PER_SM`.
@@ -217,6 +227,7 @@ impl KernelModule {
         let oneshot = family(oneshot_symbol)?;
         let twoshot = family(twoshot_symbol)?;
         let steps = family(steps_symbol)?;
+        let ll = family(ll_symbol)?;
         let handoff = [
             load("rr_handoff_signal".to_string())?,
             load("rr_handoff_wait".to_string())?,
@@ -235,6 +246,7 @@ impl KernelModule {
             oneshot,
             twoshot,
             steps,
+            ll,
             handoff,
             max_blocks,
         })
@@ -364,6 +376,10 @@ fn twoshot_symbol(op: ReduceOp, dtype: DType) -> String {
 
 fn steps_symbol(op: ReduceOp, dtype: DType) -> String {
     format!("rr_steps_{}_{}", op.name(), dtype.name())
+}
+
+fn ll_symbol(op: ReduceOp, dtype: DType) -> String {
+    format!("rr_ll_{}_{}", op.name(), dtype.name())
 }
 
 fn scale_symbol(dtype: DType) -> String {
@@ -509,6 +525,15 @@ mod tests {
     #[test]
     fn source_defines_every_steps_kernel() {
         defines_the_family("RR_STEPS", "rr_steps", steps_symbol);
+    }
+
+    #[test]
+    fn source_defines_every_ll_kernel() {
+        defines_the_family("RR_LL", "rr_ll", ll_symbol);
+        assert_eq!(
+            ll_symbol(ReduceOp::Avg.combine_op(), DType::BF16),
+            "rr_ll_sum_bf16"
+        );
     }
 
     #[test]

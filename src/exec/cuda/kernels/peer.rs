@@ -711,8 +711,8 @@ fn validate_steps(dtype: DType, args: &StepsArgs) -> Result<()> {
     Ok(())
 }
 
-/// The first check of both peer kernels: `world` in 2..=[`PEER_MAX_RANKS`], `rank` below it.
-fn check_world_and_rank(kernel: &str, world: u32, rank: u32) -> Result<()> {
+/// The first check of every peer kernel: `world` in 2..=[`PEER_MAX_RANKS`], `rank` below it.
+pub(super) fn check_world_and_rank(kernel: &str, world: u32, rank: u32) -> Result<()> {
     if !(2..=PEER_MAX_RANKS).contains(&(world as usize)) {
         return Err(Error::InvalidArgument(format!(
             "{kernel} world = {world}: the kernel serves 2 to {PEER_MAX_RANKS} ranks"
@@ -728,7 +728,7 @@ fn check_world_and_rank(kernel: &str, world: u32, rank: u32) -> Result<()> {
 
 /// Refuses the first null address among the `(name, address)` pairs of a launch of `count`
 /// elements (made only when there is something to do).
-fn check_not_null(
+pub(super) fn check_not_null(
     kernel: &str,
     count: u64,
     mut named: impl Iterator<Item = (String, u64)>,
@@ -743,7 +743,7 @@ fn check_not_null(
 
 /// Bytes of `count` elements of `dtype`, or [`Error::SizeOverflow`] when that does not fit a
 /// `usize`.
-fn span_bytes(dtype: DType, count: u64) -> Result<u64> {
+pub(super) fn span_bytes(dtype: DType, count: u64) -> Result<u64> {
     count
         .checked_mul(dtype.size_bytes() as u64)
         .filter(|&b| usize::try_from(b).is_ok())
@@ -753,7 +753,7 @@ fn span_bytes(dtype: DType, count: u64) -> Result<u64> {
         })
 }
 
-fn check_word_aligned(name: &str, address: u64) -> Result<()> {
+pub(super) fn check_word_aligned(name: &str, address: u64) -> Result<()> {
     if address % 4 == 0 {
         Ok(())
     } else {
