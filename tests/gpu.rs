@@ -286,6 +286,228 @@ fn oneshot_kernel_gives_up_on_a_missing_peer() {
     assert!(waited < std::time::Duration::from_secs(10), "{waited:?}");
 }
 
+/// A communicator that runs the one-shot at every size, with `low_latency` on: the LL one-shot
+/// up to `LL_MAX_BYTES` per rank, the read one-shot above.
+fn ll_comm(devices: &[usize]) -> Communicator {
+    let config = CudaConfig {
+        allow_shared_device: shared(devices),
+        algorithm: Algorithm::OneShot,
+        low_latency: true,
+        timeout: std::time::Duration::from_secs(20),
+        ..CudaConfig::default()
+    };
+    Communicator::with_config(devices, config).expect("LL one-shot GPU communicator")
+}
+
+/// The LL one-shot (the one-shot's kernel up to `LL_MAX_BYTES` per rank with `low_latency`),
+/// for one element type: every op, in and out of place, at 1, 7 and 4099 elements (misaligned
+/// sub-slices among them: element-by-element chunks) and at the LL limit: one element below,
+/// exactly at it (aligned and not), and one above (the read one-shot) — exact against the host
+/// reference on every rank, so the bits are identical on every rank.
+fn ll_cases<T: Element>(comm: &Communicator) {
+    use ringreduce::exec::cuda::kernels::{ll_fits, LL_MAX_BYTES};
+    let most = LL_MAX_BYTES / size_of::<T>();
+    for (count, offset) in [
+        (1, 0),
+        (7, 1),
+        (4099, 3),
+        (most - 1, 0),
+        (most, 0),
+        (most, 1),
+        (most + 1, 0),
+    ] {
+        assert_eq!(ll_fits(T::DTYPE, count), count <= most);
+        every_op::<T>(comm, count, offset);
+    }
+}
+
+/// The LL one-shot kernel: every type × op × placement through it (see [`ll_cases`]). On a
+/// one-GPU machine the two ranks share GPU 0: the LL grid (at most 16 blocks per rank) fits the
+/// peer kernels' grid cap there (SMs / 2), so both ranks' blocks are resident at once and the
+/// pushes are stores into the same GPU's memory — everything but NVLink runs.
+#[test]
+fn ll_oneshot_every_type_and_op() {
+    let Some(gpus) = two_gpus() else { return };
+    let comm = ll_comm(&gpus);
+    ll_cases::<f16>(&comm);
+    ll_cases::<bf16>(&comm);
+    ll_cases::<f32>(&comm);
+    ll_cases::<f64>(&comm);
+    ll_cases::<i8>(&comm);
+    ll_cases::<u8>(&comm);
+    ll_cases::<i32>(&comm);
+    ll_cases::<u32>(&comm);
+    ll_cases::<i64>(&comm);
+    ll_cases::<u64>(&comm);
+    comm.close().unwrap();
+}
+
+/// The LL one-shot's receive sets (by epoch parity) under back-to-back calls: many in-place
+/// calls enqueued without waiting, each with its own data (so a set reused too early would show),
+/// interleaved with the read one-shot, the two-shot and the steps kernel (an in-place
+/// all-gather), which advance the same per-block epochs on the same communicator (`Auto` with
+/// `low_latency`), then one synchronize; every result exact. Two ranks sharing GPU 0 on a
+/// one-GPU machine.
+#[test]
+fn ll_back_to_back_with_the_other_peer_kernels() {
+    /// One enqueued call: an all-reduce of `n` elements per rank, or an all-gather in place.
+    #[derive(Clone, Copy)]
+    enum Call {
+        AllReduce(usize),
+        AllGather,
+    }
+    let Some(gpus) = two_gpus() else { return };
+    let config = CudaConfig {
+        allow_shared_device: shared(&gpus),
+        low_latency: true,
+        timeout: std::time::Duration::from_secs(20),
+        ..CudaConfig::default()
+    };
+    let comm = Communicator::with_config(&gpus, config).unwrap();
+    let world = gpus.len();
+    let ll = [1, 3, 1000, 4096, 16384]; // u32: up to exactly 64 KiB, the LL one-shot
+    let read = 100_003; // the read one-shot
+    let twoshot = 2 << 20; // 8 MiB in place: the two-shot
+    let gather = 777; // per rank: the all-gather's one-shot form, the steps kernel
+    assert_eq!(comm.algorithm_for(read * 4, true), Algorithm::OneShot);
+    assert_eq!(comm.algorithm_for(twoshot * 4, true), Algorithm::TwoShot);
+    assert_eq!(
+        comm.algorithm_for_collective(&ringreduce::Collective::AllGather, gather * 4, true),
+        Algorithm::OneShot
+    );
+    let mut calls = Vec::new();
+    for call in 0..120 {
+        calls.push(Call::AllReduce(ll[call % ll.len()]));
+        if call % 7 == 3 {
+            calls.push(Call::AllReduce(read));
+        }
+        if call % 29 == 11 {
+            calls.push(Call::AllReduce(twoshot));
+        }
+        if call % 13 == 5 {
+            calls.push(Call::AllGather);
+        }
+    }
+    let length = |c: Call| match c {
+        Call::AllReduce(n) => n,
+        Call::AllGather => world * gather,
+    };
+    // Input of call `call`, rank `rank`, element `i`: exact under a wrapping u32 sum.
+    let value = |call: usize, rank: usize, i: usize| -> u32 {
+        (call as u32).wrapping_mul(0x9e37_79b9) ^ ((rank as u32) << 24) ^ (i as u32)
+    };
+    let mut bufs: Vec<Vec<GpuBuffer<u32>>> = calls
+        .iter()
+        .enumerate()
+        .map(|(call, &c)| {
+            (0..world)
+                .map(|r| {
+                    let data: Vec<u32> = (0..length(c)).map(|i| value(call, r, i)).collect();
+                    GpuBuffer::from_host(gpus[r], &data).unwrap()
+                })
+                .collect()
+        })
+        .collect();
+    for (set, &c) in bufs.iter_mut().zip(&calls) {
+        // SAFETY: the buffers stay alive and untouched until `synchronize` below returns.
+        unsafe {
+            match c {
+                Call::AllReduce(_) => comm.enqueue_all_reduce_in_place(set, ReduceOp::Sum),
+                Call::AllGather => comm.enqueue_collective(
+                    &ringreduce::Collective::AllGather,
+                    None::<&[GpuBuffer<u32>]>,
+                    set,
+                    ReduceOp::Sum,
+                    None,
+                ),
+            }
+        }
+        .unwrap();
+    }
+    comm.synchronize().unwrap();
+    for (call, (set, &c)) in bufs.iter().zip(&calls).enumerate() {
+        // The all-gather in place: block j of every rank ends holding rank j's block j.
+        let want = |i: usize| -> u32 {
+            match c {
+                Call::AllReduce(_) => {
+                    (0..world).fold(0u32, |acc, r| acc.wrapping_add(value(call, r, i)))
+                }
+                Call::AllGather => value(call, i / gather, i),
+            }
+        };
+        for (rank, b) in set.iter().enumerate() {
+            let got = b.to_host().unwrap();
+            let wrong: Vec<usize> = (0..length(c))
+                .filter(|&i| got[i] != want(i))
+                .take(4)
+                .collect();
+            assert!(
+                wrong.is_empty(),
+                "call {call} ({} elements), rank {rank}: wrong at {wrong:?}",
+                length(c)
+            );
+        }
+    }
+    comm.close().unwrap();
+}
+
+/// Faults never hang, the LL one-shot either: a kernel whose peer never launches gives up after
+/// the timeout waiting for the peer's words, reports `LL_ERR_WAIT` in its error word, leaves its
+/// output untouched, and returns — the stream completes. (On one GPU, rank 1's receive buffer is
+/// on GPU 0 too; rank 1 still never launches.)
+#[test]
+fn ll_kernel_gives_up_on_a_missing_peer() {
+    use ringreduce::exec::cuda::kernels::{
+        ll_recv_bytes, KernelModule, LlArgs, LL_ERR_WAIT, PEER_FLAG_BYTES,
+    };
+    let Some(gpus) = two_gpus() else { return };
+    let (a, b) = (
+        device::context(gpus[0]).unwrap(),
+        device::context(gpus[1]).unwrap(),
+    );
+    device::enable_peer_access(&a, &b).unwrap();
+    device::enable_peer_access(&b, &a).unwrap();
+    let count = 5000; // f32: 2 blocks
+    let bytes_of = |x: f32| -> Vec<u8> { (0..count).flat_map(|_| x.to_ne_bytes()).collect() };
+    let sentinel = bytes_of(-7.0);
+    let mut src = device::DeviceBuffer::new(&a, count * 4).unwrap();
+    src.copy_from_host(&bytes_of(1.0)).unwrap();
+    let mut dst = device::DeviceBuffer::new(&a, count * 4).unwrap();
+    dst.copy_from_host(&sentinel).unwrap();
+    let recv_a = device::DeviceBuffer::zeroed(&a, ll_recv_bytes(2)).unwrap();
+    let recv_b = device::DeviceBuffer::zeroed(&b, ll_recv_bytes(2)).unwrap();
+    let flags_a = device::DeviceBuffer::zeroed(&a, PEER_FLAG_BYTES).unwrap();
+    let mut error = device::PinnedHost::new(&a, 4).unwrap();
+    error.as_mut_slice().fill(0);
+    let stream = device::Stream::new(&a).unwrap();
+    let kernels = KernelModule::new(&a).unwrap();
+    let mut args = LlArgs {
+        recvs: [0; 8],
+        flags: flags_a.ptr(),
+        world: 2,
+        rank: 0,
+        src: src.ptr(),
+        dst: dst.ptr(),
+        count: count as u64,
+        timeout_ns: 200_000_000,
+        error: error.uva_ptr(),
+    };
+    args.recvs[..2].copy_from_slice(&[recv_a.ptr(), recv_b.ptr()]);
+    let start = std::time::Instant::now();
+    // SAFETY: every address is a live buffer of the right size on a GPU reachable from GPU a;
+    // rank 1 never launches, which is the fault under test.
+    unsafe { kernels.ll(ringreduce::DType::F32, ReduceOp::Sum, &args, &stream) }.unwrap();
+    device::stream_synchronize(&stream).unwrap();
+    let waited = start.elapsed();
+    let code = u32::from_ne_bytes(error.as_slice()[..4].try_into().unwrap());
+    println!("LL one-shot without its peer: error code {code} after {waited:?}");
+    assert_eq!(code, LL_ERR_WAIT, "the wait must report its timeout");
+    assert!(waited < std::time::Duration::from_secs(10), "{waited:?}");
+    let mut after = vec![0u8; count * 4];
+    dst.copy_to_host(&mut after).unwrap();
+    assert!(after == sentinel, "dst written without the peer's data");
+}
+
 /// Forcing the one-shot where it cannot run (here: one rank) is a clear error at creation;
 /// `Auto` runs the ring there instead.
 #[test]
@@ -662,11 +884,13 @@ fn stall_buffers(gpus: &[usize], count: usize) -> (Vec<GpuBuffer<f32>>, Vec<GpuB
     (inputs, outputs)
 }
 
-/// A communicator of `algorithm` with a 2 s timeout, and stall buffers that one good call has
-/// already used: the plan and kernels exist, so a failed call after is only the stall.
+/// A communicator of `algorithm` (and `low_latency`) with a 2 s timeout, and stall buffers that
+/// one good call has already used: the plan and kernels exist, so a failed call after is only
+/// the stall.
 fn stall_setup(
     gpus: &[usize],
     algorithm: Algorithm,
+    low_latency: bool,
     count: usize,
 ) -> (
     Communicator,
@@ -677,6 +901,7 @@ fn stall_setup(
     let timeout = std::time::Duration::from_secs(2);
     let config = CudaConfig {
         algorithm,
+        low_latency,
         timeout,
         ..CudaConfig::default()
     };
@@ -706,26 +931,34 @@ fn all_reduce_f32(
 /// Issue 6 on GPUs, the one-shot: GPU 1 is stuck (its Main stream gated) when a call begins.
 /// The call fails by its deadline naming rank 1, the communicator is failed at once after, and
 /// when the gate opens — rank 1's kernel starting more than the timeout late — that kernel finds
-/// rank 0's start signal withdrawn and gives up without reading anything: rank 1's output keeps
-/// its sentinel, and `synchronize` reports the barrier timeout within the timeout. A new
-/// communicator on the same GPUs then works.
+/// rank 0's start signal withdrawn (the LL one-shot: rank 0's pushed words) and gives up
+/// without reading anything: rank 1's output keeps its sentinel, and `synchronize` reports the
+/// timeout within the timeout. A new communicator on the same GPUs then works. Both kernels:
+/// 256 KiB per rank (the read one-shot) and 16 KiB with `low_latency` (the LL one-shot).
 #[test]
 fn a_stuck_gpu_fails_the_oneshot_and_its_late_kernel_reads_nothing() {
-    use std::time::{Duration, Instant};
     let Some(gpus) = two_gpus() else { return };
     if shared(&gpus) {
         println!("waived: the one-shot needs 2 distinct GPUs");
         return;
     }
-    let count = 1 << 16;
-    let (comm, mut inputs, _, timeout) = stall_setup(&gpus, Algorithm::OneShot, count);
-    let mut outputs = stall_buffers(&gpus, count).1;
+    stuck_oneshot(&gpus, 1 << 16, false);
+    stuck_oneshot(&gpus, 1 << 12, true);
+}
+
+/// One communicator of [`a_stuck_gpu_fails_the_oneshot_and_its_late_kernel_reads_nothing`].
+fn stuck_oneshot(gpus: &[usize], count: usize, low_latency: bool) {
+    use std::time::{Duration, Instant};
+    let (comm, mut inputs, _, timeout) = stall_setup(gpus, Algorithm::OneShot, low_latency, count);
+    let mut outputs = stall_buffers(gpus, count).1;
 
     let mut gate = Gate::close(gpus[1], comm.main_stream(1).unwrap());
     let start = Instant::now();
     let err = all_reduce_f32(&comm, &mut inputs, &mut outputs).unwrap_err();
     let took = start.elapsed();
-    println!("stuck GPU 1, one-shot: {err} (after {took:?})");
+    println!(
+        "stuck GPU 1, one-shot of {count} (low_latency {low_latency}): {err} (after {took:?})"
+    );
     assert!(
         matches!(err, ringreduce::Error::Timeout { rank: 1, .. }),
         "the stuck rank must be named: {err}"
@@ -761,7 +994,12 @@ fn a_stuck_gpu_fails_the_oneshot_and_its_late_kernel_reads_nothing() {
         assert!(input.to_host().unwrap() == make_input::<f32>(ReduceOp::Sum, r, count));
     }
     assert!(comm.close().is_err());
-    check_case::<f32>(&oneshot_comm(&gpus), count, ReduceOp::Sum, false, 0);
+    let fresh = if low_latency {
+        ll_comm(gpus)
+    } else {
+        oneshot_comm(gpus)
+    };
+    check_case::<f32>(&fresh, count, ReduceOp::Sum, false, 0);
 }
 
 /// Issue 6 on GPUs, the ring: GPU 1 is stuck (its Main stream gated) and stays stuck. The call
@@ -778,7 +1016,8 @@ fn abort_does_not_hang_on_a_stuck_gpu() {
         return;
     }
     let count = 1 << 20;
-    let (comm, mut inputs, mut outputs, timeout) = stall_setup(&gpus, Algorithm::Ring, count);
+    let (comm, mut inputs, mut outputs, timeout) =
+        stall_setup(&gpus, Algorithm::Ring, false, count);
 
     let mut gate = Gate::close(gpus[1], comm.main_stream(1).unwrap());
     let start = Instant::now();

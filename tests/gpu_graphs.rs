@@ -2,7 +2,8 @@
 //! (as one process per GPU would), several all-reduces per graph, replayed many times with new
 //! inputs before every replay and every result checked exactly, for every algorithm; a graph
 //! whose peer is never replayed gives up with a named error instead of hanging. Every test
-//! prints `waived: needs ≥ 2 GPUs` and passes where there are fewer.
+//! prints `waived: needs ≥ 2 GPUs` and passes where there are fewer — but the LL one-shot's
+//! (`captured_ll_all_reduces_replay_exactly`), which runs with two ranks sharing one GPU there.
 //!
 //! `RINGREDUCE_GRAPH_REPLAYS` lowers the replay count (for runs under compute-sanitizer, which
 //! slows every kernel by orders of magnitude).
@@ -29,6 +30,19 @@ fn replays() -> usize {
 fn forced(gpus: &[usize], algorithm: Algorithm, timeout: Duration) -> Communicator {
     let config = CudaConfig {
         algorithm,
+        timeout,
+        ..CudaConfig::default()
+    };
+    Communicator::with_config(gpus, config).unwrap()
+}
+
+/// The one-shot at every size with `low_latency` (the LL one-shot up to 64 KiB per rank), on
+/// `gpus` — which may repeat a GPU (two ranks sharing it).
+fn forced_ll(gpus: &[usize], timeout: Duration) -> Communicator {
+    let config = CudaConfig {
+        algorithm: Algorithm::OneShot,
+        low_latency: true,
+        allow_shared_device: gpus[0] == gpus[1],
         timeout,
         ..CudaConfig::default()
     };
@@ -156,6 +170,55 @@ fn capture(
     outcome.map(|()| graphs)
 }
 
+/// Replays `graphs` (one per rank, each holding `CALLS_PER_GRAPH` captured all-reduces of
+/// `count` u32 per rank, [`capture`]) `replays` times, with new inputs uploaded before every
+/// replay, and checks every result of every call exactly against the wrapping sum.
+fn replay_exactly(
+    graphs: &[CudaGraph],
+    streams: &[Arc<CudaStream>],
+    b: &Buffers,
+    count: usize,
+    replays: usize,
+    label: &str,
+) {
+    for replay in 0..replays {
+        let hosts: Vec<Vec<Vec<u32>>> = (0..CALLS_PER_GRAPH)
+            .map(|call| {
+                (0..2)
+                    .map(|rank| (0..count).map(|i| input(replay, call, rank, i)).collect())
+                    .collect()
+            })
+            .collect();
+        for (call, per_rank) in hosts.iter().enumerate() {
+            for (rank, s) in streams.iter().enumerate() {
+                upload(s, b.sources[call][rank].address(), &per_rank[rank]);
+            }
+        }
+        for g in graphs {
+            g.launch().unwrap();
+        }
+        for s in streams {
+            s.synchronize().unwrap();
+        }
+        for (call, per_rank) in hosts.iter().enumerate() {
+            for rank in 0..2 {
+                let got = b.results[call][rank].to_host().unwrap();
+                let wrong: Vec<usize> = (0..count)
+                    .filter(|&i| got[i] != per_rank[0][i].wrapping_add(per_rank[1][i]))
+                    .take(3)
+                    .collect();
+                assert!(
+                    wrong.is_empty(),
+                    "{label}: replay {replay} call {call} rank {rank}: wrong at {wrong:?} \
+                     (got {}, want {})",
+                    got[wrong[0]],
+                    per_rank[0][wrong[0]].wrapping_add(per_rank[1][wrong[0]])
+                );
+            }
+        }
+    }
+}
+
 /// 10 all-reduces per graph (one graph per GPU), 100 replays, inputs changed before every
 /// replay, every result of every replay checked exactly: each algorithm Auto picks between,
 /// in place and out of place, at a size where each is chosen and at an odd one.
@@ -188,42 +251,7 @@ fn captured_all_reduces_replay_exactly() {
             let graphs = capture(&comm, &streams, &mut b, count, in_place)
                 .unwrap_or_else(|e| panic!("{label}: capture: {e}"));
             let start = Instant::now();
-            for replay in 0..replays {
-                let hosts: Vec<Vec<Vec<u32>>> = (0..CALLS_PER_GRAPH)
-                    .map(|call| {
-                        (0..2)
-                            .map(|rank| (0..count).map(|i| input(replay, call, rank, i)).collect())
-                            .collect()
-                    })
-                    .collect();
-                for (call, per_rank) in hosts.iter().enumerate() {
-                    for (rank, s) in streams.iter().enumerate() {
-                        upload(s, b.sources[call][rank].address(), &per_rank[rank]);
-                    }
-                }
-                for g in &graphs {
-                    g.launch().unwrap();
-                }
-                for s in &streams {
-                    s.synchronize().unwrap();
-                }
-                for (call, per_rank) in hosts.iter().enumerate() {
-                    for rank in 0..2 {
-                        let got = b.results[call][rank].to_host().unwrap();
-                        let wrong: Vec<usize> = (0..count)
-                            .filter(|&i| got[i] != per_rank[0][i].wrapping_add(per_rank[1][i]))
-                            .take(3)
-                            .collect();
-                        assert!(
-                            wrong.is_empty(),
-                            "{label}: replay {replay} call {call} rank {rank}: wrong at {wrong:?} \
-                             (got {}, want {})",
-                            got[wrong[0]],
-                            per_rank[0][wrong[0]].wrapping_add(per_rank[1][wrong[0]])
-                        );
-                    }
-                }
-            }
+            replay_exactly(&graphs, &streams, &b, count, replays, &label);
             comm.health()
                 .unwrap_or_else(|e| panic!("{label}: health after the replays: {e}"));
             // Eager calls still work after the captures.
@@ -238,16 +266,80 @@ fn captured_all_reduces_replay_exactly() {
     }
 }
 
+/// With `low_latency`: the LL one-shot captured, 10 all-reduces per graph, replayed with new
+/// inputs before every replay and every result checked exactly — in place (the exposure copy
+/// dropped) and out of place, at 1, 4099 and 16384 u32 per rank (exactly 64 KiB, the LL limit;
+/// its receive sets alternate by epoch parity across the calls and the replays), and at 16385
+/// (the read one-shot on the same communicator, sharing the per-block epochs). On a one-GPU
+/// machine the two ranks share GPU 0 (each rank's stream captured into its own graph there
+/// too); the other graph tests need two GPUs.
+#[test]
+fn captured_ll_all_reduces_replay_exactly() {
+    let count = ringreduce::driver_available()
+        .and_then(|()| ringreduce::device_count())
+        .unwrap_or(0);
+    let gpus = match count {
+        0 => {
+            println!("waived: needs ≥ 1 GPU (found none)");
+            return;
+        }
+        1 => {
+            println!("note: one GPU: two ranks share GPU 0; no NVLink");
+            [0, 0]
+        }
+        _ => [0, 1],
+    };
+    let streams = new_streams(&gpus);
+    let replays = replays();
+    let comm = forced_ll(&gpus, Duration::from_secs(20));
+    for count in [1, 4099, 16384, 16385] {
+        for in_place in [true, false] {
+            let label = format!("LL one-shot count {count} in_place {in_place}");
+            let mut b = Buffers::new(&gpus, count);
+            // One eager call of the shape first (a capture cannot prepare a new shape).
+            if in_place {
+                comm.all_reduce_in_place(&mut b.bufs, ReduceOp::Sum)
+            } else {
+                comm.all_reduce(&b.bufs, &mut b.outs, ReduceOp::Sum)
+            }
+            .unwrap();
+            let graphs = capture(&comm, &streams, &mut b, count, in_place)
+                .unwrap_or_else(|e| panic!("{label}: capture: {e}"));
+            let start = Instant::now();
+            replay_exactly(&graphs, &streams, &b, count, replays, &label);
+            comm.health()
+                .unwrap_or_else(|e| panic!("{label}: health after the replays: {e}"));
+            // Eager calls still work after the captures, between the same epochs.
+            comm.all_reduce_in_place(&mut b.bufs, ReduceOp::Sum)
+                .unwrap();
+            println!(
+                "{label}: {replays} replays x {CALLS_PER_GRAPH} all-reduces exact ({:?})",
+                start.elapsed()
+            );
+            drop(graphs);
+        }
+    }
+    comm.close().unwrap();
+}
+
 /// Rank 0's graph replayed, rank 1's never: rank 0's stream finishes within the kernels'
-/// deadline (no hang), and the communicator names the timeout; for the peer kernels and the
-/// captured ring's handoffs.
+/// deadline (no hang), and the communicator names the timeout; for the peer kernels (the read
+/// one-shot and, with `low_latency`, the LL one-shot) and the captured ring's handoffs.
 #[test]
 fn a_graph_whose_peer_is_never_replayed_times_out_by_name() {
     let Some(gpus) = two_gpus() else { return };
     let streams = new_streams(&gpus);
     let timeout = Duration::from_secs(2);
-    for (algorithm, count) in [(Algorithm::OneShot, 1 << 12), (Algorithm::Ring, 1 << 18)] {
-        let comm = forced(&gpus, algorithm, timeout);
+    for (algorithm, low_latency, count) in [
+        (Algorithm::OneShot, false, 1 << 12),
+        (Algorithm::OneShot, true, 1 << 12),
+        (Algorithm::Ring, false, 1 << 18),
+    ] {
+        let comm = if low_latency {
+            forced_ll(&gpus, timeout)
+        } else {
+            forced(&gpus, algorithm, timeout)
+        };
         let mut b = Buffers::new(&gpus, count);
         comm.all_reduce_in_place(&mut b.bufs, ReduceOp::Sum)
             .unwrap();

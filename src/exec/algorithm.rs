@@ -2,6 +2,12 @@
 //! by which [`Algorithm::Auto`] picks by message size, placement and world size. Every threshold
 //! is defined here once, beside the measurement that set it (docs/PERFORMANCE.md, "Choosing the
 //! algorithm"); everything else links here instead of restating the rule.
+//!
+//! One size rule lives with the GPU kernels instead, because it chooses a kernel, not an
+//! algorithm: with [`crate::CudaConfig::low_latency`] on, a one-shot all-reduce of at most
+//! [`LL_MAX_BYTES`](crate::exec::cuda::kernels::LL_MAX_BYTES) per rank runs the LL one-shot
+//! kernel (pushed words, no barrier) rather than the read one-shot — the same plan and the same
+//! bits ([`crate::exec::cuda::kernels::ll_fits`]).
 
 /// Which all-reduce algorithm a communicator runs (module doc of [`crate::plan`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

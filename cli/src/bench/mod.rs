@@ -109,6 +109,11 @@ pub struct BenchArgs {
     /// (`CudaConfig::launch_threads`), instead of one GPU after the other from the caller's thread.
     #[arg(long)]
     pub launch_threads: bool,
+    /// Run ringreduce's one-shot all-reduce of at most 64 KiB per rank with the LL kernel
+    /// (`CudaConfig::low_latency`: pushed words, no barrier) instead of the read one-shot; the
+    /// label gets ", low-latency".
+    #[arg(long)]
+    pub low_latency: bool,
     /// Development on a one-GPU machine: two ranks share GPU 0 (`allow_shared_device`; the peer
     /// kernels split its SMs), NCCL skipped (it refuses two ranks on one GPU). The times show the
     /// host's part of a call and the kernels without NVLink: never a result to publish.
@@ -188,6 +193,7 @@ pub fn cuda_config(args: &BenchArgs) -> ringreduce::CudaConfig {
         slots: args.slots,
         allow_shared_device: args.shared_gpu,
         launch_threads: args.launch_threads,
+        low_latency: args.low_latency,
         ..Default::default()
     }
 }
@@ -220,6 +226,24 @@ pub fn knobs_suffix(chunk_bytes: Option<u64>, slots: Option<u64>) -> String {
         Some(s) => format!(", chunk {chunk}, slots {s}"),
         None => format!(", chunk {chunk}"),
     }
+}
+
+/// The main pass's label: "ringreduce (auto)", with the algorithm when forced, ", low-latency"
+/// with `--low-latency`, and the ring's knobs (`knobs`, [`knobs_suffix`]).
+fn main_label(args: &BenchArgs, knobs: &str) -> String {
+    format!(
+        "ringreduce ({}{}{}{knobs})",
+        format!("{:?}", args.transport).to_lowercase(),
+        match args.algorithm {
+            ringreduce::Algorithm::Auto => String::new(),
+            a => format!(", {}", format!("{a:?}").to_lowercase()),
+        },
+        if args.low_latency {
+            ", low-latency"
+        } else {
+            ""
+        },
+    )
 }
 
 /// `label` with `note` added inside its parentheses: "ringreduce (auto)" + "graph 10" →
@@ -268,14 +292,7 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
     let args = if args.shared_gpu { &no_nccl } else { args };
     let (chunk_bytes, slots) = (args.chunk.map(|b| b as u64), Some(args.slots as u64));
     let knobs = knobs_suffix(chunk_bytes, slots);
-    let ring_label = format!(
-        "ringreduce ({}{}{knobs})",
-        format!("{:?}", args.transport).to_lowercase(),
-        match args.algorithm {
-            ringreduce::Algorithm::Auto => String::new(),
-            a => format!(", {}", format!("{a:?}").to_lowercase()),
-        }
-    );
+    let ring_label = main_label(args, &knobs);
 
     let (mut header, detected) = report::machine_header(args, n)?;
 
@@ -550,6 +567,26 @@ mod tests {
         for text in ["1", "4K", "128M", "2G", "1000"] {
             assert_eq!(crate::format_bytes(parse_bytes(text).unwrap()), text);
         }
+    }
+
+    #[test]
+    fn low_latency_reaches_the_config_and_the_label() {
+        let args = parse(&[]).unwrap();
+        assert!(!cuda_config(&args).low_latency);
+        assert_eq!(main_label(&args, ""), "ringreduce (auto)");
+        let args = parse(&["--low-latency", "--algorithm", "oneshot"]).unwrap();
+        assert!(cuda_config(&args).low_latency);
+        assert_eq!(
+            main_label(&args, ", chunk 32M"),
+            "ringreduce (auto, oneshot, low-latency, chunk 32M)"
+        );
+        // Everything else stays the library's default.
+        let config = ringreduce::CudaConfig {
+            low_latency: false,
+            algorithm: ringreduce::Algorithm::Auto,
+            ..cuda_config(&args)
+        };
+        assert_eq!(config, ringreduce::CudaConfig::default());
     }
 
     #[test]
