@@ -6,7 +6,8 @@
 #         copy them into one folder as ringreduce and test-<name>, with this script beside them.
 # There:  bash <folder>/gpu-suite.sh tests|sanitize|bench OUT_DIR
 #
-#   tests     tests/gpu.rs, gpu_graphs.rs, gpu_streams.rs, gpu_user.rs, gpu_collectives.rs
+#   tests     tests/gpu.rs, gpu_graphs.rs, gpu_streams.rs, gpu_user.rs, gpu_collectives.rs,
+#             gpu_ll_one_device.rs
 #   sanitize  compute-sanitizer racecheck and synccheck on gpu_graphs (2 replays) and gpu_streams
 #   bench     every collective against the best NCCL configuration (auto), then ringreduce's ring
 #             and one-shot forms alone up to 128 MiB, where Auto's per-collective limit is set
@@ -29,7 +30,7 @@ step() {
 { date -u; nvidia-smi -L; nvidia-smi topo -m; } > "$logs/env-$phase.log" 2>&1
 case $phase in
   tests)
-    for t in gpu_collectives gpu_streams gpu_graphs gpu_user gpu; do
+    for t in gpu_collectives gpu_streams gpu_graphs gpu_user gpu_ll_one_device gpu; do
       step "test-$t" 300 "$bin/test-$t" --test-threads=1 --nocapture
     done ;;
   sanitize)
