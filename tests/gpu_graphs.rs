@@ -275,19 +275,8 @@ fn captured_all_reduces_replay_exactly() {
 /// too); the other graph tests need two GPUs.
 #[test]
 fn captured_ll_all_reduces_replay_exactly() {
-    let count = ringreduce::driver_available()
-        .and_then(|()| ringreduce::device_count())
-        .unwrap_or(0);
-    let gpus = match count {
-        0 => {
-            println!("waived: needs ≥ 1 GPU (found none)");
-            return;
-        }
-        1 => {
-            println!("note: one GPU: two ranks share GPU 0; no NVLink");
-            [0, 0]
-        }
-        _ => [0, 1],
+    let Some(gpus) = common::two_gpus_or_shared() else {
+        return;
     };
     let streams = new_streams(&gpus);
     let replays = replays();
