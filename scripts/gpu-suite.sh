@@ -31,7 +31,7 @@ step() {
 case $phase in
   tests)
     for t in gpu_collectives gpu_streams gpu_graphs gpu_user gpu_ll_one_device gpu; do
-      step "test-$t" 300 "$bin/test-$t" --test-threads=1 --nocapture
+      step "test-$t" 420 "$bin/test-$t" --test-threads=1 --nocapture
     done ;;
   sanitize)
     for tool in racecheck synccheck; do
