@@ -239,29 +239,7 @@ fn captured_all_reduces_replay_exactly() {
         let comm = forced(&gpus, algorithm, Duration::from_secs(20));
         for in_place in [true, false] {
             let label = format!("{algorithm:?} count {count} in_place {in_place}");
-            let mut b = Buffers::new(&gpus, count);
-            // One eager call of the shape first (a capture cannot prepare a new shape), as a
-            // job's warm-up step would be.
-            if in_place {
-                comm.all_reduce_in_place(&mut b.bufs, ReduceOp::Sum)
-            } else {
-                comm.all_reduce(&b.bufs, &mut b.outs, ReduceOp::Sum)
-            }
-            .unwrap();
-            let graphs = capture(&comm, &streams, &mut b, count, in_place)
-                .unwrap_or_else(|e| panic!("{label}: capture: {e}"));
-            let start = Instant::now();
-            replay_exactly(&graphs, &streams, &b, count, replays, &label);
-            comm.health()
-                .unwrap_or_else(|e| panic!("{label}: health after the replays: {e}"));
-            // Eager calls still work after the captures.
-            comm.all_reduce_in_place(&mut b.bufs, ReduceOp::Sum)
-                .unwrap();
-            println!(
-                "{label}: {replays} replays x {CALLS_PER_GRAPH} all-reduces exact ({:?})",
-                start.elapsed()
-            );
-            drop(graphs);
+            capture_and_replay(&comm, &gpus, &streams, count, in_place, replays, &label);
         }
     }
 }
@@ -284,28 +262,7 @@ fn captured_ll_all_reduces_replay_exactly() {
     for count in [1, 4099, 16384, 16385] {
         for in_place in [true, false] {
             let label = format!("LL one-shot count {count} in_place {in_place}");
-            let mut b = Buffers::new(&gpus, count);
-            // One eager call of the shape first (a capture cannot prepare a new shape).
-            if in_place {
-                comm.all_reduce_in_place(&mut b.bufs, ReduceOp::Sum)
-            } else {
-                comm.all_reduce(&b.bufs, &mut b.outs, ReduceOp::Sum)
-            }
-            .unwrap();
-            let graphs = capture(&comm, &streams, &mut b, count, in_place)
-                .unwrap_or_else(|e| panic!("{label}: capture: {e}"));
-            let start = Instant::now();
-            replay_exactly(&graphs, &streams, &b, count, replays, &label);
-            comm.health()
-                .unwrap_or_else(|e| panic!("{label}: health after the replays: {e}"));
-            // Eager calls still work after the captures, between the same epochs.
-            comm.all_reduce_in_place(&mut b.bufs, ReduceOp::Sum)
-                .unwrap();
-            println!(
-                "{label}: {replays} replays x {CALLS_PER_GRAPH} all-reduces exact ({:?})",
-                start.elapsed()
-            );
-            drop(graphs);
+            capture_and_replay(&comm, &gpus, &streams, count, in_place, replays, &label);
         }
     }
     comm.close().unwrap();
@@ -421,4 +378,39 @@ fn what_cannot_be_captured_is_refused_by_name() {
     staged
         .all_reduce_in_place(&mut bufs, ReduceOp::Sum)
         .unwrap();
+}
+
+/// One shape of `comm` on `gpus`: an eager call first (a capture cannot prepare a new shape, as
+/// a job's warm-up step would do it), then `CALLS_PER_GRAPH` calls captured per GPU and replayed
+/// `replays` times with new inputs, every result exact; the communicator healthy and eager
+/// calls still working afterwards.
+fn capture_and_replay(
+    comm: &Communicator,
+    gpus: &[usize],
+    streams: &[Arc<CudaStream>],
+    count: usize,
+    in_place: bool,
+    replays: usize,
+    label: &str,
+) {
+    let mut b = Buffers::new(gpus, count);
+    if in_place {
+        comm.all_reduce_in_place(&mut b.bufs, ReduceOp::Sum)
+    } else {
+        comm.all_reduce(&b.bufs, &mut b.outs, ReduceOp::Sum)
+    }
+    .unwrap();
+    let graphs = capture(comm, streams, &mut b, count, in_place)
+        .unwrap_or_else(|e| panic!("{label}: capture: {e}"));
+    let start = Instant::now();
+    replay_exactly(&graphs, streams, &b, count, replays, label);
+    comm.health()
+        .unwrap_or_else(|e| panic!("{label}: health after the replays: {e}"));
+    comm.all_reduce_in_place(&mut b.bufs, ReduceOp::Sum)
+        .unwrap();
+    println!(
+        "{label}: {replays} replays x {CALLS_PER_GRAPH} all-reduces exact ({:?})",
+        start.elapsed()
+    );
+    drop(graphs);
 }

@@ -245,26 +245,10 @@ fn validate_ll(dtype: DType, args: &LlArgs) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{PEER_MAX_BLOCKS, SOURCE};
+    use super::super::PEER_MAX_BLOCKS;
     use super::*;
 
-    /// The value of `#define name value` in the kernel source.
-    fn define(name: &str) -> u64 {
-        let prefix = format!("#define {name} ");
-        let values: Vec<u64> = SOURCE
-            .lines()
-            .filter_map(|line| line.strip_prefix(prefix.as_str()))
-            .map(|value| {
-                value
-                    .trim()
-                    .trim_end_matches('u')
-                    .parse()
-                    .expect("a decimal #define")
-            })
-            .collect();
-        assert_eq!(values.len(), 1, "#define {name} must appear once");
-        values[0]
-    }
+    use super::super::source_define as define;
 
     #[test]
     fn ll_constants_match_the_source() {

@@ -35,13 +35,14 @@ mod handoff;
 mod ll;
 mod peer;
 mod reduce;
+mod steps;
 
 pub use handoff::HANDOFF_ERR_BIT;
 pub use ll::{ll_blocks, ll_fits, ll_recv_bytes, LlArgs, LL_ERR_WAIT, LL_MAX_BYTES};
 pub use peer::{
-    peer_blocks, OneShotArgs, PeerStep, StepsArgs, TwoShotArgs, PEER_FLAG_BYTES, PEER_MAX_BLOCKS,
-    PEER_MAX_RANKS,
+    peer_blocks, OneShotArgs, TwoShotArgs, PEER_FLAG_BYTES, PEER_MAX_BLOCKS, PEER_MAX_RANKS,
 };
+pub use steps::{PeerStep, StepsArgs};
 
 use std::ffi::c_void;
 use std::fmt;
@@ -302,6 +303,26 @@ impl KernelModule {
             )))
         }
     }
+}
+
+/// The value of `#define name value` in the kernel source (decimal, an optional `u` suffix): for
+/// the unit tests that hold the Rust mirrors of the kernels' constants to the source.
+#[cfg(test)]
+pub(crate) fn source_define(name: &str) -> u64 {
+    let prefix = format!("#define {name} ");
+    let values: Vec<u64> = SOURCE
+        .lines()
+        .filter_map(|line| line.strip_prefix(prefix.as_str()))
+        .map(|value| {
+            value
+                .trim()
+                .trim_end_matches('u')
+                .parse()
+                .expect("a decimal #define")
+        })
+        .collect();
+    assert_eq!(values.len(), 1, "#define {name} must appear once");
+    values[0]
 }
 
 /// The code to load into `ctx`: the embedded fatbin when the build has one.
