@@ -24,7 +24,7 @@ impl KernelModule {
     /// runs this rank's steps in order — a fold `dst = src[0] ⊕ … ⊕ src[world − 1]` (rank order;
     /// `Avg` sums, the caller scales) or a copy `dst = src[from]`, `count` elements each — and
     /// ends at an end barrier after which no rank reads this rank's memory any more. A rank
-    /// with no steps only takes part in the barriers. The grid is [`peer_blocks`]`(dtype,
+    /// with no steps only takes part in the barriers. The grid is [`peer_blocks`](super::peer_blocks)`(dtype,
     /// count)` on every rank. Barrier timeouts are reported in `*args.error` (1 start, 2 end,
     /// 3 launch).
     ///
@@ -126,7 +126,7 @@ pub struct PeerStep {
 pub struct StepsArgs {
     /// This rank's steps, at most [`PEER_MAX_RANKS`], run in order.
     pub steps: Vec<PeerStep>,
-    /// Every rank's flag array ([`PEER_FLAG_BYTES`] bytes on that rank's device), by rank.
+    /// Every rank's flag array ([`PEER_FLAG_BYTES`](super::PEER_FLAG_BYTES) bytes on that rank's device), by rank.
     pub flags: [u64; PEER_MAX_RANKS],
     /// Ranks taking part, 2..=[`PEER_MAX_RANKS`].
     pub world: u32,
@@ -139,7 +139,7 @@ pub struct StepsArgs {
     pub timeout_ns: u64,
     /// Where the kernel stores a nonzero code on failure (1 start, 2 end, 3 launch).
     pub error: u64,
-    /// At most this many blocks (0: no cap beyond [`PEER_MAX_BLOCKS`]), as for the one-shot.
+    /// At most this many blocks (0: no cap beyond [`PEER_MAX_BLOCKS`](super::PEER_MAX_BLOCKS)), as for the one-shot.
     pub max_blocks: u32,
 }
 
