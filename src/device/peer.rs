@@ -206,6 +206,8 @@ pub fn grant_pointer_pool_access(ptr: u64, peer_device: usize) -> Result<bool> {
             to: owner_device,
         });
     }
+    // Changing a pool's mappings may wait for the GPUs (module `gate`).
+    let _quiet = super::gate::quiet();
     guard("cuMemPoolSetAccess", || {
         set_pool_access(pool, peer_device, READ_WRITE)
     })?;

@@ -4,9 +4,9 @@
 //! putting its own back — or, with `launch_threads`, from launcher threads that launch the peer
 //! kernels of one call on every GPU at once. The kernels meet on the GPUs whenever each starts.
 //!
-//! Why launcher threads: one thread launching on every GPU pays each launch in turn — ~3 µs per GPU on 2×H200, 6.1–6.5 µs per
-//! call for two GPUs against 3.2 µs with a thread per GPU (../shared/gpu/README.md, "Launch
-//! floors") — and at small sizes the launches are the call. So each rank but the first has a
+//! Why launcher threads: one thread launching on every GPU pays each launch in turn — ~3 µs per
+//! GPU on 2×H200, 6.1–6.5 µs per call for two GPUs against 3.2 µs with a thread per GPU
+//! (../shared/gpu/README.md, "Launch floors") — and at small sizes the launches are the call. So each rank but the first has a
 //! launcher thread, its rank's context current, which spins on its slot for a while after each
 //! job ([`SPIN`]) and parks after that: a stream of calls finds it awake, an idle communicator
 //! costs no CPU. The caller posts the call to every launcher, launches rank 0 itself, and waits
@@ -15,7 +15,12 @@
 //! Invariant: a launcher takes a job only after the caller posted it (`posted` advances after
 //! the call is in the slot, with release order), and the caller reads a launcher's result only
 //! after the launcher finished it (`finished`, the same way); the caller waits for every
-//! launcher it posted to before it returns, so a slot holds at most one job at a time.
+//! launcher it posted to before it returns (or, past the call's deadline, reports it as a
+//! timeout; a later post displaces a job never taken), so a slot holds at most one job at a
+//! time. Known cost of launching in parallel: when rank 0's enqueue fails (a driver error — the
+//! arguments were validated before the call), the other ranks have launched already; their
+//! kernels then time out at their barriers and leave their codes, as for a stuck GPU, where the
+//! serial path would have launched nothing.
 
 use super::ring::{record_done, wait_done, CudaEnqueue};
 use super::{CudaCall, CudaExecutor, RankRes};
@@ -41,20 +46,26 @@ impl CudaExecutor {
     /// its own streams, so the order between ranks does not matter: the peer kernels meet on the
     /// GPUs, whenever each is launched) — then waits for completion if asked. A panic is caught
     /// and returned as an error, as on the rank threads.
-    pub(super) fn run_inline(&mut self, call: &Arc<CudaCall>) -> Result<()> {
+    ///
+    /// `launching` is the gate's launch side, taken by the caller (module `device::gate`): held
+    /// until every rank is enqueued, so that no blocking CUDA call of this crate falls between
+    /// the ranks' launches.
+    pub(super) fn run_inline(
+        &mut self,
+        call: &Arc<CudaCall>,
+        launching: std::sync::RwLockReadGuard<'static, ()>,
+    ) -> Result<()> {
         let saved = device::save_current()?;
-        // No blocking CUDA call of this crate runs between the ranks' launches, and each waits
-        // for these kernels (module `device::gate`).
-        let launching = device::gate::launching();
         let started = Instant::now();
         if let Some(peer) = &call.peer {
             peer.launched_at(started);
         }
         // Each rank's result and when its launch ended.
         let mut launched: Vec<(Result<()>, Instant)> = Vec::with_capacity(self.ranks.len());
+        let mut displaced = Vec::new();
         match self.launchers.as_mut() {
             Some(launchers) => {
-                launchers.post(call);
+                displaced = launchers.post(call);
                 launched.push(self.enqueue_rank_caught(0, call));
                 let launchers = self.launchers.as_ref().expect("posted above");
                 launched.extend(launchers.wait(call.deadline));
@@ -71,6 +82,7 @@ impl CudaExecutor {
             }
         }
         drop(launching);
+        drop(displaced);
         // A later rank's launch that ended long after the first: its kernel waited that long.
         let mut blocked: Option<(usize, Duration)> = None;
         let first = launched.iter().map(|(_, at)| *at).min().unwrap_or(started);
@@ -240,14 +252,25 @@ impl Launchers {
         Ok(launchers)
     }
 
-    /// Posts `call` to every launcher (each then enqueues its rank's program).
-    pub(super) fn post(&mut self, call: &Arc<CudaCall>) {
+    /// Posts `call` to every launcher (each then enqueues its rank's program). Returns the calls
+    /// it displaced — posted earlier to a launcher that never took them (it was held past that
+    /// call's deadline) — for the caller to drop once it no longer holds the launch gate (the
+    /// last reference to a call may free GPU memory, which takes the gate).
+    #[must_use]
+    pub(super) fn post(&mut self, call: &Arc<CudaCall>) -> Vec<Arc<CudaCall>> {
         self.posted += 1;
+        let mut displaced = Vec::new();
         for (slot, thread) in self.slots.iter().zip(&self.threads) {
-            *slot.call.lock().unwrap_or_else(|p| p.into_inner()) = Some(call.clone());
+            let old = slot
+                .call
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .replace(call.clone());
+            displaced.extend(old);
             slot.posted.store(self.posted, Ordering::Release);
             thread.unpark();
         }
+        displaced
     }
 
     /// Waits until every launcher has finished the job posted last; per rank 1, 2, …, its result
@@ -288,13 +311,18 @@ impl Launchers {
 }
 
 impl Drop for Launchers {
+    /// Stops every launcher and joins the idle ones (all of them, between calls). One still
+    /// inside its last job — a launch the driver held past the call's deadline — is left to
+    /// finish on its own: joining it could wait as long as the driver holds it.
     fn drop(&mut self) {
         for (slot, thread) in self.slots.iter().zip(&self.threads) {
             slot.stop.store(true, Ordering::Release);
             thread.unpark();
         }
-        for handle in self.handles.drain(..) {
-            let _ = handle.join();
+        for (slot, handle) in self.slots.iter().zip(self.handles.drain(..)) {
+            if slot.finished.load(Ordering::Acquire) >= self.posted {
+                let _ = handle.join();
+            }
         }
     }
 }
@@ -318,10 +346,12 @@ fn launcher(rank: usize, res: &RankRes, contexts: &[Arc<CudaContext>], slot: &Sl
             continue;
         }
         seen = posted;
+        // Held until the job is reported: the last reference to a call may free GPU memory,
+        // which waits for the launch gate that the caller holds until this job is done.
         let call = slot.call.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let result = match call {
+        let result = match &call {
             Some(call) => catch_unwind(AssertUnwindSafe(|| {
-                enqueue_rank_inline(rank, res, contexts, &call)
+                enqueue_rank_inline(rank, res, contexts, call)
             }))
             .unwrap_or_else(|payload| {
                 Err(Error::RankFailed {
@@ -334,6 +364,7 @@ fn launcher(rank: usize, res: &RankRes, contexts: &[Arc<CudaContext>], slot: &Sl
         };
         *slot.outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some((result, Instant::now()));
         slot.finished.store(seen, Ordering::Release);
+        drop(call);
         idle_since = Instant::now();
     }
 }

@@ -236,6 +236,9 @@ impl CudaExecutor {
     pub(crate) fn new(devices: &[usize], config: CudaConfig) -> Result<CudaExecutor> {
         debug_assert!(!devices.is_empty() && config.slots >= 1 && config.chunk_bytes != Some(0));
         device::driver_available()?;
+        // Loading kernels, creating streams, enabling peer access and probing edges may wait for
+        // the GPUs: none of it overlaps another communicator's peer kernels (`device::gate`).
+        let _quiet = device::gate::quiet();
         for (second, d) in devices.iter().enumerate() {
             match devices[..second].iter().position(|x| x == d) {
                 Some(first) if !config.allow_shared_device => {
@@ -592,6 +595,24 @@ impl CudaExecutor {
             // The all-reduce's caller grants its pools (`prepare_buffers`) before the call.
             self.grant_pushers(&prepared.plan, &addrs)?;
         }
+        // A plan without events is enqueued from this thread; its peer kernels are launched
+        // under the gate (module `device::gate`): no blocking CUDA call of this crate runs
+        // between the ranks' launches. Taken before the call's deadline starts, and waited for
+        // at most the timeout (another thread's blocking call waits for a stuck kernel at most
+        // that long): past it, nothing is launched and the call fails by name.
+        let inline = prepared.plan.events.is_empty();
+        let launching = match inline {
+            true => Some(device::gate::launching(self.config.timeout).ok_or_else(|| {
+                Error::Timeout {
+                    rank: 0,
+                    waiting_on: "another thread's blocking call of ringreduce (an allocation, \
+                                 copy or free of a GpuBuffer) to finish, before launching"
+                        .into(),
+                    after: self.config.timeout,
+                }
+            })?),
+            false => None,
+        };
         self.calls += 1;
         let (done_tx, done_rx) = crossbeam_channel::unbounded();
         let call = Arc::new(CudaCall {
@@ -611,11 +632,11 @@ impl CudaExecutor {
                 .filter(|_| reads_peers || captured.is_some()),
             captured,
         });
-        if call.prepared.plan.events.is_empty() {
+        if let Some(launching) = launching {
             // No event crosses between ranks (the peer kernels; one rank; nothing to do): there is
             // no handoff to wait for, so the caller's thread enqueues every rank itself — a
             // channel round trip per rank thread saved, ~10 µs of a ~20 µs small call.
-            self.run_inline(&call)?;
+            self.run_inline(&call, launching)?;
             return if reads_peers && wait_complete {
                 self.check_peer_errors()
             } else {

@@ -106,6 +106,9 @@ impl CudaExecutor {
         if self.ranks.is_empty() {
             return Ok(()); // torn down already
         }
+        // Freeing memory, destroying streams and unloading kernels may wait for the GPUs: none of
+        // it overlaps another communicator's peer kernels (`device::gate`).
+        let quiet = device::gate::quiet();
         let result = self.synchronize();
         // Free only what no GPU can still touch: every stream idle. A stream still busy, or one
         // in an error state that cannot say, keeps everything (its context may be broken anyway,
@@ -125,7 +128,12 @@ impl CudaExecutor {
             std::mem::forget(std::mem::take(&mut self.ranks));
             std::mem::forget(std::mem::take(&mut self.contexts));
         }
+        self.cache = PlanCache::new(CACHED_PLANS);
+        self.pinned.clear();
+        self.peer = None;
         self.ranks.clear();
+        self.contexts.clear();
+        drop(quiet);
         result
     }
 }
