@@ -1,11 +1,13 @@
 //! Every collective on four host ranks (one thread per rank, the same checked plans a GPU
 //! communicator would run): what each one computes, shown on tiny buffers, then each proved by
-//! the checker at 1 Mi elements and run at a prime count against the host reference.
+//! the checker at 1 Mi elements in both of its forms — the ring's (copy-engine pushes) and the
+//! one-shot's (direct reads between two barriers; send/recv has none) — and run at a prime count
+//! against the host reference.
 //!
 //! Runs without a GPU: `cargo run --release --example 11_collectives`.
 
 use ringreduce::check::check;
-use ringreduce::plan::{Collective, CollectiveSpec, EdgeTransport, Transfer};
+use ringreduce::plan::{Collective, CollectiveSpec, EdgeTransport, OneShotSpec, Op, Transfer};
 use ringreduce::verify::{compare, expected_value, input_value};
 use ringreduce::{Communicator, ReduceOp};
 
@@ -68,12 +70,33 @@ fn main() -> ringreduce::Result<()> {
         let plan = spec.build()?;
         match check(&plan) {
             Ok(()) => println!(
-                "{:>14}: {} instructions, {} events, proved",
+                "{:>14}: ring form {} instructions, {} events, proved",
                 c.name(),
                 plan.len(),
                 plan.events.len()
             ),
-            Err(e) => println!("{:>14}: REJECTED: {e}", c.name()),
+            Err(e) => println!("{:>14}: ring form REJECTED: {e}", c.name()),
+        }
+        if matches!(c, Collective::SendRecv { .. }) {
+            continue; // no one-shot form: its ranks do not all take part
+        }
+        let oneshot = OneShotSpec {
+            world,
+            count: 1 << 20,
+            in_place: false,
+            op: ReduceOp::Sum,
+        }
+        .build_collective(&c)?;
+        let meetings = oneshot.ranks[0]
+            .iter()
+            .filter(|i| matches!(i.op, Op::PeerReduce { .. }))
+            .count();
+        match check(&oneshot) {
+            Ok(()) => println!(
+                "{:>14}: one-shot form, {meetings} meeting(s) per rank, proved",
+                c.name()
+            ),
+            Err(e) => println!("{:>14}: one-shot form REJECTED: {e}", c.name()),
         }
     }
 
