@@ -134,7 +134,8 @@ struct RankRes {
     /// Indexed by `StreamKind::index()`.
     streams: Vec<Stream>,
     kernels: KernelModule,
-    /// Recorded on Main after each call, polled to learn that the rank is done.
+    /// Recorded on Main after each call that waits for its completion, polled to learn that the
+    /// rank is done (`ring::record_done`).
     done: Event,
     /// A call on a caller's stream: recorded there before the call, waited for by Main.
     fence_in: Event,

@@ -79,7 +79,7 @@ pub(super) struct PeerKernelState {
     errors: Vec<PinnedHost>,
     /// The smallest SM count of the ranks' GPUs: the grid cap that keeps every block resident.
     max_blocks: u32,
-    /// Every rank, whose `done` event follows its latest call on Main: what the gate waits for.
+    /// Every rank, whose Main stream runs its peer kernels: what the gate waits for.
     ranks: Vec<Arc<RankRes>>,
     /// The communicator's timeout: a peer kernel gives up within it of its launch.
     timeout: Duration,
@@ -100,7 +100,8 @@ impl device::gate::InFlight for PeerKernelState {
             return;
         };
         for res in &self.ranks {
-            while Instant::now() < deadline && matches!(device::event_query(&res.done), Ok(false)) {
+            let main = &res.streams[StreamKind::Main.index()];
+            while Instant::now() < deadline && matches!(device::stream_query(main), Ok(false)) {
                 std::thread::sleep(Duration::from_micros(20));
             }
         }

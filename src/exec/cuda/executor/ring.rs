@@ -171,12 +171,15 @@ fn stalled(call: &CudaCall, rank: usize, device: usize) -> Error {
     }
 }
 
-/// Records the rank's completion event on Main after its part of `call` — except in a capture,
-/// where the record would be a node of the caller's graph that the host cannot poll.
+/// Records the rank's completion event on Main after its part of `call`, for a call that waits
+/// for its completion (`wait_done` polls it) — not for an enqueue-only call (a driver call per
+/// rank saved on the path whose cost is the host's; what waits for enqueued work polls the
+/// streams), nor in a capture, where the record would be a node of the caller's graph that the
+/// host cannot poll.
 pub(super) fn record_done(res: &RankRes, call: &CudaCall) -> Result<()> {
-    match call.captured {
-        Some(_) => Ok(()),
-        None => device::record(&res.done, &res.streams[StreamKind::Main.index()]),
+    match (call.captured, call.wait_complete) {
+        (None, true) => device::record(&res.done, &res.streams[StreamKind::Main.index()]),
+        _ => Ok(()),
     }
 }
 

@@ -25,7 +25,7 @@ impl CudaExecutor {
     }
 
     /// What the GPUs report without waiting: a peer kernel's barrier timeout, or an error of
-    /// earlier asynchronous work (`cuEventQuery` on each rank's completion event returns it).
+    /// earlier asynchronous work (`cuStreamQuery` on each rank's Main stream returns it).
     /// Puts the calling thread's context back.
     pub(crate) fn poll_health(&self) -> Result<()> {
         self.check_peer_errors()?;
@@ -33,7 +33,7 @@ impl CudaExecutor {
         let polled = self
             .ranks
             .iter()
-            .try_for_each(|r| device::event_query(&r.done).map(drop));
+            .try_for_each(|r| device::stream_query(&r.streams[StreamKind::Main.index()]).map(drop));
         polled.and(saved.restore())
     }
 
