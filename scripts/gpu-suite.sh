@@ -2,9 +2,9 @@
 # gpu-suite.sh — the GPU checks of a change, in phases that each fit one device call (≤ 10 min),
 # from prebuilt executables in one folder (the GPU host has no Rust toolchain).
 #
-# Here:   build the CLI and the GPU test executables (cargo test --release --no-run --test gpu …),
-#         copy them into one folder as ringreduce and test-<name>, with this script beside them.
-# There:  bash <folder>/gpu-suite.sh tests|sanitize|bench OUT_DIR
+# Here:   scripts/gpu-pack.sh DIR   (the CLI, every GPU test and this script, packed in
+#         DIR/run.tar.xz; carry DIR)
+# There:  cd DIR && tar xJf run.tar.xz && bash bin/gpu-suite.sh tests|sanitize|bench OUT_DIR
 #
 #   tests     tests/gpu.rs, gpu_graphs.rs, gpu_streams.rs, gpu_user.rs, gpu_collectives.rs,
 #             gpu_ll_one_device.rs

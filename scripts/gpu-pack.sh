@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# gpu-pack.sh — build what a GPU run needs, small enough to carry (the device tool carries at most
+# 64 MiB; ../shared/gpu/stage.sh stages everything, ~140 MiB).
+#
+#   scripts/gpu-pack.sh DIR [TEST ...]     # default tests: every GPU suite
+#
+# Builds the CLI and the named integration tests (tests/TEST.rs) with nvcc (the kernels as an
+# embedded fatbin; RINGREDUCE_REQUIRE_NVCC=1 makes a build without nvcc fail rather than fall back
+# to NVRTC), copies them as DIR/bin/ringreduce and DIR/bin/test-TEST with scripts/gpu-suite.sh,
+# strips them and packs DIR/run.tar.xz (then removes DIR/bin). The report's commit line is set
+# from git. On the GPU host: `cd DIR && tar xJf run.tar.xz && bash bin/gpu-suite.sh tests $OUT`.
+set -euo pipefail
+out=${1:?DIR}
+shift
+tests=("$@")
+if [[ ${#tests[@]} -eq 0 ]]; then
+  tests=(gpu gpu_graphs gpu_streams gpu_user gpu_collectives gpu_ll_one_device)
+fi
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+NVCC=${NVCC:-$(bash .ci/install-nvcc.sh)}
+export NVCC RINGREDUCE_REQUIRE_NVCC=1 RINGREDUCE_COMMIT
+RINGREDUCE_COMMIT=$(git rev-parse --short=12 HEAD)
+cargo build --release -q -p ringreduce-cli
+rm -rf "$out/bin" && mkdir -p "$out/bin"
+cp target/release/ringreduce scripts/gpu-suite.sh "$out/bin/"
+for t in "${tests[@]}"; do
+  # The executable cargo just built for this test: the path it prints as JSON.
+  exe=$(cargo test --release -q --no-run --test "$t" --message-format=json \
+    | python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["executable"])' | tail -1)
+  cp "$exe" "$out/bin/test-$t"
+done
+strip "$out"/bin/ringreduce "$out"/bin/test-* 2>/dev/null || true
+rm -f "$out/run.tar.xz"
+tar cJf "$out/run.tar.xz" -C "$out" bin
+rm -rf "$out/bin"
+ls -la "$out/run.tar.xz"
