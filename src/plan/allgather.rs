@@ -23,7 +23,7 @@
 
 use super::push::{block_range, chunk_for, region, Landing, Pusher};
 use super::ring::{chunk_range, send_to};
-use super::{BufKind, BufferDecl, Collective, EventId, Phase, Plan, RingSpec, StreamKind, Tag};
+use super::{BufKind, Collective, EventId, Phase, Plan, RingSpec, StreamKind, Tag};
 use crate::error::Result;
 
 /// The block rank `rank` pushes to rank + 1 at `step`.
@@ -42,18 +42,7 @@ pub(super) fn build(spec: &RingSpec) -> Result<Plan> {
     let (n, count) = (spec.world, spec.count);
     let mut plan = Pusher::empty_plan(spec, Collective::AllGather);
     for rank in 0..n {
-        if !spec.in_place {
-            plan.buffers.push(BufferDecl {
-                rank,
-                kind: BufKind::Input,
-                len: count,
-            });
-        }
-        plan.buffers.push(BufferDecl {
-            rank,
-            kind: BufKind::Output,
-            len: n * count,
-        });
+        plan.declare_callers(rank);
     }
     let chunk = chunk_for(spec, count);
     let mut p = Pusher::new(spec, chunk, plan, &[], true);

@@ -22,7 +22,7 @@
 
 use super::push::{block_range, chunk_for, region, Landing, Pusher};
 use super::ring::chunk_range;
-use super::{BufKind, BufferDecl, Collective, Phase, Plan, RingSpec, StreamKind, Tag};
+use super::{BufKind, Collective, Phase, Plan, RingSpec, StreamKind, Tag};
 use crate::error::Result;
 
 /// The rank that rank `rank` pushes to at push `j` (and whose block it sends).
@@ -36,13 +36,7 @@ pub(super) fn build(spec: &RingSpec) -> Result<Plan> {
     let (n, count) = (spec.world, spec.count);
     let mut plan = Pusher::empty_plan(spec, Collective::AllToAll);
     for rank in 0..n {
-        for kind in [BufKind::Input, BufKind::Output] {
-            plan.buffers.push(BufferDecl {
-                rank,
-                kind,
-                len: n * count,
-            });
-        }
+        plan.declare_callers(rank);
     }
     let chunk = chunk_for(spec, count);
     let mut p = Pusher::new(spec, chunk, plan, &[], true);

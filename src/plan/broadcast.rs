@@ -23,7 +23,7 @@
 
 use super::push::{chunk_for, region, Landing, Pusher};
 use super::ring::chunk_range;
-use super::{BufKind, BufferDecl, Collective, EventId, Phase, Plan, RingSpec, StreamKind, Tag};
+use super::{BufKind, Collective, EventId, Phase, Plan, RingSpec, StreamKind, Tag};
 use crate::error::Result;
 
 /// The rank at position `position` of the chain that starts at `start`.
@@ -37,18 +37,7 @@ pub(super) fn build(spec: &RingSpec, root: usize) -> Result<Plan> {
     let (n, count, in_place) = (spec.world, spec.count, spec.in_place);
     let mut plan = Pusher::empty_plan(spec, Collective::Broadcast { root });
     for rank in 0..n {
-        if rank == root && !in_place {
-            plan.buffers.push(BufferDecl {
-                rank,
-                kind: BufKind::Input,
-                len: count,
-            });
-        }
-        plan.buffers.push(BufferDecl {
-            rank,
-            kind: BufKind::Output,
-            len: count,
-        });
+        plan.declare_callers(rank);
     }
     let chunk = chunk_for(spec, count);
     let mut p = Pusher::new(spec, chunk, plan, &[], true);

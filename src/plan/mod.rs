@@ -450,6 +450,35 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Declares rank `rank`'s caller's buffers by the collective's length rules
+    /// ([`Collective::input_len`], [`Collective::output_len`], [`Collective::in_place_len`]): in
+    /// place its one buffer (as `Output`); out of place its input, then its output, where the
+    /// collective gives it one. Send/recv's buffers are its transfers' and are declared by its
+    /// planner.
+    pub fn declare_callers(&mut self, rank: usize) {
+        let (collective, n, count) = (&self.collective, self.world, self.count);
+        let mut decls = Vec::with_capacity(2);
+        if self.in_place {
+            decls.push((BufKind::Output, collective.in_place_len(n, count)));
+        } else {
+            decls.extend(
+                collective
+                    .input_len(rank, n, count)
+                    .map(|l| (BufKind::Input, l)),
+            );
+            decls.extend(
+                collective
+                    .output_len(rank, n, count)
+                    .map(|l| (BufKind::Output, l)),
+            );
+        }
+        self.buffers.extend(
+            decls
+                .into_iter()
+                .map(|(kind, len)| BufferDecl { rank, kind, len }),
+        );
+    }
+
     /// The buffer declared for `(rank, kind)`, if the plan uses one.
     pub fn buffer(&self, rank: usize, kind: BufKind) -> Option<BufId> {
         self.buffers

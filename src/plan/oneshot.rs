@@ -184,21 +184,7 @@ impl OneShotSpec {
             ranks: vec![Vec::new(); n],
         };
         for rank in 0..n {
-            if in_place {
-                declare(
-                    &mut plan,
-                    rank,
-                    BufKind::Output,
-                    collective.in_place_len(n, count),
-                );
-            } else {
-                if let Some(len) = collective.input_len(rank, n, count) {
-                    declare(&mut plan, rank, BufKind::Input, len);
-                }
-                if let Some(len) = collective.output_len(rank, n, count) {
-                    declare(&mut plan, rank, BufKind::Output, len);
-                }
-            }
+            plan.declare_callers(rank);
         }
         let src = if in_place {
             BufKind::Output
@@ -350,10 +336,7 @@ pub(super) fn peer_plan(world: usize, count: usize, in_place: bool, op: ReduceOp
         ranks: vec![Vec::new(); world],
     };
     for rank in 0..world {
-        if !in_place {
-            declare(&mut plan, rank, BufKind::Input, count);
-        }
-        declare(&mut plan, rank, BufKind::Output, count);
+        plan.declare_callers(rank);
     }
     plan
 }

@@ -36,18 +36,14 @@ pub(super) fn build(spec: &RingSpec, root: usize) -> Result<Plan> {
     let start = (root + 1) % n;
     let mut plan = Pusher::empty_plan(spec, Collective::Reduce { root });
     for rank in 0..n {
-        let mut declare = |kind, len| plan.buffers.push(BufferDecl { rank, kind, len });
-        if in_place {
-            declare(BufKind::Output, count);
-        } else {
-            declare(BufKind::Input, count);
-            if rank == root {
-                declare(BufKind::Output, count);
-            }
-        }
+        plan.declare_callers(rank);
         // Positions 1 … n − 2 fold and forward.
         if rank != root && rank != start && count > 0 {
-            declare(BufKind::Scratch, count);
+            plan.buffers.push(BufferDecl {
+                rank,
+                kind: BufKind::Scratch,
+                len: count,
+            });
         }
     }
     let chunk = chunk_for(spec, count);

@@ -46,15 +46,13 @@ pub(super) fn build(spec: &RingSpec) -> Result<Plan> {
     let mut plan = Pusher::empty_plan(spec, Collective::ReduceScatter);
     let scratch = !in_place && n > 2 && count > 0;
     for rank in 0..n {
-        let mut declare = |kind, len| plan.buffers.push(BufferDecl { rank, kind, len });
-        if in_place {
-            declare(BufKind::Output, n * count);
-        } else {
-            declare(BufKind::Input, n * count);
-            declare(BufKind::Output, count);
-        }
+        plan.declare_callers(rank);
         if scratch {
-            declare(BufKind::Scratch, n * count);
+            plan.buffers.push(BufferDecl {
+                rank,
+                kind: BufKind::Scratch,
+                len: n * count,
+            });
         }
     }
     let chunk = chunk_for(spec, count);

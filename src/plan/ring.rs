@@ -200,18 +200,7 @@ impl<'a> Builder<'a> {
         let chunk = spec.effective_chunk();
         let mut plan = Pusher::empty_plan(spec, super::Collective::AllReduce);
         for rank in 0..n {
-            if !spec.in_place {
-                plan.buffers.push(BufferDecl {
-                    rank,
-                    kind: BufKind::Input,
-                    len: spec.count,
-                });
-            }
-            plan.buffers.push(BufferDecl {
-                rank,
-                kind: BufKind::Output,
-                len: spec.count,
-            });
+            plan.declare_callers(rank);
             if n > 1 && spec.count > 0 {
                 let len = spec.slots * chunk;
                 plan.buffers.push(BufferDecl {
