@@ -19,7 +19,7 @@ use super::{size_label, time_back_to_back, ELEM_BYTES, GPU_DEVICES, OP};
 use criterion::{BenchmarkId, Criterion, Throughput};
 use ringreduce::verify::{compare, make_expected, make_input};
 use ringreduce::{Collective, Communicator, GpuBuffer, GpuSlice, Transfer};
-use ringreduce_cli::baseline::{input_ranks, output_ranks, NcclAllReduce};
+use ringreduce_cli::baseline::NcclAllReduce;
 
 const SIZES_BYTES: [usize; 2] = [64 << 10, 16 << 20];
 
@@ -120,8 +120,8 @@ pub fn bench_collectives(c: &mut Criterion, comm: &Communicator, nccl: Option<&N
                 let mut outs = alloc(out_len);
                 let what = format!("{name}/{lib}/{}", size_label(size));
                 let mut run = |outs: &mut Vec<GpuBuffer<f32>>| -> ringreduce::Result<()> {
-                    let mut i = pick(&mut ins, in_len, &input_ranks(&collective, world))?;
-                    let mut o = pick(outs, out_len, &output_ranks(&collective, world))?;
+                    let mut i = pick(&mut ins, in_len, &collective.input_ranks(world))?;
+                    let mut o = pick(outs, out_len, &collective.output_ranks(world))?;
                     let i = &mut i[..];
                     // SAFETY: `ins` and `outs` outlive every call; each caller waits for
                     // completion (synchronize) before reading or dropping them.

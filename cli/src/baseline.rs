@@ -50,7 +50,6 @@ use std::sync::Arc;
 
 mod collectives;
 mod symmetric;
-pub use collectives::{input_ranks, output_ranks};
 pub use symmetric::SymmetricBuffers;
 
 /// The names cudarc tries, in order, when it loads libnccl.
@@ -383,23 +382,7 @@ impl NcclAllReduce {
         }
         let count = bufs[0].count();
         for (rank, (buf, &expected)) in bufs.iter().zip(&self.devices).enumerate() {
-            match buf.placement() {
-                Placement::Device(device) if device == expected => {}
-                Placement::Device(device) => {
-                    return Err(Error::WrongDevice {
-                        rank,
-                        device,
-                        expected,
-                    })
-                }
-                got @ Placement::Host => {
-                    return Err(Error::WrongPlacement {
-                        rank,
-                        got,
-                        expected: "device memory (NCCL works on GPU buffers)",
-                    })
-                }
-            }
+            on_gpu(rank, buf.placement(), expected)?;
             if buf.count() != count {
                 return Err(Error::LengthMismatch {
                     rank,
@@ -570,6 +553,24 @@ fn c_text(ptr: *const std::ffi::c_char) -> String {
     unsafe { CStr::from_ptr(ptr) }
         .to_string_lossy()
         .into_owned()
+}
+
+/// Rank `rank`'s buffer must be device memory of GPU `expected` (NCCL works on GPU buffers): the
+/// named error otherwise.
+fn on_gpu(rank: usize, placement: Placement, expected: usize) -> Result<()> {
+    match placement {
+        Placement::Device(device) if device == expected => Ok(()),
+        Placement::Device(device) => Err(Error::WrongDevice {
+            rank,
+            device,
+            expected,
+        }),
+        got @ Placement::Host => Err(Error::WrongPlacement {
+            rank,
+            got,
+            expected: "device memory (NCCL works on GPU buffers)",
+        }),
+    }
 }
 
 #[cfg(test)]

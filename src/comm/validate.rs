@@ -252,12 +252,14 @@ impl Layout {
             transfers: Vec::new(),
         };
         match c {
-            Collective::Broadcast { root } if !in_place => {
-                (l.input_rank, l.input_at) = (vec![*root], vec![*root]);
+            Collective::Broadcast { .. } if !in_place => {
+                l.input_rank = c.input_ranks(world);
+                l.input_at = l.input_rank.clone();
                 l.input_what = "input buffers (the root's alone)";
             }
-            Collective::Reduce { root } if !in_place => {
-                (l.output_rank, l.output_at) = (vec![*root], vec![*root]);
+            Collective::Reduce { .. } if !in_place => {
+                l.output_rank = c.output_ranks(world);
+                l.output_at = l.output_rank.clone();
                 l.output_what = "output buffers (the root's alone)";
             }
             Collective::SendRecv { transfers } => {
@@ -270,8 +272,8 @@ impl Layout {
                         got: inputs,
                     });
                 }
-                l.input_rank = transfers.iter().map(|t| t.from).collect();
-                l.output_rank = transfers.iter().map(|t| t.to).collect();
+                l.input_rank = c.input_ranks(world);
+                l.output_rank = c.output_ranks(world);
                 (l.input_at, l.output_at) = ((0..n).collect(), (0..n).collect());
                 (l.input_slots, l.output_slots) = (n, n);
                 l.input_what = "send buffers (one per transfer)";

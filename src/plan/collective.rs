@@ -119,6 +119,27 @@ impl Collective {
         }
     }
 
+    /// Which rank owns each buffer of an out-of-place call's input list, in list order: every
+    /// rank; the root alone for a broadcast; each transfer's sender for send/recv.
+    pub fn input_ranks(&self, world: usize) -> Vec<usize> {
+        match self {
+            Collective::Broadcast { root } => vec![*root],
+            Collective::SendRecv { transfers } => transfers.iter().map(|t| t.from).collect(),
+            _ => (0..world).collect(),
+        }
+    }
+
+    /// Which rank owns each buffer of an out-of-place call's output list, in list order: every
+    /// rank; the root alone for a reduce; each transfer's receiver for send/recv. (In place,
+    /// every rank passes one buffer.)
+    pub fn output_ranks(&self, world: usize) -> Vec<usize> {
+        match self {
+            Collective::Reduce { root } => vec![*root],
+            Collective::SendRecv { transfers } => transfers.iter().map(|t| t.to).collect(),
+            _ => (0..world).collect(),
+        }
+    }
+
     /// Length of every rank's one buffer in place.
     pub fn in_place_len(&self, world: usize, count: usize) -> usize {
         match self {

@@ -30,24 +30,6 @@ use std::sync::Arc;
 
 type NcclResult = std::result::Result<nccl::NcclStatus, nccl::NcclError>;
 
-/// Which rank each buffer of a list belongs to.
-pub fn input_ranks(collective: &Collective, world: usize) -> Vec<usize> {
-    match collective {
-        Collective::Broadcast { root } => vec![*root],
-        Collective::SendRecv { transfers } => transfers.iter().map(|t| t.from).collect(),
-        _ => (0..world).collect(),
-    }
-}
-
-/// Which rank each output buffer belongs to (out of place; in place every rank passes one).
-pub fn output_ranks(collective: &Collective, world: usize) -> Vec<usize> {
-    match collective {
-        Collective::Reduce { root } => vec![*root],
-        Collective::SendRecv { transfers } => transfers.iter().map(|t| t.to).collect(),
-        _ => (0..world).collect(),
-    }
-}
-
 /// Blocks per rank's buffer in the list that sets the count: the count is that buffer's length
 /// over this.
 fn blocks(collective: &Collective, world: usize, in_place: bool) -> usize {
@@ -92,12 +74,12 @@ impl NcclAllReduce {
         let in_ranks = if in_place {
             Vec::new()
         } else {
-            input_ranks(collective, world)
+            collective.input_ranks(world)
         };
         let out_ranks = if in_place {
             (0..world).collect()
         } else {
-            output_ranks(collective, world)
+            collective.output_ranks(world)
         };
         let list = |what, expected: usize, got: usize| {
             if expected == got {
@@ -259,24 +241,7 @@ impl NcclAllReduce {
         want: Option<usize>,
         got: usize,
     ) -> Result<()> {
-        let expected = self.devices[rank];
-        match placement {
-            Placement::Device(device) if device == expected => {}
-            Placement::Device(device) => {
-                return Err(Error::WrongDevice {
-                    rank,
-                    device,
-                    expected,
-                })
-            }
-            got @ Placement::Host => {
-                return Err(Error::WrongPlacement {
-                    rank,
-                    got,
-                    expected: "device memory (NCCL works on GPU buffers)",
-                })
-            }
-        }
+        super::on_gpu(rank, placement, self.devices[rank])?;
         match want {
             Some(expected) if expected == got => Ok(()),
             Some(expected) => Err(Error::LengthMismatch {
@@ -307,15 +272,12 @@ mod tests {
                 })
                 .collect(),
         };
-        assert_eq!(input_ranks(&ring, 3), [0, 1, 2]);
-        assert_eq!(output_ranks(&ring, 3), [1, 2, 0]);
-        assert_eq!(input_ranks(&Collective::Broadcast { root: 2 }, 3), [2]);
-        assert_eq!(
-            output_ranks(&Collective::Broadcast { root: 2 }, 3),
-            [0, 1, 2]
-        );
-        assert_eq!(output_ranks(&Collective::Reduce { root: 1 }, 3), [1]);
-        assert_eq!(input_ranks(&Collective::Reduce { root: 1 }, 3), [0, 1, 2]);
+        assert_eq!(ring.input_ranks(3), [0, 1, 2]);
+        assert_eq!(ring.output_ranks(3), [1, 2, 0]);
+        assert_eq!(Collective::Broadcast { root: 2 }.input_ranks(3), [2]);
+        assert_eq!(Collective::Broadcast { root: 2 }.output_ranks(3), [0, 1, 2]);
+        assert_eq!(Collective::Reduce { root: 1 }.output_ranks(3), [1]);
+        assert_eq!(Collective::Reduce { root: 1 }.input_ranks(3), [0, 1, 2]);
         // The count: reduce-scatter's input and all-to-all's buffers hold world blocks; in place,
         // reduce-scatter's and all-gather's one buffer does.
         assert_eq!(blocks(&Collective::ReduceScatter, 4, false), 4);

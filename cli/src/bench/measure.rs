@@ -25,7 +25,7 @@ use cudarc::driver::{CudaGraph, CudaStream};
 use ringreduce::device;
 use ringreduce::verify::{make_expected, make_input};
 use ringreduce::{Collective, Communicator, DType, Element, GpuSlice, ReduceOp};
-use ringreduce_cli::baseline::{input_ranks, output_ranks, NcclAllReduce};
+use ringreduce_cli::baseline::NcclAllReduce;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -616,7 +616,7 @@ impl Shape {
 
 /// The lists a collective call takes, from one buffer per rank: in place, every rank's; out of
 /// place, the inputs and outputs of the ranks that pass one, in the order of
-/// [`input_ranks`] / [`output_ranks`] (the broadcast's root alone in; the reduce's root alone
+/// `Collective::input_ranks` / `output_ranks` (the broadcast's root alone in; the reduce's root alone
 /// out; sendrecv's receive buffer of transfer i is rank i+1's).
 pub(super) fn arrange<B>(
     collective: &Collective,
@@ -635,8 +635,8 @@ pub(super) fn arrange<B>(
             .collect()
     };
     (
-        pick(ins, input_ranks(collective, world)),
-        Some(pick(outs, output_ranks(collective, world))),
+        pick(ins, collective.input_ranks(world)),
+        Some(pick(outs, collective.output_ranks(world))),
     )
 }
 
