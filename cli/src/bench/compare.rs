@@ -251,13 +251,18 @@ pub(super) fn print_random(report: &Report) {
         let sizes: Vec<u64> = fixed.iter().map(|r| r.size_bytes).collect();
         out!("#");
         out!(
-            "# random sizes, {}: {} calls from {} to {} B (log-uniform, seed {:#x}), out of place, \
+            "# random sizes, {}: {} calls from {} to {} B (log-uniform, seed {:#x}), {}, \
              each timed from call to completion; #wrong {}{}",
             run.library,
             run.calls.len(),
             run.min_bytes,
             run.max_bytes,
             run.seed,
+            if run.in_place {
+                "in place"
+            } else {
+                "out of place"
+            },
             run.wrong,
             run.error
                 .as_ref()
@@ -276,7 +281,12 @@ pub(super) fn print_random(report: &Report) {
         for band in bands(run, &sizes) {
             let row = fixed.iter().find(|r| r.size_bytes == band.from_bytes);
             let (fm, fp) = row.map_or((None, None), |r| {
-                (r.out_of_place.call_median_us, r.out_of_place.call_p99_us)
+                let fixed = if run.in_place {
+                    &r.in_place
+                } else {
+                    &r.out_of_place
+                };
+                (fixed.call_median_us, fixed.call_p99_us)
             });
             let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
             out!(

@@ -499,7 +499,7 @@ impl Sweep<'_> {
         }
     }
 
-    /// The random-size workload for `lib` (out of place, eager): `calls` sizes from
+    /// The random-size workload for `lib` (eager, out of place or in place): `calls` sizes from
     /// [`random_sizes`], `-w` warm-up calls at the smallest of them, then every call timed from
     /// the call to its completion. An error stops the workload and is recorded in the run.
     pub(super) fn run_random(
@@ -509,11 +509,14 @@ impl Sweep<'_> {
         memory: Memory,
         calls: usize,
         seed: u64,
+        in_place: bool,
     ) -> RandomRun {
         macro_rules! typed {
             ($($d:ident => $t:ty),*) => {
                 match self.args.dtype {
-                    $(DType::$d => self.random_typed::<$t>(lib, label, memory, calls, seed),)*
+                    $(DType::$d => {
+                        self.random_typed::<$t>(lib, label, memory, calls, seed, in_place)
+                    })*
                 }
             };
         }
@@ -528,6 +531,7 @@ impl Sweep<'_> {
         memory: Memory,
         calls: usize,
         seed: u64,
+        in_place: bool,
     ) -> RandomRun {
         let args = self.args;
         let elem = std::mem::size_of::<T>();
@@ -537,21 +541,27 @@ impl Sweep<'_> {
             seed,
             min_bytes: args.min_bytes as u64,
             max_bytes: args.max_bytes as u64,
+            in_place,
             calls: Vec::with_capacity(calls),
             wrong: 0,
             error: None,
         };
-        if let Err(e) = self.random_calls::<T>(lib, memory, &sequence, &mut run) {
+        if let Err(e) = self.random_calls::<T>(lib, memory, &sequence, in_place, &mut run) {
             run.error = Some(e.to_string());
         }
         run
     }
 
+    /// Out of place, the outputs are zeroed first and checked after the last call (each element
+    /// last written by the largest call covering it, which sums the same inputs). In place,
+    /// every call sums the previous one's results, so the check restores the inputs after the
+    /// workload and checks one more call, of the largest size.
     fn random_calls<T: Element>(
         &self,
         lib: &Lib,
         memory: Memory,
         sequence: &[usize],
+        in_place: bool,
         run: &mut RandomRun,
     ) -> ringreduce::Result<()> {
         let (args, world, elem) = (self.args, self.devices.len(), std::mem::size_of::<T>());
@@ -562,26 +572,34 @@ impl Sweep<'_> {
             .map(|r| make_input(args.op, r, largest))
             .collect();
         ins.write_all(&inputs)?;
-        let mut outs = RankMemory::zeroed(lib, memory, &self.devices, largest)?;
-        let mut one = |count: usize| -> ringreduce::Result<f64> {
+        let mut outs = match in_place {
+            true => None,
+            false => Some(RankMemory::zeroed(lib, memory, &self.devices, largest)?),
+        };
+        let mut one = |ins: &mut RankMemory<'_, T>, count: usize| -> ringreduce::Result<f64> {
             let mut i = ins.slices(count)?;
-            let mut o = outs.slices(count)?;
+            let mut o = outs.as_mut().map(|o| o.slices(count)).transpose()?;
             let t = Instant::now();
             // SAFETY: `ins`/`outs` hold the memory until after the synchronize, on every path.
             let all_reduce = &Collective::AllReduce;
-            let call = unsafe { lib.enqueue(all_reduce, &mut i, Some(&mut o), args.op, None) };
+            let call = unsafe { lib.enqueue(all_reduce, &mut i, o.as_deref_mut(), args.op, None) };
             let synced = lib.synchronize();
             call.and(synced)?;
             Ok(t.elapsed().as_secs_f64() * 1e6)
         };
         for _ in 0..args.warmup {
-            one(smallest)?;
+            one(&mut ins, smallest)?;
         }
         for &bytes in sequence {
-            let us = one(bytes / elem)?;
+            let us = one(&mut ins, bytes / elem)?;
             run.calls.push((bytes as u64, us));
         }
-        run.wrong = outs.count_wrong(&make_expected(args.op, world, largest))?;
+        if in_place {
+            ins.write_all(&inputs)?;
+            one(&mut ins, largest)?;
+        }
+        let checked = outs.as_ref().unwrap_or(&ins);
+        run.wrong = checked.count_wrong(&make_expected(args.op, world, largest))?;
         Ok(())
     }
 }

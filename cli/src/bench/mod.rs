@@ -426,7 +426,10 @@ fn measure_pass(
     let mut labels = vec![label.to_string()];
     // The random workload before the graphs: a failed capture may leave the communicator failed.
     if args.sizes == Sizes::Random && args.collectives().contains(&BenchCollective::AllReduce) {
-        random.push(sweep.run_random(&lib, label, Memory::Plain, args.random_calls, args.seed));
+        for in_place in [false, true] {
+            let (calls, seed) = (args.random_calls, args.seed);
+            random.push(sweep.run_random(&lib, label, Memory::Plain, calls, seed, in_place));
+        }
     }
     if let Some(calls) = args.graph {
         let graph_label = with_note(label, &format!("graph {calls}"));

@@ -304,7 +304,10 @@ pub(super) fn run_nccl_only(args: &BenchArgs) -> Result<(), Failure> {
     let all_reduce = args.collectives().contains(&BenchCollective::AllReduce);
     let random = match (&rows, args.sizes, mode) {
         (Ok(_), Sizes::Random, Mode::Eager) if all_reduce => {
-            vec![sweep.run_random(&lib, "NCCL", memory, args.random_calls, args.seed)]
+            let (calls, seed) = (args.random_calls, args.seed);
+            [false, true]
+                .map(|in_place| sweep.run_random(&lib, "NCCL", memory, calls, seed, in_place))
+                .into()
         }
         _ => Vec::new(),
     };

@@ -20,10 +20,14 @@ pub struct RandomRun {
     pub seed: u64,
     pub min_bytes: u64,
     pub max_bytes: u64,
+    /// In place (each rank's one buffer) rather than out of place.
+    #[serde(default)]
+    pub in_place: bool,
     /// (bytes per rank, µs from the call to its completion), in call order.
     pub calls: Vec<(u64, f64)>,
-    /// Wrong elements over all ranks after the workload (out of place; outputs zeroed before it,
-    /// compared up to the largest size called).
+    /// Wrong elements over all ranks: out of place, of the outputs after the workload (zeroed
+    /// before it, compared up to the largest size called); in place, of one more call of the
+    /// largest size on the inputs restored after the workload.
     pub wrong: u64,
     /// Why the workload stopped, if it did; `calls` holds the calls made before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -147,6 +151,7 @@ mod tests {
             seed: 0,
             min_bytes: 8,
             max_bytes: 64,
+            in_place: false,
             calls: vec![
                 (8, 1.0),
                 (12, 3.0),
