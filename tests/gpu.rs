@@ -696,6 +696,64 @@ fn enqueue_then_synchronize() {
     }
 }
 
+/// In-place one-shot all-reduces whose size changes on every call — enqueued back to back with
+/// no synchronisation between them, more sizes than the plan cache holds, growing the exposure
+/// regions several times (1 MiB at first, doubling up to 32 MiB), at odd offsets — give the host's bits call after call. Plans of different
+/// sizes share each rank's exposure region (`exec::cuda::executor::exposure`): a call that
+/// overwrote a region a peer was still reading would leave wrong elements. `u32` sums wrap, so
+/// every result is exact however often an element is summed.
+#[test]
+fn in_place_oneshot_sizes_change_on_every_call() {
+    let Some(gpus) = two_gpus() else { return };
+    let gpu = oneshot_comm(&gpus);
+    let world = gpus.len();
+    let host = Communicator::host(world).unwrap();
+    // 16 MiB and a little per rank.
+    let len = (4 << 20) + 8;
+    let mut want: Vec<Vec<u32>> = (0..world)
+        .map(|r| make_input(ReduceOp::Sum, r, len))
+        .collect();
+    let mut bufs: Vec<GpuBuffer<u32>> = gpus
+        .iter()
+        .zip(&want)
+        .map(|(&g, x)| GpuBuffer::from_host(g, x).unwrap())
+        .collect();
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut sizes = std::collections::BTreeSet::new();
+    for _ in 0..150 {
+        // Counts of every bit length up to 23 (1 to 8 Mi elements), clipped to the buffer.
+        let offset = (next() % 4) as usize;
+        let count = (1 + next() % (1 << (next() % 23))) as usize;
+        let count = count.min(len - offset);
+        sizes.insert(count);
+        let mut slices: Vec<_> = bufs
+            .iter_mut()
+            .map(|b| b.slice(offset, count).unwrap())
+            .collect();
+        // SAFETY: the buffers are read back only after the synchronize below.
+        unsafe { gpu.enqueue_all_reduce_in_place(&mut slices, ReduceOp::Sum) }.unwrap();
+        let mut reference: Vec<&mut [u32]> = want
+            .iter_mut()
+            .map(|w| &mut w[offset..offset + count])
+            .collect();
+        host.all_reduce_in_place(&mut reference, ReduceOp::Sum)
+            .unwrap();
+    }
+    gpu.synchronize().unwrap();
+    assert!(sizes.len() > 100, "{} distinct sizes", sizes.len());
+    for (rank, b) in bufs.iter().enumerate() {
+        let (wrong, first) = compare(rank, &b.to_host().unwrap(), &want[rank], 4);
+        assert_eq!(wrong, 0, "{first:?}");
+    }
+    gpu.close().unwrap();
+}
+
 #[test]
 fn ring_allreduce_on_gpu_buffers() {
     let Some(gpus) = two_gpus() else { return };

@@ -51,7 +51,8 @@ pub use scope::Scope;
 
 enum Executor {
     Host(HostExecutor),
-    Cuda(CudaExecutor),
+    // Boxed: the GPU executor is twice the host's size.
+    Cuda(Box<CudaExecutor>),
 }
 
 struct State {
@@ -155,7 +156,7 @@ impl Communicator {
         Ok(Communicator::from_executor(
             devices.len(),
             facts,
-            Executor::Cuda(exec),
+            Executor::Cuda(Box::new(exec)),
         ))
     }
 

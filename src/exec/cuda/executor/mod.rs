@@ -7,7 +7,8 @@
 //! enabled, pinned-host staging elsewhere, or forced either way), and creates for every rank its
 //! context, four non-blocking streams (Main, Send, Recv, Reduce) and its kernels. Per message
 //! shape it then builds a plan, checks it, and creates that plan's events and staging buffers —
-//! once; later calls of the same shape reuse them (`CudaPlan`). Inside a collective nothing is
+//! once (the in-place one-shot's exposed copies excepted: they live in one region per rank,
+//! module `exposure`); later calls of the same shape reuse them (`CudaPlan`). Inside a collective nothing is
 //! allocated and no event is created; the host does not synchronise until the optional final
 //! wait for completion.
 //!
@@ -21,6 +22,8 @@
 //! - `peer`: the peer kernels' shared flags, LL receive buffers and error words, their launch
 //!   (the LL one-shot for small one-shot all-reduces with `low_latency`), and the timeouts they
 //!   report;
+//! - `exposure`: the one region per rank that every in-place one-shot plan's exposed buffer
+//!   lives in, so that a new message size allocates nothing;
 //! - `layout`: the checks that tie a one-shot, two-shot or steps plan to its kernel;
 //! - `launch`: the inline enqueue of plans without events (the peer kernels), from the caller's
 //!   thread or the launcher threads;
@@ -35,6 +38,7 @@
 
 mod callers;
 mod edges;
+mod exposure;
 mod handoff;
 mod launch;
 mod layout;
@@ -147,10 +151,12 @@ struct RankRes {
     _tracking: Arc<CudaStream>,
 }
 
-/// Staging memory a plan owns.
+/// Staging memory of a plan: its own, or its rank's exposure region (module `exposure`).
 enum Staging {
     Device(DeviceBuffer),
     Host(PinnedHost),
+    /// The address of the rank's exposure region, which the executor owns.
+    Exposure(u64),
 }
 
 /// A checked plan with its events and staging buffers.
@@ -175,7 +181,10 @@ impl CudaPlan {
     /// handoff counters.
     fn owns_gpu_resources(&self) -> bool {
         !self.events.is_empty()
-            || self.staging.iter().any(Option::is_some)
+            || self
+                .staging
+                .iter()
+                .any(|s| matches!(s, Some(Staging::Device(_) | Staging::Host(_))))
             || self.handoff.is_some()
     }
 }
@@ -229,6 +238,8 @@ pub(crate) struct CudaExecutor {
     /// The launcher threads of ranks 1, 2, … (peer calls launched on every GPU at once), when the
     /// peer kernels can run and `launch_threads` is on.
     launchers: Option<Box<launch::Launchers>>,
+    /// Every rank's exposure region, shared by the in-place one-shot plans (module `exposure`).
+    exposure: exposure::Exposure,
 }
 
 impl CudaExecutor {
@@ -331,6 +342,7 @@ impl CudaExecutor {
             contexts,
             launch_blocked: std::sync::Mutex::new(None),
             launchers,
+            exposure: exposure::Exposure::new(),
         })
     }
 
@@ -462,6 +474,15 @@ impl CudaExecutor {
             .iter()
             .map(|decl| Event::new(&self.ranks[decl.rank].ctx))
             .collect::<Result<Vec<_>>>()?;
+        let exposed_bytes = plan
+            .buffers
+            .iter()
+            .filter(|decl| decl.kind == BufKind::Exposed)
+            .map(|decl| decl.len * shape.elem_bytes)
+            .max();
+        if let Some(bytes) = exposed_bytes {
+            self.exposure.reserve(&self.ranks, bytes)?;
+        }
         let staging = plan
             .buffers
             .iter()
@@ -473,7 +494,10 @@ impl CudaExecutor {
                     | BufKind::Output
                     | BufKind::SendBuf(_)
                     | BufKind::RecvBuf(_) => Ok(None),
-                    BufKind::Slots | BufKind::Exposed | BufKind::Scratch => {
+                    BufKind::Exposed => {
+                        Ok(Some(Staging::Exposure(self.exposure.address(decl.rank))))
+                    }
+                    BufKind::Slots | BufKind::Scratch => {
                         DeviceBuffer::new(ctx, bytes.max(1)).map(|b| Some(Staging::Device(b)))
                     }
                     BufKind::HostSlots => {
@@ -488,7 +512,8 @@ impl CudaExecutor {
             .is_some_and(|p| self.cache.is_full() && p.owns_gpu_resources())
         {
             // The oldest plan's events and buffers may still be in use by enqueued work. (A
-            // plan without any — the one-shot out of place — is dropped without waiting.)
+            // plan without any — the one-shot all-reduce, whose in-place exposed copies live in
+            // the exposure regions — is dropped without waiting.)
             self.synchronize()?;
         }
         let handoff = match self.peer {
@@ -588,6 +613,7 @@ impl CudaExecutor {
                     (Some(addr), _) => addr,
                     (None, Some(Staging::Device(b))) => b.ptr(),
                     (None, Some(Staging::Host(h))) => h.uva_ptr(),
+                    (None, Some(Staging::Exposure(addr))) => *addr,
                     (None, None) => 0,
                 },
             )

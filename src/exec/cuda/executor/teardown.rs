@@ -8,6 +8,7 @@
 //!
 //! Invariant: memory is freed only when every stream of every rank reports idle.
 
+use super::exposure::Exposure;
 use super::{CudaExecutor, CACHED_PLANS};
 use crate::device;
 use crate::error::{Error, Result};
@@ -125,11 +126,13 @@ impl CudaExecutor {
             ));
             std::mem::forget(self.peer.take());
             std::mem::forget(std::mem::take(&mut self.pinned));
+            std::mem::forget(std::mem::replace(&mut self.exposure, Exposure::new()));
             std::mem::forget(std::mem::take(&mut self.ranks));
             std::mem::forget(std::mem::take(&mut self.contexts));
         }
         self.cache = PlanCache::new(CACHED_PLANS);
         self.pinned.clear();
+        self.exposure = Exposure::new();
         self.peer = None;
         self.ranks.clear();
         self.contexts.clear();
