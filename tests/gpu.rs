@@ -754,6 +754,71 @@ fn in_place_oneshot_sizes_change_on_every_call() {
     gpu.close().unwrap();
 }
 
+/// `profile_host`: every call's phases on the calling thread, in order, adding up to no more
+/// than the call's wall time — a blocking one-shot, an enqueued one, `synchronize`, and a
+/// blocking ring call (rank threads: one launch mark for all ranks, no peer error check).
+#[test]
+fn host_profile_names_every_phase_of_a_call() {
+    use ringreduce::exec::profile::Phase::{self, *};
+    let Some(gpus) = two_gpus() else { return };
+    let phases_of = |comm: &Communicator| -> Vec<Vec<Phase>> {
+        comm.host_profile()
+            .iter()
+            .map(|p| p.phases.iter().map(|(ph, _)| *ph).collect())
+            .collect()
+    };
+    for (algorithm, blocking) in [
+        (
+            Algorithm::OneShot,
+            vec![
+                Validate, Lock, Plan, Open, Launch, Launch, Wait, Check, Return,
+            ],
+        ),
+        (
+            Algorithm::Ring,
+            vec![Validate, Lock, Plan, Open, Launch, Wait, Return],
+        ),
+    ] {
+        let comm = Communicator::with_config(
+            &gpus,
+            CudaConfig {
+                allow_shared_device: shared(&gpus),
+                algorithm,
+                profile_host: true,
+                ..CudaConfig::default()
+            },
+        )
+        .unwrap();
+        let mut bufs: Vec<GpuBuffer<f32>> = gpus
+            .iter()
+            .map(|&g| GpuBuffer::zeroed(g, 1000).unwrap())
+            .collect();
+        comm.all_reduce_in_place(&mut bufs, ReduceOp::Sum).unwrap(); // plans the shape
+        comm.host_profile();
+        let t = std::time::Instant::now();
+        comm.all_reduce_in_place(&mut bufs, ReduceOp::Sum).unwrap();
+        let wall = t.elapsed();
+        let profile = comm.host_profile();
+        assert_eq!(profile.len(), 1, "{profile:?}");
+        assert!(profile[0].total() <= wall, "{profile:?} in {wall:?}");
+        let got: Vec<Phase> = profile[0].phases.iter().map(|(p, _)| *p).collect();
+        assert_eq!(got, blocking, "{algorithm:?} blocking");
+        if algorithm == Algorithm::OneShot {
+            // SAFETY: the buffers live past the synchronize below.
+            unsafe { comm.enqueue_all_reduce_in_place(&mut bufs, ReduceOp::Sum) }.unwrap();
+            comm.synchronize().unwrap();
+            assert_eq!(
+                phases_of(&comm),
+                [
+                    vec![Validate, Lock, Plan, Open, Launch, Launch, Return],
+                    vec![Lock, Wait, Check, Return]
+                ]
+            );
+        }
+        comm.close().unwrap();
+    }
+}
+
 #[test]
 fn ring_allreduce_on_gpu_buffers() {
     let Some(gpus) = two_gpus() else { return };

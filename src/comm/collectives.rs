@@ -23,6 +23,7 @@ use super::{Call, Communicator, When};
 use crate::buffer::{Buffer, BufferMut, StreamUse};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
+use crate::exec::profile::{self, Phase};
 use crate::plan::{Collective, Transfer};
 use cudarc::driver::CudaStream;
 use std::sync::Arc;
@@ -210,6 +211,7 @@ impl Communicator {
             // SAFETY: our caller's contract, passed on.
             return unsafe { self.submit(inputs, outputs, op, wait_complete, caller) };
         }
+        self.begin_profile();
         let layout = self.validate_collective::<T, I, O>(collective, inputs, outputs)?;
         let mut ins = vec![0u64; layout.input_slots];
         for (b, &slot) in inputs.into_iter().flatten().zip(&layout.input_at) {
@@ -232,6 +234,7 @@ impl Communicator {
             count: layout.count,
             in_place: inputs.is_none(),
         };
+        profile::mark(Phase::Validate);
         let when = When {
             wait_complete,
             caller,

@@ -38,6 +38,7 @@ use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::cuda::executor::{CudaConfig, CudaExecutor, EdgeInfo};
 use crate::exec::host::{HostConfig, HostExecutor};
+use crate::exec::profile::{self, CallProfile, Phase};
 use crate::exec::{config, Algorithm, Shape};
 use crate::plan::Collective;
 use cudarc::driver::CudaStream;
@@ -89,6 +90,9 @@ pub struct Communicator {
     /// The first error a collective hit. Outside `state`, whose lock a running call holds, so
     /// that `health` never waits for a call.
     failed: OnceLock<Error>,
+    /// With [`CudaConfig::profile_host`]: each call's host phases, until
+    /// [`Communicator::host_profile`] takes them (module [`crate::exec::profile`]).
+    profile: Option<Mutex<Vec<CallProfile>>>,
 }
 
 impl Communicator {
@@ -144,6 +148,7 @@ impl Communicator {
         }
         config::check_timeout(config.timeout)?;
         let (algorithm, deterministic) = (config.algorithm, config.deterministic);
+        let profile = config.profile_host;
         let exec = CudaExecutor::new(devices, config)?;
         check_deterministic_if(deterministic, algorithm, devices.len(), exec.peers_ok())?;
         let facts = Facts {
@@ -153,11 +158,10 @@ impl Communicator {
             peers_ok: exec.peers_ok(),
             deterministic,
         };
-        Ok(Communicator::from_executor(
-            devices.len(),
-            facts,
-            Executor::Cuda(Box::new(exec)),
-        ))
+        let mut comm =
+            Communicator::from_executor(devices.len(), facts, Executor::Cuda(Box::new(exec)));
+        comm.profile = profile.then(|| Mutex::new(Vec::new()));
+        Ok(comm)
     }
 
     /// The GPUs of a GPU communicator, by rank; empty for a host communicator.
@@ -219,11 +223,16 @@ impl Communicator {
 
     /// Blocks until all work enqueued by this communicator has finished.
     pub fn synchronize(&self) -> Result<()> {
-        let result = match &self.state.lock().unwrap_or_else(|p| p.into_inner()).exec {
+        self.begin_profile();
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        profile::mark(Phase::Lock);
+        let result = match &state.exec {
             Some(Executor::Cuda(exec)) => exec.synchronize(),
             Some(Executor::Host(_)) => Ok(()),
             None => return Err(Error::Closed),
         };
+        drop(state);
+        self.end_profile("synchronize");
         // An error here is the GPU's (a CUDA error, or a one-shot kernel that gave up at a
         // barrier): the enqueued collectives failed, and so has the communicator.
         if let Err(err) = &result {
@@ -238,6 +247,32 @@ impl Communicator {
             facts,
             state: Mutex::new(State { exec: Some(exec) }),
             failed: OnceLock::new(),
+            profile: None,
+        }
+    }
+
+    /// The host phases of every call since the last time this was asked (oldest first), with
+    /// [`CudaConfig::profile_host`] on; empty otherwise. See [`crate::exec::profile`].
+    pub fn host_profile(&self) -> Vec<CallProfile> {
+        self.profile.as_ref().map_or_else(Vec::new, |log| {
+            std::mem::take(&mut *log.lock().unwrap_or_else(|p| p.into_inner()))
+        })
+    }
+
+    /// Opens the calling thread's phase log for a call, when this communicator profiles.
+    fn begin_profile(&self) {
+        if self.profile.is_some() {
+            profile::begin();
+        }
+    }
+
+    /// Ends the call's last phase ([`Phase::Return`]) and keeps its profile, if one is open.
+    fn end_profile(&self, call: &'static str) {
+        if let Some(log) = &self.profile {
+            profile::mark(Phase::Return);
+            if let Some(p) = profile::end(call) {
+                log.lock().unwrap_or_else(|p| p.into_inner()).push(p);
+            }
         }
     }
 
@@ -418,9 +453,11 @@ impl Communicator {
         wait_complete: bool,
         caller: Option<&[Arc<cudarc::driver::CudaStream>]>,
     ) -> Result<()> {
+        self.begin_profile();
         let count = self.validate::<T, O>(outputs, inputs)?;
         let ins: Option<Vec<u64>> = inputs.map(|i| i.iter().map(|b| b.address()).collect());
         let outs: Vec<u64> = outputs.iter_mut().map(|b| b.address_mut()).collect();
+        profile::mark(Phase::Validate);
         // Buffers that track their own uses (cudarc's) learn of this one on each rank's stream.
         let mut track = |streams: &[&CudaStream], when: StreamUse| {
             for (b, s) in inputs.into_iter().flatten().zip(streams) {
@@ -476,6 +513,7 @@ impl Communicator {
             caller,
         } = when;
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        profile::mark(Phase::Lock);
         if let Some(err) = self.failed.get() {
             return Err(Error::CommunicatorFailed(Box::new(err.clone())));
         }
@@ -529,6 +567,8 @@ impl Communicator {
                 let _ = self.failed.set(err.clone());
             }
         }
+        drop(state);
+        self.end_profile("collective");
         result
     }
 

@@ -16,6 +16,7 @@ pub mod algorithm;
 pub mod config;
 pub mod cuda;
 pub mod host;
+pub mod profile;
 
 pub(crate) use crate::error::panic_message;
 pub use algorithm::Algorithm;

@@ -18,11 +18,12 @@ use super::graph;
 pub use super::memory::Memory;
 use super::memory::{Expected, RankMemory};
 use super::random::{random_sizes, RandomRun};
-use super::report::{print_row, print_table_header, Measure, Row};
+use super::report::{print_row, print_table_header, HostProfile, Measure, Row};
 use super::BenchArgs;
 use crate::Failure;
 use cudarc::driver::{CudaGraph, CudaStream};
 use ringreduce::device;
+use ringreduce::exec::profile::CallProfile;
 use ringreduce::verify::{make_expected, make_input};
 use ringreduce::{Collective, Communicator, DType, Element, GpuSlice, ReduceOp};
 use ringreduce_cli::baseline::NcclAllReduce;
@@ -92,6 +93,14 @@ impl Lib<'_> {
                 (Lib::Nccl(n), None, Some(s)) => n.enqueue_all_reduce_in_place_on(ins, op, s),
                 (Lib::Nccl(n), Some(o), Some(s)) => n.enqueue_all_reduce_on(ins, o, op, s),
             }
+        }
+    }
+
+    /// ringreduce's call profiles since the last time (`--profile-host`); empty for NCCL.
+    fn host_profile(&self) -> Vec<CallProfile> {
+        match self {
+            Lib::Ring(comm) => comm.host_profile(),
+            Lib::Nccl(_) => Vec::new(),
         }
     }
 
@@ -379,12 +388,33 @@ impl Sweep<'_> {
         queue(n, &mut |k| lib.record(&self.events[k]))?;
         let mut per_iter = self.event_times_us(n, 1)?;
         let mut per_call = Vec::with_capacity(n);
+        lib.host_profile();
         for _ in 0..n {
             let t = Instant::now();
             queue(1, &mut |_| Ok(()))?;
             per_call.push(t.elapsed().as_secs_f64() * 1e6);
         }
-        Ok(self.measure_from(shape, seconds, wrong, &mut per_iter, &mut per_call))
+        let profiled = lib.host_profile();
+        let mut measure = self.measure_from(shape, seconds, wrong, &mut per_iter, &mut per_call);
+        if let (true, Lib::Ring(comm)) = (args.profile_host, lib) {
+            // As many blocking calls, for their phases.
+            for _ in 0..n {
+                match o.as_deref_mut() {
+                    Some(o) => comm.collective(c, Some(&i[..]), o, op)?,
+                    None => comm.collective(c, None::<&[GpuSlice<'_, T>]>, &mut i, op)?,
+                }
+            }
+            let of = |calls: &[CallProfile], name: &str| -> Vec<CallProfile> {
+                calls.iter().filter(|p| p.call == name).cloned().collect()
+            };
+            let blocking = comm.host_profile();
+            measure.host_profile = Some(HostProfile {
+                enqueue: HostProfile::medians(&of(&profiled, "collective")),
+                synchronize: HostProfile::medians(&of(&profiled, "synchronize")),
+                blocking: HostProfile::medians(&of(&blocking, "collective")),
+            });
+        }
+        Ok(measure)
     }
 
     fn measure_graph<T: Element>(
@@ -496,6 +526,7 @@ impl Sweep<'_> {
             call_median_us: Some(call.median),
             call_p99_us: Some(call.p99),
             call_mean_us: Some(call.mean),
+            host_profile: None,
         }
     }
 

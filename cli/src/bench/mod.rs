@@ -114,6 +114,11 @@ pub struct BenchArgs {
     /// label gets ", low-latency".
     #[arg(long)]
     pub low_latency: bool,
+    /// Time the host phases of ringreduce's calls (`CudaConfig::profile_host`): per size and
+    /// placement, the median of each phase over the call-to-completion pass (enqueue, then
+    /// synchronize) and over as many blocking calls; printed after the sweep and kept in the JSON.
+    #[arg(long)]
+    pub profile_host: bool,
     /// Development on a one-GPU machine: two ranks share GPU 0 (`allow_shared_device`; the peer
     /// kernels split its SMs), NCCL skipped (it refuses two ranks on one GPU). The times show the
     /// host's part of a call and the kernels without NVLink: never a result to publish.
@@ -194,6 +199,7 @@ pub fn cuda_config(args: &BenchArgs) -> ringreduce::CudaConfig {
         allow_shared_device: args.shared_gpu,
         launch_threads: args.launch_threads,
         low_latency: args.low_latency,
+        profile_host: args.profile_host,
         ..Default::default()
     }
 }
@@ -423,6 +429,9 @@ fn measure_pass(
     let sweep = Sweep::new(args, devices.to_vec())?;
     let lib = Lib::Ring(&comm);
     let mut rows = sweep.run(&lib, label, true, Mode::Eager, Memory::Plain)?;
+    if args.profile_host {
+        report::print_host_profiles(&rows);
+    }
     let mut labels = vec![label.to_string()];
     // The random workload before the graphs: a failed capture may leave the communicator failed.
     if args.sizes == Sizes::Random && args.collectives().contains(&BenchCollective::AllReduce) {

@@ -43,6 +43,76 @@ pub struct Measure {
     pub call_p99_us: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call_mean_us: Option<f64>,
+    /// With `--profile-host`: where ringreduce's host time went in the call pass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_profile: Option<HostProfile>,
+}
+
+/// Median host time per phase (µs), in the order the phases end (`ringreduce::exec::profile`),
+/// for each kind of call: the call pass's enqueue and synchronize, and blocking calls.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct HostProfile {
+    pub enqueue: Vec<(String, f64)>,
+    pub synchronize: Vec<(String, f64)>,
+    pub blocking: Vec<(String, f64)>,
+}
+
+impl HostProfile {
+    /// Per phase, the median over `calls` of its time (µs). A phase that ends several times in
+    /// one call (a launch per rank) is numbered from its second: `launch`, `launch 2`, …
+    pub fn medians(calls: &[ringreduce::exec::profile::CallProfile]) -> Vec<(String, f64)> {
+        let mut order: Vec<String> = Vec::new();
+        let mut samples: std::collections::HashMap<String, Vec<f64>> = Default::default();
+        for call in calls {
+            let mut seen: std::collections::HashMap<&str, usize> = Default::default();
+            for (phase, time) in &call.phases {
+                let k = seen.entry(phase.name()).or_insert(0);
+                *k += 1;
+                let label = match *k {
+                    1 => phase.name().to_string(),
+                    k => format!("{} {k}", phase.name()),
+                };
+                if !samples.contains_key(&label) {
+                    order.push(label.clone());
+                }
+                samples
+                    .entry(label)
+                    .or_default()
+                    .push(time.as_secs_f64() * 1e6);
+            }
+        }
+        order
+            .into_iter()
+            .map(|label| {
+                let mut s = samples.remove(&label).unwrap_or_default();
+                let (_, median, _) = super::measure::percentiles(&mut s);
+                (label, median)
+            })
+            .collect()
+    }
+}
+
+/// `--profile-host`: one line per size and placement with its phases' medians.
+pub fn print_host_profiles(rows: &[Row]) {
+    out!("#");
+    out!("# host time per call (--profile-host): median µs per phase (ringreduce::exec::profile)");
+    let line = |phases: &[(String, f64)]| {
+        let total: f64 = phases.iter().map(|(_, t)| t).sum();
+        let each: Vec<String> = phases.iter().map(|(p, t)| format!("{p} {t:.2}")).collect();
+        format!("{} = {total:.2}", each.join(", "))
+    };
+    for row in rows {
+        for (placement, m) in [("oop", &row.out_of_place), ("ip", &row.in_place)] {
+            let Some(p) = &m.host_profile else { continue };
+            out!(
+                "# {:>10} B {placement:>3} | enqueue: {} | synchronize: {} | blocking: {}",
+                row.size_bytes,
+                line(&p.enqueue),
+                line(&p.synchronize),
+                line(&p.blocking)
+            );
+        }
+    }
 }
 
 /// The consistency bounds a row is held to: p99 at most 1.5× the median, the mean within 1.2× of
@@ -384,6 +454,7 @@ pub(super) mod tests {
             call_median_us: Some(t + 2.0),
             call_p99_us: Some(t + 3.0),
             call_mean_us: Some(t + 2.5),
+            host_profile: None,
         }
     }
 
@@ -525,5 +596,36 @@ pub(super) mod tests {
             "run_child finds the rows so"
         );
         assert_eq!(serde_json::from_str::<ChildOutput>(&text).unwrap(), child);
+    }
+
+    #[test]
+    fn host_profile_medians_number_repeated_phases() {
+        use ringreduce::exec::profile::{CallProfile, Phase};
+        use std::time::Duration;
+        let us = Duration::from_micros;
+        let call = |launch: u64| CallProfile {
+            call: "collective",
+            phases: vec![
+                (Phase::Validate, us(1)),
+                (Phase::Launch, us(launch)),
+                (Phase::Launch, us(2 * launch)),
+                (Phase::Return, us(1)),
+            ],
+        };
+        let got = HostProfile::medians(&[call(3), call(5), call(4)]);
+        let want: Vec<(String, f64)> = [
+            ("validate", 1.0),
+            ("launch", 4.0),
+            ("launch 2", 8.0),
+            ("return", 1.0),
+        ]
+        .iter()
+        .map(|(p, t)| (p.to_string(), *t))
+        .collect();
+        assert_eq!(got.len(), want.len());
+        for ((p, t), (wp, wt)) in got.iter().zip(&want) {
+            assert_eq!(p, wp);
+            assert!((t - wt).abs() < 1e-9, "{p}: {t} vs {wt}");
+        }
     }
 }

@@ -26,6 +26,7 @@ use super::ring::{record_done, wait_done, CudaEnqueue};
 use super::{CudaCall, CudaExecutor, RankRes};
 use crate::device;
 use crate::error::{Error, Result};
+use crate::exec::profile::{self, Phase};
 use crate::exec::{panic_message, Enqueue};
 use crate::plan::StreamKind;
 use cudarc::driver::CudaContext;
@@ -67,12 +68,15 @@ impl CudaExecutor {
             Some(launchers) => {
                 displaced = launchers.post(call);
                 launched.push(self.enqueue_rank_caught(0, call));
+                profile::mark(Phase::Launch);
                 let launchers = self.launchers.as_ref().expect("posted above");
                 launched.extend(launchers.wait(call.deadline));
+                profile::mark(Phase::Launch);
             }
             None => {
                 for rank in 0..self.ranks.len() {
                     let outcome = self.enqueue_rank_caught(rank, call);
+                    profile::mark(Phase::Launch);
                     let failed = outcome.0.is_err();
                     launched.push(outcome);
                     if failed {
@@ -113,9 +117,11 @@ impl CudaExecutor {
                 Err(err)
             }
             None if call.wait_complete => {
-                self.ranks.iter().enumerate().try_for_each(|(rank, res)| {
+                let waited = self.ranks.iter().enumerate().try_for_each(|(rank, res)| {
                     wait_done(res, rank, call).map_err(|err| self.name_blocked_launch(err))
-                })
+                });
+                profile::mark(Phase::Wait);
+                waited
             }
             None => Ok(()),
         };

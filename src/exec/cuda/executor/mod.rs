@@ -53,6 +53,7 @@ use crate::device::{self, DeviceBuffer, Event, PinnedHost, Stream};
 use crate::element::{DType, Element, ReduceOp};
 use crate::error::{Error, Result};
 pub use crate::exec::config::Transport;
+use crate::exec::profile::{self, Phase};
 use crate::exec::{caller_address, Algorithm, Handoff, PlanCache, Shape};
 use crate::plan::{BufKind, Collective, EdgeTransport, Op, Plan, StreamKind};
 use crossbeam_channel::Sender;
@@ -112,6 +113,12 @@ pub struct CudaConfig {
     /// limits, the other collectives). Off by default until measured on two GPUs: on one GPU
     /// only its protocol has run (docs/runs/2026-12-01-s5-ll-one-gpu).
     pub low_latency: bool,
+    /// Time the phases of every call on the calling thread — validation, lock, plan lookup,
+    /// set-up, each rank's launch, completion wait, error check, return — and keep them for
+    /// [`Communicator::host_profile`](crate::Communicator::host_profile) (module
+    /// [`crate::exec::profile`]; `ringreduce bench --profile-host`). Off by default: on, each call
+    /// keeps a few hundred bytes until they are taken.
+    pub profile_host: bool,
 }
 
 impl Default for CudaConfig {
@@ -127,6 +134,7 @@ impl Default for CudaConfig {
             deterministic: false,
             launch_threads: false,
             low_latency: false,
+            profile_host: false,
         }
     }
 }
@@ -583,6 +591,7 @@ impl CudaExecutor {
         captured: Option<usize>,
     ) -> Result<()> {
         let prepared = self.prepare(shape)?;
+        profile::mark(Phase::Plan);
         let reads_peers = prepared
             .plan
             .ranks
@@ -659,16 +668,17 @@ impl CudaExecutor {
                 .filter(|_| reads_peers || captured.is_some()),
             captured,
         });
+        profile::mark(Phase::Open);
         if let Some(launching) = launching {
             // No event crosses between ranks (the peer kernels; one rank; nothing to do): there is
             // no handoff to wait for, so the caller's thread enqueues every rank itself — a
             // channel round trip per rank thread saved, ~10 µs of a ~20 µs small call.
             self.run_inline(&call, launching)?;
-            return if reads_peers && wait_complete {
-                self.check_peer_errors()
-            } else {
-                Ok(())
-            };
+            if reads_peers && wait_complete {
+                self.check_peer_errors()?;
+                profile::mark(Phase::Check);
+            }
+            return Ok(());
         }
         for (tx, _) in &self.threads {
             tx.send(call.clone()).map_err(|_| Error::Closed)?;
@@ -699,6 +709,7 @@ impl CudaExecutor {
                 }
             }
         }
+        profile::mark(Phase::Launch);
         if let Some(err) = first_error {
             return Err(err);
         }
@@ -713,8 +724,10 @@ impl CudaExecutor {
                 .enumerate()
                 .try_for_each(|(rank, res)| wait_done(res, rank, &call));
             waited.and(saved.restore())?;
+            profile::mark(Phase::Wait);
             if reads_peers {
-                return self.check_peer_errors();
+                self.check_peer_errors()?;
+                profile::mark(Phase::Check);
             }
         }
         Ok(())

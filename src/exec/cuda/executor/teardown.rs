@@ -12,6 +12,7 @@ use super::exposure::Exposure;
 use super::{CudaExecutor, CACHED_PLANS};
 use crate::device;
 use crate::error::{Error, Result};
+use crate::exec::profile::{self, Phase};
 use crate::exec::PlanCache;
 use crate::plan::StreamKind;
 use std::time::{Duration, Instant};
@@ -22,7 +23,10 @@ impl CudaExecutor {
     /// timeout, or [`Error::Timeout`] naming a GPU that is still busy after the timeout.
     pub(crate) fn synchronize(&self) -> Result<()> {
         self.wait_idle(self.config.timeout)?;
-        self.check_peer_errors()
+        profile::mark(Phase::Wait);
+        self.check_peer_errors()?;
+        profile::mark(Phase::Check);
+        Ok(())
     }
 
     /// What the GPUs report without waiting: a peer kernel's barrier timeout, or an error of
