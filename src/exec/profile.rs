@@ -5,12 +5,12 @@
 //! one [`CallProfile`] per call until [`Communicator::host_profile`](crate::Communicator::host_profile)
 //! takes them. `ringreduce bench --profile-host` prints their medians per size.
 //!
-//! The marks live in a thread-local log that only a profiled call opens ([`begin`]); without
-//! one, a [`mark`] is a read of a thread-local flag. Launcher threads (`launch_threads`) do not
+//! The marks live in a thread-local log that only a profiled call opens (`begin`); without
+//! one, a `mark` is a read of a thread-local flag. Launcher threads (`launch_threads`) do not
 //! mark: rank 0's launch and the wait for the others' are what the caller's thread sees.
 //!
 //! Invariant: a phase's time is the time since the previous mark of the same call (the first
-//! since [`begin`]), so a call's phases add up to its whole time on the calling thread.
+//! since `begin`), so a call's phases add up to its whole time on the calling thread.
 
 use std::cell::{Cell, RefCell};
 use std::time::{Duration, Instant};
