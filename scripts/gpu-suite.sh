@@ -4,18 +4,21 @@
 #
 # Here:   scripts/gpu-pack.sh DIR   (the CLI, every GPU test and this script, packed in
 #         DIR/run.tar.xz; carry DIR)
-# There:  cd DIR && tar xJf run.tar.xz && bash bin/gpu-suite.sh tests|sanitize|bench OUT_DIR
+# There:  cd DIR && tar xJf run.tar.xz && bash bin/gpu-suite.sh tests|sanitize|bench|latency OUT_DIR
 #
 #   tests     tests/gpu.rs, gpu_graphs.rs, gpu_streams.rs, gpu_user.rs, gpu_collectives.rs,
 #             gpu_ll_one_device.rs
 #   sanitize  compute-sanitizer racecheck and synccheck on gpu_graphs (2 replays) and gpu_streams
 #   bench     every collective against the best NCCL configuration (auto), then ringreduce's ring
 #             and one-shot forms alone up to 128 MiB, where Auto's per-collective limit is set
+#   latency   issue 14: the all-reduce 8 B–32 MiB eager and in graphs against every NCCL
+#             configuration, random sizes (both placements), the host-phase profile; then
+#             launcher threads and the LL one-shot alone up to 1 MiB (both opt-in until this runs)
 #
 # Logs go to OUT_DIR/logs (summary.log has one line per step and its exit code), packed into
 # OUT_DIR/logs.tgz at the end. NCCL_NVLS_ENABLE=0 always (NVLink multicast stays off).
 set -uo pipefail
-phase=${1:?tests|sanitize|bench}
+phase=${1:?tests|sanitize|bench|latency}
 out=${2:?OUT_DIR}
 bin=$(cd "$(dirname "$0")" && pwd)
 logs="$out/logs"
@@ -46,6 +49,13 @@ case $phase in
     for a in ring oneshot; do
       step "bench-$a" 110 "$bin/ringreduce" bench --all -b 8 -e 128M -f 4 --no-staged \
         --no-nccl --algorithm "$a" -n 10 -w 3 --json "$logs/bench-$a.json"
+    done ;;
+  latency)
+    step lat-default 420 "$bin/ringreduce" bench -b 8 -e 32M -n 200 -w 20 --graph 10 \
+      --sizes random --no-staged --profile-host --json "$logs/lat-default.json"
+    for v in launch-threads low-latency; do
+      step "lat-$v" 60 "$bin/ringreduce" bench -b 8 -e 1M -n 200 -w 20 --graph 10 --no-staged \
+        --no-nccl --profile-host "--$v" --json "$logs/lat-$v.json"
     done ;;
   *) echo "unknown phase $phase"; exit 2 ;;
 esac
