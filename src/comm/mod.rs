@@ -266,13 +266,13 @@ impl Communicator {
         }
     }
 
-    /// Ends the call's last phase ([`Phase::Return`]) and keeps its profile, if one is open.
+    /// Ends the call's last phase ([`Phase::Return`]) and keeps its profile when this
+    /// communicator profiles. Closes whatever log is open on this thread either way: one that a
+    /// profiled call left open when it returned early (an error) ends here, one call later.
     fn end_profile(&self, call: &'static str) {
-        if let Some(log) = &self.profile {
-            profile::mark(Phase::Return);
-            if let Some(p) = profile::end(call) {
-                log.lock().unwrap_or_else(|p| p.into_inner()).push(p);
-            }
+        profile::mark(Phase::Return);
+        if let (Some(log), Some(p)) = (&self.profile, profile::end(call)) {
+            log.lock().unwrap_or_else(|p| p.into_inner()).push(p);
         }
     }
 

@@ -85,6 +85,10 @@ pub(crate) fn begin() {
     RECORDING.with(|r| r.set(true));
 }
 
+/// The most marks one call keeps (a call has about ten; a log left open by a call that returned
+/// early stops growing here until the next call closes it).
+const MAX_MARKS: usize = 256;
+
 /// Ends `phase` now, if this thread's log is open.
 #[inline]
 pub(crate) fn mark(phase: Phase) {
@@ -94,7 +98,9 @@ pub(crate) fn mark(phase: Phase) {
             let now = Instant::now();
             let since = now - log.0;
             log.0 = now;
-            log.1.push((phase, since));
+            if log.1.len() < MAX_MARKS {
+                log.1.push((phase, since));
+            }
         });
     }
 }
@@ -129,5 +135,11 @@ mod tests {
         assert_eq!(p.total(), p.phases[0].1 + p.phases[1].1);
         mark(Phase::Wait);
         assert_eq!(end("collective"), None);
+        // A log left open keeps at most MAX_MARKS.
+        begin();
+        for _ in 0..MAX_MARKS + 10 {
+            mark(Phase::Lock);
+        }
+        assert_eq!(end("collective").map(|p| p.phases.len()), Some(MAX_MARKS));
     }
 }
