@@ -5,6 +5,10 @@
 //!
 //! - **`host`**: the host executor (one thread per rank), in place, 2 and 4 ranks, 4 KiB to 4 MiB.
 //!   It runs everywhere; on a 2-core machine the whole group takes well under a minute.
+//! - **`plan`**: what a message size never seen before costs a ring call before anything is
+//!   enqueued: building the copy-engine ring's plan with the GPU's automatic chunk and proving it
+//!   (`check::check`), 2, 4 and 8 ranks, 64 MiB and 1 GiB. (The one-shot's plans skip the proof
+//!   for a new size: `check::scaled`.) Runs everywhere, no GPU.
 //! - **`gpu`**: GPUs 0 and 1, 4 KiB to 256 MiB, out of place and in place: ringreduce's
 //!   copy-engine ring (`ringreduce_*`) and, where libnccl loads, NCCL through cudarc (`nccl_*`),
 //!   so each size shows both side by side. Needs ≥ 2 GPUs; otherwise it prints
@@ -82,6 +86,7 @@ fn main() {
     }
     let mut criterion = Criterion::default().configure_from_args();
     bench_host(&mut criterion);
+    bench_plan(&mut criterion);
     bench_gpu(&mut criterion);
     criterion.final_summary();
 }
@@ -131,6 +136,46 @@ fn bench_host(c: &mut Criterion) {
         }
         comm.close()
             .unwrap_or_else(|err| panic!("host communicator of {world} ranks: {err}"));
+    }
+    group.finish();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Planning a new size.
+// ---------------------------------------------------------------------------------------------
+
+fn bench_plan(c: &mut Criterion) {
+    use ringreduce::plan::{EdgeTransport, RingSpec};
+    let mut group = c.benchmark_group("plan");
+    group
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_millis(1000));
+    for world in [2, 4, 8] {
+        for bytes in [64 << 20, 1 << 30] {
+            // An odd count, as a new size mostly is: segments and chunks of unequal lengths.
+            let count = bytes / ELEM_BYTES + 13;
+            let chunk_bytes =
+                ringreduce::exec::cuda::auto_chunk_bytes(count, world, ELEM_BYTES, false);
+            let spec = RingSpec {
+                world,
+                count,
+                in_place: false,
+                op: OP,
+                chunk_elems: chunk_bytes / ELEM_BYTES,
+                slots: 3,
+                align_elems: 16 / ELEM_BYTES,
+                transports: vec![EdgeTransport::Peer; world],
+            };
+            let function = format!("ring_build_check_world{world}");
+            group.bench_function(BenchmarkId::new(function, size_label(bytes)), |b| {
+                b.iter(|| {
+                    let plan = spec.build().expect("a ring plan");
+                    ringreduce::check::check(&plan).expect("a proven plan");
+                    plan
+                })
+            });
+        }
     }
     group.finish();
 }

@@ -51,11 +51,15 @@ case $phase in
         --no-nccl --algorithm "$a" -n 10 -w 3 --json "$logs/bench-$a.json"
     done ;;
   latency)
-    step lat-default 420 "$bin/ringreduce" bench -b 8 -e 32M -n 200 -w 20 --graph 10 \
-      --sizes random --no-staged --profile-host --json "$logs/lat-default.json"
+    step lat-default 330 "$bin/ringreduce" bench -b 8 -e 32M -n 200 -w 20 --graph 10 \
+      --sizes random --no-staged --json "$logs/lat-default.json"
+    for v in "" launch-threads low-latency; do
+      step "lat-profile${v:+-$v}" 45 "$bin/ringreduce" bench -b 8 -e 1M -f 4 -n 200 -w 20 \
+        --no-staged --no-nccl --profile-host ${v:+--$v} --json "$logs/lat-profile${v:+-$v}.json"
+    done
     for v in launch-threads low-latency; do
-      step "lat-$v" 60 "$bin/ringreduce" bench -b 8 -e 1M -n 200 -w 20 --graph 10 --no-staged \
-        --no-nccl --profile-host "--$v" --json "$logs/lat-$v.json"
+      step "lat-$v" 45 "$bin/ringreduce" bench -b 8 -e 1M -n 200 -w 20 --graph 10 --no-staged \
+        --no-nccl "--$v" --json "$logs/lat-$v.json"
     done ;;
   *) echo "unknown phase $phase"; exit 2 ;;
 esac

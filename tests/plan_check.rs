@@ -249,3 +249,66 @@ proptest! {
         }
     }
 }
+
+/// The exposed copies of every in-place one-shot plan are one region per rank, the same memory in
+/// every call of every plan (the GPU executor's `exposure` module), and the sequence check models
+/// them so. A plan that writes rank 0's exposed copy on the Send stream before anything else,
+/// joined to Main by an event (ordered within its own call, not after the call before it), runs
+/// once after another plan's call: that write races with the other plan's peer reads of the same
+/// region — a race that only the shared region makes (with exposed copies of its own, the plan's
+/// one call would be race-free).
+#[test]
+fn exposed_copies_are_one_region_for_every_plan() {
+    use ringreduce::plan::{BufKind, EventDecl, EventId, Instr, Op, Region, StreamKind};
+    let oneshot = |count: usize| {
+        OneShotSpec {
+            world: 2,
+            count,
+            in_place: true,
+            op: ReduceOp::Sum,
+        }
+        .build()
+        .unwrap()
+    };
+    let (small, large) = (oneshot(5), oneshot(300));
+    ringreduce::check::check_sequence(&[&small, &large], &[0, 1, 0, 1]).unwrap();
+    let mut early = large.clone();
+    let exposed = early
+        .buffer(0, BufKind::Exposed)
+        .expect("in place: exposed");
+    let event = EventId(early.events.len());
+    let tag = early.ranks[0][0].tag;
+    let first = [
+        Op::Scale {
+            region: Region {
+                buf: exposed,
+                offset: 0,
+                count: 300,
+            },
+        },
+        Op::Record(event),
+    ];
+    for (k, op) in first.into_iter().enumerate() {
+        let stream = StreamKind::Send;
+        early.ranks[0].insert(k, Instr { stream, op, tag });
+    }
+    early.ranks[0].insert(
+        2,
+        Instr {
+            stream: StreamKind::Main,
+            op: Op::Wait(event),
+            tag,
+        },
+    );
+    early.events.push(EventDecl {
+        rank: 0,
+        stream: StreamKind::Send,
+        tag,
+        what: "scaled",
+    });
+    // Alone, once: race-free.
+    ringreduce::check::check_sequence(&[&early], &[0]).unwrap();
+    let err = ringreduce::check::check_sequence(&[&small, &early], &[0, 1])
+        .expect_err("the early write overwrites what rank 1 still reads of the call before");
+    assert!(err.to_string().contains("race"), "{err}");
+}

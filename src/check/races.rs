@@ -24,11 +24,14 @@ struct Access {
 
 /// An allocation as the race check identifies it across calls: a caller's buffer (by rank and
 /// kind) is the same memory in every call (the worst case: the caller passes the same buffers
-/// again); staging (by plan and buffer) belongs to one prepared plan and is shared only by the
-/// calls of that plan.
+/// again); an exposed copy (by rank) is the same memory in every call of every plan, as the GPU
+/// executor keeps them all in one region per rank (`exec::cuda::executor::exposure`); other
+/// staging (by plan and buffer) belongs to one prepared plan and is shared only by the calls of
+/// that plan.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 enum Allocation {
     Caller(usize, BufKind),
+    Exposure(usize),
     Staging(usize, BufId),
 }
 
@@ -41,8 +44,8 @@ pub fn check_races(plan: &Plan, order: &[(usize, usize)], calls: usize) -> Check
 
 /// Check 3 for a sequence of calls of different plans of one world — what an executor does when
 /// shapes change from call to call (a size sweep, a training step with tensors of several
-/// sizes): streams persist, each plan has its own events and staging, and the caller's buffers
-/// may be the same in every call.
+/// sizes): streams persist, each plan has its own events and staging but shares the exposed
+/// copies (`Allocation`), and the caller's buffers may be the same in every call.
 pub fn check_sequence(plans: &[&Plan], sequence: &[usize]) -> Check {
     let orders = plans
         .iter()
@@ -77,6 +80,8 @@ fn races(plans: &[(&Plan, &[(usize, usize)])], sequence: &[usize]) -> Check {
         let decl = plans[k].0.decl(buf);
         if decl.kind.is_callers() {
             Allocation::Caller(decl.rank, decl.kind)
+        } else if decl.kind == BufKind::Exposed {
+            Allocation::Exposure(decl.rank)
         } else {
             Allocation::Staging(k, buf)
         }

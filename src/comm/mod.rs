@@ -82,6 +82,10 @@ struct Facts {
     deterministic: bool,
 }
 
+/// The most call profiles a communicator keeps until [`Communicator::host_profile`] takes
+/// them (a few hundred bytes each), so that a profiled communicator nobody asks does not grow.
+pub const PROFILED_CALLS_KEPT: usize = 1 << 16;
+
 /// A set of ranks that run collectives together.
 pub struct Communicator {
     world: usize,
@@ -251,7 +255,8 @@ impl Communicator {
         }
     }
 
-    /// The host phases of every call since the last time this was asked (oldest first), with
+    /// The host phases of every call since the last time this was asked (oldest first; the
+    /// first [`PROFILED_CALLS_KEPT`] of them, later ones are not kept), with
     /// [`CudaConfig::profile_host`] on; empty otherwise. See [`crate::exec::profile`].
     pub fn host_profile(&self) -> Vec<CallProfile> {
         self.profile.as_ref().map_or_else(Vec::new, |log| {
@@ -272,7 +277,10 @@ impl Communicator {
     fn end_profile(&self, call: &'static str) {
         profile::mark(Phase::Return);
         if let (Some(log), Some(p)) = (&self.profile, profile::end(call)) {
-            log.lock().unwrap_or_else(|p| p.into_inner()).push(p);
+            let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
+            if log.len() < PROFILED_CALLS_KEPT {
+                log.push(p);
+            }
         }
     }
 

@@ -110,10 +110,14 @@ pub(crate) fn end(call: &'static str) -> Option<CallProfile> {
     if !RECORDING.with(|r| r.replace(false)) {
         return None;
     }
-    Some(CallProfile {
-        call,
-        phases: LOG.with(|log| std::mem::take(&mut log.borrow_mut().1)),
-    })
+    // A copy, and the log cleared: its capacity stays for the next call's marks.
+    let phases = LOG.with(|log| {
+        let mut log = log.borrow_mut();
+        let phases = log.1.clone();
+        log.1.clear();
+        phases
+    });
+    Some(CallProfile { call, phases })
 }
 
 #[cfg(test)]

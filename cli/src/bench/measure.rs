@@ -584,8 +584,8 @@ impl Sweep<'_> {
     }
 
     /// Out of place, the outputs are zeroed first and checked after the last call (each element
-    /// last written by the largest call covering it, which sums the same inputs). In place,
-    /// every call sums the previous one's results, so the check restores the inputs after the
+    /// last written by the largest call covering it, which reduces the same inputs). In place,
+    /// every call reduces the previous one's results, so the check restores the inputs after the
     /// workload and checks one more call, of the largest size.
     fn random_calls<T: Element>(
         &self,

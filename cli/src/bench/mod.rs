@@ -249,7 +249,12 @@ fn main_label(args: &BenchArgs, knobs: &str) -> String {
         } else {
             ""
         },
-    )
+    ) + if args.profile_host {
+        // Its calls carry the profile's marks: a fraction of a µs each.
+        " [profiled]"
+    } else {
+        ""
+    }
 }
 
 /// `label` with `note` added inside its parentheses: "ringreduce (auto)" + "graph 10" →

@@ -58,8 +58,10 @@ pub struct HostProfile {
 }
 
 impl HostProfile {
-    /// Per phase, the median over `calls` of its time (µs). A phase that ends several times in
-    /// one call (a launch per rank) is numbered from its second: `launch`, `launch 2`, …
+    /// Per phase, the median over the calls it ended in of its time (µs), in the order phases
+    /// first ended, then `total`: the median of the calls' whole times (not the sum of the
+    /// medians). A phase that ends several times in one call (a launch per rank) is numbered
+    /// from its second: `launch`, `launch 2`, …
     pub fn medians(calls: &[ringreduce::exec::profile::CallProfile]) -> Vec<(String, f64)> {
         let mut order: Vec<String> = Vec::new();
         let mut samples: std::collections::HashMap<String, Vec<f64>> = Default::default();
@@ -81,6 +83,10 @@ impl HostProfile {
                     .push(time.as_secs_f64() * 1e6);
             }
         }
+        let mut totals: Vec<f64> = calls
+            .iter()
+            .map(|c| c.total().as_secs_f64() * 1e6)
+            .collect();
         order
             .into_iter()
             .map(|label| {
@@ -88,6 +94,12 @@ impl HostProfile {
                 let (_, median, _) = super::measure::percentiles(&mut s);
                 (label, median)
             })
+            .chain((!totals.is_empty()).then(|| {
+                (
+                    "total".to_string(),
+                    super::measure::percentiles(&mut totals).1,
+                )
+            }))
             .collect()
     }
 }
@@ -97,16 +109,17 @@ pub fn print_host_profiles(rows: &[Row]) {
     out!("#");
     out!("# host time per call (--profile-host): median µs per phase (ringreduce::exec::profile)");
     let line = |phases: &[(String, f64)]| {
-        let total: f64 = phases.iter().map(|(_, t)| t).sum();
         let each: Vec<String> = phases.iter().map(|(p, t)| format!("{p} {t:.2}")).collect();
-        format!("{} = {total:.2}", each.join(", "))
+        each.join(", ")
     };
     for row in rows {
         for (placement, m) in [("oop", &row.out_of_place), ("ip", &row.in_place)] {
             let Some(p) = &m.host_profile else { continue };
             out!(
-                "# {:>10} B {placement:>3} | enqueue: {} | synchronize: {} | blocking: {}",
+                "# {} {:>10} B {placement:>3} {} | enqueue: {} | synchronize: {} | blocking: {}",
+                row.collective.name(),
                 row.size_bytes,
+                row.algorithm.as_deref().unwrap_or("-"),
                 line(&p.enqueue),
                 line(&p.synchronize),
                 line(&p.blocking)
@@ -618,6 +631,8 @@ pub(super) mod tests {
             ("launch", 4.0),
             ("launch 2", 8.0),
             ("return", 1.0),
+            // Totals 11, 17 and 14 µs: their median, not the sum of the phases' medians.
+            ("total", 14.0),
         ]
         .iter()
         .map(|(p, t)| (p.to_string(), *t))

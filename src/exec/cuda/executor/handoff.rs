@@ -14,7 +14,8 @@
 //!   when the plan is prepared). Peer copies become plain UVA copies (`cuMemcpyPeerAsync`
 //!   cannot be captured);
 //! - a plan captured once is pinned for the communicator's life (the graph holds its staging
-//!   and counters), and nothing is recorded for the host to poll: the host learns of a failed
+//!   and counters; an in-place one-shot's exposed copies are in the exposure regions, which
+//!   outlive every plan: module `exposure`), and nothing is recorded for the host to poll: the host learns of a failed
 //!   replay from the kernels' error words (`Communicator::health`, the next call, `synchronize`).
 //!
 //! What cannot be captured is refused before anything is enqueued, with
