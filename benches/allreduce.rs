@@ -6,9 +6,11 @@
 //! - **`host`**: the host executor (one thread per rank), in place, 2 and 4 ranks, 4 KiB to 4 MiB.
 //!   It runs everywhere; on a 2-core machine the whole group takes well under a minute.
 //! - **`plan`**: what a message size never seen before costs a ring call before anything is
-//!   enqueued: building the copy-engine ring's plan with the GPU's automatic chunk and proving it
-//!   (`check::check`), 2, 4 and 8 ranks, 64 MiB and 1 GiB. (The one-shot's plans skip the proof
-//!   for a new size: `check::scaled`.) Runs everywhere, no GPU.
+//!   enqueued, 2, 4 and 8 ranks, 64 MiB and 1 GiB, the GPU's automatic chunk: building the
+//!   copy-engine ring's plan and proving it with the four checks (`ring_build_check_*`), and
+//!   building it and proving it by the cell lemma against its coarse form proven before, what the
+//!   executors do (`ring_build_coarse_*`: `check::coarsen` and a comparison). Runs everywhere, no
+//!   GPU.
 //! - **`gpu`**: GPUs 0 and 1, 4 KiB to 256 MiB, out of place and in place: ringreduce's
 //!   copy-engine ring (`ringreduce_*`) and, where libnccl loads, NCCL through cudarc (`nccl_*`),
 //!   so each size shows both side by side. Needs ≥ 2 GPUs; otherwise it prints
@@ -172,6 +174,23 @@ fn bench_plan(c: &mut Criterion) {
                 b.iter(|| {
                     let plan = spec.build().expect("a ring plan");
                     ringreduce::check::check(&plan).expect("a proven plan");
+                    plan
+                })
+            });
+            // The coarse form, proven once, as the cache holds it (what a count of the same
+            // family finds there; the comparison costs the same).
+            let proven = {
+                let coarse = ringreduce::check::coarsen(&spec.build().expect("a ring plan"))
+                    .expect("a coarse form");
+                ringreduce::check::check(&coarse).expect("a proven coarse form");
+                coarse
+            };
+            let function = format!("ring_build_coarse_world{world}");
+            group.bench_function(BenchmarkId::new(function, size_label(bytes)), |b| {
+                b.iter(|| {
+                    let plan = spec.build().expect("a ring plan");
+                    let coarse = ringreduce::check::coarsen(&plan).expect("a coarse form");
+                    assert!(coarse == proven, "the same plan, another coarse form");
                     plan
                 })
             });

@@ -37,6 +37,10 @@
 //! Every check is invariant under multiplying all of a plan's ranges by one factor, which
 //! `scaled.rs` turns into a shortcut: a plan that is a proven plan scaled is proven (the one-shot
 //! is checked once per world and placement, at one element, and compared for every other count).
+//! More generally each check is invariant under the lengths of the cells a plan's ranges cut its
+//! buffers into, which `coarse.rs` turns into the cell lemma: a plan is proven when its coarse form
+//! (every cell one element) is, and the ring's plans of one family of counts share a handful of
+//! coarse forms, each checked once and compared for every other count ([`coarsen`]).
 //!
 //! Where each check lives: the shape in `shape.rs`, the enqueue simulation (and the rule for
 //! laying out an order that the later checks read) in `enqueue.rs`, the vector-clock race check
@@ -45,12 +49,14 @@
 //! a meeting) and the helpers that tests use to find an instruction to break ([`find_instr`],
 //! [`waited`]).
 
+mod coarse;
 mod enqueue;
 mod races;
 mod result;
 mod scaled;
 mod shape;
 
+pub use coarse::coarsen;
 pub use enqueue::enqueue_order;
 pub use races::{check_races, check_sequence};
 pub use result::{check_result, MAX_SYMBOLIC_WORLD};

@@ -86,22 +86,6 @@ impl Shape {
         }
     }
 
-    /// Builds the ring plan for this shape and proves it with the checker: an executor runs no
-    /// plan the checker has not accepted.
-    pub(crate) fn checked_plan(
-        &self,
-        chunk_elems: usize,
-        slots: usize,
-        align_elems: usize,
-        transports: Vec<EdgeTransport>,
-    ) -> Result<Plan> {
-        let plan = self
-            .ring_spec(chunk_elems, slots, align_elems, transports)
-            .build()?;
-        crate::check::check(&plan)?;
-        Ok(plan)
-    }
-
     /// The ring's parameters for this shape (the other collectives' planners share them).
     fn ring_spec(
         &self,
@@ -195,15 +179,22 @@ pub(crate) fn caller_address(decl: &BufferDecl, inputs: &[u64], outputs: &[u64])
     }
 }
 
-/// Prepared plans by shape, oldest first, at most `capacity` of them; and the one-element
-/// one-shot plans proven so far, by (world, in place, `Avg`), which prove every other count's
-/// one-shot by the scaling lemma ([`crate::check::scaled_from`]) — a message size never seen
-/// before costs a plan build and a comparison, not the four checks.
+/// Prepared plans by shape, oldest first, at most `capacity` of them; the one-element one-shot
+/// plans proven so far, by (world, in place, `Avg`), which prove every other count's one-shot by
+/// the scaling lemma ([`crate::check::scaled_from`]); and the coarse forms of the ring plans
+/// proven so far, which prove every ring plan of the same coarse form by the cell lemma
+/// ([`crate::check::coarsen`]) — a message size never seen before costs a plan build and a
+/// comparison, not the four checks.
 pub(crate) struct PlanCache<P> {
     capacity: usize,
     entries: VecDeque<(Shape, Arc<P>)>,
     units: HashMap<(usize, bool, bool), Plan>,
+    coarse: VecDeque<Plan>,
 }
+
+/// Coarse forms of ring plans kept proven per communicator, newest first out last (a family of
+/// counts shares a handful: `tests/plan_coarse.rs`).
+const COARSE_FORMS_KEPT: usize = 32;
 
 impl<P> PlanCache<P> {
     pub(crate) fn new(capacity: usize) -> PlanCache<P> {
@@ -211,7 +202,37 @@ impl<P> PlanCache<P> {
             capacity: capacity.max(1),
             entries: VecDeque::new(),
             units: HashMap::new(),
+            coarse: VecDeque::new(),
         }
+    }
+
+    /// The ring plan of `shape`, proven: by the cell lemma, when its coarse form is one proven
+    /// before (a comparison) or passes the four checks now (then remembered); by the four checks
+    /// on the plan itself where the lemma declines it. An executor runs no plan the checker has
+    /// not accepted.
+    pub(crate) fn checked_ring_plan(
+        &mut self,
+        shape: &Shape,
+        chunk_elems: usize,
+        slots: usize,
+        align_elems: usize,
+        transports: Vec<EdgeTransport>,
+    ) -> Result<Plan> {
+        let plan = shape
+            .ring_spec(chunk_elems, slots, align_elems, transports)
+            .build()?;
+        match crate::check::coarsen(&plan) {
+            Some(coarse) if self.coarse.contains(&coarse) => {}
+            Some(coarse) => {
+                crate::check::check(&coarse)?;
+                if self.coarse.len() >= COARSE_FORMS_KEPT {
+                    self.coarse.pop_front();
+                }
+                self.coarse.push_back(coarse);
+            }
+            None => crate::check::check(&plan)?,
+        }
+        Ok(plan)
     }
 
     /// The one-shot plan of `shape` over `world` ranks, proven: by the checker at zero elements

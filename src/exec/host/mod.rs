@@ -308,7 +308,9 @@ impl HostExecutor {
             ) {
                 Algorithm::OneShot => self.cache.checked_oneshot_plan(&shape, self.world)?,
                 Algorithm::TwoShot => shape.checked_twoshot_plan(self.world, 1)?,
-                _ => shape.checked_plan(chunk, slots, 1, transports)?,
+                _ => self
+                    .cache
+                    .checked_ring_plan(&shape, chunk, slots, 1, transports)?,
             }
         };
         let scratch = plan

@@ -470,11 +470,13 @@ impl CudaExecutor {
         } else if algorithm == Algorithm::TwoShot {
             shape.checked_twoshot_plan(n, align_elems)?
         } else {
-            shape.checked_plan(
-                chunk_elems(),
+            let (chunk, transports) = (chunk_elems(), self.edge_transports());
+            self.cache.checked_ring_plan(
+                &shape,
+                chunk,
                 self.config.slots,
                 align_elems,
-                self.edge_transports(),
+                transports,
             )?
         };
         let events = plan

@@ -1,0 +1,214 @@
+//! The cell lemma: a plan is proven when its coarse form is — the same plan with every buffer cut
+//! at its ranges' ends into cells and each cell shrunk to one element. Plans of one family (the
+//! ring's, for every count that gives the same chunks per segment and the same short chunks) share
+//! one coarse form, so a message size never seen before costs building the plan and comparing its
+//! coarse form with the ones proven before, not the four checks. It generalises the scaling lemma
+//! (`scaled.rs`, where every cell has the same length) to cells of any lengths, as the ring's
+//! segments and chunks have.
+//!
+//! The cells. In each buffer, the ends of every range any instruction touches (and 0 and the
+//! buffer's length) cut it into cells; the caller's count-long buffers (every rank's input and
+//! output) share one cut, the union of all their ends, so that an output cell and the input cells
+//! it must end holding lie at the same elements. Where an instruction moves one range's elements
+//! to another's one to one (a copy, a reduction), an end inside either cuts the other at the same
+//! place, until no cut changes: then the cells of paired ranges match in number and length. The
+//! coarse form maps each end to its index among the ends: a range becomes the run of cells it
+//! covers, a buffer as many elements as it has cells, the count the number of cells of the shared
+//! cut.
+//!
+//! Why it holds, when [`coarsen`] accepts (an all-reduce without meetings, every instruction's
+//! ranges covering cells of the same lengths, in order): every instruction acts on whole cells,
+//! and element `t` of a cell in one operand meets element `t` of the matching cell in the others.
+//! So (1) shape: a range lies in its buffer, two ranges are equal, overlap or are disjoint, and two
+//! operands are as long — all as in the coarse form (the last checked here, cell by cell); events
+//! and kinds are unchanged; (2) the enqueue simulation never looks at ranges; (3) two ranges
+//! overlap iff they share a cell, so the race check finds the same pairs; (4) every element of a
+//! cell holds the value its coarse element holds, at the same position of the same source cell —
+//! a reduction's operands name the same source element iff their coarse elements do, and an output
+//! element holds its own input element iff its coarse element does, since the input and output
+//! cells are the same cut. Each check's verdict on the plan is its verdict on the coarse form.
+//!
+//! Scope: the all-reduce (the other collectives' expectations carry block offsets in elements,
+//! which cells would have to preserve too), and no `PeerReduce` (a meeting's offset and count apply
+//! to every rank's buffer at once; the one-shot has the scaling lemma). Anything else is `None`,
+//! and the caller runs the four checks on the plan itself. A check added later that is not
+//! invariant under cell lengths (an alignment rule, say) belongs to the builder, not the checker.
+
+use crate::plan::{BufId, BufKind, BufferDecl, Collective, Instr, Op, Plan, Region};
+use std::collections::BTreeSet;
+
+/// The coarse form of `plan` (module doc), or `None` where the lemma does not apply: then only
+/// [`crate::check::check`] on the plan itself proves it. When `coarsen(p)` is `Some(c)` and `c`
+/// passes the checks, so does `p`.
+pub fn coarsen(plan: &Plan) -> Option<Plan> {
+    if plan.collective != Collective::AllReduce {
+        return None;
+    }
+    let callers = |decl: &BufferDecl| matches!(decl.kind, BufKind::Input | BufKind::Output);
+    // Every caller's buffer is count long (the shape check would reject the plan otherwise; the
+    // lemma simply declines it).
+    if plan
+        .buffers
+        .iter()
+        .any(|d| callers(d) && d.len != plan.count)
+    {
+        return None;
+    }
+    // The ends of every range, per buffer; the caller's buffers pooled into one cut (index
+    // `plan.buffers.len()`).
+    let shared = plan.buffers.len();
+    let cut_of = |buf: BufId| match plan.buffers.get(buf.0) {
+        Some(d) if callers(d) => Some(shared),
+        Some(_) => Some(buf.0),
+        None => None,
+    };
+    let mut cuts: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); shared + 1];
+    for (b, decl) in plan.buffers.iter().enumerate() {
+        let cut = if callers(decl) { shared } else { b };
+        cuts[cut].extend([0, decl.len]);
+    }
+    // Ranges that move elements one to one (a copy's, a reduction's), as pairs.
+    let mut pairs: Vec<(Region, Region)> = Vec::new();
+    for instr in plan.ranks.iter().flatten() {
+        for r in regions(&instr.op)? {
+            let cut = cut_of(r.buf)?;
+            cuts[cut].extend([r.offset, r.offset.checked_add(r.count)?]);
+        }
+        match instr.op {
+            Op::Copy { src, dst } if src.count == dst.count => pairs.push((src, dst)),
+            Op::Reduce { dst, a, b } if a.count == dst.count && b.count == dst.count => {
+                pairs.extend([(dst, a), (dst, b)])
+            }
+            _ => {}
+        }
+    }
+    // An end inside one range of a pair cuts the other at the same place, until nothing changes:
+    // then the cells of paired ranges match one to one (a short chunk that shares a slot with
+    // full ones cuts the full ones' cells too). Ends only ever grow, bounded by the elements.
+    // A worklist of pairs: a pair is looked at again only when one of its cuts gained an end.
+    let mut pairs_of: Vec<Vec<usize>> = vec![Vec::new(); shared + 1];
+    for (k, &(x, y)) in pairs.iter().enumerate() {
+        pairs_of[cut_of(x.buf)?].push(k);
+        pairs_of[cut_of(y.buf)?].push(k);
+    }
+    let mut queued = vec![true; pairs.len()];
+    let mut work: Vec<usize> = (0..pairs.len()).collect();
+    let mut inside: Vec<usize> = Vec::new();
+    while let Some(k) = work.pop() {
+        queued[k] = false;
+        let (x, y) = pairs[k];
+        for (from, to) in [(x, y), (y, x)] {
+            let (cf, ct) = (cut_of(from.buf)?, cut_of(to.buf)?);
+            inside.clear();
+            inside.extend(
+                cuts[cf]
+                    .range(from.offset + 1..from.offset + from.count)
+                    .map(|&e| to.offset + (e - from.offset)),
+            );
+            let mut grew = false;
+            for &e in &inside {
+                grew |= cuts[ct].insert(e);
+            }
+            if grew {
+                for &p in &pairs_of[ct] {
+                    if !queued[p] {
+                        queued[p] = true;
+                        work.push(p);
+                    }
+                }
+            }
+        }
+    }
+    let ends: Vec<Vec<usize>> = cuts.into_iter().map(|c| c.into_iter().collect()).collect();
+    // A range's cells: the indices of its ends in its buffer's cut.
+    let cells = |r: Region| -> Option<(usize, usize)> {
+        let e = &ends[cut_of(r.buf)?];
+        let from = e.binary_search(&r.offset).ok()?;
+        let to = e.binary_search(&(r.offset + r.count)).ok()?;
+        Some((from, to))
+    };
+    // Whether two ranges' cells match one to one, in number and length: the same ends, relative
+    // to each range's start.
+    let matching = |x: Region, y: Region| -> Option<bool> {
+        let ((xf, xt), (yf, yt)) = (cells(x)?, cells(y)?);
+        let (ex, ey) = (
+            &ends[cut_of(x.buf)?][xf..=xt],
+            &ends[cut_of(y.buf)?][yf..=yt],
+        );
+        Some(ex.len() == ey.len() && ex.iter().zip(ey).all(|(a, b)| a - x.offset == b - y.offset))
+    };
+    let coarse = |r: Region| -> Option<Region> {
+        let (from, to) = cells(r)?;
+        Some(Region {
+            buf: r.buf,
+            offset: from,
+            count: to - from,
+        })
+    };
+    let mut ranks = Vec::with_capacity(plan.ranks.len());
+    for program in &plan.ranks {
+        let mut out = Vec::with_capacity(program.len());
+        for instr in program {
+            let op = match instr.op {
+                Op::Copy { src, dst } => {
+                    if !matching(src, dst)? {
+                        return None;
+                    }
+                    Op::Copy {
+                        src: coarse(src)?,
+                        dst: coarse(dst)?,
+                    }
+                }
+                Op::Reduce { dst, a, b } => {
+                    if !matching(dst, a)? || !matching(dst, b)? {
+                        return None;
+                    }
+                    Op::Reduce {
+                        dst: coarse(dst)?,
+                        a: coarse(a)?,
+                        b: coarse(b)?,
+                    }
+                }
+                Op::Scale { region } => Op::Scale {
+                    region: coarse(region)?,
+                },
+                Op::Record(e) => Op::Record(e),
+                Op::Wait(e) => Op::Wait(e),
+                Op::PeerReduce { .. } => return None,
+            };
+            out.push(Instr { op, ..*instr });
+        }
+        ranks.push(out);
+    }
+    // A length in cells: the index of its end in the cut. (A range reaching past its buffer's end
+    // then reaches past the coarse buffer's end too, and the shape check rejects the coarse form.)
+    let cells_to = |cut: usize, len: usize| ends[cut].binary_search(&len).ok();
+    Some(Plan {
+        count: cells_to(shared, plan.count)?,
+        buffers: plan
+            .buffers
+            .iter()
+            .enumerate()
+            .map(|(b, d)| {
+                let cut = if callers(d) { shared } else { b };
+                Some(BufferDecl {
+                    len: cells_to(cut, d.len)?,
+                    ..d.clone()
+                })
+            })
+            .collect::<Option<_>>()?,
+        ranks,
+        ..plan.clone()
+    })
+}
+
+/// The ranges an operation names; `None` for a meeting (out of the lemma's scope).
+fn regions(op: &Op) -> Option<Vec<Region>> {
+    Some(match *op {
+        Op::Copy { src, dst } => vec![src, dst],
+        Op::Reduce { dst, a, b } => vec![dst, a, b],
+        Op::Scale { region } => vec![region],
+        Op::Record(_) | Op::Wait(_) => vec![],
+        Op::PeerReduce { .. } => return None,
+    })
+}
