@@ -193,7 +193,7 @@ pub(crate) struct PlanCache<P> {
 }
 
 /// Coarse forms of ring plans kept proven per communicator, newest first out last (a family of
-/// counts shares a handful: `tests/plan_coarse.rs`).
+/// counts shares a handful: `tests/plan_check.rs`).
 const COARSE_FORMS_KEPT: usize = 32;
 
 impl<P> PlanCache<P> {
