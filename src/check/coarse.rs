@@ -29,8 +29,11 @@
 //! cells are the same cut. Each check's verdict on the plan is its verdict on the coarse form.
 //!
 //! Scope: the all-reduce (the other collectives' expectations carry block offsets in elements,
-//! which cells would have to preserve too), and no `PeerReduce` (a meeting's offset and count apply
-//! to every rank's buffer at once; the one-shot has the scaling lemma). Anything else is `None`,
+//! which cells would have to preserve too), no `PeerReduce` (a meeting's offset and count apply
+//! to every rank's buffer at once; the one-shot has the scaling lemma), and buffers that are each
+//! their own memory with elements named by their own index — inputs, outputs, slots, scratch (the
+//! race check pools a rank's exposed copies into one memory, and send and receive buffers name
+//! their elements by transfer, which per-buffer cuts would not follow). Anything else is `None`,
 //! and the caller runs the four checks on the plan itself. A check added later that is not
 //! invariant under cell lengths (an alignment rule, say) belongs to the builder, not the checker.
 
@@ -42,6 +45,22 @@ use std::collections::BTreeSet;
 /// passes the checks, so does `p`.
 pub fn coarsen(plan: &Plan) -> Option<Plan> {
     if plan.collective != Collective::AllReduce {
+        return None;
+    }
+    // The kinds whose buffers are each their own memory: the race check pools every exposed copy
+    // of a rank (`Allocation::Exposure`), and send and receive buffers carry their own element
+    // names, so cuts made per buffer would not describe them.
+    let own_memory = |kind: BufKind| {
+        matches!(
+            kind,
+            BufKind::Input
+                | BufKind::Output
+                | BufKind::Slots
+                | BufKind::HostSlots
+                | BufKind::Scratch
+        )
+    };
+    if !plan.buffers.iter().all(|d| own_memory(d.kind)) {
         return None;
     }
     let callers = |decl: &BufferDecl| matches!(decl.kind, BufKind::Input | BufKind::Output);
@@ -74,9 +93,14 @@ pub fn coarsen(plan: &Plan) -> Option<Plan> {
             let cut = cut_of(r.buf)?;
             cuts[cut].extend([r.offset, r.offset.checked_add(r.count)?]);
         }
+        // (Empty ranges move nothing and have no inside.)
         match instr.op {
-            Op::Copy { src, dst } if src.count == dst.count => pairs.push((src, dst)),
-            Op::Reduce { dst, a, b } if a.count == dst.count && b.count == dst.count => {
+            Op::Copy { src, dst } if src.count == dst.count && dst.count > 0 => {
+                pairs.push((src, dst))
+            }
+            Op::Reduce { dst, a, b }
+                if a.count == dst.count && b.count == dst.count && dst.count > 0 =>
+            {
                 pairs.extend([(dst, a), (dst, b)])
             }
             _ => {}
@@ -211,4 +235,107 @@ fn regions(op: &Op) -> Option<Vec<Region>> {
         Op::Record(_) | Op::Wait(_) => vec![],
         Op::PeerReduce { .. } => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::check;
+    use crate::plan::{EventDecl, EventId, StreamKind, Tag};
+
+    fn instr(stream: StreamKind, op: Op) -> Instr {
+        Instr {
+            stream,
+            op,
+            tag: Tag::ENTRY,
+        }
+    }
+
+    fn region(buf: usize, offset: usize, count: usize) -> Region {
+        Region {
+            buf: BufId(buf),
+            offset,
+            count,
+        }
+    }
+
+    /// Two exposed copies of one rank are one memory to the race check: per-buffer cuts (here
+    /// bent by an empty `Scale`) would map two racing writes to disjoint cells, so the lemma
+    /// declines such plans, and the full check finds the race.
+    #[test]
+    fn buffers_the_race_check_pools_are_declined() {
+        let decl = |kind, len| BufferDecl { rank: 0, kind, len };
+        let event = |stream| EventDecl {
+            rank: 0,
+            stream,
+            tag: Tag::ENTRY,
+            what: "test",
+        };
+        let (main, send) = (StreamKind::Main, StreamKind::Send);
+        let plan = Plan {
+            collective: Collective::AllReduce,
+            world: 1,
+            count: 1,
+            in_place: true,
+            average: false,
+            buffers: vec![
+                decl(BufKind::Output, 1),
+                decl(BufKind::Exposed, 3),
+                decl(BufKind::Exposed, 3),
+            ],
+            events: vec![event(main), event(send)],
+            ranks: vec![vec![
+                instr(main, Op::Record(EventId(0))),
+                instr(send, Op::Wait(EventId(0))),
+                instr(
+                    main,
+                    Op::Scale {
+                        region: region(2, 1, 0),
+                    },
+                ),
+                instr(
+                    main,
+                    Op::Copy {
+                        src: region(0, 0, 1),
+                        dst: region(1, 2, 1),
+                    },
+                ),
+                instr(
+                    send,
+                    Op::Copy {
+                        src: region(0, 0, 1),
+                        dst: region(2, 2, 1),
+                    },
+                ),
+                instr(send, Op::Record(EventId(1))),
+                instr(main, Op::Wait(EventId(1))),
+            ]],
+        };
+        assert!(check(&plan).is_err(), "the two copies race");
+        assert_eq!(coarsen(&plan), None);
+    }
+
+    /// An empty copy has no inside to mirror (and must not panic the cut).
+    #[test]
+    fn empty_copies_are_cut_nowhere() {
+        let mut plan = crate::plan::RingSpec::new(2, 10, 3, 2, crate::plan::EdgeTransport::Peer)
+            .build()
+            .unwrap();
+        let slots = plan
+            .buffers
+            .iter()
+            .position(|d| d.kind == BufKind::Slots)
+            .unwrap();
+        let empty = instr(
+            StreamKind::Main,
+            Op::Copy {
+                src: region(slots, 2, 0),
+                dst: region(slots, 1, 0),
+            },
+        );
+        plan.ranks[0].insert(0, empty);
+        let coarse = coarsen(&plan).expect("a ring plan with an empty copy");
+        check(&coarse).unwrap();
+        check(&plan).unwrap();
+    }
 }
