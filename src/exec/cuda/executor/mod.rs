@@ -8,9 +8,9 @@
 //! context, four non-blocking streams (Main, Send, Recv, Reduce) and its kernels. Per message
 //! shape it then builds a plan, checks it, and creates that plan's events and staging buffers —
 //! once (the in-place one-shot's exposed copies excepted: they live in one region per rank,
-//! module `exposure`); later calls of the same shape reuse them (`CudaPlan`). Inside a collective nothing is
-//! allocated and no event is created; the host does not synchronise until the optional final
-//! wait for completion.
+//! module `exposure`); later calls of the same shape reuse them (`CudaPlan`). Inside a
+//! collective nothing is allocated and no event is created; the host does not synchronise until
+//! the optional final wait for completion.
 //!
 //! Where each part lives:
 //! - this module: [`CudaConfig`], creation of a `CudaExecutor`, the plan cache, and `run`, which
