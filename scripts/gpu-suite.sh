@@ -13,7 +13,8 @@
 #             and one-shot forms alone up to 128 MiB, where Auto's per-collective limit is set
 #   latency   issue 14: the all-reduce 8 B–32 MiB eager and in graphs against every NCCL
 #             configuration, random sizes (both placements), the host-phase profile; then
-#             launcher threads and the LL one-shot alone up to 1 MiB (both opt-in until this runs)
+#             launcher threads and the LL one-shot alone up to 1 MiB (both opt-in until this runs);
+#             random sizes on the ring, 32–256 MiB
 #
 # Logs go to OUT_DIR/logs (summary.log has one line per step and its exit code), packed into
 # OUT_DIR/logs.tgz at the end. NCCL_NVLS_ENABLE=0 always (NVLink multicast stays off).
@@ -51,7 +52,7 @@ case $phase in
         --no-nccl --algorithm "$a" -n 10 -w 3 --json "$logs/bench-$a.json"
     done ;;
   latency)
-    step lat-default 330 "$bin/ringreduce" bench -b 8 -e 32M -n 200 -w 20 --graph 10 \
+    step lat-default 300 "$bin/ringreduce" bench -b 8 -e 32M -n 200 -w 20 --graph 10 \
       --sizes random --no-staged --json "$logs/lat-default.json"
     for v in "" launch-threads low-latency; do
       step "lat-profile${v:+-$v}" 45 "$bin/ringreduce" bench -b 8 -e 1M -f 4 -n 200 -w 20 \
@@ -60,7 +61,10 @@ case $phase in
     for v in launch-threads low-latency; do
       step "lat-$v" 45 "$bin/ringreduce" bench -b 8 -e 1M -n 200 -w 20 --graph 10 --no-staged \
         --no-nccl "--$v" --json "$logs/lat-$v.json"
-    done ;;
+    done
+    # New sizes on the ring (the cell lemma, staging and events per size), ringreduce alone.
+    step lat-random-ring 45 "$bin/ringreduce" bench -b 32M -e 256M -n 20 -w 3 --sizes random \
+      --random-calls 200 --no-staged --no-nccl --json "$logs/lat-random-ring.json" ;;
   *) echo "unknown phase $phase"; exit 2 ;;
 esac
 tar czf "$out/logs.tgz" -C "$out" logs
