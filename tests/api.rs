@@ -1,10 +1,11 @@
 //! The public API as a downstream crate uses it: what must compile, and what must hold, without
 //! `unsafe` (host ranks; the GPU forms of the same calls are in tests/gpu.rs).
 
-use ringreduce::{Communicator, Error, ReduceOp};
+use ringreduce::{Communicator, Error, FaultKind, HostConfig, ReduceOp};
 
 mod common;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::{Duration, Instant};
 
 /// Separate vectors, borrowed mutably into one slice of buffers: `[&mut a, &mut b]`.
 #[test]
@@ -24,25 +25,57 @@ fn mutable_borrows_of_vectors_are_buffers() {
     assert_eq!((out0, out1), (vec![3.0, 4.0], vec![3.0, 4.0]));
 }
 
-/// Overlap without `unsafe`: the scope returns the closure's value after the collectives
-/// completed, and several collectives may be enqueued in one scope.
+/// How long the slow rank of the scope tests holds its first copy: long enough that a scope
+/// that did not wait would return (and its caller read the buffers) well before the collective
+/// completes.
+const SLOW: Duration = Duration::from_millis(600);
+
+/// A host communicator of `world` ranks whose rank 0 starts its first copy of an in-place
+/// all-reduce of `count` elements [`SLOW`] late: its calls run on while the caller goes on.
+fn slow_host(world: usize, count: usize) -> Communicator {
+    let fault = common::fault_at_first_copy(world, count, FaultKind::Slow(SLOW));
+    Communicator::host_with(
+        world,
+        HostConfig {
+            fault: Some(fault),
+            ..HostConfig::default()
+        },
+    )
+    .unwrap()
+}
+
+/// Overlap without `unsafe`: the closure runs while the collectives do (it returns before the
+/// slow rank has moved), the scope returns only after they completed, with the closure's value,
+/// and several collectives may be enqueued in one scope.
 #[test]
 fn a_scope_overlaps_and_waits() {
-    let comm = Communicator::host(3).unwrap();
+    let comm = slow_host(3, 5);
     let mut grads: Vec<Vec<f32>> = (0..3).map(|r| vec![r as f32; 5]).collect();
     let inputs: Vec<Vec<i64>> = (0..3).map(|r| vec![r as i64 + 1; 4]).collect();
     let mut outputs = vec![vec![0i64; 4]; 3];
+    let start = Instant::now();
+    let mut closure_done = Duration::ZERO;
     let value = comm
         .scope(|s| {
             s.all_reduce_in_place(&mut grads, ReduceOp::Sum)?;
             s.all_reduce(&inputs, &mut outputs, ReduceOp::Prod)?;
+            closure_done = start.elapsed();
             Ok::<_, Error>("overlapped")
         })
         .unwrap()
         .unwrap();
+    let scope_done = start.elapsed();
     assert_eq!(value, "overlapped");
-    assert!(grads.iter().all(|g| g == &[3.0; 5]));
-    assert!(outputs.iter().all(|o| o == &[6; 4]));
+    assert!(
+        closure_done < SLOW,
+        "the scope's calls waited for the collective ({closure_done:?})"
+    );
+    assert!(
+        scope_done >= SLOW,
+        "the scope returned after {scope_done:?}, before its collective could complete"
+    );
+    assert!(grads.iter().all(|g| g == &[3.0; 5]), "{grads:?}");
+    assert!(outputs.iter().all(|o| o == &[6; 4]), "{outputs:?}");
     // A call's validation error comes back through the closure, and the communicator still works.
     let mut short = vec![vec![1.0f32; 2], vec![1.0f32; 3], vec![1.0; 2]];
     let inner = comm
@@ -60,17 +93,40 @@ fn a_scope_overlaps_and_waits() {
 /// A panic inside the scope still waits for what was enqueued, then unwinds to the caller.
 #[test]
 fn a_panicking_scope_still_waits() {
-    let comm = Communicator::host(2).unwrap();
+    let comm = slow_host(2, 3);
     let mut bufs = vec![vec![1u32; 3], vec![2u32; 3]];
+    let start = Instant::now();
     let caught = catch_unwind(AssertUnwindSafe(|| {
         comm.scope(|s| {
             s.all_reduce_in_place(&mut bufs, ReduceOp::Sum).unwrap();
             panic!("the caller's own panic");
         })
     }));
+    let unwound = start.elapsed();
     assert!(caught.is_err());
+    assert!(
+        unwound >= SLOW,
+        "the panic left the scope after {unwound:?}, before its collective could complete"
+    );
     assert_eq!(bufs, [[3; 3], [3; 3]]);
     assert!(comm.health().is_ok());
+}
+
+/// Enqueued calls on host ranks run on after they return, as on GPUs: `synchronize` waits for
+/// them, `health` reports nothing while they run, and the results are there after the wait.
+#[test]
+fn host_enqueued_calls_complete_at_synchronize() {
+    let comm = slow_host(2, 4);
+    let mut bufs = vec![vec![1i32; 4], vec![2i32; 4]];
+    let start = Instant::now();
+    // SAFETY: `bufs` is not touched until `synchronize` has waited for the call.
+    unsafe { comm.enqueue_all_reduce_in_place(&mut bufs, ReduceOp::Sum) }.unwrap();
+    let enqueued = start.elapsed();
+    assert!(enqueued < SLOW, "the enqueue waited ({enqueued:?})");
+    assert!(comm.health().is_ok());
+    comm.synchronize().unwrap();
+    assert!(start.elapsed() >= SLOW);
+    assert_eq!(bufs, [[3; 4], [3; 4]]);
 }
 
 /// GPU detection has a top-level home and answers (an error, not a panic) without a driver.
@@ -89,9 +145,8 @@ fn gpu_detection_is_top_level() {
 /// another thread's call is running (here one stalled by an injected fault until its timeout).
 #[test]
 fn facts_answer_during_a_running_call() {
-    use ringreduce::{Algorithm, FaultKind, HostConfig};
+    use ringreduce::Algorithm;
     use std::sync::atomic::{AtomicBool, Ordering};
-    use std::time::Duration;
     let config = HostConfig {
         timeout: Duration::from_secs(3),
         ..HostConfig::default()

@@ -359,7 +359,7 @@ fn the_generic_entry_runs_every_collective() {
     )
     .unwrap();
     assert_eq!(recv[0], [9, 8]);
-    // SAFETY: a host communicator completes before returning.
+    // SAFETY: `bufs` is not touched until `synchronize` below has waited for the call.
     unsafe {
         c.enqueue_collective(
             &Collective::Broadcast { root: 2 },
@@ -370,6 +370,7 @@ fn the_generic_entry_runs_every_collective() {
         )
     }
     .unwrap();
+    c.synchronize().unwrap();
     assert_eq!(bufs, vec![vec![5; 4]; 3]);
 }
 

@@ -29,8 +29,8 @@ use cudarc::driver::CudaStream;
 use std::sync::Arc;
 
 impl Communicator {
-    /// Runs any collective and returns once enqueued (GPU communicators; a host communicator
-    /// completes before returning), ordered on each rank's Main stream or, with `streams`, on the
+    /// Runs any collective and returns once enqueued (on host ranks too: their threads run it
+    /// meanwhile), ordered on each rank's Main stream or, with `streams`, on the
     /// caller's streams (one per rank, as for
     /// [`Communicator::enqueue_all_reduce_in_place_on`]). `inputs` is `None` in place; which
     /// buffers each list holds is in this module's table. `op` is used where the collective

@@ -228,11 +228,11 @@ impl Communicator {
     /// Blocks until all work enqueued by this communicator has finished.
     pub fn synchronize(&self) -> Result<()> {
         self.begin_profile();
-        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         profile::mark(Phase::Lock);
-        let result = match &state.exec {
+        let result = match state.exec.as_mut() {
             Some(Executor::Cuda(exec)) => exec.synchronize(),
-            Some(Executor::Host(_)) => Ok(()),
+            Some(Executor::Host(exec)) => exec.synchronize(),
             None => return Err(Error::Closed),
         };
         drop(state);
@@ -316,7 +316,7 @@ impl Communicator {
         match &state.exec {
             None => Err(Error::Closed),
             Some(Executor::Cuda(exec)) => exec.poll_health(),
-            Some(Executor::Host(_)) => Ok(()),
+            Some(Executor::Host(exec)) => exec.poll_health(),
         }
     }
 
@@ -335,7 +335,7 @@ impl Communicator {
     }
 
     /// [`Communicator::all_reduce_in_place`] that returns once the work is enqueued, without
-    /// waiting for it (GPU communicators; a host communicator completes before returning). The
+    /// waiting for it (on host ranks too: their threads run it meanwhile). On GPUs the
     /// collective is ordered on each rank's [`Communicator::main_stream`]: work enqueued there
     /// afterwards sees the result; [`Communicator::synchronize`] waits for it.
     ///
@@ -536,8 +536,10 @@ impl Communicator {
                 // SAFETY: validation checked every buffer is host memory of the length the
                 // collective needs and that no written buffer overlaps another buffer; each
                 // written buffer is a distinct `&mut` borrow held by our caller until this
-                // returns, and `run` returns only once every thread is done with the buffers.
-                unsafe { exec.run::<T>(shape, inputs, outputs, op) }
+                // returns, and with `wait_complete` `run` returns only once every thread is done
+                // with the buffers; without, their lifetime until completion is our caller's
+                // contract.
+                unsafe { exec.run::<T>(shape, inputs, outputs, op, wait_complete) }
             }
             Some(Executor::Cuda(exec)) => {
                 // Bad streams are the caller's mistake: refused without failing the communicator.
@@ -601,10 +603,13 @@ impl Communicator {
     pub fn close(self) -> Result<()> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         // Work still enqueued may fail only now; its error is the first one if none came before.
-        if let Some(Executor::Cuda(exec)) = state.exec.take() {
-            if let Err(err) = exec.shutdown() {
-                let _ = self.failed.set(err);
-            }
+        let shutdown = match state.exec.take() {
+            Some(Executor::Cuda(exec)) => exec.shutdown(),
+            Some(Executor::Host(mut exec)) => exec.synchronize(),
+            None => Ok(()),
+        };
+        if let Err(err) = shutdown {
+            let _ = self.failed.set(err);
         }
         match self.failed.get() {
             Some(err) => Err(err.clone()),

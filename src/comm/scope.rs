@@ -56,11 +56,166 @@ impl Communicator {
 
 /// Collectives that return once enqueued, inside [`Communicator::scope`], which waits for them.
 ///
-/// `'buf` outlives the whole scope, so every buffer passed in stays borrowed (unusable by the
-/// caller, and alive) until `scope` has waited for its collective.
+/// `'buf` is a lifetime of the caller's, longer than the whole `scope` call, and invariant (like
+/// `std::thread::Scope`'s `'env`), so the compiler cannot shorten it to the closure: every buffer
+/// passed in stays borrowed — alive, and out of the caller's reach — until `scope` has waited
+/// for its collective. Each misuse below is refused at compile time.
+///
+/// A buffer made inside the scope cannot be handed to it (it would be freed before the wait):
+/// ```compile_fail
+/// # use ringreduce::{Communicator, ReduceOp};
+/// let comm = Communicator::host(2)?;
+/// comm.scope(|s| {
+///     let mut local = vec![vec![1.0f32; 4]; 2];
+///     s.all_reduce_in_place(&mut local, ReduceOp::Sum)
+/// })??;
+/// # Ok::<(), ringreduce::Error>(())
+/// ```
+/// nor dropped, moved or touched while its collective may run:
+/// ```compile_fail
+/// # use ringreduce::{Communicator, ReduceOp};
+/// let comm = Communicator::host(2)?;
+/// let mut grads = vec![vec![1.0f32; 4]; 2];
+/// comm.scope(|s| {
+///     s.all_reduce_in_place(&mut grads, ReduceOp::Sum)?;
+///     drop(grads);
+///     Ok::<_, ringreduce::Error>(())
+/// })??;
+/// # Ok::<(), ringreduce::Error>(())
+/// ```
+/// ```compile_fail
+/// # use ringreduce::{Communicator, ReduceOp};
+/// let comm = Communicator::host(2)?;
+/// let mut grads = vec![vec![1.0f32; 4]; 2];
+/// comm.scope(|s| {
+///     s.all_reduce_in_place(&mut grads, ReduceOp::Sum)?;
+///     let moved = grads;
+///     Ok::<_, ringreduce::Error>(moved)
+/// })??;
+/// # Ok::<(), ringreduce::Error>(())
+/// ```
+/// ```compile_fail
+/// # use ringreduce::{Communicator, ReduceOp};
+/// let comm = Communicator::host(2)?;
+/// let mut grads = vec![vec![1.0f32; 4]; 2];
+/// comm.scope(|s| {
+///     s.all_reduce_in_place(&mut grads, ReduceOp::Sum)?;
+///     grads[0][0] = 7.0;
+///     Ok::<_, ringreduce::Error>(())
+/// })??;
+/// # Ok::<(), ringreduce::Error>(())
+/// ```
+/// ```compile_fail
+/// # use ringreduce::{Communicator, ReduceOp};
+/// let comm = Communicator::host(2)?;
+/// let mut grads = vec![vec![1.0f32; 4]; 2];
+/// comm.scope(|s| {
+///     s.all_reduce_in_place(&mut grads, ReduceOp::Sum)?;
+///     Ok::<_, ringreduce::Error>(grads[1][0])
+/// })??;
+/// # Ok::<(), ringreduce::Error>(())
+/// ```
+/// The same holds for [`Scope::all_reduce`]'s outputs (and its inputs cannot be written, or
+/// dropped):
+/// ```compile_fail
+/// # use ringreduce::{Communicator, ReduceOp};
+/// let comm = Communicator::host(2)?;
+/// let inputs = vec![vec![1i32; 4]; 2];
+/// comm.scope(|s| {
+///     let mut outputs = vec![vec![0i32; 4]; 2];
+///     s.all_reduce(&inputs, &mut outputs, ReduceOp::Sum)
+/// })??;
+/// # Ok::<(), ringreduce::Error>(())
+/// ```
+/// ```compile_fail
+/// # use ringreduce::{Communicator, ReduceOp};
+/// let comm = Communicator::host(2)?;
+/// let inputs = vec![vec![1i32; 4]; 2];
+/// let mut outputs = vec![vec![0i32; 4]; 2];
+/// comm.scope(|s| {
+///     s.all_reduce(&inputs, &mut outputs, ReduceOp::Sum)?;
+///     outputs[0][0] = 3;
+///     Ok::<_, ringreduce::Error>(())
+/// })??;
+/// # Ok::<(), ringreduce::Error>(())
+/// ```
+/// ```compile_fail
+/// # use ringreduce::{Communicator, ReduceOp};
+/// let comm = Communicator::host(2)?;
+/// let mut inputs = vec![vec![1i32; 4]; 2];
+/// let mut outputs = vec![vec![0i32; 4]; 2];
+/// comm.scope(|s| {
+///     s.all_reduce(&inputs, &mut outputs, ReduceOp::Sum)?;
+///     inputs[0][0] = 3;
+///     Ok::<_, ringreduce::Error>(())
+/// })??;
+/// # Ok::<(), ringreduce::Error>(())
+/// ```
+/// ```compile_fail
+/// # use ringreduce::{Communicator, ReduceOp};
+/// let comm = Communicator::host(2)?;
+/// let inputs = vec![vec![1i32; 4]; 2];
+/// let mut outputs = vec![vec![0i32; 4]; 2];
+/// comm.scope(|s| {
+///     s.all_reduce(&inputs, &mut outputs, ReduceOp::Sum)?;
+///     drop(inputs);
+///     Ok::<_, ringreduce::Error>(())
+/// })??;
+/// # Ok::<(), ringreduce::Error>(())
+/// ```
+/// and for [`Scope::collective`]'s buffers:
+/// ```compile_fail
+/// # use ringreduce::{Communicator, ReduceOp};
+/// # use ringreduce::plan::Collective;
+/// let comm = Communicator::host(2)?;
+/// let mut bufs = vec![vec![1u8; 4]; 2];
+/// comm.scope(|s| {
+///     s.collective(&Collective::Broadcast { root: 0 }, None::<&[Vec<u8>]>, &mut bufs, ReduceOp::Sum)?;
+///     bufs[1][0] = 9;
+///     Ok::<_, ringreduce::Error>(())
+/// })??;
+/// # Ok::<(), ringreduce::Error>(())
+/// ```
+/// ```compile_fail
+/// # use ringreduce::{Communicator, ReduceOp};
+/// # use ringreduce::plan::Collective;
+/// let comm = Communicator::host(2)?;
+/// let inputs = vec![vec![1u8; 4]; 2];
+/// comm.scope(|s| {
+///     let mut outputs = vec![vec![0u8; 8]; 2];
+///     s.collective(&Collective::AllGather, Some(&inputs), &mut outputs, ReduceOp::Sum)
+/// })??;
+/// # Ok::<(), ringreduce::Error>(())
+/// ```
+/// Each of those is the misuse alone: the same calls with the buffers used after the scope
+/// compile and run.
+/// ```
+/// # use ringreduce::{Communicator, ReduceOp};
+/// # use ringreduce::plan::Collective;
+/// let comm = Communicator::host(2)?;
+/// let mut grads = vec![vec![1.0f32; 4]; 2];
+/// let mut inputs = vec![vec![1i32; 4]; 2];
+/// let mut outputs = vec![vec![0i32; 4]; 2];
+/// let mut bytes = vec![vec![1u8; 4], vec![2u8; 4]];
+/// let mut gathered = vec![vec![0u8; 8]; 2];
+/// comm.scope(|s| {
+///     s.all_reduce_in_place(&mut grads, ReduceOp::Sum)?;
+///     s.all_reduce(&inputs, &mut outputs, ReduceOp::Sum)?;
+///     s.collective(&Collective::AllGather, Some(&bytes), &mut gathered, ReduceOp::Sum)?;
+///     Ok::<_, ringreduce::Error>(inputs[0][0]) // reading an input is fine
+/// })??;
+/// grads[0][0] = 7.0;
+/// inputs[0][0] = 3;
+/// outputs[0][0] = 3;
+/// bytes[1][0] = 9;
+/// assert_eq!(gathered[1], [1, 1, 1, 1, 2, 2, 2, 2]);
+/// drop((grads, inputs, outputs, bytes, gathered));
+/// # Ok::<(), ringreduce::Error>(())
+/// ```
 pub struct Scope<'comm, 'buf> {
     comm: &'comm Communicator,
-    buffers: std::marker::PhantomData<&'buf mut ()>,
+    /// Invariant in `'buf`: `&'buf mut &'buf ()` (`std::thread::Scope`'s marker).
+    buffers: std::marker::PhantomData<&'buf mut &'buf ()>,
 }
 
 impl<'buf> Scope<'_, 'buf> {

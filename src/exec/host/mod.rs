@@ -30,6 +30,7 @@ use crate::error::{Error, Result};
 use crate::plan::{BufKind, Collective, Instr, Op, Plan, Region, StreamKind};
 use crossbeam_channel::{Receiver, Sender};
 use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -99,6 +100,9 @@ pub enum FaultKind {
     Panic,
     /// The operation never finishes (until the call is aborted).
     Stall,
+    /// The operation starts this much later (or fails at the call's deadline, or stops when the
+    /// call is aborted), then runs: a slow rank, whose call completes late but right.
+    Slow(Duration),
 }
 
 /// A CUDA-like event on the host: records enqueued so far, and records completed.
@@ -186,8 +190,9 @@ struct HostCall {
     arrived: Condvar,
 }
 
-// SAFETY: the raw pointers in `bufs` point into buffers the caller keeps borrowed until every
-// thread has reported the call done (`HostExecutor::run` blocks for that), and the checker proved
+// SAFETY: the raw pointers in `bufs` point into buffers the caller keeps valid and untouched
+// until every thread has reported the call done (`HostExecutor::run`'s contract: a blocking call
+// waits for that, an enqueued one leaves it to the caller's `synchronize`), and the checker proved
 // that no two threads touch overlapping bytes without an event between them.
 unsafe impl Send for HostCall {}
 // SAFETY: as above.
@@ -249,6 +254,8 @@ pub(crate) struct HostExecutor {
     ranks: Vec<(Sender<Arc<HostCall>>, JoinHandle<()>)>,
     cache: PlanCache<HostPlan>,
     calls: u64,
+    /// Calls started and not yet waited for, oldest first.
+    in_flight: VecDeque<InFlight>,
 }
 
 impl HostExecutor {
@@ -274,6 +281,7 @@ impl HostExecutor {
             ranks,
             cache: PlanCache::new(CACHED_PLANS),
             calls: 0,
+            in_flight: VecDeque::new(),
         })
     }
 
@@ -332,19 +340,25 @@ impl HostExecutor {
             scratch,
             plan,
         });
-        // Calls are synchronous here, so no plan is in use between calls: evicting is safe.
+        // A call in flight holds its plan (and the plan's staging) alive: evicting is safe.
         self.cache.insert(shape, prepared.clone());
         Ok(prepared)
     }
 
-    /// Runs one collective and returns when every rank is done (or the call failed and every
-    /// thread has stopped touching the buffers). `inputs` and `outputs` hold the caller's
-    /// buffers' addresses as [`super::caller_address`] lays them out.
+    /// Starts one collective and returns once every rank thread has it; with `wait_complete`,
+    /// then waits for it and for every call started before it ([`HostExecutor::synchronize`]).
+    /// Without, the call runs on while the caller goes on, as an enqueued GPU call does: the
+    /// rank threads and stream workers take calls in order, with CUDA's event semantics, so a
+    /// later call's operations wait for an earlier one's exactly where they would on GPUs.
+    /// `inputs` and `outputs` hold the caller's buffers' addresses as [`super::caller_address`]
+    /// lays them out.
     ///
     /// # Safety
     /// Every caller's buffer the plan of `shape` declares must point to as many valid, aligned
     /// elements of `T` as the plan's declaration says, that nothing else reads or writes until
-    /// this returns; buffers written (outputs, receive buffers) must not overlap each other or
+    /// the call has completed (this returns, with `wait_complete`; else a later
+    /// [`HostExecutor::synchronize`] or `run` with `wait_complete` returns, or the executor has
+    /// been dropped); buffers written (outputs, receive buffers) must not overlap each other or
     /// any buffer read. Buffers only read may overlap each other.
     pub(crate) unsafe fn run<T: Element>(
         &mut self,
@@ -352,6 +366,7 @@ impl HostExecutor {
         inputs: &[u64],
         outputs: &[u64],
         op: ReduceOp,
+        wait_complete: bool,
     ) -> Result<()> {
         let elem_bytes = std::mem::size_of::<T>();
         debug_assert_eq!(shape.elem_bytes, elem_bytes);
@@ -407,8 +422,58 @@ impl HostExecutor {
                 call.fail(Error::Closed);
             }
         }
-        // Each rank thread and each of its stream workers reports once.
-        let mut pending: Vec<(usize, Option<StreamKind>)> = (0..self.world)
+        self.in_flight.push_back(InFlight {
+            call,
+            done: done_rx,
+        });
+        if wait_complete {
+            self.synchronize()
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Waits for every call started so far, oldest first, and returns the first one's error.
+    pub(crate) fn synchronize(&mut self) -> Result<()> {
+        let mut first = Ok(());
+        while let Some(in_flight) = self.in_flight.pop_front() {
+            let result = in_flight.wait(self.world);
+            if first.is_ok() {
+                first = result;
+            }
+        }
+        first
+    }
+
+    /// The first error of a call still in flight, if one has failed; never blocks on a call.
+    pub(crate) fn poll_health(&self) -> Result<()> {
+        for in_flight in &self.in_flight {
+            let failure = in_flight
+                .call
+                .failure
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if let Some(err) = &*failure {
+                return Err(err.clone());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A call the rank threads have, until the caller has seen it end.
+struct InFlight {
+    call: Arc<HostCall>,
+    /// Each rank thread and each of its stream workers reports on it once.
+    done: Receiver<(usize, Option<StreamKind>)>,
+}
+
+impl InFlight {
+    /// Returns when every rank is done with the call (or the call failed and every thread has
+    /// stopped touching its buffers), with the call's first error.
+    fn wait(self, world: usize) -> Result<()> {
+        let InFlight { call, done } = self;
+        let mut pending: Vec<(usize, Option<StreamKind>)> = (0..world)
             .flat_map(|r| {
                 std::iter::once((r, None)).chain(StreamKind::ALL.iter().map(move |&s| (r, Some(s))))
             })
@@ -423,7 +488,7 @@ impl HostExecutor {
             } else {
                 backstop
             };
-            match done_rx.recv_deadline(until) {
+            match done.recv_deadline(until) {
                 Ok(who) => pending.retain(|p| *p != who),
                 Err(_) if !timed_out => {
                     // Nobody reported a failure, yet the call is not done: a stall. Abort, then
@@ -436,7 +501,7 @@ impl HostExecutor {
                             Some(s) => format!("did not finish the operations on its {s:?} stream"),
                             None => "did not finish enqueuing its operations".into(),
                         },
-                        after: self.config.timeout,
+                        after: call.timeout,
                     });
                 }
                 Err(_) => break,
@@ -456,6 +521,9 @@ impl HostExecutor {
 
 impl Drop for HostExecutor {
     fn drop(&mut self) {
+        // Calls still in flight may write the caller's buffers: they end (or fail at their
+        // deadline, aborted by the backstop) before anything is released.
+        let _ = self.synchronize();
         for (tx, handle) in self.ranks.drain(..) {
             drop(tx);
             // A rank thread only ends by its channel closing; a panic inside it was caught.

@@ -134,6 +134,34 @@ fn wait_event(
     Ok(())
 }
 
+/// An injected stall: sleeps until `until` (`Ok`; never, for `None`), the call's abort, or its
+/// deadline (the timeout, naming the stalled operation).
+fn stall_until(
+    call: &HostCall,
+    rank: usize,
+    index: usize,
+    instr: &Instr,
+    until: Option<Instant>,
+) -> Result<()> {
+    while !call.aborted() && until.is_none_or(|t| Instant::now() < t) {
+        if Instant::now() >= call.deadline {
+            return Err(Error::Timeout {
+                rank,
+                waiting_on: format!(
+                    "did not finish instruction {index} ({:?} stream, {}): the operation stalled",
+                    instr.stream, instr.tag
+                ),
+                after: call.timeout,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    if call.aborted() {
+        return Err(aborted(rank));
+    }
+    Ok(())
+}
+
 /// Executes one data operation.
 fn run_op(call: &HostCall, rank: usize, index: usize, instr: &Instr) -> Result<()> {
     if let Some(fault) = call.fault {
@@ -148,18 +176,10 @@ fn run_op(call: &HostCall, rank: usize, index: usize, instr: &Instr) -> Result<(
                     })
                 }
                 FaultKind::Panic => panic!("injected panic at instruction {index}"),
-                FaultKind::Stall => {
-                    while !call.aborted() {
-                        if Instant::now() >= call.deadline {
-                            return Err(Error::Timeout {
-                                rank,
-                                waiting_on: format!("did not finish instruction {index} ({:?} stream, {}): the operation stalled", instr.stream, instr.tag),
-                                after: call.timeout,
-                            });
-                        }
-                        std::thread::sleep(Duration::from_millis(5));
-                    }
-                    return Err(aborted(rank));
+                // Never `Ok`: the abort or the deadline ends it.
+                FaultKind::Stall => return stall_until(call, rank, index, instr, None),
+                FaultKind::Slow(delay) => {
+                    stall_until(call, rank, index, instr, Some(Instant::now() + delay))?
                 }
             }
         }
