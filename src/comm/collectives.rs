@@ -53,6 +53,10 @@ impl Communicator {
     }
 
     /// [`Communicator::enqueue_collective`], blocking until the collective has completed.
+    ///
+    /// # Errors
+    /// After a timeout, a stuck GPU may still write the buffers once this has returned: read
+    /// [`Communicator`]'s "A failed or timed-out call" before freeing or reusing them.
     pub fn collective<T: Element, I: Buffer<T>, O: BufferMut<T>>(
         &self,
         collective: &Collective,
@@ -67,6 +71,10 @@ impl Communicator {
 
     /// Reduce-scatter: `outputs[r]` (count elements) ends holding block r of the reduction of
     /// every rank's `inputs` (world·count elements each; block j is elements j·count..).
+    ///
+    /// # Errors
+    /// After a timeout, a stuck GPU may still write the buffers once this has returned: read
+    /// [`Communicator`]'s "A failed or timed-out call" before freeing or reusing them.
     pub fn reduce_scatter<T: Element, I: Buffer<T>, O: BufferMut<T>>(
         &self,
         inputs: &[I],
@@ -79,6 +87,10 @@ impl Communicator {
     /// Reduce-scatter in place: each `bufs[r]` (world·count elements) is rank r's input, and
     /// its block r (elements r·count..(r+1)·count) ends holding the result; the other blocks
     /// hold partial sums afterwards.
+    ///
+    /// # Errors
+    /// After a timeout, a stuck GPU may still write the buffers once this has returned: read
+    /// [`Communicator`]'s "A failed or timed-out call" before freeing or reusing them.
     pub fn reduce_scatter_in_place<T: Element, B: BufferMut<T>>(
         &self,
         bufs: &mut [B],
@@ -89,6 +101,10 @@ impl Communicator {
 
     /// All-gather: every `outputs[r]` (world·count elements) ends holding every rank's input,
     /// rank j's in block j.
+    ///
+    /// # Errors
+    /// After a timeout, a stuck GPU may still write the buffers once this has returned: read
+    /// [`Communicator`]'s "A failed or timed-out call" before freeing or reusing them.
     pub fn all_gather<T: Element, I: Buffer<T>, O: BufferMut<T>>(
         &self,
         inputs: &[I],
@@ -99,11 +115,19 @@ impl Communicator {
 
     /// All-gather in place: rank r's input is block r of its `bufs[r]` (world·count elements),
     /// and every block ends holding its rank's input.
+    ///
+    /// # Errors
+    /// After a timeout, a stuck GPU may still write the buffers once this has returned: read
+    /// [`Communicator`]'s "A failed or timed-out call" before freeing or reusing them.
     pub fn all_gather_in_place<T: Element, B: BufferMut<T>>(&self, bufs: &mut [B]) -> Result<()> {
         self.collective(&Collective::AllGather, None::<&[B]>, bufs, ReduceOp::Sum)
     }
 
     /// Broadcast: every `outputs[r]` ends holding `input`, the root's buffer.
+    ///
+    /// # Errors
+    /// After a timeout, a stuck GPU may still write the buffers once this has returned: read
+    /// [`Communicator`]'s "A failed or timed-out call" before freeing or reusing them.
     pub fn broadcast<T: Element, I: Buffer<T>, O: BufferMut<T>>(
         &self,
         input: &I,
@@ -120,6 +144,10 @@ impl Communicator {
     }
 
     /// Broadcast in place: every `bufs[r]` ends holding what `bufs[root]` holds.
+    ///
+    /// # Errors
+    /// After a timeout, a stuck GPU may still write the buffers once this has returned: read
+    /// [`Communicator`]'s "A failed or timed-out call" before freeing or reusing them.
     pub fn broadcast_in_place<T: Element, B: BufferMut<T>>(
         &self,
         bufs: &mut [B],
@@ -130,6 +158,10 @@ impl Communicator {
     }
 
     /// Reduce: `output` (the root's) ends holding the reduction of every rank's input.
+    ///
+    /// # Errors
+    /// After a timeout, a stuck GPU may still write the buffers once this has returned: read
+    /// [`Communicator`]'s "A failed or timed-out call" before freeing or reusing them.
     pub fn reduce<T: Element, I: Buffer<T>, O: BufferMut<T>>(
         &self,
         inputs: &[I],
@@ -143,6 +175,10 @@ impl Communicator {
 
     /// Reduce in place: `bufs[root]` ends holding the reduction of every rank's buffer; the
     /// other ranks' buffers are left as they are.
+    ///
+    /// # Errors
+    /// After a timeout, a stuck GPU may still write the buffers once this has returned: read
+    /// [`Communicator`]'s "A failed or timed-out call" before freeing or reusing them.
     pub fn reduce_in_place<T: Element, B: BufferMut<T>>(
         &self,
         bufs: &mut [B],
@@ -154,6 +190,10 @@ impl Communicator {
 
     /// All-to-all: block j of `outputs[r]` ends holding block r of `inputs[j]` (both world·count
     /// elements; block j is elements j·count..(j+1)·count).
+    ///
+    /// # Errors
+    /// After a timeout, a stuck GPU may still write the buffers once this has returned: read
+    /// [`Communicator`]'s "A failed or timed-out call" before freeing or reusing them.
     pub fn all_to_all<T: Element, I: Buffer<T>, O: BufferMut<T>>(
         &self,
         inputs: &[I],
@@ -165,6 +205,10 @@ impl Communicator {
     /// Grouped send/recv: transfer i moves `sends[i]` (on rank `pairs[i].0`) into `recvs[i]`
     /// (on rank `pairs[i].1`, the same length), all in one call, so an exchange where every rank
     /// both sends and receives cannot deadlock.
+    ///
+    /// # Errors
+    /// After a timeout, a stuck GPU may still write the buffers once this has returned: read
+    /// [`Communicator`]'s "A failed or timed-out call" before freeing or reusing them.
     pub fn send_recv<T: Element, I: Buffer<T>, O: BufferMut<T>>(
         &self,
         pairs: &[(usize, usize)],

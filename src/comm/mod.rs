@@ -87,6 +87,25 @@ struct Facts {
 pub const PROFILED_CALLS_KEPT: usize = 1 << 16;
 
 /// A set of ranks that run collectives together.
+///
+/// # A failed or timed-out call
+///
+/// Every call has a deadline (the config's `timeout`), and a blocking call returns by it, with
+/// [`Error::Timeout`] naming the rank and what it waited for, even when a GPU is stuck (a hung
+/// kernel, or work queued before the call that never finishes). Returning does not stop the GPU:
+/// the part of the call already queued on a stuck GPU runs whenever that GPU moves again, and
+/// then reads the call's inputs and writes its outputs — after the borrow of the buffers has
+/// ended. (Host ranks stop touching the buffers before a call returns.) So after a call on GPUs
+/// failed:
+///
+/// 1. do not free, reuse or read the call's buffers yet;
+/// 2. [`Communicator::abort`] the communicator (or drop it): it waits for its GPUs up to the
+///    timeout and releases them, leaking rather than freeing what a stuck GPU may still touch;
+/// 3. then wait until the GPUs are idle — a device-wide synchronize
+///    (`ringreduce::device::context(gpu)?.synchronize()`; [`crate::GpuBuffer`]'s copies do one)
+///    — or keep the buffers alive until the process ends.
+///
+/// docs/ERRORS.md ("What bounds every wait") says what each algorithm does at its deadline.
 pub struct Communicator {
     world: usize,
     facts: Facts,
@@ -226,6 +245,10 @@ impl Communicator {
     }
 
     /// Blocks until all work enqueued by this communicator has finished.
+    ///
+    /// # Errors
+    /// After a timeout, a stuck GPU may still write the buffers once this has returned: read
+    /// [`Communicator`]'s "A failed or timed-out call" before freeing or reusing them.
     pub fn synchronize(&self) -> Result<()> {
         self.begin_profile();
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -325,6 +348,10 @@ impl Communicator {
     /// On error nothing is enqueued when validation fails; when a rank fails mid-call, the
     /// buffers hold partial results (some elements reduced, some not) and the communicator is
     /// marked failed.
+    ///
+    /// # Errors
+    /// After a timeout, a stuck GPU may still write the buffers once this has returned: read
+    /// [`Communicator`]'s "A failed or timed-out call" before freeing or reusing them.
     pub fn all_reduce_in_place<T: Element, B: BufferMut<T>>(
         &self,
         bufs: &mut [B],
@@ -355,6 +382,10 @@ impl Communicator {
     /// All-reduce out of place: every `outputs[r]` ends holding the reduction of all `inputs`.
     /// Inputs are never modified, on error too. Outputs may be longer than inputs; only the
     /// first `inputs[r].count()` elements are written.
+    ///
+    /// # Errors
+    /// After a timeout, a stuck GPU may still write the buffers once this has returned: read
+    /// [`Communicator`]'s "A failed or timed-out call" before freeing or reusing them.
     pub fn all_reduce<T: Element, I: Buffer<T>, O: BufferMut<T>>(
         &self,
         inputs: &[I],
@@ -647,6 +678,10 @@ fn check_deterministic_if(
 /// assert_eq!(bufs[1], [11, 22, 33]);
 /// # Ok::<(), ringreduce::Error>(())
 /// ```
+///
+/// # Errors
+/// After a timeout, a stuck GPU may still write the buffers once this has returned: read
+/// [`Communicator`]'s "A failed or timed-out call" before freeing or reusing them.
 pub fn ring_allreduce<T: Element, B: BufferMut<T>>(bufs: &mut [B]) -> Result<()> {
     if bufs.is_empty() {
         return Err(Error::NoBuffers);

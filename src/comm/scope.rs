@@ -31,6 +31,10 @@ impl Communicator {
     /// ```
     ///
     /// The outer `Result` is the wait's: the first error of a collective enqueued in the scope.
+    ///
+    /// # Errors
+    /// After a timeout, a stuck GPU may still write the buffers once this has returned: read
+    /// [`Communicator`]'s "A failed or timed-out call" before freeing or reusing them.
     pub fn scope<'buf, R>(&self, f: impl FnOnce(&Scope<'_, 'buf>) -> R) -> Result<R> {
         /// Waits on drop, so an unwinding `f` cannot leave collectives running on its buffers.
         struct WaitOnDrop<'c>(&'c Communicator, bool);
