@@ -6,9 +6,9 @@
 #
 # Builds the CLI and the named integration tests (tests/TEST.rs) with nvcc (the kernels as an
 # embedded fatbin; RINGREDUCE_REQUIRE_NVCC=1 makes a build without nvcc fail rather than fall back
-# to NVRTC), copies them as DIR/bin/ringreduce and DIR/bin/test-TEST with scripts/gpu-suite.sh,
-# strips them and packs DIR/run.tar.xz (then removes DIR/bin). The report's commit line is set
-# from git. On the GPU host: `cd DIR && tar xJf run.tar.xz && bash bin/gpu-suite.sh tests $OUT`.
+# to NVRTC), copies them as DIR/bin/ringreduce and DIR/bin/test-TEST with scripts/gpu-suite.sh
+# and the scripts/gpu-counts.sh it sources, strips them and packs DIR/run.tar.xz (then removes
+# DIR/bin). The report's commit line is set from git. On the GPU host: `cd DIR && tar xJf run.tar.xz && bash bin/gpu-suite.sh tests $OUT`.
 set -euo pipefail
 out=${1:?DIR}
 shift
@@ -23,7 +23,7 @@ export NVCC RINGREDUCE_REQUIRE_NVCC=1 RINGREDUCE_COMMIT
 RINGREDUCE_COMMIT=$(git rev-parse --short=12 HEAD)
 cargo build --release -q -p ringreduce-cli
 rm -rf "$out/bin" && mkdir -p "$out/bin"
-cp target/release/ringreduce scripts/gpu-suite.sh "$out/bin/"
+cp target/release/ringreduce scripts/gpu-suite.sh scripts/gpu-counts.sh "$out/bin/"
 for t in "${tests[@]}"; do
   # The executable cargo just built for this test: the path it prints as JSON.
   exe=$(cargo test --release -q --no-run --test "$t" --message-format=json \

@@ -16,8 +16,11 @@
 #             launcher threads and the LL one-shot alone up to 1 MiB (both opt-in until this runs);
 #             random sizes on the ring, 32–256 MiB
 #
-# Logs go to OUT_DIR/logs (summary.log has one line per step and its exit code), packed into
-# OUT_DIR/logs.tgz at the end. NCCL_NVLS_ENABLE=0 always (NVLink multicast stays off).
+# Logs go to OUT_DIR/logs (summary.log has one line per step and its exit code; a test binary's
+# line adds its counts of passed, failed and waived tests, and the phase's totals follow), packed
+# into OUT_DIR/logs.tgz at the end. NCCL_NVLS_ENABLE=0 always (NVLink multicast stays off).
+# RINGREDUCE_REQUIRE_GPUS is the machine's GPU count (scripts/gpu-counts.sh): a test that needs
+# no more GPUs than that fails where it finds fewer, instead of waiving.
 set -uo pipefail
 phase=${1:?tests|sanitize|bench|latency}
 out=${2:?OUT_DIR}
@@ -25,13 +28,30 @@ bin=$(cd "$(dirname "$0")" && pwd)
 logs="$out/logs"
 mkdir -p "$logs"
 export NCCL_NVLS_ENABLE=0
+source "$bin/gpu-counts.sh"
+require_gpus
+totals=(0 0 0)
+# One step into its log and one line of summary.log; a test binary's step (test-*, san-*) adds
+# its counts to the line, prints it, and adds them to the phase's totals.
 step() {
   local name=$1 limit=$2; shift 2
-  local start=$SECONDS
+  local start=$SECONDS line
   timeout "$limit" "$@" > "$logs/$name.log" 2>&1
-  echo "$name rc=$? ${SECONDS}s-${start}s" >> "$logs/summary.log"
+  line="$name rc=$? ${SECONDS}s-${start}s"
+  if [[ $name == test-* || $name == san-* ]]; then
+    line+=" $(test_counts "$logs/$name.log")"
+    echo "$line"
+    if [[ $line =~ passed=([0-9]+)\ failed=([0-9]+)\ waived=([0-9]+) ]]; then
+      totals=($((totals[0] + BASH_REMATCH[1])) $((totals[1] + BASH_REMATCH[2]))
+        $((totals[2] + BASH_REMATCH[3])))
+    fi
+  fi
+  echo "$line" >> "$logs/summary.log"
 }
-{ date -u; nvidia-smi -L; nvidia-smi topo -m; } > "$logs/env-$phase.log" 2>&1
+{ date -u; echo "$require_note"; nvidia-smi -L; nvidia-smi topo -m; } > "$logs/env-$phase.log" 2>&1
+case $phase in
+  tests|sanitize) echo "$phase: $require_note" | tee -a "$logs/summary.log" ;;
+esac
 case $phase in
   tests)
     for t in gpu_collectives gpu_streams gpu_graphs gpu_user gpu_ll_one_device gpu; do
@@ -40,9 +60,9 @@ case $phase in
   sanitize)
     for tool in racecheck synccheck; do
       RINGREDUCE_GRAPH_REPLAYS=2 step "san-$tool-graphs" 150 \
-        compute-sanitizer --tool "$tool" "$bin/test-gpu_graphs" --test-threads=1
+        compute-sanitizer --tool "$tool" "$bin/test-gpu_graphs" --test-threads=1 --nocapture
       step "san-$tool-streams" 120 \
-        compute-sanitizer --tool "$tool" "$bin/test-gpu_streams" --test-threads=1
+        compute-sanitizer --tool "$tool" "$bin/test-gpu_streams" --test-threads=1 --nocapture
     done ;;
   bench)
     step bench-all 330 "$bin/ringreduce" bench --all -b 8 -e 128M -f 4 --no-staged \
@@ -66,6 +86,11 @@ case $phase in
     step lat-random-ring 45 "$bin/ringreduce" bench -b 32M -e 256M -n 20 -w 3 --sizes random \
       --random-calls 200 --no-staged --no-nccl --json "$logs/lat-random-ring.json" ;;
   *) echo "unknown phase $phase"; exit 2 ;;
+esac
+case $phase in
+  tests|sanitize)
+    echo "$phase total: passed=${totals[0]} failed=${totals[1]} waived=${totals[2]}" \
+      | tee -a "$logs/summary.log" ;;
 esac
 tar czf "$out/logs.tgz" -C "$out" logs
 cat "$logs/summary.log"

@@ -129,11 +129,16 @@ fn host_enqueued_calls_complete_at_synchronize() {
     assert_eq!(bufs, [[3; 4], [3; 4]]);
 }
 
-/// GPU detection has a top-level home and answers (an error, not a panic) without a driver.
+/// GPU detection has a top-level home and answers (an error, not a panic) without a driver;
+/// with one, at least one GPU (none is the error) and a driver that says it is available.
 #[test]
 fn gpu_detection_is_top_level() {
     match ringreduce::device_count() {
-        Ok(n) => println!("{n} GPU(s)"),
+        Ok(n) => {
+            assert!(n >= 1, "device_count is Ok(0): no GPU must be Err(NoGpu)");
+            ringreduce::driver_available().expect("device_count found GPUs");
+            println!("{n} GPU(s)");
+        }
         Err(e) => {
             assert!(ringreduce::driver_available().is_err());
             println!("no GPU: {e}");

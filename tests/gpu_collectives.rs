@@ -1,9 +1,9 @@
 //! The other collectives on GPUs: refused bad calls, and every collective against the host
 //! reference (reduce-scatter, all-gather, broadcast, reduce, all-to-all, send/recv), blocking and
-//! on the caller's streams. Every test prints `waived: needs ≥ 2 GPUs` and passes where there are
-//! fewer.
+//! on the caller's streams; at two ranks (sharing GPU 0 on a one-GPU machine) and three ranks
+//! sharing GPU 0. A machine without a GPU waives them.
 
-use common::two_gpus;
+use common::{three_ranks_on_one_gpu, two_gpus_or_shared};
 use ringreduce::device;
 use ringreduce::verify::{compare, expected_value, input_value};
 use ringreduce::{Algorithm, Communicator, CudaConfig, Error, GpuBuffer, ReduceOp, Transport};
@@ -24,8 +24,10 @@ fn input(rank: usize, len: usize) -> Vec<f32> {
 /// communicator usable.
 #[test]
 fn bad_collective_calls_are_refused_on_gpus() {
-    let Some(devices) = two_gpus() else { return };
-    let comm = Communicator::with_config(&devices, CudaConfig::default()).unwrap();
+    let Some(devices) = two_gpus_or_shared() else {
+        return;
+    };
+    let comm = communicator(&devices, Algorithm::Auto, Transport::Auto);
     let count = 1000;
     let inputs: Vec<_> = devices.iter().map(|&d| gpu(d, &input(d, count))).collect();
     let mut outs: Vec<_> = devices
@@ -46,13 +48,15 @@ fn bad_collective_calls_are_refused_on_gpus() {
     comm.close().unwrap();
 }
 
-/// Every collective on 2 GPUs (both placements where NCCL has them), in every form — the
+/// Every collective at two ranks (both placements where NCCL has them), in every form — the
 /// ring's over peer copies and staged through pinned host memory, and the one-shot's (SM
 /// kernels reading peer memory; send/recv has only the ring's) — against the host reference, at
 /// counts 0, 1, a prime and 1 Mi + 7.
 #[test]
 fn every_collective_on_gpus_matches_the_host_reference() {
-    let Some(devices) = two_gpus() else { return };
+    let Some(devices) = two_gpus_or_shared() else {
+        return;
+    };
     every_collective(&devices);
 }
 
@@ -218,7 +222,9 @@ fn every_collective_in(devices: &[usize], algorithm: Algorithm, transport: Trans
 /// the ring's form and in the one-shot's.
 #[test]
 fn collectives_on_the_callers_streams() {
-    let Some(devices) = two_gpus() else { return };
+    let Some(devices) = two_gpus_or_shared() else {
+        return;
+    };
     for algorithm in [Algorithm::Ring, Algorithm::OneShot] {
         collectives_on_the_callers_streams_in(&devices, algorithm);
     }
@@ -401,10 +407,12 @@ fn reducing_collectives_in(devices: &[usize], algorithm: Algorithm, transport: T
     comm.health().unwrap();
 }
 
-/// Every type and operator of the reducing collectives on two GPUs, in every form.
+/// Every type and operator of the reducing collectives at two ranks, in every form.
 #[test]
 fn reducing_collectives_every_type_and_op() {
-    let Some(devices) = two_gpus() else { return };
+    let Some(devices) = two_gpus_or_shared() else {
+        return;
+    };
     reducing_collectives(&devices);
 }
 
@@ -415,18 +423,6 @@ fn reducing_collectives_every_type_and_op_three_ranks_on_one_gpu() {
         return;
     };
     reducing_collectives(&devices);
-}
-
-/// Three ranks on GPU 0, where there is a GPU (else `waived`).
-fn three_ranks_on_one_gpu() -> Option<[usize; 3]> {
-    let count = device::driver_available()
-        .and_then(|()| device::device_count())
-        .unwrap_or(0);
-    if count < 1 {
-        println!("waived: needs ≥ 1 GPU (found {count})");
-        return None;
-    }
-    Some([0, 0, 0])
 }
 
 /// A communicator over `devices` running `algorithm`'s form of every collective over

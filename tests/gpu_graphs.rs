@@ -1,9 +1,9 @@
 //! Collectives captured into CUDA graphs (GPU): each rank's stream captured into its own graph
 //! (as one process per GPU would), several all-reduces per graph, replayed many times with new
 //! inputs before every replay and every result checked exactly, for every algorithm; a graph
-//! whose peer is never replayed gives up with a named error instead of hanging. Every test
-//! prints `waived: needs ≥ 2 GPUs` and passes where there are fewer — but the LL one-shot's
-//! (`captured_ll_all_reduces_replay_exactly`), which runs with two ranks sharing one GPU there.
+//! whose peer is never replayed gives up with a named error instead of hanging. On a one-GPU
+//! machine every test runs with two ranks sharing GPU 0, each rank's stream still captured into
+//! its own graph; a machine without a GPU waives them.
 //!
 //! `RINGREDUCE_GRAPH_REPLAYS` lowers the replay count (for runs under compute-sanitizer, which
 //! slows every kernel by orders of magnitude).
@@ -13,7 +13,7 @@ use ringreduce::{Algorithm, Buffer, Communicator, CudaConfig, Error, GpuBuffer, 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{new_streams, two_gpus};
+use common::{new_streams, two_gpus_or_shared};
 
 mod common;
 
@@ -27,8 +27,10 @@ fn replays() -> usize {
         .unwrap_or(100)
 }
 
+/// `algorithm` at every size on `gpus`, which may repeat a GPU (two ranks sharing it).
 fn forced(gpus: &[usize], algorithm: Algorithm, timeout: Duration) -> Communicator {
     let config = CudaConfig {
+        allow_shared_device: gpus[0] == gpus[1],
         algorithm,
         timeout,
         ..CudaConfig::default()
@@ -224,7 +226,9 @@ fn replay_exactly(
 /// in place and out of place, at a size where each is chosen and at an odd one.
 #[test]
 fn captured_all_reduces_replay_exactly() {
-    let Some(gpus) = two_gpus() else { return };
+    let Some(gpus) = two_gpus_or_shared() else {
+        return;
+    };
     let streams = new_streams(&gpus);
     let replays = replays();
     for (algorithm, count) in [
@@ -248,12 +252,10 @@ fn captured_all_reduces_replay_exactly() {
 /// inputs before every replay and every result checked exactly — in place (the exposure copy
 /// dropped) and out of place, at 1, 4099 and 16384 u32 per rank (exactly 64 KiB, the LL limit;
 /// its receive sets alternate by epoch parity across the calls and the replays), and at 16385
-/// (the read one-shot on the same communicator, sharing the per-block epochs). On a one-GPU
-/// machine the two ranks share GPU 0 (each rank's stream captured into its own graph there
-/// too); the other graph tests need two GPUs.
+/// (the read one-shot on the same communicator, sharing the per-block epochs).
 #[test]
 fn captured_ll_all_reduces_replay_exactly() {
-    let Some(gpus) = common::two_gpus_or_shared() else {
+    let Some(gpus) = two_gpus_or_shared() else {
         return;
     };
     let streams = new_streams(&gpus);
@@ -273,7 +275,9 @@ fn captured_ll_all_reduces_replay_exactly() {
 /// one-shot and, with `low_latency`, the LL one-shot) and the captured ring's handoffs.
 #[test]
 fn a_graph_whose_peer_is_never_replayed_times_out_by_name() {
-    let Some(gpus) = two_gpus() else { return };
+    let Some(gpus) = two_gpus_or_shared() else {
+        return;
+    };
     let streams = new_streams(&gpus);
     let timeout = Duration::from_secs(2);
     for (algorithm, low_latency, count) in [
@@ -324,7 +328,9 @@ fn a_graph_whose_peer_is_never_replayed_times_out_by_name() {
 /// and so is a ring staged through host memory; the communicator stays usable.
 #[test]
 fn what_cannot_be_captured_is_refused_by_name() {
-    let Some(gpus) = two_gpus() else { return };
+    let Some(gpus) = two_gpus_or_shared() else {
+        return;
+    };
     let streams = new_streams(&gpus);
     let comm = forced(&gpus, Algorithm::Auto, Duration::from_secs(20));
     let mut bufs: Vec<GpuBuffer<f32>> = gpus
@@ -357,6 +363,7 @@ fn what_cannot_be_captured_is_refused_by_name() {
     let staged = Communicator::with_config(
         &gpus,
         CudaConfig {
+            allow_shared_device: gpus[0] == gpus[1],
             transport: ringreduce::Transport::Staged,
             ..CudaConfig::default()
         },

@@ -3,12 +3,14 @@
 //! `KernelModule::ll`. It checks what does not depend on NVLink — the words, the epoch parity of
 //! the receive sets under back-to-back calls, the fold, the padding of odd sizes — on a machine
 //! with one GPU; the communicator tests in tests/gpu.rs (`ll_*`, two ranks sharing one GPU there
-//! too) check the executor's use of it, and on two GPUs NVLink. Prints `waived: needs ≥ 1 GPU`
-//! and passes where there is none.
+//! too) check the executor's use of it, and on two GPUs NVLink. Prints its waiver
+//! (`common::waiver`) and passes where there is no GPU.
 
 use ringreduce::device::{self, DeviceBuffer, PinnedHost, Stream};
 use ringreduce::exec::cuda::kernels::{ll_recv_bytes, KernelModule, LlArgs, PEER_FLAG_BYTES};
 use ringreduce::{DType, ReduceOp};
+
+mod common;
 
 /// Rank `rank`'s input element `i` in call `call`: u32, exact, different in every call.
 fn input(call: usize, rank: usize, i: usize) -> u32 {
@@ -21,11 +23,7 @@ fn bytes(v: &[u32]) -> Vec<u8> {
 
 #[test]
 fn ll_protocol_back_to_back_on_one_gpu() {
-    let found = device::driver_available()
-        .and_then(|()| device::device_count())
-        .unwrap_or(0);
-    if found < 1 {
-        println!("waived: needs ≥ 1 GPU (found {found})");
+    if common::gpus(1, "the LL protocol on one GPU").is_none() {
         return;
     }
     let ctx = device::context(0).unwrap();

@@ -1,19 +1,22 @@
 //! Collectives on the caller's streams (GPU): ordered after the work already queued on each
 //! rank's stream, and before the work queued there afterwards, with no host synchronisation in
-//! between. Every test prints `waived: needs ≥ 2 GPUs` and passes where there are fewer.
+//! between. On a one-GPU machine two ranks share GPU 0 (two streams of it), and every test runs
+//! but the refusal of a stream of another rank's GPU, which prints its waiver and passes there.
 
 use cudarc::driver::{result, sys, CudaStream};
 use ringreduce::{Algorithm, Buffer, Communicator, CudaConfig, Error, GpuBuffer, ReduceOp};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{new_streams, two_gpus};
+use common::{new_streams, two_gpus_or_shared};
 
 mod common;
 
-/// A communicator that runs `algorithm` at every size, with a 20 s timeout.
+/// A communicator that runs `algorithm` at every size, with a 20 s timeout; its ranks may share
+/// a GPU.
 fn forced(gpus: &[usize], algorithm: Algorithm) -> Communicator {
     let config = CudaConfig {
+        allow_shared_device: gpus[0] == gpus[1],
         algorithm,
         timeout: Duration::from_secs(20),
         ..CudaConfig::default()
@@ -47,7 +50,9 @@ fn copy(stream: &Arc<CudaStream>, dst: u64, src: u64, bytes: usize) {
 /// back to back with one host synchronisation at the end, every algorithm, both placements.
 #[test]
 fn the_callers_streams_order_the_collective() {
-    let Some(gpus) = two_gpus() else { return };
+    let Some(gpus) = two_gpus_or_shared() else {
+        return;
+    };
     let streams: Vec<Arc<CudaStream>> = new_streams(&gpus);
     let count = 1 << 20;
     let bytes = count * 4;
@@ -109,10 +114,16 @@ fn the_callers_streams_order_the_collective() {
     }
 }
 
-/// Streams that do not match the ranks' GPUs are refused before anything is enqueued.
+/// A stream of another rank's GPU (here: two ranks' streams swapped) is refused before anything
+/// is enqueued, and the refusal fails nothing.
 #[test]
 fn streams_of_the_wrong_gpus_are_refused() {
-    let Some(gpus) = two_gpus() else { return };
+    let Some(gpus) = common::two_gpus(
+        "a stream of another rank's GPU (with ranks sharing GPU 0, every stream is on its own \
+         rank's GPU)",
+    ) else {
+        return;
+    };
     let comm = Communicator::new(&gpus).unwrap();
     let swapped = new_streams(&[gpus[1], gpus[0]]);
     let mut bufs: Vec<GpuBuffer<f32>> = gpus
@@ -123,12 +134,29 @@ fn streams_of_the_wrong_gpus_are_refused() {
     let err = unsafe { comm.enqueue_all_reduce_in_place_on(&mut bufs, ReduceOp::Sum, &swapped) }
         .unwrap_err();
     assert!(matches!(err, Error::WrongDevice { rank: 0, .. }), "{err}");
-    let one = &swapped[..1];
-    // SAFETY: as above.
+    // The refusal failed nothing.
+    comm.all_reduce_in_place(&mut bufs, ReduceOp::Sum).unwrap();
+}
+
+/// A number of streams other than the world is refused before anything is enqueued, and the
+/// refusal fails nothing.
+#[test]
+fn streams_not_one_per_rank_are_refused() {
+    let Some(gpus) = two_gpus_or_shared() else {
+        return;
+    };
+    let comm = forced(&gpus, Algorithm::Auto);
+    let streams = new_streams(&gpus);
+    let mut bufs: Vec<GpuBuffer<f32>> = gpus
+        .iter()
+        .map(|&g| GpuBuffer::zeroed(g, 16).unwrap())
+        .collect();
+    let one = &streams[..1];
+    // SAFETY: refused before anything is enqueued.
     let err =
         unsafe { comm.enqueue_all_reduce_in_place_on(&mut bufs, ReduceOp::Sum, one) }.unwrap_err();
     assert!(matches!(err, Error::WorldMismatch { .. }), "{err}");
-    // The refusals failed nothing.
+    // The refusal failed nothing.
     comm.all_reduce_in_place(&mut bufs, ReduceOp::Sum).unwrap();
 }
 
@@ -138,7 +166,9 @@ fn streams_of_the_wrong_gpus_are_refused() {
 /// synchronisation between them; 20 calls, every algorithm.
 #[test]
 fn cudarc_slices_are_buffers_and_their_events_are_respected() {
-    let Some(gpus) = two_gpus() else { return };
+    let Some(gpus) = two_gpus_or_shared() else {
+        return;
+    };
     let count = 1 << 18;
     for algorithm in [Algorithm::OneShot, Algorithm::TwoShot, Algorithm::Ring] {
         let comm = forced(&gpus, algorithm);

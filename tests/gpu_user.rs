@@ -1,7 +1,7 @@
 //! What a downstream crate hit on GPUs: communicators used from several threads at once, several
-//! communicators on the same GPUs at once, and float semantics that differed from the host's. Every test
-//! prints `waived: needs ≥ 2 GPUs` and passes where there are fewer. Exact results throughout
-//! (`ringreduce::verify`).
+//! communicators on the same GPUs at once, and float semantics that differed from the host's. On
+//! a one-GPU machine every test runs with two ranks sharing GPU 0; a machine without a GPU waives
+//! them. Exact results throughout (`ringreduce::verify`).
 
 use half::{bf16, f16};
 use ringreduce::verify::{compare, make_expected, make_input};
@@ -9,14 +9,16 @@ use ringreduce::{Algorithm, Communicator, CudaConfig, Element, GpuBuffer, HostCo
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use common::two_gpus;
+use common::two_gpus_or_shared;
 
 mod common;
 
+/// `algorithm` on `gpus`, which may repeat a GPU (two ranks sharing it), with a 20 s timeout.
 fn comm(gpus: &[usize], algorithm: Algorithm) -> Communicator {
     Communicator::with_config(
         gpus,
         CudaConfig {
+            allow_shared_device: gpus[0] == gpus[1],
             algorithm,
             timeout: Duration::from_secs(20),
             ..CudaConfig::default()
@@ -25,7 +27,7 @@ fn comm(gpus: &[usize], algorithm: Algorithm) -> Communicator {
     .expect("GPU communicator")
 }
 
-/// Element counts (f32) that Auto sends to each of its algorithms on two GPUs: the one-shot
+/// Element counts (f32) that Auto sends to each of its algorithms at two ranks: the one-shot
 /// (16 KiB), the two-shot in place (12 MiB) and the ring (40 MiB).
 const COUNTS: [usize; 3] = [4 << 10, 3 << 20, 10 << 20];
 
@@ -90,7 +92,9 @@ fn worker(comm: &Communicator, gpus: &[usize], thread: usize, calls: usize, star
 /// algorithm Auto switches between: every call correct, none waits on another's barrier.
 #[test]
 fn threads_sharing_one_communicator() {
-    let Some(gpus) = two_gpus() else { return };
+    let Some(gpus) = two_gpus_or_shared() else {
+        return;
+    };
     let comm = comm(&gpus, Algorithm::Auto);
     let start = Instant::now();
     let go = Barrier::new(3);
@@ -111,7 +115,9 @@ fn threads_sharing_one_communicator() {
 /// algorithms (peer kernels spin at barriers; a ring waits on events): both make progress.
 #[test]
 fn two_communicators_on_the_same_gpus_at_once() {
-    let Some(gpus) = two_gpus() else { return };
+    let Some(gpus) = two_gpus_or_shared() else {
+        return;
+    };
     let algorithms = [Algorithm::OneShot, Algorithm::TwoShot, Algorithm::Ring];
     for a in algorithms {
         for b in algorithms {
@@ -133,7 +139,9 @@ fn two_communicators_on_the_same_gpus_at_once() {
 /// placement and float type: IEEE minimumNumber / maximumNumber, −0 < +0.
 #[test]
 fn signed_zeros_give_the_hosts_bits_on_every_algorithm() {
-    let Some(gpus) = two_gpus() else { return };
+    let Some(gpus) = two_gpus_or_shared() else {
+        return;
+    };
     fn case<T: Element>(gpus: &[usize], algorithm: Algorithm, from: fn(f32) -> T) {
         let count = 4096 + 3;
         // Rank r: −0 or +0 by bit r of the index, a NaN every 7th index on rank 0.
@@ -200,10 +208,13 @@ fn signed_zeros_give_the_hosts_bits_on_every_algorithm() {
 /// before, results checked after): 2 × 300 back-to-back calls, one-shot and two-shot.
 #[test]
 fn threads_calling_at_once_back_to_back() {
-    let Some(gpus) = two_gpus() else { return };
+    let Some(gpus) = two_gpus_or_shared() else {
+        return;
+    };
     let comm = Communicator::with_config(
         &gpus,
         CudaConfig {
+            allow_shared_device: gpus[0] == gpus[1],
             timeout: Duration::from_secs(8),
             ..CudaConfig::default()
         },
@@ -249,11 +260,13 @@ fn threads_calling_at_once_back_to_back() {
     }
 }
 
-/// Two GPUs: sums give the same bits on every algorithm (and the host's), so the size at which
+/// Sums give the same bits on every algorithm (and the host's) at two ranks, so the size at which
 /// Auto switches never changes a result (deterministic without asking, at two ranks).
 #[test]
 fn sums_give_the_same_bits_on_every_algorithm() {
-    let Some(gpus) = two_gpus() else { return };
+    let Some(gpus) = two_gpus_or_shared() else {
+        return;
+    };
     let count = (1 << 20) + 5;
     let inputs: Vec<Vec<f32>> = (0..2)
         .map(|r| {
@@ -285,7 +298,9 @@ fn sums_give_the_same_bits_on_every_algorithm() {
 /// Read-only views of GPU buffers are inputs without `&mut`: two views of one buffer's halves.
 #[test]
 fn read_only_views_are_inputs() {
-    let Some(gpus) = two_gpus() else { return };
+    let Some(gpus) = two_gpus_or_shared() else {
+        return;
+    };
     let gpu = comm(&gpus, Algorithm::Auto);
     let count = 1000;
     let data: Vec<Vec<f32>> = (0..2)
@@ -369,7 +384,7 @@ fn peer_calls_beside(gpus: [usize; 2], blocking: fn(usize)) -> ringreduce::Resul
 /// call succeeds.
 #[test]
 fn our_buffers_on_another_thread_beside_peer_calls() {
-    let Some(gpus) = common::two_gpus_or_shared() else {
+    let Some(gpus) = two_gpus_or_shared() else {
         return;
     };
     let outcome = peer_calls_beside(gpus, |g| {
@@ -390,7 +405,7 @@ fn our_buffers_on_another_thread_beside_peer_calls() {
 /// Prints which happened.
 #[test]
 fn blocking_calls_on_another_thread_fail_in_time_and_say_why() {
-    let Some(gpus) = common::two_gpus_or_shared() else {
+    let Some(gpus) = two_gpus_or_shared() else {
         return;
     };
     let outcome = peer_calls_beside(gpus, |g| {

@@ -1,5 +1,7 @@
 //! Tests of the device layer: the status plumbing and the no-GPU answers run everywhere; the rest
-//! needs GPUs and says `waived: needs ≥ N GPU(s)` without them.
+//! needs GPUs and prints its waiver without them, by the rule every GPU test follows
+//! (`tests/common/waiver.rs`, included below: `RINGREDUCE_REQUIRE_GPUS` turns a waiver into a
+//! failure where the run was meant to have the GPUs).
 
 use super::context::c_buf_to_string;
 use super::peer::{pointer_pool, set_pool_access};
@@ -34,15 +36,15 @@ fn assert_no_gpu<T: std::fmt::Debug>(what: &str, result: Result<T>) {
     }
 }
 
-/// On a GPU host: `Some` of the count. Elsewhere: prints the waiver and returns `None`.
-fn gpus(needed: usize, test: &str) -> Option<usize> {
-    match device_count() {
-        Ok(count) if count >= needed => Some(count),
-        _ => {
-            eprintln!("{test}: waived: needs ≥ {needed} GPU(s)");
-            None
-        }
-    }
+/// The waiver rule of every GPU test, shared with the integration tests.
+#[path = "../../tests/common/waiver.rs"]
+mod waiver;
+
+/// `Some` of the GPU count where there are at least `needed`; else `None` after the waiver
+/// ([`waiver::lacks_gpus`]) naming `property`, what the test checks that needs them.
+fn gpus(needed: usize, property: &str) -> Option<usize> {
+    let found = device_count().unwrap_or(0);
+    (!waiver::lacks_gpus(needed, found, property)).then_some(found)
 }
 
 #[test]
@@ -159,7 +161,7 @@ fn probe_and_queries_agree() {
 
 #[test]
 fn buffers_round_trip_and_know_their_device() -> Result<()> {
-    let Some(count) = gpus(1, "buffers_round_trip_and_know_their_device") else {
+    let Some(count) = gpus(1, "device buffers, pinned memory and pointer queries") else {
         return Ok(());
     };
     for device in 0..count {
@@ -210,7 +212,7 @@ fn buffers_round_trip_and_know_their_device() -> Result<()> {
 /// thread per GPU).
 #[test]
 fn handles_work_from_a_thread_with_no_current_context() -> Result<()> {
-    if gpus(1, "handles_work_from_a_thread_with_no_current_context").is_none() {
+    if gpus(1, "handles used from a thread with no current context").is_none() {
         return Ok(());
     }
     let ctx = context(0)?;
@@ -242,7 +244,7 @@ fn handles_work_from_a_thread_with_no_current_context() -> Result<()> {
 
 #[test]
 fn streams_events_and_async_copies_on_one_gpu() -> Result<()> {
-    if gpus(1, "streams_events_and_async_copies_on_one_gpu").is_none() {
+    if gpus(1, "streams, events and asynchronous copies on one GPU").is_none() {
         return Ok(());
     }
     let ctx = context(0)?;
@@ -289,14 +291,17 @@ fn streams_events_and_async_copies_on_one_gpu() -> Result<()> {
 
 #[test]
 fn peer_copies_between_two_gpus() -> Result<()> {
-    if gpus(2, "peer_copies_between_two_gpus").is_none() {
+    if gpus(2, "peer copies between two distinct GPUs").is_none() {
         return Ok(());
     }
     let (ctx0, ctx1) = (context(0)?, context(1)?);
     eprintln!("p2p 0→1 {:?}", p2p_attributes(0, 1)?);
     eprintln!("p2p 1→0 {:?}", p2p_attributes(1, 0)?);
     if !(can_access_peer(0, 1)? && can_access_peer(1, 0)?) {
-        eprintln!("peer_copies_between_two_gpus: waived: GPUs 0 and 1 have no peer access");
+        waiver::waive(
+            "needs 2 GPUs with peer access (GPUs 0 and 1 have none): peer copies between two \
+             distinct GPUs",
+        );
         return Ok(());
     }
     for _ in 0..2 {
@@ -358,7 +363,7 @@ fn peer_copies_between_two_gpus() -> Result<()> {
 #[test]
 #[ignore = "benchmark: run by hand on a GPU host with ≥ 2 GPUs"]
 fn peer_copy_bandwidth_report() -> Result<()> {
-    if gpus(2, "peer_copy_bandwidth_report").is_none() {
+    if gpus(2, "peer-copy bandwidth between two GPUs").is_none() {
         return Ok(());
     }
     let (ctx0, ctx1) = (context(0)?, context(1)?);
@@ -428,7 +433,7 @@ fn peer_copy_bandwidth_report() -> Result<()> {
 
 #[test]
 fn memset_d32_fills_words_and_checks_alignment() -> Result<()> {
-    if gpus(1, "memset_d32_fills_words_and_checks_alignment").is_none() {
+    if gpus(1, "cuMemsetD32 on device memory").is_none() {
         return Ok(());
     }
     let ctx = context(0)?;

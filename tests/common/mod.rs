@@ -4,6 +4,8 @@
 
 use std::time::{Duration, Instant};
 
+pub mod waiver;
+
 /// Threads of this process named `ringreduce-*` (rank threads and stream workers); the kernel
 /// keeps the first 15 bytes of a name, enough for the prefix.
 pub fn ringreduce_threads() -> usize {
@@ -76,37 +78,47 @@ pub fn fault_at_first_copy(
     }
 }
 
-/// Two distinct GPUs, or `None` after printing the waiver.
-pub fn two_gpus() -> Option<[usize; 2]> {
-    let count = ringreduce::driver_available()
-        .and_then(|()| ringreduce::device_count())
-        .unwrap_or(0);
-    if count < 2 {
-        println!("waived: needs ≥ 2 GPUs (found {count})");
-        return None;
-    }
-    Some([0, 1])
+/// The GPUs this machine has: 0 without a usable driver.
+pub fn gpu_count() -> usize {
+    ringreduce::device_count().unwrap_or(0)
+}
+
+/// The number of GPUs where the machine has at least `needs`; else `None` after the waiver
+/// ([`waiver::lacks_gpus`]: `waived: needs ≥ N GPUs (found M): <property>`, or a failure where
+/// `RINGREDUCE_REQUIRE_GPUS` promised them). `property` is what the test checks that needs them.
+pub fn gpus(needs: usize, property: &str) -> Option<usize> {
+    let found = gpu_count();
+    (!waiver::lacks_gpus(needs, found, property)).then_some(found)
+}
+
+/// Two distinct GPUs for `property` (something ranks sharing one GPU cannot show), or `None`
+/// after the waiver ([`gpus`]).
+pub fn two_gpus(property: &str) -> Option<[usize; 2]> {
+    gpus(2, property).map(|_| [0, 1])
 }
 
 /// Two distinct GPUs where there are, or — on a one-GPU machine — two ranks sharing GPU 0 (every
 /// stream, event, kernel and copy path runs, the peer kernels side by side on the one GPU, but
-/// nothing crosses between GPUs; the test says so). `None`, after printing the waiver, without
-/// a GPU. Communicators over `[0, 0]` need `allow_shared_device`.
+/// nothing crosses between GPUs; the test says so). `None`, after the waiver, without a GPU.
+/// Where `RINGREDUCE_REQUIRE_GPUS` promised two GPUs, one is a failure: the copies between GPUs
+/// would go untested. Communicators over `[0, 0]` need `allow_shared_device`.
 pub fn two_gpus_or_shared() -> Option<[usize; 2]> {
-    let count = ringreduce::driver_available()
-        .and_then(|()| ringreduce::device_count())
-        .unwrap_or(0);
-    match count {
-        0 => {
-            println!("waived: needs ≥ 2 GPUs (found none)");
-            None
-        }
-        1 => {
-            println!("note: one GPU: two ranks share GPU 0; copies between GPUs are not exercised");
-            Some([0, 0])
-        }
-        _ => Some([0, 1]),
+    let found = gpus(
+        1,
+        "two ranks on GPUs (sharing GPU 0 where it is the only one)",
+    )?;
+    if found >= 2 {
+        return Some([0, 1]);
     }
+    waiver::fail_if_promised(2, found, "copies between two GPUs");
+    println!("note: one GPU: two ranks share GPU 0; copies between GPUs are not exercised");
+    Some([0, 0])
+}
+
+/// Three ranks sharing GPU 0 (a world of 3 through the GPU executor on any GPU machine), or
+/// `None` after the waiver without a GPU. Communicators over it need `allow_shared_device`.
+pub fn three_ranks_on_one_gpu() -> Option<[usize; 3]> {
+    gpus(1, "three ranks sharing one GPU").map(|_| [0, 0, 0])
 }
 
 /// A new cudarc stream on each GPU, in the order given.
