@@ -66,6 +66,7 @@ fn worker(comm: &Communicator, gpus: &[usize], thread: usize, calls: usize, star
             // SAFETY: the buffers outlive `synchronize`, which waits for the collective.
             (true, true) => unsafe { comm.enqueue_all_reduce_in_place(&mut in_place[size], op) }
                 .and_then(|()| comm.synchronize()),
+            // SAFETY: as above.
             (false, true) => unsafe { comm.enqueue_all_reduce(&ins[size], &mut outs[size], op) }
                 .and_then(|()| comm.synchronize()),
         };

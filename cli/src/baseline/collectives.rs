@@ -153,7 +153,7 @@ impl NcclAllReduce {
                 }
             }
         };
-        // SAFETY (every call below): the addresses were checked above to be buffers of the
+        // Why every call below is sound: the addresses were checked above to be buffers of the
         // lengths NCCL reads and writes for this collective and count, on the rank's GPU (null
         // only where NCCL documents the pointer as unused on that rank), kept alive and
         // untouched by our caller until the streams pass the group; `self.comms[rank]` is a live
@@ -162,6 +162,7 @@ impl NcclAllReduce {
         match collective {
             Collective::SendRecv { transfers } => {
                 for (i, t) in transfers.iter().enumerate() {
+                    // SAFETY: as stated above the `match` ("why every call below is sound").
                     call("ncclSend", &mut || unsafe {
                         nccl::send(
                             send_at[i] as *const c_void,
@@ -172,6 +173,7 @@ impl NcclAllReduce {
                             raw_streams[t.from],
                         )
                     });
+                    // SAFETY: as stated above the `match` ("why every call below is sound").
                     call("ncclRecv", &mut || unsafe {
                         nccl::recv(
                             recv_at[i] as *mut c_void,
@@ -188,18 +190,23 @@ impl NcclAllReduce {
                 for (rank, &comm) in self.comms.iter().enumerate() {
                     let (s, r, stream) = (ptr(sends[rank]), ptr(recvs[rank]), raw_streams[rank]);
                     match collective {
+                        // SAFETY: as stated above the `match` ("why every call below is sound").
                         Collective::AllReduce => call("ncclAllReduce", &mut || unsafe {
                             nccl::all_reduce(s, r, count, dtype, red, comm, stream)
                         }),
+                        // SAFETY: as stated above the `match` ("why every call below is sound").
                         Collective::ReduceScatter => call("ncclReduceScatter", &mut || unsafe {
                             nccl::reduce_scatter(s, r, count, dtype, red, comm, stream)
                         }),
+                        // SAFETY: as stated above the `match` ("why every call below is sound").
                         Collective::AllGather => call("ncclAllGather", &mut || unsafe {
                             nccl::all_gather(s, r, count, dtype, comm, stream)
                         }),
+                        // SAFETY: as stated above the `match` ("why every call below is sound").
                         Collective::Broadcast { .. } => call("ncclBroadcast", &mut || unsafe {
                             nccl::broadcast(s, r, count, dtype, root, comm, stream)
                         }),
+                        // SAFETY: as stated above the `match` ("why every call below is sound").
                         Collective::Reduce { .. } => call("ncclReduce", &mut || unsafe {
                             nccl::reduce(s, r, count, dtype, red, root, comm, stream)
                         }),
@@ -207,9 +214,11 @@ impl NcclAllReduce {
                             for p in 0..world {
                                 let at = p as u64 * block_bytes;
                                 let (s, r) = (sends[rank].map(|a| a + at), recvs[rank]);
+                                // SAFETY: as stated above the `match` ("why every call below is sound").
                                 call("ncclSend", &mut || unsafe {
                                     nccl::send(ptr(s), count, dtype, peer(p), comm, stream)
                                 });
+                                // SAFETY: as stated above the `match` ("why every call below is sound").
                                 call("ncclRecv", &mut || unsafe {
                                     nccl::recv(
                                         ptr(r.map(|a| a + at)),

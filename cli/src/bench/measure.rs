@@ -611,8 +611,8 @@ impl Sweep<'_> {
             let mut i = ins.slices(count)?;
             let mut o = outs.as_mut().map(|o| o.slices(count)).transpose()?;
             let t = Instant::now();
-            // SAFETY: `ins`/`outs` hold the memory until after the synchronize, on every path.
             let all_reduce = &Collective::AllReduce;
+            // SAFETY: `ins`/`outs` hold the memory until after the synchronize, on every path.
             let call = unsafe { lib.enqueue(all_reduce, &mut i, o.as_deref_mut(), args.op, None) };
             let synced = lib.synchronize();
             call.and(synced)?;
