@@ -4,7 +4,7 @@
 #
 #   scripts/gpu-pack.sh DIR [TEST ...]     # default tests: every GPU suite
 #
-# Builds the CLI and the named integration tests (tests/TEST.rs) with nvcc (the kernels as an
+# Builds the CLI and the named integration tests (tests/TEST.rs; `lib`: the library's unit tests) with nvcc (the kernels as an
 # embedded fatbin; RINGREDUCE_REQUIRE_NVCC=1 makes a build without nvcc fail rather than fall back
 # to NVRTC), copies them as DIR/bin/ringreduce and DIR/bin/test-TEST with scripts/gpu-suite.sh
 # and the scripts/gpu-counts.sh it sources, strips them and packs DIR/run.tar.xz (then removes
@@ -14,7 +14,7 @@ out=${1:?DIR}
 shift
 tests=("$@")
 if [[ ${#tests[@]} -eq 0 ]]; then
-  tests=(gpu gpu_graphs gpu_streams gpu_user gpu_collectives gpu_ll_one_device)
+  tests=(lib gpu gpu_graphs gpu_streams gpu_user gpu_collectives gpu_ll_one_device)
 fi
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -26,11 +26,14 @@ rm -rf "$out/bin" && mkdir -p "$out/bin"
 cp target/release/ringreduce scripts/gpu-suite.sh scripts/gpu-counts.sh "$out/bin/"
 for t in "${tests[@]}"; do
   # The executable cargo just built for this test: the path it prints as JSON.
-  exe=$(cargo test --release -q --no-run --test "$t" --message-format=json \
+  # `lib` is the library's own unit tests (the device layer's among them).
+  target=(--test "$t")
+  [[ $t == lib ]] && target=(-p ringreduce --lib)
+  exe=$(cargo test --release -q --no-run "${target[@]}" --message-format=json \
     | python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
         print(m["executable"])' | tail -1)
   cp "$exe" "$out/bin/test-$t"
 done

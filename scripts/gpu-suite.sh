@@ -6,7 +6,7 @@
 #         DIR/run.tar.xz; carry DIR)
 # There:  cd DIR && tar xJf run.tar.xz && bash bin/gpu-suite.sh tests|sanitize|bench|latency OUT_DIR
 #
-#   tests     tests/gpu.rs, gpu_graphs.rs, gpu_streams.rs, gpu_user.rs, gpu_collectives.rs,
+#   tests     the library's unit tests (the device layer's GPU tests), tests/gpu.rs, gpu_graphs.rs, gpu_streams.rs, gpu_user.rs, gpu_collectives.rs,
 #             gpu_ll_one_device.rs
 #   sanitize  compute-sanitizer racecheck and synccheck on gpu_graphs (2 replays) and gpu_streams
 #   bench     every collective against the best NCCL configuration (auto), then ringreduce's ring
@@ -54,7 +54,7 @@ case $phase in
 esac
 case $phase in
   tests)
-    for t in gpu_collectives gpu_streams gpu_graphs gpu_user gpu_ll_one_device gpu; do
+    for t in lib gpu_collectives gpu_streams gpu_graphs gpu_user gpu_ll_one_device gpu; do
       step "test-$t" 420 "$bin/test-$t" --test-threads=1 --nocapture
     done ;;
   sanitize)

@@ -336,6 +336,65 @@ fn read_only_views_are_inputs() {
     assert!(bufs[0].view(count, count + 1).is_err());
 }
 
+/// Whether every rank's Main stream has finished all the work queued on it.
+fn main_streams_idle(comm: &Communicator) -> bool {
+    use cudarc::driver::sys::{cuStreamQuery, CUresult};
+    (0..comm.world()).all(|rank| {
+        let stream = comm
+            .main_stream(rank)
+            .expect("a GPU communicator's Main stream");
+        // SAFETY: a live stream of the communicator, which outlives this call; querying it
+        // neither waits nor enqueues.
+        match unsafe { cuStreamQuery(stream) } {
+            CUresult::CUDA_SUCCESS => true,
+            CUresult::CUDA_ERROR_NOT_READY => false,
+            err => panic!("cuStreamQuery: {err:?}"),
+        }
+    })
+}
+
+/// `Communicator::scope` on GPUs: the scoped all-reduce (the ring, 256 MiB per rank) returns
+/// while the GPU still works on it, host work runs meanwhile, and the scope returns only once
+/// every Main stream is idle, with the result exact.
+#[test]
+fn a_scope_overlaps_host_work_and_waits_for_the_gpus() {
+    let Some(gpus) = two_gpus_or_shared() else {
+        return;
+    };
+    let gpu = comm(&gpus, Algorithm::Auto);
+    let (op, count) = (ReduceOp::Sum, 64 << 20);
+    let mut bufs: Vec<GpuBuffer<f32>> = gpus
+        .iter()
+        .enumerate()
+        .map(|(r, &g)| GpuBuffer::from_host(g, &make_input::<f32>(op, r, count)).unwrap())
+        .collect();
+    let (mut busy_after_enqueue, mut busy_after_host_work) = (false, false);
+    let host_work = gpu
+        .scope(|s| {
+            s.all_reduce_in_place(&mut bufs, op)?;
+            busy_after_enqueue = !main_streams_idle(&gpu);
+            let sum = (0..10_000_000u64).fold(0u64, |a, i| a.wrapping_add(i * i));
+            busy_after_host_work = !main_streams_idle(&gpu);
+            Ok::<_, ringreduce::Error>(sum)
+        })
+        .unwrap()
+        .unwrap();
+    assert!(
+        main_streams_idle(&gpu),
+        "the scope returned with its collective still queued"
+    );
+    let want: Vec<f32> = make_expected(op, 2, count);
+    for (rank, b) in bufs.iter().enumerate() {
+        assert_eq!(compare(rank, &b.to_host().unwrap(), &want, 4).0, 0);
+    }
+    assert!(host_work > 0);
+    assert!(
+        busy_after_enqueue,
+        "the scoped call returned after its collective had completed"
+    );
+    println!("GPU still busy when the host work ended: {busy_after_host_work}");
+}
+
 /// Peer calls (one-shot all-reduces) on one thread for ten seconds while another thread runs
 /// `blocking` on the same GPUs in a loop: the number of calls made, or the first error.
 fn peer_calls_beside(gpus: [usize; 2], blocking: fn(usize)) -> ringreduce::Result<usize> {
