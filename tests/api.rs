@@ -188,3 +188,28 @@ fn facts_answer_during_a_running_call() {
         );
     });
 }
+
+/// What may cross threads: a communicator is shared by threads (its calls serialised), buffers
+/// and views are sent to them, and a scope's calls may come from threads the closure spawns.
+#[test]
+fn communicators_buffers_and_scopes_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Communicator>();
+    send_sync::<ringreduce::GpuBuffer<f32>>();
+    send_sync::<ringreduce::GpuView<'static, f32>>();
+    send_sync::<ringreduce::GpuSlice<'static, f32>>();
+    send_sync::<ringreduce::Scope<'static, 'static>>();
+    let comm = Communicator::host(2).unwrap();
+    let mut bufs = vec![vec![1u16; 3], vec![2u16; 3]];
+    let borrowed = &mut bufs;
+    comm.scope(|s| {
+        std::thread::scope(|t| {
+            t.spawn(move || s.all_reduce_in_place(borrowed, ReduceOp::Sum))
+                .join()
+                .unwrap()
+        })
+    })
+    .unwrap()
+    .unwrap();
+    assert_eq!(bufs, [[3; 3], [3; 3]]);
+}

@@ -9,7 +9,7 @@ use ringreduce::{Algorithm, Communicator, CudaConfig, Element, GpuBuffer, HostCo
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use common::two_gpus_or_shared;
+use common::{two_gpus, two_gpus_or_shared};
 
 mod common;
 
@@ -114,9 +114,16 @@ fn threads_sharing_one_communicator() {
 
 /// Two communicators on the same GPUs, used at once from two threads, for each pair of
 /// algorithms (peer kernels spin at barriers; a ring waits on events): both make progress.
+///
+/// Needs two GPUs: with both communicators' ranks sharing one GPU, four spinning peer-kernel
+/// grids meet on it, and on one H200 the first pair (one-shot beside one-shot) timed out after
+/// 20 s (2026-12-01): the grids did not all run at once. Why is not yet measured.
 #[test]
 fn two_communicators_on_the_same_gpus_at_once() {
-    let Some(gpus) = two_gpus_or_shared() else {
+    let Some(gpus) = two_gpus(
+        "two communicators' peer kernels at once, each rank on its own GPU (four spinning grids \
+         sharing one GPU did not all run)",
+    ) else {
         return;
     };
     let algorithms = [Algorithm::OneShot, Algorithm::TwoShot, Algorithm::Ring];

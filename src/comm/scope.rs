@@ -191,6 +191,13 @@ impl Communicator {
 /// })??;
 /// # Ok::<(), ringreduce::Error>(())
 /// ```
+/// The scope itself cannot leave the closure (its calls would then outlive the wait):
+/// ```compile_fail
+/// # use ringreduce::Communicator;
+/// let comm = Communicator::host(2)?;
+/// let escaped = comm.scope(|s| s)?;
+/// # Ok::<(), ringreduce::Error>(())
+/// ```
 /// Each of those is the misuse alone: the same calls with the buffers used after the scope
 /// compile and run.
 /// ```

@@ -14,6 +14,81 @@ use crate::error::{Error, Result};
 use std::marker::PhantomData;
 
 /// `count` elements of `T` in one GPU's memory.
+///
+/// The borrow rules keep the memory alive and unaliased while a collective uses it. Views
+/// ([`GpuBuffer::view`], shared) and slices ([`GpuBuffer::slice`], exclusive) borrow the buffer,
+/// so it cannot be freed or dropped under them:
+/// ```compile_fail
+/// # use ringreduce::GpuBuffer;
+/// let buf = GpuBuffer::<f32>::zeroed(0, 8)?;
+/// let view = buf.view(0, 4)?;
+/// buf.free()?; // the view still borrows it
+/// # let _ = view;
+/// # Ok::<(), ringreduce::Error>(())
+/// ```
+/// ```compile_fail
+/// # use ringreduce::GpuBuffer;
+/// let view = {
+///     let buf = GpuBuffer::<f32>::zeroed(0, 8)?;
+///     buf.view(0, 4)? // would outlive the buffer
+/// };
+/// # let _ = view;
+/// # Ok::<(), ringreduce::Error>(())
+/// ```
+/// a slice (written by collectives) excludes every other use, views and slices alike:
+/// ```compile_fail
+/// # use ringreduce::GpuBuffer;
+/// let mut buf = GpuBuffer::<f32>::zeroed(0, 8)?;
+/// let view = buf.view(0, 4)?;
+/// let slice = buf.slice(4, 4)?; // written while `view` may be read
+/// # let _ = (view, slice);
+/// # Ok::<(), ringreduce::Error>(())
+/// ```
+/// ```compile_fail
+/// # use ringreduce::GpuBuffer;
+/// let mut buf = GpuBuffer::<f32>::zeroed(0, 8)?;
+/// let low = buf.slice(0, 4)?;
+/// let high = buf.slice(4, 4)?; // two writers of one buffer
+/// # let _ = (low, high);
+/// # Ok::<(), ringreduce::Error>(())
+/// ```
+/// and a slice cannot be duplicated (it is neither `Clone` nor `Copy`):
+/// ```compile_fail
+/// # use ringreduce::GpuBuffer;
+/// let mut buf = GpuBuffer::<f32>::zeroed(0, 8)?;
+/// let slice = buf.slice(0, 4)?;
+/// let twin = slice.clone();
+/// # let _ = (slice, twin);
+/// # Ok::<(), ringreduce::Error>(())
+/// ```
+/// A call that returns before its collective completes is `unsafe` — its contract is the
+/// caller's (the safe overlap is [`crate::Communicator::scope`]):
+/// ```compile_fail
+/// # use ringreduce::{Communicator, GpuBuffer, ReduceOp};
+/// let comm = Communicator::new(&[0, 1])?;
+/// let mut bufs = vec![GpuBuffer::<f32>::zeroed(0, 8)?, GpuBuffer::zeroed(1, 8)?];
+/// comm.enqueue_all_reduce_in_place(&mut bufs, ReduceOp::Sum)?;
+/// # Ok::<(), ringreduce::Error>(())
+/// ```
+/// Several views of one buffer at once are fine (inputs only read), as is everything above once
+/// each borrow has ended:
+/// ```no_run
+/// # use ringreduce::{Communicator, GpuBuffer, GpuView, ReduceOp};
+/// let comm = Communicator::new(&[0, 1])?;
+/// let mut a = GpuBuffer::<f32>::zeroed(0, 8)?;
+/// let b = GpuBuffer::<f32>::zeroed(1, 8)?;
+/// let mut outs = vec![GpuBuffer::<f32>::zeroed(0, 4)?, GpuBuffer::zeroed(1, 4)?];
+/// let views: Vec<GpuView<'_, f32>> = vec![a.view(0, 4)?, b.view(4, 4)?];
+/// let also = a.view(2, 4)?;
+/// comm.all_reduce(&views, &mut outs, ReduceOp::Sum)?;
+/// drop((views, also));
+/// let low = a.slice(0, 4)?;
+/// drop(low);
+/// let high = a.slice(4, 4)?;
+/// drop(high);
+/// a.free()?;
+/// # Ok::<(), ringreduce::Error>(())
+/// ```
 #[derive(Debug)]
 pub struct GpuBuffer<T: Element> {
     /// `None` for zero elements (CUDA cannot allocate zero bytes).
