@@ -45,7 +45,7 @@
 //! - `cargo bench --bench allreduce`; one group: `cargo bench --bench allreduce -- gpu/`.
 //! - `cargo bench --bench allreduce -- --test` (and `cargo test --benches`) runs every benchmark
 //!   once, checks included: a quick smoke test, also on a GPU host.
-//! - On a GPU host without Rust: `../shared/gpu/stage.sh` stages this as `.gpu/bin/bench-allreduce`;
+//! - On a GPU host without Rust: `scripts/stage.sh` stages this as `.gpu/bin/bench-allreduce`;
 //!   run it there with `--bench` (without it, criterion runs its test mode).
 //!
 //! # NCCL

@@ -2,7 +2,7 @@
 # gpu-check.sh — run the GPU test suite and a short benchmark on a GPU host from prebuilt
 # executables (a GPU host may have no Rust toolchain).
 #
-# Here (any machine with Rust):   ../shared/gpu/stage.sh          # builds into .gpu/bin/
+# Here (any machine with Rust):   scripts/stage.sh                # builds into .gpu/bin/
 # There (the GPU host):           scripts/gpu-check.sh [OUT_DIR]
 #
 # Writes logs to OUT_DIR (default ./gpu-check-out): environment, GPU tests, `ringreduce info`
@@ -36,7 +36,7 @@ step() {
   git -C "$root" rev-parse --short HEAD 2>/dev/null || echo "commit: unknown (no git)"
 } > "$out/env.log" 2>&1
 cat "$out/env.log"
-[[ -x "$bin/ringreduce" ]] || { echo "no $bin/ringreduce: run ../shared/gpu/stage.sh first"; exit 2; }
+[[ -x "$bin/ringreduce" ]] || { echo "no $bin/ringreduce: run scripts/stage.sh first"; exit 2; }
 step info "$bin/ringreduce" info
 step test-gpu timeout "${TEST_TIMEOUT:-480}" "$bin/test-gpu" --test-threads=1 --nocapture
 step run timeout "${RUN_TIMEOUT:-100}" "$bin/ringreduce" run

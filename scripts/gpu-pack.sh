@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # gpu-pack.sh — build what a GPU run needs, small enough to carry (the device tool carries at most
-# 64 MiB; ../shared/gpu/stage.sh stages everything, ~140 MiB).
+# 64 MiB; scripts/stage.sh stages everything, ~140 MiB).
 #
 #   scripts/gpu-pack.sh DIR [TEST ...]     # default tests: every GPU suite
 #

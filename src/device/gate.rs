@@ -1,10 +1,10 @@
 //! The peer-kernel gate: this crate's blocking driver calls never overlap a spinning kernel.
 //!
 //! A peer kernel (the one-shot, the two-shot, the one-shot collectives) spins at a barrier until
-//! its partner kernels on the other GPUs arrive. Measured on 2×H200 (docs/runs/2026-12-01-s4-
-//! d3835ae): while one waits, another thread's blocking CUDA call on these GPUs — `cuMemAlloc`,
-//! `cuMemFree`, a pageable copy — makes the driver hold a partner kernel's *start*, so the
-//! waiting kernel times out: a failed call, 4 of 4 tries. NCCL has the same rule for its kernels.
+//! its partner kernels on the other GPUs arrive. While one waits, another thread's blocking CUDA
+//! call on these GPUs — `cuMemAlloc`, `cuMemFree`, a pageable copy — makes the driver hold a
+//! partner kernel's *start*, so the waiting kernel times out: a failed call, every time it was
+//! tried on 2×H200 (docs/ERRORS.md, "Several threads"). NCCL has the same rule for its kernels.
 //!
 //! This crate's own blocking calls take the gate first ([`quiet`]): [`super::DeviceBuffer`] and
 //! [`super::PinnedHost`] (allocate, copy to and from pageable memory, fill, free — what every

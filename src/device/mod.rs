@@ -41,16 +41,16 @@
 //!    [`can_access_peer`]`(a, b)` says whether device `a` can map device `b`'s memory; it is not
 //!    symmetric, so ask both ways. [`enable_peer_access`] turns it on for one direction only. When it
 //!    is off, `cuMemcpyPeerAsync` still succeeds — the driver stages the bytes through host memory.
-//!    Measured on the 2×H200 test machine (NV18, 256 MiB copies): **395 GB/s** with peer access on,
-//!    **38 GB/s** with it off. No error, only slowness; so the executor enables both directions for
-//!    every ring neighbour and treats a failure to do so as an error.
+//!    On the 2×H200 test machine such a copy is about ten times slower with peer access off than on
+//!    (docs/PERFORMANCE.md, "The test machine"). No error, only slowness; so the executor enables
+//!    both directions for every ring neighbour and treats a failure to do so as an error.
 //! 5. **Pool memory ignores `cuCtxEnablePeerAccess` (the pool trap).** Stream-ordered allocations
 //!    (`cuMemAllocAsync`, which cudarc's `CudaStream::alloc*` uses whenever the device has memory
 //!    pools) live in a memory pool with its own access list, set by `cuMemPoolSetAccess`, which peer
-//!    access enabled on the contexts does not touch. On the test machine, after enabling peer access
-//!    both ways, `cuMemcpyPeerAsync` between pool buffers ran at **37.6 GB/s** (the staged path),
-//!    between `cuMemAlloc` buffers at 392 GB/s, and between pool buffers after
-//!    `cuMemPoolSetAccess(default pool, peer device, READWRITE)` at 395 GB/s. Hence: the ring's own
+//!    access enabled on the contexts does not touch: with peer access enabled both ways,
+//!    `cuMemcpyPeerAsync` between pool buffers runs at the staged path's speed, between `cuMemAlloc`
+//!    buffers (or pool buffers after `cuMemPoolSetAccess(default pool, peer device, READWRITE)`) at
+//!    the link's (docs/PERFORMANCE.md, "The test machine"). Hence: the ring's own
 //!    memory is a [`DeviceBuffer`] (plain `cuMemAlloc`, outside every pool), and user buffers are
 //!    checked with [`pointer_is_pool_memory`] and, when they come from a pool, the peer is granted
 //!    access with [`grant_pointer_pool_access`] (that buffer's pool) or [`grant_pool_access`] (the

@@ -1,7 +1,7 @@
 //! Which algorithm runs a collective: [`Algorithm`], and the one rule ([`Algorithm::choose`])
 //! by which [`Algorithm::Auto`] picks by message size, placement and world size. Every threshold
-//! is defined here once, beside the measurement that set it (docs/PERFORMANCE.md, "Choosing the
-//! algorithm"); everything else links here instead of restating the rule.
+//! is defined here once; the measurements that set them are in docs/PERFORMANCE.md ("Choosing
+//! the algorithm"), and everything else links here instead of restating the rule.
 //!
 //! One size rule lives with the GPU kernels instead, because it chooses a kernel, not an
 //! algorithm: with [`crate::CudaConfig::low_latency`] on, a one-shot all-reduce of at most
@@ -37,20 +37,16 @@ impl Algorithm {
 
 /// The largest message (bytes per rank) for which [`Algorithm::Auto`] runs a peer-reading
 /// algorithm (the one-shot or the two-shot) on two ranks; with more ranks the limit shrinks as
-/// `2/n`, since each rank then reads `n − 1` inputs where the ring moves `2(n−1)/n` of one. On
-/// the 2×H200 machine (`ringreduce bench`, the forced-algorithm sweep in
-/// docs/runs/2026-11-30-s3-3f26871/bench, tabled in docs/PERFORMANCE.md): at 64 MiB the ring
-/// (16 MiB chunks) took 198.6 / 200.5 µs out of place / in place, the one-shot 214.4 / 261.5, the
-/// two-shot 215.9 / 216.4; at 32 MiB the one-shot 114.4 µs out of place, where the ring took 170
-/// µs (4 MiB chunks, docs/runs/2026-11-29-s2-4d46125).
+/// `2/n`, since each rank then reads `n − 1` inputs where the ring moves `2(n−1)/n` of one. Set
+/// where the ring overtakes the peer-reading algorithms on 2×H200 (docs/PERFORMANCE.md,
+/// "Choosing the algorithm").
 pub const ONESHOT_AUTO_MAX_BYTES: usize = 32 << 20;
 
 /// The smallest in-place message (bytes per rank) for which [`Algorithm::Auto`] runs the
 /// two-shot rather than the one-shot on two ranks (scaled by `2/n` like the limit above): the
 /// one-shot in place first copies its buffer for its peers to read, which the two-shot does not
-/// need. Same run as above, in place: 4 MiB one-shot 26.1 µs, two-shot 29.9; 8 MiB 42.7 against
-/// 36.8; 16 MiB 69.5 against 62.6; 32 MiB 140.9 against 117.0. Out of place the two are within
-/// a few percent from 8 MiB and the one-shot is faster below, so out of place stays one-shot.
+/// need; out of place the one-shot is as fast or faster, so out of place stays one-shot (the
+/// measurements: docs/PERFORMANCE.md, "Choosing the algorithm").
 pub const TWOSHOT_AUTO_MIN_IN_PLACE_BYTES: usize = 8 << 20;
 
 /// Deterministic results (`deterministic: true` in [`crate::CudaConfig`] and
@@ -65,8 +61,8 @@ pub const TWOSHOT_AUTO_MIN_IN_PLACE_BYTES: usize = 8 << 20;
 /// ring (the two-shot takes the sizes above the one-shot's limit), and a ring forced there, or
 /// ranks without peer access between every pair, are refused when the communicator is made.
 /// Cost: none at n ≤ 2 (nothing changes); at n > 2 the two-shot instead of the ring above the
-/// one-shot's limit — on 2×H200 the two-shot took 8–13% longer than the ring at 64–128 MiB
-/// (docs/PERFORMANCE.md); with more ranks it is not measured (no such machine yet).
+/// one-shot's limit, a little slower than the ring there (docs/PERFORMANCE.md, "Choosing the
+/// algorithm"); with more ranks it is not measured.
 pub fn deterministic_needs_peers(world: usize) -> bool {
     world > 2
 }
@@ -110,10 +106,9 @@ impl Algorithm {
 /// the collective's count in bytes, which each rank reads (reduce-scatter, all-gather,
 /// all-to-all, the reduce's root) or serves (the broadcast's root). Provisional, not yet
 /// measured per collective: set where the all-reduce's measurements make the one-shot the clear
-/// winner. On 2×H200 the all-reduce one-shot out of place, reading 4 MiB from its peer, took
-/// 22.2 µs (docs/PERFORMANCE.md, run da93a79) against NCCL's best 26.4, while a copy-engine
-/// plan pays ~20 µs of chained copies and cross-GPU events before its bytes count; the ring's
-/// collectives move no more bytes than the one-shot's, so the one-shot is ahead up to here.
+/// winner (docs/PERFORMANCE.md, "Choosing the algorithm") — a copy-engine plan pays ~20 µs of
+/// chained copies and cross-GPU events before its bytes count, and the ring's collectives move
+/// no more bytes than the one-shot's.
 pub const COLLECTIVE_ONESHOT_AUTO_MAX_BYTES: usize = 4 << 20;
 
 impl Algorithm {

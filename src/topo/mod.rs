@@ -60,8 +60,8 @@ use std::fmt;
 use std::str::FromStr;
 
 /// One NVLink link, one direction: what `nvidia-smi nvlink -s` reports per NVLink 4 link on the
-/// 2×H200 test machine (26.562 GB/s; `../shared/gpu/README.md`). NV18 → 478.8 GB/s on paper; a
-/// 256 MiB peer copy measured 395 GB/s there. NVLink 3 (A100, 25 GB/s) ranks the same way.
+/// 2×H200 test machine (26.562 GB/s; docs/PERFORMANCE.md, "The test machine"). NV18 → 478.8 GB/s
+/// on paper. NVLink 3 (A100, 25 GB/s) ranks the same way.
 pub const NVLINK_PER_LINK_MB_PER_S: u32 = 26_600;
 
 /// Peer copy through one PCIe switch (`PIX`): PCIe Gen4 x16 ≈ 24 GB/s usable per direction, twice
@@ -85,15 +85,15 @@ pub const NODE_MB_PER_S: u32 = 12_000;
 /// NCCL's `SKL_QPI_BW` (10 GB/s, `src/graph/topo.h`). The slowest peer class.
 pub const SYS_MB_PER_S: u32 = 10_000;
 
-/// An edge staged through pinned host memory, at best: NCCL with `NCCL_P2P_DISABLE=1` (its host
-/// path) reached 27.8 GB/s busbw on the 2×H200 machine; a device→host then host→device copy measured
-/// 27.7 GB/s there, half the 55 GB/s of one direction — each byte crosses PCIe twice
-/// (`../shared/gpu/README.md`, `../shared/anchors/h200x2-nccl.md`). The multi-GPU article's 8×A100
+/// An edge staged through pinned host memory, at best: a device→host then host→device copy, each
+/// byte crossing PCIe twice, at the speed NCCL's host path (`NCCL_P2P_DISABLE=1`) reaches on the
+/// 2×H200 test machine (docs/PERFORMANCE.md, "The test machine"). The multi-GPU article's 8×A100
 /// box staged at ~13 GB/s. A staged edge scores `min(this, link's peer estimate / 2)`.
 pub const HOST_STAGED_MB_PER_S: u32 = 27_800;
 
-/// A copy within one device, one way: 4.16 TB/s measured counting read + write on an H200
-/// (`../shared/gpu/README.md`). Only the diagonal of a topology has it; no ring edge does.
+/// A copy within one device, one way: half the read + write rate of a local copy on an H200
+/// (docs/PERFORMANCE.md, "The test machine"). Only the diagonal of a topology has it; no ring
+/// edge does.
 pub const SAME_DEVICE_MB_PER_S: u32 = 2_080_000;
 
 /// An estimated one-way bandwidth, in whole MB/s (10⁶ bytes per second), so that comparisons and

@@ -4,9 +4,9 @@
 //! putting its own back — or, with `launch_threads`, from launcher threads that launch the peer
 //! kernels of one call on every GPU at once. The kernels meet on the GPUs whenever each starts.
 //!
-//! Why launcher threads: one thread launching on every GPU pays each launch in turn — ~3 µs per
-//! GPU on 2×H200, 6.1–6.5 µs per call for two GPUs against 3.2 µs with a thread per GPU
-//! (../shared/gpu/README.md, "Launch floors") — and at small sizes the launches are the call. So each rank but the first has a
+//! Why launcher threads: one thread launching on every GPU pays each launch in turn, twice the
+//! floor of a thread per GPU for two GPUs (docs/PERFORMANCE.md, "The test machine") — and at
+//! small sizes the launches are the call. So each rank but the first has a
 //! launcher thread, its rank's context current, which spins on its slot for a while after each
 //! job ([`SPIN`]) and parks after that: a stream of calls finds it awake, an idle communicator
 //! costs no CPU. The caller posts the call to every launcher, launches rank 0 itself, and waits
@@ -147,8 +147,8 @@ impl CudaExecutor {
     /// A timeout of a peer call whose launches were held up between ranks is that, by name:
     /// [`Error::LaunchBlocked`] instead of a timeout that blames a GPU. Any other timeout of a
     /// peer call says what else holds a peer kernel back: another thread's blocking CUDA calls
-    /// on these GPUs make the driver hold a kernel's start on the GPU, not its launch (measured,
-    /// docs/runs/2026-12-01-s4-d3835ae), which the host cannot tell from a stuck GPU.
+    /// on these GPUs make the driver hold a kernel's start on the GPU, not its launch (the gate's
+    /// reason, [`crate::device::gate`]), which the host cannot tell from a stuck GPU.
     pub(super) fn name_blocked_launch(&self, err: Error) -> Error {
         let blocked = *self
             .launch_blocked

@@ -98,9 +98,7 @@ pub struct CudaConfig {
     /// Launch a peer call's kernels on every GPU at once, from a launcher thread per rank (rank
     /// 0's from the caller's thread), instead of one GPU after the other from the caller's
     /// thread. A launcher spins for 200 µs after each call, then sleeps. Off by default until
-    /// measured on two GPUs: with two ranks sharing one H200 it changed the eager time little
-    /// (10.6–11.5 against 10.2–21.3 µs, 8 B–256 KiB) and raised the call-to-completion p99
-    /// (docs/runs/2026-12-01-s6-launch/NOTES.md).
+    /// it is measured on two GPUs (docs/PERFORMANCE.md, "Where the host time of a call goes").
     pub launch_threads: bool,
     /// Run the one-shot all-reduce of messages up to
     /// [`LL_MAX_BYTES`](crate::exec::cuda::kernels::LL_MAX_BYTES) (64 KiB) per rank with the LL
@@ -110,8 +108,8 @@ pub struct CudaConfig {
     /// of the buffer in place. Same plan, same fold, same bits; costs a receive buffer of
     /// [`ll_recv_bytes`](crate::exec::cuda::kernels::ll_recv_bytes)`(world)` (512 KiB for two
     /// ranks) per rank. Changes nothing where the one-shot does not run (`Auto` above its
-    /// limits, the other collectives). Off by default until measured on two GPUs: on one GPU
-    /// only its protocol has run (docs/runs/2026-12-01-s5-ll-one-gpu).
+    /// limits, the other collectives). Off by default until it is measured on two GPUs
+    /// (docs/PERFORMANCE.md, "Small messages, CUDA graphs and the other competitors").
     pub low_latency: bool,
     /// Time the phases of every call on the calling thread — validation, lock, plan lookup,
     /// set-up, each rank's launch, completion wait, error check, return — and keep them for
