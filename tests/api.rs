@@ -200,7 +200,7 @@ fn communicators_buffers_and_scopes_cross_threads() {
     send_sync::<ringreduce::GpuSlice<'static, f32>>();
     send_sync::<ringreduce::Scope<'static, 'static>>();
     let comm = Communicator::host(2).unwrap();
-    let mut bufs = vec![vec![1u16; 3], vec![2u16; 3]];
+    let mut bufs = vec![vec![1u32; 3], vec![2u32; 3]];
     let borrowed = &mut bufs;
     comm.scope(|s| {
         std::thread::scope(|t| {
