@@ -148,7 +148,7 @@ pub use comm::{ring_allreduce, Communicator, Scope};
 pub use device::{device_count, driver_available};
 pub use element::{DType, Element, ReduceOp};
 pub use error::{Error, Result};
-pub use exec::cuda::{CudaConfig, EdgeInfo, GpuBuffer, GpuSlice, GpuView, Transport};
+pub use exec::cuda::{CudaConfig, EdgeInfo, GpuBuffer, GpuView, GpuViewMut, Transport};
 pub use exec::host::{Fault, FaultKind, HostConfig};
 pub use exec::Algorithm;
 pub use plan::{Collective, EdgeTransport, Transfer};

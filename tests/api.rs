@@ -197,7 +197,7 @@ fn communicators_buffers_and_scopes_cross_threads() {
     send_sync::<Communicator>();
     send_sync::<ringreduce::GpuBuffer<f32>>();
     send_sync::<ringreduce::GpuView<'static, f32>>();
-    send_sync::<ringreduce::GpuSlice<'static, f32>>();
+    send_sync::<ringreduce::GpuViewMut<'static, f32>>();
     send_sync::<ringreduce::Scope<'static, 'static>>();
     let comm = Communicator::host(2).unwrap();
     let mut bufs = vec![vec![1u32; 3], vec![2u32; 3]];

@@ -91,7 +91,7 @@ fn check_case<T: Element>(
     let outputs_host: Vec<Vec<T>> = if in_place {
         let mut views: Vec<_> = inputs
             .iter_mut()
-            .map(|b| b.slice(offset, count).unwrap())
+            .map(|b| b.view_mut(offset, count).unwrap())
             .collect();
         comm.all_reduce_in_place(&mut views, op).unwrap();
         drop(views);
@@ -107,11 +107,11 @@ fn check_case<T: Element>(
         {
             let ins: Vec<_> = inputs
                 .iter_mut()
-                .map(|b| b.slice(offset, count).unwrap())
+                .map(|b| b.view_mut(offset, count).unwrap())
                 .collect();
             let mut outs: Vec<_> = outputs
                 .iter_mut()
-                .map(|b| b.slice(offset, count).unwrap())
+                .map(|b| b.view_mut(offset, count).unwrap())
                 .collect();
             comm.all_reduce(&ins, &mut outs, op).unwrap();
         }
@@ -777,7 +777,7 @@ fn in_place_oneshot_sizes_change_on_every_call() {
         sizes.insert(count);
         let mut slices: Vec<_> = bufs
             .iter_mut()
-            .map(|b| b.slice(offset, count).unwrap())
+            .map(|b| b.view_mut(offset, count).unwrap())
             .collect();
         // SAFETY: the buffers are read back only after the synchronize below.
         unsafe { gpu.enqueue_all_reduce_in_place(&mut slices, ReduceOp::Sum) }.unwrap();
@@ -1187,11 +1187,11 @@ fn all_reduce_f32(
     let count = inputs[0].len();
     let ins: Vec<_> = inputs
         .iter_mut()
-        .map(|b| b.slice(0, count).unwrap())
+        .map(|b| b.view_mut(0, count).unwrap())
         .collect();
     let mut outs: Vec<_> = outputs
         .iter_mut()
-        .map(|b| b.slice(0, count).unwrap())
+        .map(|b| b.view_mut(0, count).unwrap())
         .collect();
     comm.all_reduce(&ins, &mut outs, ReduceOp::Sum)
 }

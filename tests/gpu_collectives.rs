@@ -322,7 +322,7 @@ fn reducing_collectives_of<T: ringreduce::Element>(
                 .collect();
             let mut os: Vec<_> = outs
                 .iter_mut()
-                .map(|b| b.slice(offset, count).unwrap())
+                .map(|b| b.view_mut(offset, count).unwrap())
                 .collect();
             comm.reduce_scatter(&ins, &mut os, op).unwrap();
         }
@@ -343,7 +343,7 @@ fn reducing_collectives_of<T: ringreduce::Element>(
         {
             let mut bs: Vec<_> = bufs
                 .iter_mut()
-                .map(|b| b.slice(offset, n * count).unwrap())
+                .map(|b| b.view_mut(offset, n * count).unwrap())
                 .collect();
             comm.reduce_scatter_in_place(&mut bs, op).unwrap();
         }
@@ -369,7 +369,7 @@ fn reducing_collectives_of<T: ringreduce::Element>(
                 .iter()
                 .map(|b| b.view(offset, count).unwrap())
                 .collect();
-            let mut o = out.slice(offset, count).unwrap();
+            let mut o = out.view_mut(offset, count).unwrap();
             comm.reduce(&ins, &mut o, n - 1, op).unwrap();
         }
         let got = out.to_host().unwrap();

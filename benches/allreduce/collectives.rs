@@ -18,7 +18,7 @@
 use super::{size_label, time_back_to_back, ELEM_BYTES, GPU_DEVICES, OP};
 use criterion::{BenchmarkId, Criterion, Throughput};
 use ringreduce::verify::{compare, make_expected, make_input};
-use ringreduce::{Collective, Communicator, GpuBuffer, GpuSlice, Transfer};
+use ringreduce::{Collective, Communicator, GpuBuffer, GpuViewMut, Transfer};
 use ringreduce_cli::baseline::NcclAllReduce;
 
 const SIZES_BYTES: [usize; 2] = [64 << 10, 16 << 20];
@@ -73,12 +73,12 @@ fn pick<'b>(
     bufs: &'b mut [GpuBuffer<f32>],
     len: usize,
     ranks: &[usize],
-) -> ringreduce::Result<Vec<GpuSlice<'b, f32>>> {
+) -> ringreduce::Result<Vec<GpuViewMut<'b, f32>>> {
     let mut slots: Vec<Option<&mut GpuBuffer<f32>>> = bufs.iter_mut().map(Some).collect();
     ranks
         .iter()
         .filter_map(|&r| slots.get_mut(r)?.take())
-        .map(|b| b.slice(0, len))
+        .map(|b| b.view_mut(0, len))
         .collect()
 }
 

@@ -5,7 +5,7 @@
 //! (`ncclCommInitAll`, as in nccl-tests' `-g n` mode), with one non-blocking stream per GPU of our
 //! own ([`device::Stream`]). Every collective is a group: `ncclGroupStart`, one `ncclAllReduce` per
 //! GPU, `ncclGroupEnd` (NVIDIA's single-thread, multi-GPU pattern). Buffers are ringreduce's own
-//! [`ringreduce::GpuBuffer`]s or [`ringreduce::GpuSlice`]s (plain `cuMemAlloc`), so NCCL is timed on the
+//! [`ringreduce::GpuBuffer`]s or [`ringreduce::GpuViewMut`]s (plain `cuMemAlloc`), so NCCL is timed on the
 //! same memory as ringreduce.
 //!
 //! The same calls can be ordered on the caller's streams instead

@@ -17,7 +17,7 @@
 
 use super::{cuda_error, nccl, nccl_error, nccl_sys, NcclAllReduce};
 use ringreduce::device;
-use ringreduce::{Element, Error, GpuSlice, Result};
+use ringreduce::{Element, Error, GpuViewMut, Result};
 use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::panic::{self, AssertUnwindSafe};
@@ -112,7 +112,7 @@ impl<T: Element> SymmetricBuffers<'_, T> {
     }
 
     /// The first `count` elements of every rank's buffer, as collective buffers.
-    pub fn slices(&mut self, count: usize) -> Result<Vec<GpuSlice<'_, T>>> {
+    pub fn views_mut(&mut self, count: usize) -> Result<Vec<GpuViewMut<'_, T>>> {
         if count > self.count {
             return Err(Error::InvalidArgument(format!(
                 "{count} elements of a symmetric buffer of {}",
@@ -125,8 +125,8 @@ impl<T: Element> SymmetricBuffers<'_, T> {
             .zip(&self.nccl.devices)
             // SAFETY: rank r's pointer is `self.count` elements of T on GPU devices[r] from
             // ncclMemAlloc (aligned beyond any T), alive while `self` is, and borrowed mutably
-            // with `self` for the slices' lifetime, so nothing else here uses it meanwhile.
-            .map(|(&p, &d)| unsafe { GpuSlice::from_raw(p, d, count) })
+            // with `self` for the views' lifetime, so nothing else here uses it meanwhile.
+            .map(|(&p, &d)| unsafe { GpuViewMut::from_raw(p, d, count) })
             .collect())
     }
 

@@ -25,7 +25,7 @@ use cudarc::driver::{CudaGraph, CudaStream};
 use ringreduce::device;
 use ringreduce::exec::profile::CallProfile;
 use ringreduce::verify::{make_expected, make_input};
-use ringreduce::{Collective, Communicator, DType, Element, GpuSlice, ReduceOp};
+use ringreduce::{Collective, Communicator, DType, Element, GpuViewMut, ReduceOp};
 use ringreduce_cli::baseline::NcclAllReduce;
 use std::sync::Arc;
 use std::time::Instant;
@@ -56,13 +56,13 @@ impl Lib<'_> {
     unsafe fn enqueue<T: Element>(
         &self,
         collective: &Collective,
-        ins: &mut [GpuSlice<'_, T>],
-        outs: Option<&mut [GpuSlice<'_, T>]>,
+        ins: &mut [GpuViewMut<'_, T>],
+        outs: Option<&mut [GpuViewMut<'_, T>]>,
         op: ReduceOp,
         streams: Option<&[Arc<CudaStream>]>,
     ) -> ringreduce::Result<()> {
         if *collective != Collective::AllReduce {
-            let none = None::<&[GpuSlice<'_, T>]>;
+            let none = None::<&[GpuViewMut<'_, T>]>;
             // SAFETY: the caller's contract is each library's.
             return unsafe {
                 match (self, outs) {
@@ -353,14 +353,14 @@ impl Sweep<'_> {
         let (c, op) = (&shape.collective, shape.op);
         // Checked call.
         {
-            let (mut i, mut o) = shape.slices(ins, outs.as_deref_mut())?;
-            // SAFETY: the slices' memory lives (in `ins`/`outs`) until after the synchronize.
+            let (mut i, mut o) = shape.views_mut(ins, outs.as_deref_mut())?;
+            // SAFETY: the views' memory lives (in `ins`/`outs`) until after the synchronize.
             let call = unsafe { lib.enqueue(c, &mut i, o.as_deref_mut(), op, None) };
             let synced = lib.synchronize();
             call.and(synced)?;
         }
         let wrong = outs.as_deref().unwrap_or(ins).count_wrong_each(expect)?;
-        let (mut i, mut o) = shape.slices(ins, outs)?;
+        let (mut i, mut o) = shape.views_mut(ins, outs)?;
         // `n` calls back to back, `between(k)` before call k and after the last; then one wait
         // (also when a call fails, before the buffers can be dropped).
         let mut queue = |n: usize,
@@ -401,7 +401,7 @@ impl Sweep<'_> {
             for _ in 0..n {
                 match o.as_deref_mut() {
                     Some(o) => comm.collective(c, Some(&i[..]), o, op)?,
-                    None => comm.collective(c, None::<&[GpuSlice<'_, T>]>, &mut i, op)?,
+                    None => comm.collective(c, None::<&[GpuViewMut<'_, T>]>, &mut i, op)?,
                 }
             }
             let of = |calls: &[CallProfile], name: &str| -> Vec<CallProfile> {
@@ -431,8 +431,8 @@ impl Sweep<'_> {
         // One eager call of the same shape on the same streams (plans and staging are made outside
         // the capture), checked; then the capture.
         let graphs: Vec<CudaGraph> = {
-            let (mut i, mut o) = shape.slices(ins, outs.as_deref_mut())?;
-            // SAFETY: the slices' memory lives (in `ins`/`outs`) until after the synchronize.
+            let (mut i, mut o) = shape.views_mut(ins, outs.as_deref_mut())?;
+            // SAFETY: the views' memory lives (in `ins`/`outs`) until after the synchronize.
             let call = unsafe { lib.enqueue(c, &mut i, o.as_deref_mut(), op, Some(streams)) };
             let synced = graph::synchronize(streams);
             call.and(synced)?;
@@ -608,8 +608,8 @@ impl Sweep<'_> {
             false => Some(RankMemory::zeroed(lib, memory, &self.devices, largest)?),
         };
         let mut one = |ins: &mut RankMemory<'_, T>, count: usize| -> ringreduce::Result<f64> {
-            let mut i = ins.slices(count)?;
-            let mut o = outs.as_mut().map(|o| o.slices(count)).transpose()?;
+            let mut i = ins.views_mut(count)?;
+            let mut o = outs.as_mut().map(|o| o.views_mut(count)).transpose()?;
             let t = Instant::now();
             let all_reduce = &Collective::AllReduce;
             // SAFETY: `ins`/`outs` hold the memory until after the synchronize, on every path.
@@ -652,13 +652,13 @@ struct Shape {
 impl Shape {
     /// The buffer lists of one call, as [`arrange`] orders them.
     #[allow(clippy::type_complexity)]
-    fn slices<'b, T: Element>(
+    fn views_mut<'b, T: Element>(
         &self,
         ins: &'b mut RankMemory<'_, T>,
         outs: Option<&'b mut RankMemory<'_, T>>,
-    ) -> ringreduce::Result<(Vec<GpuSlice<'b, T>>, Option<Vec<GpuSlice<'b, T>>>)> {
-        let i = ins.slices(self.in_len)?;
-        let o = outs.map(|o| o.slices(self.out_len)).transpose()?;
+    ) -> ringreduce::Result<(Vec<GpuViewMut<'b, T>>, Option<Vec<GpuViewMut<'b, T>>>)> {
+        let i = ins.views_mut(self.in_len)?;
+        let o = outs.map(|o| o.views_mut(self.out_len)).transpose()?;
         Ok(arrange(&self.collective, i, o))
     }
 }

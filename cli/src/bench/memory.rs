@@ -1,14 +1,14 @@
 //! The memory a measurement runs on: one buffer per rank, either ringreduce's `GpuBuffer`s
 //! (`cuMemAlloc`, what both libraries use by default) or NCCL's symmetric memory
 //! ([`SymmetricBuffers`]: `ncclMemAlloc` + registered windows), seen the same way — as
-//! `GpuSlice`s of the first `count` elements of every rank, written and read from the host.
+//! `GpuViewMut`s of the first `count` elements of every rank, written and read from the host.
 //!
-//! Invariant: slices always start at offset 0 of every rank's buffer, so on symmetric memory
+//! Invariant: the views always start at offset 0 of every rank's buffer, so on symmetric memory
 //! every rank passes the same offset into its window, as NCCL's symmetric kernels require.
 
 use super::measure::Lib;
 use ringreduce::verify::compare;
-use ringreduce::{Element, GpuBuffer, GpuSlice};
+use ringreduce::{Element, GpuBuffer, GpuViewMut};
 use ringreduce_cli::baseline::SymmetricBuffers;
 
 /// What one rank must hold: `None` (not checked) or the element offset and the values there.
@@ -58,10 +58,10 @@ impl<'a, T: Element> RankMemory<'a, T> {
     }
 
     /// The first `count` elements of every rank's buffer.
-    pub(super) fn slices(&mut self, count: usize) -> ringreduce::Result<Vec<GpuSlice<'_, T>>> {
+    pub(super) fn views_mut(&mut self, count: usize) -> ringreduce::Result<Vec<GpuViewMut<'_, T>>> {
         match self {
-            RankMemory::Plain(b) => b.iter_mut().map(|b| b.slice(0, count)).collect(),
-            RankMemory::Symmetric(s) => s.slices(count),
+            RankMemory::Plain(b) => b.iter_mut().map(|b| b.view_mut(0, count)).collect(),
+            RankMemory::Symmetric(s) => s.views_mut(count),
         }
     }
 

@@ -3,9 +3,11 @@
 //! A [`GpuBuffer<T>`] is `count` elements of `T` on one GPU, allocated with plain `cuMemAlloc`
 //! (outside the stream-ordered pools, so peer copies into it run at link speed — see the pool trap
 //! in [`crate::device`]). It implements [`Buffer`] and [`BufferMut`], so it goes straight into
-//! [`crate::Communicator::all_reduce`]. Buffers from elsewhere (a framework's allocator) can be
-//! wrapped with [`GpuSlice`], which the communicator checks and, when they come from a pool,
-//! grants the peer access to that pool.
+//! [`crate::Communicator::all_reduce`]. A sub-range is borrowed as a [`GpuView`] (read, shared)
+//! or a [`GpuViewMut`] (written, exclusive), the names of cudarc's `CudaView` and `CudaViewMut`.
+//! Buffers from elsewhere (a framework's allocator) can be wrapped with [`GpuViewMut::from_raw`],
+//! which the communicator checks and, when they come from a pool, grants the peer access to that
+//! pool.
 
 use crate::buffer::{Buffer, BufferMut, Placement};
 use crate::device::{self, DeviceBuffer};
@@ -16,8 +18,8 @@ use std::marker::PhantomData;
 /// `count` elements of `T` in one GPU's memory.
 ///
 /// The borrow rules keep the memory alive and unaliased while a collective uses it. Views
-/// ([`GpuBuffer::view`], shared) and slices ([`GpuBuffer::slice`], exclusive) borrow the buffer,
-/// so it cannot be freed or dropped under them:
+/// ([`GpuBuffer::view`], shared) and mutable views ([`GpuBuffer::view_mut`], exclusive) borrow
+/// the buffer, so it cannot be freed or dropped under them:
 /// ```compile_fail
 /// # use ringreduce::GpuBuffer;
 /// let buf = GpuBuffer::<f32>::zeroed(0, 8)?;
@@ -35,30 +37,31 @@ use std::marker::PhantomData;
 /// # let _ = view;
 /// # Ok::<(), ringreduce::Error>(())
 /// ```
-/// a slice (written by collectives) excludes every other use, views and slices alike:
+/// a mutable view (written by collectives) excludes every other use, views and mutable views
+/// alike:
 /// ```compile_fail
 /// # use ringreduce::GpuBuffer;
 /// let mut buf = GpuBuffer::<f32>::zeroed(0, 8)?;
 /// let view = buf.view(0, 4)?;
-/// let slice = buf.slice(4, 4)?; // written while `view` may be read
-/// # let _ = (view, slice);
+/// let view_mut = buf.view_mut(4, 4)?; // written while `view` may be read
+/// # let _ = (view, view_mut);
 /// # Ok::<(), ringreduce::Error>(())
 /// ```
 /// ```compile_fail
 /// # use ringreduce::GpuBuffer;
 /// let mut buf = GpuBuffer::<f32>::zeroed(0, 8)?;
-/// let low = buf.slice(0, 4)?;
-/// let high = buf.slice(4, 4)?; // two writers of one buffer
+/// let low = buf.view_mut(0, 4)?;
+/// let high = buf.view_mut(4, 4)?; // two writers of one buffer
 /// # let _ = (low, high);
 /// # Ok::<(), ringreduce::Error>(())
 /// ```
-/// and a slice cannot be duplicated (it is neither `Clone` nor `Copy`):
+/// and a mutable view cannot be duplicated (it is neither `Clone` nor `Copy`):
 /// ```compile_fail
 /// # use ringreduce::GpuBuffer;
 /// let mut buf = GpuBuffer::<f32>::zeroed(0, 8)?;
-/// let slice = buf.slice(0, 4)?;
-/// let twin = slice.clone();
-/// # let _ = (slice, twin);
+/// let view_mut = buf.view_mut(0, 4)?;
+/// let twin = view_mut.clone();
+/// # let _ = (view_mut, twin);
 /// # Ok::<(), ringreduce::Error>(())
 /// ```
 /// A call that returns before its collective completes is `unsafe` — its contract is the
@@ -82,9 +85,9 @@ use std::marker::PhantomData;
 /// let also = a.view(2, 4)?;
 /// comm.all_reduce(&views, &mut outs, ReduceOp::Sum)?;
 /// drop((views, also));
-/// let low = a.slice(0, 4)?;
+/// let low = a.view_mut(0, 4)?;
 /// drop(low);
-/// let high = a.slice(4, 4)?;
+/// let high = a.view_mut(4, 4)?;
 /// drop(high);
 /// a.free()?;
 /// # Ok::<(), ringreduce::Error>(())
@@ -169,8 +172,8 @@ impl<T: Element> GpuBuffer<T> {
 
     /// A writable view of elements `start..start + count` (for sub-slice collectives, e.g.
     /// misaligned outputs).
-    pub fn slice(&mut self, start: usize, count: usize) -> Result<GpuSlice<'_, T>> {
-        Ok(GpuSlice {
+    pub fn view_mut(&mut self, start: usize, count: usize) -> Result<GpuViewMut<'_, T>> {
+        Ok(GpuViewMut {
             address: self.address_of(start, count)?,
             device: self.device,
             count,
@@ -232,24 +235,25 @@ unsafe impl<T: Element> BufferMut<T> for GpuBuffer<T> {
     }
 }
 
-/// A borrowed range of device memory: a sub-slice of a [`GpuBuffer`], or memory from another
-/// allocator ([`GpuSlice::from_raw`]).
+/// A writable, exclusively borrowed range of device memory, from [`GpuBuffer::view_mut`] (a
+/// sub-slice of a [`GpuBuffer`]) or [`GpuViewMut::from_raw`] (memory from another allocator): a
+/// collective's output, or its buffer in place.
 #[derive(Debug)]
-pub struct GpuSlice<'a, T: Element> {
+pub struct GpuViewMut<'a, T: Element> {
     address: u64,
     device: usize,
     count: usize,
     _borrow: PhantomData<&'a mut [T]>,
 }
 
-impl<T: Element> GpuSlice<'_, T> {
+impl<T: Element> GpuViewMut<'_, T> {
     /// Wraps device memory the caller owns.
     ///
     /// # Safety
     /// `address` is a device address on `device` valid for `count` elements of `T`, aligned to
-    /// `T`, and nothing else uses it while the slice is used in a collective.
+    /// `T`, and nothing else uses it while the view is used in a collective.
     pub unsafe fn from_raw(address: u64, device: usize, count: usize) -> Self {
-        GpuSlice {
+        GpuViewMut {
             address,
             device,
             count,
@@ -281,9 +285,9 @@ unsafe impl<T: Element> Buffer<T> for GpuView<'_, T> {
     }
 }
 
-// SAFETY: a slice is either a bounds-checked view into a GpuBuffer it borrows mutably for 'a,
-// or made by `from_raw`, whose contract is exactly this trait's.
-unsafe impl<T: Element> Buffer<T> for GpuSlice<'_, T> {
+// SAFETY: a mutable view is either a bounds-checked view into a GpuBuffer it borrows mutably for
+// 'a, or made by `from_raw`, whose contract is exactly this trait's.
+unsafe impl<T: Element> Buffer<T> for GpuViewMut<'_, T> {
     fn placement(&self) -> Placement {
         Placement::Device(self.device)
     }
@@ -296,7 +300,7 @@ unsafe impl<T: Element> Buffer<T> for GpuSlice<'_, T> {
 }
 
 // SAFETY: as above.
-unsafe impl<T: Element> BufferMut<T> for GpuSlice<'_, T> {
+unsafe impl<T: Element> BufferMut<T> for GpuViewMut<'_, T> {
     fn address_mut(&mut self) -> u64 {
         self.address
     }

@@ -8,6 +8,6 @@ pub mod kernels;
 pub mod probe;
 
 pub use crate::exec::config::Transport;
-pub use buffer::{GpuBuffer, GpuSlice, GpuView};
+pub use buffer::{GpuBuffer, GpuView, GpuViewMut};
 pub use executor::{auto_chunk_bytes, CudaConfig, EdgeInfo};
 pub use probe::Probe;
