@@ -802,11 +802,11 @@ fn in_place_oneshot_sizes_change_on_every_call() {
 /// blocking ring call (rank threads: one launch mark for all ranks, no peer error check).
 #[test]
 fn host_profile_names_every_phase_of_a_call() {
-    use ringreduce::exec::profile::Phase::{self, *};
+    use ringreduce::exec::profile::HostPhase::{self, *};
     let Some(gpus) = two_gpus_or_shared() else {
         return;
     };
-    let phases_of = |comm: &Communicator| -> Vec<Vec<Phase>> {
+    let phases_of = |comm: &Communicator| -> Vec<Vec<HostPhase>> {
         comm.host_profile()
             .iter()
             .map(|p| p.phases.iter().map(|(ph, _)| *ph).collect())
@@ -846,7 +846,7 @@ fn host_profile_names_every_phase_of_a_call() {
         let profile = comm.host_profile();
         assert_eq!(profile.len(), 1, "{profile:?}");
         assert!(profile[0].total() <= wall, "{profile:?} in {wall:?}");
-        let got: Vec<Phase> = profile[0].phases.iter().map(|(p, _)| *p).collect();
+        let got: Vec<HostPhase> = profile[0].phases.iter().map(|(p, _)| *p).collect();
         assert_eq!(got, blocking, "{algorithm:?} blocking");
         if algorithm == Algorithm::OneShot {
             // SAFETY: the buffers live past the synchronize below.

@@ -23,7 +23,7 @@ use super::{Call, Communicator, When};
 use crate::buffer::{Buffer, BufferMut, StreamUse};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::exec::profile::{self, Phase};
+use crate::exec::profile::{self, HostPhase};
 use crate::plan::{Collective, Transfer};
 use cudarc::driver::CudaStream;
 use std::sync::Arc;
@@ -278,7 +278,7 @@ impl Communicator {
             count: layout.count,
             in_place: inputs.is_none(),
         };
-        profile::mark(Phase::Validate);
+        profile::mark(HostPhase::Validate);
         let when = When {
             wait_complete,
             caller,

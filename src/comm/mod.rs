@@ -38,7 +38,7 @@ use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::cuda::executor::{CudaConfig, CudaExecutor, EdgeInfo};
 use crate::exec::host::{HostConfig, HostExecutor};
-use crate::exec::profile::{self, CallProfile, Phase};
+use crate::exec::profile::{self, CallProfile, HostPhase};
 use crate::exec::{config, Algorithm, Shape};
 use crate::plan::Collective;
 use cudarc::driver::CudaStream;
@@ -252,7 +252,7 @@ impl Communicator {
     pub fn synchronize(&self) -> Result<()> {
         self.begin_profile();
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        profile::mark(Phase::Lock);
+        profile::mark(HostPhase::Lock);
         let result = match state.exec.as_mut() {
             Some(Executor::Cuda(exec)) => exec.synchronize(),
             Some(Executor::Host(exec)) => exec.synchronize(),
@@ -294,11 +294,11 @@ impl Communicator {
         }
     }
 
-    /// Ends the call's last phase ([`Phase::Return`]) and keeps its profile when this
+    /// Ends the call's last phase ([`HostPhase::Return`]) and keeps its profile when this
     /// communicator profiles. Closes whatever log is open on this thread either way: one that a
     /// profiled call left open when it returned early (an error) ends here, one call later.
     fn end_profile(&self, call: &'static str) {
-        profile::mark(Phase::Return);
+        profile::mark(HostPhase::Return);
         if let (Some(log), Some(p)) = (&self.profile, profile::end(call)) {
             let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
             if log.len() < PROFILED_CALLS_KEPT {
@@ -496,7 +496,7 @@ impl Communicator {
         let count = self.validate::<T, O>(outputs, inputs)?;
         let ins: Option<Vec<u64>> = inputs.map(|i| i.iter().map(|b| b.address()).collect());
         let outs: Vec<u64> = outputs.iter_mut().map(|b| b.address_mut()).collect();
-        profile::mark(Phase::Validate);
+        profile::mark(HostPhase::Validate);
         // Buffers that track their own uses (cudarc's) learn of this one on each rank's stream.
         let mut track = |streams: &[&CudaStream], when: StreamUse| {
             for (b, s) in inputs.into_iter().flatten().zip(streams) {
@@ -552,7 +552,7 @@ impl Communicator {
             caller,
         } = when;
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        profile::mark(Phase::Lock);
+        profile::mark(HostPhase::Lock);
         if let Some(err) = self.failed.get() {
             return Err(Error::CommunicatorFailed(Box::new(err.clone())));
         }

@@ -15,9 +15,10 @@
 use std::cell::{Cell, RefCell};
 use std::time::{Duration, Instant};
 
-/// A phase of a call on the calling thread, named by what ends it.
+/// A host phase of a call on the calling thread, named by what ends it. (The algorithm's phases,
+/// which tag a plan's instructions, are [`crate::plan::Phase`].)
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Phase {
+pub enum HostPhase {
     /// The arguments checked against every rank (`comm::validate`), their addresses taken.
     Validate,
     /// The communicator's lock taken.
@@ -37,18 +38,18 @@ pub enum Phase {
     Return,
 }
 
-impl Phase {
+impl HostPhase {
     /// The phase's name in reports.
     pub fn name(self) -> &'static str {
         match self {
-            Phase::Validate => "validate",
-            Phase::Lock => "lock",
-            Phase::Plan => "plan",
-            Phase::Open => "open",
-            Phase::Launch => "launch",
-            Phase::Wait => "wait",
-            Phase::Check => "check",
-            Phase::Return => "return",
+            HostPhase::Validate => "validate",
+            HostPhase::Lock => "lock",
+            HostPhase::Plan => "plan",
+            HostPhase::Open => "open",
+            HostPhase::Launch => "launch",
+            HostPhase::Wait => "wait",
+            HostPhase::Check => "check",
+            HostPhase::Return => "return",
         }
     }
 }
@@ -59,7 +60,7 @@ pub struct CallProfile {
     /// What was called: `"collective"` or `"synchronize"`.
     pub call: &'static str,
     /// Each phase and its time, in order.
-    pub phases: Vec<(Phase, Duration)>,
+    pub phases: Vec<(HostPhase, Duration)>,
 }
 
 impl CallProfile {
@@ -71,7 +72,7 @@ impl CallProfile {
 
 thread_local! {
     static RECORDING: Cell<bool> = const { Cell::new(false) };
-    static LOG: RefCell<(Instant, Vec<(Phase, Duration)>)> =
+    static LOG: RefCell<(Instant, Vec<(HostPhase, Duration)>)> =
         RefCell::new((Instant::now(), Vec::new()));
 }
 
@@ -91,7 +92,7 @@ const MAX_MARKS: usize = 256;
 
 /// Ends `phase` now, if this thread's log is open.
 #[inline]
-pub(crate) fn mark(phase: Phase) {
+pub(crate) fn mark(phase: HostPhase) {
     if RECORDING.with(Cell::get) {
         LOG.with(|log| {
             let mut log = log.borrow_mut();
@@ -126,23 +127,23 @@ mod tests {
 
     #[test]
     fn marks_are_kept_only_between_begin_and_end() {
-        mark(Phase::Validate);
+        mark(HostPhase::Validate);
         assert_eq!(end("collective"), None);
         begin();
-        mark(Phase::Validate);
+        mark(HostPhase::Validate);
         std::thread::sleep(Duration::from_millis(2));
-        mark(Phase::Launch);
+        mark(HostPhase::Launch);
         let p = end("collective").expect("a log was open");
-        let phases: Vec<Phase> = p.phases.iter().map(|(ph, _)| *ph).collect();
-        assert_eq!(phases, [Phase::Validate, Phase::Launch]);
+        let phases: Vec<HostPhase> = p.phases.iter().map(|(ph, _)| *ph).collect();
+        assert_eq!(phases, [HostPhase::Validate, HostPhase::Launch]);
         assert!(p.phases[1].1 >= Duration::from_millis(2), "{p:?}");
         assert_eq!(p.total(), p.phases[0].1 + p.phases[1].1);
-        mark(Phase::Wait);
+        mark(HostPhase::Wait);
         assert_eq!(end("collective"), None);
         // A log left open keeps at most MAX_MARKS.
         begin();
         for _ in 0..MAX_MARKS + 10 {
-            mark(Phase::Lock);
+            mark(HostPhase::Lock);
         }
         assert_eq!(end("collective").map(|p| p.phases.len()), Some(MAX_MARKS));
     }

@@ -613,16 +613,16 @@ pub(super) mod tests {
 
     #[test]
     fn host_profile_medians_number_repeated_phases() {
-        use ringreduce::exec::profile::{CallProfile, Phase};
+        use ringreduce::exec::profile::{CallProfile, HostPhase};
         use std::time::Duration;
         let us = Duration::from_micros;
         let call = |launch: u64| CallProfile {
             call: "collective",
             phases: vec![
-                (Phase::Validate, us(1)),
-                (Phase::Launch, us(launch)),
-                (Phase::Launch, us(2 * launch)),
-                (Phase::Return, us(1)),
+                (HostPhase::Validate, us(1)),
+                (HostPhase::Launch, us(launch)),
+                (HostPhase::Launch, us(2 * launch)),
+                (HostPhase::Return, us(1)),
             ],
         };
         let got = HostProfile::medians(&[call(3), call(5), call(4)]);

@@ -26,7 +26,7 @@ use super::ring::{record_done, wait_done, CudaEnqueue};
 use super::{CudaCall, CudaExecutor, RankRes};
 use crate::device;
 use crate::error::{Error, Result};
-use crate::exec::profile::{self, Phase};
+use crate::exec::profile::{self, HostPhase};
 use crate::exec::{panic_message, Enqueue};
 use crate::plan::StreamKind;
 use cudarc::driver::CudaContext;
@@ -68,15 +68,15 @@ impl CudaExecutor {
             Some(launchers) => {
                 displaced = launchers.post(call);
                 launched.push(self.enqueue_rank_caught(0, call));
-                profile::mark(Phase::Launch);
+                profile::mark(HostPhase::Launch);
                 let launchers = self.launchers.as_ref().expect("posted above");
                 launched.extend(launchers.wait(call.deadline));
-                profile::mark(Phase::Launch);
+                profile::mark(HostPhase::Launch);
             }
             None => {
                 for rank in 0..self.ranks.len() {
                     let outcome = self.enqueue_rank_caught(rank, call);
-                    profile::mark(Phase::Launch);
+                    profile::mark(HostPhase::Launch);
                     let failed = outcome.0.is_err();
                     launched.push(outcome);
                     if failed {
@@ -120,7 +120,7 @@ impl CudaExecutor {
                 let waited = self.ranks.iter().enumerate().try_for_each(|(rank, res)| {
                     wait_done(res, rank, call).map_err(|err| self.name_blocked_launch(err))
                 });
-                profile::mark(Phase::Wait);
+                profile::mark(HostPhase::Wait);
                 waited
             }
             None => Ok(()),

@@ -53,7 +53,7 @@ use crate::device::{self, DeviceBuffer, Event, PinnedHost, Stream};
 use crate::element::{DType, Element, ReduceOp};
 use crate::error::{Error, Result};
 pub use crate::exec::config::Transport;
-use crate::exec::profile::{self, Phase};
+use crate::exec::profile::{self, HostPhase};
 use crate::exec::{caller_address, Algorithm, Handoff, PlanCache, Shape};
 use crate::plan::{BufKind, Collective, EdgeTransport, Op, Plan, StreamKind};
 use crossbeam_channel::Sender;
@@ -591,7 +591,7 @@ impl CudaExecutor {
         captured: Option<usize>,
     ) -> Result<()> {
         let prepared = self.prepare(shape)?;
-        profile::mark(Phase::Plan);
+        profile::mark(HostPhase::Plan);
         let reads_peers = prepared
             .plan
             .ranks
@@ -668,7 +668,7 @@ impl CudaExecutor {
                 .filter(|_| reads_peers || captured.is_some()),
             captured,
         });
-        profile::mark(Phase::Open);
+        profile::mark(HostPhase::Open);
         if let Some(launching) = launching {
             // No event crosses between ranks (the peer kernels; one rank; nothing to do): there is
             // no handoff to wait for, so the caller's thread enqueues every rank itself — a
@@ -676,7 +676,7 @@ impl CudaExecutor {
             self.run_inline(&call, launching)?;
             if reads_peers && wait_complete {
                 self.check_peer_errors()?;
-                profile::mark(Phase::Check);
+                profile::mark(HostPhase::Check);
             }
             return Ok(());
         }
@@ -709,7 +709,7 @@ impl CudaExecutor {
                 }
             }
         }
-        profile::mark(Phase::Launch);
+        profile::mark(HostPhase::Launch);
         if let Some(err) = first_error {
             return Err(err);
         }
@@ -724,10 +724,10 @@ impl CudaExecutor {
                 .enumerate()
                 .try_for_each(|(rank, res)| wait_done(res, rank, &call));
             waited.and(saved.restore())?;
-            profile::mark(Phase::Wait);
+            profile::mark(HostPhase::Wait);
             if reads_peers {
                 self.check_peer_errors()?;
-                profile::mark(Phase::Check);
+                profile::mark(HostPhase::Check);
             }
         }
         Ok(())

@@ -12,7 +12,7 @@ use super::exposure::Exposure;
 use super::{CudaExecutor, CACHED_PLANS};
 use crate::device;
 use crate::error::{Error, Result};
-use crate::exec::profile::{self, Phase};
+use crate::exec::profile::{self, HostPhase};
 use crate::exec::PlanCache;
 use crate::plan::StreamKind;
 use std::time::{Duration, Instant};
@@ -23,9 +23,9 @@ impl CudaExecutor {
     /// timeout, or [`Error::Timeout`] naming a GPU that is still busy after the timeout.
     pub(crate) fn synchronize(&self) -> Result<()> {
         self.wait_idle(self.config.timeout)?;
-        profile::mark(Phase::Wait);
+        profile::mark(HostPhase::Wait);
         self.check_peer_errors()?;
-        profile::mark(Phase::Check);
+        profile::mark(HostPhase::Check);
         Ok(())
     }
 
