@@ -309,10 +309,10 @@ fn bench_gpu(c: &mut Criterion) {
 /// Host wall clock of `iters` collectives enqueued back to back, up to the completion of the last:
 /// `enqueue` queues one, `synchronize` waits for all queued. Panics on any failure, after waiting
 /// for what was queued, so that no buffer is freed (by the unwinding) under queued work.
-fn time_back_to_back(
+fn time_back_to_back<E: std::fmt::Display>(
     what: &str,
     iters: u64,
-    mut enqueue: impl FnMut() -> Result<()>,
+    mut enqueue: impl FnMut() -> Result<(), E>,
     synchronize: impl Fn() -> Result<()>,
 ) -> Duration {
     let start = Instant::now();

@@ -2,7 +2,7 @@
 //!
 //! Every fallible call returns [`Error`]; each variant is one cause and carries the context a user
 //! needs to act on it (which rank, which call, what was expected). `Display` includes the driver's
-//! own message for CUDA and NCCL failures.
+//! own message for CUDA failures.
 
 use crate::element::{DType, ReduceOp};
 
@@ -23,14 +23,6 @@ pub enum Error {
         /// The status code, by name.
         code: String,
         /// The driver's own text for the code.
-        message: String,
-    },
-    /// An NCCL call failed.
-    #[error("NCCL call {call} failed: {message}")]
-    Nccl {
-        /// The NCCL function that failed.
-        call: &'static str,
-        /// NCCL's own text for its status.
         message: String,
     },
     /// No CUDA driver library (libcuda) could be loaded, or it reports no device.

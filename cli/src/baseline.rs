@@ -19,7 +19,9 @@
 //! not its safe `Comm`, which works on `CudaSlice`s (with cudarc's event tracking recording events
 //! around every use — time NCCL itself does not spend), keeps its handle private, and panics in
 //! `Drop`. cudarc's `NcclError` prints only "NcclError" and is not `std::error::Error`, so every
-//! NCCL status becomes an [`Error::Nccl`] with NCCL's own text in one function, `nccl_error`.
+//! NCCL status becomes a [`BaselineError::Nccl`] with NCCL's own text in one function,
+//! `nccl_error`. The baseline's other errors are ringreduce's ([`BaselineError::Ring`]): the
+//! library itself never calls NCCL, so its [`Error`] has no NCCL variant.
 //!
 //! # Finding libnccl
 //!
@@ -49,7 +51,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 mod collectives;
+mod error;
 mod symmetric;
+pub use error::BaselineError;
 pub use symmetric::SymmetricBuffers;
 
 /// The names cudarc tries, in order, when it loads libnccl.
@@ -135,13 +139,11 @@ pub struct NcclAllReduce {
 impl NcclAllReduce {
     /// The communicators over `devices` (rank r is GPU `devices[r]`). [`Error::NoGpu`] when there
     /// is no usable GPU or libnccl cannot be loaded (the reason says what cudarc looked for),
-    /// [`Error::InvalidArgument`] for an empty or repeated device list, [`Error::Nccl`] when NCCL
-    /// fails.
-    pub fn new(devices: &[usize]) -> Result<NcclAllReduce> {
+    /// [`Error::InvalidArgument`] for an empty or repeated device list (each inside
+    /// [`BaselineError::Ring`]), [`BaselineError::Nccl`] when NCCL fails.
+    pub fn new(devices: &[usize]) -> Result<NcclAllReduce, BaselineError> {
         if devices.is_empty() {
-            return Err(Error::InvalidArgument(
-                "NCCL needs at least one device".into(),
-            ));
+            return Err(Error::InvalidArgument("NCCL needs at least one device".into()).into());
         }
         for (second, d) in devices.iter().enumerate() {
             if let Some(first) = devices[..second].iter().position(|e| e == d) {
@@ -149,7 +151,8 @@ impl NcclAllReduce {
                     device: *d,
                     first,
                     second,
-                });
+                }
+                .into());
             }
         }
         device::driver_available()?;
@@ -166,7 +169,8 @@ impl NcclAllReduce {
                     "libnccl not found: cudarc looks for {:?} on the loader path{hint}",
                     nccl_library_candidates()
                 ),
-            });
+            }
+            .into());
         }
         let version = nccl_version()?;
         let streams = devices
@@ -226,7 +230,7 @@ impl NcclAllReduce {
         inputs: &[I],
         outputs: &mut [O],
         op: ReduceOp,
-    ) -> Result<()> {
+    ) -> Result<(), BaselineError> {
         let count = self.check_buffers(inputs)?;
         self.check_buffers(outputs)?;
         if let Some(rank) = outputs.iter().position(|b| b.count() < count) {
@@ -234,7 +238,8 @@ impl NcclAllReduce {
                 rank,
                 input: count,
                 output: outputs[rank].count(),
-            });
+            }
+            .into());
         }
         let bytes = count * std::mem::size_of::<T>();
         let sends: Vec<u64> = inputs.iter().map(Buffer::address).collect();
@@ -244,7 +249,7 @@ impl NcclAllReduce {
                 .iter()
                 .any(|&s| count > 0 && r < s + bytes as u64 && s < r + bytes as u64)
             {
-                return Err(Error::Overlap { rank });
+                return Err(Error::Overlap { rank }.into());
             }
         }
         // SAFETY: checked above: one buffer per rank on that rank's GPU, each of at least `count`
@@ -261,7 +266,7 @@ impl NcclAllReduce {
         &self,
         bufs: &mut [B],
         op: ReduceOp,
-    ) -> Result<()> {
+    ) -> Result<(), BaselineError> {
         let count = self.check_buffers(bufs)?;
         let addresses: Vec<u64> = bufs.iter_mut().map(BufferMut::address_mut).collect();
         // SAFETY: checked above; send and receive are the same range, which NCCL documents as in
@@ -292,7 +297,7 @@ impl NcclAllReduce {
         outputs: &mut [O],
         op: ReduceOp,
         streams: &[Arc<CudaStream>],
-    ) -> Result<()> {
+    ) -> Result<(), BaselineError> {
         let raw = self.check_streams(streams)?;
         let count = self.check_buffers(inputs)?;
         self.check_buffers(outputs)?;
@@ -301,7 +306,8 @@ impl NcclAllReduce {
                 rank,
                 input: count,
                 output: outputs[rank].count(),
-            });
+            }
+            .into());
         }
         let bytes = (count * std::mem::size_of::<T>()) as u64;
         let sends: Vec<u64> = inputs.iter().map(Buffer::address).collect();
@@ -311,7 +317,7 @@ impl NcclAllReduce {
                 .iter()
                 .any(|&s| count > 0 && r < s + bytes && s < r + bytes)
             {
-                return Err(Error::Overlap { rank });
+                return Err(Error::Overlap { rank }.into());
             }
         }
         // SAFETY: as in `enqueue_all_reduce`; `raw[r]` is a live stream of GPU devices[r]
@@ -330,7 +336,7 @@ impl NcclAllReduce {
         bufs: &mut [B],
         op: ReduceOp,
         streams: &[Arc<CudaStream>],
-    ) -> Result<()> {
+    ) -> Result<(), BaselineError> {
         let raw = self.check_streams(streams)?;
         let count = self.check_buffers(bufs)?;
         let addresses: Vec<u64> = bufs.iter_mut().map(BufferMut::address_mut).collect();
@@ -413,7 +419,7 @@ impl NcclAllReduce {
         dtype: DType,
         op: ReduceOp,
         streams: &[nccl_sys::cudaStream_t],
-    ) -> Result<()> {
+    ) -> Result<(), BaselineError> {
         debug_assert!(sends.len() == self.comms.len() && recvs.len() == self.comms.len());
         debug_assert!(streams.len() == self.comms.len());
         nccl::group_start().map_err(nccl_error("ncclGroupStart"))?;
@@ -451,16 +457,16 @@ impl NcclAllReduce {
 
     /// Waits for queued work, then finalizes and destroys the communicators; returns the first
     /// error (`Drop` does the same and drops it).
-    pub fn close(mut self) -> Result<()> {
+    pub fn close(mut self) -> Result<(), BaselineError> {
         self.release()
     }
 
-    fn release(&mut self) -> Result<()> {
+    fn release(&mut self) -> Result<(), BaselineError> {
         let comms = std::mem::take(&mut self.comms);
         if comms.is_empty() {
             return Ok(());
         }
-        let mut first_error = self.synchronize().err();
+        let mut first_error = self.synchronize().err().map(BaselineError::from);
         // Finalizing is collective over the clique: one thread finalizes all in one group, then
         // each is destroyed on its own.
         if let Err(err) = nccl::group_start() {
@@ -493,14 +499,15 @@ impl Drop for NcclAllReduce {
 }
 
 /// NCCL's version ("2.28.3"), or why it cannot be asked. Loads libnccl; never panics.
-pub fn nccl_version() -> Result<String> {
+pub fn nccl_version() -> Result<String, BaselineError> {
     if !nccl_present() {
         return Err(Error::NoGpu {
             reason: format!(
                 "libnccl not found under cudarc's names {:?}",
                 nccl_library_candidates()
             ),
-        });
+        }
+        .into());
     }
     panic::catch_unwind(nccl::get_nccl_version)
         .map_err(|_| Error::NoGpu {
@@ -510,10 +517,10 @@ pub fn nccl_version() -> Result<String> {
         .map(format_nccl_version)
 }
 
-/// Converts a cudarc `NcclError` from `call` into [`Error::Nccl`] with NCCL's own words: the
-/// code's name and description, and NCCL's last error message. The one place an NCCL status
-/// becomes an [`Error`].
-fn nccl_error(call: &'static str) -> impl FnOnce(nccl::NcclError) -> Error {
+/// Converts a cudarc `NcclError` from `call` into [`BaselineError::Nccl`] with NCCL's own words:
+/// the code's name and description, and NCCL's last error message. The one place an NCCL status
+/// becomes an error.
+fn nccl_error(call: &'static str) -> impl FnOnce(nccl::NcclError) -> BaselineError {
     move |err| {
         let code = err.0;
         // SAFETY: ncclGetErrorString takes any result code and returns a static NUL-terminated
@@ -522,9 +529,10 @@ fn nccl_error(call: &'static str) -> impl FnOnce(nccl::NcclError) -> Error {
         // SAFETY: ncclGetLastError ignores its argument and returns NCCL's last error message,
         // NUL-terminated (or null, checked); it is copied before any other NCCL call.
         let last = c_text(unsafe { nccl_sys::ncclGetLastError(std::ptr::null_mut()) });
-        Error::Nccl {
+        BaselineError::Nccl {
             call,
-            message: format!("{code:?}: {text}; NCCL's last error: {last}"),
+            code: format!("{code:?}"),
+            message: format!("{text}; NCCL's last error: {last}"),
         }
     }
 }
@@ -599,14 +607,17 @@ mod tests {
     fn new_fails_cleanly() {
         assert!(matches!(
             NcclAllReduce::new(&[]),
-            Err(Error::InvalidArgument(_))
+            Err(BaselineError::Ring(Error::InvalidArgument(_)))
         ));
         assert!(matches!(
             NcclAllReduce::new(&[0, 0]),
-            Err(Error::DuplicateDevice { .. })
+            Err(BaselineError::Ring(Error::DuplicateDevice { .. }))
         ));
         if device::driver_available().is_err() {
-            assert!(matches!(NcclAllReduce::new(&[0]), Err(Error::NoGpu { .. })));
+            assert!(matches!(
+                NcclAllReduce::new(&[0]),
+                Err(BaselineError::Ring(Error::NoGpu { .. }))
+            ));
         }
     }
 }

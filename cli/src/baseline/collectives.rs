@@ -22,7 +22,7 @@
 //! [`Collective::input_len`] / [`Collective::output_len`] / [`Collective::in_place_len`]) before
 //! the group starts; a group that started is always ended.
 
-use super::{nccl, nccl_data_type, nccl_error, nccl_red_op, NcclAllReduce};
+use super::{nccl, nccl_data_type, nccl_error, nccl_red_op, BaselineError, NcclAllReduce};
 use cudarc::driver::CudaStream;
 use ringreduce::{Buffer, BufferMut, Collective, Element, Error, Placement, ReduceOp, Result};
 use std::ffi::{c_int, c_void};
@@ -57,7 +57,7 @@ impl NcclAllReduce {
         outputs: &mut [O],
         op: ReduceOp,
         streams: Option<&[Arc<CudaStream>]>,
-    ) -> Result<()> {
+    ) -> Result<(), BaselineError> {
         let world = self.devices.len();
         collective.validate(world)?;
         let raw_streams = match streams {
@@ -67,9 +67,7 @@ impl NcclAllReduce {
         let name = collective.name();
         let in_place = inputs.is_none();
         if in_place && !collective.has_in_place() {
-            return Err(Error::InvalidArgument(format!(
-                "{name} has no in-place form"
-            )));
+            return Err(Error::InvalidArgument(format!("{name} has no in-place form")).into());
         }
         let in_ranks = if in_place {
             Vec::new()

@@ -9,13 +9,14 @@
 //! (`ncclCommInitAll`), each registration and each deregistration is one group over all ranks.
 //! cudarc's `nccl-02028` bindings have all four; an older libnccl lacks the window calls, and
 //! cudarc's loader panics on a missing symbol: the panic is caught and becomes [`Error::NoGpu`]
-//! naming the call and NCCL's version.
+//! naming the call and NCCL's version. Only the calls that reach NCCL (making and freeing the
+//! buffers) return a [`BaselineError`]; the others fail with ringreduce's [`Error`] alone.
 //!
 //! Invariant: while a [`SymmetricBuffers`] lives, rank r's memory is registered with rank r's
 //! communicator at offset 0 on every rank (symmetric); it is deregistered (one group) before it
 //! is freed, in `free` or, with errors dropped, in `Drop`.
 
-use super::{cuda_error, nccl, nccl_error, nccl_sys, NcclAllReduce};
+use super::{cuda_error, nccl, nccl_error, nccl_sys, BaselineError, NcclAllReduce};
 use ringreduce::device;
 use ringreduce::{Element, Error, GpuViewMut, Result};
 use std::ffi::c_void;
@@ -41,8 +42,11 @@ pub struct SymmetricBuffers<'a, T: Element> {
 impl NcclAllReduce {
     /// `count` elements of `T` per rank in NCCL's symmetric memory (see the module doc).
     /// [`Error::NoGpu`] when this libnccl lacks `ncclMemAlloc` or the window calls (NCCL < 2.27),
-    /// [`Error::Nccl`] when NCCL refuses.
-    pub fn symmetric_buffers<T: Element>(&self, count: usize) -> Result<SymmetricBuffers<'_, T>> {
+    /// [`BaselineError::Nccl`] when NCCL refuses.
+    pub fn symmetric_buffers<T: Element>(
+        &self,
+        count: usize,
+    ) -> Result<SymmetricBuffers<'_, T>, BaselineError> {
         let bytes =
             count
                 .max(1)
@@ -88,7 +92,7 @@ impl NcclAllReduce {
                     break;
                 }
                 Err(e) => {
-                    registered = Err(e);
+                    registered = Err(e.into());
                     break;
                 }
             }
@@ -164,16 +168,16 @@ impl<T: Element> SymmetricBuffers<'_, T> {
 
     /// Deregisters (one group) and frees; returns the first error. `Drop` does the same and
     /// drops it. The caller has waited for every collective on the buffers.
-    pub fn free(mut self) -> Result<()> {
+    pub fn free(mut self) -> Result<(), BaselineError> {
         self.release()
     }
 
-    fn release(&mut self) -> Result<()> {
+    fn release(&mut self) -> Result<(), BaselineError> {
         let ptrs = std::mem::take(&mut self.ptrs);
         if ptrs.is_empty() {
             return Ok(());
         }
-        let mut first = self.nccl.synchronize().err();
+        let mut first = self.nccl.synchronize().err().map(BaselineError::from);
         if let Err(e) = nccl::group_start() {
             first.get_or_insert(nccl_error("ncclGroupStart")(e));
         }

@@ -18,11 +18,12 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaStream};
 
 /// Captures `calls` runs of `call` on every stream in `streams` (relaxed capture mode) into one
-/// graph per stream, instantiated (not yet uploaded). `Err` names the call that failed.
-pub(super) fn capture(
+/// graph per stream, instantiated (not yet uploaded). `Err` names the call that failed (`call`'s
+/// error is either library's, shown in the message).
+pub(super) fn capture<E: std::fmt::Display>(
     streams: &[Arc<CudaStream>],
     calls: usize,
-    mut call: impl FnMut() -> Result<()>,
+    mut call: impl FnMut() -> Result<(), E>,
 ) -> Result<Vec<CudaGraph>> {
     let mut begun = 0;
     let mut result = Ok(());

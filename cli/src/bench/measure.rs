@@ -26,7 +26,7 @@ use ringreduce::device;
 use ringreduce::exec::profile::CallProfile;
 use ringreduce::verify::{make_expected, make_input};
 use ringreduce::{Collective, Communicator, DType, Element, GpuViewMut, ReduceOp};
-use ringreduce_cli::baseline::NcclAllReduce;
+use ringreduce_cli::baseline::{BaselineError, NcclAllReduce};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -60,17 +60,17 @@ impl Lib<'_> {
         outs: Option<&mut [GpuViewMut<'_, T>]>,
         op: ReduceOp,
         streams: Option<&[Arc<CudaStream>]>,
-    ) -> ringreduce::Result<()> {
+    ) -> Result<(), BaselineError> {
         if *collective != Collective::AllReduce {
             let none = None::<&[GpuViewMut<'_, T>]>;
             // SAFETY: the caller's contract is each library's.
             return unsafe {
                 match (self, outs) {
                     (Lib::Ring(c), None) => {
-                        c.enqueue_collective(collective, none, ins, op, streams)
+                        Ok(c.enqueue_collective(collective, none, ins, op, streams)?)
                     }
                     (Lib::Ring(c), Some(o)) => {
-                        c.enqueue_collective(collective, Some(&*ins), o, op, streams)
+                        Ok(c.enqueue_collective(collective, Some(&*ins), o, op, streams)?)
                     }
                     (Lib::Nccl(n), None) => {
                         n.enqueue_collective(collective, none, ins, op, streams)
@@ -84,10 +84,10 @@ impl Lib<'_> {
         // SAFETY: the caller's contract is each library's.
         unsafe {
             match (self, outs, streams) {
-                (Lib::Ring(c), None, None) => c.enqueue_all_reduce_in_place(ins, op),
-                (Lib::Ring(c), Some(o), None) => c.enqueue_all_reduce(ins, o, op),
-                (Lib::Ring(c), None, Some(s)) => c.enqueue_all_reduce_in_place_on(ins, op, s),
-                (Lib::Ring(c), Some(o), Some(s)) => c.enqueue_all_reduce_on(ins, o, op, s),
+                (Lib::Ring(c), None, None) => Ok(c.enqueue_all_reduce_in_place(ins, op)?),
+                (Lib::Ring(c), Some(o), None) => Ok(c.enqueue_all_reduce(ins, o, op)?),
+                (Lib::Ring(c), None, Some(s)) => Ok(c.enqueue_all_reduce_in_place_on(ins, op, s)?),
+                (Lib::Ring(c), Some(o), Some(s)) => Ok(c.enqueue_all_reduce_on(ins, o, op, s)?),
                 (Lib::Nccl(n), None, None) => n.enqueue_all_reduce_in_place(ins, op),
                 (Lib::Nccl(n), Some(o), None) => n.enqueue_all_reduce(ins, o, op),
                 (Lib::Nccl(n), None, Some(s)) => n.enqueue_all_reduce_in_place_on(ins, op, s),
@@ -309,7 +309,7 @@ impl Sweep<'_> {
         in_place: bool,
         mode: Mode,
         memory: Memory,
-    ) -> ringreduce::Result<Measure> {
+    ) -> Result<Measure, BaselineError> {
         let (args, world) = (self.args, self.devices.len());
         let count = which.count(bytes, std::mem::size_of::<T>(), world);
         let (input, output, one) = which.lengths(world, count);
@@ -348,7 +348,7 @@ impl Sweep<'_> {
         ins: &mut RankMemory<'_, T>,
         mut outs: Option<&mut RankMemory<'_, T>>,
         expect: &[Expected<T>],
-    ) -> ringreduce::Result<Measure> {
+    ) -> Result<Measure, BaselineError> {
         let args = self.args;
         let (c, op) = (&shape.collective, shape.op);
         // Checked call.
@@ -357,7 +357,7 @@ impl Sweep<'_> {
             // SAFETY: the views' memory lives (in `ins`/`outs`) until after the synchronize.
             let call = unsafe { lib.enqueue(c, &mut i, o.as_deref_mut(), op, None) };
             let synced = lib.synchronize();
-            call.and(synced)?;
+            call.and(synced.map_err(BaselineError::from))?;
         }
         let wrong = outs.as_deref().unwrap_or(ins).count_wrong_each(expect)?;
         let (mut i, mut o) = shape.views_mut(ins, outs)?;
@@ -365,10 +365,10 @@ impl Sweep<'_> {
         // (also when a call fails, before the buffers can be dropped).
         let mut queue = |n: usize,
                          between: &mut dyn FnMut(usize) -> ringreduce::Result<()>|
-         -> ringreduce::Result<()> {
+         -> Result<(), BaselineError> {
             let mut result = Ok(());
             for k in 0..=n {
-                result = between(k);
+                result = between(k).map_err(BaselineError::from);
                 if result.is_ok() && k < n {
                     // SAFETY: the memory outlives the synchronize below, on every path.
                     result = unsafe { lib.enqueue(c, &mut i, o.as_deref_mut(), op, None) };
@@ -378,7 +378,7 @@ impl Sweep<'_> {
                 }
             }
             let synced = lib.synchronize();
-            result.and(synced)
+            result.and(synced.map_err(BaselineError::from))
         };
         let n = args.iters.max(1);
         queue(args.warmup, &mut |_| Ok(()))?;
@@ -425,7 +425,7 @@ impl Sweep<'_> {
         mut outs: Option<&mut RankMemory<'_, T>>,
         expect: &[Expected<T>],
         calls: usize,
-    ) -> ringreduce::Result<Measure> {
+    ) -> Result<Measure, BaselineError> {
         let (args, streams) = (self.args, &self.streams[..]);
         let (c, op) = (&shape.collective, shape.op);
         // One eager call of the same shape on the same streams (plans and staging are made outside
@@ -435,7 +435,7 @@ impl Sweep<'_> {
             // SAFETY: the views' memory lives (in `ins`/`outs`) until after the synchronize.
             let call = unsafe { lib.enqueue(c, &mut i, o.as_deref_mut(), op, Some(streams)) };
             let synced = graph::synchronize(streams);
-            call.and(synced)?;
+            call.and(synced.map_err(BaselineError::from))?;
             // SAFETY: captured work runs only in replays, each followed by a synchronize of
             // `streams` while `ins`/`outs` still hold the memory (the graphs are dropped first).
             let captured = graph::capture(streams, calls, || unsafe {
@@ -594,7 +594,7 @@ impl Sweep<'_> {
         sequence: &[usize],
         in_place: bool,
         run: &mut RandomRun,
-    ) -> ringreduce::Result<()> {
+    ) -> Result<(), BaselineError> {
         let (args, world, elem) = (self.args, self.devices.len(), std::mem::size_of::<T>());
         let largest = sequence.iter().max().map_or(0, |b| b / elem);
         let smallest = sequence.iter().min().map_or(0, |b| b / elem);
@@ -607,7 +607,7 @@ impl Sweep<'_> {
             true => None,
             false => Some(RankMemory::zeroed(lib, memory, &self.devices, largest)?),
         };
-        let mut one = |ins: &mut RankMemory<'_, T>, count: usize| -> ringreduce::Result<f64> {
+        let mut one = |ins: &mut RankMemory<'_, T>, count: usize| -> Result<f64, BaselineError> {
             let mut i = ins.views_mut(count)?;
             let mut o = outs.as_mut().map(|o| o.views_mut(count)).transpose()?;
             let t = Instant::now();
@@ -615,7 +615,7 @@ impl Sweep<'_> {
             // SAFETY: `ins`/`outs` hold the memory until after the synchronize, on every path.
             let call = unsafe { lib.enqueue(all_reduce, &mut i, o.as_deref_mut(), args.op, None) };
             let synced = lib.synchronize();
-            call.and(synced)?;
+            call.and(synced.map_err(BaselineError::from))?;
             Ok(t.elapsed().as_secs_f64() * 1e6)
         };
         for _ in 0..args.warmup {
