@@ -202,8 +202,27 @@ pub enum Error {
         why: String,
     },
     /// An invalid argument that none of the variants above names (a device index, a config value).
+    /// Always the caller's input: a state ringreduce's own code should not reach is
+    /// [`Error::Internal`].
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A state ringreduce's own code should never reach (a launch without the resources its
+    /// algorithm was chosen for, a staging size no plan of a valid call has): a bug in
+    /// ringreduce, never in the caller's input. (A plan the checker refuses is
+    /// [`Error::PlanRejected`].)
+    #[error(
+        "internal error: {what} (this is a bug in ringreduce; please report it with this message)"
+    )]
+    Internal {
+        /// What was found wrong.
+        what: String,
+    },
+    /// The host could not give ringreduce what it needs: memory for host staging, a thread.
+    #[error("out of resources: {what}")]
+    Resource {
+        /// What could not be had, with the system's reason where it gave one.
+        what: String,
+    },
     /// GPU a cannot reach GPU b's memory, and the transport was forced to peer copies.
     #[error("no peer access from device {from} to device {to}")]
     NoPeerAccess {
@@ -273,5 +292,23 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         s.clone()
     } else {
         "a panic with a non-string payload".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Error;
+
+    /// An internal error says whose bug it is and asks for a report, keeping its own message.
+    #[test]
+    fn internal_errors_say_they_are_bugs() {
+        let text = Error::Internal {
+            what: "staging size overflows".into(),
+        }
+        .to_string();
+        assert!(text.contains("staging size overflows"), "{text}");
+        assert!(text.contains("bug in ringreduce"), "{text}");
+        assert!(text.contains("report"), "{text}");
+        assert!(!text.contains("invalid argument"), "{text}");
     }
 }

@@ -127,13 +127,13 @@ unsafe impl Sync for Scratch {}
 
 impl Scratch {
     fn new(bytes: usize) -> Result<Scratch> {
-        let layout = Layout::from_size_align(bytes.max(1), 64).map_err(|_| {
-            Error::InvalidArgument(format!("staging of {bytes} bytes is too large"))
+        let layout = Layout::from_size_align(bytes.max(1), 64).map_err(|_| Error::Resource {
+            what: format!("staging of {bytes} bytes is too large"),
         })?;
         // SAFETY: the layout has non-zero size.
         let ptr = unsafe { alloc_zeroed(layout) };
-        let ptr = NonNull::new(ptr).ok_or_else(|| {
-            Error::InvalidArgument(format!("cannot allocate {bytes} bytes of staging"))
+        let ptr = NonNull::new(ptr).ok_or_else(|| Error::Resource {
+            what: format!("cannot allocate {bytes} bytes of staging"),
         })?;
         Ok(Scratch { ptr, layout })
     }
@@ -269,8 +269,8 @@ impl HostExecutor {
                 let handle = std::thread::Builder::new()
                     .name(format!("ringreduce-rank-{}", handoff.rank))
                     .spawn(move || host_rank_thread(handoff, rx))
-                    .map_err(|e| {
-                        Error::InvalidArgument(format!("cannot start a rank thread: {e}"))
+                    .map_err(|e| Error::Resource {
+                        what: format!("cannot start a rank thread: {e}"),
                     })?;
                 Ok((tx, handle))
             })
@@ -328,7 +328,9 @@ impl HostExecutor {
                 BufKind::Slots | BufKind::HostSlots | BufKind::Exposed | BufKind::Scratch => decl
                     .len
                     .checked_mul(shape.elem_bytes)
-                    .ok_or(Error::InvalidArgument("staging size overflows".into()))
+                    .ok_or(Error::Internal {
+                        what: "staging size overflows".into(),
+                    })
                     .and_then(Scratch::new)
                     .map(Some),
                 _ => Ok(None),

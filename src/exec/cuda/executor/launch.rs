@@ -250,7 +250,9 @@ impl Launchers {
             let handle = std::thread::Builder::new()
                 .name(format!("ringreduce-launch-{rank}"))
                 .spawn(move || launcher(rank, &res, &contexts, &mine))
-                .map_err(|e| Error::InvalidArgument(format!("cannot start a launcher: {e}")))?;
+                .map_err(|e| Error::Resource {
+                    what: format!("cannot start a launcher: {e}"),
+                })?;
             launchers.threads.push(handle.thread().clone());
             launchers.handles.push(handle);
             launchers.slots.push(slot);

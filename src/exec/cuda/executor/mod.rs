@@ -323,8 +323,8 @@ impl CudaExecutor {
                 let handle = std::thread::Builder::new()
                     .name(format!("ringreduce-gpu-{}", res.device))
                     .spawn(move || gpu_rank_thread(handoff, res, contexts, rx))
-                    .map_err(|e| {
-                        Error::InvalidArgument(format!("cannot start a rank thread: {e}"))
+                    .map_err(|e| Error::Resource {
+                        what: format!("cannot start a rank thread: {e}"),
                     })?;
                 Ok((tx, handle))
             })

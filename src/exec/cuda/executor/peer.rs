@@ -335,10 +335,8 @@ fn peer_timeout(code: u32) -> (Option<PeerKernel>, Option<&'static str>) {
 impl CudaCall {
     /// The peer kernels' state, which every peer plan's launch needs.
     fn peer_state(&self, kernel: PeerKernel) -> Result<&PeerKernelState> {
-        self.peer.as_deref().ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "a {kernel} plan on a communicator without peer-kernel resources"
-            ))
+        self.peer.as_deref().ok_or_else(|| Error::Internal {
+            what: format!("a {kernel} plan on a communicator without peer-kernel resources"),
         })
     }
 
@@ -536,10 +534,8 @@ impl CudaEnqueue<'_> {
         stream: &Stream,
     ) -> Result<()> {
         let call = self.call;
-        let recv = shared.ll_recv.as_ref().ok_or_else(|| {
-            Error::InvalidArgument(
-                "an LL one-shot launch on a communicator without low_latency".into(),
-            )
+        let recv = shared.ll_recv.as_ref().ok_or_else(|| Error::Internal {
+            what: "an LL one-shot launch on a communicator without low_latency".into(),
         })?;
         let mut args = LlArgs {
             recvs: [0; PEER_MAX_RANKS],
