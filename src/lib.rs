@@ -115,7 +115,7 @@
 //! | check | [`check`] | proves a plan: shape, enqueue order (no deadlock), no data race over calls, the exact symbolic result of its collective; the scaling and cell lemmas prove a new message size by comparison |
 //! | device | [`device`] | the CUDA driver layer: contexts, peer access, memory and pools, streams and events, and the gate that keeps this crate's blocking calls off spinning kernels |
 //! | topology | [`topo`] | link classes (NVLink, PCIe, host), detection through NVML, the ring order |
-//! | execute | [`exec`] | [`exec::host`] (host threads) and [`exec::cuda`] (GPUs: copy-engine ring, the peer kernels — one-shot, two-shot, LL, the other collectives' steps — their launches and layout checks, edge probe); [`exec::algorithm`] picks the algorithm for every collective; [`exec::profile`] times the host phases of a call (`CudaConfig::profile_host`) |
+//! | execute | [`exec`] | [`exec::host`] (host threads) and [`exec::cuda`] (GPUs: one enqueue for every path, copy-engine ring, the peer kernels — one-shot, two-shot, LL, the other collectives' steps — their launches and layout checks, edge probe); [`exec::algorithm`] picks the algorithm for every collective; [`exec::profile`] times the host phases of a call (`CudaConfig::profile_host`) |
 //! | API | [`comm`] | [`Communicator`] and [`ring_allreduce`] |
 //! | tests | [`verify`] | exact rank- and index-dependent test data, shared by tests, CLI and benches |
 //!

@@ -22,7 +22,7 @@
 //! kernels then time out at their barriers and leave their codes, as for a stuck GPU, where the
 //! serial path would have launched nothing.
 
-use super::ring::{record_done, wait_done, CudaEnqueue};
+use super::enqueue::{record_done, wait_done, CudaEnqueue};
 use super::{CudaCall, CudaExecutor, RankRes};
 use crate::device;
 use crate::error::{Error, Result};

@@ -16,9 +16,9 @@
 //! - this module: [`CudaConfig`], creation of a `CudaExecutor`, the plan cache, and `run`, which
 //!   hands a call to the rank threads (plans with events) or enqueues it inline (plans without);
 //! - `edges`: how each ring edge moves data ([`EdgeInfo`]), its probe, and the chunk size rule;
-//! - `ring`: the rank threads and the enqueue of a plan's operations on a rank's streams
-//!   (copies, reduce and scale kernels, event records and waits), the wait for completion and
-//!   the diagnosis of a stalled call;
+//! - `enqueue`: the enqueue of a plan's operations on a rank's streams, for every path (copies,
+//!   reduce and scale kernels, event records and waits, peer kernel launches), the ring's rank
+//!   threads, the wait for completion and the diagnosis of a stalled call;
 //! - `peer`: the peer kernels' shared flags, LL receive buffers and error words, their launch
 //!   (the LL one-shot for small one-shot all-reduces with `low_latency`), and the timeouts they
 //!   report;
@@ -34,16 +34,16 @@
 //!   leak of what a stuck GPU may still touch.
 //!
 //! Invariant: a failed enqueue never leaves a GPU waiting forever, and teardown never hangs on a
-//! stuck GPU (see `ring`, `peer`, `launch` and `teardown` for how each path keeps it).
+//! stuck GPU (see `enqueue`, `peer`, `launch` and `teardown` for how each path keeps it).
 
 mod callers;
 mod edges;
+mod enqueue;
 mod exposure;
 mod handoff;
 mod launch;
 mod layout;
 mod peer;
-mod ring;
 mod teardown;
 
 pub use edges::{auto_chunk_bytes, EdgeInfo};
@@ -59,9 +59,9 @@ use crate::plan::{BufKind, Collective, EdgeTransport, Op, Plan, StreamKind};
 use crossbeam_channel::Sender;
 use cudarc::driver::{CudaContext, CudaStream};
 use edges::{decide_edges, probe_edges};
+use enqueue::{gpu_rank_thread, wait_done};
 use layout::{oneshot_layout, steps_layout, twoshot_segments, StepLayout};
 use peer::{setup_peer_kernels, PeerKernel, PeerKernelState};
-use ring::{gpu_rank_thread, wait_done};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -145,7 +145,7 @@ struct RankRes {
     streams: Vec<Stream>,
     kernels: KernelModule,
     /// Recorded on Main after each call that waits for its completion, polled to learn that the
-    /// rank is done (`ring::record_done`).
+    /// rank is done (`enqueue::record_done`).
     done: Event,
     /// A call on a caller's stream: recorded there before the call, waited for by Main.
     fence_in: Event,

@@ -29,7 +29,7 @@
 //! flags, on its Main stream, so that the barriers meet and each block's epoch (kept on the
 //! device, advanced by the kernel) moves in step on every rank.
 
-use super::ring::CudaEnqueue;
+use super::enqueue::CudaEnqueue;
 use super::{CudaCall, CudaExecutor, RankRes, Transport};
 use crate::device::{self, DeviceBuffer, PinnedHost, Stream};
 use crate::element::DType;

@@ -1,9 +1,11 @@
-//! The copy-engine ring on the GPUs: one host thread per rank ([`gpu_rank_thread`]) enqueues its
-//! rank's program on that GPU's four streams — copies (peer or staged), reduce and scale kernels,
-//! event records and waits — handing off to its neighbours through [`crate::exec::enqueue_rank`],
-//! then the caller polls each rank's completion event ([`wait_done`]) and, past the deadline,
-//! names the rank that stalled ([`stalled`]). [`CudaEnqueue`] is also the per-instruction enqueue
-//! of the inline path (module [`super::peer`]).
+//! The enqueue of a plan on a rank's GPU streams, shared by every path: [`CudaEnqueue`] turns
+//! each instruction into its CUDA work — copies (peer or staged), reduce and scale kernels,
+//! event records and waits, the peer kernels' launches (module [`super::peer`]) and, in a
+//! capture, the handoff kernels that replace cross-GPU event waits (module [`super::handoff`]).
+//! The ring's rank threads ([`gpu_rank_thread`]) drive it through [`crate::exec::enqueue_rank`],
+//! handing events off to their neighbours; the inline path (module [`super::launch`]) drives it
+//! from the caller's thread. Then the caller polls each rank's completion event ([`wait_done`])
+//! and, past the deadline, names the rank that stalled ([`stalled`]).
 //!
 //! A failed enqueue never leaves a GPU waiting forever: a CUDA wait binds, when it is enqueued, to
 //! the event's latest record, and a record that was never enqueued leaves nothing to wait for.
