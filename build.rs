@@ -31,7 +31,7 @@ const PARTS: [&str; 7] = [
     "cuda/peer.cuh",
     "cuda/peer_kernels.cuh",
     "cuda/ll.cuh",
-    "cuda/handoff.cuh",
+    "cuda/counters.cuh",
     "cuda/instances.cuh",
 ];
 /// The joined source, in `$OUT_DIR`.

@@ -2,14 +2,14 @@
 // full, where the unit tests in src/exec/cuda/kernels/ find them by name.
 //
 // Joined into one translation unit by build.rs, in this order: types.cuh, reduce.cuh, peer.cuh,
-// peer_kernels.cuh, ll.cuh, handoff.cuh, instances.cuh (build.rs: PARTS). No part includes
+// peer_kernels.cuh, ll.cuh, counters.cuh, instances.cuh (build.rs: PARTS). No part includes
 // another: NVRTC compiles the joined text with no include paths, so the kernels include NO
 // header at all.
 
 // ---------------------------------------------------------------------------------------------
 // The exported kernels: 4 operators x 10 types of pairwise reduce, of one-shot, of two-shot and
 // of LL one-shot all-reduce and of the other collectives' one-shot steps, one scale kernel per
-// type, and the two handoff kernels (at the end). RR_REDUCE(symbol, op, type),
+// type, and the two counter kernels (at the end). RR_REDUCE(symbol, op, type),
 // RR_ONESHOT(symbol, op, type), RR_TWOSHOT(symbol, op, type), RR_STEPS(symbol, op, type),
 // RR_LL(symbol, op, type) and RR_SCALE(symbol, type): the symbol is written out in full and must
 // read rr_reduce_<op>_<type> / rr_oneshot_<op>_<type> / rr_twoshot_<op>_<type> /
@@ -285,12 +285,12 @@ RR_LL(rr_ll_max_i32, max, rr_i32)
 RR_LL(rr_ll_max_u32, max, rr_u32)
 RR_LL(rr_ll_max_i64, max, rr_i64)
 RR_LL(rr_ll_max_u64, max, rr_u64)
-// The handoff kernels of captured rings (handoff.cuh).
-extern "C" __global__ void rr_handoff_signal(unsigned* sent, unsigned* mailbox) {
-    rr_handoff_signal_body(sent, mailbox);
+// The event counter kernels of captured rings (counters.cuh).
+extern "C" __global__ void rr_counter_signal(unsigned* sent, unsigned* mailbox) {
+    rr_counter_signal_body(sent, mailbox);
 }
-extern "C" __global__ void rr_handoff_wait(const unsigned* mailbox, unsigned* seen,
+extern "C" __global__ void rr_counter_wait(const unsigned* mailbox, unsigned* seen,
                                            unsigned long long timeout_ns, unsigned* error,
                                            unsigned code) {
-    rr_handoff_wait_body(mailbox, seen, timeout_ns, error, code);
+    rr_counter_wait_body(mailbox, seen, timeout_ns, error, code);
 }

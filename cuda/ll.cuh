@@ -5,7 +5,7 @@
 // (CudaConfig::low_latency, src/exec/cuda/executor/peer.rs: PeerKernelState::oneshot_kernel).
 //
 // Joined into one translation unit by build.rs, in this order: types.cuh, reduce.cuh, peer.cuh,
-// peer_kernels.cuh, ll.cuh, handoff.cuh, instances.cuh (build.rs: PARTS). No part includes
+// peer_kernels.cuh, ll.cuh, counters.cuh, instances.cuh (build.rs: PARTS). No part includes
 // another: NVRTC compiles the joined text with no include paths, so the kernels include NO
 // header at all.
 

@@ -3,7 +3,7 @@
 // elements between threads and the split copy. The kernel bodies are in peer_kernels.cuh.
 //
 // Joined into one translation unit by build.rs, in this order: types.cuh, reduce.cuh, peer.cuh,
-// peer_kernels.cuh, ll.cuh, handoff.cuh, instances.cuh (build.rs: PARTS). No part includes
+// peer_kernels.cuh, ll.cuh, counters.cuh, instances.cuh (build.rs: PARTS). No part includes
 // another: NVRTC compiles the joined text with no include paths, so the kernels include NO
 // header at all.
 

@@ -1,7 +1,7 @@
 // Part 1 of the kernel source of ringreduce: the element types and their operations.
 //
 // Joined into one translation unit by build.rs, in this order: types.cuh, reduce.cuh, peer.cuh,
-// peer_kernels.cuh, ll.cuh, handoff.cuh, instances.cuh (build.rs: PARTS). No part includes
+// peer_kernels.cuh, ll.cuh, counters.cuh, instances.cuh (build.rs: PARTS). No part includes
 // another: NVRTC compiles the joined text with no include paths, so the kernels include NO
 // header at all.
 //

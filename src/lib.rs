@@ -96,7 +96,7 @@
 //!
 //! The same call on streams being captured into CUDA graphs becomes part of the graphs (one
 //! graph per GPU, or one for all): every algorithm replays correctly any number of times, since
-//! barrier epochs and handoff counters live in device memory and advance there. Run each shape
+//! barrier epochs and event counters live in device memory and advance there. Run each shape
 //! once before capturing it (preparing a shape allocates), replay every rank's graph as often as
 //! the others, and keep the communicator open while its graphs may run; what cannot be captured
 //! (a ring staged through host memory) is refused with [`Error::NotCapturable`].

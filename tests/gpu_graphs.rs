@@ -272,7 +272,7 @@ fn captured_ll_all_reduces_replay_exactly() {
 
 /// Rank 0's graph replayed, rank 1's never: rank 0's stream finishes within the kernels'
 /// deadline (no hang), and the communicator names the timeout; for the peer kernels (the read
-/// one-shot and, with `low_latency`, the LL one-shot) and the captured ring's handoffs.
+/// one-shot and, with `low_latency`, the LL one-shot) and the captured ring's counter waits.
 #[test]
 fn a_graph_whose_peer_is_never_replayed_times_out_by_name() {
     let Some(gpus) = two_gpus_or_shared() else {

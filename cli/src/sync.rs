@@ -13,9 +13,9 @@
 //! memory. After the round, every slot is checked: the right value; the sentinel the slots held
 //! before (a **stale read**: b copied before a wrote); or anything else (wrong).
 //!
-//! - **Handoff** (what the library does, `src/exec/mod.rs` `enqueue_rank`): a writer thread enqueues
-//!   the write and the record, then sends `i` over a channel; the reader thread receives `i` and only
-//!   then enqueues its wait. The wait therefore sees record i (or a later one, which implies it), and
+//! - **Handoff** (what the library does, `src/exec/mod.rs`: `Handoff`, `enqueue_rank`): a writer
+//!   thread enqueues the write and the record, then sends `i` over a channel; the reader thread
+//!   receives `i` and only then enqueues its wait. The wait therefore sees record i (or a later one, which implies it), and
 //!   b never reads early. Must be 0 stale: otherwise the command fails.
 //! - **Pitfall**: one thread enqueues b's wait and copies for iteration i *before* a's write and
 //!   record. The wait sees record i − 1 at best, so b reads slot i while a is still busy with the

@@ -305,8 +305,10 @@ pub(crate) struct Handoff {
 }
 
 impl Handoff {
-    /// One handoff end per rank, fully connected.
-    pub(crate) fn ring(world: usize) -> Vec<Handoff> {
+    /// One handoff end per rank, connected as a full mesh: every rank holds every rank's inbox,
+    /// since a plan may wait on any rank's event (an all-to-all's or a send/recv's copies go
+    /// between any two ranks), not only a ring neighbour's.
+    pub(crate) fn mesh(world: usize) -> Vec<Handoff> {
         let (txs, rxs): (Vec<_>, Vec<_>) =
             (0..world).map(|_| crossbeam_channel::unbounded()).unzip();
         rxs.into_iter()

@@ -262,7 +262,7 @@ impl HostExecutor {
     /// The world and the options were checked against `exec::config`'s limits by the caller.
     pub(crate) fn new(world: usize, config: HostConfig) -> Result<HostExecutor> {
         debug_assert!(world >= 1 && config.chunk_elems >= 1 && config.slots >= 1);
-        let ranks = Handoff::ring(world)
+        let ranks = Handoff::mesh(world)
             .into_iter()
             .map(|handoff| {
                 let (tx, rx) = crossbeam_channel::unbounded();

@@ -3,7 +3,7 @@
 //! the caller's stream: the checker's start and completion rules make every access to a caller's
 //! buffer follow the work queued before the call and precede the work queued after it.
 
-use super::{handoff, CudaExecutor};
+use super::{capture, CudaExecutor};
 use crate::device;
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
@@ -28,7 +28,7 @@ impl CudaExecutor {
     /// stream waits for — Main stands for the caller's stream, which the checker's start and
     /// completion rules make exact. Events made once per rank; no host synchronisation. When the
     /// caller's streams are being captured, the collective becomes part of the caller's
-    /// graph(s) (module `handoff`).
+    /// graph(s) (module `capture`).
     pub(crate) unsafe fn run<T: Element>(
         &mut self,
         shape: Shape,
@@ -47,7 +47,7 @@ impl CudaExecutor {
         self.check_caller_streams(streams)?;
         // A capture: the plan (prepared by an earlier call) is refused if it cannot be captured
         // before any stream joins the capture, and pinned, since the graph will hold its memory.
-        let captured = match handoff::capturing(streams)? {
+        let captured = match capture::capturing(streams)? {
             true => Some(self.pin_for_capture(shape.clone())?),
             false => None,
         };

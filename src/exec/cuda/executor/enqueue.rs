@@ -1,7 +1,7 @@
 //! The enqueue of a plan on a rank's GPU streams, shared by every path: [`CudaEnqueue`] turns
 //! each instruction into its CUDA work — copies (peer or staged), reduce and scale kernels,
 //! event records and waits, the peer kernels' launches (module [`super::peer`]) and, in a
-//! capture, the handoff kernels that replace cross-GPU event waits (module [`super::handoff`]).
+//! capture, the event counters that replace cross-GPU event waits (module [`super::capture`]).
 //! The ring's rank threads ([`gpu_rank_thread`]) drive it through [`crate::exec::enqueue_rank`],
 //! handing events off to their neighbours; the inline path (module [`super::launch`]) drives it
 //! from the caller's thread. Then the caller polls each rank's completion event ([`wait_done`])
@@ -365,21 +365,21 @@ impl CudaEnqueue<'_> {
 }
 
 impl CudaEnqueue<'_> {
-    /// For a record in a captured call: one handoff signal per other rank that waits for event
+    /// For a record in a captured call: one counter signal per other rank that waits for event
     /// `e`, on the recording stream, just before the record.
     fn signal_waiters(&self, e: EventId, stream: &device::Stream) -> Result<()> {
         let call = self.call;
-        let Some(words) = &call.prepared.handoff else {
+        let Some(words) = &call.prepared.counters else {
             return Ok(()); // no event of this plan crosses GPUs
         };
         for &waiter in &call.prepared.waiters[e.0] {
-            // SAFETY: the words are this plan's handoff counters (zeroed device memory of each
+            // SAFETY: the words are this plan's event counters (zeroed device memory of each
             // rank, pinned with the plan for the communicator's life); `sent` is this rank's and
             // only this stream (the one recording `e`) signals it; `mailbox` is the waiter's,
             // reachable over peer access (`pin_for_capture` refused the plan otherwise), and
             // only this signal writes it.
             unsafe {
-                self.res.kernels.handoff_signal(
+                self.res.kernels.counter_signal(
                     stream,
                     words.sent(self.rank, e, waiter),
                     words.mailbox(waiter, e),
@@ -389,13 +389,13 @@ impl CudaEnqueue<'_> {
         Ok(())
     }
 
-    /// In a captured call, a wait for another rank's event `e`: a handoff wait on `stream`
+    /// In a captured call, a wait for another rank's event `e`: a counter wait on `stream`
     /// (this rank's `kind` stream), which gives up at the kernels' deadline.
     fn wait_for_signal(&self, e: EventId, kind: StreamKind, stream: &device::Stream) -> Result<()> {
         let call = self.call;
-        let (Some(words), Some(pin)) = (&call.prepared.handoff, call.captured) else {
+        let (Some(words), Some(pin)) = (&call.prepared.counters, call.captured) else {
             return Err(Error::NotCapturable {
-                reason: "a wait between GPUs without handoff counters".into(),
+                reason: "a wait between GPUs without event counters".into(),
             });
         };
         let shared = call.peer.as_deref().ok_or_else(|| Error::NotCapturable {
@@ -405,13 +405,13 @@ impl CudaEnqueue<'_> {
         // the plan), and only this stream waits on this `seen`; the error word is this rank's
         // pinned host word, mapped for the device, alive as long as the communicator.
         unsafe {
-            self.res.kernels.handoff_wait(
+            self.res.kernels.counter_wait(
                 stream,
                 words.mailbox(self.rank, e),
                 words.seen(self.rank, e, kind),
                 call.kernel_timeout_ns(),
                 shared.error_word(self.rank),
-                super::handoff::wait_code(pin, e),
+                super::capture::wait_code(pin, e),
             )
         }
     }

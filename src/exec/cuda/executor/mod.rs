@@ -28,8 +28,8 @@
 //! - `launch`: the inline enqueue of plans without events (the peer kernels), from the caller's
 //!   thread or the launcher threads;
 //! - `callers`: the entry point of every call, which fences the caller's streams around Main;
-//! - `handoff`: collectives captured into CUDA graphs (what is refused, the pinned plans, the
-//!   counters that replace the ring's cross-GPU events);
+//! - `capture`: collectives captured into CUDA graphs (what is refused, the pinned plans, the
+//!   event counters that replace the ring's cross-GPU events);
 //! - `teardown`: waiting for idle streams, `synchronize`, `close`, `Drop`, and the deliberate
 //!   leak of what a stuck GPU may still touch.
 //!
@@ -37,10 +37,10 @@
 //! stuck GPU (see `enqueue`, `peer`, `launch` and `teardown` for how each path keeps it).
 
 mod callers;
+mod capture;
 mod edges;
 mod enqueue;
 mod exposure;
-mod handoff;
 mod launch;
 mod layout;
 mod peer;
@@ -179,19 +179,19 @@ struct CudaPlan {
     staging: Vec<Option<Staging>>,
     /// The counters that replace cross-GPU event waits when the plan is captured (plans with
     /// such waits, on communicators with peer access between every pair of GPUs).
-    handoff: Option<handoff::HandoffWords>,
+    counters: Option<capture::EventCounters>,
 }
 
 impl CudaPlan {
     /// Whether dropping the plan frees anything the GPUs may still use: events, staging, or
-    /// handoff counters.
+    /// event counters.
     fn owns_gpu_resources(&self) -> bool {
         !self.events.is_empty()
             || self
                 .staging
                 .iter()
                 .any(|s| matches!(s, Some(Staging::Device(_) | Staging::Host(_))))
-            || self.handoff.is_some()
+            || self.counters.is_some()
     }
 }
 
@@ -211,11 +211,11 @@ struct CudaCall {
     timeout: Duration,
     abort: AtomicBool,
     done: Sender<(usize, Result<()>)>,
-    /// The peer kernels' flags and error words (peer calls, and captured rings, whose handoff
+    /// The peer kernels' flags and error words (peer calls, and captured rings, whose counter
     /// waits report their timeouts there).
     peer: Option<Arc<PeerKernelState>>,
     /// Captured into a CUDA graph: the plan's pin in `CudaExecutor::pinned`. Cross-GPU waits are
-    /// handoff kernels then, and nothing is recorded for the host to poll.
+    /// counter kernels then, and nothing is recorded for the host to poll.
     captured: Option<usize>,
 }
 
@@ -304,7 +304,7 @@ impl CudaExecutor {
         if config.probe_edges && !edges.is_empty() {
             probe_edges(&ranks, &mut edges)?;
         }
-        // Also for a forced ring: a captured ring reports its handoff timeouts in the error words.
+        // Also for a forced ring: a captured ring reports its counter waits' timeouts in the error words.
         let peer =
             setup_peer_kernels(&ranks, config.transport, config.timeout, config.low_latency)?;
         if config.algorithm.reads_peers() && peer.is_none() {
@@ -314,7 +314,7 @@ impl CudaExecutor {
                 config.algorithm
             )));
         }
-        let threads = Handoff::ring(ranks.len())
+        let threads = Handoff::mesh(ranks.len())
             .into_iter()
             .map(|handoff| {
                 let res = ranks[handoff.rank].clone();
@@ -524,8 +524,8 @@ impl CudaExecutor {
             // the exposure regions — is dropped without waiting.)
             self.synchronize()?;
         }
-        let handoff = match self.peer {
-            Some(_) => handoff::HandoffWords::new(&self.ranks, &plan)?,
+        let counters = match self.peer {
+            Some(_) => capture::EventCounters::new(&self.ranks, &plan)?,
             None => None,
         };
         let twoshot = if algorithm == Algorithm::TwoShot {
@@ -546,7 +546,7 @@ impl CudaExecutor {
             plan,
             events,
             staging,
-            handoff,
+            counters,
         });
         self.cache.insert(shape, prepared.clone());
         Ok(prepared)
@@ -574,7 +574,7 @@ impl CudaExecutor {
     /// Runs one call of any collective's plan on the Main streams; `inputs` and `outputs` are
     /// the caller's buffers' addresses as [`crate::exec::caller_address`] lays them out
     /// (`inputs` empty in place); `captured` is the plan's pin when the call is being captured
-    /// into CUDA graphs (module `handoff`).
+    /// into CUDA graphs (module `capture`).
     ///
     /// # Safety
     /// Every caller's buffer the plan of `shape` declares is a device address on its rank's GPU,

@@ -36,7 +36,7 @@ use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::exec::cuda::kernels::{
     ll_blocks, ll_fits, ll_recv_bytes, LlArgs, OneShotArgs, PeerStep, StepsArgs, TwoShotArgs,
-    HANDOFF_ERR_BIT, LL_ERR_WAIT, PEER_FLAG_BYTES, PEER_MAX_RANKS,
+    COUNTER_ERR_BIT, LL_ERR_WAIT, PEER_FLAG_BYTES, PEER_MAX_RANKS,
 };
 use crate::plan::{BufKind, Op, Region, StreamKind};
 use std::fmt;
@@ -283,8 +283,8 @@ impl CudaExecutor {
         };
         for (rank, r) in self.ranks.iter().enumerate() {
             let code = shared.error(rank);
-            if code & HANDOFF_ERR_BIT != 0 {
-                return Err(self.handoff_timeout(rank, code));
+            if code & COUNTER_ERR_BIT != 0 {
+                return Err(self.counter_timeout(rank, code));
             }
             if code != 0 {
                 let (named, gave_up) = peer_timeout(code);
@@ -315,7 +315,7 @@ impl CudaExecutor {
     }
 }
 
-/// What a peer kernel's error code (not a handoff's) says: the kernel it names, when only one
+/// What a peer kernel's error code (not a counter wait's) says: the kernel it names, when only one
 /// kernel writes it (4: the two-shot, [`LL_ERR_WAIT`]: the LL one-shot; otherwise the latest
 /// peer call's), and where that kernel gave up waiting — `None` for a launch the kernel refused
 /// (3) or a code no kernel writes.

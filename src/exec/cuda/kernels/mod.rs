@@ -27,17 +27,17 @@
 //!
 //! Invariant: a [`KernelModule`] holds all 212 functions (4 operators × 10 types of pairwise
 //! reduce, of one-shot, two-shot and LL one-shot all-reduce and of the steps kernel, one scale
-//! kernel per type, and the two handoff kernels of captured rings, module `handoff`) resolved in
+//! kernel per type, and the two counter kernels of captured rings, module `counters`) resolved in
 //! its context, so a launch is a table index and one `cuLaunchKernel`, with no lookup and no
 //! allocation.
 
-mod handoff;
+mod counters;
 mod ll;
 mod peer;
 mod reduce;
 mod steps;
 
-pub use handoff::HANDOFF_ERR_BIT;
+pub use counters::COUNTER_ERR_BIT;
 pub use ll::{ll_blocks, ll_fits, ll_recv_bytes, LlArgs, LL_ERR_WAIT, LL_MAX_BYTES};
 pub use peer::{
     peer_blocks, OneShotArgs, TwoShotArgs, PEER_FLAG_BYTES, PEER_MAX_BLOCKS, PEER_MAX_RANKS,
@@ -176,7 +176,7 @@ pub(crate) fn kernel_err<E: CudaFailure>(call: &'static str) -> impl Fn(E) -> Er
 }
 
 /// The kernel source (`cuda/`) loaded into one context: the reduce, scale, one-shot, two-shot,
-/// steps, LL one-shot and handoff kernels.
+/// steps, LL one-shot and counter kernels.
 #[derive(Debug)]
 pub struct KernelModule {
     ctx: Arc<CudaContext>,
@@ -193,8 +193,8 @@ pub struct KernelModule {
     steps: Vec<CudaFunction>,
     /// `ll[reduce_index(op, dtype)]`: the same table shape as `reduce`.
     ll: Vec<CudaFunction>,
-    /// `rr_handoff_signal`, `rr_handoff_wait`.
-    handoff: [CudaFunction; 2],
+    /// `rr_counter_signal`, `rr_counter_wait`.
+    counters: [CudaFunction; 2],
     /// The grid size that fills the device: SM count × `BLOCKS_PER_SM`.
     max_blocks: u32,
 }
@@ -229,9 +229,9 @@ impl KernelModule {
         let twoshot = family(twoshot_symbol)?;
         let steps = family(steps_symbol)?;
         let ll = family(ll_symbol)?;
-        let handoff = [
-            load("rr_handoff_signal".to_string())?,
-            load("rr_handoff_wait".to_string())?,
+        let counters = [
+            load("rr_counter_signal".to_string())?,
+            load("rr_counter_wait".to_string())?,
         ];
 
         let sms = ctx
@@ -248,7 +248,7 @@ impl KernelModule {
             twoshot,
             steps,
             ll,
-            handoff,
+            counters,
             max_blocks,
         })
     }

@@ -1,5 +1,5 @@
 //! Collectives captured into CUDA graphs: what changes when the caller's streams are being
-//! captured, and the counters that replace the ring's cross-GPU events there.
+//! captured, and the event counters that replace the ring's cross-GPU events there.
 //!
 //! A captured collective becomes nodes of the caller's graph(s): it must replay correctly any
 //! number of times, with nothing call-specific baked in, and it may be captured one graph per
@@ -8,9 +8,9 @@
 //! - the peer kernels (one-shot, two-shot) capture as they are: their barrier epochs live in
 //!   device memory and advance on the device (`cuda/peer.cuh`);
 //! - the ring keeps its events between a rank's own streams (they become graph edges), and each
-//!   cross-GPU wait becomes a pair of handoff kernels (`cuda/handoff.cuh`): a signal after the
+//!   cross-GPU wait becomes a pair of counter kernels (`cuda/counters.cuh`): a signal after the
 //!   record on the recording rank's stream, a wait with a deadline on the waiting rank's stream,
-//!   over counters in device memory laid out here ([`HandoffWords`], one set per plan, made
+//!   over counters in device memory laid out here ([`EventCounters`], one set per plan, made
 //!   when the plan is prepared). Peer copies become plain UVA copies (`cuMemcpyPeerAsync`
 //!   cannot be captured);
 //! - a plan captured once is pinned for the communicator's life (the graph holds its staging
@@ -21,7 +21,7 @@
 //! What cannot be captured is refused before anything is enqueued, with
 //! [`Error::NotCapturable`] naming why: a shape that has not run on the communicator before
 //! (preparing it allocates and synchronises), edges staged through host memory (a host-side
-//! handoff), and rings without peer access between every pair of GPUs (the handoff counters are
+//! handoff), and rings without peer access between every pair of GPUs (the event counters are
 //! written across GPUs).
 //!
 //! Invariant: a captured plan's k-th signal of an event pairs with the k-th wait for it on each
@@ -31,24 +31,24 @@
 use super::{CudaExecutor, RankRes};
 use crate::device::{self, DeviceBuffer};
 use crate::error::{Error, Result};
-use crate::exec::cuda::kernels::HANDOFF_ERR_BIT;
+use crate::exec::cuda::kernels::COUNTER_ERR_BIT;
 use crate::exec::Shape;
 use crate::plan::{EdgeTransport, EventId, Op, Plan, StreamKind};
 use cudarc::driver::{sys, CudaStream};
 use std::sync::Arc;
 
-/// The handoff counters of one plan: per rank one zeroed device buffer of
+/// The event counters of one plan: per rank one zeroed device buffer of
 /// `events × (world + 1 + 4)` words — `sent[e × world + waiter]` (events this rank records),
 /// then `mailbox[e]` (events this rank waits for), then `seen[e × 4 + stream]`.
-pub(super) struct HandoffWords {
+pub(super) struct EventCounters {
     world: usize,
     events: usize,
     words: Vec<DeviceBuffer>,
 }
 
-impl HandoffWords {
+impl EventCounters {
     /// The counters for `plan`, or `None` when no event of it is waited for by another rank.
-    pub(super) fn new(ranks: &[Arc<RankRes>], plan: &Plan) -> Result<Option<HandoffWords>> {
+    pub(super) fn new(ranks: &[Arc<RankRes>], plan: &Plan) -> Result<Option<EventCounters>> {
         if plan.remote_waiters().iter().all(Vec::is_empty) {
             return Ok(None);
         }
@@ -58,7 +58,7 @@ impl HandoffWords {
             .iter()
             .map(|r| DeviceBuffer::zeroed(&r.ctx, bytes))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Some(HandoffWords {
+        Ok(Some(EventCounters {
             world,
             events,
             words,
@@ -88,8 +88,8 @@ impl HandoffWords {
     }
 }
 
-/// The error code of a handoff wait for event `e` of pinned plan `pin` (see
-/// `RR_HANDOFF_ERR_BIT`): the pin in bits 16..31, the event in bits 0..16 (0xffff: too many to
+/// The error code of a counter wait for event `e` of pinned plan `pin` (see
+/// `RR_COUNTER_ERR_BIT`): the pin in bits 16..31, the event in bits 0..16 (0xffff: too many to
 /// name).
 pub(super) fn wait_code(pin: usize, e: EventId) -> u32 {
     let pin = pin.min(0x7fff) as u32;
@@ -160,9 +160,9 @@ impl CudaExecutor {
                 reason: "this communicator's ring stages edges through pinned host memory, whose handoffs the host threads make".into(),
             });
         }
-        if prepared.handoff.is_none() && plan.remote_waiters().iter().any(|w| !w.is_empty()) {
+        if prepared.counters.is_none() && plan.remote_waiters().iter().any(|w| !w.is_empty()) {
             return Err(Error::NotCapturable {
-                reason: "the ring's handoffs between GPUs need peer access between every pair of GPUs, which this communicator does not have".into(),
+                reason: "the ring's event counters between GPUs need peer access between every pair of GPUs, which this communicator does not have".into(),
             });
         }
         if let Some(pin) = self
@@ -176,10 +176,10 @@ impl CudaExecutor {
         Ok(self.pinned.len() - 1)
     }
 
-    /// The timeout a captured ring's handoff wait for `code` reported, by name: which rank
+    /// The timeout a captured ring's counter wait for `code` reported, by name: which rank
     /// waited for which event of which captured plan.
-    pub(super) fn handoff_timeout(&self, rank: usize, code: u32) -> Error {
-        let pin = ((code & !HANDOFF_ERR_BIT) >> 16) as usize;
+    pub(super) fn counter_timeout(&self, rank: usize, code: u32) -> Error {
+        let pin = ((code & !COUNTER_ERR_BIT) >> 16) as usize;
         let event = (code & 0xffff) as usize;
         let what = self
             .pinned

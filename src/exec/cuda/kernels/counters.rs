@@ -1,11 +1,11 @@
-//! The handoff kernels: a cross-GPU "record here, wait there" made of counters in device memory,
+//! The counter kernels: a cross-GPU "record here, wait there" made of counters in device memory,
 //! for rings captured into CUDA graphs (an event wait cannot cross from one graph's capture to
 //! another's, and a stream memory wait cannot time out). The protocol — which words, who writes
-//! them, the memory order — is described in `cuda/handoff.cuh`, beside the kernels; the words of
-//! each plan are laid out by the executor (`executor/handoff.rs`).
+//! them, the memory order — is described in `cuda/counters.cuh`, beside the kernels; the words of
+//! each plan are laid out by the executor (`executor/capture.rs`).
 //!
-//! Invariant: both launches are one block of one warp (only thread 0 works), so a handoff costs
-//! one tiny kernel on the stream that records and one on the stream that waits.
+//! Invariant: both launches are one block of one warp (only thread 0 works), so a cross-GPU wait
+//! costs one tiny kernel on the stream that records and one on the stream that waits.
 
 use std::ffi::c_void;
 
@@ -13,12 +13,12 @@ use super::{param, KernelModule};
 use crate::device::Stream;
 use crate::error::{Error, Result};
 
-/// The top bit of a handoff wait's error code (`RR_HANDOFF_ERR_BIT`); the low 31 bits are the
+/// The top bit of a counter wait's error code (`RR_COUNTER_ERR_BIT`); the low 31 bits are the
 /// `code` the wait was launched with.
-pub const HANDOFF_ERR_BIT: u32 = 0x8000_0000;
+pub const COUNTER_ERR_BIT: u32 = 0x8000_0000;
 
-/// Threads of a handoff launch: one warp, of which thread 0 works.
-const HANDOFF_THREADS: u32 = 32;
+/// Threads of a counter kernel's launch: one warp, of which thread 0 works.
+const COUNTER_THREADS: u32 = 32;
 
 impl KernelModule {
     /// Enqueues one signal on `stream`: `*sent += 1; *mailbox = *sent` (release, system scope),
@@ -29,25 +29,25 @@ impl KernelModule {
     /// device memory writable from this context (a peer's, with peer access on), both live until
     /// the kernel has completed; only signals enqueued on one stream touch `sent`, and only they
     /// write `mailbox`.
-    pub unsafe fn handoff_signal(&self, stream: &Stream, sent: u64, mailbox: u64) -> Result<()> {
+    pub unsafe fn counter_signal(&self, stream: &Stream, sent: u64, mailbox: u64) -> Result<()> {
         self.check_stream(stream)?;
         check_words(&[("sent", sent), ("mailbox", mailbox)])?;
         let (mut sent, mut mailbox) = (sent, mailbox);
         let mut params: [*mut c_void; 2] = [param(&mut sent), param(&mut mailbox)];
-        // SAFETY: rr_handoff_signal(unsigned*, unsigned*) takes two pointers, passed as u64
+        // SAFETY: rr_counter_signal(unsigned*, unsigned*) takes two pointers, passed as u64
         // device addresses that outlive the launch call; the memory is the caller's contract.
-        unsafe { self.launch_grid(stream, &self.handoff[0], 1, HANDOFF_THREADS, &mut params) }
+        unsafe { self.launch_grid(stream, &self.counters[0], 1, COUNTER_THREADS, &mut params) }
     }
 
     /// Enqueues one wait on `stream`: the stream's later work starts once `*mailbox` has reached
     /// `*seen + 1` (then `*seen += 1`), or once `timeout_ns` have passed since the kernel
-    /// started, in which case it stores `HANDOFF_ERR_BIT | code` into `*error`.
+    /// started, in which case it stores `COUNTER_ERR_BIT | code` into `*error`.
     ///
     /// # Safety
     /// `mailbox` and `seen` are 4-byte words of this context's device memory, `error` a 4-byte
     /// word writable from it (host-mapped pinned memory), all live until the kernel has
     /// completed; only waits enqueued on one stream touch `seen`.
-    pub unsafe fn handoff_wait(
+    pub unsafe fn counter_wait(
         &self,
         stream: &Stream,
         mailbox: u64,
@@ -58,9 +58,9 @@ impl KernelModule {
     ) -> Result<()> {
         self.check_stream(stream)?;
         check_words(&[("mailbox", mailbox), ("seen", seen), ("error", error)])?;
-        if code & HANDOFF_ERR_BIT != 0 {
+        if code & COUNTER_ERR_BIT != 0 {
             return Err(Error::InvalidArgument(format!(
-                "handoff wait code {code:#x} uses the error bit"
+                "counter wait code {code:#x} uses the error bit"
             )));
         }
         let (mut mailbox, mut seen, mut timeout_ns, mut error, mut code) =
@@ -72,10 +72,10 @@ impl KernelModule {
             param(&mut error),
             param(&mut code),
         ];
-        // SAFETY: rr_handoff_wait(const unsigned*, unsigned*, unsigned long long, unsigned*,
+        // SAFETY: rr_counter_wait(const unsigned*, unsigned*, unsigned long long, unsigned*,
         // unsigned): u64, u64, u64, u64, u32 in parameter order, outliving the launch call; the
         // memory is the caller's contract.
-        unsafe { self.launch_grid(stream, &self.handoff[1], 1, HANDOFF_THREADS, &mut params) }
+        unsafe { self.launch_grid(stream, &self.counters[1], 1, COUNTER_THREADS, &mut params) }
     }
 }
 
@@ -83,7 +83,7 @@ impl KernelModule {
 fn check_words(words: &[(&str, u64)]) -> Result<()> {
     match words.iter().find(|(_, a)| *a == 0 || a % 4 != 0) {
         Some((name, address)) => Err(Error::InvalidArgument(format!(
-            "handoff word {name} = {address:#x} is null or not 4-byte aligned"
+            "counter word {name} = {address:#x} is null or not 4-byte aligned"
         ))),
         None => Ok(()),
     }
@@ -96,7 +96,7 @@ mod tests {
 
     #[test]
     fn error_bit_matches_the_source() {
-        assert!(SOURCE.contains(&format!("#define RR_HANDOFF_ERR_BIT {HANDOFF_ERR_BIT:#x}u")));
+        assert!(SOURCE.contains(&format!("#define RR_COUNTER_ERR_BIT {COUNTER_ERR_BIT:#x}u")));
     }
 
     #[test]
