@@ -7,10 +7,10 @@
 
 use proptest::prelude::*;
 use ringreduce::topo::{
-    choose_ring, ring_for_order, Bandwidth, Link, RingChoice, Search, Topology, MAX_EXACT_DEVICES,
-    NVLINK_PER_LINK_MB_PER_S, SYS_MB_PER_S,
+    all_gpus_ring, choose_ring, ring_for_order, ring_or_index_order, Bandwidth, Link, RingChoice,
+    Search, Topology, MAX_EXACT_DEVICES, NVLINK_PER_LINK_MB_PER_S, SYS_MB_PER_S,
 };
-use ringreduce::Error;
+use ringreduce::{Communicator, Error};
 
 use std::cmp::Reverse;
 use std::time::Instant;
@@ -390,6 +390,49 @@ fn one_and_two_devices() {
         Some(Link::NvLink { links: 18 }.staged_estimate())
     );
     assert!(ring.reason.contains("1→0"), "{}", ring.reason);
+}
+
+/// What `Communicator::all_gpus` builds its ring over: `choose_ring`'s order where the topology
+/// is known — here one whose index order crosses SYS at every hop — and index order, saying why,
+/// where it is not (or does not cover the driver's devices).
+#[test]
+fn all_gpus_order_is_the_chosen_ring_or_index_order_with_the_reason() {
+    let topo = two_domains(|d| d % 2);
+    let chosen = choose_ring(&topo);
+    let (order, reason) = ring_or_index_order(8, Ok(topo.clone()));
+    assert_eq!(order, chosen.order);
+    assert_ne!(order, (0..8).collect::<Vec<_>>());
+    assert_eq!(reason, chosen.reason);
+
+    let why = "the link between GPU 0 and GPU 1 is unknown (NVML not loaded)";
+    let (order, reason) = ring_or_index_order(3, Err(why.to_string()));
+    assert_eq!(order, vec![0, 1, 2]);
+    assert!(reason.starts_with("ring 0→1→2→0: index order"), "{reason}");
+    assert!(reason.contains(why), "{reason}");
+
+    let (order, reason) = ring_or_index_order(4, Ok(topo));
+    assert_eq!(order, vec![0, 1, 2, 3]);
+    assert!(reason.contains("8 devices, the driver 4"), "{reason}");
+}
+
+/// Without a GPU, `all_gpus` fails as it always has, with the driver's `device_count` error;
+/// with GPUs, its ranks are `all_gpus_ring`'s order.
+#[test]
+fn all_gpus_follows_all_gpus_ring() {
+    match ringreduce::device_count() {
+        Err(no_gpu) => {
+            assert!(matches!(no_gpu, Error::NoGpu { .. }), "{no_gpu:?}");
+            assert_eq!(all_gpus_ring().err(), Some(no_gpu.clone()));
+            assert_eq!(Communicator::all_gpus().err(), Some(no_gpu));
+        }
+        Ok(_) => {
+            let (order, reason) = all_gpus_ring().unwrap();
+            println!("{reason}");
+            let comm = Communicator::all_gpus().unwrap();
+            assert_eq!(comm.devices(), order);
+            comm.close().unwrap();
+        }
+    }
 }
 
 #[test]

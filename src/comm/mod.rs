@@ -156,10 +156,15 @@ impl Communicator {
         Communicator::with_config(devices, CudaConfig::default())
     }
 
-    /// A GPU communicator over every visible GPU, in index order.
+    /// A GPU communicator over every visible GPU, in the ring order the topology picks: rank `r`
+    /// is GPU `order[r]` for the order [`crate::topo::choose_ring`] finds on the links NVML
+    /// reports and the peer matrix the driver reports (the slowest edge as fast as possible), or
+    /// index order where the links cannot be read (no NVML). [`crate::topo::all_gpus_ring`]
+    /// gives that order and says why; [`Communicator::devices`] says which GPU each rank got.
+    /// Without a usable GPU, the error of [`crate::device_count`].
     pub fn all_gpus() -> Result<Communicator> {
-        let n = crate::device::device_count()?;
-        Communicator::new(&(0..n).collect::<Vec<_>>())
+        let (order, _reason) = crate::topo::all_gpus_ring()?;
+        Communicator::new(&order)
     }
 
     /// A GPU communicator with explicit transport, chunking, slots and timeout.

@@ -1,7 +1,8 @@
 //! Detection: this host's topology, read the way `nvidia-smi topo -m` reads it. [`detect`] takes
 //! bus ids and peer access from the CUDA driver ([`crate::device`]) and links from NVML
 //! (libnvidia-ml, loaded at run time); [`Detected::topology`] turns the result into the
-//! [`Topology`] that [`choose_ring`](super::choose_ring)(super::choose_ring) takes.
+//! [`Topology`] that [`choose_ring`](super::choose_ring) takes; [`all_gpus_ring`] is the ring
+//! order a communicator over every GPU gets from them.
 //!
 //! NVML numbers GPUs in PCI order, CUDA fastest first (and after `CUDA_VISIBLE_DEVICES`), so the
 //! invariant here is that GPUs are matched between the two by PCI bus id ([`parse_pci_bus_id`]),
@@ -101,6 +102,23 @@ pub fn detect() -> Result<Detected> {
         nvml_driver_version,
         notes,
     })
+}
+
+/// The ring order of a communicator over every visible GPU ([`crate::Communicator::all_gpus`]),
+/// and a one-line reason: [`detect`] this host, then
+/// [`ring_or_index_order`](super::ring_or_index_order) — [`choose_ring`](super::choose_ring)'s
+/// order, or index order where the topology cannot be read (no NVML: links unknown), the reason
+/// then saying why. Without a usable GPU, the error of [`crate::device::device_count`].
+pub fn all_gpus_ring() -> Result<(Vec<usize>, String)> {
+    let devices = crate::device::device_count()?;
+    let topology = match detect() {
+        Ok(found) => found.topology().map_err(|e| match found.notes.is_empty() {
+            true => e.to_string(),
+            false => format!("{e} ({})", found.notes.join("; ")),
+        }),
+        Err(e) => Err(e.to_string()),
+    };
+    Ok(super::ring_or_index_order(devices, topology))
 }
 
 /// A PCI bus id as (domain, bus, device, function), from either spelling: CUDA's

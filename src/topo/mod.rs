@@ -38,21 +38,26 @@
 //! # The ring order, and where each part lives
 //!
 //! [`choose_ring`] returns the order whose slowest edge is fastest, with ties broken as its doc
-//! explains; [`detect()`] reads this host's [`Topology`] from NVML and the CUDA driver.
+//! explains; [`detect()`] reads this host's [`Topology`] from NVML and the CUDA driver;
+//! [`all_gpus_ring`] puts the two together for [`crate::Communicator::all_gpus`] (index order,
+//! with the reason, where the links cannot be read).
 //!
 //! | file | what |
 //! |---|---|
 //! | `mod.rs` | link classes ([`Link`]) and their bandwidth constants, [`Bandwidth`], [`Topology`] |
-//! | `ring.rs` | the ring order search: [`choose_ring`], [`ring_for_order`], exact and heuristic search, the one-line reason |
-//! | `detect.rs` | [`detect()`]: bus ids and peer access from [`crate::device`], links from NVML; [`parse_pci_bus_id`] |
+//! | `ring.rs` | the ring order search: [`choose_ring`], [`ring_for_order`], exact and heuristic search, the one-line reason; [`ring_or_index_order`] where the topology may be unknown |
+//! | `detect.rs` | [`detect()`]: bus ids and peer access from [`crate::device`], links from NVML; [`parse_pci_bus_id`]; [`all_gpus_ring`] |
 //!
 //! This module builds on [`crate::device`] (below it) and never on the executors (above it).
 
 mod detect;
 mod ring;
 
-pub use detect::{detect, parse_pci_bus_id, Detected};
-pub use ring::{choose_ring, ring_for_order, EdgeChoice, RingChoice, Search, MAX_EXACT_DEVICES};
+pub use detect::{all_gpus_ring, detect, parse_pci_bus_id, Detected};
+pub use ring::{
+    choose_ring, ring_for_order, ring_or_index_order, EdgeChoice, RingChoice, Search,
+    MAX_EXACT_DEVICES,
+};
 
 use crate::error::{Error, Result};
 

@@ -124,6 +124,37 @@ pub fn choose_ring(topo: &Topology) -> RingChoice {
     }
 }
 
+/// The ring order over devices `0..devices` when their topology may be unknown, and a one-line
+/// reason: [`choose_ring`]'s order and reason when `topology` is known and covers exactly those
+/// devices, else index order and why (`topology`'s error says what could not be read). The order
+/// [`crate::Communicator::all_gpus`] builds its ring over, through
+/// [`all_gpus_ring`](super::all_gpus_ring).
+pub fn ring_or_index_order(
+    devices: usize,
+    topology: std::result::Result<Topology, String>,
+) -> (Vec<usize>, String) {
+    let known = topology.and_then(|topo| match topo.device_count() {
+        n if n == devices => Ok(topo),
+        n => Err(format!(
+            "the topology has {n} devices, the driver {devices}"
+        )),
+    });
+    match known {
+        Ok(topo) => {
+            let ring = choose_ring(&topo);
+            (ring.order, ring.reason)
+        }
+        Err(why) => {
+            let order: Vec<usize> = (0..devices).collect();
+            let reason = format!(
+                "ring {}: index order, since the topology is unknown: {why}",
+                ring_path(&order)
+            );
+            (order, reason)
+        }
+    }
+}
+
 /// The edges, bottleneck and reason of a ring order chosen by the caller (any rotation), e.g. to
 /// compare it with [`choose_ring`]'s. `Err` unless `order` holds each device exactly once.
 pub fn ring_for_order(topo: &Topology, order: &[usize]) -> Result<RingChoice> {
