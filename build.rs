@@ -1,4 +1,5 @@
-//! Joins the kernel source and compiles it into `$OUT_DIR/reduce.fatbin` when nvcc is available.
+//! Joins the kernel source and compiles it into `$OUT_DIR/reduce.fatbin` when nvcc is available;
+//! generates the Rust constants of the kernels' error codes.
 //!
 //! - The kernel source is the parts in `PARTS`, joined in that order into
 //!   `$OUT_DIR/ringreduce_kernels.cu`, each part preceded by a `#line 1 "cuda/<part>"` directive
@@ -6,6 +7,11 @@
 //!   joined file: nvcc here, and NVRTC at run time through `include_str!` in
 //!   `src/exec/cuda/kernels/mod.rs` (NVRTC has no file access, so the parts cannot include each
 //!   other; `PARTS` is the only list of them).
+//! - The error codes are defined once, in the first part, `cuda/error_codes.cuh`: every
+//!   `#define RR_<NAME> <value>u` there becomes `pub const <NAME>: u32` in
+//!   `$OUT_DIR/error_codes.rs` (included by `src/exec/cuda/kernels/error_codes.rs`), with the
+//!   `//` lines above it as its doc, and `ERROR_CODES` lists them all. A code that is zero,
+//!   repeated, undocumented or not of that shape fails the build.
 //! - nvcc is looked for in `$NVCC`, then `$CUDA_HOME/bin/nvcc`, then on `PATH`.
 //! - Found and compiling: the fatbin holds SASS for sm_80 and sm_90 and PTX for compute_90, and
 //!   `cfg(ringreduce_fatbin)` tells `src/exec/cuda/kernels/mod.rs` to embed it.
@@ -25,7 +31,8 @@ use std::path::{Path, PathBuf};
 use std::process::{exit, Command};
 
 /// The kernel source's parts, in the order they are joined (each opens with what it holds).
-const PARTS: [&str; 7] = [
+const PARTS: [&str; 8] = [
+    ERROR_CODES_PART,
     "cuda/types.cuh",
     "cuda/reduce.cuh",
     "cuda/peer.cuh",
@@ -34,8 +41,12 @@ const PARTS: [&str; 7] = [
     "cuda/counters.cuh",
     "cuda/instances.cuh",
 ];
+/// The part that defines the kernels' error codes (first in `PARTS`).
+const ERROR_CODES_PART: &str = "cuda/error_codes.cuh";
 /// The joined source, in `$OUT_DIR`.
 const JOINED: &str = "ringreduce_kernels.cu";
+/// The Rust constants generated from `ERROR_CODES_PART`, in `$OUT_DIR`.
+const ERROR_CODES_RS: &str = "error_codes.rs";
 /// Real code for Ampere (A100) and Hopper (H100/H200), PTX for anything newer to JIT.
 const GENCODE: [&str; 4] = [
     "-gencode",
@@ -59,6 +70,9 @@ fn main() {
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let source = out_dir.join(JOINED);
     if let Err(why) = write_joined(&source) {
+        fail(&why);
+    }
+    if let Err(why) = write_error_codes(&out_dir.join(ERROR_CODES_RS)) {
         fail(&why);
     }
 
@@ -120,8 +134,7 @@ fn main() {
 }
 
 /// Writes the parts of `PARTS`, in order, into `path`, each after a `#line` directive that
-/// names it, and only when the text differs from what is there (an unchanged file keeps its
-/// mtime, so nothing that reads it is rebuilt for nothing).
+/// names it, and only when the text differs from what is there.
 fn write_joined(path: &Path) -> Result<(), String> {
     let mut joined = String::new();
     for part in PARTS {
@@ -132,10 +145,92 @@ fn write_joined(path: &Path) -> Result<(), String> {
             joined.push('\n');
         }
     }
-    if fs::read_to_string(path).is_ok_and(|old| old == joined) {
+    write_if_changed(path, &joined)
+}
+
+/// Writes the Rust constants of the error codes `ERROR_CODES_PART` defines into `path` (the
+/// shape it must have is in the module doc).
+fn write_error_codes(path: &Path) -> Result<(), String> {
+    let part = ERROR_CODES_PART;
+    let text = fs::read_to_string(part).map_err(|e| format!("could not read {part}: {e}"))?;
+    let mut doc: Vec<&str> = Vec::new();
+    // (name without RR_, value, its digits as written, its doc lines)
+    let mut codes: Vec<(&str, u32, &str, Vec<&str>)> = Vec::new();
+    for (index, line) in text.lines().enumerate() {
+        let bad = |why: &str| format!("{part}:{}: {why}: {line}", index + 1);
+        if let Some(comment) = line.strip_prefix("//") {
+            doc.push(comment.strip_prefix(' ').unwrap_or(comment));
+            continue;
+        }
+        let Some(define) = line.strip_prefix("#define ") else {
+            if !line.trim().is_empty() {
+                return Err(bad(
+                    "only comments and `#define RR_<NAME> <value>u` lines belong here",
+                ));
+            }
+            doc.clear();
+            continue;
+        };
+        let (name, value) = define
+            .split_once(' ')
+            .ok_or_else(|| bad("a define without a value"))?;
+        let name = name
+            .strip_prefix("RR_")
+            .ok_or_else(|| bad("an error code's name starts with RR_"))?;
+        let digits = value
+            .trim()
+            .strip_suffix('u')
+            .ok_or_else(|| bad("an error code is unsigned: its value ends in `u`"))?;
+        let value = match digits.strip_prefix("0x") {
+            Some(hex) => u32::from_str_radix(hex, 16),
+            None => digits.parse(),
+        }
+        .map_err(|_| bad("not a 32-bit value"))?;
+        if doc.is_empty() {
+            return Err(bad(
+                "an error code has its meaning in `//` lines right above it",
+            ));
+        }
+        if value == 0 {
+            return Err(bad("0 is \"no error\""));
+        }
+        if let Some((other, ..)) = codes.iter().find(|(_, v, ..)| *v == value) {
+            return Err(bad(&format!("RR_{other} has this value already")));
+        }
+        codes.push((name, value, digits, std::mem::take(&mut doc)));
+    }
+    if codes.is_empty() {
+        return Err(format!("{part} defines no error code"));
+    }
+    let mut rust = format!("// Generated by build.rs from {part}; edit that file, not this one.\n");
+    for (name, _, digits, doc) in &codes {
+        rust.push('\n');
+        for line in doc {
+            rust.push_str(format!("/// {line}").trim_end());
+            rust.push('\n');
+        }
+        rust.push_str(&format!("///\n/// `RR_{name}` in `{part}`.\n"));
+        rust.push_str(&format!("pub const {name}: u32 = {digits};\n"));
+    }
+    rust.push_str(&format!(
+        "\n/// Every error code `{part}` defines, by name, in its order.\n\
+         pub const ERROR_CODES: [(&str, u32); {}] = [\n",
+        codes.len()
+    ));
+    for (name, ..) in &codes {
+        rust.push_str(&format!("    (\"{name}\", {name}),\n"));
+    }
+    rust.push_str("];\n");
+    write_if_changed(path, &rust)
+}
+
+/// Writes `text` into `path` only when it differs from what is there (an unchanged file keeps
+/// its mtime, so nothing that reads it is rebuilt for nothing).
+fn write_if_changed(path: &Path, text: &str) -> Result<(), String> {
+    if fs::read_to_string(path).is_ok_and(|old| old == text) {
         return Ok(());
     }
-    fs::write(path, joined).map_err(|e| format!("could not write {}: {e}", path.display()))
+    fs::write(path, text).map_err(|e| format!("could not write {}: {e}", path.display()))
 }
 
 /// Ends the build script with a message cargo shows.

@@ -1,10 +1,9 @@
-// Part 6 of the kernel source of ringreduce: the event counter kernels, which carry the ring's
+// A part of the kernel source of ringreduce: the event counter kernels, which carry the ring's
 // cross-GPU "record on one GPU, wait on another" when the collective is captured into CUDA
 // graphs.
 //
-// Joined into one translation unit by build.rs, in this order: types.cuh, reduce.cuh, peer.cuh,
-// peer_kernels.cuh, ll.cuh, counters.cuh, instances.cuh (build.rs: PARTS). No part includes
-// another.
+// Joined into one translation unit by build.rs, in the order of its PARTS (error_codes.cuh
+// first). No part includes another.
 //
 // Why kernels: an event wait across two captures (one graph per GPU, as one process per GPU
 // would make) is not allowed, and a wait captured on a stream memory operation cannot time out.
@@ -28,10 +27,6 @@
 // a release store; the wait's acquire load then orders everything after it on the waiting
 // stream (the next kernel or copy starts after the wait kernel has completed).
 // ---------------------------------------------------------------------------------------------
-
-// Code written into *error by a counter wait that timed out: the top bit, the plan's number in
-// bits 16..31 and the event in bits 0..16 (src/exec/cuda/executor/capture.rs decodes it).
-#define RR_COUNTER_ERR_BIT 0x80000000u
 
 // ---------------------------------------------------------------------------------------------
 // rr_counter_signal(unsigned* sent, unsigned* mailbox)   (exported in instances.cuh)
@@ -57,9 +52,9 @@ static __device__ __forceinline__ void rr_counter_signal_body(unsigned* sent,
 //                 unsigned* error, unsigned code)   (exported in instances.cuh)
 // Purpose: wait for the next signal: spin until *mailbox has reached *seen + 1, then consume it
 //   (*seen += 1). Gives up once timeout_ns have passed since the kernel started, storing
-//   RR_COUNTER_ERR_BIT | code into *error (and still consumes, so the counts stay paired with
-//   the signals already sent; the communicator is failed then anyway); does not wait at all
-//   when *error already holds a code.
+//   RR_COUNTER_ERR_BIT | code into *error (error_codes.cuh; and still consumes, so the counts
+//   stay paired with the signals already sent; the communicator is failed then anyway); does
+//   not wait at all when *error already holds a code.
 // Assumptions: one thread; `mailbox` and `seen` are this GPU's memory, `error` writable from
 //   here (host-mapped); launches on `seen` are ordered (one waiting stream).
 // Why it is fast: one thread spinning on local memory that the peer writes over NVLink.

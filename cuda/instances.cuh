@@ -1,10 +1,9 @@
-// Part 7 of the kernel source of ringreduce: the exported kernels, every symbol spelled out in
+// A part of the kernel source of ringreduce: the exported kernels, every symbol spelled out in
 // full, where the unit tests in src/exec/cuda/kernels/ find them by name.
 //
-// Joined into one translation unit by build.rs, in this order: types.cuh, reduce.cuh, peer.cuh,
-// peer_kernels.cuh, ll.cuh, counters.cuh, instances.cuh (build.rs: PARTS). No part includes
-// another: NVRTC compiles the joined text with no include paths, so the kernels include NO
-// header at all.
+// Joined into one translation unit by build.rs, in the order of its PARTS (error_codes.cuh
+// first). No part includes another: NVRTC compiles the joined text with no include paths, so the
+// kernels include NO header at all.
 
 // ---------------------------------------------------------------------------------------------
 // The exported kernels: 4 operators x 10 types of pairwise reduce, of one-shot, of two-shot and

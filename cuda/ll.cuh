@@ -1,13 +1,12 @@
-// Part 5 of the kernel source of ringreduce: the LL ("low-latency") one-shot all-reduce, which
+// A part of the kernel source of ringreduce: the LL ("low-latency") one-shot all-reduce, which
 // pushes every rank's input into every other rank's receive buffer as self-validating words
 // instead of reading it across NVLink between two barriers. The executor runs it for one-shot
 // all-reduces of at most RR_LL_MAX_BYTES per rank when the communicator asks for it
 // (CudaConfig::low_latency, src/exec/cuda/executor/peer.rs: PeerKernelState::oneshot_kernel).
 //
-// Joined into one translation unit by build.rs, in this order: types.cuh, reduce.cuh, peer.cuh,
-// peer_kernels.cuh, ll.cuh, counters.cuh, instances.cuh (build.rs: PARTS). No part includes
-// another: NVRTC compiles the joined text with no include paths, so the kernels include NO
-// header at all.
+// Joined into one translation unit by build.rs, in the order of its PARTS (error_codes.cuh
+// first). No part includes another: NVRTC compiles the joined text with no include paths, so the
+// kernels include NO header at all.
 
 // ---------------------------------------------------------------------------------------------
 // The LL protocol. The read one-shot (peer_kernels.cuh) costs a start barrier (a flag written
@@ -74,8 +73,8 @@
 //   call e only after it saw words p wrote in its call e - 1, which started after that
 //   completion. No fence is needed inside the kernel.
 //
-// Error codes written to *error (as the other peer kernels, peer.cuh): 3 = the launch broke the
-// kernel's assumptions; RR_LL_ERR_WAIT = 5: a thread waited past the deadline for a peer's words.
+// Error codes written to *error (error_codes.cuh): RR_PEER_ERR_LAUNCH, the launch broke the
+// kernel's assumptions; RR_LL_ERR_WAIT, a thread waited past the deadline for a peer's words.
 // A thread that gives up withdraws the words it pushed (overwrites them with flag 0), as the
 // read one-shot withdraws its start signal: a peer's kernel of the same call that starts later
 // then times out too instead of completing — and writing its caller's output — after the call
@@ -93,8 +92,6 @@
 // LL_MAX_BYTES), and so the most blocks: RR_LL_MAX_BYTES / RR_LL_BLOCK_BYTES.
 #define RR_LL_MAX_BYTES 65536
 #define RR_LL_MAX_BLOCKS 16
-// A thread gave up waiting for a peer's words.
-#define RR_LL_ERR_WAIT 5u
 
 // Kernel parameter, passed by value (64 bytes): every rank's receive buffer (index = rank), as a
 // device address usable from the launching GPU. Entries >= world unused.

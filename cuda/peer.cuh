@@ -1,11 +1,10 @@
-// Part 3 of the kernel source of ringreduce: what the peer kernels (one-shot and two-shot
+// A part of the kernel source of ringreduce: what the peer kernels (one-shot and two-shot
 // all-reduce) share: the flag layout, the barriers, the fold over ranks, the split of the
 // elements between threads and the split copy. The kernel bodies are in peer_kernels.cuh.
 //
-// Joined into one translation unit by build.rs, in this order: types.cuh, reduce.cuh, peer.cuh,
-// peer_kernels.cuh, ll.cuh, counters.cuh, instances.cuh (build.rs: PARTS). No part includes
-// another: NVRTC compiles the joined text with no include paths, so the kernels include NO
-// header at all.
+// Joined into one translation unit by build.rs, in the order of its PARTS (error_codes.cuh
+// first). No part includes another: NVRTC compiles the joined text with no include paths, so the
+// kernels include NO header at all.
 
 // ---------------------------------------------------------------------------------------------
 // The peer kernels (one-shot and two-shot all-reduce): every rank reads every rank's memory
@@ -47,10 +46,8 @@
 //   i.e. when block b of every peer has signalled, for every b: so once the kernel is complete
 //   on a stream, no peer reads this rank's input any more and the stream may overwrite it.
 //
-// Error codes written to *error (host-mapped pinned memory; a plain 32-bit `st.relaxed.sys`, so
-// no PCIe atomics are needed; the last writer wins): 1 = a start barrier timed out, 2 = an end
-// barrier timed out, 3 = the launch broke the kernel's assumptions (world, rank, grid, block),
-// 4 = the two-shot's middle barrier timed out.
+// Error codes written to *error: RR_PEER_ERR_START, _END, _MIDDLE (a barrier timed out) and
+// _LAUNCH (the launch broke the kernel's assumptions), defined in error_codes.cuh.
 // ---------------------------------------------------------------------------------------------
 
 #define RR_PEER_MAX_RANKS 8
@@ -59,11 +56,6 @@
 #define RR_PEER_THREADS 512
 // 16-byte vectors per source a thread loads before it combines them.
 #define RR_PEER_UNROLL 4
-
-#define RR_PEER_ERR_START 1u
-#define RR_PEER_ERR_END 2u
-#define RR_PEER_ERR_LAUNCH 3u
-#define RR_PEER_ERR_MIDDLE 4u
 
 // Barrier phases (the flag array's first index): a barrier's place in its kernel. Every kernel
 // starts at phase 0; the one-shot and the steps kernel end at phase 1; the two-shot meets at

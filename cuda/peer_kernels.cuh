@@ -1,11 +1,10 @@
-// Part 4 of the kernel source of ringreduce: the bodies of the peer kernels — the one-shot and
+// A part of the kernel source of ringreduce: the bodies of the peer kernels — the one-shot and
 // the two-shot all-reduce, and the one-shot steps of every other collective — built from the
 // pieces of peer.cuh.
 //
-// Joined into one translation unit by build.rs, in this order: types.cuh, reduce.cuh, peer.cuh,
-// peer_kernels.cuh, ll.cuh, counters.cuh, instances.cuh (build.rs: PARTS). No part includes
-// another: NVRTC compiles the joined text with no include paths, so the kernels include NO
-// header at all.
+// Joined into one translation unit by build.rs, in the order of its PARTS (error_codes.cuh
+// first). No part includes another: NVRTC compiles the joined text with no include paths, so the
+// kernels include NO header at all.
 
 // ---------------------------------------------------------------------------------------------
 // rr_oneshot_<op>_<type>(rr_peers peers, unsigned world, unsigned rank, T* dst,
@@ -191,7 +190,7 @@ static __device__ __forceinline__ rr_peers rr_peers_all(const rr_peers& peers, c
 //   an in-place broadcast's root) only takes part in the barriers.
 // Assumptions: as rr_oneshot_<op>_<type> for world, rank, the grid (every rank launches the
 //   grid of `count`, whatever its steps), peers.flags, timeout and error; peers.src is unused.
-//   steps.steps <= RR_STEPS_MAX (else code 3). No step writes what any step of any rank reads,
+//   steps.steps <= RR_STEPS_MAX (else RR_PEER_ERR_LAUNCH). No step writes what any step of any rank reads,
 //   except a fold whose dst is exactly this rank's own source of that step (read element by
 //   element before it is written, by the same thread): the planner's invariant, verified by
 //   the executor before launch (steps_layout in src/exec/cuda/executor/layout.rs). So the steps

@@ -1,10 +1,9 @@
-// Part 2 of the kernel source of ringreduce: the bodies of the copy-engine ring's kernels, the
+// A part of the kernel source of ringreduce: the bodies of the copy-engine ring's kernels, the
 // pairwise reduce (one ring step) and the Avg-scale (the last step of Avg).
 //
-// Joined into one translation unit by build.rs, in this order: types.cuh, reduce.cuh, peer.cuh,
-// peer_kernels.cuh, ll.cuh, counters.cuh, instances.cuh (build.rs: PARTS). No part includes
-// another: NVRTC compiles the joined text with no include paths, so the kernels include NO
-// header at all.
+// Joined into one translation unit by build.rs, in the order of its PARTS (error_codes.cuh
+// first). No part includes another: NVRTC compiles the joined text with no include paths, so the
+// kernels include NO header at all.
 
 // ---------------------------------------------------------------------------------------------
 // rr_reduce_<op>_<type>(T* dst, const T* a, const T* b, unsigned long long count)

@@ -1,9 +1,8 @@
-// Part 1 of the kernel source of ringreduce: the element types and their operations.
+// A part of the kernel source of ringreduce: the element types and their operations.
 //
-// Joined into one translation unit by build.rs, in this order: types.cuh, reduce.cuh, peer.cuh,
-// peer_kernels.cuh, ll.cuh, counters.cuh, instances.cuh (build.rs: PARTS). No part includes
-// another: NVRTC compiles the joined text with no include paths, so the kernels include NO
-// header at all.
+// Joined into one translation unit by build.rs, in the order of its PARTS (error_codes.cuh
+// first). No part includes another: NVRTC compiles the joined text with no include paths, so the
+// kernels include NO header at all.
 //
 // The kernels (pairwise reduce, Avg-scale, one-shot and two-shot all-reduce) are compiled by
 // one of two compilers: build.rs compiles the joined text with nvcc into a fatbin (SASS for sm_80

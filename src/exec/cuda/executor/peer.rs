@@ -36,7 +36,8 @@ use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::exec::cuda::kernels::{
     ll_blocks, ll_fits, ll_recv_bytes, LlArgs, OneShotArgs, PeerStep, StepsArgs, TwoShotArgs,
-    COUNTER_ERR_BIT, LL_ERR_WAIT, PEER_FLAG_BYTES, PEER_MAX_RANKS,
+    COUNTER_ERR_BIT, LL_ERR_WAIT, PEER_ERR_END, PEER_ERR_LAUNCH, PEER_ERR_MIDDLE, PEER_ERR_START,
+    PEER_FLAG_BYTES, PEER_MAX_RANKS,
 };
 use crate::plan::{BufKind, Op, Region, StreamKind};
 use std::fmt;
@@ -111,10 +112,10 @@ impl device::gate::InFlight for PeerKernelState {
 }
 
 impl PeerKernelState {
-    /// The code rank `rank`'s kernel left (1: start barrier timed out, 2: end barrier, 3: a launch
-    /// it could not accept, 4: the two-shot's middle barrier, [`LL_ERR_WAIT`]: the LL one-shot
-    /// waited in vain for a peer's words), 0 when none. Read through the host mapping; the
-    /// kernel writes it with a plain system-scope store.
+    /// The code rank `rank`'s kernel left (one of
+    /// [`ERROR_CODES`](crate::exec::cuda::kernels::ERROR_CODES), [`kernel_failure`] says what it
+    /// means), 0 when none. Read through the host mapping; the kernel writes it with a plain
+    /// system-scope store.
     fn error(&self, rank: usize) -> u32 {
         // SAFETY: the pinned allocation is at least 4 bytes and page-aligned, and lives as long
         // as `self`; a volatile read, since the GPU may write the word at any time.
@@ -276,21 +277,30 @@ impl CudaExecutor {
     /// waited. Checked after every blocking peer call, before the next peer call, and by
     /// `synchronize`. The kernel named is the latest peer call's (the words are checked before
     /// every peer call, so a code is that call's unless non-blocking calls overlapped), except
-    /// for the codes only one kernel writes ([`peer_timeout`]).
+    /// for the codes only one kernel writes ([`kernel_failure`]).
     pub(super) fn check_peer_errors(&self) -> Result<()> {
         let Some(shared) = &self.peer else {
             return Ok(());
         };
         for (rank, r) in self.ranks.iter().enumerate() {
             let code = shared.error(rank);
-            if code & COUNTER_ERR_BIT != 0 {
-                return Err(self.counter_timeout(rank, code));
-            }
-            if code != 0 {
-                let (named, gave_up) = peer_timeout(code);
-                let kernel = named.unwrap_or(self.last_peer_kernel);
-                let Some(gave_up) = gave_up else {
-                    let device = r.device;
+            let device = r.device;
+            match kernel_failure(code) {
+                None => {}
+                Some(KernelFailure::CounterWait) => return Err(self.counter_timeout(rank, code)),
+                Some(KernelFailure::GaveUp { kernel, at }) => {
+                    let kernel = kernel.unwrap_or(self.last_peer_kernel);
+                    let waiting_on = format!(
+                        "GPU {device}'s {kernel} kernel gave up {at}: a peer's kernel never arrived"
+                    );
+                    return Err(self.name_blocked_launch(Error::Timeout {
+                        rank,
+                        waiting_on,
+                        after: self.config.timeout,
+                    }));
+                }
+                Some(KernelFailure::Launch | KernelFailure::Unknown) => {
+                    let kernel = self.last_peer_kernel;
                     return Err(Error::RankFailed {
                         rank,
                         during: format!("the {kernel} peer reduce"),
@@ -299,36 +309,47 @@ impl CudaExecutor {
                              (code {code})"
                         ),
                     });
-                };
-                let waiting_on = format!(
-                    "GPU {}'s {kernel} kernel gave up {gave_up}: a peer's kernel never arrived",
-                    r.device,
-                );
-                return Err(self.name_blocked_launch(Error::Timeout {
-                    rank,
-                    waiting_on,
-                    after: self.config.timeout,
-                }));
+                }
             }
         }
         Ok(())
     }
 }
 
-/// What a peer kernel's error code (not a counter wait's) says: the kernel it names, when only one
-/// kernel writes it (4: the two-shot, [`LL_ERR_WAIT`]: the LL one-shot; otherwise the latest
-/// peer call's), and where that kernel gave up waiting — `None` for a launch the kernel refused
-/// (3) or a code no kernel writes.
-fn peer_timeout(code: u32) -> (Option<PeerKernel>, Option<&'static str>) {
+/// What a rank's error word reports: one arm per code of
+/// [`ERROR_CODES`](crate::exec::cuda::kernels::ERROR_CODES) (a test holds it to that list).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum KernelFailure {
+    /// A peer kernel gave up waiting, `at` where ("at the start barrier"); `kernel` is the one
+    /// kernel that writes the code, `None` where several do (the latest peer call's is meant).
+    GaveUp {
+        kernel: Option<PeerKernel>,
+        at: &'static str,
+    },
+    /// A peer kernel refused its launch ([`PEER_ERR_LAUNCH`]).
+    Launch,
+    /// A captured ring's counter wait timed out ([`COUNTER_ERR_BIT`]; the other bits name the
+    /// wait: `CudaExecutor::counter_timeout`).
+    CounterWait,
+    /// A nonzero code no kernel writes.
+    Unknown,
+}
+
+/// What error word `code` reports; `None` for 0, no failure.
+fn kernel_failure(code: u32) -> Option<KernelFailure> {
+    let gave_up = |kernel, at| Some(KernelFailure::GaveUp { kernel, at });
     match code {
-        1 => (None, Some("at the start barrier")),
-        2 => (None, Some("at the end barrier")),
-        4 => (Some(PeerKernel::TwoShot), Some("at the middle barrier")),
-        LL_ERR_WAIT => (
+        0 => None,
+        _ if code & COUNTER_ERR_BIT != 0 => Some(KernelFailure::CounterWait),
+        PEER_ERR_START => gave_up(None, "at the start barrier"),
+        PEER_ERR_END => gave_up(None, "at the end barrier"),
+        PEER_ERR_MIDDLE => gave_up(Some(PeerKernel::TwoShot), "at the middle barrier"),
+        LL_ERR_WAIT => gave_up(
             Some(PeerKernel::OneShotLl),
-            Some("waiting for a peer's pushed data"),
+            "waiting for a peer's pushed data",
         ),
-        _ => (None, None),
+        PEER_ERR_LAUNCH => Some(KernelFailure::Launch),
+        _ => Some(KernelFailure::Unknown),
     }
 }
 
@@ -566,9 +587,10 @@ impl CudaEnqueue<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::{oneshot_kernel_for, peer_timeout, PeerKernel, LL_ERR_WAIT};
+    use super::{kernel_failure, oneshot_kernel_for, KernelFailure, PeerKernel, LL_ERR_WAIT};
     use crate::element::DType;
     use crate::exec::cuda::kernels::{ll_blocks, LL_MAX_BYTES};
+    use crate::exec::cuda::kernels::{COUNTER_ERR_BIT, ERROR_CODES};
 
     #[test]
     fn the_oneshot_runs_the_ll_kernel_only_when_asked_and_up_to_its_limit() {
@@ -620,15 +642,35 @@ mod tests {
     }
 
     #[test]
+    fn every_error_code_has_a_message() {
+        for (name, code) in ERROR_CODES {
+            let said = kernel_failure(code);
+            assert!(
+                said.is_some_and(|f| f != KernelFailure::Unknown),
+                "{name} = {code:#x} is decoded as {said:?}"
+            );
+        }
+    }
+
+    #[test]
     fn every_peer_code_is_named() {
-        assert_eq!(peer_timeout(1), (None, Some("at the start barrier")));
-        assert_eq!(peer_timeout(2), (None, Some("at the end barrier")));
-        assert_eq!(peer_timeout(4).0, Some(PeerKernel::TwoShot));
-        let (kernel, gave_up) = peer_timeout(LL_ERR_WAIT);
+        let gave_up = |code| match kernel_failure(code) {
+            Some(KernelFailure::GaveUp { kernel, at }) => (kernel, Some(at)),
+            _ => (None, None),
+        };
+        assert_eq!(gave_up(1), (None, Some("at the start barrier")));
+        assert_eq!(gave_up(2), (None, Some("at the end barrier")));
+        assert_eq!(gave_up(4).0, Some(PeerKernel::TwoShot));
+        let (kernel, at) = gave_up(LL_ERR_WAIT);
         assert_eq!(kernel, Some(PeerKernel::OneShotLl));
         assert_eq!(kernel.unwrap().to_string(), "LL one-shot");
-        assert!(gave_up.unwrap().contains("pushed data"));
-        assert_eq!(peer_timeout(3), (None, None));
-        assert_eq!(peer_timeout(99), (None, None));
+        assert!(at.unwrap().contains("pushed data"));
+        assert_eq!(kernel_failure(3), Some(KernelFailure::Launch));
+        assert_eq!(kernel_failure(99), Some(KernelFailure::Unknown));
+        assert_eq!(kernel_failure(0), None);
+        assert_eq!(
+            kernel_failure(COUNTER_ERR_BIT | 0x0001_0002),
+            Some(KernelFailure::CounterWait)
+        );
     }
 }

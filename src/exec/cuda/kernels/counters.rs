@@ -9,13 +9,9 @@
 
 use std::ffi::c_void;
 
-use super::{param, KernelModule};
+use super::{param, KernelModule, COUNTER_ERR_BIT};
 use crate::device::Stream;
 use crate::error::{Error, Result};
-
-/// The top bit of a counter wait's error code (`RR_COUNTER_ERR_BIT`); the low 31 bits are the
-/// `code` the wait was launched with.
-pub const COUNTER_ERR_BIT: u32 = 0x8000_0000;
 
 /// Threads of a counter kernel's launch: one warp, of which thread 0 works.
 const COUNTER_THREADS: u32 = 32;

@@ -42,9 +42,6 @@ const LL_MAX_BLOCKS: u32 = (LL_MAX_BYTES / LL_BLOCK_BYTES) as u32;
 const LL_SETS: usize = 2;
 /// Bytes an LL word takes per data byte: 4 data bytes travel with a 4-byte flag.
 const LL_FLAG_OVERHEAD: usize = 2;
-/// The code the LL kernel stores in its error word when a thread gave up waiting for a peer's
-/// words (`RR_LL_ERR_WAIT`).
-pub const LL_ERR_WAIT: u32 = 5;
 
 /// Whether a one-shot message of `count` elements of `dtype` is small enough for the LL kernel:
 /// at most [`LL_MAX_BYTES`] per rank. A function of (dtype, count) only, so every rank decides
@@ -76,7 +73,8 @@ impl KernelModule {
     /// `op.combine_op()`: `Avg` sums here and the caller then runs [`KernelModule::scale`]). The
     /// grid is [`ll_blocks`] of the message's bytes, 512 threads a block. Returns once enqueued;
     /// a peer that never arrives is reported by the kernel in `*args.error`
-    /// ([`LL_ERR_WAIT`]; 3 for a launch it cannot accept), not here.
+    /// ([`LL_ERR_WAIT`](super::LL_ERR_WAIT); [`PEER_ERR_LAUNCH`](super::PEER_ERR_LAUNCH) for a
+    /// launch it cannot accept), not here.
     ///
     /// Checked before anything is enqueued ([`Error::InvalidArgument`] unless said otherwise):
     /// `stream` belongs to this context; `args.world` in `2..=PEER_MAX_RANKS` and `args.rank <
@@ -176,8 +174,8 @@ pub struct LlArgs {
     pub count: u64,
     /// How long after its block's start a thread gives up waiting, in nanoseconds.
     pub timeout_ns: u64,
-    /// Where the kernel stores a nonzero code on failure ([`LL_ERR_WAIT`], or 3: a launch it
-    /// cannot accept).
+    /// Where the kernel stores a nonzero code on failure ([`LL_ERR_WAIT`](super::LL_ERR_WAIT),
+    /// or [`PEER_ERR_LAUNCH`](super::PEER_ERR_LAUNCH): a launch it cannot accept).
     pub error: u64,
 }
 
@@ -245,7 +243,7 @@ fn validate_ll(dtype: DType, args: &LlArgs) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::PEER_MAX_BLOCKS;
+    use super::super::{LL_ERR_WAIT, PEER_MAX_BLOCKS};
     use super::*;
 
     use super::super::source_define as define;
@@ -259,7 +257,7 @@ mod tests {
         assert_eq!(define("RR_LL_MAX_BLOCKS"), u64::from(LL_MAX_BLOCKS));
         assert_eq!(define("RR_LL_ERR_WAIT"), u64::from(LL_ERR_WAIT));
         // The message splits into whole blocks, each block has an epoch word, and the wait code
-        // is none of the other peer kernels' codes (1 start, 2 end, 3 launch, 4 middle).
+        // is none of the other peer kernels' codes.
         assert_eq!(LL_MAX_BYTES % LL_BLOCK_BYTES, 0);
         const { assert!(LL_MAX_BLOCKS <= PEER_MAX_BLOCKS) };
         for name in [

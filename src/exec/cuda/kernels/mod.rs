@@ -16,7 +16,9 @@
 //! ([`LL_MAX_BYTES`] says up to which size; the executor runs it only when
 //! [`crate::CudaConfig::low_latency`] is on). Their semantics are those of [`crate::element`];
 //! the kernels themselves, the flag layout, the memory ordering and why they are fast are
-//! described in `cuda/` (`reduce.cuh`, `peer.cuh`, `peer_kernels.cuh`, `ll.cuh`).
+//! described in `cuda/` (`reduce.cuh`, `peer.cuh`, `peer_kernels.cuh`, `ll.cuh`). The codes a
+//! kernel leaves in its error word are defined once, in `cuda/error_codes.cuh`, whose Rust
+//! constants `build.rs` generates (module `error_codes`, [`ERROR_CODES`]).
 //!
 //! Where the code comes from is decided at build time (see `build.rs`):
 //! - nvcc was found: the build embeds `reduce.fatbin` (SASS for sm_80 and sm_90, PTX for
@@ -32,13 +34,17 @@
 //! allocation.
 
 mod counters;
+mod error_codes;
 mod ll;
 mod peer;
 mod reduce;
 mod steps;
 
-pub use counters::COUNTER_ERR_BIT;
-pub use ll::{ll_blocks, ll_fits, ll_recv_bytes, LlArgs, LL_ERR_WAIT, LL_MAX_BYTES};
+pub use error_codes::{
+    COUNTER_ERR_BIT, ERROR_CODES, LL_ERR_WAIT, PEER_ERR_END, PEER_ERR_LAUNCH, PEER_ERR_MIDDLE,
+    PEER_ERR_START,
+};
+pub use ll::{ll_blocks, ll_fits, ll_recv_bytes, LlArgs, LL_MAX_BYTES};
 pub use peer::{
     peer_blocks, OneShotArgs, TwoShotArgs, PEER_FLAG_BYTES, PEER_MAX_BLOCKS, PEER_MAX_RANKS,
 };
@@ -305,8 +311,8 @@ impl KernelModule {
     }
 }
 
-/// The value of `#define name value` in the kernel source (decimal, an optional `u` suffix): for
-/// the unit tests that hold the Rust mirrors of the kernels' constants to the source.
+/// The value of `#define name value` in the kernel source (decimal or `0x` hex, an optional `u`
+/// suffix): for the unit tests that hold the Rust mirrors of the kernels' constants to the source.
 #[cfg(test)]
 pub(crate) fn source_define(name: &str) -> u64 {
     let prefix = format!("#define {name} ");
@@ -314,11 +320,12 @@ pub(crate) fn source_define(name: &str) -> u64 {
         .lines()
         .filter_map(|line| line.strip_prefix(prefix.as_str()))
         .map(|value| {
-            value
-                .trim()
-                .trim_end_matches('u')
-                .parse()
-                .expect("a decimal #define")
+            let digits = value.trim().trim_end_matches('u');
+            match digits.strip_prefix("0x") {
+                Some(hex) => u64::from_str_radix(hex, 16),
+                None => digits.parse(),
+            }
+            .expect("a decimal or hex #define")
         })
         .collect();
     assert_eq!(values.len(), 1, "#define {name} must appear once");

@@ -83,8 +83,10 @@ impl KernelModule {
     ///   from every `srcs[r]` range, and read or written by no other work meanwhile;
     /// - `error` is a 4-byte word writable from this context (the device pointer of host-mapped
     ///   pinned memory, so the host can read it while kernels wait), zero before the call; the
-    ///   kernel only ever stores a nonzero code there (1: start barrier timed out, 2: end
-    ///   barrier timed out, 3: launch outside the kernel's assumptions). Every barrier gives up
+    ///   kernel only ever stores a nonzero code there ([`PEER_ERR_START`](super::PEER_ERR_START),
+    ///   [`PEER_ERR_END`](super::PEER_ERR_END): that barrier timed out;
+    ///   [`PEER_ERR_LAUNCH`](super::PEER_ERR_LAUNCH): launch outside the kernel's assumptions;
+    ///   the module `error_codes`). Every barrier gives up
     ///   once `timeout_ns` have passed since the block started (so the kernel ends within
     ///   `timeout_ns` of its start; 0: at once unless the peer is already there; `u64::MAX`:
     ///   never). After any nonzero code, on any rank, `dst` is undefined on every
@@ -151,7 +153,7 @@ impl KernelModule {
     /// copies every other rank q's segment from `outs[q]` into `outs[rank]`, and ends at an end
     /// barrier after which no rank reads this rank's input or output any more. The grid is
     /// [`peer_blocks`] of the longest segment. Returns once enqueued; barrier timeouts are
-    /// reported in `*args.error` (1 start, 4 middle, 2 end, 3 launch).
+    /// reported in `*args.error` (`PEER_ERR_START`, `_MIDDLE`, `_END`, `_LAUNCH`).
     ///
     /// Checked before anything is enqueued ([`Error::InvalidArgument`]): `stream` belongs to
     /// this context; world and rank as for [`KernelModule::oneshot`]; the segments tile
@@ -271,8 +273,8 @@ pub struct OneShotArgs {
     pub count: u64,
     /// How long after its start the kernel gives up waiting at a barrier, in nanoseconds.
     pub timeout_ns: u64,
-    /// Where the kernel stores a nonzero code on failure (1: start barrier timed out, 2: end
-    /// barrier timed out, 3: a launch it cannot accept).
+    /// Where the kernel stores a nonzero code on failure (`PEER_ERR_START`, `PEER_ERR_END`: that
+    /// barrier timed out; `PEER_ERR_LAUNCH`: a launch it cannot accept).
     pub error: u64,
     /// In place: the rank's in-place buffer (== `dst`), which each block copies, its own
     /// indices, into `srcs[rank]` (the exposed buffer) before the start barrier. 0 otherwise.
@@ -306,7 +308,8 @@ pub struct TwoShotArgs {
     pub count: u64,
     /// How long after its start the kernel gives up waiting at a barrier, in nanoseconds.
     pub timeout_ns: u64,
-    /// Where the kernel stores a nonzero code on failure (1 start, 4 middle, 2 end, 3 launch).
+    /// Where the kernel stores a nonzero code on failure (`PEER_ERR_START`, `_MIDDLE`, `_END`,
+    /// `_LAUNCH`).
     pub error: u64,
     /// At most this many blocks (0: no cap beyond [`PEER_MAX_BLOCKS`]), as for the one-shot.
     pub max_blocks: u32,

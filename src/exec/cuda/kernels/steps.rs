@@ -25,8 +25,8 @@ impl KernelModule {
     /// `Avg` sums, the caller scales) or a copy `dst = src[from]`, `count` elements each — and
     /// ends at an end barrier after which no rank reads this rank's memory any more. A rank
     /// with no steps only takes part in the barriers. The grid is [`peer_blocks`](super::peer_blocks)`(dtype,
-    /// count)` on every rank. Barrier timeouts are reported in `*args.error` (1 start, 2 end,
-    /// 3 launch).
+    /// count)` on every rank. Barrier timeouts are reported in `*args.error` (`PEER_ERR_START`,
+    /// `_END`, `_LAUNCH`).
     ///
     /// Checked before anything is enqueued ([`Error::InvalidArgument`]): `stream` belongs to
     /// this context; world and rank as for [`KernelModule::oneshot`]; at most
@@ -137,7 +137,7 @@ pub struct StepsArgs {
     pub count: u64,
     /// How long after its start the kernel gives up waiting at a barrier, in nanoseconds.
     pub timeout_ns: u64,
-    /// Where the kernel stores a nonzero code on failure (1 start, 2 end, 3 launch).
+    /// Where the kernel stores a nonzero code on failure (`PEER_ERR_START`, `_END`, `_LAUNCH`).
     pub error: u64,
     /// At most this many blocks (0: no cap beyond [`PEER_MAX_BLOCKS`](super::PEER_MAX_BLOCKS)), as for the one-shot.
     pub max_blocks: u32,

@@ -1,0 +1,32 @@
+// A part of the kernel source of ringreduce: the codes a kernel stores into its error word, the
+// one definition of them. build.rs also turns every define below into a Rust constant of the
+// same name without its `RR_` (RR_LL_ERR_WAIT → LL_ERR_WAIT, in $OUT_DIR/error_codes.rs, included
+// by src/exec/cuda/kernels/error_codes.rs), the comment above it becoming its doc; the host
+// decodes a word in src/exec/cuda/executor/peer.rs (`kernel_failure`).
+//
+// Joined into one translation unit by build.rs, first of its PARTS, so that every later part
+// sees these. No part includes another: NVRTC compiles the joined text with no include
+// paths, so the kernels include NO header at all.
+//
+// The error word: one 32-bit word per rank, in host-mapped pinned memory, 0 while no kernel has
+// failed. A kernel writes it with a plain 32-bit `st.relaxed.sys` (no PCIe atomics needed); the
+// last writer wins. Each code is nonzero and distinct (build.rs refuses the build otherwise), one
+// line `#define RR_<NAME> <value>u` with its meaning in the `//` lines right above it: the shape
+// build.rs reads.
+
+// A peer kernel (one-shot, two-shot, steps) gave up at its start barrier: a peer's kernel never
+// arrived.
+#define RR_PEER_ERR_START 1u
+// A peer kernel gave up at its end barrier.
+#define RR_PEER_ERR_END 2u
+// A peer kernel (the LL one-shot too) refused its launch: it breaks the kernel's assumptions
+// (world, rank, grid, block, the steps).
+#define RR_PEER_ERR_LAUNCH 3u
+// The two-shot gave up at its middle barrier, between its reduce and its gather.
+#define RR_PEER_ERR_MIDDLE 4u
+// An LL one-shot thread waited past the deadline for a peer's pushed words.
+#define RR_LL_ERR_WAIT 5u
+// The top bit of a captured ring's counter wait that timed out; the low 31 bits are the code the
+// wait was launched with: the plan's pin in bits 16..31, the event in bits 0..16
+// (src/exec/cuda/executor/capture.rs: wait_code, counter_timeout).
+#define RR_COUNTER_ERR_BIT 0x80000000u
