@@ -359,11 +359,14 @@ fn the_generic_entry_runs_every_collective() {
     )
     .unwrap();
     assert_eq!(recv[0], [9, 8]);
-    // SAFETY: `bufs` is not touched until `synchronize` below has waited for the call.
+    // The root's input lives until the wait: an enqueued call reads it after returning.
+    let root_input = [vec![5i32; 4]];
+    // SAFETY: `root_input` and `bufs` stay alive, and are not touched, until `synchronize` below
+    // has waited for the call.
     unsafe {
         c.enqueue_collective(
             &Collective::Broadcast { root: 2 },
-            Some(&[vec![5i32; 4]]),
+            Some(&root_input),
             &mut bufs,
             ReduceOp::Sum,
             None,
