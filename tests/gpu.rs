@@ -1274,8 +1274,10 @@ fn stuck_oneshot(gpus: &[usize], count: usize, low_latency: bool) {
 /// Issue 6 on GPUs, the ring: GPU 1 is stuck (its Main stream gated) and stays stuck. The call
 /// fails by its deadline naming rank 1 as the rank that never started; `abort` returns within
 /// the timeout instead of hanging on the stuck GPU (its streams and memory are leaked, not freed
-/// under queued work). Then the gate opens: the leaked work finishes, correctly, into buffers
-/// that are still alive, and new communicators on the same GPUs work. On a one-GPU machine rank
+/// under queued work). Then the gate opens: the leaked work runs to its end without a CUDA
+/// error, into buffers that are still alive (what it leaves there is undefined: rank 0's waits
+/// for rank 1 gave up at three quarters of the timeout, and rank 0 ran on without rank 1's
+/// data), and new communicators on the same GPUs work. On a one-GPU machine rank
 /// 1 shares GPU 0 and its Main stream is the stuck one: the failed call and `abort` poll
 /// streams and free nothing a busy stream may use, so neither waits on GPU 0 as a whole (the
 /// gate's watchdog fails the test should one do so).
@@ -1321,13 +1323,8 @@ fn abort_does_not_hang_on_a_stuck_gpu() {
     for &d in &gpus {
         device::context(d).unwrap().synchronize().unwrap();
     }
-    let want = make_expected::<f32>(ReduceOp::Sum, 2, count);
-    for (r, out) in outputs.iter().enumerate() {
-        let (wrong, first) = compare(r, &out.to_host().unwrap(), &want, 4);
-        assert_eq!(
-            wrong, 0,
-            "the leaked call, finished late, is still correct: {first:?}"
-        );
+    for out in &outputs {
+        out.to_host().unwrap();
     }
     for algorithm in [Algorithm::Ring, Algorithm::OneShot] {
         let fresh = Communicator::with_config(

@@ -2,7 +2,10 @@
 //!
 //! Every region lies inside its buffer, copies have equal lengths, a reduction's destination is
 //! its first operand or disjoint from both, nothing writes an input, each event is recorded
-//! exactly once, on the rank and stream its declaration names; the k-th `PeerReduce` of every rank
+//! exactly once, on the rank and stream its declaration names, and a stream waits for another
+//! rank's event at most once (the GPU executor's counter waits pair the k-th signal of an event
+//! with the k-th wait for it on each stream: a second wait on one stream would wait for a signal
+//! that never comes); the k-th `PeerReduce` of every rank
 //! forms meeting k and each one is well formed on its own. The later checks rely on this: they
 //! index buffers and events without looking again.
 
@@ -19,6 +22,8 @@ pub fn check_shape(plan: &Plan) -> Check {
         ));
     }
     let mut recorded = vec![0usize; plan.events.len()];
+    // (rank, stream, event) of every wait for another rank's event so far.
+    let mut remote_waits = std::collections::HashSet::new();
     for (rank, program) in plan.ranks.iter().enumerate() {
         for (i, instr) in program.iter().enumerate() {
             let (reads, writes) = accesses(plan, &instr.op);
@@ -80,6 +85,17 @@ pub fn check_shape(plan: &Plan) -> Check {
                         "{} names undeclared event {}",
                         describe(plan, rank, i),
                         e.0
+                    ));
+                }
+                Op::Wait(e)
+                    if plan.events[e.0].rank != rank
+                        && !remote_waits.insert((rank, instr.stream, e.0)) =>
+                {
+                    return reject(format!(
+                        "{} waits a second time on its {:?} stream for {}: a stream waits for another rank's event at most once per call",
+                        describe(plan, rank, i),
+                        instr.stream,
+                        plan.events[e.0]
                     ));
                 }
                 Op::Record(e) => {

@@ -1,16 +1,23 @@
 //! Executors: run a checked [`Plan`] for real.
 //!
-//! Both executors share one shape, the one the multi-GPU article teaches: **one host thread per
-//! rank** walks that rank's program in order and only *enqueues* — onto host worker threads in
-//! [`host`], onto CUDA streams in [`cuda`]. Streams run their operations in order; the only
-//! ordering between streams is an event: `Record` on one stream, `Wait` on another.
+//! Both executors share one shape, the one the multi-GPU article teaches: each rank's program
+//! is walked in order and only *enqueued* — onto host worker threads in [`host`], onto CUDA
+//! streams in [`cuda`]. Streams run their operations in order; the only ordering between
+//! streams is an event: `Record` on one stream, `Wait` on another.
 //!
-//! The rule that makes this correct is the **event handoff** (`enqueue_rank`): a wait captures
-//! the event's latest record *at the moment it is enqueued*, so a wait on another rank's event is
-//! enqueued only after that rank's thread has enqueued the record and told us so over a channel.
-//! Enqueue the wait first and CUDA treats it as already satisfied: the classic silent bug. The host
-//! executor reproduces those semantics exactly (a wait on a never-recorded event is a no-op), so a
-//! plan that relied on luck would fail there too.
+//! Between ranks the two differ in how a wait finds its record. The host executor keeps CUDA's
+//! event semantics exactly, with the **event handoff** (`enqueue_rank`): a wait captures the
+//! event's latest record *at the moment it is enqueued*, so a wait on another rank's event is
+//! enqueued only after that rank's thread has enqueued the record and told us so over a
+//! channel. Enqueue the wait first and CUDA treats it as already satisfied: the classic silent
+//! bug, which the host executor reproduces (a wait on a never-recorded event is a no-op), so a
+//! plan that relied on luck fails there too. The GPU executor keeps events within a rank and
+//! carries every wait for another rank's event through a counter in memory that the recorder
+//! advances (module `cuda::executor::capture`): a count pairs the k-th signal with the k-th wait
+//! whatever the order of enqueueing, so its ranks enqueue independently — from any thread, in
+//! any process — and none waits on the host for a peer. The checker proves plans for both: its
+//! enqueue simulation is the handoff's order, one order the counters allow too, and its shape
+//! check the counters' pairing rule (a stream waits for a remote event at most once per call).
 
 pub mod algorithm;
 pub mod config;
@@ -266,6 +273,11 @@ impl<P> PlanCache<P> {
             .map(|(_, p)| p.clone())
     }
 
+    /// Every prepared plan in the cache, oldest first.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Arc<P>> {
+        self.entries.iter().map(|(_, p)| p)
+    }
+
     /// The entry the next insertion into a full cache pushes out.
     pub(crate) fn oldest(&self) -> Option<&Arc<P>> {
         self.entries.front().map(|(_, p)| p)
@@ -286,7 +298,7 @@ impl<P> PlanCache<P> {
     }
 }
 
-/// Where a rank thread puts the operations it enqueues.
+/// Where a host rank thread puts the operations it enqueues.
 pub(crate) trait Enqueue {
     /// Enqueues instruction `index` of this rank's program.
     fn enqueue(&mut self, index: usize, instr: &Instr) -> Result<()>;

@@ -113,6 +113,34 @@ fn wait_before_record_is_rejected() {
 }
 
 #[test]
+fn a_second_wait_on_one_stream_for_a_remote_event_is_rejected() {
+    for transport in [EdgeTransport::Peer, EdgeTransport::Staged] {
+        let plan = spec(3, 24, 4, 2, transport).build().unwrap();
+        check(&plan).unwrap();
+        // Rank r's first wait for another rank's event, repeated right after itself: harmless
+        // for CUDA events, but a counter wait would wait for a second signal that never comes.
+        let (rank, i) = find_instr(&plan, |r, ins| {
+            waited(ins).is_some_and(|e| plan.events[e.0].rank != r)
+        })
+        .unwrap();
+        let mut broken = plan.clone();
+        let again = broken.ranks[rank][i];
+        broken.ranks[rank].insert(i + 1, again);
+        rejects(&broken, "at most once per call");
+        // The same wait on another stream of the rank pairs with the same signal: accepted by
+        // the shape check (each stream counts its own).
+        let mut other = plan.clone();
+        let mut moved = again;
+        moved.stream = StreamKind::ALL
+            .into_iter()
+            .find(|&s| s != again.stream)
+            .unwrap();
+        other.ranks[rank].insert(i + 1, moved);
+        check_shape(&other).unwrap();
+    }
+}
+
+#[test]
 fn cross_rank_wait_cycle_is_a_deadlock() {
     let plan = spec(2, 8, 4, 2, EdgeTransport::Peer).build().unwrap();
     // Rank 0 waits, first thing, for rank 1's last record; rank 1 needs rank 0 to progress.

@@ -1,22 +1,32 @@
 //! The enqueue of a plan on a rank's GPU streams, shared by every path: [`CudaEnqueue`] turns
 //! each instruction into its CUDA work — copies (peer or staged), reduce and scale kernels,
-//! event records and waits, the peer kernels' launches (module [`super::peer`]) and, in a
-//! capture, the event counters that replace cross-GPU event waits (module [`super::capture`]).
-//! The ring's rank threads ([`gpu_rank_thread`]) drive it through [`crate::exec::enqueue_rank`],
-//! handing events off to their neighbours; the inline path (module [`super::launch`]) drives it
-//! from the caller's thread. Then the caller polls each rank's completion event ([`wait_done`])
-//! and, past the deadline, names the rank that stalled ([`stalled`]).
+//! event records and waits on the rank's own streams, event counters between ranks (module
+//! [`super::capture`] lays them out), and the peer kernels' launches (module [`super::peer`]).
+//! A rank thread ([`gpu_rank_thread`]), a launcher thread or the caller's thread drives it for
+//! one rank (`launch::enqueue_rank_inline`); then the caller polls each rank's completion event
+//! ([`wait_done`]) and, past the deadline, names the rank that stalled ([`stalled`]).
 //!
-//! A failed enqueue never leaves a GPU waiting forever: a CUDA wait binds, when it is enqueued, to
-//! the event's latest record, and a record that was never enqueued leaves nothing to wait for.
+//! One cross-rank wait, whoever enqueues and whether or not the call is captured: a rank waits
+//! for another rank's event through a counter in device memory (or, without peer access, in
+//! pinned host memory) that the recording rank's stream advances right after its record, never
+//! through the other rank's CUDA event. So the ranks enqueue in any order, on any thread — in
+//! another process too — and no rank waits on the host for a peer: the k-th signal of an event
+//! pairs with the k-th wait for it on each waiting stream (`check_shape` proves that a stream
+//! waits for a remote event at most once per call). The plan's record → wait edges, which the
+//! checker proves race-free, hold unchanged: a counter wait's later work starts after the
+//! signal, which starts after everything before the record on the recording stream.
 //!
-//! Invariant: inside a collective a rank thread only enqueues — no allocation, no event creation,
-//! no host synchronisation.
+//! A failed enqueue never leaves a GPU waiting forever: a counter wait gives up at three
+//! quarters of the call's timeout and leaves a code naming the event in its rank's error word.
+//!
+//! Invariant: inside a collective a rank's enqueue only enqueues — no allocation, no event
+//! creation, no host synchronisation.
 
-use super::{CudaCall, RankRes};
+use super::launch::enqueue_rank_inline;
+use super::{CudaCall, Dispatch, RankRes};
 use crate::device;
 use crate::error::{Error, Result};
-use crate::exec::{enqueue_rank, panic_message, Enqueue, Handoff, Limits};
+use crate::exec::panic_message;
 use crate::plan::{BufKind, EventId, Instr, Op, Ranks, Region, StreamKind, Tag};
 use crossbeam_channel::Receiver;
 use cudarc::driver::CudaContext;
@@ -25,39 +35,17 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// A rank's thread: enqueues each call's program on its GPU's streams.
+/// A rank's thread: enqueues its rank's program of each call it is handed (the calls whose
+/// ranks cross counters: long programs, enqueued on every rank at once).
 pub(super) fn gpu_rank_thread(
-    mut handoff: Handoff,
+    rank: usize,
     res: Arc<RankRes>,
     contexts: Vec<Arc<CudaContext>>,
     calls: Receiver<Arc<CudaCall>>,
 ) {
-    let rank = handoff.rank;
     while let Some(call) = next_call(&calls) {
         let outcome = catch_unwind(AssertUnwindSafe(|| {
-            device::bind(&res.ctx)?;
-            let mut backend = CudaEnqueue {
-                rank,
-                res: &res,
-                contexts: &contexts,
-                call: &call,
-                fuse_exposure: false,
-                held: None,
-                steps_launched: false,
-            };
-            enqueue_rank(
-                &call.prepared.plan,
-                &call.prepared.waiters,
-                call.id,
-                &mut handoff,
-                &mut backend,
-                Limits {
-                    deadline: call.deadline,
-                    timeout: call.timeout,
-                    abort: &call.abort,
-                },
-            )?;
-            record_done(&res, &call)
+            enqueue_rank_inline(rank, &res, &contexts, &call)
         }));
         let result = match outcome {
             Ok(r) => r,
@@ -109,7 +97,7 @@ pub(super) fn wait_done(res: &RankRes, rank: usize, call: &CudaCall) -> Result<(
         }
         let now = Instant::now();
         if now >= call.deadline {
-            return Err(stalled(call, rank, res.device));
+            return Err(stalled(call, rank, res));
         }
         let waited = now - start;
         if waited < Duration::from_micros(200) {
@@ -122,52 +110,29 @@ pub(super) fn wait_done(res: &RankRes, rank: usize, call: &CudaCall) -> Result<(
     }
 }
 
-/// The error for a call that rank `rank` (on GPU `device`) did not finish by its deadline, naming
-/// the culprit where the plan's events tell: a rank whose entry event has not completed never
-/// started the collective (work queued before it on that rank's Main stream is stuck);
-/// otherwise `rank`'s first unfinished wait on another rank. (Every event of the call was
-/// recorded before anyone waits for completion, so each query answers for this call.)
-fn stalled(call: &CudaCall, rank: usize, device: usize) -> Error {
+/// The error for a call that rank `rank` did not finish by its deadline, from what this rank
+/// alone can tell (a code a kernel of any rank left in its error word names more, and callers
+/// report that first: `CudaExecutor::check_error_words`): if the rank's entry event has not
+/// completed, it never started the collective (work queued before it on its Main stream is
+/// stuck); else its GPU is stuck in the call. Only this rank's own events are queried.
+fn stalled(call: &CudaCall, rank: usize, res: &RankRes) -> Error {
     let plan = &call.prepared.plan;
-    // A query that fails reports an error of the GPU's work: that, not a blame, is the answer.
-    let fault = std::cell::RefCell::new(None);
-    let completed = |e: usize| match device::event_query(&call.prepared.events[e]) {
-        Ok(done) => done,
-        Err(err) => {
-            fault.borrow_mut().get_or_insert(err);
-            true
+    let mut never_started = false;
+    for (e, decl) in plan.events.iter().enumerate() {
+        if decl.rank == rank && decl.tag == Tag::ENTRY {
+            match device::event_query(&call.prepared.events[e]) {
+                Ok(done) => never_started |= !done,
+                // A query that fails reports an error of the GPU's work: that is the answer.
+                Err(err) => return err,
+            }
         }
-    };
-    let never_started = plan
-        .events
-        .iter()
-        .enumerate()
-        .find(|(e, decl)| decl.tag == Tag::ENTRY && !completed(*e));
-    if let Some(err) = fault.borrow_mut().take() {
-        return err;
-    }
-    if let Some((_, entry)) = never_started {
-        return Error::Timeout {
-            rank: entry.rank,
-            waiting_on: "never started the collective: work queued on its Main stream before the call did not finish".into(),
-            after: call.timeout,
-        };
-    }
-    let first_wait = plan.ranks[rank].iter().find_map(|instr| match instr.op {
-        Op::Wait(e) if plan.events[e.0].rank != rank && !completed(e.0) => Some(e),
-        _ => None,
-    });
-    if let Some(err) = fault.into_inner() {
-        return err;
     }
     Error::Timeout {
         rank,
-        waiting_on: match first_wait {
-            Some(e) => format!(
-                "did not finish the collective on GPU {device}: its first unfinished wait is for {}",
-                plan.events[e.0]
-            ),
-            None => format!("did not finish the collective on GPU {device}"),
+        waiting_on: if never_started {
+            "never started the collective: work queued on its Main stream before the call did not finish".into()
+        } else {
+            format!("did not finish the collective on GPU {}", res.device)
         },
         after: call.timeout,
     }
@@ -185,7 +150,7 @@ pub(super) fn record_done(res: &RankRes, call: &CudaCall) -> Result<()> {
     }
 }
 
-/// A rank thread's view while enqueuing one call.
+/// A rank's view while enqueuing its program of one call.
 pub(super) struct CudaEnqueue<'a> {
     /// The rank whose program this enqueues.
     pub(super) rank: usize,
@@ -193,12 +158,11 @@ pub(super) struct CudaEnqueue<'a> {
     /// Every rank's context, by rank (a peer copy names both ends).
     pub(super) contexts: &'a [Arc<CudaContext>],
     pub(super) call: &'a CudaCall,
-    /// Fuse the in-place one-shot's exposure copy into its kernel: a Main-stream copy into the
-    /// rank's exposed buffer is held back; if the next instruction is the peer reduce that reads
-    /// exactly that region and writes exactly the copy's source, the kernel does the copy itself
-    /// (`OneShotArgs::expose_from`, before its start barrier); otherwise the copy is enqueued as
-    /// it stands. The caller must `flush` at the end of the program.
-    pub(super) fuse_exposure: bool,
+    /// The in-place one-shot's exposure copy, fused into its kernel: a Main-stream copy into the
+    /// rank's exposed buffer is held back here; if the next instruction is the peer reduce that
+    /// reads exactly that region and writes exactly the copy's source, the kernel does the copy
+    /// itself (`OneShotArgs::expose_from`, before its start barrier); otherwise the copy is
+    /// enqueued as it stands. The caller must `flush` at the end of the program.
     pub(super) held: Option<Instr>,
     /// Whether this rank's steps kernel (a one-shot collective's) is enqueued: its first
     /// meeting launches it, the others are inside it.
@@ -223,10 +187,11 @@ impl CudaEnqueue<'_> {
     }
 }
 
-impl Enqueue for CudaEnqueue<'_> {
-    fn enqueue(&mut self, _index: usize, instr: &Instr) -> Result<()> {
+impl CudaEnqueue<'_> {
+    /// Enqueues the rank's next instruction (or holds it back: see `held`).
+    pub(super) fn enqueue(&mut self, instr: &Instr) -> Result<()> {
         let plan = &self.call.prepared.plan;
-        if self.fuse_exposure && instr.stream == StreamKind::Main {
+        if instr.stream == StreamKind::Main {
             if let Op::Copy { dst, .. } = instr.op {
                 if plan.decl(dst.buf).kind == BufKind::Exposed {
                     self.flush()?;
@@ -274,15 +239,13 @@ impl CudaEnqueue<'_> {
         let eb = call.dtype.size_bytes();
         match instr.op {
             Op::Record(e) => {
-                // Captured: the other ranks' signals first, then the record, so the record stays
-                // the stream's last work that Main joins (a capture must end with every stream
-                // joined) and still follows everything the event marks.
-                if call.captured.is_some() {
-                    self.signal_waiters(e, stream)?;
-                }
+                // The other ranks' signals first, then the record, so that in a capture the
+                // record stays the stream's last work that Main joins (a capture must end with
+                // every stream joined) and still follows everything the event marks.
+                self.signal_waiters(e, stream)?;
                 device::record(&call.prepared.events[e.0], stream)
             }
-            Op::Wait(e) if call.captured.is_some() && plan.events[e.0].rank != self.rank => {
+            Op::Wait(e) if plan.events[e.0].rank != self.rank => {
                 self.wait_for_signal(e, instr.stream, stream)
             }
             Op::Wait(e) => device::wait(stream, &call.prepared.events[e.0]),
@@ -342,24 +305,28 @@ impl CudaEnqueue<'_> {
                     )
                 }
             }
-            Op::PeerReduce { dst, ranks, .. } if call.prepared.twoshot.is_some() => {
+            op @ Op::PeerReduce { dst, ranks, .. } => match &call.prepared.dispatch {
                 // The two-shot: step 0 (every rank's sources) launches the rank's whole kernel;
                 // the gather rounds are inside it.
-                if ranks == Ranks::ALL {
-                    self.launch_twoshot(plan.decl(dst.buf).rank)
-                } else {
-                    Ok(())
+                Dispatch::TwoShot { segments } if ranks == Ranks::ALL => {
+                    self.launch_twoshot(plan.decl(dst.buf).rank, segments)
                 }
-            }
-            Op::PeerReduce { .. } if call.prepared.steps.is_some() => {
+                Dispatch::TwoShot { .. } => Ok(()),
                 // A one-shot collective: the rank's first meeting launches its whole kernel.
-                if std::mem::replace(&mut self.steps_launched, true) {
-                    Ok(())
-                } else {
-                    self.launch_steps(self.rank)
+                Dispatch::Steps { steps } => {
+                    if std::mem::replace(&mut self.steps_launched, true) {
+                        Ok(())
+                    } else {
+                        self.launch_steps(self.rank, &steps[self.rank])
+                    }
                 }
-            }
-            op @ Op::PeerReduce { dst, .. } => self.launch_oneshot(op, dst, expose_from, stream),
+                Dispatch::OneShot { kernel } => {
+                    self.launch_oneshot(*kernel, op, dst, expose_from, stream)
+                }
+                Dispatch::CopyEngines { .. } => Err(Error::Internal {
+                    what: "a peer reduce in a plan prepared for the copy engines".into(),
+                }),
+            },
         }
     }
 }
@@ -369,14 +336,14 @@ impl CudaEnqueue<'_> {
     /// `e`, on the recording stream, just before the record.
     fn signal_waiters(&self, e: EventId, stream: &device::Stream) -> Result<()> {
         let call = self.call;
-        let Some(words) = &call.prepared.counters else {
-            return Ok(()); // no event of this plan crosses GPUs
+        let Some(words) = call.prepared.dispatch.counters() else {
+            return Ok(()); // no event of this plan crosses ranks
         };
-        for &waiter in &call.prepared.waiters[e.0] {
-            // SAFETY: the words are this plan's event counters (zeroed device memory of each
-            // rank, pinned with the plan for the communicator's life); `sent` is this rank's and
-            // only this stream (the one recording `e`) signals it; `mailbox` is the waiter's,
-            // reachable over peer access (`pin_for_capture` refused the plan otherwise), and
+        for &waiter in &words.waiters[e.0] {
+            // SAFETY: the words are this plan's event counters (zeroed memory of each rank that
+            // the plan owns, so they live until its enqueued work is done); `sent` is this
+            // rank's and only this stream (the one recording `e`) signals it; `mailbox` is the
+            // waiter's — its device memory over peer access, or its pinned host memory — and
             // only this signal writes it.
             unsafe {
                 self.res.kernels.counter_signal(
@@ -389,29 +356,27 @@ impl CudaEnqueue<'_> {
         Ok(())
     }
 
-    /// In a captured call, a wait for another rank's event `e`: a counter wait on `stream`
-    /// (this rank's `kind` stream), which gives up at the kernels' deadline.
+    /// A wait for another rank's event `e`: a counter wait on `stream` (this rank's `kind`
+    /// stream), which gives up at the kernels' deadline.
     fn wait_for_signal(&self, e: EventId, kind: StreamKind, stream: &device::Stream) -> Result<()> {
         let call = self.call;
-        let (Some(words), Some(pin)) = (&call.prepared.counters, call.captured) else {
-            return Err(Error::NotCapturable {
-                reason: "a wait between GPUs without event counters".into(),
+        let Some(words) = call.prepared.dispatch.counters() else {
+            return Err(Error::Internal {
+                what: "a wait between ranks in a plan prepared without event counters".into(),
             });
         };
-        let shared = call.peer.as_deref().ok_or_else(|| Error::NotCapturable {
-            reason: "a captured ring without error words".into(),
-        })?;
-        // SAFETY: `mailbox` and `seen` are this rank's words of the plan's counters (pinned with
-        // the plan), and only this stream waits on this `seen`; the error word is this rank's
-        // pinned host word, mapped for the device, alive as long as the communicator.
+        // SAFETY: `mailbox` and `seen` are this rank's words of the plan's counters (owned by
+        // the plan, which lives until its enqueued work is done), and only this stream waits on
+        // this `seen`; the error word is this rank's pinned host word, mapped for the device,
+        // alive as long as the communicator.
         unsafe {
             self.res.kernels.counter_wait(
                 stream,
                 words.mailbox(self.rank, e),
                 words.seen(self.rank, e, kind),
                 call.kernel_timeout_ns(),
-                shared.error_word(self.rank),
-                super::capture::wait_code(pin, e),
+                self.res.error_word(),
+                super::capture::wait_code(call.prepared.serial, e),
             )
         }
     }

@@ -1,8 +1,10 @@
-//! The inline enqueue of a call without events (the peer kernels; one rank; nothing to do),
-//! which skips the rank threads: `CudaExecutor::run_inline` enqueues every rank's program
-//! ([`enqueue_rank_inline`]) from the caller's thread, binding each rank's context in turn and
-//! putting its own back — or, with `launch_threads`, from launcher threads that launch the peer
-//! kernels of one call on every GPU at once. The kernels meet on the GPUs whenever each starts.
+//! The inline enqueue of a call whose ranks meet on the GPUs or do not cross at all (the peer
+//! kernels; one rank; nothing to do), which skips the rank threads: `CudaExecutor::run_inline`
+//! enqueues every rank's program ([`enqueue_rank_inline`], the one function that enqueues a
+//! rank's program, whichever thread calls it) from the caller's thread, binding each rank's
+//! context in turn and putting its own back — or, with `launch_threads`, from launcher threads
+//! that launch the peer kernels of one call on every GPU at once. The kernels meet on the GPUs
+//! whenever each starts.
 //!
 //! Why launcher threads: one thread launching on every GPU pays each launch in turn, twice the
 //! floor of a thread per GPU for two GPUs (docs/PERFORMANCE.md, "The test machine") — and at
@@ -26,9 +28,8 @@ use super::enqueue::{record_done, wait_done, CudaEnqueue};
 use super::{CudaCall, CudaExecutor, RankRes};
 use crate::device;
 use crate::error::{Error, Result};
+use crate::exec::panic_message;
 use crate::exec::profile::{self, HostPhase};
-use crate::exec::{panic_message, Enqueue};
-use crate::plan::StreamKind;
 use cudarc::driver::CudaContext;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -103,17 +104,8 @@ impl CudaExecutor {
         let result = match launched.into_iter().find_map(|(r, _)| r.err()) {
             Some(err) => {
                 // Ranks already launched spin at their barriers until the kernel's timeout
-                // (shorter than the call's deadline); wait for them, so that nothing on a GPU
-                // touches the caller's buffers after this call has returned its error.
-                // (Bounded by the deadline: a stuck stream must not hold the caller.)
-                for res in &self.ranks {
-                    let main = &res.streams[StreamKind::Main.index()];
-                    while matches!(device::stream_query(main), Ok(false))
-                        && Instant::now() < call.deadline
-                    {
-                        std::thread::sleep(Duration::from_micros(50));
-                    }
-                }
+                // (shorter than the call's deadline).
+                self.settle_streams(call.deadline);
                 Err(err)
             }
             None if call.wait_complete => {
@@ -126,6 +118,18 @@ impl CudaExecutor {
             None => Ok(()),
         };
         result.and(saved.restore())
+    }
+
+    /// After a call failed with some ranks' parts enqueued: waits until every stream of every
+    /// rank is idle (their peer kernels and counter waits give up within three quarters of the
+    /// timeout), so that nothing on a GPU touches the caller's buffers after the call has
+    /// returned its error — at most until `deadline`: a stuck stream must not hold the caller.
+    pub(super) fn settle_streams(&self, deadline: Instant) {
+        for stream in self.ranks.iter().flat_map(|r| &r.streams) {
+            while matches!(device::stream_query(stream), Ok(false)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
     }
 
     /// [`enqueue_rank_inline`] for rank `rank` from the calling thread, a panic caught as an
@@ -179,9 +183,10 @@ impl CudaExecutor {
     }
 }
 
-/// Enqueues rank `rank`'s whole program of a plan without events on its own streams (binding its
-/// context), then its completion record: what the calling thread or a launcher thread does for
-/// one rank of a peer call.
+/// Enqueues rank `rank`'s whole program of a call on its own streams (binding its context),
+/// then its completion record: what the calling thread, a launcher thread or a rank thread
+/// does for one rank. Gives up between instructions once the call is aborted (another rank
+/// failed).
 pub(super) fn enqueue_rank_inline(
     rank: usize,
     res: &RankRes,
@@ -194,12 +199,14 @@ pub(super) fn enqueue_rank_inline(
         res,
         contexts,
         call,
-        fuse_exposure: true,
         held: None,
         steps_launched: false,
     };
-    for (index, instr) in call.prepared.plan.ranks[rank].iter().enumerate() {
-        backend.enqueue(index, instr)?;
+    for instr in &call.prepared.plan.ranks[rank] {
+        if call.abort.load(Ordering::Acquire) {
+            return Err(crate::exec::aborted(rank));
+        }
+        backend.enqueue(instr)?;
     }
     backend.flush()?;
     record_done(res, call)

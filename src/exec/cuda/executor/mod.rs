@@ -1,40 +1,45 @@
-//! The GPU executor: the same plans as the host executor, enqueued on CUDA streams by one host
-//! thread per GPU (the ring) or by the caller's thread (the peer kernels: one-shot, two-shot,
-//! steps and LL one-shot).
+//! The GPU executor: the same plans as the host executor, enqueued on CUDA streams — the
+//! copy-engine plans (the ring and every collective's ring form) by one host thread per rank,
+//! the peer kernels' plans (one-shot, two-shot, steps and LL one-shot) by the caller's thread.
 //!
 //! At creation the communicator binds each rank to a GPU, decides how each ring edge moves data
 //! ([`Transport`]: peer copies where `cuDeviceCanAccessPeer` allows and peer access could be
 //! enabled, pinned-host staging elsewhere, or forced either way), and creates for every rank its
-//! context, four non-blocking streams (Main, Send, Recv, Reduce) and its kernels. Per message
-//! shape it then builds a plan, checks it, and creates that plan's events and staging buffers —
-//! once (the in-place one-shot's exposed copies excepted: they live in one region per rank,
-//! module `exposure`); later calls of the same shape reuse them (`CudaPlan`). Inside a
-//! collective nothing is allocated and no event is created; the host does not synchronise until
-//! the optional final wait for completion.
+//! context, four non-blocking streams (Main, Send, Recv, Reduce), its kernels and its error
+//! word. Per message shape it then builds a plan, checks it, decides once how it runs
+//! ([`Dispatch`]) and creates what that needs — events, staging buffers, event counters — once
+//! (the in-place one-shot's exposed copies excepted: they live in one region per rank, module
+//! `exposure`); later calls of the same shape reuse them (`CudaPlan`). Inside a collective
+//! nothing is allocated and no event is created; the host does not synchronise until the
+//! optional final wait for completion.
+//!
+//! Between ranks there is one kind of wait, eager or captured: an event counter (module
+//! `capture`), never another rank's CUDA event, so no rank's enqueue waits for another's.
 //!
 //! Where each part lives:
-//! - this module: [`CudaConfig`], creation of a `CudaExecutor`, the plan cache, and `run`, which
-//!   hands a call to the rank threads (plans with events) or enqueues it inline (plans without);
+//! - this module: [`CudaConfig`], creation of a `CudaExecutor`, the plan cache, [`Dispatch`],
+//!   and `run_shape_on_main`, which hands a call to the rank threads or enqueues it inline;
 //! - `edges`: how each ring edge moves data ([`EdgeInfo`]), its probe, and the chunk size rule;
 //! - `enqueue`: the enqueue of a plan's operations on a rank's streams, for every path (copies,
-//!   reduce and scale kernels, event records and waits, peer kernel launches), the ring's rank
-//!   threads, the wait for completion and the diagnosis of a stalled call;
-//! - `peer`: the peer kernels' shared flags, LL receive buffers and error words, their launch
-//!   (the LL one-shot for small one-shot all-reduces with `low_latency`), and the timeouts they
-//!   report;
+//!   reduce and scale kernels, events, counter signals and waits, peer kernel launches), the
+//!   rank threads, the wait for completion and the diagnosis of a stalled call;
+//! - `peer`: the peer kernels' shared flags and LL receive buffers, their launch, and what the
+//!   kernels' error words report;
 //! - `exposure`: the one region per rank that every in-place one-shot plan's exposed buffer
 //!   lives in, so that a new message size allocates nothing;
 //! - `layout`: the checks that tie a one-shot, two-shot or steps plan to its kernel;
-//! - `launch`: the inline enqueue of plans without events (the peer kernels), from the caller's
-//!   thread or the launcher threads;
+//! - `launch`: the inline enqueue of a call from the caller's thread or the launcher threads,
+//!   and the one function that enqueues one rank's program, whoever calls it;
 //! - `callers`: the entry point of every call, which fences the caller's streams around Main;
-//! - `capture`: collectives captured into CUDA graphs (what is refused, the pinned plans, the
-//!   event counters that replace the ring's cross-GPU events);
+//! - `capture`: the event counters between ranks, and collectives captured into CUDA graphs
+//!   (what is refused, the pinned plans);
 //! - `teardown`: waiting for idle streams, `synchronize`, `close`, `Drop`, and the deliberate
 //!   leak of what a stuck GPU may still touch.
 //!
-//! Invariant: a failed enqueue never leaves a GPU waiting forever, and teardown never hangs on a
-//! stuck GPU (see `enqueue`, `peer`, `launch` and `teardown` for how each path keeps it).
+//! Invariant: a failed enqueue never leaves a GPU waiting forever (every wait between ranks and
+//! every peer kernel gives up within three quarters of the timeout, leaving a code in its
+//! rank's error word), and teardown never hangs on a stuck GPU (see `enqueue`, `peer`, `launch`
+//! and `teardown` for how each path keeps it).
 
 mod callers;
 mod capture;
@@ -54,7 +59,7 @@ use crate::element::{DType, Element, ReduceOp};
 use crate::error::{Error, Result};
 pub use crate::exec::config::Transport;
 use crate::exec::profile::{self, HostPhase};
-use crate::exec::{caller_address, Algorithm, Handoff, PlanCache, Shape};
+use crate::exec::{caller_address, Algorithm, PlanCache, Shape};
 use crate::plan::{BufKind, Collective, EdgeTransport, Op, Plan, StreamKind};
 use crossbeam_channel::Sender;
 use cudarc::driver::{CudaContext, CudaStream};
@@ -151,10 +156,29 @@ struct RankRes {
     fence_in: Event,
     /// A call on a caller's stream: recorded on Main after the call, waited for there.
     fence_out: Event,
+    /// The word this rank's kernels leave a code in when they give up (a peer kernel's barrier,
+    /// a counter wait): pinned host memory, mapped for the device, zeroed at creation, read by
+    /// the host after calls (`CudaExecutor::check_error_words`).
+    error: PinnedHost,
     /// A cudarc stream of `ctx`, never used: it puts this context handle in cudarc's multi-stream
     /// mode, the only mode in which cudarc records a slice's read and write events on a stream —
     /// so a cudarc slice's use by a collective is recorded on Main (`cudarc_buffers`).
     _tracking: Arc<CudaStream>,
+}
+
+impl RankRes {
+    /// The code this rank's kernels left in its error word (0: none). Read through the host
+    /// mapping; the kernels write it with a plain system-scope store.
+    fn error_code(&self) -> u32 {
+        // SAFETY: the pinned allocation is at least 4 bytes and page-aligned, and lives as long
+        // as `self`; a volatile read, since the GPU may write the word at any time.
+        unsafe { std::ptr::read_volatile(self.error.as_ptr().cast::<u32>()) }
+    }
+
+    /// The error word as a device address (its host mapping).
+    fn error_word(&self) -> u64 {
+        self.error.uva_ptr()
+    }
 }
 
 /// Staging memory of a plan: its own, or its rank's exposure region (module `exposure`).
@@ -165,21 +189,65 @@ enum Staging {
     Exposure(u64),
 }
 
-/// A checked plan with its events and staging buffers.
+/// How a prepared call runs: decided once, when its plan is prepared, with what that way needs.
+/// Nothing later probes the plan to find out.
+enum Dispatch {
+    /// Copies and reduce kernels on each rank's four streams, ordered by events on a rank's own
+    /// streams and by event counters between ranks (`counters`, `None` when no event crosses
+    /// ranks): the ring's all-reduce, every other collective's ring form, and any plan without
+    /// peer reduces. Enqueued by the rank threads when counters cross ranks (long programs,
+    /// one thread per rank), else from the caller's thread.
+    CopyEngines {
+        counters: Option<capture::EventCounters>,
+    },
+    /// The one-shot all-reduce: each rank's one peer reduce is one kernel, `kernel` (the read
+    /// one-shot or the LL one-shot, [`PeerKernelState::oneshot_kernel`]).
+    OneShot { kernel: PeerKernel },
+    /// The two-shot all-reduce: each rank's whole program is one fused kernel, which needs each
+    /// rank's segment (offset, count) (`twoshot_segments`).
+    TwoShot { segments: Vec<(usize, usize)> },
+    /// The one-shot form of a collective other than the all-reduce: each rank's steps run in one
+    /// kernel between one start and one end barrier (`steps_layout`).
+    Steps { steps: Vec<Vec<StepLayout>> },
+}
+
+impl Dispatch {
+    /// The peer kernel this way launches, if any: names it in errors, and says which caller's
+    /// buffers the peers read.
+    fn peer_kernel(&self) -> Option<PeerKernel> {
+        match self {
+            Dispatch::CopyEngines { .. } => None,
+            Dispatch::OneShot { kernel } => Some(*kernel),
+            Dispatch::TwoShot { .. } => Some(PeerKernel::TwoShot),
+            Dispatch::Steps { .. } => Some(PeerKernel::Steps),
+        }
+    }
+
+    /// Whether the caller's thread enqueues every rank (nothing crosses ranks through counters,
+    /// or the kernels meet on the GPUs) rather than the rank threads.
+    fn inline(&self) -> bool {
+        !matches!(self, Dispatch::CopyEngines { counters: Some(_) })
+    }
+
+    fn counters(&self) -> Option<&capture::EventCounters> {
+        match self {
+            Dispatch::CopyEngines { counters } => counters.as_ref(),
+            _ => None,
+        }
+    }
+}
+
+/// A checked plan with the way it runs, its events and its staging buffers.
 struct CudaPlan {
     plan: Plan,
-    /// For a two-shot plan: each rank's segment (offset, count), which its one fused kernel per
-    /// rank needs (`twoshot_segments`).
-    twoshot: Option<Vec<(usize, usize)>>,
-    /// For the one-shot plan of a collective other than the all-reduce: each rank's steps, which
-    /// its one kernel runs between one start and one end barrier (`steps_layout`).
-    steps: Option<Vec<Vec<StepLayout>>>,
-    waiters: Vec<Vec<usize>>,
+    /// Names the plan in a counter wait's error code (`capture::wait_code`): a number per plan
+    /// prepared by this executor, modulo 2^15.
+    serial: usize,
+    dispatch: Dispatch,
+    /// Every event of the plan, made in its recording rank's context. Waited for only on that
+    /// rank's streams: a wait of another rank is a counter wait (`Dispatch::CopyEngines`).
     events: Vec<Event>,
     staging: Vec<Option<Staging>>,
-    /// The counters that replace cross-GPU event waits when the plan is captured (plans with
-    /// such waits, on communicators with peer access between every pair of GPUs).
-    counters: Option<capture::EventCounters>,
 }
 
 impl CudaPlan {
@@ -191,7 +259,7 @@ impl CudaPlan {
                 .staging
                 .iter()
                 .any(|s| matches!(s, Some(Staging::Device(_) | Staging::Host(_))))
-            || self.counters.is_some()
+            || self.dispatch.counters().is_some()
     }
 }
 
@@ -200,7 +268,6 @@ const CACHED_PLANS: usize = 8;
 
 /// What the threads of one call share.
 struct CudaCall {
-    id: u64,
     prepared: Arc<CudaPlan>,
     /// Base address of every plan buffer.
     addrs: Vec<u64>,
@@ -227,7 +294,8 @@ pub(crate) struct CudaExecutor {
     config: CudaConfig,
     cache: PlanCache<CudaPlan>,
     pool_granted: HashSet<(u64, usize)>,
-    calls: u64,
+    /// Plans prepared so far (numbers each plan: `CudaPlan::serial`).
+    prepared_plans: usize,
     /// Present when the peer kernels (one-shot, two-shot, steps, LL one-shot) can run here:
     /// every pair of GPUs reaches the other.
     peer: Option<Arc<PeerKernelState>>,
@@ -286,6 +354,8 @@ impl CudaExecutor {
                 let kernels = KernelModule::new(&ctx)?;
                 let done = Event::new(&ctx)?;
                 let (fence_in, fence_out) = (Event::new(&ctx)?, Event::new(&ctx)?);
+                let mut error = PinnedHost::new(&ctx, 4)?;
+                error.as_mut_slice().fill(0);
                 // The first cudarc stream of a context handle synchronizes the context once.
                 let tracking = ctx.new_stream().map_err(device::check("cuStreamCreate"))?;
                 Ok(Arc::new(RankRes {
@@ -296,6 +366,7 @@ impl CudaExecutor {
                     done,
                     fence_in,
                     fence_out,
+                    error,
                     _tracking: tracking,
                 }))
             })
@@ -314,15 +385,16 @@ impl CudaExecutor {
                 config.algorithm
             )));
         }
-        let threads = Handoff::mesh(ranks.len())
-            .into_iter()
-            .map(|handoff| {
-                let res = ranks[handoff.rank].clone();
+        let threads = ranks
+            .iter()
+            .enumerate()
+            .map(|(rank, res)| {
+                let res = res.clone();
                 let contexts = ranks.iter().map(|r| r.ctx.clone()).collect();
                 let (tx, rx) = crossbeam_channel::unbounded();
                 let handle = std::thread::Builder::new()
                     .name(format!("ringreduce-gpu-{}", res.device))
-                    .spawn(move || gpu_rank_thread(handoff, res, contexts, rx))
+                    .spawn(move || gpu_rank_thread(rank, res, contexts, rx))
                     .map_err(|e| Error::Resource {
                         what: format!("cannot start a rank thread: {e}"),
                     })?;
@@ -341,7 +413,7 @@ impl CudaExecutor {
             config,
             cache: PlanCache::new(CACHED_PLANS),
             pool_granted: HashSet::new(),
-            calls: 0,
+            prepared_plans: 0,
             peer,
             pinned: Vec::new(),
             last_peer_kernel: PeerKernel::OneShot,
@@ -424,7 +496,9 @@ impl CudaExecutor {
         Ok(())
     }
 
-    fn prepare(&mut self, shape: Shape) -> Result<Arc<CudaPlan>> {
+    /// The prepared plan of `shape` (for elements of `dtype`): cached, or built, proven and given
+    /// its resources and its way of running ([`Dispatch`]) now.
+    fn prepare(&mut self, shape: Shape, dtype: DType) -> Result<Arc<CudaPlan>> {
         if let Some(p) = self.prepared(&shape) {
             return Ok(p);
         }
@@ -462,9 +536,7 @@ impl CudaExecutor {
                 self.edge_transports(),
             )?
         } else if algorithm == Algorithm::OneShot {
-            let plan = self.cache.checked_oneshot_plan(&shape, n)?;
-            oneshot_layout(&plan)?;
-            plan
+            self.cache.checked_oneshot_plan(&shape, n)?
         } else if algorithm == Algorithm::TwoShot {
             shape.checked_twoshot_plan(n, align_elems)?
         } else {
@@ -524,32 +596,56 @@ impl CudaExecutor {
             // the exposure regions — is dropped without waiting.)
             self.synchronize()?;
         }
-        let counters = match self.peer {
-            Some(_) => capture::EventCounters::new(&self.ranks, &plan)?,
-            None => None,
-        };
-        let twoshot = if algorithm == Algorithm::TwoShot {
-            twoshot_segments(&plan)?
-        } else {
-            None
-        };
-        let steps = if shape.collective != Collective::AllReduce && algorithm == Algorithm::OneShot
-        {
-            steps_layout(&plan)?
-        } else {
-            None
-        };
+        let dispatch = self.dispatch(&plan, algorithm, dtype)?;
+        self.prepared_plans += 1;
         let prepared = Arc::new(CudaPlan {
-            twoshot,
-            steps,
-            waiters: plan.remote_waiters(),
+            serial: self.prepared_plans % 0x8000,
+            dispatch,
             plan,
             events,
             staging,
-            counters,
         });
         self.cache.insert(shape, prepared.clone());
         Ok(prepared)
+    }
+
+    /// How `plan` (of `algorithm`, for elements of `dtype`) runs here, with what that needs: the
+    /// kernel layouts verified against the plan, or the ring's event counters.
+    fn dispatch(&self, plan: &Plan, algorithm: Algorithm, dtype: DType) -> Result<Dispatch> {
+        let meets = plan
+            .ranks
+            .iter()
+            .flatten()
+            .any(|i| matches!(i.op, Op::PeerReduce { .. }));
+        let copy_engines = || -> Result<Dispatch> {
+            let counters = capture::EventCounters::new(&self.ranks, plan, self.peer.is_some())?;
+            Ok(Dispatch::CopyEngines { counters })
+        };
+        if !meets {
+            return copy_engines();
+        }
+        let Some(peer) = &self.peer else {
+            return Err(Error::Internal {
+                what: "a plan with peer reduces on a communicator without peer kernels".into(),
+            });
+        };
+        let unexpected = || Error::Internal {
+            what: format!("a {algorithm:?} plan with peer reduces but no meetings"),
+        };
+        Ok(match algorithm {
+            Algorithm::TwoShot => Dispatch::TwoShot {
+                segments: twoshot_segments(plan)?.ok_or_else(unexpected)?,
+            },
+            _ if plan.collective != Collective::AllReduce => Dispatch::Steps {
+                steps: steps_layout(plan)?.ok_or_else(unexpected)?,
+            },
+            _ => {
+                oneshot_layout(plan)?;
+                Dispatch::OneShot {
+                    kernel: peer.oneshot_kernel(dtype, plan.count),
+                }
+            }
+        })
     }
 
     /// The plan prepared for `shape` earlier, if any: cached, or pinned by a capture.
@@ -590,27 +686,16 @@ impl CudaExecutor {
         wait_complete: bool,
         captured: Option<usize>,
     ) -> Result<()> {
-        let prepared = self.prepare(shape)?;
+        let prepared = self.prepare(shape, T::DTYPE)?;
         profile::mark(HostPhase::Plan);
-        let reads_peers = prepared
-            .plan
-            .ranks
-            .iter()
-            .flatten()
-            .any(|i| matches!(i.op, Op::PeerReduce { .. }));
-        if reads_peers {
-            let kernel = if prepared.twoshot.is_some() {
-                PeerKernel::TwoShot
-            } else if prepared.steps.is_some() {
-                PeerKernel::Steps
-            } else {
-                match &self.peer {
-                    Some(peer) => peer.oneshot_kernel(T::DTYPE, prepared.plan.count),
-                    None => PeerKernel::OneShot,
-                }
-            };
+        let peer_kernel = prepared.dispatch.peer_kernel();
+        if let Some(kernel) = peer_kernel {
             let inputs = (!prepared.plan.in_place).then_some(inputs);
             self.open_peer_call(kernel, inputs, outputs)?;
+        } else {
+            // Codes left by an earlier call's counter waits are that call's failure, reported
+            // before this one runs.
+            self.check_error_words()?;
         }
         let addrs = prepared
             .plan
@@ -631,13 +716,13 @@ impl CudaExecutor {
             // The all-reduce's caller grants its pools (`prepare_buffers`) before the call.
             self.grant_pushers(&prepared.plan, &addrs)?;
         }
-        // A plan without events is enqueued from this thread; its peer kernels are launched
-        // under the gate (module `device::gate`): no blocking CUDA call of this crate runs
-        // between the ranks' launches. Taken before the call's deadline starts, and waited for
-        // at most the timeout (another thread's blocking call waits for a stuck kernel at most
-        // that long): past it, nothing is launched and the call fails by name.
-        let inline = prepared.plan.events.is_empty();
-        let launching = match inline {
+        // A call that crosses no counters between ranks is enqueued from this thread (module
+        // `launch`); its peer kernels are launched under the gate (module `device::gate`): no
+        // blocking CUDA call of this crate runs between the ranks' launches. Taken before the
+        // call's deadline starts, and waited for at most the timeout (another thread's blocking
+        // call waits for a stuck kernel at most that long): past it, nothing is launched and
+        // the call fails by name.
+        let launching = match prepared.dispatch.inline() {
             true => Some(device::gate::launching(self.config.timeout).ok_or_else(|| {
                 Error::Timeout {
                     rank: 0,
@@ -649,10 +734,8 @@ impl CudaExecutor {
             })?),
             false => None,
         };
-        self.calls += 1;
         let (done_tx, done_rx) = crossbeam_channel::unbounded();
         let call = Arc::new(CudaCall {
-            id: self.calls,
             prepared,
             addrs,
             dtype: T::DTYPE,
@@ -662,20 +745,16 @@ impl CudaExecutor {
             timeout: self.config.timeout,
             abort: AtomicBool::new(false),
             done: done_tx,
-            peer: self
-                .peer
-                .clone()
-                .filter(|_| reads_peers || captured.is_some()),
+            peer: self.peer.clone().filter(|_| peer_kernel.is_some()),
             captured,
         });
         profile::mark(HostPhase::Open);
         if let Some(launching) = launching {
-            // No event crosses between ranks (the peer kernels; one rank; nothing to do): there is
-            // no handoff to wait for, so the caller's thread enqueues every rank itself — a
-            // channel round trip per rank thread saved, ~10 µs of a ~20 µs small call.
+            // The caller's thread enqueues every rank itself — a channel round trip per rank
+            // thread saved, ~10 µs of a ~20 µs small call.
             self.run_inline(&call, launching)?;
-            if reads_peers && wait_complete {
-                self.check_peer_errors()?;
+            if wait_complete {
+                self.check_error_words()?;
                 profile::mark(HostPhase::Check);
             }
             return Ok(());
@@ -697,6 +776,7 @@ impl CudaExecutor {
                 }
                 Err(_) => {
                     call.abort.store(true, Ordering::Release);
+                    self.settle_streams(call.deadline);
                     return Err(
                         first_error.unwrap_or(Error::Timeout {
                             rank: pending[0],
@@ -711,6 +791,10 @@ impl CudaExecutor {
         }
         profile::mark(HostPhase::Launch);
         if let Some(err) = first_error {
+            // The ranks that enqueued their part wait at counters that will never be signalled,
+            // until their kernels give up: wait for that (bounded by the deadline), so that
+            // nothing on a GPU touches the caller's buffers after this call has returned.
+            self.settle_streams(call.deadline);
             return Err(err);
         }
         if wait_complete {
@@ -725,10 +809,8 @@ impl CudaExecutor {
                 .try_for_each(|(rank, res)| wait_done(res, rank, &call));
             waited.and(saved.restore())?;
             profile::mark(HostPhase::Wait);
-            if reads_peers {
-                self.check_peer_errors()?;
-                profile::mark(HostPhase::Check);
-            }
+            self.check_error_words()?;
+            profile::mark(HostPhase::Check);
         }
         Ok(())
     }

@@ -30,8 +30,9 @@
 //! device, advanced by the kernel) moves in step on every rank.
 
 use super::enqueue::CudaEnqueue;
+use super::layout::StepLayout;
 use super::{CudaCall, CudaExecutor, RankRes, Transport};
-use crate::device::{self, DeviceBuffer, PinnedHost, Stream};
+use crate::device::{self, DeviceBuffer, Stream};
 use crate::element::DType;
 use crate::error::{Error, Result};
 use crate::exec::cuda::kernels::{
@@ -68,16 +69,16 @@ impl fmt::Display for PeerKernel {
 }
 
 /// What the peer kernels share across ranks, made once per communicator: per rank, the flag
-/// words its peers write at the barriers (device memory, zeroed, reached through peer access),
-/// the LL kernel's receive buffer (with `low_latency` only), and a pinned word its kernel sets
-/// when it times out. Calls of every kernel share the flags and the per-block epochs in them.
+/// words its peers write at the barriers (device memory, zeroed, reached through peer access)
+/// and the LL kernel's receive buffer (with `low_latency` only); a kernel that gives up leaves
+/// its code in its rank's error word (`RankRes::error`). Calls of every kernel share the flags
+/// and the per-block epochs in them.
 pub(super) struct PeerKernelState {
     flags: Vec<DeviceBuffer>,
     /// With [`CudaConfig::low_latency`](super::CudaConfig::low_latency): per rank,
     /// [`ll_recv_bytes`]`(world)` bytes of device memory, zeroed once — the LL words its peers
     /// push (layout in `cuda/ll.cuh`). `None` otherwise, and then the LL kernel never runs.
     ll_recv: Option<Vec<DeviceBuffer>>,
-    errors: Vec<PinnedHost>,
     /// The smallest SM count of the ranks' GPUs: the grid cap that keeps every block resident.
     max_blocks: u32,
     /// Every rank, whose Main stream runs its peer kernels: what the gate waits for.
@@ -112,25 +113,10 @@ impl device::gate::InFlight for PeerKernelState {
 }
 
 impl PeerKernelState {
-    /// The code rank `rank`'s kernel left (one of
-    /// [`ERROR_CODES`](crate::exec::cuda::kernels::ERROR_CODES), [`kernel_failure`] says what it
-    /// means), 0 when none. Read through the host mapping; the kernel writes it with a plain
-    /// system-scope store.
-    fn error(&self, rank: usize) -> u32 {
-        // SAFETY: the pinned allocation is at least 4 bytes and page-aligned, and lives as long
-        // as `self`; a volatile read, since the GPU may write the word at any time.
-        unsafe { std::ptr::read_volatile(self.errors[rank].as_ptr().cast::<u32>()) }
-    }
-
     /// Notes that a call's kernels were launched at `at` (under the gate,
     /// `device::gate::launching`): what `settle` waits from.
     pub(super) fn launched_at(&self, at: Instant) {
         *self.last_launch.lock().unwrap_or_else(|p| p.into_inner()) = Some(at);
-    }
-
-    /// Rank `rank`'s error word as a device address (its host mapping).
-    pub(super) fn error_word(&self, rank: usize) -> u64 {
-        self.errors[rank].uva_ptr()
     }
 
     /// The kernel that runs a one-shot all-reduce plan of `count` elements of `dtype`: the LL
@@ -160,7 +146,7 @@ fn oneshot_kernel_for(
     }
 }
 
-/// Makes the peer kernels' flags and error words, and with `low_latency` the LL kernel's receive
+/// Makes the peer kernels' flags, and with `low_latency` the LL kernel's receive
 /// buffers, after enabling peer access between every pair of GPUs (each rank's kernel reads —
 /// the LL one-shot's writes — every rank's memory). `None` where they cannot run: one rank, more
 /// than [`PEER_MAX_RANKS`], forced staging, or a pair of GPUs without peer access.
@@ -208,14 +194,6 @@ pub(super) fn setup_peer_kernels(
     } else {
         None
     };
-    let errors = ranks
-        .iter()
-        .map(|r| {
-            let mut word = PinnedHost::new(&r.ctx, 4)?;
-            word.as_mut_slice().fill(0);
-            Ok(word)
-        })
-        .collect::<Result<Vec<_>>>()?;
     let sm_counts = device::devices()?;
     let max_blocks = ranks
         .iter()
@@ -229,7 +207,6 @@ pub(super) fn setup_peer_kernels(
     let state = Arc::new(PeerKernelState {
         flags,
         ll_recv,
-        errors,
         max_blocks,
         ranks: ranks.to_vec(),
         timeout,
@@ -251,7 +228,7 @@ impl CudaExecutor {
         inputs: Option<&[u64]>,
         outputs: &[u64],
     ) -> Result<()> {
-        self.check_peer_errors()?;
+        self.check_error_words()?;
         self.last_peer_kernel = kernel;
         // The two-shot gathers from outputs; an in-place one-shot collective reads the caller's
         // one buffer (passed as the outputs).
@@ -272,18 +249,16 @@ impl CudaExecutor {
         Ok(())
     }
 
-    /// The first timeout any rank's peer kernel reported (its kernel then returned early, so
-    /// that call's output is incomplete): an error naming the rank, the kernel and where it
-    /// waited. Checked after every blocking peer call, before the next peer call, and by
-    /// `synchronize`. The kernel named is the latest peer call's (the words are checked before
-    /// every peer call, so a code is that call's unless non-blocking calls overlapped), except
-    /// for the codes only one kernel writes ([`kernel_failure`]).
-    pub(super) fn check_peer_errors(&self) -> Result<()> {
-        let Some(shared) = &self.peer else {
-            return Ok(());
-        };
+    /// The first code any rank's kernel left in its error word (the kernel then returned
+    /// early, so that call's output is incomplete): an error naming the rank, the kernel and
+    /// where it waited — a peer kernel's barrier, or a counter wait's event. Checked after every
+    /// blocking call, before the next call, and by `synchronize`. A peer kernel named is the
+    /// latest peer call's (the words are checked before every call, so a code is that call's
+    /// unless non-blocking calls overlapped), except for the codes only one kernel writes
+    /// ([`kernel_failure`]).
+    pub(super) fn check_error_words(&self) -> Result<()> {
         for (rank, r) in self.ranks.iter().enumerate() {
-            let code = shared.error(rank);
+            let code = r.error_code();
             let device = r.device;
             match kernel_failure(code) {
                 None => {}
@@ -371,11 +346,11 @@ impl CudaCall {
 
 impl CudaEnqueue<'_> {
     /// Launches this rank's two-shot kernel: the plan's step 0 and every gather round of this
-    /// rank (their layout was verified by `twoshot_segments` when the plan was prepared).
-    pub(super) fn launch_twoshot(&self, rank: usize) -> Result<()> {
+    /// rank, over every rank's `segments` (verified by `twoshot_segments` when the plan was
+    /// prepared).
+    pub(super) fn launch_twoshot(&self, rank: usize, segments: &[(usize, usize)]) -> Result<()> {
         let call = self.call;
         let plan = &call.prepared.plan;
-        let segments = call.prepared.twoshot.as_ref().expect("a two-shot plan");
         let shared = call.peer_state(PeerKernel::TwoShot)?;
         let src_kind = if plan.in_place {
             BufKind::Output
@@ -398,7 +373,7 @@ impl CudaEnqueue<'_> {
             rank: rank as u32,
             count: plan.count as u64,
             timeout_ns: call.kernel_timeout_ns(),
-            error: shared.errors[rank].uva_ptr(),
+            error: self.res.error_word(),
             max_blocks: shared.max_blocks,
         };
         for (r, &(offset, count)) in segments.iter().enumerate() {
@@ -424,16 +399,11 @@ impl CudaEnqueue<'_> {
         }
     }
 
-    /// Launches this rank's steps kernel: every step of the rank's one-shot collective (their
-    /// layout was verified by `steps_layout` when the plan was prepared).
-    pub(super) fn launch_steps(&self, rank: usize) -> Result<()> {
+    /// Launches this rank's steps kernel: every step of the rank's one-shot collective, `layout`
+    /// (verified by `steps_layout` when the plan was prepared).
+    pub(super) fn launch_steps(&self, rank: usize, layout: &[StepLayout]) -> Result<()> {
         let call = self.call;
         let plan = &call.prepared.plan;
-        let layout = call
-            .prepared
-            .steps
-            .as_ref()
-            .expect("a one-shot collective plan");
         let shared = call.peer_state(PeerKernel::Steps)?;
         let eb = call.dtype.size_bytes() as u64;
         let source = |q: usize, kind: BufKind, offset: usize| -> Result<u64> {
@@ -442,8 +412,8 @@ impl CudaEnqueue<'_> {
             })?;
             Ok(call.addrs[buf.0] + offset as u64 * eb)
         };
-        let mut steps = Vec::with_capacity(layout[rank].len());
-        for step in &layout[rank] {
+        let mut steps = Vec::with_capacity(layout.len());
+        for step in layout {
             let mut srcs = [0; PEER_MAX_RANKS];
             match step.from {
                 Some(q) => srcs[q] = source(q, step.src, step.offset)?,
@@ -470,7 +440,7 @@ impl CudaEnqueue<'_> {
             rank: rank as u32,
             count: plan.count as u64,
             timeout_ns: call.kernel_timeout_ns(),
-            error: shared.errors[rank].uva_ptr(),
+            error: self.res.error_word(),
             max_blocks: shared.max_blocks,
         };
         // SAFETY: the plan is a checked one-shot collective plan whose layout `steps_layout`
@@ -490,11 +460,12 @@ impl CudaEnqueue<'_> {
     }
 
     /// Launches this rank's one-shot kernel for the peer reduce `op` into `dst` (a plan whose
-    /// layout `oneshot_layout` verified): the LL one-shot where
-    /// [`PeerKernelState::oneshot_kernel`] picks it, else the read one-shot. `expose_from` is
-    /// the fused exposure copy's source (see `CudaEnqueue::fuse_exposure`).
+    /// layout `oneshot_layout` verified): `kernel`, the LL one-shot or the read one-shot
+    /// ([`PeerKernelState::oneshot_kernel`] chose it when the plan was prepared). `expose_from`
+    /// is the fused exposure copy's source (see `CudaEnqueue::held`).
     pub(super) fn launch_oneshot(
         &self,
+        kernel: PeerKernel,
         op: Op,
         dst: Region,
         expose_from: Option<u64>,
@@ -505,7 +476,7 @@ impl CudaEnqueue<'_> {
         let shared = call.peer_state(PeerKernel::OneShot)?;
         let rank = plan.decl(dst.buf).rank;
         let sources = crate::check::peer_sources(plan, &op);
-        if shared.oneshot_kernel(call.dtype, dst.count) == PeerKernel::OneShotLl {
+        if kernel == PeerKernel::OneShotLl {
             // This rank's input: out of place, its Input; in place with the exposure copy fused
             // (`expose_from`, the in-place buffer itself), that buffer, and the copy is dropped:
             // the plan's Exposed buffer exists only for peers to read in the read one-shot, and
@@ -527,7 +498,7 @@ impl CudaEnqueue<'_> {
             dst: self.addr(dst),
             count: dst.count as u64,
             timeout_ns: call.kernel_timeout_ns(),
-            error: shared.errors[rank].uva_ptr(),
+            error: self.res.error_word(),
             expose_from: expose_from.unwrap_or(0),
             max_blocks: shared.max_blocks,
         };
@@ -567,7 +538,7 @@ impl CudaEnqueue<'_> {
             dst: self.addr(dst),
             count: dst.count as u64,
             timeout_ns: call.kernel_timeout_ns(),
-            error: shared.errors[rank].uva_ptr(),
+            error: self.res.error_word(),
         };
         for (r, buffer) in recv.iter().enumerate() {
             args.recvs[r] = buffer.ptr();

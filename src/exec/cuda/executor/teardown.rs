@@ -24,7 +24,7 @@ impl CudaExecutor {
     pub(crate) fn synchronize(&self) -> Result<()> {
         self.wait_idle(self.config.timeout)?;
         profile::mark(HostPhase::Wait);
-        self.check_peer_errors()?;
+        self.check_error_words()?;
         profile::mark(HostPhase::Check);
         Ok(())
     }
@@ -33,7 +33,7 @@ impl CudaExecutor {
     /// earlier asynchronous work (`cuStreamQuery` on each rank's Main stream returns it).
     /// Puts the calling thread's context back.
     pub(crate) fn poll_health(&self) -> Result<()> {
-        self.check_peer_errors()?;
+        self.check_error_words()?;
         let saved = device::save_current()?;
         let polled = self
             .ranks
