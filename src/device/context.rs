@@ -32,6 +32,26 @@ pub struct DeviceInfo {
     pub compute_capability: (u32, u32),
     /// PCI address "domain:bus:device.function", e.g. "0000:19:00.0"; matches `nvidia-smi`.
     pub pci_bus_id: String,
+    /// The device's UUID (`cuDeviceGetUuid`): the same GPU has the same UUID in every process,
+    /// whatever `CUDA_VISIBLE_DEVICES` makes its ordinal there. [`DeviceInfo::uuid_string`]
+    /// prints it as `nvidia-smi -L` does.
+    pub uuid: [u8; 16],
+}
+
+impl DeviceInfo {
+    /// The UUID as `nvidia-smi -L` prints it: `GPU-` and five dash-separated groups of hex
+    /// digits (8-4-4-4-12).
+    pub fn uuid_string(&self) -> String {
+        let hex: String = self.uuid.iter().map(|b| format!("{b:02x}")).collect();
+        format!(
+            "GPU-{}-{}-{}-{}-{}",
+            &hex[0..8],
+            &hex[8..12],
+            &hex[12..16],
+            &hex[16..20],
+            &hex[20..32]
+        )
+    }
 }
 
 /// Every device the driver reports, in ordinal order. Creates no context.
@@ -40,7 +60,9 @@ pub fn devices() -> Result<Vec<DeviceInfo>> {
     guard("device queries", || (0..count).map(device_info).collect())
 }
 
-fn device_info(index: usize) -> Result<DeviceInfo> {
+/// What the driver says about device `index` (an ordinal below [`device_count`]). Creates no
+/// context.
+pub fn device_info(index: usize) -> Result<DeviceInfo> {
     let dev = cu_device(index)?;
     let attribute = |attribute: sys::CUdevice_attribute| {
         // SAFETY: `dev` came from cuDeviceGet for an ordinal below the device count just above.
@@ -60,6 +82,10 @@ fn device_info(index: usize) -> Result<DeviceInfo> {
             attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
         ),
         pci_bus_id: pci_bus_id(dev)?,
+        uuid: result::device::get_uuid(dev)
+            .call("cuDeviceGetUuid")?
+            .bytes
+            .map(|b| b as u8),
     })
 }
 

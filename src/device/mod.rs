@@ -116,7 +116,7 @@ mod peer;
 mod stream;
 
 pub(crate) use context::{bind, save_current};
-pub use context::{context, devices, memory_info, DeviceInfo};
+pub use context::{context, device_info, devices, memory_info, DeviceInfo};
 pub use memory::{memcpy_async, memcpy_peer_async, memset_d32_async, DeviceBuffer, PinnedHost};
 pub use peer::{
     can_access_peer, disable_peer_access, enable_peer_access, grant_pointer_pool_access,

@@ -278,11 +278,6 @@ impl<P> PlanCache<P> {
         self.entries.iter().map(|(_, p)| p)
     }
 
-    /// The entry the next insertion into a full cache pushes out.
-    pub(crate) fn oldest(&self) -> Option<&Arc<P>> {
-        self.entries.front().map(|(_, p)| p)
-    }
-
     /// Whether inserting one more entry will push out the oldest (callers whose plans may still
     /// be in use by enqueued work wait for it first).
     pub(crate) fn is_full(&self) -> bool {

@@ -4,6 +4,7 @@
 pub mod buffer;
 pub mod cudarc_buffers;
 pub mod executor;
+pub(crate) mod fabric;
 pub mod kernels;
 pub mod probe;
 

@@ -41,18 +41,18 @@ impl CudaExecutor {
         let Some(streams) = caller else {
             // SAFETY: our caller's contract, passed on.
             return unsafe {
-                self.run_shape_on_main::<T>(shape, inputs, outputs, op, wait_complete, None)
+                self.run_shape_on_main::<T>(shape, inputs, outputs, op, wait_complete, false)
             };
         };
         self.check_caller_streams(streams)?;
         // A capture: the plan (prepared by an earlier call) is refused if it cannot be captured
         // before any stream joins the capture, and pinned, since the graph will hold its memory.
-        let captured = match capture::capturing(streams)? {
-            true => Some(self.pin_for_capture(shape.clone())?),
-            false => None,
-        };
+        let captured = capture::capturing(streams)?;
+        if captured {
+            self.pin_for_capture(shape.clone())?;
+        }
         let saved = device::save_current()?;
-        for (res, stream) in self.ranks.iter().zip(streams) {
+        for (res, stream) in self.ranks.iter().map(|r| &*r.res).zip(streams) {
             // SAFETY: the stream is live (borrowed) and of the rank's context (checked above).
             unsafe { device::record_on_raw_stream(&res.fence_in, stream.cu_stream()) }?;
             device::wait(&res.streams[StreamKind::Main.index()], &res.fence_in)?;
@@ -65,6 +65,7 @@ impl CudaExecutor {
         let fenced = self
             .ranks
             .iter()
+            .map(|r| &*r.res)
             .zip(streams)
             .try_for_each(|(res, stream)| {
                 device::record(&res.fence_out, &res.streams[StreamKind::Main.index()])?;
@@ -83,7 +84,7 @@ impl CudaExecutor {
                 got: streams.len(),
             });
         }
-        for (rank, (res, stream)) in self.ranks.iter().zip(streams).enumerate() {
+        for (rank, (res, stream)) in self.ranks.iter().map(|r| &r.res).zip(streams).enumerate() {
             let ctx = stream.context();
             if ctx.ordinal() != res.device {
                 return Err(Error::WrongDevice {

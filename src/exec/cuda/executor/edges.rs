@@ -10,7 +10,8 @@
 //! Invariant: edge `r` runs from rank `r` to rank `(r + 1) mod world`, and an edge is `Peer` only
 //! where peer access from its sender to its receiver was enabled.
 
-use super::{RankRes, Transport};
+use super::rank::RankRes;
+use super::Transport;
 use crate::device;
 use crate::error::{Error, Result};
 use crate::exec::cuda::probe::{self, Probe};

@@ -22,14 +22,16 @@
 //! Invariant: inside a collective a rank's enqueue only enqueues — no allocation, no event
 //! creation, no host synchronisation.
 
-use super::launch::enqueue_rank_inline;
-use super::{CudaCall, Dispatch, RankRes};
+use super::counters::wait_code;
+use super::launch::enqueue_rank;
+use super::peer::PeerWords;
+use super::rank::{RankPlan, RankRes};
+use super::{CudaCall, Dispatch};
 use crate::device;
 use crate::error::{Error, Result};
 use crate::exec::panic_message;
-use crate::plan::{BufKind, EventId, Instr, Op, Ranks, Region, StreamKind, Tag};
+use crate::plan::{BufId, BufKind, EventId, Instr, Op, Ranks, Region, StreamKind, Tag};
 use crossbeam_channel::Receiver;
-use cudarc::driver::CudaContext;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -38,14 +40,14 @@ use std::time::{Duration, Instant};
 /// A rank's thread: enqueues its rank's program of each call it is handed (the calls whose
 /// ranks cross counters: long programs, enqueued on every rank at once).
 pub(super) fn gpu_rank_thread(
-    rank: usize,
     res: Arc<RankRes>,
-    contexts: Vec<Arc<CudaContext>>,
+    peer: Option<Arc<PeerWords>>,
     calls: Receiver<Arc<CudaCall>>,
 ) {
+    let rank = res.rank;
     while let Some(call) = next_call(&calls) {
         let outcome = catch_unwind(AssertUnwindSafe(|| {
-            enqueue_rank_inline(rank, &res, &contexts, &call)
+            enqueue_rank(&res, peer.as_deref(), &call)
         }));
         let result = match outcome {
             Ok(r) => r,
@@ -86,7 +88,8 @@ fn next_call(calls: &Receiver<Arc<CudaCall>>) -> Option<Arc<CudaCall>> {
 /// Spins for the first 200 µs (small messages finish in tens of µs), then yields the CPU between
 /// polls for up to 20 ms (a 1 GiB call takes ~3 ms: a sleep's timer slack, ~50 µs, would land on
 /// the call's time), then sleeps between polls.
-pub(super) fn wait_done(res: &RankRes, rank: usize, call: &CudaCall) -> Result<()> {
+pub(super) fn wait_done(res: &RankRes, call: &CudaCall) -> Result<()> {
+    let rank = res.rank;
     let start = Instant::now();
     loop {
         if device::event_query(&res.done)? {
@@ -116,11 +119,11 @@ pub(super) fn wait_done(res: &RankRes, rank: usize, call: &CudaCall) -> Result<(
 /// completed, it never started the collective (work queued before it on its Main stream is
 /// stuck); else its GPU is stuck in the call. Only this rank's own events are queried.
 fn stalled(call: &CudaCall, rank: usize, res: &RankRes) -> Error {
-    let plan = &call.prepared.plan;
+    let prepared = &call.plans[rank];
     let mut never_started = false;
-    for (e, decl) in plan.events.iter().enumerate() {
-        if decl.rank == rank && decl.tag == Tag::ENTRY {
-            match device::event_query(&call.prepared.events[e]) {
+    for (decl, event) in prepared.plan.events.iter().zip(&prepared.events) {
+        if let (Some(event), Tag::ENTRY) = (event, decl.tag) {
+            match device::event_query(event) {
                 Ok(done) => never_started |= !done,
                 // A query that fails reports an error of the GPU's work: that is the answer.
                 Err(err) => return err,
@@ -145,7 +148,7 @@ fn stalled(call: &CudaCall, rank: usize, res: &RankRes) -> Error {
 /// host cannot poll.
 pub(super) fn record_done(res: &RankRes, call: &CudaCall) -> Result<()> {
     match (call.captured, call.wait_complete) {
-        (None, true) => device::record(&res.done, &res.streams[StreamKind::Main.index()]),
+        (false, true) => device::record(&res.done, res.stream(StreamKind::Main)),
         _ => Ok(()),
     }
 }
@@ -155,8 +158,10 @@ pub(super) struct CudaEnqueue<'a> {
     /// The rank whose program this enqueues.
     pub(super) rank: usize,
     pub(super) res: &'a RankRes,
-    /// Every rank's context, by rank (a peer copy names both ends).
-    pub(super) contexts: &'a [Arc<CudaContext>],
+    /// The rank's peer-kernel words, where the peer kernels can run.
+    pub(super) peer: Option<&'a PeerWords>,
+    /// The rank's resources of the call's plan.
+    pub(super) plan: &'a RankPlan,
     pub(super) call: &'a CudaCall,
     /// The in-place one-shot's exposure copy, fused into its kernel: a Main-stream copy into the
     /// rank's exposed buffer is held back here; if the next instruction is the peer reduce that
@@ -170,12 +175,18 @@ pub(super) struct CudaEnqueue<'a> {
 }
 
 impl CudaEnqueue<'_> {
-    pub(super) fn addr(&self, region: Region) -> u64 {
-        self.call.addrs[region.buf.0] + (region.offset * self.call.dtype.size_bytes()) as u64
+    /// The base address of plan buffer `buf` as this rank reaches it: the plan's own (a rank's
+    /// staging or exposed copy, imported from a peer's record where it is the peer's), else the
+    /// caller's buffer of this call.
+    pub(super) fn base(&self, buf: BufId) -> u64 {
+        match self.plan.addrs[buf.0] {
+            0 => self.call.callers[buf.0],
+            owned => owned,
+        }
     }
 
-    fn is_device(&self, region: Region) -> bool {
-        self.call.prepared.plan.decl(region.buf).kind.memory() == crate::plan::Memory::Device
+    pub(super) fn addr(&self, region: Region) -> u64 {
+        self.base(region.buf) + (region.offset * self.call.dtype.size_bytes()) as u64
     }
 
     /// Enqueues a held-back exposure copy, if any.
@@ -190,7 +201,7 @@ impl CudaEnqueue<'_> {
 impl CudaEnqueue<'_> {
     /// Enqueues the rank's next instruction (or holds it back: see `held`).
     pub(super) fn enqueue(&mut self, instr: &Instr) -> Result<()> {
-        let plan = &self.call.prepared.plan;
+        let plan = &*self.plan.plan;
         if instr.stream == StreamKind::Main {
             if let Op::Copy { dst, .. } = instr.op {
                 if plan.decl(dst.buf).kind == BufKind::Exposed {
@@ -234,8 +245,8 @@ impl CudaEnqueue<'_> {
     /// reduce (see `fuse_exposure`).
     fn enqueue_now(&mut self, instr: &Instr, expose_from: Option<u64>) -> Result<()> {
         let call = self.call;
-        let plan = &call.prepared.plan;
-        let stream = &self.res.streams[instr.stream.index()];
+        let plan = &*self.plan.plan;
+        let stream = self.res.stream(instr.stream);
         let eb = call.dtype.size_bytes();
         match instr.op {
             Op::Record(e) => {
@@ -243,38 +254,22 @@ impl CudaEnqueue<'_> {
                 // record stays the stream's last work that Main joins (a capture must end with
                 // every stream joined) and still follows everything the event marks.
                 self.signal_waiters(e, stream)?;
-                device::record(&call.prepared.events[e.0], stream)
+                device::record(self.own_event(e)?, stream)
             }
             Op::Wait(e) if plan.events[e.0].rank != self.rank => {
                 self.wait_for_signal(e, instr.stream, stream)
             }
-            Op::Wait(e) => device::wait(stream, &call.prepared.events[e.0]),
+            Op::Wait(e) => device::wait(stream, self.own_event(e)?),
             Op::Copy { src, dst } => {
-                let (src_rank, dst_rank) = (plan.decl(src.buf).rank, plan.decl(dst.buf).rank);
-                let bytes = src.count * eb;
-                // In a capture a peer copy is a plain UVA copy (peer access is on between every
-                // pair then, `pin_for_capture`): cuMemcpyPeerAsync cannot be captured.
-                if self.is_device(src)
-                    && self.is_device(dst)
-                    && src_rank != dst_rank
-                    && call.captured.is_none()
-                {
-                    // SAFETY: both regions lie in device buffers of these ranks' contexts (checked
-                    // plan, addresses from validated buffers or our own staging), stay allocated
-                    // until the call completes, and the race-free plan orders every other access.
-                    unsafe {
-                        device::memcpy_peer_async(
-                            self.addr(dst),
-                            &self.contexts[dst_rank],
-                            self.addr(src),
-                            &self.contexts[src_rank],
-                            bytes,
-                            stream,
-                        )
-                    }
-                } else {
-                    // SAFETY: as above; host regions are our portable pinned staging buffers.
-                    unsafe { device::memcpy_async(self.addr(dst), self.addr(src), bytes, stream) }
+                // One kind of copy, by address (unified addressing), whichever ranks' memory the
+                // ends are in: a peer's, over peer access (or, without it, through the host, as
+                // the driver does it); pinned host memory; or this rank's.
+                // SAFETY: both regions lie in buffers of the plan — the caller's validated
+                // buffers, or staging and exposed copies the ranks own, addresses imported
+                // through the fabric — which stay allocated until the call completes, and the
+                // race-free plan orders every other access.
+                unsafe {
+                    device::memcpy_async(self.addr(dst), self.addr(src), src.count * eb, stream)
                 }
             }
             Op::Reduce { dst, a, b } => {
@@ -305,7 +300,7 @@ impl CudaEnqueue<'_> {
                     )
                 }
             }
-            op @ Op::PeerReduce { dst, ranks, .. } => match &call.prepared.dispatch {
+            op @ Op::PeerReduce { dst, ranks, .. } => match &*self.plan.dispatch {
                 // The two-shot: step 0 (every rank's sources) launches the rank's whole kernel;
                 // the gather rounds are inside it.
                 Dispatch::TwoShot { segments } if ranks == Ranks::ALL => {
@@ -323,7 +318,7 @@ impl CudaEnqueue<'_> {
                 Dispatch::OneShot { kernel } => {
                     self.launch_oneshot(*kernel, op, dst, expose_from, stream)
                 }
-                Dispatch::CopyEngines { .. } => Err(Error::Internal {
+                Dispatch::CopyEngines => Err(Error::Internal {
                     what: "a peer reduce in a plan prepared for the copy engines".into(),
                 }),
             },
@@ -332,11 +327,22 @@ impl CudaEnqueue<'_> {
 }
 
 impl CudaEnqueue<'_> {
+    /// This rank's CUDA event `e` (the plan's events of this rank, made when it was prepared).
+    fn own_event(&self, e: EventId) -> Result<&device::Event> {
+        self.plan.events[e.0]
+            .as_ref()
+            .ok_or_else(|| Error::Internal {
+                what: format!(
+                    "rank {} records or waits for {} on its own streams",
+                    self.rank, self.plan.plan.events[e.0]
+                ),
+            })
+    }
+
     /// For a record in a captured call: one counter signal per other rank that waits for event
     /// `e`, on the recording stream, just before the record.
     fn signal_waiters(&self, e: EventId, stream: &device::Stream) -> Result<()> {
-        let call = self.call;
-        let Some(words) = call.prepared.dispatch.counters() else {
+        let Some(words) = &self.plan.counters else {
             return Ok(()); // no event of this plan crosses ranks
         };
         for &waiter in &words.waiters[e.0] {
@@ -348,7 +354,7 @@ impl CudaEnqueue<'_> {
             unsafe {
                 self.res.kernels.counter_signal(
                     stream,
-                    words.sent(self.rank, e, waiter),
+                    words.sent(e, waiter),
                     words.mailbox(waiter, e),
                 )
             }?;
@@ -360,7 +366,7 @@ impl CudaEnqueue<'_> {
     /// stream), which gives up at the kernels' deadline.
     fn wait_for_signal(&self, e: EventId, kind: StreamKind, stream: &device::Stream) -> Result<()> {
         let call = self.call;
-        let Some(words) = call.prepared.dispatch.counters() else {
+        let Some(words) = &self.plan.counters else {
             return Err(Error::Internal {
                 what: "a wait between ranks in a plan prepared without event counters".into(),
             });
@@ -373,10 +379,10 @@ impl CudaEnqueue<'_> {
             self.res.kernels.counter_wait(
                 stream,
                 words.mailbox(self.rank, e),
-                words.seen(self.rank, e, kind),
+                words.seen(e, kind),
                 call.kernel_timeout_ns(),
                 self.res.error_word(),
-                super::capture::wait_code(call.prepared.serial, e),
+                wait_code(call.serial, e),
             )
         }
     }

@@ -1,6 +1,6 @@
-//! The exposure regions: the device memory that every in-place one-shot all-reduce plan's
-//! [`BufKind::Exposed`](crate::plan::BufKind::Exposed) buffers live in, one region per rank,
-//! shared by all of a communicator's plans.
+//! The exposure region: the device memory that a rank's [`BufKind::Exposed`](crate::plan::BufKind::Exposed)
+//! buffers of every in-place one-shot all-reduce plan live in, one region per rank (owned by its
+//! rank executor, exported to its peers with each plan), shared by all of its plans.
 //!
 //! An in-place one-shot rank first copies its buffer into an exposed copy that its peers read,
 //! since it overwrites its own buffer with the result while they may still be reading
@@ -29,20 +29,19 @@
 //! next power of two at or above the need, so the retired ones of a rank together are smaller
 //! than its current one (when that much cannot be allocated, to the need exactly).
 
-use super::RankRes;
 use crate::device::DeviceBuffer;
 use crate::error::Result;
-use std::sync::Arc;
+use cudarc::driver::CudaContext;
 
 /// The smallest region: small in-place calls of any size up to it never grow the region.
 const MIN_REGION_BYTES: usize = 1 << 20;
 
-/// Every rank's exposure region.
+/// One rank's exposure region.
 pub(super) struct Exposure {
-    /// The size of every rank's current region (0 before the first in-place one-shot).
+    /// The size of the current region (0 before the first in-place one-shot).
     bytes: usize,
-    /// The current region, by rank (empty before the first in-place one-shot).
-    current: Vec<DeviceBuffer>,
+    /// The current region (`None` before the first in-place one-shot).
+    current: Option<DeviceBuffer>,
     /// Regions outgrown, kept until teardown (module invariant).
     retired: Vec<DeviceBuffer>,
 }
@@ -51,39 +50,39 @@ impl Exposure {
     pub(super) fn new() -> Exposure {
         Exposure {
             bytes: 0,
-            current: Vec::new(),
+            current: None,
             retired: Vec::new(),
         }
     }
 
-    /// Makes every rank's region at least `bytes` long: a new region per rank (the next power
-    /// of two, at least [`MIN_REGION_BYTES`]; `bytes` exactly if that cannot be allocated) when
-    /// the current one is shorter, the old ones retired. On an allocation error nothing changes.
-    pub(super) fn reserve(&mut self, ranks: &[Arc<RankRes>], bytes: usize) -> Result<()> {
+    /// Makes the region at least `bytes` long: a new region (the next power of two, at least
+    /// [`MIN_REGION_BYTES`]; `bytes` exactly if that cannot be allocated) when the current one
+    /// is shorter, the old one retired. On an allocation error nothing changes. Every rank
+    /// reserves the same sizes in the same order, so every rank's regions grow alike.
+    pub(super) fn reserve(
+        &mut self,
+        ctx: &std::sync::Arc<CudaContext>,
+        bytes: usize,
+    ) -> Result<()> {
         if bytes <= self.bytes {
             return Ok(());
         }
-        let allocate = |len: usize| {
-            ranks
-                .iter()
-                .map(|r| DeviceBuffer::new(&r.ctx, len))
-                .collect::<Result<Vec<_>>>()
-        };
+        let allocate = |len: usize| DeviceBuffer::new(ctx, len);
         let rounded = bytes.max(MIN_REGION_BYTES).next_power_of_two();
         let (grown, regions) = match allocate(rounded) {
             Ok(regions) => (rounded, regions),
             Err(_) if rounded > bytes => (bytes, allocate(bytes)?),
             Err(err) => return Err(err),
         };
-        self.retired
-            .extend(std::mem::replace(&mut self.current, regions));
+        self.retired.extend(self.current.replace(regions));
         self.bytes = grown;
         Ok(())
     }
 
-    /// The device address of `rank`'s region; [`Exposure::reserve`] made it long enough.
-    pub(super) fn address(&self, rank: usize) -> u64 {
-        debug_assert!(rank < self.current.len(), "reserve before address");
-        self.current[rank].ptr()
+    /// The device address of the region; [`Exposure::reserve`] made it long enough (0 before
+    /// any reservation).
+    pub(super) fn address(&self) -> u64 {
+        debug_assert!(self.current.is_some(), "reserve before address");
+        self.current.as_ref().map_or(0, DeviceBuffer::ptr)
     }
 }

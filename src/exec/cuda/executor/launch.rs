@@ -1,7 +1,7 @@
 //! The inline enqueue of a call whose ranks meet on the GPUs or do not cross at all (the peer
 //! kernels; one rank; nothing to do), which skips the rank threads: `CudaExecutor::run_inline`
-//! enqueues every rank's program ([`enqueue_rank_inline`], the one function that enqueues a
-//! rank's program, whichever thread calls it) from the caller's thread, binding each rank's
+//! enqueues every rank's program ([`enqueue_rank`], the one function that enqueues a rank's
+//! program, whichever thread calls it) from the caller's thread, binding each rank's
 //! context in turn and putting its own back — or, with `launch_threads`, from launcher threads
 //! that launch the peer kernels of one call on every GPU at once. The kernels meet on the GPUs
 //! whenever each starts.
@@ -25,12 +25,13 @@
 //! serial path would have launched nothing.
 
 use super::enqueue::{record_done, wait_done, CudaEnqueue};
-use super::{CudaCall, CudaExecutor, RankRes};
+use super::peer::PeerWords;
+use super::rank::RankRes;
+use super::{CudaCall, CudaExecutor};
 use crate::device;
 use crate::error::{Error, Result};
 use crate::exec::panic_message;
 use crate::exec::profile::{self, HostPhase};
-use cudarc::driver::CudaContext;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -52,21 +53,44 @@ impl CudaExecutor {
     /// `launching` is the gate's launch side, taken by the caller (module `device::gate`): held
     /// until every rank is enqueued, so that no blocking CUDA call of this crate falls between
     /// the ranks' launches.
+    ///
+    /// With `order` (the checker's enqueue order of the call's plan, `Schedule::Checked`), every
+    /// rank's instructions are enqueued interleaved in that order instead, so that every counter
+    /// wait is enqueued after the signal it consumes.
     pub(super) fn run_inline(
         &mut self,
         call: &Arc<CudaCall>,
         launching: std::sync::RwLockReadGuard<'static, ()>,
+        order: Option<&[(usize, usize)]>,
     ) -> Result<()> {
         let saved = device::save_current()?;
         let started = Instant::now();
-        if let Some(peer) = &call.peer {
-            peer.launched_at(started);
+        if call.peer_call {
+            for rank in &self.ranks {
+                if let Some(peer) = &rank.peer {
+                    peer.launched_at(started);
+                }
+            }
         }
         // Each rank's result and when its launch ended.
         let mut launched: Vec<(Result<()>, Instant)> = Vec::with_capacity(self.ranks.len());
         let mut displaced = Vec::new();
-        match self.launchers.as_mut() {
-            Some(launchers) => {
+        match (order, self.launchers.as_mut()) {
+            (Some(order), _) => {
+                let result = catch_unwind(AssertUnwindSafe(|| {
+                    enqueue_in_order(&self.ranks, call, order)
+                }))
+                .unwrap_or_else(|payload| {
+                    Err(Error::RankFailed {
+                        rank: 0,
+                        during: "enqueue".into(),
+                        message: panic_message(&*payload),
+                    })
+                });
+                profile::mark(HostPhase::Launch);
+                launched.push((result, Instant::now()));
+            }
+            (None, Some(launchers)) => {
                 displaced = launchers.post(call);
                 launched.push(self.enqueue_rank_caught(0, call));
                 profile::mark(HostPhase::Launch);
@@ -74,7 +98,7 @@ impl CudaExecutor {
                 launched.extend(launchers.wait(call.deadline));
                 profile::mark(HostPhase::Launch);
             }
-            None => {
+            (None, None) => {
                 for rank in 0..self.ranks.len() {
                     let outcome = self.enqueue_rank_caught(rank, call);
                     profile::mark(HostPhase::Launch);
@@ -109,8 +133,8 @@ impl CudaExecutor {
                 Err(err)
             }
             None if call.wait_complete => {
-                let waited = self.ranks.iter().enumerate().try_for_each(|(rank, res)| {
-                    wait_done(res, rank, call).map_err(|err| self.name_blocked_launch(err))
+                let waited = self.ranks.iter().try_for_each(|rank| {
+                    wait_done(&rank.res, call).map_err(|err| self.name_blocked_launch(err))
                 });
                 profile::mark(HostPhase::Wait);
                 waited
@@ -125,18 +149,19 @@ impl CudaExecutor {
     /// timeout), so that nothing on a GPU touches the caller's buffers after the call has
     /// returned its error — at most until `deadline`: a stuck stream must not hold the caller.
     pub(super) fn settle_streams(&self, deadline: Instant) {
-        for stream in self.ranks.iter().flat_map(|r| &r.streams) {
+        for stream in self.ranks.iter().flat_map(|r| &r.res.streams) {
             while matches!(device::stream_query(stream), Ok(false)) && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_micros(50));
             }
         }
     }
 
-    /// [`enqueue_rank_inline`] for rank `rank` from the calling thread, a panic caught as an
-    /// error; with the time its launch ended.
+    /// [`enqueue_rank`] for rank `rank` from the calling thread, a panic caught as an error;
+    /// with the time its launch ended.
     fn enqueue_rank_caught(&self, rank: usize, call: &CudaCall) -> (Result<()>, Instant) {
+        let executor = &self.ranks[rank];
         let result = catch_unwind(AssertUnwindSafe(|| {
-            enqueue_rank_inline(rank, &self.ranks[rank], &self.contexts, call)
+            enqueue_rank(&executor.res, executor.peer.as_deref(), call)
         }))
         .unwrap_or_else(|payload| {
             Err(Error::RankFailed {
@@ -161,7 +186,7 @@ impl CudaExecutor {
         match (err, blocked) {
             (Error::Timeout { .. }, Some((rank, late))) => Error::LaunchBlocked {
                 rank,
-                device: self.ranks[rank].device,
+                device: self.ranks[rank].res.device,
                 late,
             },
             (
@@ -187,22 +212,20 @@ impl CudaExecutor {
 /// then its completion record: what the calling thread, a launcher thread or a rank thread
 /// does for one rank. Gives up between instructions once the call is aborted (another rank
 /// failed).
-pub(super) fn enqueue_rank_inline(
-    rank: usize,
-    res: &RankRes,
-    contexts: &[Arc<CudaContext>],
-    call: &CudaCall,
-) -> Result<()> {
+pub(super) fn enqueue_rank(res: &RankRes, peer: Option<&PeerWords>, call: &CudaCall) -> Result<()> {
+    let rank = res.rank;
     device::bind(&res.ctx)?;
+    let plan = &call.plans[rank];
     let mut backend = CudaEnqueue {
         rank,
         res,
-        contexts,
+        peer,
+        plan,
         call,
         held: None,
         steps_launched: false,
     };
-    for instr in &call.prepared.plan.ranks[rank] {
+    for instr in &plan.plan.ranks[rank] {
         if call.abort.load(Ordering::Acquire) {
             return Err(crate::exec::aborted(rank));
         }
@@ -210,6 +233,54 @@ pub(super) fn enqueue_rank_inline(
     }
     backend.flush()?;
     record_done(res, call)
+}
+
+/// Enqueues every rank's program of `call` from this thread, interleaved in `order` (the
+/// checker's enqueue order of the plan: every wait after the record it waits for, so every
+/// counter wait after its signal), then each rank's completion record.
+///
+/// Why: ranks that share a GPU share its context, and a context's streams share the GPU's few
+/// hardware work queues (`CUDA_DEVICE_MAX_CONNECTIONS`, 8 by default). A counter wait whose
+/// stream's next operation depends on it blocks its queue until it is signalled; were the
+/// signal enqueued later on a stream mapped to the same queue, it would sit behind the wait
+/// until the wait gave up. In this order every operation's dependencies are enqueued before it,
+/// so whatever shares a queue, the head of each queue depends only on work that can run.
+fn enqueue_in_order(
+    ranks: &[super::rank::RankExecutor],
+    call: &CudaCall,
+    order: &[(usize, usize)],
+) -> Result<()> {
+    let mut enqueues: Vec<CudaEnqueue<'_>> = ranks
+        .iter()
+        .map(|r| CudaEnqueue {
+            rank: r.res.rank,
+            res: &r.res,
+            peer: r.peer.as_deref(),
+            plan: &call.plans[r.res.rank],
+            call,
+            held: None,
+            steps_launched: false,
+        })
+        .collect();
+    let mut bound = None;
+    let mut bind = |rank: usize| -> Result<()> {
+        if bound != Some(rank) {
+            device::bind(&ranks[rank].res.ctx)?;
+            bound = Some(rank);
+        }
+        Ok(())
+    };
+    for &(rank, index) in order {
+        bind(rank)?;
+        let plan = &call.plans[rank].plan;
+        enqueues[rank].enqueue(&plan.ranks[rank][index])?;
+    }
+    for (rank, enqueue) in enqueues.iter_mut().enumerate() {
+        bind(rank)?;
+        enqueue.flush()?;
+        record_done(&ranks[rank].res, call)?;
+    }
+    Ok(())
 }
 
 /// How long a launcher spins for its next job before it parks: longer than the gap between
@@ -236,16 +307,16 @@ pub(super) struct Launchers {
 }
 
 impl Launchers {
-    /// Starts a launcher for every rank but the first.
-    pub(super) fn start(ranks: &[Arc<RankRes>]) -> Result<Launchers> {
-        let contexts: Vec<Arc<CudaContext>> = ranks.iter().map(|r| r.ctx.clone()).collect();
+    /// Starts a launcher for every rank but the first: each enqueues rank `rank`'s program with
+    /// its resources and peer words (`ranks[rank]`).
+    pub(super) fn start(ranks: &[(Arc<RankRes>, Option<Arc<PeerWords>>)]) -> Result<Launchers> {
         let mut launchers = Launchers {
             slots: Vec::new(),
             threads: Vec::new(),
             handles: Vec::new(),
             posted: 0,
         };
-        for (rank, res) in ranks.iter().enumerate().skip(1) {
+        for (rank, (res, peer)) in ranks.iter().enumerate().skip(1) {
             let slot = Arc::new(Slot {
                 call: Mutex::new(None),
                 posted: AtomicU64::new(0),
@@ -253,10 +324,10 @@ impl Launchers {
                 outcome: Mutex::new(None),
                 stop: AtomicBool::new(false),
             });
-            let (res, contexts, mine) = (res.clone(), contexts.clone(), slot.clone());
+            let (res, peer, mine) = (res.clone(), peer.clone(), slot.clone());
             let handle = std::thread::Builder::new()
                 .name(format!("ringreduce-launch-{rank}"))
-                .spawn(move || launcher(rank, &res, &contexts, &mine))
+                .spawn(move || launcher(&res, peer.as_deref(), &mine))
                 .map_err(|e| Error::Resource {
                     what: format!("cannot start a launcher: {e}"),
                 })?;
@@ -342,8 +413,9 @@ impl Drop for Launchers {
     }
 }
 
-/// A launcher's life: wait for a job (spin, then park), enqueue rank `rank`'s program, report.
-fn launcher(rank: usize, res: &RankRes, contexts: &[Arc<CudaContext>], slot: &Slot) {
+/// A launcher's life: wait for a job (spin, then park), enqueue its rank's program, report.
+fn launcher(res: &RankRes, peer: Option<&PeerWords>, slot: &Slot) {
+    let rank = res.rank;
     let _ = device::bind(&res.ctx);
     let mut seen = 0;
     let mut idle_since = Instant::now();
@@ -365,16 +437,14 @@ fn launcher(rank: usize, res: &RankRes, contexts: &[Arc<CudaContext>], slot: &Sl
         // which waits for the launch gate that the caller holds until this job is done.
         let call = slot.call.lock().unwrap_or_else(|p| p.into_inner()).take();
         let result = match &call {
-            Some(call) => catch_unwind(AssertUnwindSafe(|| {
-                enqueue_rank_inline(rank, res, contexts, call)
-            }))
-            .unwrap_or_else(|payload| {
-                Err(Error::RankFailed {
-                    rank,
-                    during: "enqueue".into(),
-                    message: panic_message(&*payload),
-                })
-            }),
+            Some(call) => catch_unwind(AssertUnwindSafe(|| enqueue_rank(res, peer, call)))
+                .unwrap_or_else(|payload| {
+                    Err(Error::RankFailed {
+                        rank,
+                        during: "enqueue".into(),
+                        message: panic_message(&*payload),
+                    })
+                }),
             None => Ok(()),
         };
         *slot.outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some((result, Instant::now()));

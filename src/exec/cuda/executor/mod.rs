@@ -43,18 +43,21 @@
 
 mod callers;
 mod capture;
+mod counters;
 mod edges;
 mod enqueue;
 mod exposure;
 mod launch;
 mod layout;
 mod peer;
+mod rank;
 mod teardown;
 
 pub use edges::{auto_chunk_bytes, EdgeInfo};
 
-use super::kernels::{KernelModule, PEER_MAX_RANKS};
-use crate::device::{self, DeviceBuffer, Event, PinnedHost, Stream};
+use super::fabric::{Fabric, InProcess};
+use super::kernels::PEER_MAX_RANKS;
+use crate::device;
 use crate::element::{DType, Element, ReduceOp};
 use crate::error::{Error, Result};
 pub use crate::exec::config::Transport;
@@ -62,11 +65,12 @@ use crate::exec::profile::{self, HostPhase};
 use crate::exec::{caller_address, Algorithm, PlanCache, Shape};
 use crate::plan::{BufKind, Collective, EdgeTransport, Op, Plan, StreamKind};
 use crossbeam_channel::Sender;
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::CudaStream;
 use edges::{decide_edges, probe_edges};
 use enqueue::{gpu_rank_thread, wait_done};
 use layout::{oneshot_layout, steps_layout, twoshot_segments, StepLayout};
-use peer::{setup_peer_kernels, PeerKernel, PeerKernelState};
+use peer::{allocate_peer_words, connect_peer_words, peer_kernels_fit, PeerKernel};
+use rank::{Identity, RankExecutor, RankPlan};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -142,72 +146,24 @@ impl Default for CudaConfig {
     }
 }
 
-/// A rank's GPU resources, made once per communicator.
-struct RankRes {
-    device: usize,
-    ctx: Arc<CudaContext>,
-    /// Indexed by `StreamKind::index()`.
-    streams: Vec<Stream>,
-    kernels: KernelModule,
-    /// Recorded on Main after each call that waits for its completion, polled to learn that the
-    /// rank is done (`enqueue::record_done`).
-    done: Event,
-    /// A call on a caller's stream: recorded there before the call, waited for by Main.
-    fence_in: Event,
-    /// A call on a caller's stream: recorded on Main after the call, waited for there.
-    fence_out: Event,
-    /// The word this rank's kernels leave a code in when they give up (a peer kernel's barrier,
-    /// a counter wait): pinned host memory, mapped for the device, zeroed at creation, read by
-    /// the host after calls (`CudaExecutor::check_error_words`).
-    error: PinnedHost,
-    /// A cudarc stream of `ctx`, never used: it puts this context handle in cudarc's multi-stream
-    /// mode, the only mode in which cudarc records a slice's read and write events on a stream —
-    /// so a cudarc slice's use by a collective is recorded on Main (`cudarc_buffers`).
-    _tracking: Arc<CudaStream>,
-}
-
-impl RankRes {
-    /// The code this rank's kernels left in its error word (0: none). Read through the host
-    /// mapping; the kernels write it with a plain system-scope store.
-    fn error_code(&self) -> u32 {
-        // SAFETY: the pinned allocation is at least 4 bytes and page-aligned, and lives as long
-        // as `self`; a volatile read, since the GPU may write the word at any time.
-        unsafe { std::ptr::read_volatile(self.error.as_ptr().cast::<u32>()) }
-    }
-
-    /// The error word as a device address (its host mapping).
-    fn error_word(&self) -> u64 {
-        self.error.uva_ptr()
-    }
-}
-
-/// Staging memory of a plan: its own, or its rank's exposure region (module `exposure`).
-enum Staging {
-    Device(DeviceBuffer),
-    Host(PinnedHost),
-    /// The address of the rank's exposure region, which the executor owns.
-    Exposure(u64),
-}
-
-/// How a prepared call runs: decided once, when its plan is prepared, with what that way needs.
-/// Nothing later probes the plan to find out.
+/// How a prepared call runs: decided once, from the checked plan and the communicator, when the
+/// plan is prepared, and shared by every rank's [`RankPlan`]. Nothing later probes the plan to
+/// find out.
 enum Dispatch {
     /// Copies and reduce kernels on each rank's four streams, ordered by events on a rank's own
-    /// streams and by event counters between ranks (`counters`, `None` when no event crosses
-    /// ranks): the ring's all-reduce, every other collective's ring form, and any plan without
-    /// peer reduces. Enqueued by the rank threads when counters cross ranks (long programs,
-    /// one thread per rank), else from the caller's thread.
-    CopyEngines {
-        counters: Option<capture::EventCounters>,
-    },
+    /// streams and by event counters between ranks (each rank's `RankPlan::counters`): the
+    /// ring's all-reduce, every other collective's ring form, and any plan without peer
+    /// reduces. Enqueued by the rank threads when events cross ranks (long programs, one thread
+    /// per rank), else from the caller's thread.
+    CopyEngines,
     /// The one-shot all-reduce: each rank's one peer reduce is one kernel, `kernel` (the read
-    /// one-shot or the LL one-shot, [`PeerKernelState::oneshot_kernel`]).
+    /// one-shot or the LL one-shot, [`peer::PeerWords::oneshot_kernel`]).
     OneShot { kernel: PeerKernel },
     /// The two-shot all-reduce: each rank's whole program is one fused kernel, which needs each
     /// rank's segment (offset, count) (`twoshot_segments`).
     TwoShot { segments: Vec<(usize, usize)> },
     /// The one-shot form of a collective other than the all-reduce: each rank's steps run in one
-    /// kernel between one start and one end barrier (`steps_layout`).
+    /// kernel between one start and one end barrier (`steps_layout`), by rank.
     Steps { steps: Vec<Vec<StepLayout>> },
 }
 
@@ -216,51 +172,46 @@ impl Dispatch {
     /// buffers the peers read.
     fn peer_kernel(&self) -> Option<PeerKernel> {
         match self {
-            Dispatch::CopyEngines { .. } => None,
+            Dispatch::CopyEngines => None,
             Dispatch::OneShot { kernel } => Some(*kernel),
             Dispatch::TwoShot { .. } => Some(PeerKernel::TwoShot),
             Dispatch::Steps { .. } => Some(PeerKernel::Steps),
         }
     }
-
-    /// Whether the caller's thread enqueues every rank (nothing crosses ranks through counters,
-    /// or the kernels meet on the GPUs) rather than the rank threads.
-    fn inline(&self) -> bool {
-        !matches!(self, Dispatch::CopyEngines { counters: Some(_) })
-    }
-
-    fn counters(&self) -> Option<&capture::EventCounters> {
-        match self {
-            Dispatch::CopyEngines { counters } => counters.as_ref(),
-            _ => None,
-        }
-    }
 }
 
-/// A checked plan with the way it runs, its events and its staging buffers.
-struct CudaPlan {
-    plan: Plan,
-    /// Names the plan in a counter wait's error code (`capture::wait_code`): a number per plan
-    /// prepared by this executor, modulo 2^15.
+/// A prepared shape, as the process sees it: the checked plan, how it runs, and every rank's
+/// resources of it (in this process, every rank is local).
+struct Prepared {
+    plan: Arc<Plan>,
+    dispatch: Arc<Dispatch>,
+    /// Names the plan in a counter wait's error code (`counters::wait_code`): a number per plan
+    /// prepared by this communicator, modulo 2^15 (every rank numbers alike).
     serial: usize,
-    dispatch: Dispatch,
-    /// Every event of the plan, made in its recording rank's context. Waited for only on that
-    /// rank's streams: a wait of another rank is a counter wait (`Dispatch::CopyEngines`).
-    events: Vec<Event>,
-    staging: Vec<Option<Staging>>,
+    /// By rank.
+    ranks: Vec<Arc<RankPlan>>,
+    /// Who enqueues a call's ranks, and in what order.
+    schedule: Schedule,
 }
 
-impl CudaPlan {
-    /// Whether dropping the plan frees anything the GPUs may still use: events, staging, or
-    /// event counters.
-    fn owns_gpu_resources(&self) -> bool {
-        !self.events.is_empty()
-            || self
-                .staging
-                .iter()
-                .any(|s| matches!(s, Some(Staging::Device(_) | Staging::Host(_))))
-            || self.dispatch.counters().is_some()
-    }
+/// Who enqueues the ranks of a call, and in what order: decided once per plan, from its
+/// dispatch and the communicator's placement. Every schedule enqueues each rank's instructions
+/// with the same code (`enqueue::CudaEnqueue`), in its program order; they differ only in how
+/// the ranks interleave.
+enum Schedule {
+    /// The caller's thread, one rank after the other (or the launcher threads, all at once):
+    /// the peer kernels meet on the GPUs whenever each is launched, and a plan whose events do
+    /// not cross ranks has no wait between them.
+    RankByRank,
+    /// The caller's thread, every rank's instructions interleaved in the checker's enqueue
+    /// order (`check::enqueue_order`), which puts every counter wait after its signal: for
+    /// copy-engine plans on a communicator whose ranks share a GPU (`launch::enqueue_in_order`
+    /// says why).
+    Checked(Vec<(usize, usize)>),
+    /// The rank threads, each its own rank's program, all at once: copy-engine plans whose
+    /// events cross ranks, on ranks with a GPU each (no hardware queue is shared between
+    /// ranks, so the order between them does not matter).
+    RankThreads,
 }
 
 /// Plans kept per communicator; older ones are dropped beyond this (after a device sync).
@@ -268,9 +219,12 @@ const CACHED_PLANS: usize = 8;
 
 /// What the threads of one call share.
 struct CudaCall {
-    prepared: Arc<CudaPlan>,
-    /// Base address of every plan buffer.
-    addrs: Vec<u64>,
+    /// Every rank's resources of the call's plan, by rank.
+    plans: Vec<Arc<RankPlan>>,
+    /// The caller's buffers' base addresses, by plan buffer (0 for the buffers the ranks own).
+    callers: Vec<u64>,
+    /// The plan's number (`Prepared::serial`).
+    serial: usize,
     dtype: DType,
     op: ReduceOp,
     wait_complete: bool,
@@ -278,42 +232,43 @@ struct CudaCall {
     timeout: Duration,
     abort: AtomicBool,
     done: Sender<(usize, Result<()>)>,
-    /// The peer kernels' flags and error words (peer calls, and captured rings, whose counter
-    /// waits report their timeouts there).
-    peer: Option<Arc<PeerKernelState>>,
-    /// Captured into a CUDA graph: the plan's pin in `CudaExecutor::pinned`. Cross-GPU waits are
-    /// counter kernels then, and nothing is recorded for the host to poll.
-    captured: Option<usize>,
+    /// The call launches peer kernels.
+    peer_call: bool,
+    /// Captured into a CUDA graph: nothing is recorded for the host to poll.
+    captured: bool,
 }
 
-/// The GPU executor of one communicator.
+/// The GPU executor of one communicator: its ranks' executors, all in this process, over the
+/// in-process fabric.
 pub(crate) struct CudaExecutor {
-    ranks: Vec<Arc<RankRes>>,
+    fabric: InProcess,
+    ranks: Vec<RankExecutor>,
     threads: Vec<(Sender<Arc<CudaCall>>, JoinHandle<()>)>,
     edges: Vec<EdgeInfo>,
     config: CudaConfig,
-    cache: PlanCache<CudaPlan>,
+    /// The checked plans by shape, with the proofs that make a new size cheap; each rank keeps
+    /// its own resources of each.
+    cache: PlanCache<Prepared>,
     pool_granted: HashSet<(u64, usize)>,
-    /// Plans prepared so far (numbers each plan: `CudaPlan::serial`).
+    /// Plans prepared so far (numbers each plan: `Prepared::serial`).
     prepared_plans: usize,
-    /// Present when the peer kernels (one-shot, two-shot, steps, LL one-shot) can run here:
-    /// every pair of GPUs reaches the other.
-    peer: Option<Arc<PeerKernelState>>,
+    /// Whether the peer kernels (one-shot, two-shot, steps, LL one-shot) can run here: every
+    /// pair of GPUs reaches the other, and every rank has its peer words.
+    peers_ok: bool,
+    /// Whether two ranks share a GPU (and so a context, whose streams share the GPU's hardware
+    /// queues): then copy-engine calls are enqueued in the checker's order (`Schedule`).
+    shared_gpu: bool,
     /// Every plan ever captured into a CUDA graph, kept for the communicator's life: a graph
-    /// holds its staging and counters. A pin is an index here.
-    pinned: Vec<(Shape, Arc<CudaPlan>)>,
+    /// holds its staging and counters.
+    pinned: Vec<(Shape, Arc<Prepared>)>,
     /// The peer kernel of the latest peer call, which names the kernel in a barrier timeout.
     last_peer_kernel: PeerKernel,
-    /// Every rank's context, by rank (for enqueuing from the caller's thread).
-    contexts: Vec<Arc<CudaContext>>,
     /// The latest peer call whose launches were held up between ranks: the rank whose launch
     /// came late and by how much (`LaunchBlocked` names it when that call then fails).
     launch_blocked: std::sync::Mutex<Option<(usize, Duration)>>,
     /// The launcher threads of ranks 1, 2, … (peer calls launched on every GPU at once), when the
     /// peer kernels can run and `launch_threads` is on.
     launchers: Option<Box<launch::Launchers>>,
-    /// Every rank's exposure region, shared by the in-place one-shot plans (module `exposure`).
-    exposure: exposure::Exposure,
 }
 
 impl CudaExecutor {
@@ -325,11 +280,30 @@ impl CudaExecutor {
         // Loading kernels, creating streams, enabling peer access and probing edges may wait for
         // the GPUs: none of it overlaps another communicator's peer kernels (`device::gate`).
         let _quiet = device::gate::quiet();
-        for (second, d) in devices.iter().enumerate() {
-            match devices[..second].iter().position(|x| x == d) {
+        let count = device::device_count()?;
+        if let Some(&bad) = devices.iter().find(|&&d| d >= count) {
+            return Err(Error::InvalidArgument(format!(
+                "device {bad} does not exist ({count} visible)"
+            )));
+        }
+        let fabric = InProcess::new(devices.len());
+        let mut ranks = fabric
+            .local_ranks()
+            .map(|rank| RankExecutor::new(rank, devices[rank]))
+            .collect::<Result<Vec<_>>>()?;
+        // Every rank learns every rank's GPU by identity; two ranks on one GPU are refused
+        // unless shared GPUs are allowed.
+        let records = fabric.all_gather(ranks.iter().map(|r| r.identity.record()).collect())?;
+        let identities = records
+            .iter()
+            .enumerate()
+            .map(|(from, r)| Identity::from_record(from, r))
+            .collect::<Result<Vec<_>>>()?;
+        for (second, id) in identities.iter().enumerate() {
+            match identities[..second].iter().position(|o| o.uuid == id.uuid) {
                 Some(first) if !config.allow_shared_device => {
                     return Err(Error::DuplicateDevice {
-                        device: *d,
+                        device: devices[second],
                         first,
                         second,
                     })
@@ -337,48 +311,39 @@ impl CudaExecutor {
                 _ => {}
             }
         }
-        let count = device::device_count()?;
-        if let Some(&bad) = devices.iter().find(|&&d| d >= count) {
-            return Err(Error::InvalidArgument(format!(
-                "device {bad} does not exist ({count} visible)"
-            )));
-        }
-        let ranks = devices
+        let shared_gpu = identities
             .iter()
-            .map(|&d| {
-                let ctx = device::context(d)?;
-                let streams = StreamKind::ALL
-                    .iter()
-                    .map(|_| Stream::new(&ctx))
-                    .collect::<Result<Vec<_>>>()?;
-                let kernels = KernelModule::new(&ctx)?;
-                let done = Event::new(&ctx)?;
-                let (fence_in, fence_out) = (Event::new(&ctx)?, Event::new(&ctx)?);
-                let mut error = PinnedHost::new(&ctx, 4)?;
-                error.as_mut_slice().fill(0);
-                // The first cudarc stream of a context handle synchronizes the context once.
-                let tracking = ctx.new_stream().map_err(device::check("cuStreamCreate"))?;
-                Ok(Arc::new(RankRes {
-                    device: d,
-                    ctx,
-                    streams,
-                    kernels,
-                    done,
-                    fence_in,
-                    fence_out,
-                    error,
-                    _tracking: tracking,
-                }))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let mut edges = decide_edges(&ranks, config.transport)?;
+            .enumerate()
+            .any(|(i, id)| identities[..i].iter().any(|o| o.uuid == id.uuid));
+        let shared: Vec<Arc<rank::RankRes>> = ranks.iter().map(|r| r.res.clone()).collect();
+        let mut edges = decide_edges(&shared, config.transport)?;
         if config.probe_edges && !edges.is_empty() {
-            probe_edges(&ranks, &mut edges)?;
+            probe_edges(&shared, &mut edges)?;
         }
-        // Also for a forced ring: a captured ring reports its counter waits' timeouts in the error words.
-        let peer =
-            setup_peer_kernels(&ranks, config.transport, config.timeout, config.low_latency)?;
-        if config.algorithm.reads_peers() && peer.is_none() {
+        let peers_ok =
+            peer_kernels_fit(ranks.len(), config.transport) && enable_all_peer_access(&shared)?;
+        if peers_ok {
+            let mut own = Vec::with_capacity(ranks.len());
+            let mut records = Vec::with_capacity(ranks.len());
+            for r in &ranks {
+                let (words, record) = allocate_peer_words(&r.res, &fabric, config.low_latency)?;
+                own.push(words);
+                records.push(record);
+            }
+            let records = fabric.all_gather(records)?;
+            for (r, words) in ranks.iter_mut().zip(own) {
+                let connected = connect_peer_words(
+                    &r.res,
+                    &fabric,
+                    words,
+                    &records,
+                    &identities,
+                    config.timeout,
+                )?;
+                r.peer = Some(connected);
+            }
+        }
+        if config.algorithm.reads_peers() && !peers_ok {
             return Err(Error::InvalidArgument(format!(
                 "Algorithm::{:?} needs 2 to {PEER_MAX_RANKS} ranks on GPUs that all reach each \
                  other over peer access, and a transport other than Staged",
@@ -387,26 +352,30 @@ impl CudaExecutor {
         }
         let threads = ranks
             .iter()
-            .enumerate()
-            .map(|(rank, res)| {
-                let res = res.clone();
-                let contexts = ranks.iter().map(|r| r.ctx.clone()).collect();
+            .map(|r| {
+                let (res, peer) = (r.res.clone(), r.peer.clone());
                 let (tx, rx) = crossbeam_channel::unbounded();
                 let handle = std::thread::Builder::new()
                     .name(format!("ringreduce-gpu-{}", res.device))
-                    .spawn(move || gpu_rank_thread(rank, res, contexts, rx))
+                    .spawn(move || gpu_rank_thread(res, peer, rx))
                     .map_err(|e| Error::Resource {
                         what: format!("cannot start a rank thread: {e}"),
                     })?;
                 Ok((tx, handle))
             })
             .collect::<Result<Vec<_>>>()?;
-        let contexts = ranks.iter().map(|r| r.ctx.clone()).collect();
-        let launchers = match &peer {
-            Some(_) if config.launch_threads => Some(Box::new(launch::Launchers::start(&ranks)?)),
-            _ => None,
+        let launchers = match peers_ok && config.launch_threads {
+            true => {
+                let parts: Vec<_> = ranks
+                    .iter()
+                    .map(|r| (r.res.clone(), r.peer.clone()))
+                    .collect();
+                Some(Box::new(launch::Launchers::start(&parts)?))
+            }
+            false => None,
         };
         Ok(CudaExecutor {
+            fabric,
             ranks,
             threads,
             edges,
@@ -414,31 +383,30 @@ impl CudaExecutor {
             cache: PlanCache::new(CACHED_PLANS),
             pool_granted: HashSet::new(),
             prepared_plans: 0,
-            peer,
+            peers_ok,
+            shared_gpu,
             pinned: Vec::new(),
             last_peer_kernel: PeerKernel::OneShot,
-            contexts,
             launch_blocked: std::sync::Mutex::new(None),
             launchers,
-            exposure: exposure::Exposure::new(),
         })
     }
 
     pub(crate) fn devices(&self) -> Vec<usize> {
-        self.ranks.iter().map(|r| r.device).collect()
+        self.ranks.iter().map(|r| r.res.device).collect()
     }
 
     /// Each rank's Main stream, as cudarc sees it (for buffers that track their uses).
     pub(crate) fn main_streams(&self) -> Vec<&CudaStream> {
         self.ranks
             .iter()
-            .map(|r| r.streams[StreamKind::Main.index()].cudarc())
+            .map(|r| r.res.stream(StreamKind::Main).cudarc())
             .collect()
     }
 
     /// Whether the peer kernels can run here (every pair of GPUs reaches the other).
     pub(crate) fn peers_ok(&self) -> bool {
-        self.peer.is_some()
+        self.peers_ok
     }
 
     pub(crate) fn edges(&self) -> &[EdgeInfo] {
@@ -449,7 +417,7 @@ impl CudaExecutor {
     pub(crate) fn main_stream(&self, rank: usize) -> Option<cudarc::driver::sys::CUstream> {
         self.ranks
             .get(rank)
-            .map(|r| r.streams[StreamKind::Main.index()].raw())
+            .map(|r| r.res.stream(StreamKind::Main).raw())
     }
 
     /// The pool trap, handled: an output from a stream-ordered pool gets its pool opened to the
@@ -463,23 +431,24 @@ impl CudaExecutor {
             if n == 1 || addr == 0 || self.edges[sender].transport != EdgeTransport::Peer {
                 continue;
             }
-            self.grant_once(addr, self.ranks[sender].device)?;
+            self.grant_once(addr, self.ranks[sender].res.device)?;
         }
         Ok(())
     }
 
     /// [`CudaExecutor::prepare_buffers`] for any collective's plan: every caller's buffer that
     /// another rank's copy engine writes into (a peer push) gets its pool opened to that rank's
-    /// GPU, once per buffer address. `addrs` are the plan's buffer addresses for this call.
-    fn grant_pushers(&mut self, plan: &Plan, addrs: &[u64]) -> Result<()> {
+    /// GPU, once per buffer address. `callers` are the plan's caller-buffer addresses for this
+    /// call.
+    fn grant_pushers(&mut self, plan: &Plan, callers: &[u64]) -> Result<()> {
         for (rank, program) in plan.ranks.iter().enumerate() {
             for instr in program {
                 let Op::Copy { dst, .. } = instr.op else {
                     continue;
                 };
                 let decl = plan.decl(dst.buf);
-                if decl.rank != rank && decl.kind.is_callers() && addrs[dst.buf.0] != 0 {
-                    self.grant_once(addrs[dst.buf.0], self.ranks[rank].device)?;
+                if decl.rank != rank && decl.kind.is_callers() && callers[dst.buf.0] != 0 {
+                    self.grant_once(callers[dst.buf.0], self.ranks[rank].res.device)?;
                 }
             }
         }
@@ -496,9 +465,10 @@ impl CudaExecutor {
         Ok(())
     }
 
-    /// The prepared plan of `shape` (for elements of `dtype`): cached, or built, proven and given
-    /// its resources and its way of running ([`Dispatch`]) now.
-    fn prepare(&mut self, shape: Shape, dtype: DType) -> Result<Arc<CudaPlan>> {
+    /// The prepared plan of `shape` (for elements of `dtype`): cached, or built, proven, given
+    /// its way of running ([`Dispatch`]) and prepared on every rank now — each rank allocates
+    /// its resources, the fabric all-gathers their records, each rank imports its peers'.
+    fn prepare(&mut self, shape: Shape, dtype: DType) -> Result<Arc<Prepared>> {
         if let Some(p) = self.prepared(&shape) {
             return Ok(p);
         }
@@ -509,7 +479,7 @@ impl CudaExecutor {
             bytes,
             n,
             shape.in_place,
-            self.peer.is_some(),
+            self.peers_ok,
             self.config.deterministic,
         );
         // 16-byte boundaries keep every chunk and segment vector-aligned for the kernels and
@@ -549,11 +519,8 @@ impl CudaExecutor {
                 transports,
             )?
         };
-        let events = plan
-            .events
-            .iter()
-            .map(|decl| Event::new(&self.ranks[decl.rank].ctx))
-            .collect::<Result<Vec<_>>>()?;
+        let plan = Arc::new(plan);
+        let dispatch = Arc::new(self.dispatch(&plan, algorithm, dtype)?);
         let exposed_bytes = plan
             .buffers
             .iter()
@@ -561,70 +528,70 @@ impl CudaExecutor {
             .map(|decl| decl.len * shape.elem_bytes)
             .max();
         if let Some(bytes) = exposed_bytes {
-            self.exposure.reserve(&self.ranks, bytes)?;
+            for r in &mut self.ranks {
+                r.reserve_exposure(bytes)?;
+            }
         }
-        let staging = plan
-            .buffers
-            .iter()
-            .map(|decl| {
-                let bytes = decl.len * shape.elem_bytes;
-                let ctx = &self.ranks[decl.rank].ctx;
-                match decl.kind {
-                    BufKind::Input
-                    | BufKind::Output
-                    | BufKind::SendBuf(_)
-                    | BufKind::RecvBuf(_) => Ok(None),
-                    BufKind::Exposed => {
-                        Ok(Some(Staging::Exposure(self.exposure.address(decl.rank))))
-                    }
-                    BufKind::Slots | BufKind::Scratch => {
-                        DeviceBuffer::new(ctx, bytes.max(1)).map(|b| Some(Staging::Device(b)))
-                    }
-                    BufKind::HostSlots => {
-                        PinnedHost::new(ctx, bytes.max(1)).map(|b| Some(Staging::Host(b)))
-                    }
-                }
-            })
-            .collect::<Result<Vec<_>>>()?;
         if self
-            .cache
-            .oldest()
-            .is_some_and(|p| self.cache.is_full() && p.owns_gpu_resources())
+            .ranks
+            .iter()
+            .any(|r| r.oldest_owns_gpu_resources(CACHED_PLANS))
         {
             // The oldest plan's events and buffers may still be in use by enqueued work. (A
             // plan without any — the one-shot all-reduce, whose in-place exposed copies live in
             // the exposure regions — is dropped without waiting.)
             self.synchronize()?;
         }
-        let dispatch = self.dispatch(&plan, algorithm, dtype)?;
+        let mut allocated = Vec::with_capacity(n);
+        let mut records = Vec::with_capacity(n);
+        for r in &self.ranks {
+            let (part, record) = r.allocate(
+                &self.fabric,
+                &plan,
+                &dispatch,
+                shape.elem_bytes,
+                self.peers_ok,
+            )?;
+            allocated.push(part);
+            records.push(record);
+        }
+        let records = self.fabric.all_gather(records)?;
+        let mut ranks = Vec::with_capacity(n);
+        for (r, part) in self.ranks.iter_mut().zip(allocated) {
+            ranks.push(r.connect(&self.fabric, shape.clone(), part, &records, CACHED_PLANS)?);
+        }
+        let crosses = ranks.iter().any(|r| r.counters.is_some());
+        let schedule = match *dispatch {
+            Dispatch::CopyEngines if crosses && self.shared_gpu => {
+                Schedule::Checked(crate::check::enqueue_order(&plan)?)
+            }
+            Dispatch::CopyEngines if crosses => Schedule::RankThreads,
+            _ => Schedule::RankByRank,
+        };
         self.prepared_plans += 1;
-        let prepared = Arc::new(CudaPlan {
-            serial: self.prepared_plans % 0x8000,
-            dispatch,
+        let prepared = Arc::new(Prepared {
             plan,
-            events,
-            staging,
+            dispatch,
+            serial: self.prepared_plans % 0x8000,
+            ranks,
+            schedule,
         });
         self.cache.insert(shape, prepared.clone());
         Ok(prepared)
     }
 
-    /// How `plan` (of `algorithm`, for elements of `dtype`) runs here, with what that needs: the
-    /// kernel layouts verified against the plan, or the ring's event counters.
+    /// How `plan` (of `algorithm`, for elements of `dtype`) runs here: the kernel layouts
+    /// verified against the plan, or the copy engines.
     fn dispatch(&self, plan: &Plan, algorithm: Algorithm, dtype: DType) -> Result<Dispatch> {
         let meets = plan
             .ranks
             .iter()
             .flatten()
             .any(|i| matches!(i.op, Op::PeerReduce { .. }));
-        let copy_engines = || -> Result<Dispatch> {
-            let counters = capture::EventCounters::new(&self.ranks, plan, self.peer.is_some())?;
-            Ok(Dispatch::CopyEngines { counters })
-        };
         if !meets {
-            return copy_engines();
+            return Ok(Dispatch::CopyEngines);
         }
-        let Some(peer) = &self.peer else {
+        let Some(peer) = self.ranks.first().and_then(|r| r.peer.as_ref()) else {
             return Err(Error::Internal {
                 what: "a plan with peer reduces on a communicator without peer kernels".into(),
             });
@@ -649,7 +616,7 @@ impl CudaExecutor {
     }
 
     /// The plan prepared for `shape` earlier, if any: cached, or pinned by a capture.
-    fn prepared(&self, shape: &Shape) -> Option<Arc<CudaPlan>> {
+    fn prepared(&self, shape: &Shape) -> Option<Arc<Prepared>> {
         self.cache.get(shape).or_else(|| {
             self.pinned
                 .iter()
@@ -669,8 +636,8 @@ impl CudaExecutor {
 
     /// Runs one call of any collective's plan on the Main streams; `inputs` and `outputs` are
     /// the caller's buffers' addresses as [`crate::exec::caller_address`] lays them out
-    /// (`inputs` empty in place); `captured` is the plan's pin when the call is being captured
-    /// into CUDA graphs (module `capture`).
+    /// (`inputs` empty in place); `captured` when the call is being captured into CUDA graphs
+    /// (module `capture`).
     ///
     /// # Safety
     /// Every caller's buffer the plan of `shape` declares is a device address on its rank's GPU,
@@ -684,7 +651,7 @@ impl CudaExecutor {
         outputs: &[u64],
         op: ReduceOp,
         wait_complete: bool,
-        captured: Option<usize>,
+        captured: bool,
     ) -> Result<()> {
         let prepared = self.prepare(shape, T::DTYPE)?;
         profile::mark(HostPhase::Plan);
@@ -697,47 +664,43 @@ impl CudaExecutor {
             // before this one runs.
             self.check_error_words()?;
         }
-        let addrs = prepared
+        // The caller's buffers, as the plan's buffers (the in-process fabric's per-call
+        // exchange: every rank's buffers are at hand, in one address space).
+        let callers = prepared
             .plan
             .buffers
             .iter()
-            .zip(&prepared.staging)
-            .map(
-                |(decl, staging)| match (caller_address(decl, inputs, outputs), staging) {
-                    (Some(addr), _) => addr,
-                    (None, Some(Staging::Device(b))) => b.ptr(),
-                    (None, Some(Staging::Host(h))) => h.uva_ptr(),
-                    (None, Some(Staging::Exposure(addr))) => *addr,
-                    (None, None) => 0,
-                },
-            )
+            .map(|decl| caller_address(decl, inputs, outputs).unwrap_or(0))
             .collect::<Vec<u64>>();
         if prepared.plan.collective != Collective::AllReduce {
             // The all-reduce's caller grants its pools (`prepare_buffers`) before the call.
-            self.grant_pushers(&prepared.plan, &addrs)?;
+            self.grant_pushers(&prepared.plan, &callers)?;
         }
-        // A call that crosses no counters between ranks is enqueued from this thread (module
+        // A call whose ranks do not cross through counters is enqueued from this thread (module
         // `launch`); its peer kernels are launched under the gate (module `device::gate`): no
         // blocking CUDA call of this crate runs between the ranks' launches. Taken before the
         // call's deadline starts, and waited for at most the timeout (another thread's blocking
         // call waits for a stuck kernel at most that long): past it, nothing is launched and
         // the call fails by name.
-        let launching = match prepared.dispatch.inline() {
-            true => Some(device::gate::launching(self.config.timeout).ok_or_else(|| {
-                Error::Timeout {
-                    rank: 0,
-                    waiting_on: "another thread's blocking call of ringreduce (an allocation, \
+        let launching = match prepared.schedule {
+            Schedule::RankByRank | Schedule::Checked(_) => {
+                Some(device::gate::launching(self.config.timeout).ok_or_else(|| {
+                    Error::Timeout {
+                        rank: 0,
+                        waiting_on: "another thread's blocking call of ringreduce (an allocation, \
                                  copy or free of a GpuBuffer) to finish, before launching"
-                        .into(),
-                    after: self.config.timeout,
-                }
-            })?),
-            false => None,
+                            .into(),
+                        after: self.config.timeout,
+                    }
+                })?)
+            }
+            Schedule::RankThreads => None,
         };
         let (done_tx, done_rx) = crossbeam_channel::unbounded();
         let call = Arc::new(CudaCall {
-            prepared,
-            addrs,
+            plans: prepared.ranks.clone(),
+            callers,
+            serial: prepared.serial,
             dtype: T::DTYPE,
             op,
             wait_complete,
@@ -745,14 +708,18 @@ impl CudaExecutor {
             timeout: self.config.timeout,
             abort: AtomicBool::new(false),
             done: done_tx,
-            peer: self.peer.clone().filter(|_| peer_kernel.is_some()),
+            peer_call: peer_kernel.is_some(),
             captured,
         });
         profile::mark(HostPhase::Open);
         if let Some(launching) = launching {
             // The caller's thread enqueues every rank itself — a channel round trip per rank
             // thread saved, ~10 µs of a ~20 µs small call.
-            self.run_inline(&call, launching)?;
+            let order = match &prepared.schedule {
+                Schedule::Checked(order) => Some(&order[..]),
+                _ => None,
+            };
+            self.run_inline(&call, launching, order)?;
             if wait_complete {
                 self.check_error_words()?;
                 profile::mark(HostPhase::Check);
@@ -777,6 +744,13 @@ impl CudaExecutor {
                 Err(_) => {
                     call.abort.store(true, Ordering::Release);
                     self.settle_streams(call.deadline);
+                    if let Some(lost) = self.fabric.lost_peer() {
+                        first_error.get_or_insert(Error::RankFailed {
+                            rank: lost,
+                            during: "a collective".into(),
+                            message: "the rank is gone".into(),
+                        });
+                    }
                     return Err(
                         first_error.unwrap_or(Error::Timeout {
                             rank: pending[0],
@@ -802,11 +776,7 @@ impl CudaExecutor {
             // they had enqueued (while the GPUs work), so no thread wake-up sits between the
             // GPUs finishing and this call returning.
             let saved = device::save_current()?;
-            let waited = self
-                .ranks
-                .iter()
-                .enumerate()
-                .try_for_each(|(rank, res)| wait_done(res, rank, &call));
+            let waited = self.ranks.iter().try_for_each(|r| wait_done(&r.res, &call));
             waited.and(saved.restore())?;
             profile::mark(HostPhase::Wait);
             self.check_error_words()?;
@@ -814,4 +784,26 @@ impl CudaExecutor {
         }
         Ok(())
     }
+}
+
+/// The in-process fabric's peer access: enables it between every pair of the ranks' contexts
+/// (ranks sharing a GPU need none); `false` where a pair of GPUs cannot reach each other or an
+/// enable is refused (e.g. more than 8 peers of one device) — then the peer kernels cannot run
+/// here, and the ring still can.
+fn enable_all_peer_access(ranks: &[Arc<rank::RankRes>]) -> Result<bool> {
+    for a in ranks {
+        for b in ranks {
+            if a.device != b.device && !device::can_access_peer(a.device, b.device)? {
+                return Ok(false);
+            }
+        }
+    }
+    for a in ranks {
+        for b in ranks {
+            if device::enable_peer_access(&a.ctx, &b.ctx).is_err() {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
 }

@@ -3,14 +3,15 @@
 //! other ranks' memory directly (peer access) and meets their kernels at flag barriers, and the
 //! LL one-shot, which pushes each rank's input into its peers' receive buffers instead
 //! ([`crate::exec::cuda::kernels`] launches them; `cuda/peer.cuh` and `cuda/ll.cuh` describe the
-//! protocols). Here: the state the kernels share across ranks ([`PeerKernelState`], made by
-//! [`setup_peer_kernels`]), the launch of each kernel from a plan's peer reduce (whose layout
+//! protocols). Here: each rank's words the kernels share across ranks ([`PeerWords`], made in
+//! two phases around the fabric's all-gather: [`allocate_peer_words`], [`connect_peer_words`]),
+//! the launch of each kernel from a plan's peer reduce (whose layout
 //! module `layout` verified; module `launch` enqueues a call's ranks), and the timeouts the
 //! kernels report.
 //!
 //! With [`CudaConfig::low_latency`](super::CudaConfig::low_latency) on, a one-shot all-reduce
 //! plan's peer reduce runs the LL kernel when the message fits it
-//! ([`PeerKernelState::oneshot_kernel`]), else the read one-shot: the plan is the same (the
+//! ([`PeerWords::oneshot_kernel`]), else the read one-shot: the plan is the same (the
 //! checker proves its result; both kernels compute it, with the same fold in the same order),
 //! only the executor's way of running the meeting differs.
 //!
@@ -31,10 +32,12 @@
 
 use super::enqueue::CudaEnqueue;
 use super::layout::StepLayout;
-use super::{CudaCall, CudaExecutor, RankRes, Transport};
+use super::rank::{Identity, RankRes};
+use super::{CudaCall, CudaExecutor, Transport};
 use crate::device::{self, DeviceBuffer, Stream};
 use crate::element::DType;
 use crate::error::{Error, Result};
+use crate::exec::cuda::fabric::{Exported, Fabric, Fields, Record};
 use crate::exec::cuda::kernels::{
     ll_blocks, ll_fits, ll_recv_bytes, LlArgs, OneShotArgs, PeerStep, StepsArgs, TwoShotArgs,
     COUNTER_ERR_BIT, LL_ERR_WAIT, PEER_ERR_END, PEER_ERR_LAUNCH, PEER_ERR_MIDDLE, PEER_ERR_START,
@@ -53,7 +56,7 @@ pub(super) enum PeerKernel {
     /// The one-shot form of a collective other than the all-reduce.
     Steps,
     /// The LL one-shot: a one-shot all-reduce plan run by pushed words, no barrier
-    /// ([`PeerKernelState::oneshot_kernel`] says when).
+    /// ([`PeerWords::oneshot_kernel`] says when).
     OneShotLl,
 }
 
@@ -68,30 +71,35 @@ impl fmt::Display for PeerKernel {
     }
 }
 
-/// What the peer kernels share across ranks, made once per communicator: per rank, the flag
-/// words its peers write at the barriers (device memory, zeroed, reached through peer access)
-/// and the LL kernel's receive buffer (with `low_latency` only); a kernel that gives up leaves
-/// its code in its rank's error word (`RankRes::error`). Calls of every kernel share the flags
-/// and the per-block epochs in them.
-pub(super) struct PeerKernelState {
-    flags: Vec<DeviceBuffer>,
-    /// With [`CudaConfig::low_latency`](super::CudaConfig::low_latency): per rank,
-    /// [`ll_recv_bytes`]`(world)` bytes of device memory, zeroed once — the LL words its peers
-    /// push (layout in `cuda/ll.cuh`). `None` otherwise, and then the LL kernel never runs.
-    ll_recv: Option<Vec<DeviceBuffer>>,
-    /// The smallest SM count of the ranks' GPUs: the grid cap that keeps every block resident.
+/// One rank's peer-kernel words, made once per communicator: the flag words its peers write at
+/// the barriers (device memory, zeroed, reached through peer access) and the LL kernel's receive
+/// buffer (with `low_latency` only) — its own, and every rank's as imported through the fabric;
+/// a kernel that gives up leaves its code in its rank's error word (`RankRes::error`). Calls of
+/// every kernel share the flags and the per-block epochs in them.
+pub(super) struct PeerWords {
+    /// Kept alive for the peers that write into them; reached through `flags_of[rank]`.
+    _flags: DeviceBuffer,
+    _ll_recv: Option<DeviceBuffer>,
+    /// Every rank's flag words, as this rank reaches them (its own among them).
+    flags_of: Vec<u64>,
+    /// With [`CudaConfig::low_latency`](super::CudaConfig::low_latency): every rank's
+    /// [`ll_recv_bytes`]`(world)` bytes of receive buffer (layout in `cuda/ll.cuh`), as this rank
+    /// reaches them. `None` otherwise, and then the LL kernel never runs.
+    ll_recv_of: Option<Vec<u64>>,
+    /// The smallest SM count of the ranks' GPUs, divided by the ranks sharing each: the grid cap
+    /// that keeps every block of every rank resident.
     max_blocks: u32,
-    /// Every rank, whose Main stream runs its peer kernels: what the gate waits for.
-    ranks: Vec<Arc<RankRes>>,
+    /// This rank's resources: its Main stream runs its peer kernels (what the gate waits for).
+    res: Arc<RankRes>,
     /// The communicator's timeout: a peer kernel gives up within it of its launch.
     timeout: Duration,
     /// When the latest call's kernels were launched (under the gate, `device::gate::launching`).
     last_launch: std::sync::Mutex<Option<Instant>>,
 }
 
-impl device::gate::InFlight for PeerKernelState {
-    /// Waits for every rank's latest call to complete on Main, or until the latest launch's
-    /// timeout has passed (its kernels have given up by then, or never started).
+impl device::gate::InFlight for PeerWords {
+    /// Waits for this rank's latest call to complete on Main, or until the latest launch's
+    /// timeout has passed (its kernel has given up by then, or never started).
     fn settle(&self) {
         let launched = *self.last_launch.lock().unwrap_or_else(|p| p.into_inner());
         let Some(launched) = launched else {
@@ -101,18 +109,16 @@ impl device::gate::InFlight for PeerKernelState {
         let Ok(saved) = device::save_current() else {
             return;
         };
-        for res in &self.ranks {
-            let main = &res.streams[StreamKind::Main.index()];
-            while Instant::now() < deadline && matches!(device::stream_query(main), Ok(false)) {
-                std::thread::sleep(Duration::from_micros(20));
-            }
+        let main = self.res.stream(StreamKind::Main);
+        while Instant::now() < deadline && matches!(device::stream_query(main), Ok(false)) {
+            std::thread::sleep(Duration::from_micros(20));
         }
         // (Restoring can only fail if the driver does; the blocking call that follows reports it.)
         let _ = saved.restore();
     }
 }
 
-impl PeerKernelState {
+impl PeerWords {
     /// Notes that a call's kernels were launched at `at` (under the gate,
     /// `device::gate::launching`): what `settle` waits from.
     pub(super) fn launched_at(&self, at: Instant) {
@@ -126,12 +132,12 @@ impl PeerKernelState {
     /// read one-shot. A function of the communicator and (dtype, count) only, so every rank
     /// decides alike: the executor's one rule for it.
     pub(super) fn oneshot_kernel(&self, dtype: DType, count: usize) -> PeerKernel {
-        oneshot_kernel_for(self.ll_recv.is_some(), self.max_blocks, dtype, count)
+        oneshot_kernel_for(self.ll_recv_of.is_some(), self.max_blocks, dtype, count)
     }
 }
 
-/// [`PeerKernelState::oneshot_kernel`]'s rule, for a communicator with (`low_latency`) or
-/// without the LL receive buffers and the peer kernels' grid cap `max_blocks`.
+/// [`PeerWords::oneshot_kernel`]'s rule, for a communicator with (`low_latency`) or without the
+/// LL receive buffers and the peer kernels' grid cap `max_blocks`.
 fn oneshot_kernel_for(
     low_latency: bool,
     max_blocks: u32,
@@ -146,75 +152,95 @@ fn oneshot_kernel_for(
     }
 }
 
-/// Makes the peer kernels' flags, and with `low_latency` the LL kernel's receive
-/// buffers, after enabling peer access between every pair of GPUs (each rank's kernel reads —
-/// the LL one-shot's writes — every rank's memory). `None` where they cannot run: one rank, more
-/// than [`PEER_MAX_RANKS`], forced staging, or a pair of GPUs without peer access.
-///
-/// Ranks that share a GPU (the test-only shared mode) run their kernels side by side on it, and
-/// a block spinning for a partner block that has no SM would wait until the timeout: so the grid
+/// Whether the peer kernels can run on `world` ranks with `transport`: 2 to
+/// [`PEER_MAX_RANKS`] ranks, not forced through host staging. (Peer access between every pair
+/// is the other condition, which the in-process fabric checks and enables:
+/// `CudaExecutor::enable_all_peer_access`.)
+pub(super) fn peer_kernels_fit(world: usize, transport: Transport) -> bool {
+    (2..=PEER_MAX_RANKS).contains(&world) && transport != Transport::Staged
+}
+
+/// Phase 1 of one rank's peer words: its flags and (with `low_latency`) its LL receive buffer,
+/// zeroed, and its record (each one's export handle, length first).
+pub(super) fn allocate_peer_words(
+    res: &RankRes,
+    fabric: &dyn Fabric,
+    low_latency: bool,
+) -> Result<((DeviceBuffer, Option<DeviceBuffer>), Record)> {
+    let flags = DeviceBuffer::zeroed(&res.ctx, PEER_FLAG_BYTES)?;
+    let ll_recv = match low_latency {
+        true => Some(DeviceBuffer::zeroed(
+            &res.ctx,
+            ll_recv_bytes(fabric.world()),
+        )?),
+        false => None,
+    };
+    let mut record = Vec::new();
+    for buffer in std::iter::once(&flags).chain(&ll_recv) {
+        let handle = fabric.export(
+            res.rank,
+            Exported::Device {
+                addr: buffer.ptr(),
+                bytes: buffer.len_bytes(),
+            },
+        )?;
+        record.push(handle.len() as u64);
+        record.extend(handle);
+    }
+    Ok(((flags, ll_recv), record))
+}
+
+/// Phase 2: imports every rank's flags and receive buffers from `records` (phase 1's, by rank)
+/// and registers the words with the gate. `identities` are every rank's GPU identity: ranks
+/// that share a GPU (the test-only shared mode) run their kernels side by side on it, and a
+/// block spinning for a partner block that has no SM would wait until the timeout — so the grid
 /// cap is each GPU's SM count divided by the ranks on it (one block fits per SM), the smallest
 /// over the GPUs, which keeps every block of every rank resident at once.
-pub(super) fn setup_peer_kernels(
-    ranks: &[Arc<RankRes>],
-    transport: Transport,
+pub(super) fn connect_peer_words(
+    res: &Arc<RankRes>,
+    fabric: &dyn Fabric,
+    own: (DeviceBuffer, Option<DeviceBuffer>),
+    records: &[Record],
+    identities: &[Identity],
     timeout: Duration,
-    low_latency: bool,
-) -> Result<Option<Arc<PeerKernelState>>> {
-    let n = ranks.len();
-    if !(2..=PEER_MAX_RANKS).contains(&n) || transport == Transport::Staged {
-        return Ok(None);
-    }
-    for a in ranks {
-        for b in ranks {
-            if a.device != b.device && !device::can_access_peer(a.device, b.device)? {
-                return Ok(None);
-            }
+) -> Result<Arc<PeerWords>> {
+    let (flags, ll_recv) = own;
+    let mut flags_of = Vec::with_capacity(records.len());
+    let mut ll_recv_of = Vec::with_capacity(records.len());
+    for (from, record) in records.iter().enumerate() {
+        let mut fields = Fields::new(from, record);
+        let mut next = || -> Result<u64> {
+            let len = fields.word()? as usize;
+            fabric.import(res.rank, from, fields.take(len)?)
+        };
+        flags_of.push(next()?);
+        if ll_recv.is_some() {
+            ll_recv_of.push(next()?);
         }
+        fields.finish()?;
     }
-    for a in ranks {
-        for b in ranks {
-            // A pair the ring never uses may refuse (e.g. more than 8 peers of one device):
-            // then the peer kernels cannot run here, and the ring still can.
-            if device::enable_peer_access(&a.ctx, &b.ctx).is_err() {
-                return Ok(None);
-            }
-        }
-    }
-    let flags = ranks
+    let max_blocks = identities
         .iter()
-        .map(|r| DeviceBuffer::zeroed(&r.ctx, PEER_FLAG_BYTES))
-        .collect::<Result<Vec<_>>>()?;
-    let ll_recv = if low_latency {
-        let recv = ranks
-            .iter()
-            .map(|r| DeviceBuffer::zeroed(&r.ctx, ll_recv_bytes(n)))
-            .collect::<Result<Vec<_>>>()?;
-        Some(recv)
-    } else {
-        None
-    };
-    let sm_counts = device::devices()?;
-    let max_blocks = ranks
-        .iter()
-        .map(|r| {
-            let sharing = ranks.iter().filter(|o| o.device == r.device).count() as u32;
-            sm_counts.get(r.device).map_or(1, |d| d.sm_count) / sharing
+        .map(|id| {
+            let sharing = identities.iter().filter(|o| o.uuid == id.uuid).count() as u32;
+            id.sm_count / sharing.max(1)
         })
         .min()
         .unwrap_or(1)
         .max(1);
-    let state = Arc::new(PeerKernelState {
-        flags,
-        ll_recv,
+    let words = Arc::new(PeerWords {
+        ll_recv_of: ll_recv.is_some().then_some(ll_recv_of),
+        _flags: flags,
+        _ll_recv: ll_recv,
+        flags_of,
         max_blocks,
-        ranks: ranks.to_vec(),
+        res: res.clone(),
         timeout,
         last_launch: std::sync::Mutex::new(None),
     });
-    let weak: std::sync::Weak<dyn device::gate::InFlight> = Arc::downgrade(&state) as _;
+    let weak: std::sync::Weak<dyn device::gate::InFlight> = Arc::downgrade(&words) as _;
     device::gate::register(weak);
-    Ok(Some(state))
+    Ok(words)
 }
 
 impl CudaExecutor {
@@ -239,8 +265,8 @@ impl CudaExecutor {
         for ranked in inputs_read.into_iter().chain(outputs_read) {
             // (A rank without such a buffer — a broadcast's non-root input — has address 0.)
             for (rank, &addr) in ranked.iter().enumerate().filter(|(_, &a)| a != 0) {
-                let own = self.ranks[rank].device;
-                let peers: Vec<usize> = self.ranks.iter().map(|r| r.device).collect();
+                let own = self.ranks[rank].res.device;
+                let peers: Vec<usize> = self.ranks.iter().map(|r| r.res.device).collect();
                 for peer in peers.into_iter().filter(|&p| p != own) {
                     self.grant_once(addr, peer)?;
                 }
@@ -258,8 +284,8 @@ impl CudaExecutor {
     /// ([`kernel_failure`]).
     pub(super) fn check_error_words(&self) -> Result<()> {
         for (rank, r) in self.ranks.iter().enumerate() {
-            let code = r.error_code();
-            let device = r.device;
+            let code = r.res.error_code();
+            let device = r.res.device;
             match kernel_failure(code) {
                 None => {}
                 Some(KernelFailure::CounterWait) => return Err(self.counter_timeout(rank, code)),
@@ -328,14 +354,16 @@ fn kernel_failure(code: u32) -> Option<KernelFailure> {
     }
 }
 
-impl CudaCall {
-    /// The peer kernels' state, which every peer plan's launch needs.
-    fn peer_state(&self, kernel: PeerKernel) -> Result<&PeerKernelState> {
-        self.peer.as_deref().ok_or_else(|| Error::Internal {
+impl CudaEnqueue<'_> {
+    /// This rank's peer words, which every peer plan's launch needs.
+    fn peer_words(&self, kernel: PeerKernel) -> Result<&PeerWords> {
+        self.peer.ok_or_else(|| Error::Internal {
             what: format!("a {kernel} plan on a communicator without peer-kernel resources"),
         })
     }
+}
 
+impl CudaCall {
     /// How long after its start a peer kernel of this call waits at its barriers: three
     /// quarters of the call's timeout, so that a barrier that never meets ends the kernel, with
     /// its code in the error word, before the host gives up waiting.
@@ -350,8 +378,8 @@ impl CudaEnqueue<'_> {
     /// prepared).
     pub(super) fn launch_twoshot(&self, rank: usize, segments: &[(usize, usize)]) -> Result<()> {
         let call = self.call;
-        let plan = &call.prepared.plan;
-        let shared = call.peer_state(PeerKernel::TwoShot)?;
+        let plan = &*self.plan.plan;
+        let shared = self.peer_words(PeerKernel::TwoShot)?;
         let src_kind = if plan.in_place {
             BufKind::Output
         } else {
@@ -361,7 +389,7 @@ impl CudaEnqueue<'_> {
             let buf = plan.buffer(r, kind).ok_or_else(|| {
                 Error::PlanRejected(format!("the two-shot plan has no {kind:?} for rank {r}"))
             })?;
-            Ok(call.addrs[buf.0])
+            Ok(self.base(buf))
         };
         let mut args = TwoShotArgs {
             srcs: [0; PEER_MAX_RANKS],
@@ -379,7 +407,7 @@ impl CudaEnqueue<'_> {
         for (r, &(offset, count)) in segments.iter().enumerate() {
             args.srcs[r] = base(r, src_kind)?;
             args.outs[r] = base(r, BufKind::Output)?;
-            args.flags[r] = shared.flags[r].ptr();
+            args.flags[r] = shared.flags_of[r];
             args.seg_off[r] = offset as u64;
             args.seg_len[r] = count as u64;
         }
@@ -403,14 +431,14 @@ impl CudaEnqueue<'_> {
     /// (verified by `steps_layout` when the plan was prepared).
     pub(super) fn launch_steps(&self, rank: usize, layout: &[StepLayout]) -> Result<()> {
         let call = self.call;
-        let plan = &call.prepared.plan;
-        let shared = call.peer_state(PeerKernel::Steps)?;
+        let plan = &*self.plan.plan;
+        let shared = self.peer_words(PeerKernel::Steps)?;
         let eb = call.dtype.size_bytes() as u64;
         let source = |q: usize, kind: BufKind, offset: usize| -> Result<u64> {
             let buf = plan.buffer(q, kind).ok_or_else(|| {
                 Error::PlanRejected(format!("the one-shot plan has no {kind:?} for rank {q}"))
             })?;
-            Ok(call.addrs[buf.0] + offset as u64 * eb)
+            Ok(self.base(buf) + offset as u64 * eb)
         };
         let mut steps = Vec::with_capacity(layout.len());
         for step in layout {
@@ -431,7 +459,7 @@ impl CudaEnqueue<'_> {
         }
         let mut flags = [0; PEER_MAX_RANKS];
         for (r, f) in flags.iter_mut().enumerate().take(plan.world) {
-            *f = shared.flags[r].ptr();
+            *f = shared.flags_of[r];
         }
         let args = StepsArgs {
             steps,
@@ -461,7 +489,7 @@ impl CudaEnqueue<'_> {
 
     /// Launches this rank's one-shot kernel for the peer reduce `op` into `dst` (a plan whose
     /// layout `oneshot_layout` verified): `kernel`, the LL one-shot or the read one-shot
-    /// ([`PeerKernelState::oneshot_kernel`] chose it when the plan was prepared). `expose_from`
+    /// ([`PeerWords::oneshot_kernel`] chose it when the plan was prepared). `expose_from`
     /// is the fused exposure copy's source (see `CudaEnqueue::held`).
     pub(super) fn launch_oneshot(
         &self,
@@ -472,8 +500,8 @@ impl CudaEnqueue<'_> {
         stream: &Stream,
     ) -> Result<()> {
         let call = self.call;
-        let plan = &call.prepared.plan;
-        let shared = call.peer_state(PeerKernel::OneShot)?;
+        let plan = &*self.plan.plan;
+        let shared = self.peer_words(PeerKernel::OneShot)?;
         let rank = plan.decl(dst.buf).rank;
         let sources = crate::check::peer_sources(plan, &op);
         if kernel == PeerKernel::OneShotLl {
@@ -504,7 +532,7 @@ impl CudaEnqueue<'_> {
         };
         for (r, src) in sources.into_iter().enumerate() {
             args.srcs[r] = self.addr(src);
-            args.flags[r] = shared.flags[r].ptr();
+            args.flags[r] = shared.flags_of[r];
         }
         // SAFETY: every source lies in a buffer of its rank's GPU (checked plan; the caller's
         // validated inputs or our exposed copies), reachable from this GPU (peer access enabled
@@ -519,20 +547,20 @@ impl CudaEnqueue<'_> {
     /// rank, `dst.count` elements) folded with every peer's into `dst`.
     fn launch_ll(
         &self,
-        shared: &PeerKernelState,
+        shared: &PeerWords,
         rank: usize,
         src: u64,
         dst: Region,
         stream: &Stream,
     ) -> Result<()> {
         let call = self.call;
-        let recv = shared.ll_recv.as_ref().ok_or_else(|| Error::Internal {
+        let recv = shared.ll_recv_of.as_ref().ok_or_else(|| Error::Internal {
             what: "an LL one-shot launch on a communicator without low_latency".into(),
         })?;
         let mut args = LlArgs {
             recvs: [0; PEER_MAX_RANKS],
-            flags: shared.flags[rank].ptr(),
-            world: call.prepared.plan.world as u32,
+            flags: shared.flags_of[rank],
+            world: self.plan.plan.world as u32,
             rank: rank as u32,
             src,
             dst: self.addr(dst),
@@ -541,7 +569,7 @@ impl CudaEnqueue<'_> {
             error: self.res.error_word(),
         };
         for (r, buffer) in recv.iter().enumerate() {
-            args.recvs[r] = buffer.ptr();
+            args.recvs[r] = *buffer;
         }
         // SAFETY: `src` is this rank's input (the caller's validated input, its in-place buffer,
         // or our exposed copy of it, filled earlier on this stream) and `dst` its output, both on

@@ -8,7 +8,6 @@
 //!
 //! Invariant: memory is freed only when every stream of every rank reports idle.
 
-use super::exposure::Exposure;
 use super::{CudaExecutor, CACHED_PLANS};
 use crate::device;
 use crate::error::{Error, Result};
@@ -38,7 +37,7 @@ impl CudaExecutor {
         let polled = self
             .ranks
             .iter()
-            .try_for_each(|r| device::stream_query(&r.streams[StreamKind::Main.index()]).map(drop));
+            .try_for_each(|r| device::stream_query(r.res.stream(StreamKind::Main)).map(drop));
         polled.and(saved.restore())
     }
 
@@ -53,19 +52,19 @@ impl CudaExecutor {
             .ranks
             .iter()
             .enumerate()
-            .flat_map(|(rank, r)| (0..r.streams.len()).map(move |s| (rank, s)))
+            .flat_map(|(rank, r)| (0..r.res.streams.len()).map(move |s| (rank, s)))
             .collect();
         let mut first_error: Option<Error> = None;
         loop {
-            busy.retain(
-                |&(rank, s)| match device::stream_query(&self.ranks[rank].streams[s]) {
+            busy.retain(|&(rank, s)| {
+                match device::stream_query(&self.ranks[rank].res.streams[s]) {
                     Ok(idle) => !idle,
                     Err(err) => {
                         first_error.get_or_insert(err);
                         false
                     }
-                },
-            );
+                }
+            });
             let Some(&(rank, s)) = busy.first() else {
                 return first_error.map_or(Ok(()), Err);
             };
@@ -78,7 +77,7 @@ impl CudaExecutor {
                     rank,
                     waiting_on: format!(
                         "GPU {}'s {:?} stream was still busy (a collective, or work queued before one, did not finish)",
-                        self.ranks[rank].device,
+                        self.ranks[rank].res.device,
                         StreamKind::ALL[s]
                     ),
                     after: within,
@@ -119,7 +118,8 @@ impl CudaExecutor {
         // in an error state that cannot say, keeps everything (its context may be broken anyway,
         // and freeing would then fail or block).
         let all_idle = self.ranks.iter().all(|r| {
-            r.streams
+            r.res
+                .streams
                 .iter()
                 .all(|s| matches!(device::stream_query(s), Ok(true)))
         });
@@ -128,18 +128,18 @@ impl CudaExecutor {
                 &mut self.cache,
                 PlanCache::new(CACHED_PLANS),
             ));
-            std::mem::forget(self.peer.take());
             std::mem::forget(std::mem::take(&mut self.pinned));
-            std::mem::forget(std::mem::replace(&mut self.exposure, Exposure::new()));
+            for rank in &mut self.ranks {
+                rank.release(true);
+            }
             std::mem::forget(std::mem::take(&mut self.ranks));
-            std::mem::forget(std::mem::take(&mut self.contexts));
         }
         self.cache = PlanCache::new(CACHED_PLANS);
         self.pinned.clear();
-        self.exposure = Exposure::new();
-        self.peer = None;
+        for rank in &mut self.ranks {
+            rank.release(false);
+        }
         self.ranks.clear();
-        self.contexts.clear();
         drop(quiet);
         result
     }

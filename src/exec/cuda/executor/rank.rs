@@ -1,0 +1,408 @@
+//! One rank's executor: everything of one rank, and nothing of another's but the addresses its
+//! peers exported to it through the fabric ([`crate::exec::cuda::fabric`]).
+//!
+//! A [`RankExecutor`] owns its rank's context, four streams (Main, Send, Recv, Reduce), kernels,
+//! completion and fence events and error word ([`RankRes`]); the peer kernels' words it owns and
+//! the ones its peers exported (`peer::PeerWords`); its exposure region; and, per prepared
+//! message shape, a [`RankPlan`]: its own events, staging buffers and event counters, and the
+//! address of every buffer of the plan it does not own but uses — its peers' staging slots and
+//! exposed copies, their counters' mailboxes — imported from their records. It enqueues only its
+//! own rank's program of a checked plan (`launch::enqueue_rank`).
+//!
+//! Preparing a shape is a collective step in two phases, so that it needs no thread per rank
+//! in one process and no more than one all-gather between processes: [`RankExecutor::allocate`]
+//! makes the rank's own resources and returns its record (its buffers' export handles); the
+//! fabric all-gathers the records; [`RankExecutor::connect`] imports every peer's. Every rank
+//! prepares the same shapes in the same order, so their caches move in step.
+//!
+//! Invariant: a `RankPlan` references only memory that outlives it — its own, or a peer's that
+//! the peer keeps for as long as it keeps the same plan (every rank drops a plan only after its
+//! streams are idle, in the same order).
+
+use super::counters::Counters;
+use super::exposure::Exposure;
+use super::peer::PeerWords;
+use super::Dispatch;
+use crate::device::{self, DeviceBuffer, Event, PinnedHost, Stream};
+use crate::error::Result;
+use crate::exec::cuda::fabric::{Exported, Fabric, Fields, Record};
+use crate::exec::cuda::kernels::KernelModule;
+use crate::exec::Shape;
+use crate::plan::{BufKind, Plan, StreamKind};
+use cudarc::driver::{CudaContext, CudaStream};
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+/// A rank's GPU resources, made once per communicator.
+pub(super) struct RankRes {
+    pub(super) rank: usize,
+    /// The ordinal of its GPU in this process (the caller's name for it).
+    pub(super) device: usize,
+    pub(super) ctx: Arc<CudaContext>,
+    /// Indexed by `StreamKind::index()`.
+    pub(super) streams: Vec<Stream>,
+    pub(super) kernels: KernelModule,
+    /// Recorded on Main after each call that waits for its completion, polled to learn that the
+    /// rank is done (`enqueue::record_done`).
+    pub(super) done: Event,
+    /// A call on a caller's stream: recorded there before the call, waited for by Main.
+    pub(super) fence_in: Event,
+    /// A call on a caller's stream: recorded on Main after the call, waited for there.
+    pub(super) fence_out: Event,
+    /// The word this rank's kernels leave a code in when they give up (a peer kernel's barrier,
+    /// a counter wait): pinned host memory, mapped for the device, zeroed at creation, read by
+    /// the host after calls (`CudaExecutor::check_error_words`).
+    error: PinnedHost,
+    /// A cudarc stream of `ctx`, never used: it puts this context handle in cudarc's multi-stream
+    /// mode, the only mode in which cudarc records a slice's read and write events on a stream —
+    /// so a cudarc slice's use by a collective is recorded on Main (`cudarc_buffers`).
+    _tracking: Arc<CudaStream>,
+}
+
+impl RankRes {
+    /// Rank `rank`'s resources on GPU `device`.
+    fn new(rank: usize, device: usize) -> Result<RankRes> {
+        let ctx = device::context(device)?;
+        let streams = StreamKind::ALL
+            .iter()
+            .map(|_| Stream::new(&ctx))
+            .collect::<Result<Vec<_>>>()?;
+        let kernels = KernelModule::new(&ctx)?;
+        let done = Event::new(&ctx)?;
+        let (fence_in, fence_out) = (Event::new(&ctx)?, Event::new(&ctx)?);
+        let mut error = PinnedHost::new(&ctx, 4)?;
+        error.as_mut_slice().fill(0);
+        // The first cudarc stream of a context handle synchronizes the context once.
+        let tracking = ctx.new_stream().map_err(device::check("cuStreamCreate"))?;
+        Ok(RankRes {
+            rank,
+            device,
+            ctx,
+            streams,
+            kernels,
+            done,
+            fence_in,
+            fence_out,
+            error,
+            _tracking: tracking,
+        })
+    }
+
+    pub(super) fn stream(&self, kind: StreamKind) -> &Stream {
+        &self.streams[kind.index()]
+    }
+
+    /// The code this rank's kernels left in its error word (0: none). Read through the host
+    /// mapping; the kernels write it with a plain system-scope store.
+    pub(super) fn error_code(&self) -> u32 {
+        // SAFETY: the pinned allocation is at least 4 bytes and page-aligned, and lives as long
+        // as `self`; a volatile read, since the GPU may write the word at any time.
+        unsafe { std::ptr::read_volatile(self.error.as_ptr().cast::<u32>()) }
+    }
+
+    /// The error word as a device address (its host mapping).
+    pub(super) fn error_word(&self) -> u64 {
+        self.error.uva_ptr()
+    }
+}
+
+/// What a rank says about its GPU at creation (its record), so that every rank knows its peers'
+/// GPUs by identity, not by an ordinal that means another GPU in another process: the device's
+/// UUID (as `nvidia-smi -L` prints it) and its SM count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Identity {
+    pub(super) uuid: [u8; 16],
+    pub(super) sm_count: u32,
+}
+
+impl Identity {
+    fn of(device: usize) -> Result<Identity> {
+        let info = device::device_info(device)?;
+        Ok(Identity {
+            uuid: info.uuid,
+            sm_count: info.sm_count,
+        })
+    }
+
+    /// The identity as a record: the UUID in two words, then the SM count.
+    pub(super) fn record(&self) -> Record {
+        let (lo, hi) = self.uuid.split_at(8);
+        let word = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+        vec![word(lo), word(hi), u64::from(self.sm_count)]
+    }
+
+    /// Rank `from`'s identity, from its record.
+    pub(super) fn from_record(from: usize, record: &[u64]) -> Result<Identity> {
+        let mut fields = Fields::new(from, record);
+        let words = fields.take(2)?;
+        let sm_count = u32::try_from(fields.word()?).unwrap_or(u32::MAX);
+        fields.finish()?;
+        let mut uuid = [0u8; 16];
+        uuid[..8].copy_from_slice(&words[0].to_le_bytes());
+        uuid[8..].copy_from_slice(&words[1].to_le_bytes());
+        Ok(Identity { uuid, sm_count })
+    }
+}
+
+/// Staging memory a rank owns for one plan.
+enum Staging {
+    Device(DeviceBuffer),
+    Host(PinnedHost),
+}
+
+impl Staging {
+    /// The staging as memory a peer imports.
+    fn exported(&self) -> Exported {
+        match self {
+            Staging::Device(b) => Exported::Device {
+                addr: b.ptr(),
+                bytes: b.len_bytes(),
+            },
+            Staging::Host(h) => Exported::Host {
+                addr: h.uva_ptr(),
+                bytes: h.len_bytes(),
+            },
+        }
+    }
+}
+
+/// A checked plan's resources on one rank.
+pub(super) struct RankPlan {
+    pub(super) plan: Arc<Plan>,
+    /// How the plan runs (the same on every rank: decided once, from the plan).
+    pub(super) dispatch: Arc<Dispatch>,
+    /// This rank's events of the plan (the ones it records), by event; `None` for other ranks'.
+    pub(super) events: Vec<Option<Event>>,
+    /// This rank's staging, kept alive for the plan's life (reached through `addrs`).
+    _staging: Vec<Staging>,
+    /// This rank's event counters, where events cross ranks (`Dispatch::CopyEngines`).
+    pub(super) counters: Option<Counters>,
+    /// The base address of every buffer of the plan that the ranks own (staging, exposed
+    /// copies), as this rank reaches it — its own, or a peer's as imported; 0 for the caller's
+    /// buffers, whose addresses come with each call.
+    pub(super) addrs: Vec<u64>,
+}
+
+impl RankPlan {
+    /// Whether dropping the plan frees anything the GPU may still use.
+    fn owns_gpu_resources(&self) -> bool {
+        self.events.iter().any(Option::is_some)
+            || !self._staging.is_empty()
+            || self.counters.is_some()
+    }
+}
+
+/// A rank's part of a plan between [`RankExecutor::allocate`] and [`RankExecutor::connect`].
+pub(super) struct Allocated {
+    plan: Arc<Plan>,
+    dispatch: Arc<Dispatch>,
+    events: Vec<Option<Event>>,
+    staging: Vec<Staging>,
+    counters: Option<Counters>,
+}
+
+/// The kinds of buffer a plan's ranks own (the rest are the caller's).
+fn owned(kind: BufKind) -> bool {
+    matches!(
+        kind,
+        BufKind::Slots | BufKind::Scratch | BufKind::HostSlots | BufKind::Exposed
+    )
+}
+
+/// A rank's prepared plans by shape, oldest first, moved in step with every other rank's.
+struct RankPlans {
+    entries: VecDeque<(Shape, Arc<RankPlan>)>,
+    /// Plans captured into CUDA graphs, kept for the communicator's life.
+    pinned: Vec<(Shape, Arc<RankPlan>)>,
+}
+
+/// One rank's executor (module doc).
+pub(super) struct RankExecutor {
+    pub(super) res: Arc<RankRes>,
+    pub(super) identity: Identity,
+    /// The peer kernels' words, where they can run (set up after creation, collectively).
+    pub(super) peer: Option<Arc<PeerWords>>,
+    exposure: Exposure,
+    plans: RankPlans,
+}
+
+impl RankExecutor {
+    /// Rank `rank` on this process's GPU `device`: its context, streams, kernels, events and
+    /// error word. Its record for the creation all-gather is its [`Identity`].
+    pub(super) fn new(rank: usize, device: usize) -> Result<RankExecutor> {
+        Ok(RankExecutor {
+            res: Arc::new(RankRes::new(rank, device)?),
+            identity: Identity::of(device)?,
+            peer: None,
+            exposure: Exposure::new(),
+            plans: RankPlans {
+                entries: VecDeque::new(),
+                pinned: Vec::new(),
+            },
+        })
+    }
+
+    pub(super) fn rank(&self) -> usize {
+        self.res.rank
+    }
+
+    /// Makes this rank's exposure region at least `bytes` long (module `exposure`).
+    pub(super) fn reserve_exposure(&mut self, bytes: usize) -> Result<()> {
+        self.exposure.reserve(&self.res.ctx, bytes)
+    }
+
+    /// Phase 1 of preparing `plan`: this rank's events, staging and counters (mailboxes in
+    /// device memory when `peer_access` holds between every pair of GPUs), and its record — for
+    /// every buffer of the plan it owns, in buffer order, the export handle (length first), then
+    /// its counters' entry.
+    pub(super) fn allocate(
+        &self,
+        fabric: &dyn Fabric,
+        plan: &Arc<Plan>,
+        dispatch: &Arc<Dispatch>,
+        elem_bytes: usize,
+        peer_access: bool,
+    ) -> Result<(Allocated, Record)> {
+        let rank = self.rank();
+        let res = &self.res;
+        let events = plan
+            .events
+            .iter()
+            .map(|decl| match decl.rank == rank {
+                true => Event::new(&res.ctx).map(Some),
+                false => Ok(None),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut staging = Vec::new();
+        let mut record = Vec::new();
+        for decl in plan
+            .buffers
+            .iter()
+            .filter(|d| d.rank == rank && owned(d.kind))
+        {
+            let bytes = (decl.len * elem_bytes).max(1);
+            let exported = match decl.kind {
+                BufKind::Exposed => Exported::Device {
+                    addr: self.exposure.address(),
+                    bytes,
+                },
+                kind => {
+                    let own = match kind {
+                        BufKind::HostSlots => Staging::Host(PinnedHost::new(&res.ctx, bytes)?),
+                        _ => Staging::Device(DeviceBuffer::new(&res.ctx, bytes)?),
+                    };
+                    let exported = own.exported();
+                    staging.push(own);
+                    exported
+                }
+            };
+            let handle = fabric.export(rank, exported)?;
+            record.push(handle.len() as u64);
+            record.extend(handle);
+        }
+        let counters = match **dispatch {
+            Dispatch::CopyEngines => match Counters::allocate(res, fabric, plan, peer_access)? {
+                Some((counters, entry)) => {
+                    record.extend(entry);
+                    Some(counters)
+                }
+                None => None,
+            },
+            _ => None,
+        };
+        let allocated = Allocated {
+            plan: plan.clone(),
+            dispatch: dispatch.clone(),
+            events,
+            staging,
+            counters,
+        };
+        Ok((allocated, record))
+    }
+
+    /// Phase 2 of preparing a plan for `shape`: imports every rank's buffers and mailboxes from
+    /// `records` (every rank's record from phase 1, by rank) and keeps the plan, pushing out
+    /// the oldest beyond `capacity` (the caller waited for idle streams first if that one owns
+    /// GPU resources: [`RankExecutor::oldest_owns_gpu_resources`]).
+    pub(super) fn connect(
+        &mut self,
+        fabric: &dyn Fabric,
+        shape: Shape,
+        allocated: Allocated,
+        records: &[Record],
+        capacity: usize,
+    ) -> Result<Arc<RankPlan>> {
+        let rank = self.rank();
+        let Allocated {
+            plan,
+            dispatch,
+            events,
+            staging,
+            mut counters,
+        } = allocated;
+        let mut fields: Vec<Fields<'_>> = records
+            .iter()
+            .enumerate()
+            .map(|(from, r)| Fields::new(from, r))
+            .collect();
+        let mut addrs = vec![0u64; plan.buffers.len()];
+        for (buf, decl) in plan.buffers.iter().enumerate() {
+            if owned(decl.kind) {
+                let f = &mut fields[decl.rank];
+                let len = f.word()? as usize;
+                addrs[buf] = fabric.import(rank, decl.rank, f.take(len)?)?;
+            }
+        }
+        if let Some(counters) = &mut counters {
+            counters.connect(&self.res, fabric, &mut fields)?;
+        }
+        for f in fields {
+            f.finish()?;
+        }
+        let prepared = Arc::new(RankPlan {
+            plan,
+            dispatch,
+            events,
+            _staging: staging,
+            counters,
+            addrs,
+        });
+        let entries = &mut self.plans.entries;
+        if entries.len() >= capacity.max(1) {
+            entries.pop_front();
+        }
+        entries.push_back((shape, prepared.clone()));
+        Ok(prepared)
+    }
+
+    /// Whether the plan the next `connect` pushes out of a cache of `capacity` owns GPU
+    /// resources (the caller waits for idle streams before preparing then).
+    pub(super) fn oldest_owns_gpu_resources(&self, capacity: usize) -> bool {
+        let entries = &self.plans.entries;
+        entries.len() >= capacity.max(1)
+            && entries.front().is_some_and(|(_, p)| p.owns_gpu_resources())
+    }
+
+    /// Keeps the plan of `shape` for this rank's life (a CUDA graph holds its memory).
+    pub(super) fn pin(&mut self, shape: &Shape) {
+        let RankPlans { entries, pinned } = &mut self.plans;
+        if pinned.iter().any(|(s, _)| s == shape) {
+            return;
+        }
+        if let Some((s, p)) = entries.iter().find(|(s, _)| s == shape) {
+            pinned.push((s.clone(), p.clone()));
+        }
+    }
+
+    /// Drops every plan, the peer words and the exposure region — or, when `leak`, forgets them
+    /// (a stream still busy may touch them: module `teardown`).
+    pub(super) fn release(&mut self, leak: bool) {
+        let entries = std::mem::take(&mut self.plans.entries);
+        let pinned = std::mem::take(&mut self.plans.pinned);
+        let exposure = std::mem::replace(&mut self.exposure, Exposure::new());
+        let peer = self.peer.take();
+        if leak {
+            std::mem::forget((entries, pinned, exposure, peer));
+        }
+    }
+}
