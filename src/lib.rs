@@ -126,7 +126,8 @@
 //! ## Where to read next
 //!
 //! - [`plan`]: the ring all-reduce as a diagram and a step table, the one-shot beside it.
-//! - [`exec`]: the event handoff — why a wait must be enqueued after its record.
+//! - [`exec`]: the event handoff — why a wait must be enqueued after its record — and how the
+//!   GPU executor's counters carry a wait between ranks instead.
 //! - [`device`]: peer access, asked per direction, and how it silently degrades.
 //! - `docs/guide/`: the article's road, chapter by chapter; `docs/PERFORMANCE.md`: what was
 //!   measured against NCCL and how; `docs/ERRORS.md`: every bad input and fault, and its error.

@@ -799,7 +799,7 @@ fn in_place_oneshot_sizes_change_on_every_call() {
 
 /// `profile_host`: every call's phases on the calling thread, in order, adding up to no more
 /// than the call's wall time — a blocking one-shot, an enqueued one, `synchronize`, and a
-/// blocking ring call (rank threads: one launch mark for all ranks, no peer error check).
+/// blocking ring call (one launch mark for all ranks, then the error words' check).
 #[test]
 fn host_profile_names_every_phase_of_a_call() {
     use ringreduce::exec::profile::HostPhase::{self, *};
@@ -820,8 +820,10 @@ fn host_profile_names_every_phase_of_a_call() {
             ],
         ),
         (
+            // The ring's blocking call reads the error words too (its counter waits leave codes
+            // there).
             Algorithm::Ring,
-            vec![Validate, Lock, Plan, Open, Launch, Wait, Return],
+            vec![Validate, Lock, Plan, Open, Launch, Wait, Check, Return],
         ),
     ] {
         let comm = Communicator::with_config(
