@@ -1,6 +1,8 @@
 //! The CUDA executor: the reduce kernels ([`kernels`]), typed device buffers ([`buffer`]), the
-//! edge probe that catches silent degradation ([`probe`]) and the executor that runs plans on GPU
-//! streams ([`executor`]). The driver calls underneath live one layer down, in [`crate::device`].
+//! edge probe that catches silent degradation ([`probe`]), the executor that runs plans on GPU
+//! streams — one rank executor per rank — ([`executor`]), and the fabric its rank executors
+//! exchange records and memory over (`fabric`). The driver calls underneath live one layer down,
+//! in [`crate::device`].
 pub mod buffer;
 pub mod cudarc_buffers;
 pub mod executor;

@@ -1,5 +1,5 @@
-//! Collectives captured into CUDA graphs, and the event counters that carry every wait of one
-//! rank for another rank's event, eager or captured.
+//! Collectives captured into CUDA graphs: what changes when the caller's streams are being
+//! captured.
 //!
 //! A captured collective becomes nodes of the caller's graph(s): it must replay correctly any
 //! number of times, with nothing call-specific baked in, and it may be captured one graph per

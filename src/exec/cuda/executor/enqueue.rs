@@ -1,20 +1,22 @@
 //! The enqueue of a plan on a rank's GPU streams, shared by every path: [`CudaEnqueue`] turns
 //! each instruction into its CUDA work — copies (peer or staged), reduce and scale kernels,
 //! event records and waits on the rank's own streams, event counters between ranks (module
-//! [`super::capture`] lays them out), and the peer kernels' launches (module [`super::peer`]).
-//! A rank thread ([`gpu_rank_thread`]), a launcher thread or the caller's thread drives it for
-//! one rank (`launch::enqueue_rank_inline`); then the caller polls each rank's completion event
+//! [`super::counters`]), and the peer kernels' launches (module [`super::peer`]). A rank thread
+//! ([`gpu_rank_thread`]), a launcher thread or the caller's thread drives it for one rank
+//! (`launch::enqueue_rank`), or the caller's thread for every rank at once, interleaved in the
+//! checker's order (`launch::enqueue_in_order`, for ranks that share a GPU); then the caller polls each rank's completion event
 //! ([`wait_done`]) and, past the deadline, names the rank that stalled ([`stalled`]).
 //!
 //! One cross-rank wait, whoever enqueues and whether or not the call is captured: a rank waits
 //! for another rank's event through a counter in device memory (or, without peer access, in
-//! pinned host memory) that the recording rank's stream advances right after its record, never
-//! through the other rank's CUDA event. So the ranks enqueue in any order, on any thread — in
-//! another process too — and no rank waits on the host for a peer: the k-th signal of an event
-//! pairs with the k-th wait for it on each waiting stream (`check_shape` proves that a stream
-//! waits for a remote event at most once per call). The plan's record → wait edges, which the
-//! checker proves race-free, hold unchanged: a counter wait's later work starts after the
-//! signal, which starts after everything before the record on the recording stream.
+//! pinned host memory) that the recording rank's stream advances right before its record, never
+//! through the other rank's CUDA event. So ranks on different GPUs enqueue in any order, on any
+//! thread — in another process too — and no rank waits on the host for a peer: the k-th signal
+//! of an event pairs with the k-th wait for it on each waiting stream (`check_shape` proves
+//! that a stream waits for a remote event at most once per call). The plan's record → wait
+//! edges, which the checker proves race-free, hold unchanged: a counter wait's later work
+//! starts after the signal, which starts after everything before the record on the recording
+//! stream.
 //!
 //! A failed enqueue never leaves a GPU waiting forever: a counter wait gives up at three
 //! quarters of the call's timeout and leaves a code naming the event in its rank's error word.

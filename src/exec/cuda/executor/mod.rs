@@ -1,38 +1,41 @@
-//! The GPU executor: the same plans as the host executor, enqueued on CUDA streams — the
-//! copy-engine plans (the ring and every collective's ring form) by one host thread per rank,
-//! the peer kernels' plans (one-shot, two-shot, steps and LL one-shot) by the caller's thread.
+//! The GPU executor of one communicator: one rank executor per rank (module `rank`), over the
+//! in-process fabric (`exec::cuda::fabric`) — the same plans as the host executor,
+//! enqueued on CUDA streams.
 //!
-//! At creation the communicator binds each rank to a GPU, decides how each ring edge moves data
+//! At creation each rank executor binds its rank to a GPU and makes its context, four
+//! non-blocking streams (Main, Send, Recv, Reduce), kernels and error word; the ranks all-gather
+//! their GPUs' identities (UUIDs), and the communicator decides how each ring edge moves data
 //! ([`Transport`]: peer copies where `cuDeviceCanAccessPeer` allows and peer access could be
-//! enabled, pinned-host staging elsewhere, or forced either way), and creates for every rank its
-//! context, four non-blocking streams (Main, Send, Recv, Reduce), its kernels and its error
-//! word. Per message shape it then builds a plan, checks it, decides once how it runs
-//! ([`Dispatch`]) and creates what that needs — events, staging buffers, event counters — once
-//! (the in-place one-shot's exposed copies excepted: they live in one region per rank, module
-//! `exposure`); later calls of the same shape reuse them (`CudaPlan`). Inside a collective
-//! nothing is allocated and no event is created; the host does not synchronise until the
-//! optional final wait for completion.
+//! enabled, pinned-host staging elsewhere, or forced either way) and, where the peer kernels can
+//! run, has every rank make its peer words and import its peers'. Per message shape it builds a
+//! plan, checks it, decides once how it runs (`Dispatch`) and who enqueues it (`Schedule`),
+//! and has every rank prepare it: each allocates its events, staging and event counters, the
+//! fabric all-gathers their export handles, each imports its peers' (the in-place one-shot's
+//! exposed copies live in one region per rank, module `exposure`). Later calls of the same shape
+//! reuse them. Inside a collective nothing is allocated and no event is created; the host does
+//! not synchronise until the optional final wait for completion.
 //!
 //! Between ranks there is one kind of wait, eager or captured: an event counter (module
-//! `capture`), never another rank's CUDA event, so no rank's enqueue waits for another's.
+//! `counters`), never another rank's CUDA event, so a rank's enqueue never waits for another's.
 //!
 //! Where each part lives:
-//! - this module: [`CudaConfig`], creation of a `CudaExecutor`, the plan cache, [`Dispatch`],
-//!   and `run_shape_on_main`, which hands a call to the rank threads or enqueues it inline;
+//! - this module: [`CudaConfig`], creation, the plan cache, `Dispatch`, `Schedule`, and
+//!   `run_shape_on_main`, which hands a call to the rank threads or enqueues it inline;
+//! - `rank`: one rank's executor — its resources, and the two phases of preparing a plan;
+//! - `counters`: the event counters, how one rank waits for another's event;
 //! - `edges`: how each ring edge moves data ([`EdgeInfo`]), its probe, and the chunk size rule;
-//! - `enqueue`: the enqueue of a plan's operations on a rank's streams, for every path (copies,
+//! - `enqueue`: the enqueue of one rank's instructions on its streams, for every path (copies,
 //!   reduce and scale kernels, events, counter signals and waits, peer kernel launches), the
 //!   rank threads, the wait for completion and the diagnosis of a stalled call;
-//! - `peer`: the peer kernels' shared flags and LL receive buffers, their launch, and what the
-//!   kernels' error words report;
-//! - `exposure`: the one region per rank that every in-place one-shot plan's exposed buffer
-//!   lives in, so that a new message size allocates nothing;
+//! - `peer`: each rank's peer-kernel words, their launch, and what the error words report;
+//! - `exposure`: a rank's one region that its in-place one-shot plans' exposed buffers live in,
+//!   so that a new message size allocates nothing;
 //! - `layout`: the checks that tie a one-shot, two-shot or steps plan to its kernel;
-//! - `launch`: the inline enqueue of a call from the caller's thread or the launcher threads,
-//!   and the one function that enqueues one rank's program, whoever calls it;
+//! - `launch`: the enqueue of a call from the caller's thread (rank by rank, or interleaved in
+//!   the checker's order) or the launcher threads, and the one function that enqueues one
+//!   rank's program;
 //! - `callers`: the entry point of every call, which fences the caller's streams around Main;
-//! - `capture`: the event counters between ranks, and collectives captured into CUDA graphs
-//!   (what is refused, the pinned plans);
+//! - `capture`: collectives captured into CUDA graphs (what is refused, the pinned plans);
 //! - `teardown`: waiting for idle streams, `synchronize`, `close`, `Drop`, and the deliberate
 //!   leak of what a stuck GPU may still touch.
 //!
