@@ -64,7 +64,7 @@ mod collectives;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use ringreduce::device;
-use ringreduce::exec::cuda::kernels;
+use ringreduce::exec::cuda as kernels;
 use ringreduce::verify::{compare, make_expected, make_input};
 use ringreduce::{Communicator, GpuBuffer, HostConfig, ReduceOp, Result};
 use ringreduce_cli::baseline::NcclAllReduce;

@@ -115,9 +115,23 @@
 //! | check | [`check`] | proves a plan: shape, enqueue order (no deadlock), no data race over calls, the exact symbolic result of its collective; the scaling and cell lemmas prove a new message size by comparison |
 //! | device | [`device`] | the CUDA driver layer: contexts, peer access, memory and pools, streams and events, and the gate that keeps this crate's blocking calls off spinning kernels |
 //! | topology | [`topo`] | link classes (NVLink, PCIe, host), detection through NVML, the ring order |
-//! | execute | [`exec`] | [`exec::host`] (host threads) and [`exec::cuda`] (GPUs: one enqueue for every path, copy-engine ring, the peer kernels — one-shot, two-shot, LL, the other collectives' steps — their launches and layout checks, edge probe); [`exec::algorithm`] picks the algorithm for every collective; [`exec::profile`] times the host phases of a call (`CudaConfig::profile_host`) |
+//! | execute | [`exec`] | [`exec::host`] (host threads) and [`exec::cuda`] (GPUs: one executor per rank over a fabric, one enqueue for every path, event counters between ranks, copy-engine ring, the peer kernels — one-shot, two-shot, LL, the other collectives' steps — their launches and layout checks, edge probe); [`exec::algorithm`] picks the algorithm for every collective; [`exec::profile`] times the host phases of a call (`CudaConfig::profile_host`) |
 //! | API | [`comm`] | [`Communicator`] and [`ring_allreduce`] |
 //! | tests | [`verify`] | exact rank- and index-dependent test data, shared by tests, CLI and benches |
+//!
+//! ## What the API is
+//!
+//! The root's re-exports below are the API a job needs: [`Communicator`] (and [`Scope`],
+//! [`ring_allreduce`]), the buffers ([`GpuBuffer`], [`GpuView`], [`GpuViewMut`], host `Vec`s and
+//! slices, cudarc's slices), the element types and operators, [`Error`], the configurations
+//! ([`CudaConfig`], [`HostConfig`], [`Algorithm`], [`Transport`]) and the host executor's fault
+//! injection ([`Fault`], [`FaultKind`]). The layer modules are public on purpose too, for readers
+//! and tools: [`plan`] and [`check`] (build a plan, prove it — the CLI's `plan` command does),
+//! [`topo`] (link classes and the ring order), [`device`] (the driver layer, for programs that
+//! teach it), [`verify`] (exact test data for a job's own checks), [`exec::algorithm`] (the rule
+//! and its thresholds), [`exec::profile`] (a call's host phases) and [`exec::config`] (the limits
+//! a configuration is checked against). The raw kernel launchers are not API: the crate's own
+//! GPU tests reach them through a hidden `internal` module, and nothing else should.
 //!
 //! Imports run from higher layers to lower ones only. The `ringreduce` command (`cli/`: run,
 //! info, bench, plan, topo, p2p, sync, tour) and the criterion benches (`benches/`) are users of
@@ -143,6 +157,9 @@ pub mod exec;
 pub mod plan;
 pub mod topo;
 pub mod verify;
+
+#[doc(hidden)]
+pub mod internal;
 
 pub use buffer::{Buffer, BufferMut, Placement, StreamUse};
 pub use comm::{ring_allreduce, Communicator, Scope};

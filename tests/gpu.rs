@@ -243,7 +243,7 @@ fn twoshot_every_type_and_op() {
 /// launches.)
 #[test]
 fn oneshot_kernel_gives_up_on_a_missing_peer() {
-    use ringreduce::exec::cuda::kernels::{KernelModule, OneShotArgs, PEER_FLAG_BYTES};
+    use ringreduce::internal::kernels::{KernelModule, OneShotArgs, PEER_FLAG_BYTES};
     let Some(gpus) = two_gpus_or_shared() else {
         return;
     };
@@ -308,7 +308,7 @@ fn ll_comm(devices: &[usize]) -> Communicator {
 /// exactly at it (aligned and not), and one above (the read one-shot) — exact against the host
 /// reference on every rank, so the bits are identical on every rank.
 fn ll_cases<T: Element>(comm: &Communicator) {
-    use ringreduce::exec::cuda::kernels::{ll_fits, LL_MAX_BYTES};
+    use ringreduce::internal::kernels::{ll_fits, LL_MAX_BYTES};
     let most = LL_MAX_BYTES / size_of::<T>();
     for (count, offset) in [
         (1, 0),
@@ -464,7 +464,7 @@ fn ll_back_to_back_with_the_other_peer_kernels() {
 /// on GPU 0 too; rank 1 still never launches.)
 #[test]
 fn ll_kernel_gives_up_on_a_missing_peer() {
-    use ringreduce::exec::cuda::kernels::{
+    use ringreduce::internal::kernels::{
         ll_recv_bytes, KernelModule, LlArgs, LL_ERR_WAIT, PEER_FLAG_BYTES,
     };
     let Some(gpus) = two_gpus_or_shared() else {

@@ -7,7 +7,7 @@
 //! (`common::waiver`) and passes where there is no GPU.
 
 use ringreduce::device::{self, DeviceBuffer, PinnedHost, Stream};
-use ringreduce::exec::cuda::kernels::{ll_recv_bytes, KernelModule, LlArgs, PEER_FLAG_BYTES};
+use ringreduce::internal::kernels::{ll_recv_bytes, KernelModule, LlArgs, PEER_FLAG_BYTES};
 use ringreduce::{DType, ReduceOp};
 
 mod common;

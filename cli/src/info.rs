@@ -2,7 +2,7 @@
 //! were built, the CUDA driver and every GPU. Needs no GPU: without one it says why there is none.
 
 use ringreduce::device;
-use ringreduce::exec::cuda::kernels;
+use ringreduce::exec::cuda as kernels;
 
 /// Prints the version, the kernel build path, the driver API version and one line per GPU.
 pub fn run() -> Result<(), String> {

@@ -5,9 +5,9 @@
 //!
 //! One size rule lives with the GPU kernels instead, because it chooses a kernel, not an
 //! algorithm: with [`crate::CudaConfig::low_latency`] on, a one-shot all-reduce of at most
-//! [`LL_MAX_BYTES`](crate::exec::cuda::kernels::LL_MAX_BYTES) per rank runs the LL one-shot
+//! [`LL_MAX_BYTES`](crate::exec::cuda::LL_MAX_BYTES) per rank runs the LL one-shot
 //! kernel (pushed words, no barrier) rather than the read one-shot — the same plan and the same
-//! bits ([`crate::exec::cuda::kernels::ll_fits`]).
+//! bits ([`crate::exec::cuda::ll_fits`]).
 
 /// Which all-reduce algorithm a communicator runs (module doc of [`crate::plan`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

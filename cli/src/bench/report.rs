@@ -12,7 +12,7 @@ use super::torch::TorchReport;
 use super::{knobs_suffix, BenchArgs};
 use crate::Failure;
 use ringreduce::device;
-use ringreduce::exec::cuda::kernels;
+use ringreduce::exec::cuda as kernels;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};

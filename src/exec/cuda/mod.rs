@@ -7,10 +7,12 @@ pub mod buffer;
 pub mod cudarc_buffers;
 pub mod executor;
 pub(crate) mod fabric;
+#[doc(hidden)] // Not API: reached only through `crate::internal` (its doc says why).
 pub mod kernels;
 pub mod probe;
 
 pub use crate::exec::config::Transport;
 pub use buffer::{GpuBuffer, GpuView, GpuViewMut};
 pub use executor::{auto_chunk_bytes, CudaConfig, EdgeInfo};
+pub use kernels::{build_kind, ll_fits, ll_recv_bytes, KernelSource, LL_MAX_BYTES};
 pub use probe::Probe;

@@ -113,12 +113,12 @@ pub struct CudaConfig {
     /// it is measured on two GPUs (docs/PERFORMANCE.md, "Where the host time of a call goes").
     pub launch_threads: bool,
     /// Run the one-shot all-reduce of messages up to
-    /// [`LL_MAX_BYTES`](crate::exec::cuda::kernels::LL_MAX_BYTES) (64 KiB) per rank with the LL
+    /// [`LL_MAX_BYTES`](crate::exec::cuda::LL_MAX_BYTES) (64 KiB) per rank with the LL
     /// kernel (`cuda/ll.cuh`): each rank pushes its input into its peers' receive buffers as
     /// words that carry their own flag, and waits only on its own — one NVLink crossing per call
     /// where the read one-shot waits for three (start barrier, reads, end barrier), and no copy
     /// of the buffer in place. Same plan, same fold, same bits; costs a receive buffer of
-    /// [`ll_recv_bytes`](crate::exec::cuda::kernels::ll_recv_bytes)`(world)` (512 KiB for two
+    /// [`ll_recv_bytes`](crate::exec::cuda::ll_recv_bytes)`(world)` (512 KiB for two
     /// ranks) per rank. Changes nothing where the one-shot does not run (`Auto` above its
     /// limits, the other collectives). Off by default until it is measured on two GPUs
     /// (docs/PERFORMANCE.md, "Small messages, CUDA graphs and the other competitors").
