@@ -276,6 +276,41 @@ pub enum Error {
         /// The error or panic message.
         message: String,
     },
+    /// Ranks that never joined the rendezvous within the creation timeout (every rank that came
+    /// gets this; a rank that could not reach rank 0 names rank 0).
+    #[error("ranks {missing:?} never arrived at the rendezvous within {after:?}")]
+    RanksMissing {
+        /// The ranks that did not arrive, in order.
+        missing: Vec<usize>,
+        /// The timeout waited.
+        after: std::time::Duration,
+    },
+
+    /// A rank joined a rendezvous with another world size than rank 0's.
+    #[error("rank {rank} joined with a world of {said}, rank 0 with {expected}")]
+    WorldSizeMismatch {
+        /// The rank that differs.
+        rank: usize,
+        /// Its world size.
+        said: usize,
+        /// Rank 0's.
+        expected: usize,
+    },
+
+    /// Two processes joined a rendezvous as the same rank.
+    #[error("two processes joined the rendezvous as rank {rank}")]
+    DuplicateRank {
+        /// The rank claimed twice.
+        rank: usize,
+    },
+
+    /// A rank's configuration differs from rank 0's (its fingerprint does).
+    #[error("rank {rank}'s configuration differs from rank 0's")]
+    ConfigMismatch {
+        /// The rank that differs.
+        rank: usize,
+    },
+
     /// An earlier collective failed; this communicator cannot be used again (make a new one).
     #[error("communicator failed earlier and cannot be used: {0}")]
     CommunicatorFailed(Box<Error>),

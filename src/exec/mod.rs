@@ -24,6 +24,7 @@ pub mod config;
 pub mod cuda;
 pub mod host;
 pub mod profile;
+pub mod rendezvous;
 
 pub(crate) use crate::error::panic_message;
 pub use algorithm::Algorithm;

@@ -1,0 +1,526 @@
+//! The rendezvous: how the processes of one communicator find each other, agree on who is who,
+//! and exchange small records — what an inter-process fabric (one process per GPU) is built on.
+//!
+//! The model is NCCL's and the article's: one process makes a [`UniqueId`] (an address to meet
+//! at and a random nonce), hands it to every rank by any channel (its printable form, or its
+//! 128 bytes), and every rank joins with (id, rank, world, a fingerprint of its
+//! configuration): [`Rendezvous::join`]. Rank 0 listens at the id's address; every other rank
+//! connects (retrying until rank 0 listens) and says hello. Rank 0 waits for every rank, checks
+//! them against each other, and answers every rank with one verdict, so that a mismatch is the
+//! same named error on every rank, within the timeout:
+//! - ranks that never arrive: [`Error::RanksMissing`] naming them (on every rank that came);
+//! - a rank whose world differs from rank 0's: [`Error::WorldSizeMismatch`];
+//! - two processes claiming one rank: [`Error::DuplicateRank`];
+//! - a rank whose configuration fingerprint differs from rank 0's: [`Error::ConfigMismatch`];
+//! - a connection without the id's nonce (a stranger on the port, or a stale job) is closed and
+//!   ignored; the rendezvous goes on.
+//!
+//! After the verdict the connections stay open, a star around rank 0: [`Rendezvous::all_gather`]
+//! sends each rank's record to rank 0, which sends every rank the records of all. A peer whose
+//! connection closes is a lost peer, named ([`Error::RankFailed`]); no exchange waits past its
+//! deadline.
+//!
+//! Wire format: little-endian 64-bit words; a message is its length in words, then the words.
+//! Invariant: every rank sees the same verdict and, for each all-gather, the same records in
+//! rank order.
+
+use crate::error::{Error, Result};
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The first word of every hello: "ringredu" in ASCII, so a stranger is told apart at once.
+const MAGIC: u64 = u64::from_le_bytes(*b"ringredu");
+/// The wire format's version; a rank with another is a stranger.
+const VERSION: u64 = 1;
+/// The size of [`UniqueId::to_bytes`], NCCL's `NCCL_UNIQUE_ID_BYTES`.
+pub const UNIQUE_ID_BYTES: usize = 128;
+
+/// Where and under which nonce the ranks of one communicator meet (module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UniqueId {
+    addr: SocketAddr,
+    nonce: u128,
+}
+
+/// Listeners bound by [`UniqueId::new`] in this process, by nonce: rank 0, when it joins in the
+/// same process, takes its listener from here (the port stays bound from the id's creation on,
+/// so no other program takes it meanwhile).
+fn listeners() -> &'static Mutex<HashMap<u128, TcpListener>> {
+    static LISTENERS: OnceLock<Mutex<HashMap<u128, TcpListener>>> = OnceLock::new();
+    LISTENERS.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+impl UniqueId {
+    /// A new id at `addr` (an IP address and a port; port 0 picks a free one): binds the port
+    /// now, in this process, for rank 0 to listen on — so make the id in rank 0's process (or
+    /// name a port rank 0's process can bind).
+    pub fn new(addr: impl ToSocketAddrs) -> Result<UniqueId> {
+        let listener = TcpListener::bind(addr).map_err(|e| Error::Resource {
+            what: format!("cannot bind the rendezvous port: {e}"),
+        })?;
+        let addr = listener.local_addr().map_err(|e| Error::Resource {
+            what: format!("the rendezvous port has no address: {e}"),
+        })?;
+        let nonce = random_nonce();
+        listeners()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(nonce, listener);
+        Ok(UniqueId { addr, nonce })
+    }
+
+    /// The id as 128 bytes (NCCL's unique-id size): "rrid", the version, the address (16 bytes
+    /// of IPv6 or IPv4-mapped, then the port), the nonce, zeros.
+    pub fn to_bytes(&self) -> [u8; UNIQUE_ID_BYTES] {
+        let mut bytes = [0u8; UNIQUE_ID_BYTES];
+        bytes[..4].copy_from_slice(b"rrid");
+        bytes[4] = VERSION as u8;
+        let ip = match self.addr {
+            SocketAddr::V4(a) => a.ip().to_ipv6_mapped(),
+            SocketAddr::V6(a) => *a.ip(),
+        };
+        bytes[8..24].copy_from_slice(&ip.octets());
+        bytes[24..26].copy_from_slice(&self.addr.port().to_le_bytes());
+        bytes[32..48].copy_from_slice(&self.nonce.to_le_bytes());
+        bytes
+    }
+
+    /// The id from [`UniqueId::to_bytes`]'s form; anything else is [`Error::InvalidArgument`].
+    pub fn from_bytes(bytes: &[u8]) -> Result<UniqueId> {
+        let bad = || Error::InvalidArgument("not a ringreduce unique id".into());
+        if bytes.len() != UNIQUE_ID_BYTES
+            || &bytes[..4] != b"rrid"
+            || u64::from(bytes[4]) != VERSION
+        {
+            return Err(bad());
+        }
+        let octets: [u8; 16] = bytes[8..24].try_into().map_err(|_| bad())?;
+        let ip = std::net::Ipv6Addr::from(octets);
+        let port = u16::from_le_bytes([bytes[24], bytes[25]]);
+        let nonce = u128::from_le_bytes(bytes[32..48].try_into().map_err(|_| bad())?);
+        let addr = match ip.to_ipv4_mapped() {
+            Some(v4) => SocketAddr::from((v4, port)),
+            None => SocketAddr::from((ip, port)),
+        };
+        Ok(UniqueId { addr, nonce })
+    }
+
+    /// The address the ranks meet at.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl std::fmt::Display for UniqueId {
+    /// The printable form: `rr1-` and the 128 bytes' first 48 in hex (the rest are zeros).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("rr1-")?;
+        for b in &self.to_bytes()[..48] {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::str::FromStr for UniqueId {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<UniqueId> {
+        let bad = || Error::InvalidArgument(format!("{text:?} is not a ringreduce unique id"));
+        let hex = text.strip_prefix("rr1-").ok_or_else(bad)?;
+        if hex.len() != 96 || !hex.is_ascii() {
+            return Err(bad());
+        }
+        let mut bytes = [0u8; UNIQUE_ID_BYTES];
+        for (i, byte) in bytes.iter_mut().take(48).enumerate() {
+            *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+        }
+        UniqueId::from_bytes(&bytes)
+    }
+}
+
+/// 128 random bits from the OS's hasher seeds and the clock: enough to tell two jobs' ids apart
+/// (not a secret: the rendezvous is not an authentication).
+fn random_nonce() -> u128 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut words = [0u64; 2];
+    for (i, word) in words.iter_mut().enumerate() {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        h.write_usize(i);
+        h.write_u32(std::process::id());
+        *word = h.finish();
+    }
+    u128::from(words[0]) << 64 | u128::from(words[1])
+}
+
+/// One rank's end of a rendezvous (module doc): rank 0 holds a connection to every other rank,
+/// every other rank one to rank 0.
+#[derive(Debug)]
+pub struct Rendezvous {
+    rank: usize,
+    world: usize,
+    timeout: Duration,
+    /// Rank 0: the connection to rank r at index r (none for itself). Other ranks: the one to
+    /// rank 0, at index 0.
+    peers: Vec<Option<TcpStream>>,
+}
+
+/// Verdict codes rank 0 sends every rank.
+const OK: u64 = 0;
+const WORLD_MISMATCH: u64 = 1;
+const DUPLICATE_RANK: u64 = 2;
+const CONFIG_MISMATCH: u64 = 3;
+const MISSING: u64 = 4;
+
+impl Rendezvous {
+    /// Joins the communicator of `id` as `rank` of `world`, with `fingerprint` (a hash of every
+    /// setting all ranks must share); gives up after `timeout` with the named error of the
+    /// module doc.
+    pub fn join(
+        id: &UniqueId,
+        rank: usize,
+        world: usize,
+        fingerprint: u64,
+        timeout: Duration,
+    ) -> Result<Rendezvous> {
+        if world == 0 || rank >= world {
+            return Err(Error::InvalidArgument(format!(
+                "rank {rank} of a world of {world}: a rank is below the world size"
+            )));
+        }
+        let deadline = Instant::now() + timeout;
+        match rank {
+            0 => Rendezvous::host(id, world, fingerprint, timeout, deadline),
+            _ => Rendezvous::guest(id, rank, world, fingerprint, timeout, deadline),
+        }
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The number of ranks.
+    pub fn world(&self) -> usize {
+        self.world
+    }
+
+    /// Rank 0: listen, admit every rank's hello, send the verdict.
+    fn host(
+        id: &UniqueId,
+        world: usize,
+        fingerprint: u64,
+        timeout: Duration,
+        deadline: Instant,
+    ) -> Result<Rendezvous> {
+        let taken = listeners()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id.nonce);
+        let listener = match taken {
+            Some(l) => l,
+            None => TcpListener::bind(id.addr).map_err(|e| Error::Resource {
+                what: format!("rank 0 cannot listen at {}: {e}", id.addr),
+            })?,
+        };
+        listener.set_nonblocking(true).map_err(io("rendezvous"))?;
+        let mut peers: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
+        let mut verdict: Option<Vec<u64>> = None;
+        let mut extra = Vec::new();
+        while peers.iter().skip(1).any(Option::is_none) && Instant::now() < deadline {
+            let stream = match listener.accept() {
+                Ok((stream, _)) => stream,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(2));
+                    continue;
+                }
+                Err(e) => return Err(io("accepting a rank")(e)),
+            };
+            stream.set_nonblocking(false).map_err(io("rendezvous"))?;
+            let mut stream = stream;
+            // A stranger (no hello, a wrong magic, version or nonce) is dropped: the job goes on.
+            let Ok(hello) = read_words(&mut stream, deadline, timeout) else {
+                continue;
+            };
+            let [magic, version, lo, hi, rank, their_world, theirs] = hello[..] else {
+                continue;
+            };
+            if magic != MAGIC
+                || version != VERSION
+                || (u128::from(hi) << 64 | u128::from(lo)) != id.nonce
+            {
+                continue;
+            }
+            let rank = rank as usize;
+            let problem = if their_world as usize != world {
+                Some(vec![WORLD_MISMATCH, rank as u64, their_world, world as u64])
+            } else if rank == 0 || peers.get(rank).is_some_and(Option::is_some) {
+                Some(vec![DUPLICATE_RANK, rank as u64])
+            } else if theirs != fingerprint {
+                Some(vec![CONFIG_MISMATCH, rank as u64])
+            } else {
+                None
+            };
+            if let Some(p) = problem {
+                verdict.get_or_insert(p);
+            }
+            // Every rank that came hears the verdict; the wait ends when every slot is taken,
+            // so a mismatch is reported as soon as the last rank has arrived.
+            match peers.get_mut(rank) {
+                Some(slot @ None) if rank != 0 => *slot = Some(stream),
+                _ => extra.push(stream),
+            }
+        }
+        let missing: Vec<usize> = (1..world).filter(|&r| peers[r].is_none()).collect();
+        let verdict = verdict.unwrap_or_else(|| match missing.is_empty() {
+            true => vec![OK],
+            false => {
+                let mut v = vec![MISSING];
+                v.extend(missing.iter().map(|&r| r as u64));
+                v
+            }
+        });
+        for stream in peers.iter_mut().flatten().chain(extra.iter_mut()) {
+            // A rank that cannot be told learns it from its own timeout.
+            let _ = write_words(stream, &verdict);
+        }
+        decode_verdict(&verdict, timeout)?;
+        Ok(Rendezvous {
+            rank: 0,
+            world,
+            timeout,
+            peers,
+        })
+    }
+
+    /// A rank other than 0: connect (retrying until rank 0 listens), say hello, hear the
+    /// verdict.
+    fn guest(
+        id: &UniqueId,
+        rank: usize,
+        world: usize,
+        fingerprint: u64,
+        timeout: Duration,
+        deadline: Instant,
+    ) -> Result<Rendezvous> {
+        let mut stream = loop {
+            match TcpStream::connect_timeout(&id.addr, Duration::from_millis(200)) {
+                Ok(s) => break s,
+                Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+                Err(_) => {
+                    return Err(Error::RanksMissing {
+                        missing: vec![0],
+                        after: timeout,
+                    })
+                }
+            }
+        };
+        stream.set_nodelay(true).map_err(io("rendezvous"))?;
+        let nonce = id.nonce;
+        let hello = [
+            MAGIC,
+            VERSION,
+            nonce as u64,
+            (nonce >> 64) as u64,
+            rank as u64,
+            world as u64,
+            fingerprint,
+        ];
+        write_words(&mut stream, &hello).map_err(|_| lost(0))?;
+        let verdict = read_words(&mut stream, deadline + Duration::from_millis(500), timeout)
+            .map_err(|e| match e {
+                Error::Timeout { .. } => Error::RanksMissing {
+                    missing: vec![0],
+                    after: timeout,
+                },
+                other => other,
+            })?;
+        decode_verdict(&verdict, timeout)?;
+        let mut peers: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
+        peers[0] = Some(stream);
+        Ok(Rendezvous {
+            rank,
+            world,
+            timeout,
+            peers,
+        })
+    }
+
+    /// Every rank's `record`, by rank (module doc): through rank 0, within the timeout; a rank
+    /// whose connection closes is named.
+    pub fn all_gather(&mut self, record: &[u64]) -> Result<Vec<Vec<u64>>> {
+        let deadline = Instant::now() + self.timeout;
+        if self.rank != 0 {
+            let stream = self.peers[0].as_mut().ok_or_else(|| lost(0))?;
+            write_words(stream, record).map_err(|_| lost(0))?;
+            let all = read_words(stream, deadline, self.timeout).map_err(|e| named(e, 0))?;
+            return split_records(&all, self.world);
+        }
+        let mut records = vec![record.to_vec()];
+        for (r, peer) in self.peers.iter_mut().enumerate().skip(1) {
+            let stream = peer.as_mut().ok_or_else(|| lost(r))?;
+            records.push(read_words(stream, deadline, self.timeout).map_err(|e| named(e, r))?);
+        }
+        let mut all = Vec::new();
+        for r in &records {
+            all.push(r.len() as u64);
+            all.extend(r);
+        }
+        for (r, peer) in self.peers.iter_mut().enumerate().skip(1) {
+            let stream = peer.as_mut().ok_or_else(|| lost(r))?;
+            write_words(stream, &all).map_err(|_| lost(r))?;
+        }
+        Ok(records)
+    }
+
+    /// Returns once every rank has called it (an all-gather of nothing).
+    pub fn barrier(&mut self) -> Result<()> {
+        self.all_gather(&[]).map(drop)
+    }
+}
+
+/// The verdict's error, if any.
+fn decode_verdict(verdict: &[u64], timeout: Duration) -> Result<()> {
+    let at = |i: usize| verdict.get(i).copied().unwrap_or(0) as usize;
+    match verdict.first().copied() {
+        Some(OK) => Ok(()),
+        Some(WORLD_MISMATCH) => Err(Error::WorldSizeMismatch {
+            rank: at(1),
+            said: at(2),
+            expected: at(3),
+        }),
+        Some(DUPLICATE_RANK) => Err(Error::DuplicateRank { rank: at(1) }),
+        Some(CONFIG_MISMATCH) => Err(Error::ConfigMismatch { rank: at(1) }),
+        Some(MISSING) => Err(Error::RanksMissing {
+            missing: verdict[1..].iter().map(|&r| r as usize).collect(),
+            after: timeout,
+        }),
+        _ => Err(Error::Internal {
+            what: format!("rank 0 sent an unknown verdict {verdict:?}"),
+        }),
+    }
+}
+
+/// Every rank's record from rank 0's concatenation (each: its length, then its words).
+fn split_records(all: &[u64], world: usize) -> Result<Vec<Vec<u64>>> {
+    let mut records = Vec::with_capacity(world);
+    let mut rest = all;
+    for _ in 0..world {
+        let (&len, tail) = rest.split_first().ok_or_else(short)?;
+        let len = usize::try_from(len).map_err(|_| short())?;
+        if tail.len() < len {
+            return Err(short());
+        }
+        records.push(tail[..len].to_vec());
+        rest = &tail[len..];
+    }
+    match rest.is_empty() {
+        true => Ok(records),
+        false => Err(short()),
+    }
+}
+
+fn short() -> Error {
+    Error::Internal {
+        what: "rank 0's all-gather message does not hold every rank's record".into(),
+    }
+}
+
+/// Rank `rank`'s connection closed: the peer is gone.
+fn lost(rank: usize) -> Error {
+    Error::RankFailed {
+        rank,
+        during: "an exchange between processes".into(),
+        message: "its connection closed: the process is gone".into(),
+    }
+}
+
+/// A read error of rank `rank`'s connection, by name: a timeout stays one (naming the rank),
+/// anything else is the lost peer.
+fn named(err: Error, rank: usize) -> Error {
+    match err {
+        Error::Timeout {
+            waiting_on, after, ..
+        } => Error::Timeout {
+            rank,
+            waiting_on,
+            after,
+        },
+        _ => lost(rank),
+    }
+}
+
+fn io(what: &'static str) -> impl Fn(std::io::Error) -> Error {
+    move |e| Error::Resource {
+        what: format!("{what}: {e}"),
+    }
+}
+
+/// Writes one message: its length in words, then the words.
+fn write_words(stream: &mut TcpStream, words: &[u64]) -> std::io::Result<()> {
+    let mut bytes = Vec::with_capacity(8 * (words.len() + 1));
+    bytes.extend((words.len() as u64).to_le_bytes());
+    for w in words {
+        bytes.extend(w.to_le_bytes());
+    }
+    stream.write_all(&bytes)
+}
+
+/// Longest message accepted, in words: a record is a few handles, never megabytes.
+const MAX_WORDS: u64 = 1 << 20;
+
+/// Reads one message, giving up at `deadline` ([`Error::Timeout`], after `timeout`) or when the
+/// connection closes or sends something that is not a message.
+fn read_words(stream: &mut TcpStream, deadline: Instant, timeout: Duration) -> Result<Vec<u64>> {
+    let mut read_exact = |buf: &mut [u8]| -> Result<()> {
+        let mut done = 0;
+        while done < buf.len() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::Timeout {
+                    rank: 0,
+                    waiting_on: "waited for a message from another process".into(),
+                    after: timeout,
+                });
+            }
+            stream
+                .set_read_timeout(Some(left.min(Duration::from_millis(100))))
+                .map_err(io("rendezvous"))?;
+            match stream.read(&mut buf[done..]) {
+                Ok(0) => return Err(lost(0)),
+                Ok(n) => done += n,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return Err(lost(0)),
+            }
+        }
+        Ok(())
+    };
+    let mut len = [0u8; 8];
+    read_exact(&mut len)?;
+    let len = u64::from_le_bytes(len);
+    if len > MAX_WORDS {
+        return Err(lost(0));
+    }
+    let mut bytes = vec![0u8; len as usize * 8];
+    read_exact(&mut bytes)?;
+    Ok(bytes
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,226 @@
+//! The rendezvous between threads standing in for processes, over TCP on 127.0.0.1: every rank
+//! gets the same records or the same named error, within its timeout.
+
+use super::*;
+use std::thread;
+
+const QUICK: Duration = Duration::from_secs(5);
+
+/// Joins `world` ranks of `id` on threads, rank r with `world_of(r)`, `fingerprint_of(r)`, and
+/// (for the ranks that join) all-gathers `[r, 10 r]`; each rank's outcome, by rank.
+fn join_all(
+    id: UniqueId,
+    ranks: &[usize],
+    world_of: impl Fn(usize) -> usize,
+    fingerprint_of: impl Fn(usize) -> u64,
+    timeout: Duration,
+) -> Vec<Result<Vec<Vec<u64>>>> {
+    let handles: Vec<_> = ranks
+        .iter()
+        .map(|&r| {
+            let (world, fp) = (world_of(r), fingerprint_of(r));
+            thread::spawn(move || {
+                let mut rv = Rendezvous::join(&id, r, world, fp, timeout)?;
+                rv.all_gather(&[r as u64, 10 * r as u64])
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+fn local_id() -> UniqueId {
+    UniqueId::new("127.0.0.1:0").unwrap()
+}
+
+#[test]
+fn every_rank_gets_every_record_in_rank_order() {
+    let outcomes = join_all(local_id(), &[0, 1, 2, 3], |_| 4, |_| 7, QUICK);
+    let want: Vec<Vec<u64>> = (0..4u64).map(|r| vec![r, 10 * r]).collect();
+    for (r, got) in outcomes.into_iter().enumerate() {
+        assert_eq!(got.unwrap(), want, "rank {r}");
+    }
+}
+
+#[test]
+fn records_of_any_length_and_several_rounds_arrive_whole() {
+    let id = local_id();
+    let handles: Vec<_> = (0..3usize)
+        .map(|r| {
+            thread::spawn(move || {
+                let mut rv = Rendezvous::join(&id, r, 3, 1, QUICK).unwrap();
+                let mut rounds = Vec::new();
+                for round in 0..3u64 {
+                    let record: Vec<u64> = (0..(r as u64 + round) * 1000).collect();
+                    rounds.push(rv.all_gather(&record).unwrap());
+                    rv.barrier().unwrap();
+                }
+                rounds
+            })
+        })
+        .collect();
+    for h in handles {
+        let rounds = h.join().unwrap();
+        for (round, records) in rounds.iter().enumerate() {
+            for (r, record) in records.iter().enumerate() {
+                assert_eq!(record.len(), (r + round) * 1000);
+                assert!(record.iter().enumerate().all(|(i, &w)| w == i as u64));
+            }
+        }
+    }
+}
+
+#[test]
+fn a_world_size_mismatch_is_the_same_named_error_on_every_rank() {
+    let outcomes = join_all(
+        local_id(),
+        &[0, 1, 2],
+        |r| if r == 2 { 4 } else { 3 },
+        |_| 0,
+        QUICK,
+    );
+    for (r, got) in outcomes.into_iter().enumerate() {
+        match got {
+            Err(Error::WorldSizeMismatch {
+                rank: 2,
+                said: 4,
+                expected: 3,
+            }) => {}
+            other => panic!("rank {r}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_configuration_mismatch_names_the_rank() {
+    let outcomes = join_all(
+        local_id(),
+        &[0, 1, 2],
+        |_| 3,
+        |r| if r == 1 { 99 } else { 5 },
+        QUICK,
+    );
+    for (r, got) in outcomes.into_iter().enumerate() {
+        assert!(
+            matches!(got, Err(Error::ConfigMismatch { rank: 1 })),
+            "rank {r}: {got:?}"
+        );
+    }
+}
+
+#[test]
+fn two_processes_claiming_one_rank_are_refused() {
+    // Ranks 0, 1, 1: rank 2 never comes, and the duplicate is what every rank hears.
+    let outcomes = join_all(local_id(), &[0, 1, 1], |_| 3, |_| 0, Duration::from_secs(2));
+    for (i, got) in outcomes.into_iter().enumerate() {
+        assert!(
+            matches!(got, Err(Error::DuplicateRank { rank: 1 })),
+            "joiner {i}: {got:?}"
+        );
+    }
+}
+
+#[test]
+fn ranks_that_never_arrive_are_named_within_the_timeout() {
+    let timeout = Duration::from_millis(800);
+    let start = Instant::now();
+    let outcomes = join_all(local_id(), &[0, 2], |_| 4, |_| 0, timeout);
+    assert!(start.elapsed() < timeout * 3, "{:?}", start.elapsed());
+    for got in outcomes {
+        match got {
+            Err(Error::RanksMissing { missing, after }) => {
+                assert_eq!(missing, [1, 3]);
+                assert_eq!(after, timeout);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    // Rank 0 never comes: the others name it.
+    let id = local_id();
+    listeners().lock().unwrap().remove(&id.nonce); // nobody listens at the id's port now
+    let outcomes = join_all(id, &[1], |_| 2, |_| 0, timeout);
+    assert!(
+        matches!(&outcomes[0], Err(Error::RanksMissing { missing, .. }) if missing == &[0]),
+        "{:?}",
+        outcomes[0]
+    );
+}
+
+#[test]
+fn a_stranger_on_the_port_is_ignored() {
+    let id = local_id();
+    // Connects first and sends garbage, then another id's hello: both dropped.
+    let mut junk = TcpStream::connect(id.addr).unwrap();
+    junk.write_all(&[1, 2, 3, 4, 5, 6, 7, 8, 9]).unwrap();
+    let other = UniqueId {
+        nonce: id.nonce ^ 1,
+        ..id
+    };
+    let mut stale = TcpStream::connect(id.addr).unwrap();
+    write_words(
+        &mut stale,
+        &[
+            MAGIC,
+            VERSION,
+            other.nonce as u64,
+            (other.nonce >> 64) as u64,
+            1,
+            2,
+            0,
+        ],
+    )
+    .unwrap();
+    let outcomes = join_all(id, &[0, 1], |_| 2, |_| 0, QUICK);
+    for got in outcomes {
+        assert_eq!(got.unwrap(), vec![vec![0, 0], vec![1, 10]]);
+    }
+    drop((junk, stale));
+}
+
+#[test]
+fn a_peer_that_is_gone_is_named_not_waited_for() {
+    let id = local_id();
+    let leaver = thread::spawn(move || {
+        let rv = Rendezvous::join(&id, 1, 3, 0, QUICK).unwrap();
+        drop(rv); // the process "exits" before the all-gather
+    });
+    let stayer = thread::spawn(move || {
+        let mut rv = Rendezvous::join(&id, 2, 3, 0, QUICK).unwrap();
+        rv.all_gather(&[2])
+    });
+    let mut host = Rendezvous::join(&id, 0, 3, 0, QUICK).unwrap();
+    leaver.join().unwrap();
+    let start = Instant::now();
+    let got = host.all_gather(&[0]);
+    assert!(start.elapsed() < QUICK, "{:?}", start.elapsed());
+    assert!(
+        matches!(got, Err(Error::RankFailed { rank: 1, .. })),
+        "{got:?}"
+    );
+    drop(host);
+    // Rank 2 loses rank 0 in turn: named, not a hang.
+    let got = stayer.join().unwrap();
+    assert!(
+        matches!(got, Err(Error::RankFailed { rank: 0, .. })),
+        "{got:?}"
+    );
+}
+
+#[test]
+fn the_id_survives_bytes_and_text() {
+    for id in [
+        local_id(),
+        UniqueId::new("[::1]:0").unwrap_or_else(|_| local_id()),
+    ] {
+        let bytes = id.to_bytes();
+        assert_eq!(bytes.len(), UNIQUE_ID_BYTES);
+        assert_eq!(UniqueId::from_bytes(&bytes).unwrap(), id);
+        let text = id.to_string();
+        assert!(text.starts_with("rr1-"), "{text}");
+        assert_eq!(text.parse::<UniqueId>().unwrap(), id);
+    }
+    assert!(UniqueId::from_bytes(&[0; UNIQUE_ID_BYTES]).is_err());
+    assert!(UniqueId::from_bytes(&[0; 16]).is_err());
+    assert!("rr1-zz".parse::<UniqueId>().is_err());
+    assert!("hello".parse::<UniqueId>().is_err());
+    assert!(Rendezvous::join(&local_id(), 3, 3, 0, QUICK).is_err());
+}
