@@ -109,39 +109,25 @@ pub fn coarsen(plan: &Plan) -> Option<Plan> {
     // An end inside one range of a pair cuts the other at the same place, until nothing changes:
     // then the cells of paired ranges match one to one (a short chunk that shares a slot with
     // full ones cuts the full ones' cells too). Ends only ever grow, bounded by the elements.
-    // A worklist of pairs: a pair is looked at again only when one of its cuts gained an end.
-    let mut pairs_of: Vec<Vec<usize>> = vec![Vec::new(); shared + 1];
-    for (k, &(x, y)) in pairs.iter().enumerate() {
-        pairs_of[cut_of(x.buf)?].push(k);
-        pairs_of[cut_of(y.buf)?].push(k);
-    }
-    let mut queued = vec![true; pairs.len()];
-    let mut work: Vec<usize> = (0..pairs.len()).collect();
-    let mut inside: Vec<usize> = Vec::new();
-    while let Some(k) = work.pop() {
-        queued[k] = false;
-        let (x, y) = pairs[k];
-        for (from, to) in [(x, y), (y, x)] {
-            let (cf, ct) = (cut_of(from.buf)?, cut_of(to.buf)?);
-            inside.clear();
-            inside.extend(
-                cuts[cf]
-                    .range(from.offset + 1..from.offset + from.count)
-                    .map(|&e| to.offset + (e - from.offset)),
-            );
-            let mut grew = false;
-            for &e in &inside {
-                grew |= cuts[ct].insert(e);
-            }
-            if grew {
-                for &p in &pairs_of[ct] {
-                    if !queued[p] {
-                        queued[p] = true;
-                        work.push(p);
+    // In rounds: each round carries only the ends that are new since the last one (at first,
+    // every end) through every pair, so an end crosses each pair once and a round costs the
+    // pairs' lookups plus the ends it adds — linear in the plan times the rounds, which are as
+    // many as the longest chain of pairs an end travels (not the number of ends).
+    let mut fresh = cuts.clone();
+    while fresh.iter().any(|f| !f.is_empty()) {
+        let mut next: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); shared + 1];
+        for &(x, y) in &pairs {
+            for (from, to) in [(x, y), (y, x)] {
+                let (cf, ct) = (cut_of(from.buf)?, cut_of(to.buf)?);
+                for &e in fresh[cf].range(from.offset + 1..from.offset + from.count) {
+                    let moved = to.offset + (e - from.offset);
+                    if cuts[ct].insert(moved) {
+                        next[ct].insert(moved);
                     }
                 }
             }
         }
+        fresh = next;
     }
     let ends: Vec<Vec<usize>> = cuts.into_iter().map(|c| c.into_iter().collect()).collect();
     // A range's cells: the indices of its ends in its buffer's cut.

@@ -8,19 +8,19 @@
 //! cannot trample a slot the previous call is still reading; [`check_sequence`] does the same for
 //! calls of *different* plans. Each rank's last Main instruction must also come after every access
 //! to its input and output: when Main is done, the caller's buffers are free.
+//!
+//! The pairs are not enumerated: one sweep over the accesses in the execution order remembers,
+//! for each run of elements of each allocation, its last write and the latest read on each
+//! stream since (FastTrack's argument, [`Seen`]); a new access is checked against those alone.
+//! So the check costs the accesses times the runs each covers — linear in the plan for the
+//! ring's chunks — where every pair of overlapping accesses grew with the square of a plan with
+//! many chunks. `check/tests/races.rs` holds it to the pairwise definition on random plans with
+//! planted faults.
 
 use super::enqueue::{check_order, enqueue_order};
 use super::{accesses, describe, reject, Check};
-use crate::plan::{BufId, BufKind, Instr, Op, Plan, Region, StreamKind};
-use std::collections::HashMap;
-
-/// One memory access, for the race check.
-struct Access {
-    region: Region,
-    write: bool,
-    /// Index into the executed-instruction list.
-    at: usize,
-}
+use crate::plan::{BufId, BufKind, Instr, Op, Plan, StreamKind};
+use std::collections::{BTreeMap, HashMap};
 
 /// An allocation as the race check identifies it across calls: a caller's buffer (by rank and
 /// kind) is the same memory in every call (the worst case: the caller passes the same buffers
@@ -92,27 +92,36 @@ fn races(plans: &[(&Plan, &[(usize, usize)])], sequence: &[usize]) -> Check {
         .iter()
         .map(|(p, _)| vec![None; p.events.len()])
         .collect();
-    // Per executed instruction: (plan, rank, index, call, stream, own sequence number).
-    let mut executed: Vec<(usize, usize, usize, usize, usize, u32)> = Vec::new();
-    let mut clocks: Vec<Vec<u32>> = Vec::new();
-    // The clock at which each executed instruction is complete: its access clock, except for a
-    // meeting, which completes only after its end barrier (every participant's accesses done).
-    let mut done_clocks: Vec<Vec<u32>> = Vec::new();
-    let mut by_allocation: HashMap<Allocation, Vec<(Access, usize)>> = HashMap::new();
-    // Per call and rank: the tick of rank r's Main stream that stands for the work the caller
-    // queued there before the call.
-    let mut caller_ticks: Vec<Vec<u32>> = Vec::new();
+    // Per executed instruction: (plan, rank, index, call), to name it.
+    let mut executed: Vec<(usize, usize, usize, usize)> = Vec::new();
+    let name = |executed: &[(usize, usize, usize, usize)], at: usize| {
+        let (k, rank, index, call) = executed[at];
+        format!("{} in call {}", describe(plans[k].0, rank, index), call + 1)
+    };
+    let what = |k: usize, buf: BufId| {
+        let decl = plans[k].0.decl(buf);
+        format!("{:?} of rank {}", decl.kind, decl.rank)
+    };
+    let mut memory: HashMap<Allocation, Runs> = HashMap::new();
+    // The first access to a caller's buffer that can run before the caller's earlier work on
+    // Main (reported after the race sweep, as a race is the more specific diagnosis).
+    let mut early: Option<String> = None;
+    // Per rank: the latest access to its caller's buffers on each stream (seq, instruction,
+    // kind), and its latest Main instruction's completion clock.
+    let mut caller_latest: Vec<Vec<Option<(u32, usize, BufKind)>>> =
+        vec![vec![None; streams]; world];
+    let mut last_main: Vec<Option<Vec<u32>>> = vec![None; world];
     for (call, &k) in sequence.iter().enumerate() {
         let (plan, order) = plans[k];
-        caller_ticks.push(
-            (0..world)
-                .map(|rank| {
-                    let main = rank * StreamKind::ALL.len() + StreamKind::Main.index();
-                    stream_clock[main][main] += 1;
-                    stream_clock[main][main]
-                })
-                .collect(),
-        );
+        // Per rank: the tick of rank r's Main stream that stands for the work the caller queued
+        // there before the call.
+        let caller_ticks: Vec<u32> = (0..world)
+            .map(|rank| {
+                let main = rank * StreamKind::ALL.len() + StreamKind::Main.index();
+                stream_clock[main][main] += 1;
+                stream_clock[main][main]
+            })
+            .collect();
         let mut next = 0;
         while next < order.len() {
             let (rank, index) = order[next];
@@ -156,21 +165,68 @@ fn races(plans: &[(&Plan, &[(usize, usize)])], sequence: &[usize]) -> Check {
                     event_clock[k][e.0] = Some(stream_clock[s].clone());
                 }
                 let at = executed.len();
-                executed.push((k, rank, index, call, s, stream_clock[s][s]));
-                clocks.push(stream_clock[s].clone());
-                done_clocks.push(stream_clock[s].clone());
+                executed.push((k, rank, index, call));
+                let me = Epoch {
+                    stream: s,
+                    seq: stream_clock[s][s],
+                    at,
+                };
+                let clock = &stream_clock[s];
+                let ordered = |prev: &Epoch| prev.at == at || clock[prev.stream] >= prev.seq;
                 let (reads, writes) = accesses(plan, &instr.op);
                 for (region, write) in reads
                     .into_iter()
                     .map(|r| (r, false))
                     .chain(writes.into_iter().map(|w| (w, true)))
                 {
-                    if region.count > 0 {
-                        by_allocation
-                            .entry(allocation(k, region.buf))
-                            .or_default()
-                            .push((Access { region, write, at }, k));
+                    if region.count == 0 {
+                        continue;
                     }
+                    let allocation = allocation(k, region.buf);
+                    let mut unordered: Option<Epoch> = None;
+                    memory.entry(allocation).or_default().visit(
+                        region.offset,
+                        region.end(),
+                        |seen| {
+                            let conflict = match write {
+                                true => seen.write.iter().chain(&seen.reads).find(|p| !ordered(p)),
+                                false => seen.write.iter().find(|p| !ordered(p)),
+                            };
+                            if let Some(p) = conflict {
+                                unordered.get_or_insert(*p);
+                            }
+                            seen.note(me, write);
+                        },
+                    );
+                    if let Some(other) = unordered {
+                        return reject(format!(
+                            "data race on {} (elements {}..{}): {} and {} are not ordered by any event",
+                            what(k, region.buf),
+                            region.offset,
+                            region.end(),
+                            name(&executed, other.at),
+                            name(&executed, at)
+                        ));
+                    }
+                    if let Allocation::Caller(owner, kind) = allocation {
+                        // Start: every access to rank r's input and output, by any rank,
+                        // follows what the caller queued on rank r's Main stream before the
+                        // call (the tick above) — the kernel that wrote the input, say.
+                        let main = owner * StreamKind::ALL.len() + StreamKind::Main.index();
+                        if clock[main] < caller_ticks[owner] && early.is_none() {
+                            early = Some(format!(
+                                "{} can touch rank {owner}'s {kind:?} before work queued on rank {owner}'s Main stream ahead of the call is done",
+                                name(&executed, at),
+                            ));
+                        }
+                        let latest = &mut caller_latest[owner][s];
+                        if latest.is_none_or(|(seq, _, _)| seq <= me.seq) {
+                            *latest = Some((me.seq, at, kind));
+                        }
+                    }
+                }
+                if instr.stream == StreamKind::Main && group.len() == 1 {
+                    last_main[rank] = Some(stream_clock[s].clone());
                 }
             }
             if group.len() > 1 {
@@ -178,103 +234,118 @@ fn races(plans: &[(&Plan, &[(usize, usize)])], sequence: &[usize]) -> Check {
                 for &s in &streams_of {
                     stream_clock[s].clone_from(&joined);
                 }
-                let first = done_clocks.len() - group.len();
-                for done in &mut done_clocks[first..] {
-                    done.clone_from(&joined);
+                // A meeting completes only after its end barrier (every participant's accesses
+                // done).
+                for &(rank, index) in group {
+                    if plan.ranks[rank][index].stream == StreamKind::Main {
+                        last_main[rank] = Some(joined.clone());
+                    }
                 }
             }
             next += group.len();
         }
     }
-    let before = |a: usize, b: usize| {
-        let (_, _, _, _, s, seq) = executed[a];
-        clocks[b][s] >= seq
-    };
-    let name = |at: usize| {
-        let (k, rank, index, call, _, _) = executed[at];
-        format!("{} in call {}", describe(plans[k].0, rank, index), call + 1)
-    };
-    let what = |k: usize, buf: BufId| {
-        let decl = plans[k].0.decl(buf);
-        format!("{:?} of rank {}", decl.kind, decl.rank)
-    };
-    for list in by_allocation.values_mut() {
-        list.sort_by_key(|(a, _)| (a.region.offset, a.at));
-        for i in 0..list.len() {
-            for j in i + 1..list.len() {
-                let ((x, kx), (y, _)) = (&list[i], &list[j]);
-                if y.region.offset >= x.region.end() {
-                    break;
-                }
-                if !(x.write || y.write) || x.at == y.at {
-                    continue;
-                }
-                let (first, second) = if x.at < y.at {
-                    (x.at, y.at)
-                } else {
-                    (y.at, x.at)
-                };
-                if !before(first, second) {
-                    return reject(format!(
-                        "data race on {} (elements {}..{} and {}..{}): {} and {} are not ordered by any event",
-                        what(*kx, x.region.buf),
-                        x.region.offset,
-                        x.region.end(),
-                        y.region.offset,
-                        y.region.end(),
-                        name(first),
-                        name(second)
-                    ));
-                }
-            }
-        }
-    }
-    // Start: every access to rank r's input and output, by any rank, follows what the caller
-    // queued on rank r's Main stream before the call (the tick above) — the kernel that wrote
-    // the input, say.
-    for list in by_allocation.values() {
-        for (a, _) in list {
-            let (k, _, _, call, _, _) = executed[a.at];
-            let Allocation::Caller(owner, kind) = allocation(k, a.region.buf) else {
-                continue;
-            };
-            let main = owner * StreamKind::ALL.len() + StreamKind::Main.index();
-            if clocks[a.at][main] < caller_ticks[call][owner] {
-                return reject(format!(
-                    "{} can touch rank {owner}'s {kind:?} before work queued on rank {owner}'s Main stream ahead of the call is done",
-                    name(a.at),
-                ));
-            }
-        }
+    if let Some(message) = early {
+        return reject(message);
     }
     // Completion: rank r's last Main instruction (of the last call) follows every access to its
     // input and output.
     for rank in 0..world {
-        let Some(last) = (0..executed.len()).rev().find(|&at| {
-            let (k, r, index, ..) = executed[at];
-            r == rank && plans[k].0.ranks[r][index].stream == StreamKind::Main
-        }) else {
+        let Some(done) = &last_main[rank] else {
             continue;
         };
-        for (mem, list) in &by_allocation {
-            let Allocation::Caller(owner, kind) = *mem else {
+        for (s, latest) in caller_latest[rank].iter().enumerate() {
+            let Some((seq, at, kind)) = *latest else {
                 continue;
             };
-            if owner != rank {
-                continue;
-            }
-            if let Some((a, _)) = list.iter().find(|(a, _)| {
-                let (_, _, _, _, s, seq) = executed[a.at];
-                a.at != last && done_clocks[last][s] < seq
-            }) {
+            if done[s] < seq {
                 return reject(format!(
                     "rank {rank}'s Main stream can finish before {} is done with its {kind:?}: the caller would see the call complete too early",
-                    name(a.at),
+                    name(&executed, at),
                 ));
             }
         }
     }
     Ok(())
+}
+
+/// An access, as the race check remembers it: its stream, that stream's own count at it, and
+/// the executed instruction it belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Epoch {
+    stream: usize,
+    seq: u32,
+    at: usize,
+}
+
+/// What one run of elements of an allocation has seen: its last write, and the latest read on
+/// each stream since that write. Enough to check a new access against every earlier one
+/// (FastTrack's argument): accesses are checked in an execution order, and the check stops at
+/// the first race, so an accepted write is ordered after every earlier access of its elements,
+/// and a later access ordered after it is ordered after them too; two reads on one stream are
+/// ordered, so the latest stands for both.
+#[derive(Clone, Debug, Default)]
+struct Seen {
+    write: Option<Epoch>,
+    reads: Vec<Epoch>,
+}
+
+impl Seen {
+    fn note(&mut self, access: Epoch, write: bool) {
+        if write {
+            self.write = Some(access);
+            self.reads.clear();
+        } else if let Some(read) = self.reads.iter_mut().find(|r| r.stream == access.stream) {
+            *read = access;
+        } else {
+            self.reads.push(access);
+        }
+    }
+}
+
+/// One allocation's runs of elements (disjoint, by their start: start → (end, seen)), cut at
+/// the ends of every access so far; elements never accessed have no run.
+#[derive(Default)]
+struct Runs {
+    runs: BTreeMap<usize, (usize, Seen)>,
+}
+
+impl Runs {
+    /// Cuts the run that holds element `at` inside (not at its start) in two.
+    fn split(&mut self, at: usize) {
+        let Some((&start, (end, seen))) = self.runs.range(..at).next_back() else {
+            return;
+        };
+        if *end > at {
+            let (end, seen) = (*end, seen.clone());
+            self.runs.insert(start, (at, seen.clone()));
+            self.runs.insert(at, (end, seen));
+        }
+    }
+
+    /// Calls `f` on every run of elements `from..to` (making runs for the elements not seen
+    /// before), in order.
+    fn visit(&mut self, from: usize, to: usize, mut f: impl FnMut(&mut Seen)) {
+        self.split(from);
+        self.split(to);
+        let mut gaps = Vec::new();
+        let mut cursor = from;
+        for (&start, &(end, _)) in self.runs.range(from..to) {
+            if start > cursor {
+                gaps.push((cursor, start));
+            }
+            cursor = end;
+        }
+        if cursor < to {
+            gaps.push((cursor, to));
+        }
+        for (start, end) in gaps {
+            self.runs.insert(start, (end, Seen::default()));
+        }
+        for (_, (_, seen)) in self.runs.range_mut(from..to) {
+            f(seen);
+        }
+    }
 }
 
 /// The elementwise maximum of vector clocks.

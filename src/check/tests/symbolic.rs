@@ -369,7 +369,7 @@ fn runs_agree_with_elements_on_every_planted_fault() {
     }
 }
 
-fn ring_strategy() -> impl Strategy<Value = RingSpec> {
+pub(super) fn ring_strategy() -> impl Strategy<Value = RingSpec> {
     (1usize..=5)
         .prop_flat_map(|world| {
             (
@@ -407,11 +407,11 @@ fn ring_strategy() -> impl Strategy<Value = RingSpec> {
 }
 
 /// Up to three plants, each at a random place (the place is taken modulo the program).
-fn plants_strategy() -> impl Strategy<Value = Vec<(usize, usize, usize)>> {
+pub(super) fn plants_strategy() -> impl Strategy<Value = Vec<(usize, usize, usize)>> {
     proptest::collection::vec((0usize..64, 0usize..1024, 0..PLANTS.len()), 0..4)
 }
 
-fn plant_all(mut plan: Plan, plants: &[(usize, usize, usize)]) -> Plan {
+pub(super) fn plant_all(mut plan: Plan, plants: &[(usize, usize, usize)]) -> Plan {
     for &(rank, index, which) in plants {
         let rank = rank % plan.world;
         let len = plan.ranks[rank].len();
@@ -573,7 +573,11 @@ fn program_strategy() -> impl Strategy<Value = Plan> {
 /// comparison (`agree` was `Some`): the premise of "both executions agree", counted so that a
 /// test whose plants always stop the plan before the symbolic execution fails instead of
 /// passing vacuously.
-fn count_agreeing<S: Strategy>(cases: u32, strategy: S, property: impl Fn(S::Value) -> bool) -> u32
+pub(super) fn count_agreeing<S: Strategy>(
+    cases: u32,
+    strategy: S,
+    property: impl Fn(S::Value) -> bool,
+) -> u32
 where
     S::Value: std::fmt::Debug,
 {
