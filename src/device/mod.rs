@@ -18,7 +18,7 @@
 //! | `context.rs` | primary contexts ([`context()`]), binding and restoring the current context, [`DeviceInfo`], [`memory_info`] |
 //! | `peer.rs` | peer access ([`can_access_peer`], [`enable_peer_access`], [`p2p_attributes`]), pool access grants, pointer queries |
 //! | `memory.rs` | [`DeviceBuffer`], [`PinnedHost`], asynchronous copies and fills ([`memcpy_peer_async`], [`memcpy_async`], [`memset_d32_async`]) |
-//! | `stream.rs` | [`Stream`], [`Event`], [`record`], [`wait`] (and the trap of waiting before recording), synchronize, query, elapsed time |
+//! | `stream.rs` | [`Stream`], [`Event`], [`record`], [`wait`] (and the trap of waiting before recording), synchronize, query, elapsed time, and the crate's one kernel launch (`launch_kernel`: every kernel of `exec::cuda::kernels` goes through it) |
 //! | `gate.rs` | [`gate`]: this crate's blocking calls wait for spinning peer kernels and hold new launches back |
 //!
 //! Every public item is re-exported here, so its path is `ringreduce::device::<name>`.
@@ -123,6 +123,7 @@ pub use peer::{
     grant_pool_access, p2p_attributes, peer_matrix, pointer_device, pointer_is_pool_memory,
     P2pAttributes,
 };
+pub(crate) use stream::launch_kernel;
 pub use stream::{
     event_elapsed_ms, event_query, event_synchronize, record, record_on_raw_stream, stream_query,
     stream_synchronize, wait, wait_on_raw_stream, Event, Stream,

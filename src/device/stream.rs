@@ -343,3 +343,32 @@ pub fn event_elapsed_ms(start: &Event, end: &Event) -> Result<f32> {
         unsafe { result::event::elapsed(start.raw, end.raw) }.call("cuEventElapsedTime")
     })
 }
+
+/// Enqueues `function` on `stream`: `blocks` blocks of `threads` threads, no dynamic shared
+/// memory (`cuLaunchKernel`). The one launch of the crate: every kernel goes through here.
+///
+/// # Safety
+/// `function` was loaded into the context of `stream`, which is current on this thread;
+/// `params` holds one pointer per kernel parameter, each to a value of the parameter's type that
+/// lives until this returns; the grid is one the kernel accepts; and the memory the kernel
+/// touches is valid and unaliased as the kernel's own contract says, until it completes.
+pub(crate) unsafe fn launch_kernel(
+    function: &cudarc::driver::CudaFunction,
+    blocks: u32,
+    threads: u32,
+    stream: &Stream,
+    params: &mut [*mut std::ffi::c_void],
+) -> Result<()> {
+    // SAFETY: our caller's contract, passed on; the stream is live (borrowed).
+    unsafe {
+        cudarc::driver::result::launch_kernel(
+            function.cu_function(),
+            (blocks, 1, 1),
+            (threads, 1, 1),
+            0,
+            stream.raw(),
+            params,
+        )
+    }
+    .call("cuLaunchKernel")
+}

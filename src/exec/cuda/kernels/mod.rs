@@ -54,7 +54,7 @@ use std::ffi::c_void;
 use std::fmt;
 use std::sync::Arc;
 
-use cudarc::driver::{result, sys, CudaContext, CudaFunction, DriverError};
+use cudarc::driver::{sys, CudaContext, CudaFunction};
 
 use crate::device::{self, Stream};
 use cudarc::nvrtc::{CompileError, Ptx};
@@ -119,65 +119,30 @@ pub fn build_kind() -> &'static str {
     }
 }
 
-/// A CUDA driver or NVRTC failure, as the parts of [`Error::Cuda`].
-pub(crate) trait CudaFailure {
-    /// The status name, e.g. `CUDA_ERROR_INVALID_VALUE`.
-    fn code(&self) -> String;
-    /// The library's description, or the compile log.
-    fn message(&self) -> String;
-}
-
-impl CudaFailure for DriverError {
-    fn code(&self) -> String {
-        // SAFETY: only probes whether libcuda can be loaded; the name lookup below needs it, and
-        // without it cudarc would panic.
-        if unsafe { sys::is_culib_present() } {
-            if let Ok(name) = self.error_name() {
-                return name.to_string_lossy().into_owned();
-            }
-        }
-        format!("{:?}", self.0)
-    }
-
-    fn message(&self) -> String {
-        // SAFETY: as in `code`.
-        if unsafe { sys::is_culib_present() } {
-            if let Ok(text) = self.error_string() {
-                return text.to_string_lossy().into_owned();
-            }
-        }
-        "no description (libcuda not loaded)".to_string()
-    }
-}
-
-impl CudaFailure for CompileError {
-    fn code(&self) -> String {
-        match self {
-            CompileError::CreationError(e)
-            | CompileError::CompileError { nvrtc: e, .. }
-            | CompileError::GetLogError(e)
-            | CompileError::GetPtxError(e)
-            | CompileError::DestroyError(e) => format!("{:?}", e.0),
-        }
-    }
-
-    fn message(&self) -> String {
-        match self {
+/// An NVRTC failure as [`Error::Cuda`] (its status, and the compile log where there is one).
+/// Driver failures go through the device layer's one conversion (`device::check`).
+#[cfg_attr(ringreduce_fatbin, allow(dead_code))]
+fn nvrtc_err(call: &'static str) -> impl Fn(CompileError) -> Error {
+    move |e| {
+        let message = match &e {
             CompileError::CompileError { options, log, .. } => format!(
                 "compiling the kernel source (cuda/*.cuh, joined) with {options:?}:\n{}",
                 log.to_string_lossy()
             ),
             _ => "NVRTC failed outside compilation".to_string(),
+        };
+        let code = match e {
+            CompileError::CreationError(e)
+            | CompileError::CompileError { nvrtc: e, .. }
+            | CompileError::GetLogError(e)
+            | CompileError::GetPtxError(e)
+            | CompileError::DestroyError(e) => format!("{:?}", e.0),
+        };
+        Error::Cuda {
+            call,
+            code,
+            message,
         }
-    }
-}
-
-/// The one conversion of a cudarc error into [`Error::Cuda`]: `.map_err(kernel_err("cuX"))`.
-pub(crate) fn kernel_err<E: CudaFailure>(call: &'static str) -> impl Fn(E) -> Error {
-    move |e| Error::Cuda {
-        call,
-        code: e.code(),
-        message: e.message(),
     }
 }
 
@@ -212,11 +177,11 @@ impl KernelModule {
         let (image, source) = kernel_image(ctx)?;
         let module = ctx
             .load_module(image)
-            .map_err(kernel_err("cuModuleLoadData"))?;
+            .map_err(device::check("cuModuleLoadData"))?;
         let load = |symbol: String| {
             module
                 .load_function(&symbol)
-                .map_err(kernel_err("cuModuleGetFunction"))
+                .map_err(device::check("cuModuleGetFunction"))
         };
         // One function per pairwise operator and type, row-major over PAIRWISE_OPS × DType::ALL.
         let family = |symbol_of: fn(ReduceOp, DType) -> String| {
@@ -242,7 +207,7 @@ impl KernelModule {
 
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(kernel_err("cuDeviceGetAttribute"))?;
+            .map_err(device::check("cuDeviceGetAttribute"))?;
         let max_blocks = u32::try_from(sms).unwrap_or(1).max(1) * BLOCKS_PER_SM;
 
         Ok(KernelModule {
@@ -285,17 +250,7 @@ impl KernelModule {
         device::bind(&self.ctx)?;
         // SAFETY: the function was loaded into self.ctx, which is current and owns `stream`
         // (check_stream); parameters, grid and memory are the caller's contract.
-        unsafe {
-            result::launch_kernel(
-                function.cu_function(),
-                (blocks, 1, 1),
-                (threads, 1, 1),
-                0,
-                stream.raw(),
-                params,
-            )
-        }
-        .map_err(kernel_err("cuLaunchKernel"))
+        unsafe { device::launch_kernel(function, blocks, threads, stream, params) }
     }
 
     fn check_stream(&self, stream: &Stream) -> Result<()> {
@@ -358,9 +313,9 @@ fn kernel_image(ctx: &Arc<CudaContext>) -> Result<(Ptx, KernelSource)> {
     }
     let (major, minor) = ctx
         .compute_capability()
-        .map_err(kernel_err("cuDeviceGetAttribute"))?;
+        .map_err(device::check("cuDeviceGetAttribute"))?;
     let ptx = cudarc::nvrtc::compile_ptx_with_opts(SOURCE, nvrtc_options(major, minor))
-        .map_err(kernel_err("nvrtcCompileProgram"))?;
+        .map_err(nvrtc_err("nvrtcCompileProgram"))?;
     Ok((ptx, KernelSource::Nvrtc))
 }
 
@@ -579,17 +534,6 @@ mod tests {
         assert!(check_aligned(DType::U8, "a", 0x1003).is_ok());
         let err = check_aligned(DType::F64, "dst", 0x1004).unwrap_err();
         assert!(err.to_string().contains("dst = 0x1004"), "{err}");
-    }
-
-    #[test]
-    fn driver_errors_become_error_cuda_with_the_call() {
-        let err =
-            kernel_err("cuLaunchKernel")(DriverError(sys::CUresult::CUDA_ERROR_INVALID_VALUE));
-        let Error::Cuda { call, code, .. } = err else {
-            panic!("not Error::Cuda: {err:?}");
-        };
-        assert_eq!(call, "cuLaunchKernel");
-        assert_eq!(code, "CUDA_ERROR_INVALID_VALUE");
     }
 
     #[test]
