@@ -7,7 +7,9 @@
 //! barrier ([`steps_layout`], which reads each rank's steps, [`StepLayout`], out of it).
 //!
 //! Invariant: a plan these accept runs exactly the work the checker proved, with the kernels'
-//! grids, sources, segments and steps the same as the plan's on every rank.
+//! grids, sources, segments and steps the same as the plan's on every rank. A plan they refuse
+//! came from this crate's own planners, so the refusal is [`Error::Internal`] (a bug here), not
+//! a verdict on anything the caller passed.
 
 use crate::error::{Error, Result};
 use crate::exec::cuda::kernels::PEER_MAX_RANKS;
@@ -33,9 +35,9 @@ pub(super) struct StepLayout {
 /// barriers of its own). `None` for a plan without meetings (one rank, or zero elements).
 pub(super) fn steps_layout(plan: &Plan) -> Result<Option<Vec<Vec<StepLayout>>>> {
     let bad = |why: String| {
-        Err(Error::PlanRejected(format!(
-            "not a one-shot collective plan: {why}"
-        )))
+        Err(Error::Internal {
+            what: format!("not a one-shot collective plan: {why}"),
+        })
     };
     let n = plan.world;
     let mut all: Vec<Vec<StepLayout>> = Vec::with_capacity(n);
@@ -140,7 +142,11 @@ pub(super) fn twoshot_segments(plan: &Plan) -> Result<Option<Vec<(usize, usize)>
     if (0..n).all(|r| peer_ops(r).is_empty()) {
         return Ok(None);
     }
-    let bad = |why: String| Err(Error::PlanRejected(format!("not a two-shot plan: {why}")));
+    let bad = |why: String| {
+        Err(Error::Internal {
+            what: format!("not a two-shot plan: {why}"),
+        })
+    };
     let src_kind = if plan.in_place {
         BufKind::Output
     } else {
@@ -236,11 +242,13 @@ pub(super) fn oneshot_layout(plan: &Plan) -> Result<()> {
     for rank in 0..plan.world {
         let mine = meetings(rank);
         if mine.len() != first.len() {
-            return Err(Error::PlanRejected(format!(
-                "not a one-shot plan: rank {rank} has {} peer reduces, rank 0 {}",
-                mine.len(),
-                first.len()
-            )));
+            return Err(Error::Internal {
+                what: format!(
+                    "not a one-shot plan: rank {rank} has {} peer reduces, rank 0 {}",
+                    mine.len(),
+                    first.len()
+                ),
+            });
         }
         for (k, (op, op0)) in mine.iter().zip(&first).enumerate() {
             let same = match (*op, *op0) {
@@ -262,10 +270,12 @@ pub(super) fn oneshot_layout(plan: &Plan) -> Result<()> {
                 _ => false,
             };
             if !same {
-                return Err(Error::PlanRejected(format!(
+                return Err(Error::Internal {
+                    what: format!(
                     "not a one-shot plan: rank {rank}'s peer reduce {k} does not read every rank \
                      over rank 0's range"
-                )));
+                ),
+                });
             }
         }
     }

@@ -386,8 +386,8 @@ impl CudaEnqueue<'_> {
             BufKind::Input
         };
         let base = |r: usize, kind: BufKind| -> Result<u64> {
-            let buf = plan.buffer(r, kind).ok_or_else(|| {
-                Error::PlanRejected(format!("the two-shot plan has no {kind:?} for rank {r}"))
+            let buf = plan.buffer(r, kind).ok_or_else(|| Error::Internal {
+                what: format!("the two-shot plan has no {kind:?} for rank {r}"),
             })?;
             Ok(self.base(buf))
         };
@@ -435,8 +435,8 @@ impl CudaEnqueue<'_> {
         let shared = self.peer_words(PeerKernel::Steps)?;
         let eb = call.dtype.size_bytes() as u64;
         let source = |q: usize, kind: BufKind, offset: usize| -> Result<u64> {
-            let buf = plan.buffer(q, kind).ok_or_else(|| {
-                Error::PlanRejected(format!("the one-shot plan has no {kind:?} for rank {q}"))
+            let buf = plan.buffer(q, kind).ok_or_else(|| Error::Internal {
+                what: format!("the one-shot plan has no {kind:?} for rank {q}"),
             })?;
             Ok(self.base(buf) + offset as u64 * eb)
         };
