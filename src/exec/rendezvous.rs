@@ -142,6 +142,141 @@ impl std::str::FromStr for UniqueId {
     }
 }
 
+/// What a launcher tells each process (torchrun's variables, which `torch.distributed.run`,
+/// DeepSpeed and most launchers set alike): this process's rank and the world, its place on its
+/// host, and where rank 0's host listens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaunchEnv {
+    /// `RANK`.
+    pub rank: usize,
+    /// `WORLD_SIZE`.
+    pub world: usize,
+    /// `LOCAL_RANK`: which of its host's processes this is (its GPU, usually).
+    pub local_rank: usize,
+    /// `LOCAL_WORLD_SIZE`: the processes on this host.
+    pub local_world: usize,
+    /// `MASTER_ADDR`: rank 0's host.
+    pub master_addr: String,
+    /// `MASTER_PORT`: the port torch's own store listens on at rank 0's host.
+    pub master_port: u16,
+    /// `TORCHELASTIC_RUN_ID`, when set: tells one job's rendezvous from another's on the same
+    /// address.
+    pub run_id: Option<String>,
+    /// `RINGREDUCE_PORT`: the port ringreduce's rendezvous listens on at rank 0's host; by
+    /// default `MASTER_PORT + 1` (torch's store keeps `MASTER_PORT`).
+    pub port: u16,
+}
+
+impl LaunchEnv {
+    /// The launcher's variables of this process ([`LaunchEnv::from_vars`] over its
+    /// environment).
+    pub fn from_env() -> Result<LaunchEnv> {
+        LaunchEnv::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// The launcher's variables as `get` gives them; a variable that is missing or not a
+    /// number is [`Error::InvalidArgument`] naming it, and so is a rank outside the world.
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<LaunchEnv> {
+        let text = |name: &str| {
+            get(name).ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "{name} is not set: start the processes with torchrun (or set RANK, \
+                     WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT)"
+                ))
+            })
+        };
+        let number = |name: &str| -> Result<usize> {
+            let value = text(name)?;
+            value.trim().parse().map_err(|_| {
+                Error::InvalidArgument(format!("{name}={value:?} is not a non-negative integer"))
+            })
+        };
+        let port = |name: &str, value: usize| -> Result<u16> {
+            u16::try_from(value)
+                .map_err(|_| Error::InvalidArgument(format!("{name}={value} is not a TCP port")))
+        };
+        let (rank, world) = (number("RANK")?, number("WORLD_SIZE")?);
+        let (local_rank, local_world) = (number("LOCAL_RANK")?, number("LOCAL_WORLD_SIZE")?);
+        if rank >= world || local_rank >= local_world || local_world > world {
+            return Err(Error::InvalidArgument(format!(
+                "RANK={rank} of WORLD_SIZE={world}, LOCAL_RANK={local_rank} of \
+                 LOCAL_WORLD_SIZE={local_world}: a rank is below its world size, and a host \
+                 holds at most the world"
+            )));
+        }
+        let master_port = port("MASTER_PORT", number("MASTER_PORT")?)?;
+        let own_port = match get("RINGREDUCE_PORT") {
+            Some(_) => port("RINGREDUCE_PORT", number("RINGREDUCE_PORT")?)?,
+            None => master_port.checked_add(1).ok_or_else(|| {
+                Error::InvalidArgument(
+                    "MASTER_PORT=65535 leaves no port after it: set RINGREDUCE_PORT".into(),
+                )
+            })?,
+        };
+        Ok(LaunchEnv {
+            rank,
+            world,
+            local_rank,
+            local_world,
+            master_addr: text("MASTER_ADDR")?,
+            master_port,
+            run_id: get("TORCHELASTIC_RUN_ID"),
+            port: own_port,
+        })
+    }
+
+    /// The id every process of the job derives alike from the same variables: rank 0's host at
+    /// [`LaunchEnv::port`], and a nonce hashed from the master's address and port and the run
+    /// id (so two jobs on one address, or a stale process of an earlier run, do not meet).
+    pub fn unique_id(&self) -> Result<UniqueId> {
+        let addr = (self.master_addr.as_str(), self.port)
+            .to_socket_addrs()
+            .map_err(|e| {
+                Error::InvalidArgument(format!(
+                    "MASTER_ADDR={:?} does not resolve: {e}",
+                    self.master_addr
+                ))
+            })?
+            .next()
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!("MASTER_ADDR={:?} has no address", self.master_addr))
+            })?;
+        let key = format!(
+            "{}:{}:{}",
+            self.master_addr,
+            self.master_port,
+            self.run_id.as_deref().unwrap_or("")
+        );
+        Ok(UniqueId {
+            addr,
+            nonce: stable_hash128(key.as_bytes()),
+        })
+    }
+
+    /// Joins the job's rendezvous as this process's rank ([`Rendezvous::join`] with
+    /// [`LaunchEnv::unique_id`]).
+    pub fn join(&self, fingerprint: u64, timeout: Duration) -> Result<Rendezvous> {
+        Rendezvous::join(
+            &self.unique_id()?,
+            self.rank,
+            self.world,
+            fingerprint,
+            timeout,
+        )
+    }
+}
+
+/// A 128-bit hash every process computes alike (FNV-1a, twice with different offsets): not a
+/// secret, a name.
+fn stable_hash128(bytes: &[u8]) -> u128 {
+    let fnv = |offset: u64| {
+        bytes.iter().fold(offset, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
+    };
+    u128::from(fnv(0xcbf2_9ce4_8422_2325)) << 64 | u128::from(fnv(0x8422_2325_cbf2_9ce4))
+}
+
 /// 128 random bits from the OS's hasher seeds and the clock: enough to tell two jobs' ids apart
 /// (not a secret: the rendezvous is not an authentication).
 fn random_nonce() -> u128 {

@@ -2,6 +2,7 @@
 //! gets the same records or the same named error, within its timeout.
 
 use super::*;
+use std::collections::HashMap;
 use std::thread;
 
 const QUICK: Duration = Duration::from_secs(5);
@@ -223,4 +224,86 @@ fn the_id_survives_bytes_and_text() {
     assert!("rr1-zz".parse::<UniqueId>().is_err());
     assert!("hello".parse::<UniqueId>().is_err());
     assert!(Rendezvous::join(&local_id(), 3, 3, 0, QUICK).is_err());
+}
+
+fn torchrun_vars(rank: usize, world: usize, port: u16) -> HashMap<String, String> {
+    [
+        ("RANK", rank.to_string()),
+        ("WORLD_SIZE", world.to_string()),
+        ("LOCAL_RANK", rank.to_string()),
+        ("LOCAL_WORLD_SIZE", world.to_string()),
+        ("MASTER_ADDR", "127.0.0.1".to_string()),
+        ("MASTER_PORT", port.to_string()),
+        ("TORCHELASTIC_RUN_ID", "job-7".to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// A free port on 127.0.0.1 whose successor is free too (the rendezvous takes MASTER_PORT + 1).
+fn free_port_pair() -> u16 {
+    loop {
+        let probe = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = probe.local_addr().unwrap().port();
+        if port < u16::MAX && TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
+            return port;
+        }
+    }
+}
+
+#[test]
+fn torchruns_variables_make_the_same_id_on_every_rank_and_they_meet() {
+    let port = free_port_pair();
+    let envs: Vec<LaunchEnv> = (0..3)
+        .map(|r| {
+            let vars = torchrun_vars(r, 3, port);
+            LaunchEnv::from_vars(|k| vars.get(k).cloned()).unwrap()
+        })
+        .collect();
+    assert_eq!(envs[1].port, port + 1);
+    let ids: Vec<UniqueId> = envs.iter().map(|e| e.unique_id().unwrap()).collect();
+    assert!(ids.iter().all(|id| *id == ids[0]), "{ids:?}");
+    let handles: Vec<_> = envs
+        .into_iter()
+        .map(|env| thread::spawn(move || env.join(42, QUICK)?.all_gather(&[env.rank as u64])))
+        .collect();
+    for h in handles {
+        assert_eq!(h.join().unwrap().unwrap(), vec![vec![0], vec![1], vec![2]]);
+    }
+    // Another run id on the same address is another job: another nonce.
+    let mut vars = torchrun_vars(0, 3, port);
+    vars.insert("TORCHELASTIC_RUN_ID".into(), "job-8".into());
+    let other = LaunchEnv::from_vars(|k| vars.get(k).cloned()).unwrap();
+    assert_ne!(other.unique_id().unwrap(), ids[0]);
+}
+
+#[test]
+fn a_missing_or_bad_launcher_variable_is_named() {
+    let complete = torchrun_vars(1, 4, 29500);
+    for (name, value, needle) in [
+        ("RANK", None, "RANK is not set"),
+        ("WORLD_SIZE", Some("four"), "WORLD_SIZE=\"four\""),
+        ("RANK", Some("4"), "RANK=4 of WORLD_SIZE=4"),
+        (
+            "MASTER_PORT",
+            Some("70000"),
+            "MASTER_PORT=70000 is not a TCP port",
+        ),
+        ("MASTER_ADDR", None, "MASTER_ADDR is not set"),
+    ] {
+        let mut vars = complete.clone();
+        match value {
+            Some(v) => vars.insert(name.to_string(), v.to_string()),
+            None => vars.remove(name),
+        };
+        let err = LaunchEnv::from_vars(|k| vars.get(k).cloned()).unwrap_err();
+        assert!(err.to_string().contains(needle), "{name}: {err}");
+    }
+    let mut vars = complete.clone();
+    vars.insert("RINGREDUCE_PORT".into(), "31000".into());
+    assert_eq!(
+        LaunchEnv::from_vars(|k| vars.get(k).cloned()).unwrap().port,
+        31000
+    );
 }
