@@ -184,7 +184,7 @@ pub fn coarsen(plan: &Plan) -> Option<Plan> {
                 },
                 Op::Record(e) => Op::Record(e),
                 Op::Wait(e) => Op::Wait(e),
-                Op::PeerReduce { .. } => return None,
+                Op::PeerReduce { .. } | Op::Expose { .. } => return None,
             };
             out.push(Instr { op, ..*instr });
         }
@@ -212,14 +212,15 @@ pub fn coarsen(plan: &Plan) -> Option<Plan> {
     })
 }
 
-/// The ranges an operation names; `None` for a meeting (out of the lemma's scope).
+/// The ranges an operation names; `None` for a meeting or an exposure (out of the lemma's
+/// scope).
 fn regions(op: &Op) -> Option<Vec<Region>> {
     Some(match *op {
         Op::Copy { src, dst } => vec![src, dst],
         Op::Reduce { dst, a, b } => vec![dst, a, b],
         Op::Scale { region } => vec![region],
         Op::Record(_) | Op::Wait(_) => vec![],
-        Op::PeerReduce { .. } => return None,
+        Op::PeerReduce { .. } | Op::Expose { .. } => return None,
     })
 }
 

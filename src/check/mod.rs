@@ -7,7 +7,9 @@
 //!
 //! 1. **Shape** — every region lies inside its buffer, copies have equal lengths, a reduction's
 //!    destination is its first operand or disjoint from both, nothing writes an input, each event
-//!    is recorded exactly once, on the rank and stream its declaration names.
+//!    is recorded exactly once, on the rank and stream its declaration names; and what an
+//!    executor may fuse or drop — meetings `fused` into one kernel, an [`Op::Expose`] done inside
+//!    a kernel or skipped — changes neither the results nor the race verdict (`fused.rs`).
 //! 2. **Enqueue** — the host threads are simulated: each rank walks its program in order and may
 //!    enqueue a wait only once the event's record has been enqueued (by itself earlier, or by
 //!    another rank, which then hands the event over). On CUDA a wait enqueued before its record is a
@@ -42,7 +44,7 @@
 //! (every cell one element) is, and the ring's plans of one family of counts share a handful of
 //! coarse forms, each checked once and compared for every other count ([`coarsen`]).
 //!
-//! Where each check lives: the shape in `shape.rs`, the enqueue simulation (and the rule for
+//! Where each check lives: the shape in `shape.rs` (the fusion lemmas in `fused.rs`), the enqueue simulation (and the rule for
 //! laying out an order that the later checks read) in `enqueue.rs`, the vector-clock race check
 //! in `races.rs`, the symbolic execution in `result.rs`; their unit tests in `tests/`. This file
 //! holds what they share: [`Rejection`], the regions an instruction touches ([`peer_sources`] for
@@ -51,6 +53,7 @@
 
 mod coarse;
 mod enqueue;
+mod fused;
 mod races;
 mod result;
 mod scaled;
@@ -107,7 +110,7 @@ fn describe(plan: &Plan, rank: usize, index: usize) -> String {
 /// Regions an instruction reads and writes.
 fn accesses(plan: &Plan, op: &Op) -> (Vec<Region>, Vec<Region>) {
     match *op {
-        Op::Copy { src, dst } => (vec![src], vec![dst]),
+        Op::Copy { src, dst } | Op::Expose { src, dst } => (vec![src], vec![dst]),
         Op::Reduce { dst, a, b } => (vec![a, b], vec![dst]),
         Op::Scale { region } => (vec![region], vec![region]),
         Op::Record(_) | Op::Wait(_) => (vec![], vec![]),

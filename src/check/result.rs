@@ -405,7 +405,7 @@ pub fn check_result(plan: &Plan, order: &[(usize, usize)]) -> Check {
             ))
         };
         match plan.ranks[rank][index].op {
-            Op::Copy { src, dst } => {
+            Op::Copy { src, dst } | Op::Expose { src, dst } => {
                 // Element by element, a copy forward onto its own tail (`src` < `dst` <
                 // `src.end()` in one buffer) reads what it has just written: the result repeats
                 // the first `dst.offset - src.offset` source elements.

@@ -29,6 +29,10 @@ pub fn scale_plan(plan: &Plan, factor: usize) -> Plan {
             src: region(src),
             dst: region(dst),
         },
+        Op::Expose { src, dst } => Op::Expose {
+            src: region(src),
+            dst: region(dst),
+        },
         Op::Reduce { dst, a, b } => Op::Reduce {
             dst: region(dst),
             a: region(a),
@@ -43,12 +47,14 @@ pub fn scale_plan(plan: &Plan, factor: usize) -> Plan {
             offset,
             count,
             ranks,
+            fused,
         } => Op::PeerReduce {
             dst: region(dst),
             src,
             offset: offset * factor,
             count: count * factor,
             ranks,
+            fused,
         },
     };
     Plan {

@@ -6,8 +6,9 @@
 //! rank's event at most once (the GPU executor's counter waits pair the k-th signal of an event
 //! with the k-th wait for it on each stream: a second wait on one stream would wait for a signal
 //! that never comes); the k-th `PeerReduce` of every rank
-//! forms meeting k and each one is well formed on its own. The later checks rely on this: they
-//! index buffers and events without looking again.
+//! forms meeting k and each one is well formed on its own; and what an executor may fuse or drop
+//! is safe to fuse or drop (module `fused`: the fused meetings, the exposures). The later checks
+//! rely on this: they index buffers and events without looking again.
 
 use super::{accesses, describe, peer_sources, reject, Check};
 use crate::plan::{Op, Plan};
@@ -121,6 +122,7 @@ pub fn check_shape(plan: &Plan) -> Check {
             plan.events[e], recorded[e]
         ));
     }
+    super::fused::check_exposures(plan)?;
     check_meetings(plan)
 }
 
@@ -193,5 +195,5 @@ fn check_meetings(plan: &Plan) -> Check {
             }
         }
     }
-    Ok(())
+    super::fused::check_fused(plan, &meetings)
 }

@@ -267,6 +267,20 @@ pub enum Op {
     Record(EventId),
     /// Make this stream wait for the event's record (enqueued after that record, or it is a no-op).
     Wait(EventId),
+    /// `dst = src`, where `dst` is this rank's [`BufKind::Exposed`] copy, published for the next
+    /// instruction alone: a peer reduce on the same stream whose source on this rank is exactly
+    /// `dst`, and which writes `src` itself or nothing `src` holds. Nothing else reads `dst`
+    /// (the shape check proves all three). So an executor may run it as a copy, inside that
+    /// meeting's kernel before its start barrier (the read one-shot), or not at all where the
+    /// meeting sends each rank's source to its peers instead of letting them read it (the LL
+    /// one-shot): then the meeting takes this rank's source from `src`, which holds the same
+    /// elements.
+    Expose {
+        /// The range published (the in-place buffer).
+        src: Region,
+        /// The exposed copy written.
+        dst: Region,
+    },
     /// A collective instruction (the one-shot and the two-shot): every rank's k-th `PeerReduce`
     /// is one meeting. Start barrier with all ranks; then `dst = srcₐ ⊕ src_b ⊕ …` over the
     /// ranks in `ranks`, where `srcᵣ` is elements `offset..offset + count` of rank r's buffer of
@@ -285,6 +299,13 @@ pub enum Op {
         count: usize,
         /// The ranks whose sources are folded.
         ranks: Ranks,
+        /// This meeting runs in the same kernel as the rank's previous instruction, its
+        /// previous meeting, with no barrier between the two: that meeting's end and this one's
+        /// start barrier are dropped, so the two meetings' accesses are concurrent on every
+        /// rank. Every rank's k-th peer reduce says the same; the shape check proves that no
+        /// access of one meeting of a fused run conflicts with an access of another (so the
+        /// dropped barriers ordered nothing).
+        fused: bool,
     },
 }
 

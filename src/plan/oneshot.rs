@@ -27,9 +27,10 @@
 //! of its own buffer and everyone reads only block j of rank j; the reduce-scatter writes block r
 //! of its own buffer, which only it reads (element by element, each read before it is written);
 //! the broadcast and the reduce write only at ranks nobody reads (non-roots; the root, which
-//! reads itself element by element). So on GPUs all of a rank's meetings run in one kernel
-//! between one start and one end barrier (`cuda/peer_kernels.cuh`, `rr_steps`), and the checker
-//! proves each meeting as if it had barriers of its own.
+//! reads itself element by element). So every meeting after a rank's first is `fused` to the
+//! one before it: all of a rank's meetings run between one start and one end barrier (on GPUs in
+//! one kernel, `cuda/peer_kernels.cuh`, `rr_steps`), and the shape check proves that the
+//! barriers dropped between them ordered nothing.
 //!
 //! # The all-reduce
 //!
@@ -37,7 +38,7 @@
 //!
 //! ```text
 //!   out of place, rank r (Main stream)         in place, rank r (Main stream)
-//!   PeerReduce out_r = in_0 ⊕ … ⊕ in_n−1       Copy buf_r → exposed_r
+//!   PeerReduce out_r = in_0 ⊕ … ⊕ in_n−1       Expose buf_r → exposed_r
 //!   [Scale out_r]            (Avg)             PeerReduce buf_r = exposed_0 ⊕ … ⊕ exposed_n−1
 //!                                              [Scale buf_r]            (Avg)
 //! ```
@@ -50,11 +51,14 @@
 //! rank moves on — to the caller's next kernel, or to the next call's copy into the same exposed
 //! buffer. The checker ([`crate::check`]) proves both.
 //!
-//! With `CudaConfig::low_latency` on, the GPU executor runs small messages' meetings with its LL
-//! kernel instead (`cuda/ll.cuh`), which gives more than these guarantees without the barriers:
-//! it reads no other rank's memory at all (each rank pushes its source into its peers' receive
-//! buffers, after its own stream has written it), so no source is read early or late, and the
-//! in-place copy into the exposed buffer, which only peers read, has no reader and is skipped.
+//! In place, the copy into the exposed buffer is an [`Op::Expose`]: published for the meeting
+//! that follows it and read by nothing else, which lets the GPU executor do the copy inside the
+//! read one-shot kernel, before its start barrier. With `CudaConfig::low_latency` on, the GPU
+//! executor runs small messages' meetings with its LL kernel instead (`cuda/ll.cuh`), which gives
+//! more than these guarantees without the barriers: it reads no other rank's memory at all (each
+//! rank pushes its source into its peers' receive buffers, after its own stream has written it),
+//! so no source is read early or late, and the exposure has no reader: the LL kernel skips it and
+//! sends the in-place buffer itself, as `Op::Expose` allows.
 
 use super::{
     BufId, BufKind, BufferDecl, Collective, Instr, Op, Phase, Plan, Ranks, Region, StreamKind, Tag,
@@ -118,7 +122,7 @@ impl OneShotSpec {
             } else if collective {
                 let src = match exposed {
                     Some(exposed) => {
-                        ops.push(Op::Copy {
+                        ops.push(Op::Expose {
                             src: out,
                             dst: exposed,
                         });
@@ -132,6 +136,7 @@ impl OneShotSpec {
                     offset: 0,
                     count: self.count,
                     ranks: Ranks::ALL,
+                    fused: false,
                 });
                 if plan.average {
                     ops.push(Op::Scale { region: out });
@@ -215,6 +220,7 @@ impl OneShotSpec {
             offset,
             count,
             ranks,
+            fused: false,
         };
         // A meeting that moves nothing: zero elements of the rank's own source.
         let join = || Op::PeerReduce {
@@ -227,6 +233,7 @@ impl OneShotSpec {
             offset: 0,
             count: 0,
             ranks: Ranks::only(rank),
+            fused: false,
         };
         let mut ops = Vec::new();
         match *collective {
@@ -274,6 +281,14 @@ impl OneShotSpec {
             }
             Collective::AllReduce | Collective::SendRecv { .. } => {
                 unreachable!("handled by build_collective")
+            }
+        }
+        // Every meeting after the first runs in the first one's kernel, between its start
+        // barrier and the last one's end barrier (the module doc says why that is safe; the
+        // shape check proves it).
+        for op in ops.iter_mut().skip(1) {
+            if let Op::PeerReduce { fused, .. } = op {
+                *fused = true;
             }
         }
         let written = match ops.first() {
@@ -374,7 +389,7 @@ mod tests {
         .unwrap();
         assert!(ip.buffer(2, BufKind::Exposed).is_some());
         let ops: Vec<_> = ip.ranks[2].iter().map(|i| i.op).collect();
-        assert!(matches!(ops[0], Op::Copy { .. }));
+        assert!(matches!(ops[0], Op::Expose { .. }));
         assert!(matches!(
             ops[1],
             Op::PeerReduce {

@@ -17,11 +17,13 @@
 //! does, against `(n−1)·count` for the one-shot — for two ranks the same, but with half the local
 //! reads and no exposure copy in place.
 //!
-//! Each step is a meeting of the checker's model (start barrier, reads, end barrier). On GPUs the
-//! executor runs the whole plan as one kernel per rank with three barriers — start, between step 0
-//! and the gather, end — since the gather rounds read segments no round writes and write segments
-//! no round reads, the barriers between them order nothing (`rr_twoshot_kernel` in
-//! cuda/peer_kernels.cuh).
+//! Each step is a meeting (start barrier, reads, end barrier), and gather rounds 2, 3, … are
+//! `fused` to the round before: the gather rounds read segments no round writes and write
+//! segments no round reads, so the barriers between them would order nothing (the shape check
+//! proves it), and all rounds run between one barrier after step 0 and one end barrier. On GPUs
+//! the executor runs the whole plan as one kernel per rank with three barriers — start, between
+//! step 0 and the gather (step 0's end and round 1's start, with nothing between them), end
+//! (`rr_twoshot_kernel` in cuda/peer_kernels.cuh).
 
 use super::oneshot::peer_plan;
 use super::ring::segment_range;
@@ -109,6 +111,7 @@ impl TwoShotSpec {
                         offset: own.start,
                         count: own.len(),
                         ranks: Ranks::ALL,
+                        fused: false,
                     },
                     step_tag(0),
                 ));
@@ -126,6 +129,9 @@ impl TwoShotSpec {
                             offset: theirs.start,
                             count: theirs.len(),
                             ranks: Ranks::only(owner),
+                            // Rounds 2, 3, … run with round 1, between the middle and the end
+                            // barrier (module doc).
+                            fused: round > 1,
                         },
                         step_tag(round),
                     ));

@@ -72,12 +72,16 @@ fn event(plan: &Plan, e: EventId) -> String {
     )
 }
 
-/// The instruction's verb ("copy", "reduce", "scale", "record", "wait", "peer-reduce") and its
-/// operands.
+/// The instruction's verb ("copy", "expose", "reduce", "scale", "record", "wait",
+/// "peer-reduce", "peer-reduce (fused)") and its operands.
 pub fn describe(plan: &Plan, instr: &Instr) -> (&'static str, String) {
     match instr.op {
         Op::Copy { src, dst } => (
             "copy",
+            format!("{} → {}", region(plan, src), region(plan, dst)),
+        ),
+        Op::Expose { src, dst } => (
+            "expose",
             format!("{} → {}", region(plan, src), region(plan, dst)),
         ),
         Op::Reduce { dst, a, b } => (
@@ -98,8 +102,13 @@ pub fn describe(plan: &Plan, instr: &Instr) -> (&'static str, String) {
             offset,
             count,
             ranks,
+            fused,
         } => (
-            "peer-reduce",
+            if fused {
+                "peer-reduce (fused)"
+            } else {
+                "peer-reduce"
+            },
             format!(
                 "{} = ⊕ {}[{}..{}] of {}",
                 region(plan, dst),

@@ -127,6 +127,7 @@ const MIN_WIDTH: usize = 960;
 fn style(op: &Op) -> (&'static str, String) {
     match *op {
         Op::Copy { .. } => ("#a6cee3", "copy".into()),
+        Op::Expose { .. } => ("#a6cee3", "expose".into()),
         Op::Reduce { .. } => ("#fdbf6f", "reduce".into()),
         Op::Scale { .. } => ("#b2df8a", "scale".into()),
         Op::Record(e) => ("#ccebc5", format!("rec e{}", e.0)),

@@ -54,7 +54,7 @@ fn check_result_per_element(plan: &Plan, order: &[(usize, usize)]) -> Check {
             })
         };
         match plan.ranks[rank][index].op {
-            Op::Copy { src, dst } => {
+            Op::Copy { src, dst } | Op::Expose { src, dst } => {
                 for k in 0..src.count {
                     let v = read(&memory, src, k)?;
                     memory[dst.buf.0][dst.offset + k] = Some(v.moved(src.offset, dst.offset));
@@ -559,6 +559,7 @@ fn program_strategy() -> impl Strategy<Value = Plan> {
                                     } else {
                                         crate::plan::Ranks::ALL
                                     },
+                                    fused: false,
                                 }));
                             }
                         }

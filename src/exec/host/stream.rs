@@ -4,7 +4,9 @@
 //! A record completes when the worker reaches it; a wait blocks the worker until the event's
 //! completed records reach the count captured when the wait was enqueued. A `PeerReduce` is a
 //! meeting on threads: a start barrier, the fold of every rank's source in rank order (as the GPU
-//! kernel folds), an end barrier. Invariant: every blocking wait here has the call's deadline and
+//! kernel folds), an end barrier — but none between a meeting and the next one when that one is
+//! `fused` (the plan's run of meetings then overlaps across ranks, as in one GPU kernel); an
+//! `Expose` is a copy. Invariant: every blocking wait here has the call's deadline and
 //! watches its abort flag, and defers at the deadline to an operation still running elsewhere,
 //! which names itself as the root cause.
 
@@ -186,7 +188,9 @@ fn run_op(call: &HostCall, rank: usize, index: usize, instr: &Instr) -> Result<(
     }
     let eb = call.elem_bytes;
     match instr.op {
-        Op::Copy { src, dst } => {
+        // The host runs an exposure as the copy it is (the plan allows skipping it only to
+        // a meeting that sends sources instead of reading them).
+        Op::Copy { src, dst } | Op::Expose { src, dst } => {
             // SAFETY: both regions lie inside their buffers (checked plan) and no other thread
             // touches them now (race-free plan); `copy` allows overlap.
             unsafe { std::ptr::copy(call.ptr(src), call.ptr(dst), src.count * eb) }
@@ -207,12 +211,22 @@ fn run_op(call: &HostCall, rank: usize, index: usize, instr: &Instr) -> Result<(
             // SAFETY: as above.
             unsafe { (call.folds.scale)(call.ptr(region), region.count, call.prepared.plan.world) }
         }
-        op @ Op::PeerReduce { dst, .. } => {
-            let meeting = call.prepared.plan.ranks[rank][..index]
+        op @ Op::PeerReduce { dst, fused, .. } => {
+            let program = &call.prepared.plan.ranks[rank];
+            let meeting = program[..index]
                 .iter()
                 .filter(|i| matches!(i.op, Op::PeerReduce { .. }))
                 .count() as u64;
-            meet(call, rank, index, 2 * meeting + 1, "start")?;
+            // A fused meeting has no start barrier, and the meeting before it no end barrier
+            // (the checker proved that they order nothing): the run's meetings overlap across
+            // ranks, as in a GPU kernel that runs them all.
+            let fused_next = matches!(
+                program.get(index + 1).map(|i| i.op),
+                Some(Op::PeerReduce { fused: true, .. })
+            );
+            if !fused {
+                meet(call, rank, index, 2 * meeting + 1, "start")?;
+            }
             let sources = crate::check::peer_sources(&call.prepared.plan, &op);
             // Folded in rank order, as the GPU kernel does: every rank gets the same bits. When
             // `dst` is one of the sources (the two-shot in place: a rank's own segment), the
@@ -253,7 +267,9 @@ fn run_op(call: &HostCall, rank: usize, index: usize, instr: &Instr) -> Result<(
                     std::ptr::copy_nonoverlapping(acc, call.ptr(dst), dst.count * eb);
                 }
             }
-            meet(call, rank, index, 2 * meeting + 2, "end")?;
+            if !fused_next {
+                meet(call, rank, index, 2 * meeting + 2, "end")?;
+            }
         }
         Op::Record(_) | Op::Wait(_) => unreachable!("records and waits are handled by the worker"),
     }

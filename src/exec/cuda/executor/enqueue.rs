@@ -32,7 +32,7 @@ use super::{CudaCall, Dispatch};
 use crate::device;
 use crate::error::{Error, Result};
 use crate::exec::panic_message;
-use crate::plan::{BufId, BufKind, EventId, Instr, Op, Ranks, Region, StreamKind, Tag};
+use crate::plan::{BufId, EventId, Instr, Op, Region, StreamKind, Tag};
 use crossbeam_channel::Receiver;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
@@ -165,15 +165,33 @@ pub(super) struct CudaEnqueue<'a> {
     /// The rank's resources of the call's plan.
     pub(super) plan: &'a RankPlan,
     pub(super) call: &'a CudaCall,
-    /// The in-place one-shot's exposure copy, fused into its kernel: a Main-stream copy into the
-    /// rank's exposed buffer is held back here; if the next instruction is the peer reduce that
-    /// reads exactly that region and writes exactly the copy's source, the kernel does the copy
-    /// itself (`OneShotArgs::expose_from`, before its start barrier); otherwise the copy is
-    /// enqueued as it stands. The caller must `flush` at the end of the program.
-    pub(super) held: Option<Instr>,
-    /// Whether this rank's steps kernel (a one-shot collective's) is enqueued: its first
-    /// meeting launches it, the others are inside it.
-    pub(super) steps_launched: bool,
+    /// The source of an [`Op::Expose`] held back for the one-shot meeting right after it (the
+    /// checker proved it is next): the read one-shot kernel does the copy before its start
+    /// barrier, the LL one-shot sends this source instead (`launch_oneshot`).
+    expose_from: Option<u64>,
+    /// Whether this rank's kernel of the call is launched: a two-shot's or a steps kernel runs
+    /// all of the rank's meetings, and its first meeting launches it.
+    kernel_launched: bool,
+}
+
+impl<'a> CudaEnqueue<'a> {
+    /// Rank `res.rank`'s enqueue of `call`, whose resources on this rank are `plan`.
+    pub(super) fn new(
+        res: &'a RankRes,
+        peer: Option<&'a PeerWords>,
+        plan: &'a RankPlan,
+        call: &'a CudaCall,
+    ) -> CudaEnqueue<'a> {
+        CudaEnqueue {
+            rank: res.rank,
+            res,
+            peer,
+            plan,
+            call,
+            expose_from: None,
+            kernel_launched: false,
+        }
+    }
 }
 
 impl CudaEnqueue<'_> {
@@ -191,60 +209,46 @@ impl CudaEnqueue<'_> {
         self.base(region.buf) + (region.offset * self.call.dtype.size_bytes()) as u64
     }
 
-    /// Enqueues a held-back exposure copy, if any.
-    pub(super) fn flush(&mut self) -> Result<()> {
-        match self.held.take() {
-            Some(copy) => self.enqueue_now(&copy, None),
+    /// Ends the rank's program: an exposure still held back had no meeting after it, which the
+    /// checker rules out.
+    pub(super) fn finish(&mut self) -> Result<()> {
+        match self.expose_from.take() {
+            Some(_) => Err(Error::Internal {
+                what: format!("rank {}'s program ends with an exposure", self.rank),
+            }),
             None => Ok(()),
         }
     }
 }
 
 impl CudaEnqueue<'_> {
-    /// Enqueues the rank's next instruction (or holds it back: see `held`).
+    /// Enqueues the rank's next instruction; an exposure before a one-shot meeting is held
+    /// back for that meeting's kernel ([`Op::Expose`] says what an executor may do with it).
     pub(super) fn enqueue(&mut self, instr: &Instr) -> Result<()> {
-        let plan = &*self.plan.plan;
-        if instr.stream == StreamKind::Main {
-            if let Op::Copy { dst, .. } = instr.op {
-                if plan.decl(dst.buf).kind == BufKind::Exposed {
-                    self.flush()?;
-                    self.held = Some(*instr);
-                    return Ok(());
+        match (instr.op, &*self.plan.dispatch) {
+            (Op::Expose { src, .. }, Dispatch::OneShot { .. }) => {
+                self.expose_from = Some(self.addr(src));
+                Ok(())
+            }
+            (op, _) => {
+                let expose_from = self.expose_from.take();
+                if expose_from.is_some() && !matches!(op, Op::PeerReduce { .. }) {
+                    return Err(Error::Internal {
+                        what: format!(
+                            "rank {}'s exposure is not followed by its meeting",
+                            self.rank
+                        ),
+                    });
                 }
+                self.enqueue_now(instr, expose_from)
             }
         }
-        let Some(held) = self.held.take() else {
-            return self.enqueue_now(instr, None);
-        };
-        let fused = match (held.op, instr.op) {
-            (
-                Op::Copy { src, dst: exposed },
-                Op::PeerReduce {
-                    dst,
-                    src: BufKind::Exposed,
-                    offset,
-                    count,
-                    ..
-                },
-            ) if instr.stream == StreamKind::Main
-                && dst == src
-                && Some(exposed.buf) == plan.buffer(plan.decl(dst.buf).rank, BufKind::Exposed)
-                && (exposed.offset, exposed.count) == (offset, count) =>
-            {
-                Some(self.addr(src))
-            }
-            _ => None,
-        };
-        if fused.is_none() {
-            self.enqueue_now(&held, None)?;
-        }
-        self.enqueue_now(instr, fused)
     }
 }
 
 impl CudaEnqueue<'_> {
-    /// Enqueues one instruction; `expose_from` is the fused exposure copy's source for a peer
-    /// reduce (see `fuse_exposure`).
+    /// Enqueues one instruction; `expose_from` is the held-back exposure's source for a one-shot
+    /// meeting (see `expose_from`).
     fn enqueue_now(&mut self, instr: &Instr, expose_from: Option<u64>) -> Result<()> {
         let call = self.call;
         let plan = &*self.plan.plan;
@@ -262,7 +266,7 @@ impl CudaEnqueue<'_> {
                 self.wait_for_signal(e, instr.stream, stream)
             }
             Op::Wait(e) => device::wait(stream, self.own_event(e)?),
-            Op::Copy { src, dst } => {
+            Op::Copy { src, dst } | Op::Expose { src, dst } => {
                 // One kind of copy, by address (unified addressing), whichever ranks' memory the
                 // ends are in: a peer's, over peer access (or, without it, through the host, as
                 // the driver does it); pinned host memory; or this rank's.
@@ -302,20 +306,18 @@ impl CudaEnqueue<'_> {
                     )
                 }
             }
-            op @ Op::PeerReduce { dst, ranks, .. } => match &*self.plan.dispatch {
-                // The two-shot: step 0 (every rank's sources) launches the rank's whole kernel;
-                // the gather rounds are inside it.
-                Dispatch::TwoShot { segments } if ranks == Ranks::ALL => {
+            op @ Op::PeerReduce { dst, .. } => match &*self.plan.dispatch {
+                // The two-shot and a one-shot collective: the rank's first meeting launches its
+                // kernel, which runs all of the rank's meetings with the plan's barriers
+                // (`layout` verified them against the kernel's); the others are inside it.
+                _ if self.kernel_launched => Ok(()),
+                Dispatch::TwoShot { segments } => {
+                    self.kernel_launched = true;
                     self.launch_twoshot(plan.decl(dst.buf).rank, segments)
                 }
-                Dispatch::TwoShot { .. } => Ok(()),
-                // A one-shot collective: the rank's first meeting launches its whole kernel.
                 Dispatch::Steps { steps } => {
-                    if std::mem::replace(&mut self.steps_launched, true) {
-                        Ok(())
-                    } else {
-                        self.launch_steps(self.rank, &steps[self.rank])
-                    }
+                    self.kernel_launched = true;
+                    self.launch_steps(self.rank, &steps[self.rank])
                 }
                 Dispatch::OneShot { kernel } => {
                     self.launch_oneshot(*kernel, op, dst, expose_from, stream)

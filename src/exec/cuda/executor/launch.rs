@@ -216,22 +216,14 @@ pub(super) fn enqueue_rank(res: &RankRes, peer: Option<&PeerWords>, call: &CudaC
     let rank = res.rank;
     device::bind(&res.ctx)?;
     let plan = &call.plans[rank];
-    let mut backend = CudaEnqueue {
-        rank,
-        res,
-        peer,
-        plan,
-        call,
-        held: None,
-        steps_launched: false,
-    };
+    let mut backend = CudaEnqueue::new(res, peer, plan, call);
     for instr in &plan.plan.ranks[rank] {
         if call.abort.load(Ordering::Acquire) {
             return Err(crate::exec::aborted(rank));
         }
         backend.enqueue(instr)?;
     }
-    backend.flush()?;
+    backend.finish()?;
     record_done(res, call)
 }
 
@@ -252,15 +244,7 @@ fn enqueue_in_order(
 ) -> Result<()> {
     let mut enqueues: Vec<CudaEnqueue<'_>> = ranks
         .iter()
-        .map(|r| CudaEnqueue {
-            rank: r.res.rank,
-            res: &r.res,
-            peer: r.peer.as_deref(),
-            plan: &call.plans[r.res.rank],
-            call,
-            held: None,
-            steps_launched: false,
-        })
+        .map(|r| CudaEnqueue::new(&r.res, r.peer.as_deref(), &call.plans[r.res.rank], call))
         .collect();
     let mut bound = None;
     let mut bind = |rank: usize| -> Result<()> {
@@ -277,7 +261,7 @@ fn enqueue_in_order(
     }
     for (rank, enqueue) in enqueues.iter_mut().enumerate() {
         bind(rank)?;
-        enqueue.flush()?;
+        enqueue.finish()?;
         record_done(&ranks[rank].res, call)?;
     }
     Ok(())

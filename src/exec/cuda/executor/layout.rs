@@ -6,6 +6,14 @@
 //! plan of any other collective the layout the steps kernel runs between a single start and end
 //! barrier ([`steps_layout`], which reads each rank's steps, [`StepLayout`], out of it).
 //!
+//! What a kernel runs is what the plan says: one kernel per rank runs a run of meetings fused
+//! in the plan (`Op::PeerReduce::fused`: no barrier between them) between one start and one end
+//! barrier, and may run several runs one after the other with one barrier between them (an end
+//! barrier followed at once, on every rank, by a start barrier orders exactly what either
+//! does); the in-place exposure (`Op::Expose`) is done inside the read one-shot or skipped by
+//! the LL one-shot. Why the fusions are safe is the checker's proof (`check::fused`), not these
+//! checks': they only match the plan's structure to the kernel's.
+//!
 //! Invariant: a plan these accept runs exactly the work the checker proved, with the kernels'
 //! grids, sources, segments and steps the same as the plan's on every rank. A plan they refuse
 //! came from this crate's own planners, so the refusal is [`Error::Internal`] (a bug here), not
@@ -29,10 +37,10 @@ pub(super) struct StepLayout {
 /// Each rank's steps for the steps kernel, after verifying that the plan has the layout it
 /// implements: every rank's work is peer reduces on Main (and a final `Scale`), each reading
 /// every rank or exactly one, moving the plan's count or nothing (a rank that only joins), at
-/// most [`PEER_MAX_RANKS`] that move data per rank; and no meeting writes anything another
-/// meeting — of any rank — reads or writes, which is what lets one kernel run all of a rank's
-/// meetings between a single start and end barrier (the checker proves each meeting with
-/// barriers of its own). `None` for a plan without meetings (one rank, or zero elements).
+/// most [`PEER_MAX_RANKS`] that move data per rank; and every meeting after a rank's first is
+/// fused to the one before, so that one kernel runs them all between a single start and end
+/// barrier (the checker proved those fusions safe). `None` for a plan without meetings (one
+/// rank, or zero elements).
 pub(super) fn steps_layout(plan: &Plan) -> Result<Option<Vec<Vec<StepLayout>>>> {
     let bad = |why: String| {
         Err(Error::Internal {
@@ -41,8 +49,6 @@ pub(super) fn steps_layout(plan: &Plan) -> Result<Option<Vec<Vec<StepLayout>>>> 
     };
     let n = plan.world;
     let mut all: Vec<Vec<StepLayout>> = Vec::with_capacity(n);
-    // Per meeting (rank, its k-th peer reduce): what it writes and what it reads.
-    let mut accesses: Vec<(usize, usize, Region, Vec<Region>)> = Vec::new();
     let mut meetings = 0;
     for rank in 0..n {
         let program = &plan.ranks[rank];
@@ -55,12 +61,20 @@ pub(super) fn steps_layout(plan: &Plan) -> Result<Option<Vec<Vec<StepLayout>>>> 
                     return bad(format!("rank {rank} has work off its Main stream"))
                 }
                 Op::Scale { .. } if i + 1 == program.len() => {}
+                Op::PeerReduce { fused, .. } if fused != (k > 0) => {
+                    return bad(format!(
+                        "rank {rank}'s meeting {k} is {}fused to the one before: the steps \
+                         kernel runs every meeting between one start and one end barrier",
+                        if fused { "" } else { "not " }
+                    ))
+                }
                 Op::PeerReduce {
                     dst,
                     src,
                     offset,
                     count,
                     ranks,
+                    ..
                 } => {
                     let readers = (0..n).filter(|&q| ranks.contains(q)).count();
                     let from = match (ranks, readers) {
@@ -85,7 +99,6 @@ pub(super) fn steps_layout(plan: &Plan) -> Result<Option<Vec<Vec<StepLayout>>>> 
                             offset,
                             dst,
                         });
-                        accesses.push((rank, k, dst, crate::check::peer_sources(plan, &op)));
                     }
                     k += 1;
                 }
@@ -108,28 +121,16 @@ pub(super) fn steps_layout(plan: &Plan) -> Result<Option<Vec<Vec<StepLayout>>>> 
     if meetings == 0 {
         return Ok(None);
     }
-    for (rank, k, dst, _) in &accesses {
-        for (other, k2, dst2, reads) in &accesses {
-            if k == k2 {
-                continue; // one meeting: the checker proved its ranks' accesses race-free
-            }
-            if dst.overlaps(dst2) || reads.iter().any(|r| r.overlaps(dst)) {
-                return bad(format!(
-                    "rank {rank}'s meeting {k} writes what rank {other}'s meeting {k2} reads or writes: \
-                     they would need a barrier between them"
-                ));
-            }
-        }
-    }
     Ok(Some(all))
 }
 
 /// Each rank's segment (offset, count) of a two-shot plan, after verifying that the plan has
 /// exactly the layout the fused two-shot kernel implements: on every rank, a peer reduce of
 /// every rank's sources into its own output segment, then one peer reduce per other rank q — in
-/// the order `twoshot::gather_from` gives — copying q's output segment from q alone, and nothing
-/// else but a final `Scale`; the segments tile the buffer in rank order. `None` for an empty
-/// plan (one rank, or zero elements).
+/// the order `twoshot::gather_from` gives — copying q's output segment from q alone, each gather
+/// round after the first fused to the one before (the kernel runs them between its middle and
+/// end barrier), and nothing else but a final `Scale`; the segments tile the buffer in rank
+/// order. `None` for an empty plan (one rank, or zero elements).
 pub(super) fn twoshot_segments(plan: &Plan) -> Result<Option<Vec<(usize, usize)>>> {
     let n = plan.world;
     let peer_ops = |rank: usize| -> Vec<Op> {
@@ -161,6 +162,7 @@ pub(super) fn twoshot_segments(plan: &Plan) -> Result<Option<Vec<(usize, usize)>
                 offset,
                 count,
                 ranks: Ranks::ALL,
+                fused: false,
             }) if dst.offset == offset
                 && src == src_kind
                 && plan.decl(dst.buf).rank == rank
@@ -196,8 +198,9 @@ pub(super) fn twoshot_segments(plan: &Plan) -> Result<Option<Vec<(usize, usize)>
         for (round, op) in ops.iter().enumerate().skip(1) {
             let owner = crate::plan::twoshot::gather_from(rank, round, n);
             let (offset, count) = segments[owner];
-            let fits = matches!(*op, Op::PeerReduce { dst, src: BufKind::Output, offset: o, count: c, ranks }
+            let fits = matches!(*op, Op::PeerReduce { dst, src: BufKind::Output, offset: o, count: c, ranks, fused }
                 if ranks == Ranks::only(owner)
+                    && fused == (round > 1)
                     && (o, c) == (offset, count)
                     && (dst.offset, dst.count) == (offset, count)
                     && plan.decl(dst.buf).rank == rank
@@ -228,8 +231,9 @@ pub(super) fn twoshot_segments(plan: &Plan) -> Result<Option<Vec<(usize, usize)>
 
 /// Verifies that a one-shot plan has the layout the one-shot kernel assumes: in every meeting,
 /// every rank reads every rank (`Ranks::ALL`) over the same source kind and range, so that all
-/// ranks launch the same grid and every source is known. (The checker allows more: ranks of a
-/// meeting reading different ranges or a subset of ranks, as the two-shot does.)
+/// ranks launch the same grid and every source is known, and no meeting is fused (each meeting
+/// is a kernel of its own, with both barriers). (The checker allows more: ranks of a meeting
+/// reading different ranges or a subset of ranks, as the two-shot does.)
 pub(super) fn oneshot_layout(plan: &Plan) -> Result<()> {
     let meetings = |rank: usize| -> Vec<Op> {
         plan.ranks[rank]
@@ -258,6 +262,7 @@ pub(super) fn oneshot_layout(plan: &Plan) -> Result<()> {
                         offset,
                         count,
                         ranks,
+                        fused: false,
                         ..
                     },
                     Op::PeerReduce {
