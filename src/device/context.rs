@@ -89,6 +89,21 @@ pub fn device_info(index: usize) -> Result<DeviceInfo> {
     })
 }
 
+/// The ordinal, in this process, of the GPU whose UUID is `uuid` ([`DeviceInfo::uuid`]); `None`
+/// when no visible device has it (`CUDA_VISIBLE_DEVICES` may hide a GPU that another process
+/// uses). Creates no context.
+pub fn ordinal_of(uuid: &[u8; 16]) -> Result<Option<usize>> {
+    let count = device_count()?;
+    for index in 0..count {
+        let dev = cu_device(index)?;
+        let theirs = result::device::get_uuid(dev).call("cuDeviceGetUuid")?;
+        if theirs.bytes.map(|b| b as u8) == *uuid {
+            return Ok(Some(index));
+        }
+    }
+    Ok(None)
+}
+
 /// The driver returns counts and versions as C ints; they are never negative.
 fn non_negative(value: c_int) -> u32 {
     u32::try_from(value).unwrap_or(0)

@@ -15,10 +15,11 @@
 //! | file | what |
 //! |---|---|
 //! | `mod.rs` | status → `Result` (`check`, `DriverResultExt`, `guard`), driver presence ([`driver_available`]), [`device_count`], [`driver_version`] |
-//! | `context.rs` | primary contexts ([`context()`]), binding and restoring the current context, [`DeviceInfo`], [`memory_info`] |
+//! | `context.rs` | primary contexts ([`context()`]), binding and restoring the current context, [`DeviceInfo`], a GPU's ordinal from its UUID ([`ordinal_of`]), [`memory_info`] |
+//! | `module.rs` | loading kernel code into a context ([`load_module`], [`load_function`], [`compute_capability`]) |
 //! | `peer.rs` | peer access ([`can_access_peer`], [`enable_peer_access`], [`p2p_attributes`]), pool access grants, pointer queries |
 //! | `memory.rs` | [`DeviceBuffer`], [`PinnedHost`], asynchronous copies and fills ([`memcpy_peer_async`], [`memcpy_async`], [`memset_d32_async`]) |
-//! | `stream.rs` | [`Stream`], [`Event`], [`record`], [`wait`] (and the trap of waiting before recording), synchronize, query, elapsed time, and the crate's one kernel launch (`launch_kernel`: every kernel of `exec::cuda::kernels` goes through it) |
+//! | `stream.rs` | [`Stream`], [`Event`], [`record`], [`wait`] (and the trap of waiting before recording), synchronize, query, elapsed time, a caller's stream's [`capture_status`], cudarc's [`tracking_stream`], and the crate's one kernel launch (`launch_kernel`: every kernel of `exec::cuda::kernels` goes through it) |
 //! | `gate.rs` | [`gate`]: this crate's blocking calls wait for spinning peer kernels and hold new launches back |
 //!
 //! Every public item is re-exported here, so its path is `ringreduce::device::<name>`.
@@ -112,12 +113,14 @@
 mod context;
 pub mod gate;
 mod memory;
+mod module;
 mod peer;
 mod stream;
 
 pub(crate) use context::{bind, save_current};
-pub use context::{context, device_info, devices, memory_info, DeviceInfo};
+pub use context::{context, device_info, devices, memory_info, ordinal_of, DeviceInfo};
 pub use memory::{memcpy_async, memcpy_peer_async, memset_d32_async, DeviceBuffer, PinnedHost};
+pub use module::{compute_capability, load_function, load_module};
 pub use peer::{
     can_access_peer, disable_peer_access, enable_peer_access, grant_pointer_pool_access,
     grant_pool_access, p2p_attributes, peer_matrix, pointer_device, pointer_is_pool_memory,
@@ -125,8 +128,8 @@ pub use peer::{
 };
 pub(crate) use stream::launch_kernel;
 pub use stream::{
-    event_elapsed_ms, event_query, event_synchronize, record, record_on_raw_stream, stream_query,
-    stream_synchronize, wait, wait_on_raw_stream, Event, Stream,
+    capture_status, event_elapsed_ms, event_query, event_synchronize, record, record_on_raw_stream,
+    stream_query, stream_synchronize, tracking_stream, wait, wait_on_raw_stream, Event, Stream,
 };
 
 use crate::error::{Error, Result};

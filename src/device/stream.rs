@@ -46,6 +46,21 @@ unsafe impl Send for Stream {}
 // stream is the enqueuers' concern, not memory safety's.
 unsafe impl Sync for Stream {}
 
+/// A cudarc stream of `ctx` (`cuStreamCreate`), for cudarc's own bookkeeping: the first one a
+/// context handle makes puts it in cudarc's multi-stream mode, in which cudarc records a slice's
+/// read and write events on the stream that uses it (and synchronizes the context once).
+pub fn tracking_stream(ctx: &Arc<CudaContext>) -> Result<Arc<CudaStream>> {
+    super::guard("cuStreamCreate", || ctx.new_stream().call("cuStreamCreate"))
+}
+
+/// Whether `stream` (a caller's) is being captured into a CUDA graph, and how
+/// (`cuStreamGetCaptureInfo`).
+pub fn capture_status(stream: &CudaStream) -> Result<sys::CUstreamCaptureStatus> {
+    guard("cuStreamGetCaptureInfo", || {
+        stream.capture_status().call("cuStreamGetCaptureInfo")
+    })
+}
+
 impl Stream {
     /// Creates a non-blocking stream in `ctx` (`cuStreamCreate`); binds `ctx`.
     pub fn new(ctx: &Arc<CudaContext>) -> Result<Self> {

@@ -10,19 +10,26 @@
 //!   its peers write or read — staging slots, counters' mailboxes, the peer kernels' flags — as
 //!   a handle in its record; each peer imports the handle as an address valid in its own
 //!   context;
-//! - **a lost peer**: the rank that is gone, once the fabric knows.
+//! - **a lost peer**: the rank that is gone, once the fabric knows;
+//! - **reach**: how a rank's context reaches a peer's GPU ([`Reach`]: the same GPU, peer access,
+//!   or not directly), asked by the peer's [`Identity`] (its UUID), never by an ordinal — and
+//!   made so where that takes a step in this process.
 //!
 //! [`InProcess`] is the fabric of ranks that share one process (today's `Communicator`): its
 //! records need no transport (the driver holds every rank's), a handle is the address itself
-//! (one address space: identity addresses, reached over peer access), and no peer can be lost
-//! without the whole process. A fabric between processes (CUDA IPC handles, a rendezvous over
+//! (one address space: identity addresses, reached over peer access, which it enables between
+//! the ranks' contexts), and no peer can be lost without the whole process. A fabric between processes (CUDA IPC handles, a rendezvous over
 //! TCP) implements the same trait under the same rank executor.
 //!
 //! Invariant: `all_gather` returns every rank's record exactly as that rank gave it, in rank
 //! order; `import(export(m))` is an address of the same memory in the importing rank's context.
 
+use crate::device;
 use crate::error::{Error, Result};
+use crate::topo;
+use cudarc::driver::CudaContext;
 use std::ops::Range;
+use std::sync::Arc;
 
 /// A record a rank contributes to an all-gather: a few 64-bit words.
 pub(crate) type Record = Vec<u64>;
@@ -58,6 +65,18 @@ pub(crate) trait Fabric: Send + Sync {
 
     /// A rank the fabric knows is gone, if any.
     fn lost_peer(&self) -> Option<usize>;
+
+    /// How local rank `rank`'s context `ctx` (on this process's GPU `own`) reaches the GPU of a
+    /// peer that reported `peer` ([`Reach`]), making it reachable where that takes a step in
+    /// this process (enabling peer access between the two contexts). `Err` when that step
+    /// failed; the peer is then not reached.
+    fn reach(
+        &self,
+        rank: usize,
+        ctx: &Arc<CudaContext>,
+        own: &Identity,
+        peer: &Identity,
+    ) -> Result<Reach>;
 }
 
 /// The fabric of ranks that share one process (module doc).
@@ -114,6 +133,128 @@ impl Fabric for InProcess {
     fn lost_peer(&self) -> Option<usize> {
         None
     }
+
+    /// In one process, a peer's GPU is one of this process's: found by its UUID, asked
+    /// `cuDeviceCanAccessPeer`, and reached by enabling access from this rank's context to that
+    /// GPU's primary context (the one the peer rank uses).
+    fn reach(
+        &self,
+        _rank: usize,
+        ctx: &Arc<CudaContext>,
+        own: &Identity,
+        peer: &Identity,
+    ) -> Result<Reach> {
+        if own.same_gpu(peer) {
+            return Ok(Reach::SameGpu);
+        }
+        let Some(theirs) = device::ordinal_of(&peer.uuid)? else {
+            return Ok(Reach::NotVisible);
+        };
+        if !device::can_access_peer(own.ordinal, theirs)? {
+            return Ok(Reach::NoPeerAccess);
+        }
+        let peer_ctx = device::context(theirs)?;
+        device::enable_peer_access(ctx, &peer_ctx)?;
+        Ok(Reach::Peer)
+    }
+}
+
+/// What a rank says about its GPU at creation (its record), so that every rank knows its peers'
+/// GPUs by identity, not by an ordinal that means another GPU in another process: the device's
+/// UUID (as `nvidia-smi -L` prints it), its PCI bus id (as NVML and `nvidia-smi topo` know it),
+/// its SM count, and its ordinal in the rank's own process (how that process's user names it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Identity {
+    pub(crate) uuid: [u8; 16],
+    /// Domain, bus, device and function, packed ([`pack_bus_id`]).
+    pub(crate) pci_bus_id: u64,
+    pub(crate) sm_count: u32,
+    pub(crate) ordinal: usize,
+}
+
+/// A PCI bus id ("0000:19:00.0", either spelling [`topo::parse_pci_bus_id`] reads) as one word:
+/// domain, bus, device, function from the high bits down; `u64::MAX` when it does not parse.
+pub(crate) fn pack_bus_id(text: &str) -> u64 {
+    match topo::parse_pci_bus_id(text) {
+        Some((domain, bus, device, function)) => {
+            (u64::from(domain) << 32)
+                | (u64::from(bus & 0xffff) << 16)
+                | (u64::from(device & 0xff) << 8)
+                | u64::from(function & 0xff)
+        }
+        None => u64::MAX,
+    }
+}
+
+impl Identity {
+    /// The identity of this process's GPU `ordinal`.
+    pub(crate) fn of(ordinal: usize) -> Result<Identity> {
+        let info = device::device_info(ordinal)?;
+        Ok(Identity {
+            uuid: info.uuid,
+            pci_bus_id: pack_bus_id(&info.pci_bus_id),
+            sm_count: info.sm_count,
+            ordinal,
+        })
+    }
+
+    /// Whether the two are one GPU.
+    pub(crate) fn same_gpu(&self, other: &Identity) -> bool {
+        self.uuid == other.uuid
+    }
+
+    /// The identity as a record: the UUID in two words, the bus id, the SM count, the ordinal.
+    pub(crate) fn record(&self) -> Record {
+        let (lo, hi) = self.uuid.split_at(8);
+        let word = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+        vec![
+            word(lo),
+            word(hi),
+            self.pci_bus_id,
+            u64::from(self.sm_count),
+            self.ordinal as u64,
+        ]
+    }
+
+    /// Rank `from`'s identity, from its record.
+    pub(crate) fn from_record(from: usize, record: &[u64]) -> Result<Identity> {
+        let mut fields = Fields::new(from, record);
+        let words = fields.take(2)?;
+        let pci_bus_id = fields.word()?;
+        let sm_count = u32::try_from(fields.word()?).unwrap_or(u32::MAX);
+        let ordinal = usize::try_from(fields.word()?).unwrap_or(usize::MAX);
+        fields.finish()?;
+        let mut uuid = [0u8; 16];
+        uuid[..8].copy_from_slice(&words[0].to_le_bytes());
+        uuid[8..].copy_from_slice(&words[1].to_le_bytes());
+        Ok(Identity {
+            uuid,
+            pci_bus_id,
+            sm_count,
+            ordinal,
+        })
+    }
+}
+
+/// How a rank's context reaches a peer's GPU memory ([`Fabric::reach`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reach {
+    /// The peer's GPU is this rank's own.
+    SameGpu,
+    /// Directly, over peer access (NVLink or PCIe), enabled where it needs enabling.
+    Peer,
+    /// The driver says this GPU cannot map the peer's (`cuDeviceCanAccessPeer` = 0).
+    NoPeerAccess,
+    /// The peer's GPU is not visible in this process (`CUDA_VISIBLE_DEVICES`), so whether it
+    /// can be reached cannot be asked.
+    NotVisible,
+}
+
+impl Reach {
+    /// Whether the peer's memory is reached directly (same GPU, or peer access).
+    pub(crate) fn direct(self) -> bool {
+        matches!(self, Reach::SameGpu | Reach::Peer)
+    }
 }
 
 /// Reads a record as fields of known lengths: the cursor every decoder of a record uses, so that
@@ -149,6 +290,18 @@ impl<'a> Fields<'a> {
         self.take(1).map(|w| w[0])
     }
 
+    /// The next text ([`push_text`] wrote it: its length in bytes, then its bytes in words).
+    pub(crate) fn text(&mut self) -> Result<String> {
+        let len = usize::try_from(self.word()?).unwrap_or(usize::MAX);
+        let words = self.take(len.div_ceil(8))?;
+        let bytes: Vec<u8> = words
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .take(len)
+            .collect();
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
     /// Whether every word was read (a longer record than expected is as wrong as a shorter).
     pub(crate) fn finish(self) -> Result<()> {
         match self.words.len() {
@@ -160,9 +313,52 @@ impl<'a> Fields<'a> {
     }
 }
 
+/// Appends `text` to a record as [`Fields::text`] reads it.
+pub(crate) fn push_text(record: &mut Record, text: &str) {
+    record.push(text.len() as u64);
+    for chunk in text.as_bytes().chunks(8) {
+        let mut word = [0u8; 8];
+        word[..chunk.len()].copy_from_slice(chunk);
+        record.push(u64::from_le_bytes(word));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn identities_and_texts_survive_a_record() {
+        let id = Identity {
+            uuid: *b"0123456789abcdef",
+            pci_bus_id: pack_bus_id("0000:19:00.0"),
+            sm_count: 132,
+            ordinal: 3,
+        };
+        assert_eq!(id.pci_bus_id, (0x19 << 16) as u64);
+        assert_eq!(
+            pack_bus_id("00000000:9A:01.1"),
+            (0x9a << 16 | 1 << 8 | 1) as u64
+        );
+        assert_eq!(pack_bus_id("no bus"), u64::MAX);
+        assert_eq!(Identity::from_record(2, &id.record()).unwrap(), id);
+        assert!(Identity::from_record(2, &id.record()[..4]).is_err());
+        for text in [
+            "",
+            "peer",
+            "exactly8",
+            "a reason of some length — with UTF-8",
+        ] {
+            let mut record = vec![7];
+            push_text(&mut record, text);
+            record.push(9);
+            let mut fields = Fields::new(0, &record);
+            assert_eq!(fields.word().unwrap(), 7);
+            assert_eq!(fields.text().unwrap(), text);
+            assert_eq!(fields.word().unwrap(), 9);
+            fields.finish().unwrap();
+        }
+    }
 
     #[test]
     fn the_in_process_fabric_hands_every_record_back_and_imports_what_was_exported() {

@@ -86,10 +86,20 @@ pub fn peer_edge(
         // synchronized the stream.
         unsafe { device::memcpy_peer_async(dst.ptr(), to, src.ptr(), from, PROBE_BYTES, stream) }
     })?;
+    peer_figure(measured, link, || host_copy(from, stream, true))
+}
+
+/// The probe of a peer edge that `measured` GB/s over a link `link`; `host` times the host path
+/// to compare with where the link is unknown.
+pub(crate) fn peer_figure(
+    measured: f64,
+    link: Option<Link>,
+    host: impl FnOnce() -> Result<f64>,
+) -> Result<Probe> {
     let expected = link.map(|l| l.peer_estimate().gb_per_s());
     let host = match expected {
         Some(_) => None,
-        None => Some(host_copy(from, stream, true)?),
+        None => Some(host()?),
     };
     Ok(Probe {
         measured_gb_per_s: measured,
@@ -102,17 +112,37 @@ pub fn peer_edge(
 pub fn staged_edge(from_stream: &Stream, to_stream: &Stream, link: Option<Link>) -> Result<Probe> {
     let d2h = host_copy(from_stream.context(), from_stream, true)?;
     let h2d = host_copy(to_stream.context(), to_stream, false)?;
-    let measured = d2h.min(h2d);
-    let expected = link.map(|l| l.staged_estimate().gb_per_s());
-    Ok(Probe {
-        measured_gb_per_s: measured,
-        expected_gb_per_s: expected,
-        slow: slow_reason(measured, expected, None),
+    Ok(staged_figure(d2h, h2d, link))
+}
+
+/// GB/s of a push of [`PROBE_BYTES`] from a buffer of `stream`'s context into `dst` (memory of
+/// another GPU, reachable by address: a peer's buffer as this rank imported it), on `stream`.
+///
+/// # Safety
+/// `dst` is [`PROBE_BYTES`] of device memory that nothing else uses until this returns.
+pub(crate) unsafe fn push_to(stream: &Stream, dst: u64) -> Result<f64> {
+    let src = DeviceBuffer::zeroed(stream.context(), PROBE_BYTES)?;
+    timed(stream, || {
+        // SAFETY: `src` is ours and `dst` is the caller's promise, both PROBE_BYTES long, and
+        // live until `timed` has synchronized the stream.
+        unsafe { device::memcpy_async(dst, src.ptr(), PROBE_BYTES, stream) }
     })
 }
 
+/// The probe of a staged edge whose sender measured `d2h` GB/s to the host and whose receiver
+/// `h2d` from it, over a link `link`: the slower half.
+pub(crate) fn staged_figure(d2h: f64, h2d: f64, link: Option<Link>) -> Probe {
+    let measured = d2h.min(h2d);
+    let expected = link.map(|l| l.staged_estimate().gb_per_s());
+    Probe {
+        measured_gb_per_s: measured,
+        expected_gb_per_s: expected,
+        slow: slow_reason(measured, expected, None),
+    }
+}
+
 /// GB/s of a copy between `ctx`'s memory and pinned host memory, one direction.
-fn host_copy(ctx: &Arc<CudaContext>, stream: &Stream, to_host: bool) -> Result<f64> {
+pub(crate) fn host_copy(ctx: &Arc<CudaContext>, stream: &Stream, to_host: bool) -> Result<f64> {
     let dev = DeviceBuffer::zeroed(ctx, PROBE_BYTES)?;
     let host = PinnedHost::new(ctx, PROBE_BYTES)?;
     let (dst, src) = if to_host {

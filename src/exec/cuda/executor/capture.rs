@@ -42,9 +42,7 @@ pub(super) fn capturing(streams: &[Arc<CudaStream>]) -> Result<bool> {
     use sys::CUstreamCaptureStatus as S;
     let mut states = Vec::with_capacity(streams.len());
     for (rank, stream) in streams.iter().enumerate() {
-        let status = stream
-            .capture_status()
-            .map_err(device::check("cuStreamGetCaptureInfo"))?;
+        let status = device::capture_status(stream)?;
         if status == S::CU_STREAM_CAPTURE_STATUS_INVALIDATED {
             return Err(Error::NotCapturable {
                 reason: format!("rank {rank}'s stream is in a capture that was invalidated"),

@@ -4,10 +4,12 @@
 //!
 //! At creation each rank executor binds its rank to a GPU and makes its context, four
 //! non-blocking streams (Main, Send, Recv, Reduce), kernels and error word; the ranks all-gather
-//! their GPUs' identities (UUIDs), and the communicator decides how each ring edge moves data
-//! ([`Transport`]: peer copies where `cuDeviceCanAccessPeer` allows and peer access could be
-//! enabled, pinned-host staging elsewhere, or forced either way) and, where the peer kernels can
-//! run, has every rank make its peer words and import its peers'. Per message shape it builds a
+//! their GPUs' identities (UUID, PCI bus id), each decides how its outgoing ring edge moves data
+//! from how it reaches the receiver's GPU by that identity ([`Transport`]: peer copies where
+//! `cuDeviceCanAccessPeer` allows and peer access could be enabled, pinned-host staging
+//! elsewhere, or forced either way) and whether it reaches every peer, probes its halves of its
+//! edges, and the ranks all-gather those too (module `edges`); where the peer kernels can run,
+//! every rank makes its peer words and imports its peers'. Per message shape it builds a
 //! plan, checks it, decides once how it runs (`Dispatch`) and who enqueues it (`Schedule`),
 //! and has every rank prepare it: each allocates its events, staging and event counters, the
 //! fabric all-gathers their export handles, each imports its peers' (the in-place one-shot's
@@ -58,6 +60,7 @@ mod teardown;
 
 pub use edges::{auto_chunk_bytes, EdgeInfo};
 
+use super::fabric::Identity;
 use super::fabric::{Fabric, InProcess};
 use super::kernels::PEER_MAX_RANKS;
 use crate::device;
@@ -69,11 +72,11 @@ use crate::exec::{caller_address, Algorithm, PlanCache, Shape};
 use crate::plan::{BufKind, Collective, EdgeTransport, Op, Plan, StreamKind};
 use crossbeam_channel::Sender;
 use cudarc::driver::CudaStream;
-use edges::{decide_edges, probe_edges};
+use edges::{apply_probes, edges_from_records, probe_own, probe_target, reach_peers};
 use enqueue::{gpu_rank_thread, wait_done};
 use layout::{oneshot_layout, steps_layout, twoshot_segments, StepLayout};
 use peer::{allocate_peer_words, connect_peer_words, peer_kernels_fit, PeerKernel};
-use rank::{Identity, RankExecutor, RankPlan};
+use rank::{RankExecutor, RankPlan};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -318,13 +321,38 @@ impl CudaExecutor {
             .iter()
             .enumerate()
             .any(|(i, id)| identities[..i].iter().any(|o| o.uuid == id.uuid));
-        let shared: Vec<Arc<rank::RankRes>> = ranks.iter().map(|r| r.res.clone()).collect();
-        let mut edges = decide_edges(&shared, config.transport)?;
+        // Every rank decides its own edge from how its context reaches its peers' GPUs (the
+        // fabric's reach, asked by identity), and whether it reaches all of them directly; the
+        // records tell every rank every edge.
+        let all_pairs = peer_kernels_fit(ranks.len(), config.transport);
+        let records = ranks
+            .iter()
+            .map(|r| reach_peers(&r.res, &fabric, &identities, config.transport, all_pairs))
+            .collect::<Result<Vec<_>>>()?;
+        let (mut edges, all_direct) =
+            edges_from_records(&fabric.all_gather(records)?, &identities)?;
+        let peers_ok = all_pairs && all_direct;
         if config.probe_edges && !edges.is_empty() {
-            probe_edges(&shared, &mut edges)?;
+            // Each rank times its own halves of its two edges (a push into a target its
+            // receiver exported, or its half of a staged edge); the targets live until every
+            // figure is in.
+            let links = edges::links(&edges, &identities);
+            let mut targets = Vec::with_capacity(ranks.len());
+            let mut records = Vec::with_capacity(ranks.len());
+            for r in &ranks {
+                let (target, record) = probe_target(&r.res, &fabric, &edges, &identities)?;
+                targets.push(target);
+                records.push(record);
+            }
+            let records = fabric.all_gather(records)?;
+            let figures = ranks
+                .iter()
+                .map(|r| probe_own(&r.res, &fabric, &edges, &identities, &links, &records))
+                .collect::<Result<Vec<_>>>()?;
+            let figures = fabric.all_gather(figures)?;
+            drop(targets);
+            apply_probes(&mut edges, &identities, &links, &figures)?;
         }
-        let peers_ok =
-            peer_kernels_fit(ranks.len(), config.transport) && enable_all_peer_access(&shared)?;
         if peers_ok {
             let mut own = Vec::with_capacity(ranks.len());
             let mut records = Vec::with_capacity(ranks.len());
@@ -787,26 +815,4 @@ impl CudaExecutor {
         }
         Ok(())
     }
-}
-
-/// The in-process fabric's peer access: enables it between every pair of the ranks' contexts
-/// (ranks sharing a GPU need none); `false` where a pair of GPUs cannot reach each other or an
-/// enable is refused (e.g. more than 8 peers of one device) — then the peer kernels cannot run
-/// here, and the ring still can.
-fn enable_all_peer_access(ranks: &[Arc<rank::RankRes>]) -> Result<bool> {
-    for a in ranks {
-        for b in ranks {
-            if a.device != b.device && !device::can_access_peer(a.device, b.device)? {
-                return Ok(false);
-            }
-        }
-    }
-    for a in ranks {
-        for b in ranks {
-            if device::enable_peer_access(&a.ctx, &b.ctx).is_err() {
-                return Ok(false);
-            }
-        }
-    }
-    Ok(true)
 }

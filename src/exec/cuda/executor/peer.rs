@@ -32,11 +32,12 @@
 
 use super::enqueue::CudaEnqueue;
 use super::layout::StepLayout;
-use super::rank::{Identity, RankRes};
+use super::rank::RankRes;
 use super::{CudaCall, CudaExecutor, Transport};
 use crate::device::{self, DeviceBuffer, Stream};
 use crate::element::DType;
 use crate::error::{Error, Result};
+use crate::exec::cuda::fabric::Identity;
 use crate::exec::cuda::fabric::{Exported, Fabric, Fields, Record};
 use crate::exec::cuda::kernels::{
     ll_blocks, ll_fits, ll_recv_bytes, LlArgs, OneShotArgs, PeerStep, StepsArgs, TwoShotArgs,

@@ -25,7 +25,7 @@ use super::peer::PeerWords;
 use super::Dispatch;
 use crate::device::{self, DeviceBuffer, Event, PinnedHost, Stream};
 use crate::error::Result;
-use crate::exec::cuda::fabric::{Exported, Fabric, Fields, Record};
+use crate::exec::cuda::fabric::{Exported, Fabric, Fields, Identity, Record};
 use crate::exec::cuda::kernels::KernelModule;
 use crate::exec::Shape;
 use crate::plan::{BufKind, Plan, StreamKind};
@@ -73,7 +73,7 @@ impl RankRes {
         let mut error = PinnedHost::new(&ctx, 4)?;
         error.as_mut_slice().fill(0);
         // The first cudarc stream of a context handle synchronizes the context once.
-        let tracking = ctx.new_stream().map_err(device::check("cuStreamCreate"))?;
+        let tracking = device::tracking_stream(&ctx)?;
         Ok(RankRes {
             rank,
             device,
@@ -103,44 +103,6 @@ impl RankRes {
     /// The error word as a device address (its host mapping).
     pub(super) fn error_word(&self) -> u64 {
         self.error.uva_ptr()
-    }
-}
-
-/// What a rank says about its GPU at creation (its record), so that every rank knows its peers'
-/// GPUs by identity, not by an ordinal that means another GPU in another process: the device's
-/// UUID (as `nvidia-smi -L` prints it) and its SM count.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Identity {
-    pub(super) uuid: [u8; 16],
-    pub(super) sm_count: u32,
-}
-
-impl Identity {
-    fn of(device: usize) -> Result<Identity> {
-        let info = device::device_info(device)?;
-        Ok(Identity {
-            uuid: info.uuid,
-            sm_count: info.sm_count,
-        })
-    }
-
-    /// The identity as a record: the UUID in two words, then the SM count.
-    pub(super) fn record(&self) -> Record {
-        let (lo, hi) = self.uuid.split_at(8);
-        let word = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
-        vec![word(lo), word(hi), u64::from(self.sm_count)]
-    }
-
-    /// Rank `from`'s identity, from its record.
-    pub(super) fn from_record(from: usize, record: &[u64]) -> Result<Identity> {
-        let mut fields = Fields::new(from, record);
-        let words = fields.take(2)?;
-        let sm_count = u32::try_from(fields.word()?).unwrap_or(u32::MAX);
-        fields.finish()?;
-        let mut uuid = [0u8; 16];
-        uuid[..8].copy_from_slice(&words[0].to_le_bytes());
-        uuid[8..].copy_from_slice(&words[1].to_le_bytes());
-        Ok(Identity { uuid, sm_count })
     }
 }
 

@@ -175,14 +175,8 @@ impl KernelModule {
     /// nvcc) and resolves every function. Call once per context and share the result.
     pub fn new(ctx: &Arc<CudaContext>) -> Result<KernelModule> {
         let (image, source) = kernel_image(ctx)?;
-        let module = ctx
-            .load_module(image)
-            .map_err(device::check("cuModuleLoadData"))?;
-        let load = |symbol: String| {
-            module
-                .load_function(&symbol)
-                .map_err(device::check("cuModuleGetFunction"))
-        };
+        let module = device::load_module(ctx, image)?;
+        let load = |symbol: String| device::load_function(&module, &symbol);
         // One function per pairwise operator and type, row-major over PAIRWISE_OPS × DType::ALL.
         let family = |symbol_of: fn(ReduceOp, DType) -> String| {
             PAIRWISE_OPS
@@ -311,9 +305,7 @@ fn kernel_image(ctx: &Arc<CudaContext>) -> Result<(Ptx, KernelSource)> {
                 .to_string(),
         });
     }
-    let (major, minor) = ctx
-        .compute_capability()
-        .map_err(device::check("cuDeviceGetAttribute"))?;
+    let (major, minor) = device::compute_capability(ctx)?;
     let ptx = cudarc::nvrtc::compile_ptx_with_opts(SOURCE, nvrtc_options(major, minor))
         .map_err(nvrtc_err("nvrtcCompileProgram"))?;
     Ok((ptx, KernelSource::Nvrtc))
