@@ -416,7 +416,7 @@ fn twoshot_gathering_a_segment_from_a_rank_that_does_not_own_it_is_caught() {
     // Rank 0's first gather round copies segment 1 from rank 2, which only has its own
     // input (or, in place, its own unreduced value) there.
     for in_place in [true, false] {
-        let mut broken = twoshot(3, 12, in_place);
+        let mut broken = unfused(twoshot(3, 12, in_place));
         if let Op::PeerReduce { ranks, src, .. } = &mut broken.ranks[0][1].op {
             *ranks = crate::plan::Ranks::only(2);
             *src = if in_place {
@@ -456,10 +456,24 @@ fn twoshot_gather_before_the_reduce_is_caught() {
     // reduce, and it copies an unreduced segment.
     let mut broken = twoshot(3, 12, false);
     broken.ranks[1].swap(0, 1);
-    // Its gather now meets the others' reduces: it copies rank 2's segment while rank 2
-    // writes it (and rank 0's gather meets rank 1's reduce likewise; which race the check
-    // reports first depends on its map's order).
-    rejects(&broken, "data race on Output of rank");
+    // As planned, rank 1's gather round 2 is now fused to its reduce: the fusion lemma sees
+    // them conflict.
+    rejects(&broken, "conflict: the barrier between them is needed");
+    // Without the fusions, its gather meets the others' reduces: it copies rank 2's segment
+    // while rank 2 writes it (and rank 0's gather meets rank 1's reduce likewise; which race
+    // the check reports first depends on its map's order).
+    rejects(&unfused(broken), "data race on Output of rank");
+}
+
+/// `plan` with every meeting's barriers kept (no `fused` meeting): for planting faults that the
+/// race and result checks, not the fusion lemma, must find.
+fn unfused(mut plan: Plan) -> Plan {
+    for instr in plan.ranks.iter_mut().flatten() {
+        if let Op::PeerReduce { fused, .. } = &mut instr.op {
+            *fused = false;
+        }
+    }
+    plan
 }
 
 /// Both checks reject `bad`, an order that splits meeting 0, with `needle` and the rule for
@@ -519,12 +533,12 @@ fn an_order_that_splits_a_meeting_is_rejected() {
         "{err}"
     );
 
-    // In place, rank 1 first copies its buffer to its exposed copy: an order that puts that
-    // copy between the meeting's members is rejected, naming the copy.
+    // In place, rank 1 first exposes its buffer in its exposed copy: an order that puts that
+    // exposure between the meeting's members is rejected, naming it.
     let plan = oneshot(2, 8, true);
     let theirs = (1, peer_reduce_at(&plan, 1));
     let copy = (1, 0);
-    assert!(matches!(plan.ranks[1][0].op, Op::Copy { .. }));
+    assert!(matches!(plan.ranks[1][0].op, Op::Expose { .. }));
     let mut moved = enqueue_order(&plan).unwrap();
     moved.retain(|&e| e != copy);
     let at = moved.iter().position(|&e| e == theirs).unwrap();

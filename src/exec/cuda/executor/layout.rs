@@ -367,7 +367,8 @@ mod tests {
                 }
             }
         }
-        // Two meetings where the second reads what the first wrote: refused.
+        // Two meetings where the second reads what the first wrote: the checker refuses the
+        // fusion; the steps kernel refuses a plan whose later meetings are not fused.
         let mut plan = OneShotSpec {
             world: 2,
             count: 4,
@@ -383,6 +384,12 @@ mod tests {
         if let Op::PeerReduce { src, offset, .. } = &mut plan.ranks[1][1].op {
             *src = BufKind::Output;
             *offset = written.offset;
+        }
+        assert!(crate::check::check(&plan).is_err());
+        for program in &mut plan.ranks {
+            if let Op::PeerReduce { fused, .. } = &mut program[1].op {
+                *fused = false;
+            }
         }
         assert!(super::steps_layout(&plan).is_err());
     }
