@@ -7,7 +7,8 @@
 # There:  cd DIR && tar xJf run.tar.xz && bash bin/gpu-suite.sh tests|sanitize|bench|latency OUT_DIR
 #
 #   tests     the library's unit tests (the device layer's GPU tests), tests/gpu.rs, gpu_graphs.rs, gpu_streams.rs, gpu_user.rs, gpu_collectives.rs,
-#             gpu_ll_one_device.rs
+#             gpu_ll_one_device.rs (SUITE_TESTS="lib gpu_user ..." runs those alone: gpu.rs
+#             takes ~6 minutes on one H200, so a device call of ≤ 10 minutes runs it apart)
 #   sanitize  compute-sanitizer racecheck and synccheck on gpu_graphs (2 replays) and gpu_streams
 #   bench     every collective against the best NCCL configuration (auto), then ringreduce's ring
 #             and one-shot forms alone up to 128 MiB, where Auto's per-collective limit is set
@@ -54,7 +55,7 @@ case $phase in
 esac
 case $phase in
   tests)
-    for t in lib gpu_collectives gpu_streams gpu_graphs gpu_user gpu_ll_one_device gpu; do
+    for t in ${SUITE_TESTS:-lib gpu_collectives gpu_streams gpu_graphs gpu_user gpu_ll_one_device gpu}; do
       step "test-$t" 420 "$bin/test-$t" --test-threads=1 --nocapture
     done ;;
   sanitize)
