@@ -105,14 +105,16 @@
 //!
 //! A collective is first compiled into data, a [`plan::Plan`]: per rank, a list of operations on
 //! named streams (copy, reduce, record an event, wait on an event, the peer reduce between
-//! barriers). The checker proves the plan on the CPU before anything runs; an executor then runs
-//! exactly those operations, on host threads or on GPU streams.
+//! barriers, and the exposure of a buffer for a peer reduce). The checker proves the plan on the
+//! CPU before anything runs; an executor then runs exactly those operations, on host threads or
+//! on GPU streams — fusing several into one kernel only where the plan says it may (a `fused`
+//! peer reduce, an exposure) and the checker proved that safe.
 //!
 //! | layer | module | what lives there |
 //! |---|---|---|
 //! | types | [`element`], [`buffer`], [`error`] | element types and operators, buffers and where they live, the one error type |
 //! | plan | [`plan`] | every collective compiled into data: the all-reduce's ring, one-shot and two-shot, and the other collectives' planners, each with its diagram and step table |
-//! | check | [`check`] | proves a plan: shape, enqueue order (no deadlock), no data race over calls, the exact symbolic result of its collective; the scaling and cell lemmas prove a new message size by comparison |
+//! | check | [`check`] | proves a plan: shape (and what executors may fuse), enqueue order (no deadlock), no data race over calls, the exact symbolic result of its collective; the scaling and cell lemmas prove a new message size by comparison |
 //! | device | [`device`] | the CUDA driver layer: contexts, peer access, memory and pools, streams and events, and the gate that keeps this crate's blocking calls off spinning kernels |
 //! | topology | [`topo`] | link classes (NVLink, PCIe, host), detection through NVML, the ring order |
 //! | execute | [`exec`] | [`exec::host`] (host threads) and [`exec::cuda`] (GPUs: one executor per rank over a fabric, one enqueue for every path, event counters between ranks, copy-engine ring, the peer kernels — one-shot, two-shot, LL, the other collectives' steps — their launches and layout checks, edge probe); [`exec::algorithm`] picks the algorithm for every collective; [`exec::profile`] times the host phases of a call (`CudaConfig::profile_host`) |

@@ -28,18 +28,11 @@ use crate::topo::{self, Link};
 
 /// The chunk size for a message: about a quarter of a segment, at least 4 MiB (or the whole
 /// segment when smaller), at most 64 MiB; from 32 MiB segments on, half a segment, at most
-/// 128 MiB; at most 4 MiB when any edge is staged. From the prototype on the 2×H200 machine:
-/// every CUDA call costs ~2 µs of host time, so small chunks only pay when the host keeps up; the
-/// best push chunk was 512 KiB at 1 MiB, 4 MiB at 8–32 MiB. From ringreduce's own sweeps
-/// (`bench --chunk`, 2×H200, docs/runs/2026-11-30-s3-*): fewer,
-/// larger chunks win on large segments — 64 MiB messages: 16 MiB chunks 198.6 µs against 214.3
-/// for 8 MiB and 225.6 for 32 MiB (one chunk); 128 MiB: 32 MiB chunks 374.9 against 392.3 for
-/// 16 MiB; 256 MiB: 64 MiB 718 against 740 for 32 MiB; 512 MiB: 128 MiB 1405–1412 against
-/// 1427–1437 for 64 MiB; 1 GiB: 128 MiB 2805–2818 against 2858–2879 for 64 MiB; 2, 3 or 4 slots
-/// within 1%. (Out of place; in place alike.) A staged edge is a three-stage pipeline
-/// (device→host, host→device, reduce) at ~55 GB/s per PCIe direction, where the prototype did
-/// best with 4 MiB chunks (38–44 GB/s); ringreduce with 32 MiB chunks measured 32–34 GB/s at
-/// 256 MiB.
+/// 128 MiB; at most 4 MiB when any edge is staged. Every CUDA call costs host time, so small
+/// chunks only pay while the host keeps up, and fewer, larger chunks win on large segments; a
+/// staged edge is a three-stage pipeline (device→host, host→device, reduce) that does best with
+/// small chunks. The sweeps that set these numbers are in docs/PERFORMANCE.md, "Choosing the
+/// ring's chunk".
 pub fn auto_chunk_bytes(count: usize, world: usize, elem_bytes: usize, staged: bool) -> usize {
     let segment_bytes = count.div_ceil(world.max(1)) * elem_bytes;
     if staged {
