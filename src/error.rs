@@ -311,6 +311,20 @@ pub enum Error {
         rank: usize,
     },
 
+    /// The ranks of a communicator made different calls: every rank must make the same
+    /// collective calls (collective, count, type, operator, root, placement) in the same order.
+    #[error("rank {rank} called {theirs} where rank {this} called {ours}: every rank must make the same collective calls in the same order")]
+    CallMismatch {
+        /// The rank whose call differs from this one's.
+        rank: usize,
+        /// Its call.
+        theirs: String,
+        /// This rank.
+        this: usize,
+        /// This rank's call.
+        ours: String,
+    },
+
     /// An earlier collective failed; this communicator cannot be used again (make a new one).
     #[error("communicator failed earlier and cannot be used: {0}")]
     CommunicatorFailed(Box<Error>),

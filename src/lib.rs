@@ -164,11 +164,12 @@ pub mod verify;
 pub mod internal;
 
 pub use buffer::{Buffer, BufferMut, Placement, StreamUse};
-pub use comm::{ring_allreduce, Communicator, Scope};
+pub use comm::{ring_allreduce, Communicator, RankCommunicator, Scope};
 pub use device::{device_count, driver_available};
 pub use element::{DType, Element, ReduceOp};
 pub use error::{Error, Result};
 pub use exec::cuda::{CudaConfig, EdgeInfo, GpuBuffer, GpuView, GpuViewMut, Transport};
 pub use exec::host::{Fault, FaultKind, HostConfig};
+pub use exec::rendezvous::{LaunchEnv, UniqueId};
 pub use exec::Algorithm;
 pub use plan::{Collective, EdgeTransport, Transfer};

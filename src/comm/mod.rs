@@ -45,9 +45,11 @@ use cudarc::driver::CudaStream;
 use std::sync::{Arc, Mutex, OnceLock, TryLockError};
 
 mod collectives;
+mod rank;
 mod scope;
 mod validate;
 
+pub use rank::RankCommunicator;
 pub use scope::Scope;
 
 // Boxed: the two executors differ in size by hundreds of bytes.

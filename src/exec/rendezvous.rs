@@ -108,6 +108,12 @@ impl UniqueId {
         Ok(UniqueId { addr, nonce })
     }
 
+    /// A short name of this id (its nonce in hex), for names the ranks derive alike — the
+    /// shared-memory segments of host ranks in separate processes.
+    pub(crate) fn tag(&self) -> String {
+        format!("{:016x}", self.nonce as u64 ^ (self.nonce >> 64) as u64)
+    }
+
     /// The address the ranks meet at.
     pub fn addr(&self) -> SocketAddr {
         self.addr

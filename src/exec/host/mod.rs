@@ -19,6 +19,8 @@
 //! `fold.rs` the element folds they call.
 
 mod fold;
+pub(crate) mod process;
+mod shm;
 mod stream;
 
 use self::fold::HostFolds;
@@ -188,6 +190,9 @@ struct HostCall {
     /// Barrier arrivals per rank (two per `PeerReduce`: start, end), for the one-shot.
     arrivals: Mutex<Vec<u64>>,
     arrived: Condvar,
+    /// A rank of a job with one process per rank: the words it shares with its peers' processes
+    /// for this call (module `process`); `None` when every rank is a thread of this process.
+    shared: Option<process::SharedCall>,
 }
 
 // SAFETY: the raw pointers in `bufs` point into buffers the caller keeps valid and untouched
@@ -199,10 +204,14 @@ unsafe impl Send for HostCall {}
 unsafe impl Sync for HostCall {}
 
 impl HostCall {
-    /// Records the first failure and aborts the call.
+    /// Records the first failure and aborts the call (in every process of the job, when its
+    /// ranks are processes).
     fn fail(&self, err: Error) {
         let mut slot = self.failure.lock().unwrap_or_else(|p| p.into_inner());
         if slot.is_none() {
+            if let Some(shared) = &self.shared {
+                shared.abort_peers(&err);
+            }
             *slot = Some(err);
         }
         self.abort.store(true, Ordering::Release);
@@ -242,6 +251,11 @@ enum Cmd {
     Wait {
         event: usize,
         target: u64,
+        index: usize,
+    },
+    /// A wait for another process's rank's event (its count in shared memory).
+    WaitShared {
+        event: usize,
         index: usize,
     },
     End,
@@ -289,38 +303,7 @@ impl HostExecutor {
         if let Some(p) = self.cache.get(&shape) {
             return Ok(p);
         }
-        let bytes = shape.count.saturating_mul(shape.elem_bytes);
-        let transports = vec![self.config.transport.on_host(); self.world];
-        let (chunk, slots) = (self.config.chunk_elems, self.config.slots);
-        let plan = if shape.collective != Collective::AllReduce {
-            let algorithm = self.config.algorithm.choose_for(
-                &shape.collective,
-                bytes,
-                self.world,
-                shape.in_place,
-                true,
-                self.config.deterministic,
-            );
-            if algorithm == Algorithm::OneShot {
-                shape.checked_oneshot_collective_plan(self.world)?
-            } else {
-                shape.checked_collective_plan(chunk, slots, 1, transports)?
-            }
-        } else {
-            match self.config.algorithm.choose(
-                bytes,
-                self.world,
-                shape.in_place,
-                true,
-                self.config.deterministic,
-            ) {
-                Algorithm::OneShot => self.cache.checked_oneshot_plan(&shape, self.world)?,
-                Algorithm::TwoShot => shape.checked_twoshot_plan(self.world, 1)?,
-                _ => self
-                    .cache
-                    .checked_ring_plan(&shape, chunk, slots, 1, transports)?,
-            }
-        };
+        let plan = checked_host_plan(&shape, self.world, &self.config, &mut self.cache)?;
         let scratch = plan
             .buffers
             .iter()
@@ -418,6 +401,7 @@ impl HostExecutor {
             done: done_tx,
             arrivals: Mutex::new(vec![0; self.world]),
             arrived: Condvar::new(),
+            shared: None,
         });
         for (tx, _) in &self.ranks {
             if tx.send(call.clone()).is_err() {
@@ -460,6 +444,42 @@ impl HostExecutor {
             }
         }
         Ok(())
+    }
+}
+
+/// The checked plan of `shape` over `world` host ranks, as `config` asks (the algorithm, the
+/// ring's chunk and slots), proven through `cache`'s lemmas where they apply.
+fn checked_host_plan<P>(
+    shape: &Shape,
+    world: usize,
+    config: &HostConfig,
+    cache: &mut PlanCache<P>,
+) -> Result<Plan> {
+    let bytes = shape.count.saturating_mul(shape.elem_bytes);
+    let transports = vec![config.transport.on_host(); world];
+    let (chunk, slots) = (config.chunk_elems, config.slots);
+    if shape.collective != Collective::AllReduce {
+        let algorithm = config.algorithm.choose_for(
+            &shape.collective,
+            bytes,
+            world,
+            shape.in_place,
+            true,
+            config.deterministic,
+        );
+        return if algorithm == Algorithm::OneShot {
+            shape.checked_oneshot_collective_plan(world)
+        } else {
+            shape.checked_collective_plan(chunk, slots, 1, transports)
+        };
+    }
+    match config
+        .algorithm
+        .choose(bytes, world, shape.in_place, true, config.deterministic)
+    {
+        Algorithm::OneShot => cache.checked_oneshot_plan(shape, world),
+        Algorithm::TwoShot => shape.checked_twoshot_plan(world, 1),
+        _ => cache.checked_ring_plan(shape, chunk, slots, 1, transports),
     }
 }
 

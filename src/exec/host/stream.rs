@@ -55,6 +55,32 @@ pub(super) fn stream_worker(rank: usize, stream: StreamKind, cmds: Receiver<Cmd>
                     let mut done = ev.completed.lock().unwrap_or_else(|p| p.into_inner());
                     *done = (*done).max(generation);
                     ev.reached.notify_all();
+                    drop(done);
+                    // Peers in other processes count this call's record (module `process`) —
+                    // unless the call is aborted: its operations before the record may have
+                    // been skipped, and a peer must not take the record for their data.
+                    if let Some(shared) = call.shared.as_ref().filter(|_| !call.aborted()) {
+                        shared.signal(event);
+                    }
+                }
+            }
+            Cmd::WaitShared { event, index } => {
+                let Some(call) = &current else { continue };
+                if call.aborted() {
+                    continue;
+                }
+                if let Some(shared) = &call.shared {
+                    let recorder = call.prepared.plan.events[event].rank;
+                    let waited = shared.wait_for(call, rank, recorder, event, || {
+                        let tag = call.prepared.plan.ranks[rank][index].tag;
+                        format!(
+                            "({stream:?} stream, {tag}) waited for {}",
+                            call.prepared.plan.events[event]
+                        )
+                    });
+                    if let Err(err) = waited {
+                        call.fail(err);
+                    }
                 }
             }
             Cmd::Wait {
@@ -283,7 +309,13 @@ fn run_op(call: &HostCall, rank: usize, index: usize, instr: &Instr) -> Result<(
 /// deadline to an operation stuck elsewhere, which names itself as the root cause.
 fn meet(call: &HostCall, rank: usize, index: usize, arrival: u64, which: &str) -> Result<()> {
     call.running.fetch_sub(1, Ordering::AcqRel);
-    let met = meet_waiting(call, rank, index, arrival, which);
+    let met = match &call.shared {
+        Some(shared) => shared.meet(call, rank, arrival, || {
+            let tag = call.prepared.plan.ranks[rank][index].tag;
+            format!("(Main stream, {tag}) waited at the {which} barrier")
+        }),
+        None => meet_waiting(call, rank, index, arrival, which),
+    };
     call.running.fetch_add(1, Ordering::AcqRel);
     met
 }

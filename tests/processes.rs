@@ -1,0 +1,344 @@
+//! One process per rank, on host ranks: the rendezvous, every collective, a mismatched call and
+//! a killed peer, across real processes.
+//!
+//! Each test is its own launcher: run in the test harness, it spawns `world` copies of this test
+//! executable running the same test alone, with the variables torchrun sets (`RANK`,
+//! `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`, … and `RINGREDUCE_PORT` on a free port), and
+//! checks that every rank exits cleanly; in a rank (`RINGREDUCE_TEST_RANK_PROCESS` set), the
+//! same function is one rank of the job. Results are compared with the in-process host
+//! executor's on the same inputs — every rank builds that reference itself — bit for bit.
+
+use ringreduce::plan::Collective;
+use ringreduce::verify::input_value;
+use ringreduce::{
+    Algorithm, Communicator, Error, HostConfig, LaunchEnv, RankCommunicator, ReduceOp,
+};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const CHILD: &str = "RINGREDUCE_TEST_RANK_PROCESS";
+
+/// The launcher's variables when this process is a rank of a test's job.
+fn as_rank() -> Option<LaunchEnv> {
+    std::env::var(CHILD).ok()?;
+    Some(LaunchEnv::from_env().expect("the test launcher sets every variable"))
+}
+
+/// A free TCP port on 127.0.0.1 (bound, then released for rank 0 to take).
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// Starts `world` ranks of `test` (this executable, that test alone), each with `extra`
+/// variables of its own (by rank).
+fn launch(test: &str, world: usize, extra: impl Fn(usize) -> Vec<(String, String)>) -> Vec<Child> {
+    let port = free_port();
+    let exe = std::env::current_exe().unwrap();
+    (0..world)
+        .map(|rank| {
+            let mut cmd = Command::new(&exe);
+            cmd.args([test, "--exact", "--nocapture", "--test-threads=1"])
+                .env(CHILD, "1")
+                .env("RANK", rank.to_string())
+                .env("WORLD_SIZE", world.to_string())
+                .env("LOCAL_RANK", rank.to_string())
+                .env("LOCAL_WORLD_SIZE", world.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", (port - 1).to_string())
+                .env("RINGREDUCE_PORT", port.to_string())
+                .env("TORCHELASTIC_RUN_ID", format!("{test}-{port}"))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            for (k, v) in extra(rank) {
+                cmd.env(k, v);
+            }
+            cmd.spawn().unwrap()
+        })
+        .collect()
+}
+
+/// Waits for every rank (at most `within`; stragglers are killed) and fails the test with each
+/// failed rank's output.
+fn expect_success(children: Vec<Child>, within: Duration) {
+    let deadline = Instant::now() + within;
+    let mut failures = Vec::new();
+    for (rank, mut child) in children.into_iter().enumerate() {
+        let status = loop {
+            match child.try_wait().unwrap() {
+                Some(status) => break Some(status),
+                None if Instant::now() >= deadline => {
+                    let _ = child.kill();
+                    break None;
+                }
+                None => std::thread::sleep(Duration::from_millis(10)),
+            }
+        };
+        let out = child.wait_with_output().unwrap();
+        if status.is_none_or(|s| !s.success()) {
+            failures.push(format!(
+                "rank {rank}: {status:?}\n{}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n---\n"));
+}
+
+fn config(algorithm: Algorithm) -> HostConfig {
+    HostConfig {
+        chunk_elems: 96,
+        slots: 2,
+        algorithm,
+        timeout: Duration::from_secs(30),
+        ..HostConfig::default()
+    }
+}
+
+/// Every rank's input of `collective` (out of place), from rank and index.
+fn inputs(collective: &Collective, world: usize, count: usize, op: ReduceOp) -> Vec<Vec<f32>> {
+    (0..world)
+        .filter_map(|r| collective.input_len(r, world, count))
+        .enumerate()
+        .map(|(i, len)| {
+            let rank = collective.input_ranks(world)[i];
+            (0..len).map(|k| input_value(op, rank, k)).collect()
+        })
+        .collect()
+}
+
+/// What the in-process host executor gives every rank (out of place): the reference.
+fn reference(
+    collective: &Collective,
+    world: usize,
+    count: usize,
+    op: ReduceOp,
+    algorithm: Algorithm,
+) -> Vec<Option<Vec<f32>>> {
+    let comm = Communicator::host_with(world, config(algorithm)).unwrap();
+    let ins = inputs(collective, world, count, op);
+    let mut outs: Vec<Vec<f32>> = collective
+        .output_ranks(world)
+        .iter()
+        .map(|&r| vec![-7.0; collective.output_len(r, world, count).unwrap()])
+        .collect();
+    comm.collective(collective, Some(&ins), &mut outs, op)
+        .unwrap();
+    let mut by_rank = vec![None; world];
+    for (out, &r) in outs.into_iter().zip(&collective.output_ranks(world)) {
+        by_rank[r] = Some(out);
+    }
+    by_rank
+}
+
+/// One rank's part of every collective, out of place and in place where it has one, against
+/// the reference.
+fn every_collective_on_this_rank(env: &LaunchEnv, algorithm: Algorithm, job: usize) {
+    let (rank, world) = (env.rank, env.world);
+    let id = LaunchEnv {
+        run_id: Some(format!("{:?}-{job}", env.run_id)),
+        ..env.clone()
+    }
+    .unique_id()
+    .unwrap();
+    let mut comm = RankCommunicator::host(&id, rank, world, config(algorithm)).unwrap();
+    let count = 37;
+    let mut all = vec![
+        Collective::AllReduce,
+        Collective::ReduceScatter,
+        Collective::AllGather,
+        Collective::AllToAll,
+    ];
+    for root in [0, world - 1] {
+        all.push(Collective::Broadcast { root });
+        all.push(Collective::Reduce { root });
+    }
+    for collective in &all {
+        for op in [ReduceOp::Sum, ReduceOp::Max] {
+            let want = reference(collective, world, count, op, algorithm);
+            let ins = inputs(collective, world, count, op);
+            let input = collective
+                .input_ranks(world)
+                .iter()
+                .position(|&r| r == rank)
+                .map(|i| ins[i].clone());
+            let mut output = collective
+                .output_len(rank, world, count)
+                .map(|len| vec![-7.0f32; len]);
+            comm.collective(collective, input.as_deref(), output.as_deref_mut(), op)
+                .unwrap_or_else(|e| panic!("{collective:?} {op:?}: {e}"));
+            assert_eq!(output, want[rank], "rank {rank}: {collective:?} {op:?}");
+            // In place: the buffer starts as this rank's input, laid out as the collective's
+            // in-place table says.
+            if !collective.has_in_place() {
+                continue;
+            }
+            let len = collective.in_place_len(world, count);
+            let mut buf: Vec<f32> = match collective {
+                Collective::AllGather => (0..len)
+                    .map(|k| match k / count == rank {
+                        true => input_value(op, rank, k % count),
+                        false => -7.0,
+                    })
+                    .collect(),
+                _ => (0..len).map(|k| input_value(op, rank, k)).collect(),
+            };
+            comm.collective_in_place(collective, &mut buf, op)
+                .unwrap_or_else(|e| panic!("{collective:?} in place {op:?}: {e}"));
+            let mine = rank * count..(rank + 1) * count;
+            match (collective, &want[rank]) {
+                // Only this rank's block is defined (NCCL's rule too).
+                (Collective::ReduceScatter, Some(w)) => assert_eq!(&buf[mine], &w[..]),
+                // A non-root's buffer is left as it was.
+                (Collective::Reduce { root }, _) if *root != rank => {
+                    let was: Vec<f32> = (0..count).map(|k| input_value(op, rank, k)).collect();
+                    assert_eq!(buf, was, "rank {rank}: {collective:?} in place {op:?}");
+                }
+                (_, Some(w)) => assert_eq!(&buf, w, "rank {rank}: {collective:?} in place {op:?}"),
+                (_, None) => panic!("rank {rank} has no reference for {collective:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn every_collective_across_processes_matches_the_threads() {
+    if let Some(env) = as_rank() {
+        for (job, algorithm) in [Algorithm::Ring, Algorithm::OneShot, Algorithm::Auto]
+            .into_iter()
+            .enumerate()
+        {
+            every_collective_on_this_rank(&env, algorithm, job);
+        }
+        return;
+    }
+    for world in [2, 3] {
+        let ranks = launch(
+            "every_collective_across_processes_matches_the_threads",
+            world,
+            |_| vec![],
+        );
+        expect_success(ranks, Duration::from_secs(120));
+    }
+}
+
+#[test]
+fn a_mismatched_call_is_a_named_error_on_every_rank() {
+    if let Some(env) = as_rank() {
+        let id = env.unique_id().unwrap();
+        let mut comm =
+            RankCommunicator::host(&id, env.rank, env.world, config(Algorithm::Ring)).unwrap();
+        // A first call agrees; the second's count differs on rank 1.
+        let mut buf = vec![1.0f32; 64];
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap();
+        assert_eq!(buf, vec![env.world as f32; 64]);
+        let count = if env.rank == 1 { 65 } else { 64 };
+        let mut buf = vec![1.0f32; count];
+        let started = Instant::now();
+        let err = comm
+            .all_reduce_in_place(&mut buf, ReduceOp::Sum)
+            .unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(5), "{err}");
+        match &err {
+            Error::CallMismatch {
+                rank, theirs, ours, ..
+            } => {
+                let differs = if env.rank == 1 { 0 } else { 1 };
+                assert_eq!(*rank, differs, "{err}");
+                assert!(
+                    theirs.contains("all-reduce") && ours.contains("all-reduce"),
+                    "{err}"
+                );
+            }
+            other => panic!("rank {}: {other}", env.rank),
+        }
+        // The communicator is broken from then on.
+        let again = comm
+            .all_reduce_in_place(&mut buf, ReduceOp::Sum)
+            .unwrap_err();
+        assert!(matches!(again, Error::CommunicatorFailed(_)), "{again}");
+        return;
+    }
+    let ranks = launch(
+        "a_mismatched_call_is_a_named_error_on_every_rank",
+        3,
+        |_| vec![],
+    );
+    expect_success(ranks, Duration::from_secs(60));
+}
+
+#[test]
+fn a_killed_rank_is_named_on_every_other_rank_well_before_the_timeout() {
+    const VICTIM: usize = 1;
+    if let Some(env) = as_rank() {
+        let id = env.unique_id().unwrap();
+        // The victim stalls in its first copy of the collective until the launcher kills it
+        // (the plan the host executor runs: the ring's, with this test's chunk and slots).
+        let count = 4096;
+        let plan = ringreduce::plan::RingSpec {
+            world: env.world,
+            count,
+            in_place: true,
+            op: ReduceOp::Sum,
+            chunk_elems: config(Algorithm::Ring).chunk_elems,
+            slots: config(Algorithm::Ring).slots,
+            align_elems: 1,
+            transports: vec![ringreduce::EdgeTransport::Peer; env.world],
+        }
+        .build()
+        .unwrap();
+        let first_copy = plan.ranks[VICTIM]
+            .iter()
+            .position(|i| matches!(i.op, ringreduce::plan::Op::Copy { .. }))
+            .unwrap();
+        let fault = (env.rank == VICTIM).then_some(ringreduce::Fault {
+            rank: VICTIM,
+            instr: first_copy,
+            kind: ringreduce::FaultKind::Slow(Duration::from_secs(30)),
+        });
+        let config = HostConfig {
+            fault,
+            ..config(Algorithm::Ring)
+        };
+        let mut comm = RankCommunicator::host(&id, env.rank, env.world, config).unwrap();
+        let mut buf = vec![1.0f32; count];
+        let started = Instant::now();
+        let err = comm
+            .all_reduce_in_place(&mut buf, ReduceOp::Sum)
+            .unwrap_err();
+        let took = started.elapsed();
+        match &err {
+            Error::RankFailed { rank, .. } => assert_eq!(*rank, VICTIM, "{err}"),
+            other => panic!("rank {}: {other}", env.rank),
+        }
+        // Killed about a second in; the collective's timeout is 30 s.
+        assert!(took < Duration::from_secs(10), "{took:?}: {err}");
+        let again = comm
+            .all_reduce_in_place(&mut buf, ReduceOp::Sum)
+            .unwrap_err();
+        assert!(matches!(again, Error::CommunicatorFailed(_)), "{again}");
+        return;
+    }
+    let world = 3;
+    let mut ranks = launch(
+        "a_killed_rank_is_named_on_every_other_rank_well_before_the_timeout",
+        world,
+        |_| vec![],
+    );
+    let rank0 = ranks[0].id();
+    std::thread::sleep(Duration::from_secs(1));
+    let mut victim = ranks.remove(VICTIM);
+    victim.kill().unwrap(); // SIGKILL
+    victim.wait().unwrap();
+    expect_success(ranks, Duration::from_secs(60));
+    // Nothing of the job is left in /dev/shm (its names carry rank 0's pid).
+    if let Ok(dir) = std::fs::read_dir("/dev/shm") {
+        let left: Vec<_> = dir
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("ringreduce-") && n.contains(&format!("-{rank0}-")))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+}
