@@ -4,7 +4,8 @@
 //! them — or, where no GPU or driver is found, on host ranks — checks every result exactly, and
 //! prints a table in the style of nccl-tests. [`info`] says what this build and machine have;
 //! [`topo`], [`p2p`], [`sync`] and [`tour`] look at the machine; [`bench`](mod@bench) measures against NCCL;
-//! [`plan`] shows and checks one plan, with no GPU.
+//! [`plan`] shows and checks one plan, with no GPU; [`launch`] starts the processes of a job
+//! with one process per rank.
 //! This file holds the command line, the exit codes and the flag parsers the subcommands share.
 //!
 //! Invariant: every failure leaves through [`Failure`], so that each cause has one exit code and
@@ -29,6 +30,7 @@ macro_rules! out {
 // Subcommands (declared after `out!` so they can use it).
 mod bench;
 mod info;
+mod launch;
 mod p2p;
 mod plan;
 mod run;
@@ -66,6 +68,8 @@ enum Command {
     /// A plan's step table and timeline (SVG), checked: one all-reduce for a given algorithm, rank
     /// count and chunking. No GPU needed.
     Plan(plan::PlanArgs),
+    /// Start N processes of one job with torchrun's variables, and stop them all when one fails.
+    Launch(launch::LaunchArgs),
 }
 
 /// Why a command failed; each cause has its own exit code.
@@ -131,6 +135,7 @@ fn main() -> ExitCode {
             Command::Tour(args) => tour::run(&args),
             Command::Bench(args) => bench::run(&args),
             Command::Plan(args) => plan::run(&args),
+            Command::Launch(args) => launch::run(&args),
         };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -333,3 +333,77 @@ fn plan_refuses_bad_input_clearly() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).starts_with("ringreduce: the plan could not be built"));
 }
+
+#[test]
+fn launch_sets_torchruns_variables_and_succeeds_when_every_rank_does() {
+    let script = r#"test "$WORLD_SIZE" = 3 && test "$LOCAL_WORLD_SIZE" = 3 && test "$RANK" = "$LOCAL_RANK" && test "$MASTER_ADDR" = 127.0.0.1 && test -n "$MASTER_PORT" && test -n "$TORCHELASTIC_RUN_ID" && test "$CUDA_VISIBLE_DEVICES" = "$((RANK + 4))""#;
+    let out = ringreduce(&[
+        "launch", "-n", "3", "--gpus", "4,5,6", "--", "sh", "-c", script,
+    ]);
+    assert_no_panic("launch", &out);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+#[test]
+fn launch_stops_the_job_and_names_the_rank_that_failed() {
+    // Rank 1 fails at once; the others would run for a minute.
+    let script = r#"if [ "$RANK" = 1 ]; then exit 7; fi; sleep 60"#;
+    let started = std::time::Instant::now();
+    let out = ringreduce(&[
+        "launch", "-n", "3", "--grace", "2", "--", "sh", "-c", script,
+    ]);
+    assert_no_panic("launch", &out);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("rank 1 exited with code 7"), "{stderr}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "the other ranks were not stopped: {:?}",
+        started.elapsed()
+    );
+    // --gpus must name one GPU per rank.
+    let out = ringreduce(&["launch", "-n", "2", "--gpus", "0", "--", "true"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+}
+
+#[test]
+fn a_stopped_launcher_stops_every_rank() {
+    let dir = std::env::temp_dir().join(format!("ringreduce-launch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = format!(r#"echo $$ > {}/$RANK; sleep 60"#, dir.display());
+    let mut launcher = Command::new(env!("CARGO_BIN_EXE_ringreduce"))
+        .args(["launch", "-n", "2", "--", "sh", "-c", &script])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid_of = |rank: usize| std::fs::read_to_string(dir.join(rank.to_string())).ok();
+    let started = std::time::Instant::now();
+    while (pid_of(0).is_none() || pid_of(1).is_none())
+        && started.elapsed() < std::time::Duration::from_secs(10)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let pids: Vec<String> = (0..2)
+        .map(|r| pid_of(r).unwrap().trim().to_string())
+        .collect();
+    Command::new("kill")
+        .args(["-INT", &launcher.id().to_string()])
+        .status()
+        .unwrap();
+    let out = launcher.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("stopped by signal 2"),
+        "{}",
+        text(&out.stderr)
+    );
+    for pid in pids {
+        let alive = Command::new("kill")
+            .args(["-0", &pid])
+            .status()
+            .unwrap()
+            .success();
+        assert!(!alive, "rank process {pid} outlived the launcher");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
