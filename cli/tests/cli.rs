@@ -371,7 +371,7 @@ fn a_stopped_launcher_stops_every_rank() {
     let dir = std::env::temp_dir().join(format!("ringreduce-launch-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let script = format!(r#"echo $$ > {}/$RANK; sleep 60"#, dir.display());
-    let mut launcher = Command::new(env!("CARGO_BIN_EXE_ringreduce"))
+    let launcher = Command::new(env!("CARGO_BIN_EXE_ringreduce"))
         .args(["launch", "-n", "2", "--", "sh", "-c", &script])
         .stderr(std::process::Stdio::piped())
         .spawn()
