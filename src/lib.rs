@@ -117,14 +117,15 @@
 //! | check | [`check`] | proves a plan: shape (and what executors may fuse), enqueue order (no deadlock), no data race over calls, the exact symbolic result of its collective; the scaling and cell lemmas prove a new message size by comparison |
 //! | device | [`device`] | the CUDA driver layer: contexts, peer access, memory and pools, streams and events, and the gate that keeps this crate's blocking calls off spinning kernels |
 //! | topology | [`topo`] | link classes (NVLink, PCIe, host), detection through NVML, the ring order |
-//! | execute | [`exec`] | [`exec::host`] (host threads) and [`exec::cuda`] (GPUs: one executor per rank over a fabric, one enqueue for every path, event counters between ranks, copy-engine ring, the peer kernels — one-shot, two-shot, LL, the other collectives' steps — their launches and layout checks, edge probe); [`exec::algorithm`] picks the algorithm for every collective; [`exec::profile`] times the host phases of a call (`CudaConfig::profile_host`) |
+//! | execute | [`exec`] | [`exec::host`] (host threads, or one host rank per process over shared memory) and [`exec::cuda`] (GPUs: one executor per rank over a fabric, one enqueue for every path, event counters between ranks, copy-engine ring, the peer kernels — one-shot, two-shot, LL, the other collectives' steps — their launches and layout checks, edge probe); [`exec::algorithm`] picks the algorithm for every collective; [`exec::profile`] times the host phases of a call (`CudaConfig::profile_host`) |
 //! | API | [`comm`] | [`Communicator`] and [`ring_allreduce`] |
 //! | tests | [`verify`] | exact rank- and index-dependent test data, shared by tests, CLI and benches |
 //!
 //! ## What the API is
 //!
 //! The root's re-exports below are the API a job needs: [`Communicator`] (and [`Scope`],
-//! [`ring_allreduce`]), the buffers ([`GpuBuffer`], [`GpuView`], [`GpuViewMut`], host `Vec`s and
+//! [`ring_allreduce`]) for every rank in one process, [`RankCommunicator`] for one rank per
+//! process (with [`UniqueId`] and [`LaunchEnv`], how the processes meet), the buffers ([`GpuBuffer`], [`GpuView`], [`GpuViewMut`], host `Vec`s and
 //! slices, cudarc's slices), the element types and operators, [`Error`], the configurations
 //! ([`CudaConfig`], [`HostConfig`], [`Algorithm`], [`Transport`]) and the host executor's fault
 //! injection ([`Fault`], [`FaultKind`]). The layer modules are public on purpose too, for readers
@@ -136,7 +137,7 @@
 //! GPU tests reach them through a hidden `internal` module, and nothing else should.
 //!
 //! Imports run from higher layers to lower ones only. The `ringreduce` command (`cli/`: run,
-//! info, bench, plan, topo, p2p, sync, tour) and the criterion benches (`benches/`) are users of
+//! info, bench, plan, topo, p2p, sync, tour, launch) and the criterion benches (`benches/`) are users of
 //! this API, not part of it; the NCCL baseline they measure against lives there too.
 //!
 //! ## Where to read next
