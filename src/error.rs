@@ -311,6 +311,19 @@ pub enum Error {
         rank: usize,
     },
 
+    /// The ranks of a job with one process per rank are on more than one host; until
+    /// collectives across hosts exist, every rank must run on one host (`RINGREDUCE_HOST_ID`
+    /// overrides the host name a rank reports).
+    #[error("rank {rank} runs on host {host:?} and rank 0 on {rank0_host:?}: every rank must run on one host")]
+    SeveralHosts {
+        /// A rank on another host than rank 0's.
+        rank: usize,
+        /// Its host.
+        host: String,
+        /// Rank 0's host.
+        rank0_host: String,
+    },
+
     /// The ranks of a communicator made different calls: every rank must make the same
     /// collective calls (collective, count, type, operator, root, placement) in the same order.
     #[error("rank {rank} called {theirs} where rank {this} called {ours}: every rank must make the same collective calls in the same order")]

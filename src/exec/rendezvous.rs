@@ -550,6 +550,26 @@ fn decode_verdict(verdict: &[u64], timeout: Duration) -> Result<()> {
     }
 }
 
+/// Appends `text` to a record: its length in bytes, then its bytes, eight to a word.
+pub(crate) fn push_text(record: &mut Vec<u64>, text: &str) {
+    record.push(text.len() as u64);
+    for chunk in text.as_bytes().chunks(8) {
+        let mut word = [0u8; 8];
+        word[..chunk.len()].copy_from_slice(chunk);
+        record.push(u64::from_le_bytes(word));
+    }
+}
+
+/// The text of `len` bytes that [`push_text`] put in `words` (lossy where they are not one).
+pub(crate) fn text_of(len: usize, words: &[u64]) -> String {
+    let bytes: Vec<u8> = words
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .take(len)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
 /// Every rank's record from rank 0's concatenation (each: its length, then its words).
 fn split_records(all: &[u64], world: usize) -> Result<Vec<Vec<u64>>> {
     let mut records = Vec::with_capacity(world);

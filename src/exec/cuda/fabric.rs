@@ -26,6 +26,8 @@
 
 use crate::device;
 use crate::error::{Error, Result};
+pub(crate) use crate::exec::rendezvous::push_text;
+use crate::exec::rendezvous::text_of;
 use crate::topo;
 use cudarc::driver::CudaContext;
 use std::ops::Range;
@@ -294,12 +296,7 @@ impl<'a> Fields<'a> {
     pub(crate) fn text(&mut self) -> Result<String> {
         let len = usize::try_from(self.word()?).unwrap_or(usize::MAX);
         let words = self.take(len.div_ceil(8))?;
-        let bytes: Vec<u8> = words
-            .iter()
-            .flat_map(|w| w.to_le_bytes())
-            .take(len)
-            .collect();
-        Ok(String::from_utf8_lossy(&bytes).into_owned())
+        Ok(text_of(len, words))
     }
 
     /// Whether every word was read (a longer record than expected is as wrong as a shorter).
@@ -310,16 +307,6 @@ impl<'a> Fields<'a> {
                 what: format!("rank {}'s record has {extra} words too many", self.from),
             }),
         }
-    }
-}
-
-/// Appends `text` to a record as [`Fields::text`] reads it.
-pub(crate) fn push_text(record: &mut Record, text: &str) {
-    record.push(text.len() as u64);
-    for chunk in text.as_bytes().chunks(8) {
-        let mut word = [0u8; 8];
-        word[..chunk.len()].copy_from_slice(chunk);
-        record.push(u64::from_le_bytes(word));
     }
 }
 

@@ -37,7 +37,7 @@ use super::stream::stream_worker;
 use super::{checked_host_plan, Cmd, HostCall, HostConfig, HostEvent, HostFolds, HostPlan, RawBuf};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::exec::rendezvous::{Rendezvous, UniqueId};
+use crate::exec::rendezvous::{push_text, text_of, Rendezvous, UniqueId};
 use crate::exec::{aborted, PlanCache, Shape};
 use crate::plan::{BufKind, Collective, Op, StreamKind};
 use crossbeam_channel::Sender;
@@ -378,12 +378,29 @@ impl ProcessRank {
     ) -> Result<ProcessRank> {
         let mut rendezvous =
             Rendezvous::join(id, rank, world, fingerprint(&config), config.timeout)?;
-        // Every rank's pid; the names of the job's segments carry the id and rank 0's pid.
-        let records = rendezvous.all_gather(&[u64::from(std::process::id())])?;
+        // Every rank's pid and host; the names of the job's segments carry the id and rank 0's
+        // pid.
+        let mut record = vec![u64::from(std::process::id())];
+        push_text(&mut record, &host_id());
+        let records = rendezvous.all_gather(&record)?;
         let pids: Vec<u32> = records
             .iter()
             .map(|r| r.first().map_or(0, |&p| p as u32))
             .collect();
+        let hosts: Vec<String> = records
+            .iter()
+            .map(|r| match r.get(1..) {
+                Some([len, words @ ..]) => text_of(*len as usize, words),
+                _ => String::new(),
+            })
+            .collect();
+        if let Some(other) = hosts.iter().position(|h| *h != hosts[0]) {
+            return Err(Error::SeveralHosts {
+                rank: other,
+                host: hosts[other].clone(),
+                rank0_host: hosts[0].clone(),
+            });
+        }
         let prefix = format!("/ringreduce-{}-{}", id.tag(), pids[0]);
         let control_name = |q: usize| format!("{prefix}-r{q}-ctl");
         let own = Segment::create(&control_name(rank), CONTROL_WORDS * 8);
@@ -789,4 +806,22 @@ fn share_segments(
 fn with_own(mut segments: Vec<Option<Segment>>, rank: usize, own: Segment) -> Vec<Segment> {
     segments[rank] = Some(own);
     segments.into_iter().flatten().collect()
+}
+
+/// The host this rank reports: `RINGREDUCE_HOST_ID` when set (so that one machine can stand in
+/// for several), else the host name.
+fn host_id() -> String {
+    if let Ok(id) = std::env::var("RINGREDUCE_HOST_ID") {
+        return id;
+    }
+    let mut buf = [0u8; 256];
+    // SAFETY: `buf` is 256 writable bytes and that is the length passed; the result is
+    // NUL-terminated within it on success (truncated names are not NUL-terminated: the last
+    // byte is forced to 0 below).
+    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len() - 1) } == 0;
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len() - 1);
+    match ok {
+        true => String::from_utf8_lossy(&buf[..end]).into_owned(),
+        false => "unknown host".into(),
+    }
 }
