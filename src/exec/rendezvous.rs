@@ -5,9 +5,11 @@
 //! at and a random nonce), hands it to every rank by any channel (its printable form, or its
 //! 128 bytes), and every rank joins with (id, rank, world, a fingerprint of its
 //! configuration): [`Rendezvous::join`]. Rank 0 listens at the id's address; every other rank
-//! connects (retrying until rank 0 listens) and says hello. Rank 0 waits for every rank, checks
-//! them against each other, and answers every rank with one verdict, so that a mismatch is the
-//! same named error on every rank, within the timeout:
+//! connects (retrying until rank 0 listens) and says hello. Rank 0 admits each rank at once,
+//! telling it how long rank 0 will still wait (so a rank that came early waits for the verdict
+//! as long as rank 0 does), waits for every rank, checks them against each other, and answers
+//! every rank with one verdict, so that a mismatch is the same named error on every rank,
+//! within the timeout:
 //! - ranks that never arrive: [`Error::RanksMissing`] naming them (on every rank that came);
 //! - a rank whose world differs from rank 0's: [`Error::WorldSizeMismatch`];
 //! - two processes claiming one rank: [`Error::DuplicateRank`];
@@ -34,7 +36,7 @@ use std::time::{Duration, Instant};
 /// The first word of every hello: "ringredu" in ASCII, so a stranger is told apart at once.
 const MAGIC: u64 = u64::from_le_bytes(*b"ringredu");
 /// The wire format's version; a rank with another is a stranger.
-const VERSION: u64 = 1;
+const VERSION: u64 = 2;
 /// The size of [`UniqueId::to_bytes`], NCCL's `NCCL_UNIQUE_ID_BYTES`.
 pub const UNIQUE_ID_BYTES: usize = 128;
 
@@ -314,6 +316,8 @@ pub struct Rendezvous {
     peers: Vec<Option<TcpStream>>,
 }
 
+/// What rank 0 answers a hello with at once: `[ADMITTED, milliseconds it will still wait]`.
+const ADMITTED: u64 = 0xad;
 /// Verdict codes rank 0 sends every rank.
 const OK: u64 = 0;
 const WORLD_MISMATCH: u64 = 1;
@@ -401,6 +405,10 @@ impl Rendezvous {
                 continue;
             }
             let rank = rank as usize;
+            // Admitted: the rank hears how long rank 0 will wait for the others, and waits for
+            // the verdict that long (however late rank 0 came after it).
+            let left = deadline.saturating_duration_since(Instant::now());
+            let _ = write_words(&mut stream, &[ADMITTED, left.as_millis() as u64]);
             let problem = if their_world as usize != world {
                 Some(vec![WORLD_MISMATCH, rank as u64, their_world, world as u64])
             } else if rank == 0 || peers.get(rank).is_some_and(Option::is_some) {
@@ -476,14 +484,26 @@ impl Rendezvous {
             fingerprint,
         ];
         write_words(&mut stream, &hello).map_err(|_| lost(0))?;
-        let verdict = read_words(&mut stream, deadline + Duration::from_millis(500), timeout)
-            .map_err(|e| match e {
-                Error::Timeout { .. } => Error::RanksMissing {
-                    missing: vec![0],
-                    after: timeout,
-                },
-                other => other,
-            })?;
+        let missing_rank0 = |e| match e {
+            Error::Timeout { .. } => Error::RanksMissing {
+                missing: vec![0],
+                after: timeout,
+            },
+            other => other,
+        };
+        // Rank 0 admits this rank at once when it is there, saying how long it will wait for
+        // the others; the verdict comes within that.
+        let admitted = read_words(&mut stream, deadline, timeout).map_err(missing_rank0)?;
+        let rank0_waits = match admitted[..] {
+            [ADMITTED, ms] => Duration::from_millis(ms),
+            _ => {
+                return Err(Error::Internal {
+                    what: format!("rank 0 answered a hello with {admitted:?}"),
+                })
+            }
+        };
+        let verdict_by = Instant::now() + rank0_waits + Duration::from_millis(500);
+        let verdict = read_words(&mut stream, verdict_by, timeout).map_err(missing_rank0)?;
         decode_verdict(&verdict, timeout)?;
         let mut peers: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
         peers[0] = Some(stream);

@@ -307,3 +307,20 @@ fn a_missing_or_bad_launcher_variable_is_named() {
         31000
     );
 }
+
+#[test]
+fn a_rank_that_came_early_hears_the_missing_rank_not_rank_0() {
+    // Rank 1 joins with a short timeout; rank 0 comes later, with a longer one, and waits for
+    // rank 2, who never comes. Rank 1 waits as long as rank 0 says it will, and both name rank 2.
+    let id = local_id();
+    let early = thread::spawn(move || Rendezvous::join(&id, 1, 3, 0, Duration::from_millis(300)));
+    thread::sleep(Duration::from_millis(200));
+    let late = Rendezvous::join(&id, 0, 3, 0, Duration::from_millis(1500));
+    let early = early.join().unwrap();
+    for got in [early, late] {
+        match got {
+            Err(Error::RanksMissing { missing, .. }) => assert_eq!(missing, [2]),
+            other => panic!("{other:?}"),
+        }
+    }
+}
