@@ -365,3 +365,68 @@ fn ranks_on_two_hosts_are_refused_by_name() {
     });
     expect_success(ranks, Duration::from_secs(30));
 }
+
+#[test]
+fn send_recv_across_processes_moves_every_transfer() {
+    if let Some(env) = as_rank() {
+        let (rank, world) = (env.rank, env.world);
+        let id = env.unique_id().unwrap();
+        let mut comm = RankCommunicator::host(&id, rank, world, config(Algorithm::Ring)).unwrap();
+        // Every rank to the next, of different lengths, and rank 0 to the last rank twice.
+        let mut transfers: Vec<ringreduce::Transfer> = (0..world)
+            .map(|r| ringreduce::Transfer {
+                from: r,
+                to: (r + 1) % world,
+                count: 5 + 97 * r,
+            })
+            .collect();
+        for count in [3, 200] {
+            transfers.push(ringreduce::Transfer {
+                from: 0,
+                to: world - 1,
+                count,
+            });
+        }
+        // Transfer i's data: i·1000 + index.
+        let data = |i: usize, len: usize| -> Vec<i64> {
+            (0..len).map(|k| (i * 1000 + k) as i64).collect()
+        };
+        let sends: Vec<Vec<i64>> = transfers
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.from == rank)
+            .map(|(i, t)| data(i, t.count))
+            .collect();
+        let mut recvs: Vec<Vec<i64>> = transfers
+            .iter()
+            .filter(|t| t.to == rank)
+            .map(|t| vec![-1; t.count])
+            .collect();
+        let send_refs: Vec<&[i64]> = sends.iter().map(Vec::as_slice).collect();
+        let mut recv_refs: Vec<&mut [i64]> = recvs.iter_mut().map(Vec::as_mut_slice).collect();
+        comm.send_recv(&transfers, &send_refs, &mut recv_refs)
+            .unwrap();
+        let want: Vec<Vec<i64>> = transfers
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.to == rank)
+            .map(|(i, t)| data(i, t.count))
+            .collect();
+        assert_eq!(recvs, want, "rank {rank}");
+        // A rank that passes the wrong number of buffers is refused before anything moves.
+        let err = comm.send_recv::<i64>(&transfers, &[], &mut []).unwrap_err();
+        assert!(
+            matches!(err, Error::BufferCount { .. }) || sends.is_empty() && recvs.is_empty(),
+            "{err}"
+        );
+        return;
+    }
+    for world in [2, 3] {
+        let ranks = launch(
+            "send_recv_across_processes_moves_every_transfer",
+            world,
+            |_| vec![],
+        );
+        expect_success(ranks, Duration::from_secs(60));
+    }
+}

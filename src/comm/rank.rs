@@ -21,7 +21,7 @@ use crate::exec::host::process::ProcessRank;
 use crate::exec::host::HostConfig;
 use crate::exec::rendezvous::{LaunchEnv, UniqueId};
 use crate::exec::{config, Shape};
-use crate::plan::Collective;
+use crate::plan::{BufKind, Collective, Transfer};
 
 /// One rank of a job with one process per rank (module doc). Its calls block until the
 /// collective is complete on this rank, and every rank must make the same calls in the same
@@ -96,7 +96,8 @@ impl RankCommunicator {
         self.collective(&Collective::AllReduce, Some(input), Some(output), op)
     }
 
-    /// Any collective but send/recv, out of place, on this rank's buffers: `input` is `None`
+    /// Any collective but send/recv ([`RankCommunicator::send_recv`]), out of place, on this
+    /// rank's buffers: `input` is `None`
     /// where this rank passes none (a broadcast's non-root), `output` where it passes none (a
     /// reduce's non-root). The lengths are [`Collective`]'s table's for this rank; the count
     /// comes from them, and every rank must pass the same.
@@ -110,7 +111,10 @@ impl RankCommunicator {
         self.check(collective)?;
         let count = self.count_of(collective, input, output.as_deref(), false)?;
         let shape = Shape::collective::<T>(collective.clone(), count, false, op);
-        self.inner.run(shape, input, output, op)
+        let reads: Vec<(BufKind, &[T])> = input.map(|i| (BufKind::Input, i)).into_iter().collect();
+        let mut writes: Vec<(BufKind, &mut [T])> =
+            output.map(|o| (BufKind::Output, o)).into_iter().collect();
+        self.inner.run(shape, &reads, &mut writes, op)
     }
 
     /// Any collective that has an in-place form ([`Collective::has_in_place`]), in place on this
@@ -132,14 +136,89 @@ impl RankCommunicator {
         }
         let count = self.count_of(collective, None, Some(buf), true)?;
         let shape = Shape::collective::<T>(collective.clone(), count, true, op);
-        self.inner.run(shape, None, Some(buf), op)
+        self.inner
+            .run(shape, &[], &mut [(BufKind::Output, buf)], op)
     }
 
-    /// What every call checks first: a collective this communicator offers, for its world.
+    /// Grouped send/recv: every rank names the same `transfers` (transfer i moves `count`
+    /// elements from rank `from` to rank `to`), and passes its own ends of them — `sends`, one
+    /// buffer per transfer it sends, and `recvs`, one per transfer it receives, each in the
+    /// order of `transfers` and of the transfer's count. All in one call, so an exchange where
+    /// every rank both sends and receives cannot deadlock.
+    pub fn send_recv<T: Element>(
+        &mut self,
+        transfers: &[Transfer],
+        sends: &[&[T]],
+        recvs: &mut [&mut [T]],
+    ) -> Result<()> {
+        let (rank, world) = (self.rank(), self.world());
+        let collective = Collective::SendRecv {
+            transfers: transfers.to_vec(),
+        };
+        collective.validate(world)?;
+        let mine = |to_me: bool| -> Vec<(usize, usize)> {
+            transfers
+                .iter()
+                .enumerate()
+                .filter(|(_, t)| if to_me { t.to == rank } else { t.from == rank })
+                .map(|(i, t)| (i, t.count))
+                .collect()
+        };
+        let (sending, receiving) = (mine(false), mine(true));
+        for (what, ends, lens) in [
+            (
+                "send buffers (one per transfer this rank sends)",
+                &sending,
+                sends.iter().map(|b| b.len()).collect::<Vec<_>>(),
+            ),
+            (
+                "receive buffers (one per transfer this rank receives)",
+                &receiving,
+                recvs.iter().map(|b| b.len()).collect(),
+            ),
+        ] {
+            if lens.len() != ends.len() {
+                return Err(Error::BufferCount {
+                    collective: "send/recv",
+                    what,
+                    expected: ends.len(),
+                    got: lens.len(),
+                });
+            }
+            if let Some((&(i, count), &got)) = ends
+                .iter()
+                .zip(&lens)
+                .find(|((_, count), got)| count != *got)
+            {
+                return Err(Error::BufferLength {
+                    collective: "send/recv",
+                    rank,
+                    buffer: format!("buffer of transfer {i}"),
+                    expected: count,
+                    got,
+                });
+            }
+        }
+        let reads: Vec<(BufKind, &[T])> = sending
+            .iter()
+            .zip(sends)
+            .map(|(&(i, _), b)| (BufKind::SendBuf(i), *b))
+            .collect();
+        let mut writes: Vec<(BufKind, &mut [T])> = receiving
+            .iter()
+            .zip(recvs.iter_mut())
+            .map(|(&(i, _), b)| (BufKind::RecvBuf(i), &mut **b))
+            .collect();
+        let shape = Shape::collective::<T>(collective, 0, false, ReduceOp::Sum);
+        self.inner.run(shape, &reads, &mut writes, ReduceOp::Sum)
+    }
+
+    /// What every call but send/recv checks first: a collective of its world (send/recv has
+    /// its own call, [`RankCommunicator::send_recv`]).
     fn check(&self, collective: &Collective) -> Result<()> {
         if matches!(collective, Collective::SendRecv { .. }) {
             return Err(Error::InvalidArgument(
-                "send/recv is not yet offered between processes".into(),
+                "send/recv passes a buffer per transfer: call RankCommunicator::send_recv".into(),
             ));
         }
         collective.validate(self.world())

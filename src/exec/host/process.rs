@@ -313,7 +313,15 @@ fn shape_words(shape: &Shape, op: ReduceOp) -> [u64; SHAPE_WORDS] {
         Collective::Broadcast { root } => (4, root),
         Collective::Reduce { root } => (5, root),
         Collective::AllToAll => (6, 0),
-        Collective::SendRecv { .. } => (7, 0),
+        Collective::SendRecv { ref transfers } => {
+            // The transfers, folded into one word: every rank must name the same.
+            let folded = transfers.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, t| {
+                [t.from, t.to, t.count].iter().fold(h, |h, &x| {
+                    (h ^ x as u64).wrapping_mul(0x0000_0100_0000_01b3)
+                })
+            });
+            (7, folded as usize)
+        }
     };
     let reduces = shape.collective.reduces();
     [
@@ -340,6 +348,7 @@ fn describe_shape(w: &[u64]) -> String {
     };
     let root = match w[0] {
         4 | 5 => format!(" from root {}", w[1]),
+        7 => format!(" of transfers {:016x}", w[1]),
         _ => String::new(),
     };
     format!(
@@ -543,21 +552,22 @@ impl ProcessRank {
         Ok(prepared)
     }
 
-    /// Runs one collective on this rank's buffers and returns when it is complete: `input`
-    /// (none in place, or where this rank passes none) and `output` (none where this rank
-    /// passes none) are this rank's, of the lengths the collective's table gives for `shape`
-    /// (the caller checked them).
+    /// Runs one collective on this rank's buffers and returns when it is complete: `reads` are
+    /// the buffers it only reads and `writes` those it writes, each named by the plan's kind for
+    /// it ([`BufKind::Input`], [`BufKind::Output`], a transfer's [`BufKind::SendBuf`] or
+    /// [`BufKind::RecvBuf`]), of the lengths the plan of `shape` declares for this rank (the
+    /// caller checked them).
     pub(crate) fn run<T: Element>(
         &mut self,
         shape: Shape,
-        input: Option<&[T]>,
-        output: Option<&mut [T]>,
+        reads: &[(BufKind, &[T])],
+        writes: &mut [(BufKind, &mut [T])],
         op: ReduceOp,
     ) -> Result<()> {
         if let Some(err) = &self.broken {
             return Err(Error::CommunicatorFailed(Box::new(err.clone())));
         }
-        let result = self.run_unbroken(shape, input, output, op);
+        let result = self.run_unbroken(shape, reads, writes, op);
         if let Err(err) = &result {
             self.broken = Some(err.clone());
         }
@@ -567,8 +577,8 @@ impl ProcessRank {
     fn run_unbroken<T: Element>(
         &mut self,
         shape: Shape,
-        input: Option<&[T]>,
-        output: Option<&mut [T]>,
+        reads: &[(BufKind, &[T])],
+        writes: &mut [(BufKind, &mut [T])],
         op: ReduceOp,
     ) -> Result<()> {
         self.start_call(shape_words(&shape, op))?;
@@ -589,17 +599,19 @@ impl ProcessRank {
                 len_bytes: decl.len * eb,
             })
             .collect();
-        // This rank's caller buffers into its segment: its input, and its output (in place it
-        // is the input; out of place what the collective leaves alone must stay the caller's).
+        // This rank's caller buffers into its segment: what it reads, and what it writes (in
+        // place the one buffer is both; out of place what the collective leaves alone must stay
+        // the caller's).
         for (b, decl) in host.plan.buffers.iter().enumerate() {
             if decl.rank != rank {
                 continue;
             }
-            let from: Option<&[T]> = match decl.kind {
-                BufKind::Input => input,
-                BufKind::Output => output.as_deref(),
-                _ => None,
-            };
+            let from = reads
+                .iter()
+                .map(|(kind, buf)| (*kind, &**buf))
+                .chain(writes.iter().map(|(kind, buf)| (*kind, &**buf)))
+                .find(|(kind, _)| *kind == decl.kind)
+                .map(|(_, buf)| buf);
             if let Some(from) = from {
                 let bytes = (decl.len * eb).min(std::mem::size_of_val(from));
                 // SAFETY: `bufs[b]` holds decl.len elements in this rank's segment, which no
@@ -646,10 +658,10 @@ impl ProcessRank {
         self.wait(&call, done_rx)?;
         // This rank's outputs back to the caller: every rank's Main is done, and the checker
         // proved that nothing touches a rank's caller buffers after its Main.
-        if let Some(out) = output {
+        for (kind, out) in writes.iter_mut() {
             for (b, decl) in host.plan.buffers.iter().enumerate() {
-                if decl.rank == rank && decl.kind == BufKind::Output {
-                    let bytes = (decl.len * eb).min(std::mem::size_of_val(out));
+                if decl.rank == rank && decl.kind == *kind {
+                    let bytes = (decl.len * eb).min(std::mem::size_of_val(*out));
                     // SAFETY: as for the copy in, in the other direction.
                     unsafe {
                         std::ptr::copy_nonoverlapping(
