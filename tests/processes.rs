@@ -8,83 +8,15 @@
 //! same function is one rank of the job. Results are compared with the in-process host
 //! executor's on the same inputs — every rank builds that reference itself — bit for bit.
 
+use common::launch::{as_rank, expect_success, launch};
 use ringreduce::plan::Collective;
 use ringreduce::verify::input_value;
 use ringreduce::{
     Algorithm, Communicator, Error, HostConfig, LaunchEnv, RankCommunicator, ReduceOp,
 };
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const CHILD: &str = "RINGREDUCE_TEST_RANK_PROCESS";
-
-/// The launcher's variables when this process is a rank of a test's job.
-fn as_rank() -> Option<LaunchEnv> {
-    std::env::var(CHILD).ok()?;
-    Some(LaunchEnv::from_env().expect("the test launcher sets every variable"))
-}
-
-/// A free TCP port on 127.0.0.1 (bound, then released for rank 0 to take).
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
-}
-
-/// Starts `world` ranks of `test` (this executable, that test alone), each with `extra`
-/// variables of its own (by rank).
-fn launch(test: &str, world: usize, extra: impl Fn(usize) -> Vec<(String, String)>) -> Vec<Child> {
-    let port = free_port();
-    let exe = std::env::current_exe().unwrap();
-    (0..world)
-        .map(|rank| {
-            let mut cmd = Command::new(&exe);
-            cmd.args([test, "--exact", "--nocapture", "--test-threads=1"])
-                .env(CHILD, "1")
-                .env("RANK", rank.to_string())
-                .env("WORLD_SIZE", world.to_string())
-                .env("LOCAL_RANK", rank.to_string())
-                .env("LOCAL_WORLD_SIZE", world.to_string())
-                .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", (port - 1).to_string())
-                .env("RINGREDUCE_PORT", port.to_string())
-                .env("TORCHELASTIC_RUN_ID", format!("{test}-{port}"))
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
-            for (k, v) in extra(rank) {
-                cmd.env(k, v);
-            }
-            cmd.spawn().unwrap()
-        })
-        .collect()
-}
-
-/// Waits for every rank (at most `within`; stragglers are killed) and fails the test with each
-/// failed rank's output.
-fn expect_success(children: Vec<Child>, within: Duration) {
-    let deadline = Instant::now() + within;
-    let mut failures = Vec::new();
-    for (rank, mut child) in children.into_iter().enumerate() {
-        let status = loop {
-            match child.try_wait().unwrap() {
-                Some(status) => break Some(status),
-                None if Instant::now() >= deadline => {
-                    let _ = child.kill();
-                    break None;
-                }
-                None => std::thread::sleep(Duration::from_millis(10)),
-            }
-        };
-        let out = child.wait_with_output().unwrap();
-        if status.is_none_or(|s| !s.success()) {
-            failures.push(format!(
-                "rank {rank}: {status:?}\n{}\n{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n---\n"));
-}
+mod common;
 
 fn config(algorithm: Algorithm) -> HostConfig {
     HostConfig {
@@ -166,7 +98,7 @@ fn every_collective_on_this_rank(env: &LaunchEnv, algorithm: Algorithm, job: usi
             let mut output = collective
                 .output_len(rank, world, count)
                 .map(|len| vec![-7.0f32; len]);
-            comm.collective(collective, input.as_deref(), output.as_deref_mut(), op)
+            comm.collective(collective, input.as_ref(), output.as_mut(), op)
                 .unwrap_or_else(|e| panic!("{collective:?} {op:?}: {e}"));
             assert_eq!(output, want[rank], "rank {rank}: {collective:?} {op:?}");
             // In place: the buffer starts as this rank's input, laid out as the collective's
@@ -402,8 +334,8 @@ fn send_recv_across_processes_moves_every_transfer() {
             .filter(|t| t.to == rank)
             .map(|t| vec![-1; t.count])
             .collect();
-        let send_refs: Vec<&[i64]> = sends.iter().map(Vec::as_slice).collect();
-        let mut recv_refs: Vec<&mut [i64]> = recvs.iter_mut().map(Vec::as_mut_slice).collect();
+        let send_refs: Vec<&Vec<i64>> = sends.iter().collect();
+        let mut recv_refs: Vec<&mut Vec<i64>> = recvs.iter_mut().collect();
         comm.send_recv(&transfers, &send_refs, &mut recv_refs)
             .unwrap();
         let want: Vec<Vec<i64>> = transfers
@@ -414,7 +346,9 @@ fn send_recv_across_processes_moves_every_transfer() {
             .collect();
         assert_eq!(recvs, want, "rank {rank}");
         // A rank that passes the wrong number of buffers is refused before anything moves.
-        let err = comm.send_recv::<i64>(&transfers, &[], &mut []).unwrap_err();
+        let err = comm
+            .send_recv::<i64, Vec<i64>, Vec<i64>>(&transfers, &[], &mut [])
+            .unwrap_err();
         assert!(
             matches!(err, Error::BufferCount { .. }) || sends.is_empty() && recvs.is_empty(),
             "{err}"

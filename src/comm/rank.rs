@@ -1,10 +1,13 @@
-//! One rank of a job that runs one process per rank: [`RankCommunicator`], NCCL's
-//! `ncclCommInitRank` model — rank 0 makes a [`UniqueId`], every process gets it by any channel
-//! and joins with its rank, and each call takes this rank's buffers alone.
+//! One rank of a job whose ranks each have their own communicator: [`RankCommunicator`], NCCL's
+//! `ncclCommInitRank` model — rank 0 makes a [`UniqueId`], every rank gets it by any channel and
+//! joins with its rank, and each call takes this rank's buffers alone. A rank is a process of
+//! its own (torchrun's jobs) or a thread (one per GPU).
 //!
-//! Today its ranks are host ranks (the host executor's plans across processes, shared memory
-//! between them: `exec::host::process`); a rank on a GPU joins the same way once the GPU
-//! executor has its fabric between processes.
+//! A host rank runs the host executor's plans with the others over shared memory
+//! (`exec::host::process`). A GPU rank runs the GPU executor's, for its one GPU, over the
+//! `Joined` fabric: its peers' memory is imported by address (a thread of the same process) or
+//! through CUDA IPC handles (another process), and the caller's buffers are staged through
+//! memory the rank exports, so any buffer works.
 //!
 //! ```no_run
 //! use ringreduce::{HostConfig, RankCommunicator, ReduceOp};
@@ -15,30 +18,46 @@
 //! # Ok::<(), ringreduce::Error>(())
 //! ```
 
+use crate::buffer::{Buffer, BufferMut, Placement};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
+use crate::exec::cuda::executor::{CudaConfig, CudaExecutor};
 use crate::exec::host::process::ProcessRank;
 use crate::exec::host::HostConfig;
-use crate::exec::rendezvous::{LaunchEnv, UniqueId};
+use crate::exec::rendezvous::{LaunchEnv, Rendezvous, UniqueId};
 use crate::exec::{config, Shape};
 use crate::plan::{BufKind, Collective, Transfer};
 
-/// One rank of a job with one process per rank (module doc). Its calls block until the
-/// collective is complete on this rank, and every rank must make the same calls in the same
-/// order: a rank whose call differs gets [`Error::CallMismatch`], as do its peers. A failed call
-/// (a peer's process gone, a timeout, a mismatch) leaves it broken: later calls return
-/// [`Error::CommunicatorFailed`] at once; make a new one with a new id.
+/// One rank of a job whose ranks each have a communicator (module doc). Its calls block until
+/// the collective is complete on this rank, and every rank must make the same calls in the
+/// same order (host ranks check it: a rank whose call differs gets [`Error::CallMismatch`], as
+/// do its peers). A failed call (a peer's process gone, a timeout, a mismatch) leaves a host
+/// rank broken: later calls return [`Error::CommunicatorFailed`] at once; make a new one with a
+/// new id.
 pub struct RankCommunicator {
-    inner: ProcessRank,
+    rank: usize,
+    world: usize,
+    inner: Inner,
+}
+
+enum Inner {
+    Host(ProcessRank),
+    Gpu { exec: CudaExecutor, device: usize },
 }
 
 impl std::fmt::Debug for RankCommunicator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RankCommunicator")
-            .field("rank", &self.rank())
-            .field("world", &self.world())
+            .field("rank", &self.rank)
+            .field("world", &self.world)
             .finish()
     }
+}
+
+/// This rank's buffers of one call, by the plan's kind for each, as addresses and lengths.
+struct Ends {
+    reads: Vec<(BufKind, u64, usize)>,
+    writes: Vec<(BufKind, u64, usize)>,
 }
 
 impl RankCommunicator {
@@ -60,7 +79,9 @@ impl RankCommunicator {
         )?;
         config::check_timeout(config.timeout)?;
         Ok(RankCommunicator {
-            inner: ProcessRank::join(id, rank, world, config)?,
+            rank,
+            world,
+            inner: Inner::Host(ProcessRank::join(id, rank, world, config)?),
         })
     }
 
@@ -71,60 +92,118 @@ impl RankCommunicator {
         RankCommunicator::host(&env.unique_id()?, env.rank, env.world, config)
     }
 
-    /// This process's rank.
+    /// Joins the job of `id` as rank `rank` of `world` on this process's GPU `device`. The ranks
+    /// may share GPUs only with `config.allow_shared_device`; every pair of GPUs must reach the
+    /// other over peer access (pinned host memory does not cross processes yet).
+    pub fn gpu(
+        id: &UniqueId,
+        rank: usize,
+        world: usize,
+        device: usize,
+        config: CudaConfig,
+    ) -> Result<RankCommunicator> {
+        config::check_world(world)?;
+        config::check_slots(config.slots)?;
+        if let Some(chunk_bytes) = config.chunk_bytes {
+            config::check_chunk("chunk_bytes", chunk_bytes, 1)?;
+        }
+        config::check_timeout(config.timeout)?;
+        let rendezvous =
+            Rendezvous::join(id, rank, world, gpu_fingerprint(&config), config.timeout)?;
+        Ok(RankCommunicator {
+            rank,
+            world,
+            inner: Inner::Gpu {
+                exec: CudaExecutor::for_rank(rendezvous, device, config)?,
+                device,
+            },
+        })
+    }
+
+    /// [`RankCommunicator::gpu`] with the rank, world and id from the launcher's variables, on
+    /// GPU `LOCAL_RANK` — or GPU 0 where the process sees one GPU (a launcher that sets
+    /// `CUDA_VISIBLE_DEVICES` per rank).
+    pub fn from_env_gpu(config: CudaConfig) -> Result<RankCommunicator> {
+        let env = LaunchEnv::from_env()?;
+        let device = match crate::device::device_count()? {
+            1 => 0,
+            _ => env.local_rank,
+        };
+        RankCommunicator::gpu(&env.unique_id()?, env.rank, env.world, device, config)
+    }
+
+    /// This rank.
     pub fn rank(&self) -> usize {
-        self.inner.rank()
+        self.rank
     }
 
     /// The number of ranks.
     pub fn world(&self) -> usize {
-        self.inner.world()
+        self.world
     }
 
     /// All-reduce in place: every rank's `buf` ends holding the reduction of every rank's.
-    pub fn all_reduce_in_place<T: Element>(&mut self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+    pub fn all_reduce_in_place<T: Element, B: BufferMut<T> + ?Sized>(
+        &mut self,
+        buf: &mut B,
+        op: ReduceOp,
+    ) -> Result<()> {
         self.collective_in_place(&Collective::AllReduce, buf, op)
     }
 
     /// All-reduce: `output` ends holding the reduction of every rank's `input` (equal lengths).
-    pub fn all_reduce<T: Element>(
+    pub fn all_reduce<T: Element, I: Buffer<T> + ?Sized, O: BufferMut<T> + ?Sized>(
         &mut self,
-        input: &[T],
-        output: &mut [T],
+        input: &I,
+        output: &mut O,
         op: ReduceOp,
     ) -> Result<()> {
         self.collective(&Collective::AllReduce, Some(input), Some(output), op)
     }
 
     /// Any collective but send/recv ([`RankCommunicator::send_recv`]), out of place, on this
-    /// rank's buffers: `input` is `None`
-    /// where this rank passes none (a broadcast's non-root), `output` where it passes none (a
-    /// reduce's non-root). The lengths are [`Collective`]'s table's for this rank; the count
-    /// comes from them, and every rank must pass the same.
-    pub fn collective<T: Element>(
+    /// rank's buffers: `input` is `None` where this rank passes none (a broadcast's non-root),
+    /// `output` where it passes none (a reduce's non-root). The lengths are [`Collective`]'s
+    /// table's for this rank; the count comes from them, and every rank must pass the same.
+    pub fn collective<T: Element, I: Buffer<T> + ?Sized, O: BufferMut<T> + ?Sized>(
         &mut self,
         collective: &Collective,
-        input: Option<&[T]>,
-        output: Option<&mut [T]>,
+        input: Option<&I>,
+        mut output: Option<&mut O>,
         op: ReduceOp,
     ) -> Result<()> {
         self.check(collective)?;
-        let count = self.count_of(collective, input, output.as_deref(), false)?;
+        let count = self.count_of(
+            collective,
+            input.map(|i| i.count()),
+            output.as_ref().map(|o| o.count()),
+            false,
+        )?;
+        let mut ends = Ends {
+            reads: Vec::new(),
+            writes: Vec::new(),
+        };
+        if let Some(i) = input {
+            self.placed(i)?;
+            ends.reads.push((BufKind::Input, i.address(), i.count()));
+        }
+        if let Some(o) = output.as_mut() {
+            self.placed(&**o)?;
+            ends.writes
+                .push((BufKind::Output, o.address_mut(), o.count()));
+        }
         let shape = Shape::collective::<T>(collective.clone(), count, false, op);
-        let reads: Vec<(BufKind, &[T])> = input.map(|i| (BufKind::Input, i)).into_iter().collect();
-        let mut writes: Vec<(BufKind, &mut [T])> =
-            output.map(|o| (BufKind::Output, o)).into_iter().collect();
-        self.inner.run(shape, &reads, &mut writes, op)
+        self.run::<T>(shape, ends, op)
     }
 
     /// Any collective that has an in-place form ([`Collective::has_in_place`]), in place on this
     /// rank's one buffer, laid out as the collective's table says (an all-gather's holds this
     /// rank's block at its place; a reduce-scatter's leaves this rank's block holding its
     /// result, the others undefined).
-    pub fn collective_in_place<T: Element>(
+    pub fn collective_in_place<T: Element, B: BufferMut<T> + ?Sized>(
         &mut self,
         collective: &Collective,
-        buf: &mut [T],
+        buf: &mut B,
         op: ReduceOp,
     ) -> Result<()> {
         self.check(collective)?;
@@ -134,10 +213,14 @@ impl RankCommunicator {
                 collective.name()
             )));
         }
-        let count = self.count_of(collective, None, Some(buf), true)?;
+        let count = self.count_of(collective, None, Some(buf.count()), true)?;
+        self.placed(&*buf)?;
+        let ends = Ends {
+            reads: Vec::new(),
+            writes: vec![(BufKind::Output, buf.address_mut(), buf.count())],
+        };
         let shape = Shape::collective::<T>(collective.clone(), count, true, op);
-        self.inner
-            .run(shape, &[], &mut [(BufKind::Output, buf)], op)
+        self.run::<T>(shape, ends, op)
     }
 
     /// Grouped send/recv: every rank names the same `transfers` (transfer i moves `count`
@@ -145,17 +228,17 @@ impl RankCommunicator {
     /// buffer per transfer it sends, and `recvs`, one per transfer it receives, each in the
     /// order of `transfers` and of the transfer's count. All in one call, so an exchange where
     /// every rank both sends and receives cannot deadlock.
-    pub fn send_recv<T: Element>(
+    pub fn send_recv<T: Element, I: Buffer<T> + ?Sized, O: BufferMut<T> + ?Sized>(
         &mut self,
         transfers: &[Transfer],
-        sends: &[&[T]],
-        recvs: &mut [&mut [T]],
+        sends: &[&I],
+        recvs: &mut [&mut O],
     ) -> Result<()> {
-        let (rank, world) = (self.rank(), self.world());
+        let rank = self.rank;
         let collective = Collective::SendRecv {
             transfers: transfers.to_vec(),
         };
-        collective.validate(world)?;
+        collective.validate(self.world)?;
         let mine = |to_me: bool| -> Vec<(usize, usize)> {
             transfers
                 .iter()
@@ -165,16 +248,18 @@ impl RankCommunicator {
                 .collect()
         };
         let (sending, receiving) = (mine(false), mine(true));
+        let send_lens: Vec<usize> = sends.iter().map(|b| b.count()).collect();
+        let recv_lens: Vec<usize> = recvs.iter().map(|b| b.count()).collect();
         for (what, ends, lens) in [
             (
                 "send buffers (one per transfer this rank sends)",
                 &sending,
-                sends.iter().map(|b| b.len()).collect::<Vec<_>>(),
+                &send_lens,
             ),
             (
                 "receive buffers (one per transfer this rank receives)",
                 &receiving,
-                recvs.iter().map(|b| b.len()).collect(),
+                &recv_lens,
             ),
         ] {
             if lens.len() != ends.len() {
@@ -187,7 +272,7 @@ impl RankCommunicator {
             }
             if let Some((&(i, count), &got)) = ends
                 .iter()
-                .zip(&lens)
+                .zip(lens)
                 .find(|((_, count), got)| count != *got)
             {
                 return Err(Error::BufferLength {
@@ -199,18 +284,21 @@ impl RankCommunicator {
                 });
             }
         }
-        let reads: Vec<(BufKind, &[T])> = sending
-            .iter()
-            .zip(sends)
-            .map(|(&(i, _), b)| (BufKind::SendBuf(i), *b))
-            .collect();
-        let mut writes: Vec<(BufKind, &mut [T])> = receiving
-            .iter()
-            .zip(recvs.iter_mut())
-            .map(|(&(i, _), b)| (BufKind::RecvBuf(i), &mut **b))
-            .collect();
+        let mut ends = Ends {
+            reads: Vec::new(),
+            writes: Vec::new(),
+        };
+        for (&(i, count), b) in sending.iter().zip(sends) {
+            self.placed(*b)?;
+            ends.reads.push((BufKind::SendBuf(i), b.address(), count));
+        }
+        for (&(i, count), b) in receiving.iter().zip(recvs.iter_mut()) {
+            self.placed(&**b)?;
+            ends.writes
+                .push((BufKind::RecvBuf(i), b.address_mut(), count));
+        }
         let shape = Shape::collective::<T>(collective, 0, false, ReduceOp::Sum);
-        self.inner.run(shape, &reads, &mut writes, ReduceOp::Sum)
+        self.run::<T>(shape, ends, ReduceOp::Sum)
     }
 
     /// What every call but send/recv checks first: a collective of its world (send/recv has
@@ -221,18 +309,89 @@ impl RankCommunicator {
                 "send/recv passes a buffer per transfer: call RankCommunicator::send_recv".into(),
             ));
         }
-        collective.validate(self.world())
+        collective.validate(self.world)
     }
 
-    /// The collective's count from this rank's buffers, each length checked against the table.
-    fn count_of<T>(
+    /// A buffer is where this rank's calls take it: host memory for a host rank, its GPU for a
+    /// GPU rank.
+    fn placed<T: Element, B: Buffer<T> + ?Sized>(&self, buf: &B) -> Result<()> {
+        match (&self.inner, buf.placement()) {
+            (Inner::Host(_), Placement::Host) => Ok(()),
+            (Inner::Gpu { device, .. }, Placement::Device(d)) if d == *device => Ok(()),
+            (Inner::Gpu { device, .. }, Placement::Device(d)) => Err(Error::WrongDevice {
+                rank: self.rank,
+                device: d,
+                expected: *device,
+            }),
+            (Inner::Host(_), Placement::Device(_)) => Err(Error::InvalidArgument(format!(
+                "rank {}'s buffer is on a GPU, and this is a host rank",
+                self.rank
+            ))),
+            (Inner::Gpu { .. }, Placement::Host) => Err(Error::InvalidArgument(format!(
+                "rank {}'s buffer is in host memory, and this rank is on a GPU",
+                self.rank
+            ))),
+        }
+    }
+
+    /// Runs the call of `shape` on this rank's `ends`.
+    fn run<T: Element>(&mut self, shape: Shape, ends: Ends, op: ReduceOp) -> Result<()> {
+        match &mut self.inner {
+            Inner::Host(inner) => {
+                // SAFETY: each address and length came from a `Buffer` in host memory (checked
+                // by `placed`), whose contract makes them valid for the buffer's elements; the
+                // buffers are borrowed by our caller for this whole call; writes are `BufferMut`s
+                // borrowed mutably, distinct from every other buffer of the call (the borrow
+                // checker keeps a `&mut` unique).
+                let slice = |&(kind, addr, len): &(BufKind, u64, usize)| unsafe {
+                    (kind, std::slice::from_raw_parts(addr as *const T, len))
+                };
+                let reads: Vec<(BufKind, &[T])> = ends.reads.iter().map(slice).collect();
+                let mut writes: Vec<(BufKind, &mut [T])> = ends
+                    .writes
+                    .iter()
+                    // SAFETY: as above.
+                    .map(|&(kind, addr, len)| unsafe {
+                        (kind, std::slice::from_raw_parts_mut(addr as *mut T, len))
+                    })
+                    .collect();
+                inner.run(shape, &reads, &mut writes, op)
+            }
+            Inner::Gpu { exec, .. } => {
+                // The plan's caller buffers by address: rank r's input and output at index r,
+                // transfer i's ends at index i (`exec::caller_address`); this rank's alone.
+                let slots = match &shape.collective {
+                    Collective::SendRecv { transfers } => transfers.len(),
+                    _ => self.world,
+                };
+                let (mut inputs, mut outputs) = (vec![0u64; slots], vec![0u64; slots]);
+                for &(kind, addr, _) in ends.reads.iter().chain(&ends.writes) {
+                    match kind {
+                        BufKind::Input => inputs[self.rank] = addr,
+                        BufKind::Output => outputs[self.rank] = addr,
+                        BufKind::SendBuf(i) => inputs[i] = addr,
+                        BufKind::RecvBuf(i) => outputs[i] = addr,
+                        _ => {}
+                    }
+                }
+                // SAFETY: every address is this rank's buffer on its GPU (`placed`), valid for
+                // the length the plan declares (`count_of`, `send_recv`), borrowed by our caller
+                // for this whole call, which waits for completion.
+                unsafe { exec.run_shape_on_main::<T>(shape, &inputs, &outputs, op, true, false) }
+            }
+        }
+    }
+
+    /// The collective's count from this rank's buffers' lengths, each checked against the
+    /// table.
+    fn count_of(
         &self,
         collective: &Collective,
-        input: Option<&[T]>,
-        output: Option<&[T]>,
+        input: Option<usize>,
+        output: Option<usize>,
         in_place: bool,
     ) -> Result<usize> {
-        let (rank, world) = (self.rank(), self.world());
+        let (rank, world) = (self.rank, self.world);
         let per = |len: usize, blocks: usize| -> Result<usize> {
             match len % blocks {
                 0 => Ok(len / blocks),
@@ -241,50 +400,66 @@ impl RankCommunicator {
                 ))),
             }
         };
-        let count = if in_place {
-            let buf = output.ok_or_else(|| {
+        if in_place {
+            let len = output.ok_or_else(|| {
                 Error::InvalidArgument(format!("rank {rank} passes no buffer in place"))
             })?;
-            per(buf.len(), collective.in_place_len(world, 1))?
-        } else {
-            let input_blocks = collective.input_len(rank, world, 1);
-            let output_blocks = collective.output_len(rank, world, 1);
-            let from = match (input_blocks, input, output_blocks, output) {
-                (Some(b), Some(i), _, _) => per(i.len(), b)?,
-                (_, _, Some(b), Some(o)) => per(o.len(), b)?,
-                _ => {
+            return per(len, collective.in_place_len(world, 1));
+        }
+        let input_blocks = collective.input_len(rank, world, 1);
+        let output_blocks = collective.output_len(rank, world, 1);
+        let count = match (input_blocks, input, output_blocks, output) {
+            (Some(b), Some(len), _, _) => per(len, b)?,
+            (_, _, Some(b), Some(len)) => per(len, b)?,
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "rank {rank} passes no buffer the {} needs",
+                    collective.name()
+                )))
+            }
+        };
+        for (what, blocks, len) in [
+            ("input", input_blocks, input),
+            ("output", output_blocks, output),
+        ] {
+            match (blocks, len) {
+                (Some(b), Some(len)) if len == b * count => {}
+                (None, None) => {}
+                (Some(b), got) => {
+                    return Err(Error::BufferLength {
+                        collective: collective.name(),
+                        rank,
+                        buffer: what.into(),
+                        expected: b * count,
+                        got: got.unwrap_or(0),
+                    })
+                }
+                (None, Some(_)) => {
                     return Err(Error::InvalidArgument(format!(
-                        "rank {rank} passes no buffer the {} needs",
+                        "rank {rank} passes an {what} the {} does not take from it",
                         collective.name()
                     )))
                 }
-            };
-            for (what, blocks, buf) in [
-                ("input", input_blocks, input.map(<[T]>::len)),
-                ("output", output_blocks, output.map(<[T]>::len)),
-            ] {
-                match (blocks, buf) {
-                    (Some(b), Some(len)) if len == b * from => {}
-                    (None, None) => {}
-                    (Some(b), got) => {
-                        return Err(Error::BufferLength {
-                            collective: collective.name(),
-                            rank,
-                            buffer: what.into(),
-                            expected: b * from,
-                            got: got.unwrap_or(0),
-                        })
-                    }
-                    (None, Some(_)) => {
-                        return Err(Error::InvalidArgument(format!(
-                            "rank {rank} passes an {what} the {} does not take from it",
-                            collective.name()
-                        )))
-                    }
-                }
             }
-            from
-        };
+        }
         Ok(count)
     }
+}
+
+/// What every GPU rank's configuration must share, as one number.
+fn gpu_fingerprint(config: &CudaConfig) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    format!(
+        "{:?} {} {:?} {:?} {} {} {}",
+        config.transport,
+        config.slots,
+        config.chunk_bytes,
+        config.algorithm,
+        config.deterministic,
+        config.low_latency,
+        config.allow_shared_device
+    )
+    .hash(&mut h);
+    h.finish()
 }

@@ -16,6 +16,7 @@
 //! |---|---|
 //! | `mod.rs` | status → `Result` (`check`, `DriverResultExt`, `guard`), driver presence ([`driver_available`]), [`device_count`], [`driver_version`] |
 //! | `context.rs` | primary contexts ([`context()`]), binding and restoring the current context, [`DeviceInfo`], a GPU's ordinal from its UUID ([`ordinal_of`]), [`memory_info`] |
+//! | `ipc.rs` | device memory shared with another process: CUDA IPC handles ([`export_handle`], [`open_handle`], [`close_handle`]) |
 //! | `module.rs` | loading kernel code into a context ([`load_module`], [`load_function`], [`compute_capability`]) |
 //! | `peer.rs` | peer access ([`can_access_peer`], [`enable_peer_access`], [`p2p_attributes`]), pool access grants, pointer queries |
 //! | `memory.rs` | [`DeviceBuffer`], [`PinnedHost`], asynchronous copies and fills ([`memcpy_peer_async`], [`memcpy_async`], [`memset_d32_async`]) |
@@ -112,6 +113,7 @@
 
 mod context;
 pub mod gate;
+mod ipc;
 mod memory;
 mod module;
 mod peer;
@@ -119,6 +121,7 @@ mod stream;
 
 pub(crate) use context::{bind, save_current};
 pub use context::{context, device_info, devices, memory_info, ordinal_of, DeviceInfo};
+pub use ipc::{close_handle, export_handle, open_handle};
 pub use memory::{memcpy_async, memcpy_peer_async, memset_d32_async, DeviceBuffer, PinnedHost};
 pub use module::{compute_capability, load_function, load_module};
 pub use peer::{

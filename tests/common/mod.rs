@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+pub mod launch;
 pub mod waiver;
 
 /// Threads of this process named `ringreduce-*` (rank threads and stream workers); the kernel

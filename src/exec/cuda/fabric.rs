@@ -28,10 +28,12 @@ use crate::device;
 use crate::error::{Error, Result};
 pub(crate) use crate::exec::rendezvous::push_text;
 use crate::exec::rendezvous::text_of;
+use crate::exec::rendezvous::Rendezvous;
 use crate::topo;
 use cudarc::driver::CudaContext;
+use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// A record a rank contributes to an all-gather: a few 64-bit words.
 pub(crate) type Record = Vec<u64>;
@@ -79,6 +81,34 @@ pub(crate) trait Fabric: Send + Sync {
         own: &Identity,
         peer: &Identity,
     ) -> Result<Reach>;
+
+    /// Unmaps what this process imported from other processes, once nothing uses it (every
+    /// local stream idle); left mapped when a stuck GPU may still use it.
+    fn close_imports(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// How a context of this process reaches the GPU a peer reported: the same GPU; peer access
+/// between this context and that GPU's primary context (enabled here); or not, and why. The
+/// peer's GPU is found by its UUID among this process's devices.
+fn reach_from_this_process(
+    ctx: &Arc<CudaContext>,
+    own: &Identity,
+    peer: &Identity,
+) -> Result<Reach> {
+    if own.same_gpu(peer) {
+        return Ok(Reach::SameGpu);
+    }
+    let Some(theirs) = device::ordinal_of(&peer.uuid)? else {
+        return Ok(Reach::NotVisible);
+    };
+    if !device::can_access_peer(own.ordinal, theirs)? {
+        return Ok(Reach::NoPeerAccess);
+    }
+    let peer_ctx = device::context(theirs)?;
+    device::enable_peer_access(ctx, &peer_ctx)?;
+    Ok(Reach::Peer)
 }
 
 /// The fabric of ranks that share one process (module doc).
@@ -146,18 +176,137 @@ impl Fabric for InProcess {
         own: &Identity,
         peer: &Identity,
     ) -> Result<Reach> {
-        if own.same_gpu(peer) {
-            return Ok(Reach::SameGpu);
-        }
-        let Some(theirs) = device::ordinal_of(&peer.uuid)? else {
-            return Ok(Reach::NotVisible);
+        reach_from_this_process(ctx, own, peer)
+    }
+}
+
+/// The fabric of one rank that met its peers at a rendezvous ([`Rendezvous`]): each in a
+/// process of its own, or several in one process (one thread per GPU, each with its own
+/// communicator). Records travel through the rendezvous; memory is exported as its address
+/// together with a CUDA IPC handle of its allocation (`device::export_handle`), and a peer
+/// imports it as the address itself when it lives in the same process, else by opening the
+/// handle (once per allocation; closed with the communicator). A peer whose process is gone is
+/// lost. Pinned host memory cannot cross processes yet: staged edges and host mailboxes (GPUs
+/// without peer access) are refused by name.
+pub(crate) struct Joined {
+    rank: usize,
+    world: usize,
+    rendezvous: Mutex<Rendezvous>,
+    /// Every rank's process id.
+    pids: Vec<u32>,
+    /// This rank's context: where imported memory is mapped.
+    ctx: Arc<CudaContext>,
+    /// Allocations of other processes opened here, by handle: their base address.
+    opened: Mutex<HashMap<[u8; 64], u64>>,
+}
+
+impl Joined {
+    /// The fabric of the rank that `rendezvous` joined, on its context `ctx`: learns every
+    /// rank's process (an all-gather).
+    pub(crate) fn new(mut rendezvous: Rendezvous, ctx: Arc<CudaContext>) -> Result<Joined> {
+        let records = rendezvous.all_gather(&[u64::from(std::process::id())])?;
+        let pids = records
+            .iter()
+            .map(|r| r.first().map_or(0, |&p| p as u32))
+            .collect();
+        Ok(Joined {
+            rank: rendezvous.rank(),
+            world: rendezvous.world(),
+            rendezvous: Mutex::new(rendezvous),
+            pids,
+            ctx,
+            opened: Mutex::new(HashMap::new()),
+        })
+    }
+}
+
+impl Fabric for Joined {
+    fn world(&self) -> usize {
+        self.world
+    }
+
+    fn local_ranks(&self) -> Range<usize> {
+        self.rank..self.rank + 1
+    }
+
+    fn all_gather(&self, local: Vec<Record>) -> Result<Vec<Record>> {
+        let [record] = &local[..] else {
+            return Err(Error::Internal {
+                what: format!("a rank's all-gather with {} records", local.len()),
+            });
         };
-        if !device::can_access_peer(own.ordinal, theirs)? {
-            return Ok(Reach::NoPeerAccess);
+        let mut rendezvous = self.rendezvous.lock().unwrap_or_else(|p| p.into_inner());
+        rendezvous.all_gather(record)
+    }
+
+    fn export(&self, rank: usize, memory: Exported) -> Result<Record> {
+        let Exported::Device { addr, .. } = memory else {
+            return Err(Error::InvalidArgument(format!(
+                "rank {rank} would share pinned host memory with another process (a staged edge, \
+                 or event counters between GPUs without peer access), which is not supported yet: \
+                 give every pair of GPUs peer access, or run the ranks in one process"
+            )));
+        };
+        let (handle, offset) = device::export_handle(&self.ctx, addr)?;
+        let mut record = vec![u64::from(std::process::id()), addr, offset];
+        record.extend(
+            handle
+                .chunks(8)
+                .map(|c| u64::from_le_bytes(c.try_into().expect("64 bytes are 8 words"))),
+        );
+        Ok(record)
+    }
+
+    fn import(&self, _rank: usize, from: usize, handle: &[u64]) -> Result<u64> {
+        let mut fields = Fields::new(from, handle);
+        let (pid, addr, offset) = (fields.word()?, fields.word()?, fields.word()?);
+        let words = fields.take(8)?;
+        fields.finish()?;
+        if pid == u64::from(std::process::id()) {
+            return Ok(addr); // one address space
         }
-        let peer_ctx = device::context(theirs)?;
-        device::enable_peer_access(ctx, &peer_ctx)?;
-        Ok(Reach::Peer)
+        let mut bytes = [0u8; 64];
+        for (chunk, word) in bytes.chunks_mut(8).zip(words) {
+            chunk.copy_from_slice(&word.to_le_bytes());
+        }
+        let mut opened = self.opened.lock().unwrap_or_else(|p| p.into_inner());
+        let base = match opened.get(&bytes) {
+            Some(&base) => base,
+            None => {
+                let base = device::open_handle(&self.ctx, &bytes)?;
+                opened.insert(bytes, base);
+                base
+            }
+        };
+        Ok(base + offset)
+    }
+
+    fn lost_peer(&self) -> Option<usize> {
+        (0..self.world).find(|&q| q != self.rank && !crate::exec::host::process_alive(self.pids[q]))
+    }
+
+    fn reach(
+        &self,
+        _rank: usize,
+        ctx: &Arc<CudaContext>,
+        own: &Identity,
+        peer: &Identity,
+    ) -> Result<Reach> {
+        reach_from_this_process(ctx, own, peer)
+    }
+
+    fn close_imports(&self) -> Result<()> {
+        let opened = std::mem::take(&mut *self.opened.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut first = Ok(());
+        for base in opened.into_values() {
+            // SAFETY: opened here in `ctx`, once (the map holds each handle once), taken out of
+            // the map so never closed again; the caller promises every local stream is idle.
+            let closed = unsafe { device::close_handle(&self.ctx, base) };
+            if first.is_ok() {
+                first = closed;
+            }
+        }
+        first
     }
 }
 

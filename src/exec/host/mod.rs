@@ -21,6 +21,8 @@
 mod fold;
 pub(crate) mod process;
 mod shm;
+
+pub(crate) use shm::process_alive;
 mod stream;
 
 use self::fold::HostFolds;

@@ -454,14 +454,6 @@ impl ProcessRank {
         })
     }
 
-    pub(crate) fn rank(&self) -> usize {
-        self.rank
-    }
-
-    pub(crate) fn world(&self) -> usize {
-        self.world
-    }
-
     fn control_word(&self, rank: usize, i: usize) -> &AtomicU64 {
         // SAFETY: every control segment is CONTROL_WORDS words, mapped while `self` lives.
         unsafe { word(self.control[rank].base(), i) }

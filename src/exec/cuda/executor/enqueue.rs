@@ -121,7 +121,7 @@ pub(super) fn wait_done(res: &RankRes, call: &CudaCall) -> Result<()> {
 /// completed, it never started the collective (work queued before it on its Main stream is
 /// stuck); else its GPU is stuck in the call. Only this rank's own events are queried.
 fn stalled(call: &CudaCall, rank: usize, res: &RankRes) -> Error {
-    let prepared = &call.plans[rank];
+    let prepared = call.plan_of(rank);
     let mut never_started = false;
     for (decl, event) in prepared.plan.events.iter().zip(&prepared.events) {
         if let (Some(event), Tag::ENTRY) = (event, decl.tag) {

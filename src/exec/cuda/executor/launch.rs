@@ -215,7 +215,14 @@ impl CudaExecutor {
 pub(super) fn enqueue_rank(res: &RankRes, peer: Option<&PeerWords>, call: &CudaCall) -> Result<()> {
     let rank = res.rank;
     device::bind(&res.ctx)?;
-    let plan = &call.plans[rank];
+    let plan = call.plan_of(rank);
+    let main = res.stream(crate::plan::StreamKind::Main);
+    for &(dst, src, bytes) in &call.copies_in {
+        // SAFETY: the caller's buffer (validated, kept untouched until the call completes) into
+        // the memory this rank exported for it, which no peer touches before this rank's
+        // program signals or meets (the checked plan orders every access after Main's start).
+        unsafe { device::memcpy_async(dst, src, bytes, main)? };
+    }
     let mut backend = CudaEnqueue::new(res, peer, plan, call);
     for instr in &plan.plan.ranks[rank] {
         if call.abort.load(Ordering::Acquire) {
@@ -224,6 +231,11 @@ pub(super) fn enqueue_rank(res: &RankRes, peer: Option<&PeerWords>, call: &CudaC
         backend.enqueue(instr)?;
     }
     backend.finish()?;
+    for &(dst, src, bytes) in &call.copies_out {
+        // SAFETY: as above, back: the checker proved that every access to a rank's caller
+        // buffers, by any rank, comes before its last Main instruction.
+        unsafe { device::memcpy_async(dst, src, bytes, main)? };
+    }
     record_done(res, call)
 }
 
@@ -244,7 +256,7 @@ fn enqueue_in_order(
 ) -> Result<()> {
     let mut enqueues: Vec<CudaEnqueue<'_>> = ranks
         .iter()
-        .map(|r| CudaEnqueue::new(&r.res, r.peer.as_deref(), &call.plans[r.res.rank], call))
+        .map(|r| CudaEnqueue::new(&r.res, r.peer.as_deref(), call.plan_of(r.res.rank), call))
         .collect();
     let mut bound = None;
     let mut bind = |rank: usize| -> Result<()> {
@@ -256,7 +268,7 @@ fn enqueue_in_order(
     };
     for &(rank, index) in order {
         bind(rank)?;
-        let plan = &call.plans[rank].plan;
+        let plan = &call.plan_of(rank).plan;
         enqueues[rank].enqueue(&plan.ranks[rank][index])?;
     }
     for (rank, enqueue) in enqueues.iter_mut().enumerate() {

@@ -61,13 +61,14 @@ mod teardown;
 pub use edges::{auto_chunk_bytes, EdgeInfo};
 
 use super::fabric::Identity;
-use super::fabric::{Fabric, InProcess};
+use super::fabric::{Fabric, InProcess, Joined};
 use super::kernels::PEER_MAX_RANKS;
 use crate::device;
 use crate::element::{DType, Element, ReduceOp};
 use crate::error::{Error, Result};
 pub use crate::exec::config::Transport;
 use crate::exec::profile::{self, HostPhase};
+use crate::exec::rendezvous::Rendezvous;
 use crate::exec::{caller_address, Algorithm, PlanCache, Shape};
 use crate::plan::{BufKind, Collective, EdgeTransport, Op, Plan, StreamKind};
 use crossbeam_channel::Sender;
@@ -225,10 +226,18 @@ const CACHED_PLANS: usize = 8;
 
 /// What the threads of one call share.
 struct CudaCall {
-    /// Every rank's resources of the call's plan, by rank.
+    /// The resources of the call's plan of every rank in this process, in rank order
+    /// ([`CudaCall::plan_of`]).
     plans: Vec<Arc<RankPlan>>,
+    /// The first rank in this process.
+    first: usize,
     /// The caller's buffers' base addresses, by plan buffer (0 for the buffers the ranks own).
     callers: Vec<u64>,
+    /// Where the caller's buffers are staged (`CudaExecutor::copy_callers`): the copies this
+    /// process's rank enqueues on its Main stream before its program, (destination, source,
+    /// bytes) — the caller's buffers into the memory it exported for them — and after it, back.
+    copies_in: Vec<(u64, u64, usize)>,
+    copies_out: Vec<(u64, u64, usize)>,
     /// The plan's number (`Prepared::serial`).
     serial: usize,
     dtype: DType,
@@ -244,10 +253,24 @@ struct CudaCall {
     captured: bool,
 }
 
-/// The GPU executor of one communicator: its ranks' executors, all in this process, over the
-/// in-process fabric.
+impl CudaCall {
+    /// Rank `rank`'s resources of the call's plan (a rank of this process).
+    fn plan_of(&self, rank: usize) -> &Arc<RankPlan> {
+        &self.plans[rank - self.first]
+    }
+}
+
+/// The GPU executor of one communicator: the executors of its ranks in this process (all of
+/// them, over the in-process fabric; or one, over the fabric of a job whose ranks met at a
+/// rendezvous).
 pub(crate) struct CudaExecutor {
-    fabric: InProcess,
+    fabric: Box<dyn Fabric>,
+    /// The number of ranks, in this process or not.
+    world: usize,
+    /// The caller's buffers are staged through memory each rank exports (copied in before a
+    /// call, out after): no peer of another process can reach them.
+    copy_callers: bool,
+    /// This process's ranks' executors, in rank order (`ranks[0].rank()` is the first).
     ranks: Vec<RankExecutor>,
     threads: Vec<(Sender<Arc<CudaCall>>, JoinHandle<()>)>,
     edges: Vec<EdgeInfo>,
@@ -281,21 +304,44 @@ impl CudaExecutor {
     /// Sets up rank `r` on GPU `devices[r]`; the ring follows the order given. The world and the
     /// options were checked against `exec::config`'s limits by the caller.
     pub(crate) fn new(devices: &[usize], config: CudaConfig) -> Result<CudaExecutor> {
-        debug_assert!(!devices.is_empty() && config.slots >= 1 && config.chunk_bytes != Some(0));
+        debug_assert!(!devices.is_empty());
         device::driver_available()?;
+        check_devices(devices)?;
+        let fabric = InProcess::new(devices.len());
+        CudaExecutor::build(Box::new(fabric), devices, config, false)
+    }
+
+    /// Sets up this process's one rank of a job whose ranks met at `rendezvous` (each in a
+    /// process of its own, or one thread per GPU), on its GPU `device`: the same executor over
+    /// the [`Joined`] fabric. The caller's buffers are staged through memory this rank exports
+    /// (`copy_callers`), since no peer can reach them.
+    pub(crate) fn for_rank(
+        rendezvous: Rendezvous,
+        device: usize,
+        config: CudaConfig,
+    ) -> Result<CudaExecutor> {
+        device::driver_available()?;
+        check_devices(&[device])?;
+        let fabric = Joined::new(rendezvous, device::context(device)?)?;
+        CudaExecutor::build(Box::new(fabric), &[device], config, true)
+    }
+
+    /// The executor of the fabric's local ranks, on `devices` (one per local rank, in order).
+    fn build(
+        fabric: Box<dyn Fabric>,
+        devices: &[usize],
+        config: CudaConfig,
+        copy_callers: bool,
+    ) -> Result<CudaExecutor> {
+        debug_assert!(config.slots >= 1 && config.chunk_bytes != Some(0));
         // Loading kernels, creating streams, enabling peer access and probing edges may wait for
         // the GPUs: none of it overlaps another communicator's peer kernels (`device::gate`).
         let _quiet = device::gate::quiet();
-        let count = device::device_count()?;
-        if let Some(&bad) = devices.iter().find(|&&d| d >= count) {
-            return Err(Error::InvalidArgument(format!(
-                "device {bad} does not exist ({count} visible)"
-            )));
-        }
-        let fabric = InProcess::new(devices.len());
+        let world = fabric.world();
         let mut ranks = fabric
             .local_ranks()
-            .map(|rank| RankExecutor::new(rank, devices[rank]))
+            .zip(devices)
+            .map(|(rank, &device)| RankExecutor::new(rank, device))
             .collect::<Result<Vec<_>>>()?;
         // Every rank learns every rank's GPU by identity; two ranks on one GPU are refused
         // unless shared GPUs are allowed.
@@ -309,7 +355,7 @@ impl CudaExecutor {
             match identities[..second].iter().position(|o| o.uuid == id.uuid) {
                 Some(first) if !config.allow_shared_device => {
                     return Err(Error::DuplicateDevice {
-                        device: devices[second],
+                        device: identities[second].ordinal,
                         first,
                         second,
                     })
@@ -324,10 +370,10 @@ impl CudaExecutor {
         // Every rank decides its own edge from how its context reaches its peers' GPUs (the
         // fabric's reach, asked by identity), and whether it reaches all of them directly; the
         // records tell every rank every edge.
-        let all_pairs = peer_kernels_fit(ranks.len(), config.transport);
+        let all_pairs = peer_kernels_fit(world, config.transport);
         let records = ranks
             .iter()
-            .map(|r| reach_peers(&r.res, &fabric, &identities, config.transport, all_pairs))
+            .map(|r| reach_peers(&r.res, &*fabric, &identities, config.transport, all_pairs))
             .collect::<Result<Vec<_>>>()?;
         let (mut edges, all_direct) =
             edges_from_records(&fabric.all_gather(records)?, &identities)?;
@@ -340,14 +386,14 @@ impl CudaExecutor {
             let mut targets = Vec::with_capacity(ranks.len());
             let mut records = Vec::with_capacity(ranks.len());
             for r in &ranks {
-                let (target, record) = probe_target(&r.res, &fabric, &edges, &identities)?;
+                let (target, record) = probe_target(&r.res, &*fabric, &edges, &identities)?;
                 targets.push(target);
                 records.push(record);
             }
             let records = fabric.all_gather(records)?;
             let figures = ranks
                 .iter()
-                .map(|r| probe_own(&r.res, &fabric, &edges, &identities, &links, &records))
+                .map(|r| probe_own(&r.res, &*fabric, &edges, &identities, &links, &records))
                 .collect::<Result<Vec<_>>>()?;
             let figures = fabric.all_gather(figures)?;
             drop(targets);
@@ -357,7 +403,7 @@ impl CudaExecutor {
             let mut own = Vec::with_capacity(ranks.len());
             let mut records = Vec::with_capacity(ranks.len());
             for r in &ranks {
-                let (words, record) = allocate_peer_words(&r.res, &fabric, config.low_latency)?;
+                let (words, record) = allocate_peer_words(&r.res, &*fabric, config.low_latency)?;
                 own.push(words);
                 records.push(record);
             }
@@ -365,7 +411,7 @@ impl CudaExecutor {
             for (r, words) in ranks.iter_mut().zip(own) {
                 let connected = connect_peer_words(
                     &r.res,
-                    &fabric,
+                    &*fabric,
                     words,
                     &records,
                     &identities,
@@ -395,7 +441,8 @@ impl CudaExecutor {
                 Ok((tx, handle))
             })
             .collect::<Result<Vec<_>>>()?;
-        let launchers = match peers_ok && config.launch_threads {
+        // Launcher threads launch the other local ranks' peer kernels beside the caller's.
+        let launchers = match peers_ok && config.launch_threads && ranks.len() > 1 {
             true => {
                 let parts: Vec<_> = ranks
                     .iter()
@@ -407,6 +454,8 @@ impl CudaExecutor {
         };
         Ok(CudaExecutor {
             fabric,
+            world,
+            copy_callers,
             ranks,
             threads,
             edges,
@@ -456,6 +505,9 @@ impl CudaExecutor {
     /// run through the host at a tenth of the link's speed. Staged edges touch only our own
     /// staging memory, and inputs are only read locally.
     pub(crate) fn prepare_buffers(&mut self, outputs: &[u64]) -> Result<()> {
+        if self.copy_callers {
+            return Ok(()); // the caller's buffers are staged through our own memory
+        }
         let n = self.ranks.len();
         for (rank, &addr) in outputs.iter().enumerate() {
             let sender = (rank + n - 1) % n;
@@ -503,7 +555,7 @@ impl CudaExecutor {
         if let Some(p) = self.prepared(&shape) {
             return Ok(p);
         }
-        let n = self.ranks.len();
+        let n = self.world;
         let bytes = shape.count.saturating_mul(shape.elem_bytes);
         let algorithm = self.config.algorithm.choose_for(
             &shape.collective,
@@ -577,11 +629,12 @@ impl CudaExecutor {
         let mut records = Vec::with_capacity(n);
         for r in &self.ranks {
             let (part, record) = r.allocate(
-                &self.fabric,
+                &*self.fabric,
                 &plan,
                 &dispatch,
                 shape.elem_bytes,
                 self.peers_ok,
+                self.copy_callers,
             )?;
             allocated.push(part);
             records.push(record);
@@ -589,10 +642,12 @@ impl CudaExecutor {
         let records = self.fabric.all_gather(records)?;
         let mut ranks = Vec::with_capacity(n);
         for (r, part) in self.ranks.iter_mut().zip(allocated) {
-            ranks.push(r.connect(&self.fabric, shape.clone(), part, &records, CACHED_PLANS)?);
+            ranks.push(r.connect(&*self.fabric, shape.clone(), part, &records, CACHED_PLANS)?);
         }
         let crosses = ranks.iter().any(|r| r.counters.is_some());
         let schedule = match *dispatch {
+            // This process's one rank: enqueued from the caller's thread.
+            _ if self.ranks.len() == 1 => Schedule::RankByRank,
             Dispatch::CopyEngines if crosses && self.shared_gpu => {
                 Schedule::Checked(crate::check::enqueue_order(&plan)?)
             }
@@ -659,7 +714,7 @@ impl CudaExecutor {
     /// Each ring edge's transport, by sending rank. One rank has no edge (`decide_edges` makes
     /// none); its plan still names one, which it never uses.
     fn edge_transports(&self) -> Vec<EdgeTransport> {
-        if self.ranks.len() == 1 {
+        if self.world == 1 {
             return vec![EdgeTransport::Peer];
         }
         self.edges.iter().map(|e| e.transport).collect()
@@ -675,7 +730,7 @@ impl CudaExecutor {
     /// valid for the declared length; written buffers overlap nothing else in the call; nothing
     /// else touches them (or writes the ones read) until the call is complete — when this returns
     /// if `wait_complete`, else once each rank's Main stream has passed the call.
-    pub(super) unsafe fn run_shape_on_main<T: Element>(
+    pub(crate) unsafe fn run_shape_on_main<T: Element>(
         &mut self,
         shape: Shape,
         inputs: &[u64],
@@ -688,22 +743,40 @@ impl CudaExecutor {
         profile::mark(HostPhase::Plan);
         let peer_kernel = prepared.dispatch.peer_kernel();
         if let Some(kernel) = peer_kernel {
+            self.last_peer_kernel = kernel;
+        }
+        if let (Some(kernel), false) = (peer_kernel, self.copy_callers) {
             let inputs = (!prepared.plan.in_place).then_some(inputs);
             self.open_peer_call(kernel, inputs, outputs)?;
         } else {
-            // Codes left by an earlier call's counter waits are that call's failure, reported
-            // before this one runs.
+            // Codes left by an earlier call's kernels are that call's failure, reported before
+            // this one runs.
             self.check_error_words()?;
         }
-        // The caller's buffers, as the plan's buffers (the in-process fabric's per-call
-        // exchange: every rank's buffers are at hand, in one address space).
+        // The caller's buffers, as the plan's buffers: in one process every rank's are at hand,
+        // in one address space; staged (`copy_callers`), this rank's are copied into the memory
+        // it exported for them, and back.
         let callers = prepared
             .plan
             .buffers
             .iter()
             .map(|decl| caller_address(decl, inputs, outputs).unwrap_or(0))
             .collect::<Vec<u64>>();
-        if prepared.plan.collective != Collective::AllReduce {
+        let (mut copies_in, mut copies_out) = (Vec::new(), Vec::new());
+        if self.copy_callers {
+            let (rank, own) = (self.ranks[0].rank(), &prepared.ranks[0]);
+            for (buf, decl) in prepared.plan.buffers.iter().enumerate() {
+                if decl.rank != rank || !decl.kind.is_callers() || callers[buf] == 0 {
+                    continue;
+                }
+                let (staged, caller) = (own.addrs[buf], callers[buf]);
+                let bytes = decl.len * T::DTYPE.size_bytes();
+                copies_in.push((staged, caller, bytes));
+                if !decl.kind.is_read_only() {
+                    copies_out.push((caller, staged, bytes));
+                }
+            }
+        } else if prepared.plan.collective != Collective::AllReduce {
             // The all-reduce's caller grants its pools (`prepare_buffers`) before the call.
             self.grant_pushers(&prepared.plan, &callers)?;
         }
@@ -730,7 +803,10 @@ impl CudaExecutor {
         let (done_tx, done_rx) = crossbeam_channel::unbounded();
         let call = Arc::new(CudaCall {
             plans: prepared.ranks.clone(),
+            first: self.ranks[0].rank(),
             callers,
+            copies_in,
+            copies_out,
             serial: prepared.serial,
             dtype: T::DTYPE,
             op,
@@ -814,5 +890,16 @@ impl CudaExecutor {
             profile::mark(HostPhase::Check);
         }
         Ok(())
+    }
+}
+
+/// Every ordinal names a device of this process.
+fn check_devices(devices: &[usize]) -> Result<()> {
+    let count = device::device_count()?;
+    match devices.iter().find(|&&d| d >= count) {
+        Some(&bad) => Err(Error::InvalidArgument(format!(
+            "device {bad} does not exist ({count} visible)"
+        ))),
+        None => Ok(()),
     }
 }

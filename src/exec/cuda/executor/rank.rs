@@ -161,14 +161,17 @@ pub(super) struct Allocated {
     events: Vec<Option<Event>>,
     staging: Vec<Staging>,
     counters: Option<Counters>,
+    copy_callers: bool,
 }
 
-/// The kinds of buffer a plan's ranks own (the rest are the caller's).
-fn owned(kind: BufKind) -> bool {
+/// The kinds of buffer a plan's ranks own: their staging and exposed copies, and — when the
+/// caller's buffers are staged (`copy_callers`: ranks in other processes cannot reach them) —
+/// a copy of each caller's buffer too. The rest are the caller's, by address.
+fn owned(kind: BufKind, copy_callers: bool) -> bool {
     matches!(
         kind,
         BufKind::Slots | BufKind::Scratch | BufKind::HostSlots | BufKind::Exposed
-    )
+    ) || copy_callers && kind.is_callers()
 }
 
 /// A rank's prepared plans by shape, oldest first, moved in step with every other rank's.
@@ -224,6 +227,7 @@ impl RankExecutor {
         dispatch: &Arc<Dispatch>,
         elem_bytes: usize,
         peer_access: bool,
+        copy_callers: bool,
     ) -> Result<(Allocated, Record)> {
         let rank = self.rank();
         let res = &self.res;
@@ -240,7 +244,7 @@ impl RankExecutor {
         for decl in plan
             .buffers
             .iter()
-            .filter(|d| d.rank == rank && owned(d.kind))
+            .filter(|d| d.rank == rank && owned(d.kind, copy_callers))
         {
             let bytes = (decl.len * elem_bytes).max(1);
             let exported = match decl.kind {
@@ -278,6 +282,7 @@ impl RankExecutor {
             events,
             staging,
             counters,
+            copy_callers,
         };
         Ok((allocated, record))
     }
@@ -301,6 +306,7 @@ impl RankExecutor {
             events,
             staging,
             mut counters,
+            copy_callers,
         } = allocated;
         let mut fields: Vec<Fields<'_>> = records
             .iter()
@@ -309,7 +315,7 @@ impl RankExecutor {
             .collect();
         let mut addrs = vec![0u64; plan.buffers.len()];
         for (buf, decl) in plan.buffers.iter().enumerate() {
-            if owned(decl.kind) {
+            if owned(decl.kind, copy_callers) {
                 let f = &mut fields[decl.rank];
                 let len = f.word()? as usize;
                 addrs[buf] = fabric.import(rank, decl.rank, f.take(len)?)?;

@@ -140,8 +140,13 @@ impl CudaExecutor {
             rank.release(false);
         }
         self.ranks.clear();
+        // What other processes exported to this one is unmapped once nothing here uses it.
+        let closed = match all_idle {
+            true => self.fabric.close_imports(),
+            false => Ok(()),
+        };
         drop(quiet);
-        result
+        result.and(closed)
     }
 }
 

@@ -1,0 +1,188 @@
+//! GPU ranks that each have their own communicator ([`RankCommunicator::gpu`]): as threads of
+//! one process (one per GPU) and as processes (one per GPU, as torchrun runs them), every
+//! algorithm of the all-reduce and every other collective, exact against the host reference. On
+//! a one-GPU machine the ranks share GPU 0 (`allow_shared_device`); as processes, their memory
+//! crosses through CUDA IPC handles. A machine without a GPU waives them.
+
+use common::launch::{as_rank, expect_success, launch};
+use common::two_gpus_or_shared;
+use ringreduce::plan::Collective;
+use ringreduce::verify::{expected_value, input_value};
+use ringreduce::{
+    Algorithm, CudaConfig, GpuBuffer, LaunchEnv, RankCommunicator, ReduceOp, Transfer, UniqueId,
+};
+use std::time::Duration;
+
+mod common;
+
+fn config(algorithm: Algorithm) -> CudaConfig {
+    CudaConfig {
+        algorithm,
+        allow_shared_device: true,
+        timeout: Duration::from_secs(20),
+        ..CudaConfig::default()
+    }
+}
+
+fn values(op: ReduceOp, rank: usize, len: usize) -> Vec<f32> {
+    (0..len).map(|k| input_value(op, rank, k)).collect()
+}
+
+/// One rank's part: every all-reduce algorithm in and out of place, then every other collective
+/// (their one-shot and ring forms) and a send/recv, each checked on this rank. `next_id` gives
+/// the id of each communicator in turn (the same sequence on every rank).
+fn every_collective_on_this_gpu(
+    rank: usize,
+    world: usize,
+    device: usize,
+    next_id: &mut dyn FnMut() -> UniqueId,
+) {
+    let count = 1000;
+    for algorithm in [
+        Algorithm::Ring,
+        Algorithm::OneShot,
+        Algorithm::TwoShot,
+        Algorithm::Auto,
+    ] {
+        let mut comm =
+            RankCommunicator::gpu(&next_id(), rank, world, device, config(algorithm)).unwrap();
+        for op in [ReduceOp::Sum, ReduceOp::Avg] {
+            let want: Vec<f32> = (0..count).map(|k| expected_value(op, world, k)).collect();
+            let input = GpuBuffer::from_host(device, &values(op, rank, count)).unwrap();
+            let mut output = GpuBuffer::<f32>::zeroed(device, count).unwrap();
+            comm.all_reduce(&input, &mut output, op)
+                .unwrap_or_else(|e| panic!("{algorithm:?} {op:?}: {e}"));
+            assert_eq!(
+                output.to_host().unwrap(),
+                want,
+                "rank {rank} {algorithm:?} {op:?}"
+            );
+            let mut buf = GpuBuffer::from_host(device, &values(op, rank, count)).unwrap();
+            // Twice: the second call reuses the prepared plan and its staged buffers.
+            for _ in 0..2 {
+                buf.copy_from_host(&values(op, rank, count)).unwrap();
+                comm.all_reduce_in_place(&mut buf, op)
+                    .unwrap_or_else(|e| panic!("{algorithm:?} {op:?} in place: {e}"));
+                assert_eq!(
+                    buf.to_host().unwrap(),
+                    want,
+                    "rank {rank} {algorithm:?} in place"
+                );
+            }
+        }
+    }
+    let op = ReduceOp::Sum;
+    let per = 37;
+    for algorithm in [Algorithm::Auto, Algorithm::Ring] {
+        let mut comm =
+            RankCommunicator::gpu(&next_id(), rank, world, device, config(algorithm)).unwrap();
+        // All-gather: every rank's block, in rank order.
+        let mine = GpuBuffer::from_host(device, &values(op, rank, per)).unwrap();
+        let mut all = GpuBuffer::<f32>::zeroed(device, world * per).unwrap();
+        comm.collective(&Collective::AllGather, Some(&mine), Some(&mut all), op)
+            .unwrap();
+        let want: Vec<f32> = (0..world).flat_map(|r| values(op, r, per)).collect();
+        assert_eq!(all.to_host().unwrap(), want, "all-gather {algorithm:?}");
+        // Reduce-scatter: block `rank` of the sum of every rank's world·per elements.
+        let input = GpuBuffer::from_host(device, &values(op, rank, world * per)).unwrap();
+        let mut block = GpuBuffer::<f32>::zeroed(device, per).unwrap();
+        comm.collective(
+            &Collective::ReduceScatter,
+            Some(&input),
+            Some(&mut block),
+            op,
+        )
+        .unwrap();
+        let want: Vec<f32> = (0..per)
+            .map(|k| expected_value(op, world, rank * per + k))
+            .collect();
+        assert_eq!(
+            block.to_host().unwrap(),
+            want,
+            "reduce-scatter {algorithm:?}"
+        );
+        // Broadcast from the last rank, in place.
+        let root = world - 1;
+        let mut buf = GpuBuffer::from_host(device, &values(op, rank, per)).unwrap();
+        comm.collective_in_place(&Collective::Broadcast { root }, &mut buf, op)
+            .unwrap();
+        assert_eq!(
+            buf.to_host().unwrap(),
+            values(op, root, per),
+            "broadcast {algorithm:?}"
+        );
+    }
+    // Send/recv: every rank to the next.
+    let mut comm =
+        RankCommunicator::gpu(&next_id(), rank, world, device, config(Algorithm::Ring)).unwrap();
+    let transfers: Vec<Transfer> = (0..world)
+        .map(|r| Transfer {
+            from: r,
+            to: (r + 1) % world,
+            count: per + r,
+        })
+        .collect();
+    let send = GpuBuffer::from_host(device, &values(op, rank, per + rank)).unwrap();
+    let from = (rank + world - 1) % world;
+    let mut recv = GpuBuffer::<f32>::zeroed(device, per + from).unwrap();
+    comm.send_recv(&transfers, &[&send], &mut [&mut recv])
+        .unwrap();
+    assert_eq!(
+        recv.to_host().unwrap(),
+        values(op, from, per + from),
+        "send/recv"
+    );
+}
+
+#[test]
+fn gpu_ranks_as_threads_run_every_collective_exactly() {
+    let Some(devices) = two_gpus_or_shared() else {
+        return;
+    };
+    // Eight communicators in turn; every rank takes the same ids in the same order.
+    let ids: Vec<UniqueId> = (0..8)
+        .map(|_| UniqueId::new("127.0.0.1:0").unwrap())
+        .collect();
+    let handles: Vec<_> = (0..2)
+        .map(|rank| {
+            let (ids, device) = (ids.clone(), devices[rank]);
+            std::thread::spawn(move || {
+                let mut next = ids.into_iter();
+                every_collective_on_this_gpu(rank, 2, device, &mut || next.next().unwrap())
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+}
+
+#[test]
+fn gpu_ranks_as_processes_run_every_collective_exactly() {
+    if let Some(env) = as_rank() {
+        // Each process sees every GPU; rank r takes GPU r, or GPU 0 where it is the only one.
+        let gpus = ringreduce::device_count().unwrap();
+        let device = if gpus >= env.world { env.rank } else { 0 };
+        let mut job = 0;
+        let mut next_id = || {
+            job += 1;
+            LaunchEnv {
+                run_id: Some(format!("{:?}-{job}", env.run_id)),
+                ..env.clone()
+            }
+            .unique_id()
+            .unwrap()
+        };
+        every_collective_on_this_gpu(env.rank, env.world, device, &mut next_id);
+        return;
+    }
+    if two_gpus_or_shared().is_none() {
+        return;
+    }
+    let ranks = launch(
+        "gpu_ranks_as_processes_run_every_collective_exactly",
+        2,
+        |_| vec![],
+    );
+    expect_success(ranks, Duration::from_secs(300));
+}
