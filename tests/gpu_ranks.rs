@@ -1,8 +1,8 @@
-//! GPU ranks that each have their own communicator ([`RankCommunicator::gpu`]): as threads of
-//! one process (one per GPU) and as processes (one per GPU, as torchrun runs them), every
-//! algorithm of the all-reduce and every other collective, exact against the host reference. On
-//! a one-GPU machine the ranks share GPU 0 (`allow_shared_device`); as processes, their memory
-//! crosses through CUDA IPC handles. A machine without a GPU waives them.
+//! GPU ranks that each have their own communicator ([`RankCommunicator::gpu`]), one process per
+//! GPU as torchrun runs them: every algorithm of the all-reduce and every other collective,
+//! exact against the host reference, their memory crossing through CUDA IPC handles; two such
+//! ranks in one process are refused by name. On a one-GPU machine the ranks share GPU 0
+//! (`allow_shared_device`). A machine without a GPU waives them.
 
 use common::launch::{as_rank, expect_success, launch};
 use common::two_gpus_or_shared;
@@ -135,25 +135,22 @@ fn every_collective_on_this_gpu(
 }
 
 #[test]
-fn gpu_ranks_as_threads_run_every_collective_exactly() {
+fn two_gpu_ranks_in_one_process_are_refused_by_name() {
     let Some(devices) = two_gpus_or_shared() else {
         return;
     };
-    // Eight communicators in turn; every rank takes the same ids in the same order.
-    let ids: Vec<UniqueId> = (0..8)
-        .map(|_| UniqueId::new("127.0.0.1:0").unwrap())
-        .collect();
+    let id = UniqueId::new("127.0.0.1:0").unwrap();
     let handles: Vec<_> = (0..2)
         .map(|rank| {
-            let (ids, device) = (ids.clone(), devices[rank]);
+            let device = devices[rank];
             std::thread::spawn(move || {
-                let mut next = ids.into_iter();
-                every_collective_on_this_gpu(rank, 2, device, &mut || next.next().unwrap())
+                RankCommunicator::gpu(&id, rank, 2, device, config(Algorithm::Auto)).unwrap_err()
             })
         })
         .collect();
     for h in handles {
-        h.join().unwrap();
+        let err = h.join().unwrap().to_string();
+        assert!(err.contains("in one process"), "{err}");
     }
 }
 

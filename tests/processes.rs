@@ -364,3 +364,81 @@ fn send_recv_across_processes_moves_every_transfer() {
         expect_success(ranks, Duration::from_secs(60));
     }
 }
+
+#[test]
+fn ranks_calling_with_different_element_types_are_a_named_mismatch() {
+    if let Some(env) = as_rank() {
+        let id = env.unique_id().unwrap();
+        let mut comm =
+            RankCommunicator::host(&id, env.rank, env.world, config(Algorithm::Ring)).unwrap();
+        // Four bytes an element on both ranks, but f32 on rank 0 and i32 on rank 1.
+        let err = if env.rank == 0 {
+            comm.all_reduce_in_place(&mut vec![1.0f32; 16], ReduceOp::Sum)
+        } else {
+            comm.all_reduce_in_place(&mut vec![1i32; 16], ReduceOp::Sum)
+        }
+        .unwrap_err();
+        match &err {
+            Error::CallMismatch { theirs, ours, .. } => {
+                assert!(theirs.contains("F32") != ours.contains("F32"), "{err}")
+            }
+            other => panic!("rank {}: {other}", env.rank),
+        }
+        return;
+    }
+    let ranks = launch(
+        "ranks_calling_with_different_element_types_are_a_named_mismatch",
+        2,
+        |_| vec![],
+    );
+    expect_success(ranks, Duration::from_secs(60));
+}
+
+#[test]
+fn a_rank_that_finished_and_exited_fails_no_slower_peer() {
+    const SLOW: usize = 2;
+    if let Some(env) = as_rank() {
+        let id = env.unique_id().unwrap();
+        // The slow rank's last copy starts 300 ms late: the others finish their part first,
+        // and whichever finishes first exits at once.
+        let count = 4096;
+        let plan = ringreduce::plan::RingSpec {
+            world: env.world,
+            count,
+            in_place: true,
+            op: ReduceOp::Sum,
+            chunk_elems: config(Algorithm::Ring).chunk_elems,
+            slots: config(Algorithm::Ring).slots,
+            align_elems: 1,
+            transports: vec![ringreduce::EdgeTransport::Peer; env.world],
+        }
+        .build()
+        .unwrap();
+        let last_copy = plan.ranks[SLOW]
+            .iter()
+            .rposition(|i| matches!(i.op, ringreduce::plan::Op::Copy { .. }))
+            .unwrap();
+        let config = HostConfig {
+            fault: (env.rank == SLOW).then_some(ringreduce::Fault {
+                rank: SLOW,
+                instr: last_copy,
+                kind: ringreduce::FaultKind::Slow(Duration::from_millis(300)),
+            }),
+            ..config(Algorithm::Ring)
+        };
+        let mut comm = RankCommunicator::host(&id, env.rank, env.world, config).unwrap();
+        let mut buf = vec![1.0f32; count];
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+            .unwrap_or_else(|e| panic!("rank {}: {e}", env.rank));
+        assert_eq!(buf, vec![env.world as f32; count]);
+        return;
+    }
+    for _ in 0..3 {
+        let ranks = launch(
+            "a_rank_that_finished_and_exited_fails_no_slower_peer",
+            3,
+            |_| vec![],
+        );
+        expect_success(ranks, Duration::from_secs(60));
+    }
+}

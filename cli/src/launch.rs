@@ -95,7 +95,10 @@ pub fn run(args: &LaunchArgs) -> Result<(), Failure> {
         .program
         .split_first()
         .ok_or_else(|| Failure::Usage("no program to launch (give it after --)".into()))?;
-    let mut children: Vec<Option<Child>> = Vec::with_capacity(n);
+    // One waiter thread per rank reaps it and reports in the order the ranks end, so the
+    // rank named is the first to fail, not the first looked at.
+    let (ended_tx, ended) = std::sync::mpsc::channel::<(usize, std::io::Result<ExitStatus>)>();
+    let mut pids: Vec<Option<u32>> = Vec::with_capacity(n);
     for rank in 0..n {
         let mut cmd = Command::new(program);
         cmd.args(program_args)
@@ -114,79 +117,90 @@ pub fn run(args: &LaunchArgs) -> Result<(), Failure> {
         // started too (a shell's children, a data loader's workers).
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         match cmd.spawn() {
-            Ok(child) => children.push(Some(child)),
+            Ok(child) => {
+                pids.push(Some(child.id()));
+                let tx = ended_tx.clone();
+                std::thread::spawn(move || watch(rank, child, tx));
+            }
             Err(e) => {
-                stop(&mut children, Duration::from_secs(args.grace));
+                stop(&mut pids, &ended, Duration::from_secs(args.grace));
                 return Err(Failure::Failed(format!(
                     "cannot start rank {rank} ({program}): {e}"
                 )));
             }
         }
     }
-    // Watch every rank; the first that fails stops the job.
-    let mut left = n;
-    while left > 0 {
+    // The first rank to fail stops the job; so does a signal to the launcher.
+    while pids.iter().any(Option::is_some) {
         let signal = STOP.load(Ordering::SeqCst);
         if signal != 0 {
-            stop(&mut children, Duration::from_secs(args.grace));
+            stop(&mut pids, &ended, Duration::from_secs(args.grace));
             return Err(Failure::Failed(format!(
                 "stopped by signal {signal}; every rank was stopped"
             )));
         }
-        for rank in 0..n {
-            let Some(child) = children[rank].as_mut() else {
-                continue;
-            };
-            let status = child
-                .try_wait()
-                .map_err(|e| Failure::Failed(format!("cannot watch rank {rank}: {e}")))?;
-            let Some(status) = status else { continue };
-            children[rank] = None;
-            left -= 1;
-            if !status.success() {
-                stop(&mut children, Duration::from_secs(args.grace));
-                return Err(Failure::Failed(format!(
-                    "rank {rank} {}; the other ranks were stopped",
-                    describe(status)
-                )));
-            }
-        }
-        std::thread::sleep(Duration::from_millis(10));
+        let Ok((rank, status)) = ended.recv_timeout(Duration::from_millis(10)) else {
+            continue;
+        };
+        pids[rank] = None;
+        let failed = match status {
+            Ok(status) if status.success() => continue,
+            Ok(status) => describe(status),
+            Err(e) => format!("could not be watched ({e})"),
+        };
+        stop(&mut pids, &ended, Duration::from_secs(args.grace));
+        return Err(Failure::Failed(format!(
+            "rank {rank} {failed}; the other ranks were stopped"
+        )));
     }
     Ok(())
 }
 
-/// Sends `signal` to the process group rank `child` leads (kill(1): std's `Child::kill` sends
+/// Reaps rank `rank`, stops what it left behind in its process group, and reports.
+fn watch(
+    rank: usize,
+    mut child: Child,
+    ended: std::sync::mpsc::Sender<(usize, std::io::Result<ExitStatus>)>,
+) {
+    let pid = child.id();
+    let status = child.wait();
+    // Right after the leader is reaped its group id cannot belong to anyone else while a
+    // member is left; an empty group makes this a no-op.
+    signal_group(pid, "-KILL");
+    let _ = ended.send((rank, status));
+}
+
+/// Sends `signal` to the process group rank `pid` leads (kill(1): std's `Child::kill` sends
 /// SIGKILL to the leader alone).
-fn signal_group(child: &Child, signal: &str) {
+fn signal_group(pid: u32, signal: &str) {
     let _ = Command::new("kill")
-        .args([signal, "--", &format!("-{}", child.id())])
+        .args([signal, "--", &format!("-{pid}")])
         .stderr(std::process::Stdio::null())
         .status();
 }
 
-/// Stops every rank still running, with what it started: SIGTERM to each rank's process group,
-/// then SIGKILL to the groups still there after `grace`.
-fn stop(children: &mut [Option<Child>], grace: Duration) {
-    for child in children.iter().flatten() {
-        signal_group(child, "-TERM");
+/// Stops every rank still running (`pids`' entries not yet reported ended), with what it
+/// started: SIGTERM to each one's process group, then SIGKILL to the groups still there after
+/// `grace`; returns once every rank has been reaped.
+fn stop(
+    pids: &mut [Option<u32>],
+    ended: &std::sync::mpsc::Receiver<(usize, std::io::Result<ExitStatus>)>,
+    grace: Duration,
+) {
+    for pid in pids.iter().flatten() {
+        signal_group(*pid, "-TERM");
     }
     let deadline = Instant::now() + grace;
-    for slot in children.iter_mut() {
-        let Some(child) = slot.as_mut() else { continue };
-        loop {
-            match child.try_wait() {
-                Ok(Some(_)) | Err(_) => break,
-                Ok(None) if Instant::now() >= deadline => {
-                    signal_group(child, "-KILL");
-                    let _ = child.wait();
-                    break;
-                }
-                Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+    let mut killed = false;
+    while pids.iter().any(Option::is_some) {
+        if !killed && Instant::now() >= deadline {
+            for pid in pids.iter().flatten() {
+                signal_group(*pid, "-KILL");
             }
+            killed = true;
         }
-        // What the rank started may outlive it: its group goes too.
-        signal_group(child, "-KILL");
-        *slot = None;
+        if let Ok((rank, _)) = ended.recv_timeout(Duration::from_millis(10)) {
+            pids[rank] = None;
+        }
     }
 }

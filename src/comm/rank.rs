@@ -1,13 +1,12 @@
 //! One rank of a job whose ranks each have their own communicator: [`RankCommunicator`], NCCL's
 //! `ncclCommInitRank` model — rank 0 makes a [`UniqueId`], every rank gets it by any channel and
-//! joins with its rank, and each call takes this rank's buffers alone. A rank is a process of
-//! its own (torchrun's jobs) or a thread (one per GPU).
+//! joins with its rank, and each call takes this rank's buffers alone. Each rank is a process
+//! of its own, as in torchrun's jobs.
 //!
 //! A host rank runs the host executor's plans with the others over shared memory
 //! (`exec::host::process`). A GPU rank runs the GPU executor's, for its one GPU, over the
-//! `Joined` fabric: its peers' memory is imported by address (a thread of the same process) or
-//! through CUDA IPC handles (another process), and the caller's buffers are staged through
-//! memory the rank exports, so any buffer works.
+//! `Joined` fabric: its peers' memory is imported through CUDA IPC handles, and the caller's
+//! buffers are staged through memory the rank exports, so any buffer works.
 //!
 //! ```no_run
 //! use ringreduce::{HostConfig, RankCommunicator, ReduceOp};

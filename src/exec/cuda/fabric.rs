@@ -180,14 +180,17 @@ impl Fabric for InProcess {
     }
 }
 
-/// The fabric of one rank that met its peers at a rendezvous ([`Rendezvous`]): each in a
-/// process of its own, or several in one process (one thread per GPU, each with its own
-/// communicator). Records travel through the rendezvous; memory is exported as its address
-/// together with a CUDA IPC handle of its allocation (`device::export_handle`), and a peer
-/// imports it as the address itself when it lives in the same process, else by opening the
-/// handle (once per allocation; closed with the communicator). A peer whose process is gone is
-/// lost. Pinned host memory cannot cross processes yet: staged edges and host mailboxes (GPUs
-/// without peer access) are refused by name.
+/// The fabric of one rank that met its peers at a rendezvous ([`Rendezvous`]), each in a
+/// process of its own. Records travel through the rendezvous; memory is exported as a CUDA IPC
+/// handle of its allocation and the address's offset in it (`device::export_handle`), and a
+/// peer imports it by opening the handle (once per allocation; closed with the communicator). A
+/// peer whose process is gone is lost. Pinned host memory cannot cross processes yet: staged
+/// edges and host mailboxes (GPUs without peer access) are refused by name.
+///
+/// Two ranks in one process are refused: this crate's gate (`device::gate`) keeps a process's
+/// blocking CUDA calls from overlapping its own spinning peer kernels, which assumes that one
+/// communicator launches every local rank's kernels; ranks of one process belong in one
+/// [`Communicator`](crate::Communicator).
 pub(crate) struct Joined {
     rank: usize,
     world: usize,
@@ -203,12 +206,21 @@ pub(crate) struct Joined {
 impl Joined {
     /// The fabric of the rank that `rendezvous` joined, on its context `ctx`: learns every
     /// rank's process (an all-gather).
-    pub(crate) fn new(mut rendezvous: Rendezvous, ctx: Arc<CudaContext>) -> Result<Joined> {
+    pub(crate) fn new(mut rendezvous: Rendezvous, device: usize) -> Result<Joined> {
         let records = rendezvous.all_gather(&[u64::from(std::process::id())])?;
-        let pids = records
+        let pids: Vec<u32> = records
             .iter()
             .map(|r| r.first().map_or(0, |&p| p as u32))
             .collect();
+        let rank = rendezvous.rank();
+        if let Some(other) = (0..pids.len()).find(|&q| q != rank && pids[q] == pids[rank]) {
+            return Err(Error::InvalidArgument(format!(
+                "ranks {rank} and {other} of one job are in one process: GPU ranks with a \
+                 communicator each run one per process; ranks of one process belong in one \
+                 Communicator"
+            )));
+        }
+        let ctx = device::context(device)?;
         Ok(Joined {
             rank: rendezvous.rank(),
             world: rendezvous.world(),
@@ -263,7 +275,7 @@ impl Fabric for Joined {
         let words = fields.take(8)?;
         fields.finish()?;
         if pid == u64::from(std::process::id()) {
-            return Ok(addr); // one address space
+            return Ok(addr); // this rank's own memory (`new` refuses other ranks of this process)
         }
         let mut bytes = [0u8; 64];
         for (chunk, word) in bytes.chunks_mut(8).zip(words) {

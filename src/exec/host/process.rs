@@ -20,14 +20,18 @@
 //!   started the same call: ranks that call different collectives (a count, a type, a root)
 //!   all get [`Error::CallMismatch`], never a hang or a wrong result;
 //! - **a failure** sets the rank's abort word to the call's number (and the rank blamed); every
-//!   waiting peer sees it and fails its call naming that rank; **a dead peer** is seen by its
-//!   pid (gone, or a zombie), within a few milliseconds of any wait, and named
+//!   waiting peer sees it and fails its call naming that rank (so does a peer's next call: a
+//!   rank that failed is broken and never starts it); **a dead peer** — gone, or a zombie,
+//!   before it finished the call — is seen by its pid within a few milliseconds of any wait,
+//!   and named
 //!   ([`Error::RankFailed`]). After a failed call the rank is broken: later calls return
 //!   [`Error::CommunicatorFailed`] at once.
 //!
 //! A call copies this rank's caller buffers into its plan segment, runs its program, and copies
 //! its outputs back: the caller's memory is never shared, so any buffer works. Segments are
-//! unlinked as soon as every peer has mapped them: a killed job leaves nothing in `/dev/shm`.
+//! unlinked as soon as every peer has mapped them, so a job killed once its ranks have prepared
+//! leaves nothing in `/dev/shm`; one killed inside that window (while a new shape's segments
+//! are being shared) can leave the segments made so far.
 //!
 //! Invariant: a rank touches a peer's memory only through the segments the peer made for the
 //! job, and only as the plan the checker proved says; each shared word has one writer.
@@ -35,7 +39,7 @@
 use super::shm::{process_alive, Segment};
 use super::stream::stream_worker;
 use super::{checked_host_plan, Cmd, HostCall, HostConfig, HostEvent, HostFolds, HostPlan, RawBuf};
-use crate::element::{Element, ReduceOp};
+use crate::element::{DType, Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::rendezvous::{push_text, text_of, Rendezvous, UniqueId};
 use crate::exec::{aborted, PlanCache, Shape};
@@ -47,7 +51,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 // The words of a rank's control segment.
-const PID: usize = 0;
+/// The job call number this rank finished last (its part done, its outputs its own): a peer
+/// whose process is gone after finishing the call a rank waits in did not fail it.
+const DONE: usize = 0;
 /// `(call << 16) | (blamed rank + 1)` of the last call this rank failed; 0: none.
 const ABORT: usize = 1;
 /// The job call number this rank started last.
@@ -199,9 +205,10 @@ impl SharedCall {
     }
 }
 
-/// A peer's failure of job call `seq` (its abort word) or a peer process gone, as the error
-/// this rank reports. Liveness (a `/proc` read per peer) is looked at every few milliseconds,
-/// when `next_liveness` has passed.
+/// A peer's failure that dooms job call `seq`, as the error this rank reports: its abort word
+/// names this call or the one before (a rank that failed the previous call is broken and never
+/// starts this one), or its process is gone before it finished this call. Liveness (a `/proc`
+/// read per peer) is looked at every few milliseconds, when `next_liveness` has passed.
 fn peer_failure(
     control: &[Segment],
     pids: &[u32],
@@ -209,25 +216,24 @@ fn peer_failure(
     seq: u64,
     next_liveness: &mut Instant,
 ) -> Result<()> {
-    for (q, segment) in control.iter().enumerate() {
-        if q == rank {
-            continue;
-        }
-        // SAFETY: a control segment of CONTROL_WORDS words, mapped while `control` lives.
-        let abort = unsafe { word(segment.base(), ABORT) }.load(Ordering::Acquire);
-        if abort != 0 && abort >> 16 == seq {
+    // SAFETY: control segments of CONTROL_WORDS words, mapped while `control` lives.
+    let read = |q: usize, i: usize| unsafe { word(control[q].base(), i) }.load(Ordering::Acquire);
+    for q in (0..control.len()).filter(|&q| q != rank) {
+        let abort = read(q, ABORT);
+        if abort != 0 && (abort >> 16) + 1 >= seq {
             let blamed = ((abort & 0xffff) as usize).saturating_sub(1);
             return Err(Error::RankFailed {
                 rank: blamed,
                 during: "a collective across processes".into(),
-                message: format!("rank {q} aborted the call"),
+                message: format!("rank {q} aborted call {}", abort >> 16),
             });
         }
     }
     let now = Instant::now();
     if now >= *next_liveness {
         *next_liveness = now + Duration::from_millis(5);
-        if let Some(q) = (0..pids.len()).find(|&q| q != rank && !process_alive(pids[q])) {
+        let gone = |q: usize| q != rank && read(q, DONE) < seq && !process_alive(pids[q]);
+        if let Some(q) = (0..pids.len()).find(|&q| gone(q)) {
             return Err(Error::RankFailed {
                 rank: q,
                 during: "a collective across processes".into(),
@@ -305,7 +311,7 @@ pub(crate) struct ProcessRank {
 }
 
 /// A call's shape as words, to compare across ranks.
-fn shape_words(shape: &Shape, op: ReduceOp) -> [u64; SHAPE_WORDS] {
+fn shape_words(shape: &Shape, dtype: DType, op: ReduceOp) -> [u64; SHAPE_WORDS] {
     let (kind, root) = match shape.collective {
         Collective::AllReduce => (1, 0),
         Collective::ReduceScatter => (2, 0),
@@ -328,7 +334,10 @@ fn shape_words(shape: &Shape, op: ReduceOp) -> [u64; SHAPE_WORDS] {
         kind,
         root as u64,
         shape.count as u64,
-        shape.elem_bytes as u64,
+        DType::ALL
+            .iter()
+            .position(|&d| d == dtype)
+            .map_or(u64::MAX, |i| i as u64),
         if reduces { op as u64 + 1 } else { 0 },
         u64::from(shape.in_place),
     ]
@@ -351,10 +360,12 @@ fn describe_shape(w: &[u64]) -> String {
         7 => format!(" of transfers {:016x}", w[1]),
         _ => String::new(),
     };
+    let dtype = DType::ALL
+        .get(w[3] as usize)
+        .map_or_else(|| "?".to_string(), |d| format!("{d:?}"));
     format!(
-        "{name}{root} of {} elements of {} bytes{}{}",
+        "{name}{root} of {} elements of {dtype}{}{}",
         w[2],
-        w[3],
         match w[4] {
             0 => String::new(),
             op => format!(", operator {}", op - 1),
@@ -413,11 +424,6 @@ impl ProcessRank {
         let prefix = format!("/ringreduce-{}-{}", id.tag(), pids[0]);
         let control_name = |q: usize| format!("{prefix}-r{q}-ctl");
         let own = Segment::create(&control_name(rank), CONTROL_WORDS * 8);
-        if let Ok(seg) = &own {
-            // SAFETY: CONTROL_WORDS words, just mapped.
-            unsafe { word(seg.base(), PID) }
-                .store(u64::from(std::process::id()), Ordering::Release);
-        }
         let control = share_segments(&mut rendezvous, rank, own.is_ok(), |q| {
             Segment::open(&control_name(q), CONTROL_WORDS * 8)
         });
@@ -573,7 +579,7 @@ impl ProcessRank {
         writes: &mut [(BufKind, &mut [T])],
         op: ReduceOp,
     ) -> Result<()> {
-        self.start_call(shape_words(&shape, op))?;
+        self.start_call(shape_words(&shape, T::DTYPE, op))?;
         let prepared = self.prepare(&shape)?;
         let mut prepared = prepared.lock().unwrap_or_else(|p| p.into_inner());
         prepared.calls += 1;
@@ -648,8 +654,11 @@ impl ProcessRank {
         drop(prepared);
         self.enqueue(&call)?;
         self.wait(&call, done_rx)?;
-        // This rank's outputs back to the caller: every rank's Main is done, and the checker
-        // proved that nothing touches a rank's caller buffers after its Main.
+        // This rank's part is done: its process may end now without failing slower peers.
+        self.control_word(rank, DONE)
+            .store(self.seq, Ordering::Release);
+        // This rank's outputs back to the caller: its streams are done, and the checker proved
+        // that no rank touches a rank's caller buffers after that rank's last Main instruction.
         for (kind, out) in writes.iter_mut() {
             for (b, decl) in host.plan.buffers.iter().enumerate() {
                 if decl.rank == rank && decl.kind == *kind {
@@ -796,14 +805,13 @@ fn share_segments(
             }
         }
     }
-    verdict(
-        rendezvous.all_gather(&[u64::from(failed.is_some())])?,
-        "mapping shared memory",
-    )?;
-    match failed {
-        Some(e) => Err(e),
-        None => Ok(mapped),
+    let told = rendezvous.all_gather(&[u64::from(failed.is_some())]);
+    // This rank's own failure says most; then a peer's, by name.
+    if let Some(e) = failed {
+        return Err(e);
     }
+    verdict(told?, "mapping shared memory")?;
+    Ok(mapped)
 }
 
 /// The segments with this rank's own in its slot.

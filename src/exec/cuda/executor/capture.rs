@@ -101,9 +101,10 @@ impl CudaExecutor {
         Ok(self.pinned.len() - 1)
     }
 
-    /// The timeout a counter wait for `code` reported, by name: which rank waited for which
-    /// event of which plan (one still cached or pinned; else just "an event").
-    pub(super) fn counter_timeout(&self, rank: usize, code: u32) -> Error {
+    /// The timeout a counter wait for `code` reported on this process's `local`-th rank, by
+    /// name: which rank waited for which event of which plan (one still cached or pinned; else
+    /// just "an event").
+    pub(super) fn counter_timeout(&self, local: usize, code: u32) -> Error {
         let serial = ((code & !COUNTER_ERR_BIT) >> 16) as usize;
         let event = (code & 0xffff) as usize;
         let plan = self
@@ -116,10 +117,10 @@ impl CudaExecutor {
             .map_or_else(|| "an event of a ring".to_string(), |d| d.to_string());
         let captured = self.pinned.iter().any(|(_, p)| p.serial == serial);
         Error::Timeout {
-            rank,
+            rank: self.ranks[local].rank(),
             waiting_on: format!(
                 "on GPU {} waited for {what} and gave up: {}",
-                self.ranks[rank].res.device,
+                self.ranks[local].res.device,
                 if captured {
                     "that rank's graph was not replayed (or is stuck); replay every rank's graph, the same number of times"
                 } else {

@@ -285,17 +285,26 @@ pub(super) fn probe_target(
     if incoming.transport != EdgeTransport::Peer || !probed(incoming, ids) {
         return Ok((None, vec![0]));
     }
-    let target = DeviceBuffer::new(&res.ctx, probe::PROBE_BYTES)?;
-    let handle = fabric.export(
-        res.rank,
-        Exported::Device {
-            addr: target.ptr(),
-            bytes: probe::PROBE_BYTES,
-        },
-    )?;
-    let mut record = vec![handle.len() as u64];
-    record.extend(handle);
-    Ok((Some(target), record))
+    // A target that cannot be made or exported leaves the edge unprobed (its sender says so),
+    // never fails the communicator.
+    let made = DeviceBuffer::new(&res.ctx, probe::PROBE_BYTES).and_then(|target| {
+        let handle = fabric.export(
+            res.rank,
+            Exported::Device {
+                addr: target.ptr(),
+                bytes: probe::PROBE_BYTES,
+            },
+        )?;
+        Ok((target, handle))
+    });
+    match made {
+        Ok((target, handle)) => {
+            let mut record = vec![handle.len() as u64];
+            record.extend(handle);
+            Ok((Some(target), record))
+        }
+        Err(_) => Ok((None, vec![0])),
+    }
 }
 
 /// A figure in a probe record: absent, measured (GB/s), or failed (why).
@@ -341,10 +350,17 @@ pub(super) fn probe_own(
         (true, EdgeTransport::Peer) => {
             let mut fields = Fields::new(out.to_rank, &targets[out.to_rank]);
             let len = fields.word()? as usize;
-            let dst = fabric.import(rank, out.to_rank, fields.take(len)?)?;
-            // SAFETY: the receiver allocated PROBE_BYTES there for this push alone (phase 1)
-            // and keeps it until every rank has reported its figures.
-            let pushed = unsafe { probe::push_to(send, dst) };
+            let handle = fields.take(len)?;
+            let pushed = match len {
+                0 => Err(Error::Resource {
+                    what: format!("rank {} could not make a probe target", out.to_rank),
+                }),
+                _ => fabric.import(rank, out.to_rank, handle).and_then(|dst| {
+                    // SAFETY: the receiver allocated PROBE_BYTES there for this push alone
+                    // (phase 1) and keeps it until every rank has reported its figures.
+                    unsafe { probe::push_to(send, dst) }
+                }),
+            };
             let host = links[rank]
                 .is_none()
                 .then(|| probe::host_copy(&res.ctx, send, true));

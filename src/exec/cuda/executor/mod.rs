@@ -311,8 +311,8 @@ impl CudaExecutor {
         CudaExecutor::build(Box::new(fabric), devices, config, false)
     }
 
-    /// Sets up this process's one rank of a job whose ranks met at `rendezvous` (each in a
-    /// process of its own, or one thread per GPU), on its GPU `device`: the same executor over
+    /// Sets up this process's one rank of a job whose ranks met at `rendezvous`, each in a
+    /// process of its own, on its GPU `device`: the same executor over
     /// the [`Joined`] fabric. The caller's buffers are staged through memory this rank exports
     /// (`copy_callers`), since no peer can reach them.
     pub(crate) fn for_rank(
@@ -322,7 +322,7 @@ impl CudaExecutor {
     ) -> Result<CudaExecutor> {
         device::driver_available()?;
         check_devices(&[device])?;
-        let fabric = Joined::new(rendezvous, device::context(device)?)?;
+        let fabric = Joined::new(rendezvous, device)?;
         CudaExecutor::build(Box::new(fabric), &[device], config, true)
     }
 

@@ -284,12 +284,12 @@ impl CudaExecutor {
     /// unless non-blocking calls overlapped), except for the codes only one kernel writes
     /// ([`kernel_failure`]).
     pub(super) fn check_error_words(&self) -> Result<()> {
-        for (rank, r) in self.ranks.iter().enumerate() {
-            let code = r.res.error_code();
+        for (local, r) in self.ranks.iter().enumerate() {
+            let (rank, code) = (r.rank(), r.res.error_code());
             let device = r.res.device;
             match kernel_failure(code) {
                 None => {}
-                Some(KernelFailure::CounterWait) => return Err(self.counter_timeout(rank, code)),
+                Some(KernelFailure::CounterWait) => return Err(self.counter_timeout(local, code)),
                 Some(KernelFailure::GaveUp { kernel, at }) => {
                     let kernel = kernel.unwrap_or(self.last_peer_kernel);
                     let waiting_on = format!(
