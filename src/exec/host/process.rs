@@ -467,7 +467,7 @@ impl ProcessRank {
 
     /// Publishes this call's shape and waits until every peer has started the same call, then
     /// compares their shapes with it.
-    fn start_call(&mut self, words: [u64; SHAPE_WORDS]) -> Result<()> {
+    fn start_call(&mut self, words: [u64; SHAPE_WORDS], deadline: Instant) -> Result<()> {
         self.seq += 1;
         let (seq, rank) = (self.seq, self.rank);
         let slot = SHAPE + (seq % 2) as usize * SHAPE_WORDS;
@@ -477,7 +477,6 @@ impl ProcessRank {
         }
         self.control_word(rank, STARTED)
             .store(seq, Ordering::Release);
-        let deadline = Instant::now() + self.config.timeout;
         let start = Instant::now();
         let mut next_liveness = start;
         for q in (0..self.world).filter(|&q| q != rank) {
@@ -579,7 +578,10 @@ impl ProcessRank {
         writes: &mut [(BufKind, &mut [T])],
         op: ReduceOp,
     ) -> Result<()> {
-        self.start_call(shape_words(&shape, T::DTYPE, op))?;
+        // One deadline for the call: its start, and its run (a new shape's preparation meets
+        // the peers within the rendezvous' own timeout).
+        let deadline = Instant::now() + self.config.timeout;
+        self.start_call(shape_words(&shape, T::DTYPE, op), deadline)?;
         let prepared = self.prepare(&shape)?;
         let mut prepared = prepared.lock().unwrap_or_else(|p| p.into_inner());
         prepared.calls += 1;
@@ -628,7 +630,7 @@ impl ProcessRank {
             elem_bytes: eb,
             op,
             folds: HostFolds::of::<T>(),
-            deadline: Instant::now() + self.config.timeout,
+            deadline,
             timeout: self.config.timeout,
             delay_seed: self
                 .config
