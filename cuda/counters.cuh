@@ -70,9 +70,10 @@ static __device__ __forceinline__ void rr_counter_wait_body(const unsigned* mail
     // A rank whose earlier wait (or peer kernel) has failed waits no more: the call is lost, and
     // each further wait would otherwise add a whole timeout.
     const bool failed = rr_ld_relaxed_sys(error) != 0u;
+    unsigned spins = 0u;
     while (!failed && (int)(rr_ld_acquire_sys(mailbox) - target) < 0) {
-        if (rr_globaltimer() > deadline) {
-            rr_st_relaxed_sys(error, RR_COUNTER_ERR_BIT | code);
+        if (rr_give_up(deadline, error, spins)) {
+            rr_fail(error, RR_COUNTER_ERR_BIT | code);
             break;
         }
     }

@@ -26,6 +26,10 @@
 #define RR_PEER_ERR_MIDDLE 4u
 // An LL one-shot thread waited past the deadline for a peer's pushed words.
 #define RR_LL_ERR_WAIT 5u
+// The host gave up the call: a peer rank is lost (its process is gone). Written by the host
+// into the rank's error word; every spinning wait of the rank's kernels gives up on seeing a
+// code there.
+#define RR_ERR_PEER_LOST 6u
 // The top bit of a captured ring's counter wait that timed out; the low 31 bits are the code the
 // wait was launched with: the plan's pin in bits 16..31, the event in bits 0..16
 // (src/exec/cuda/executor/capture.rs: wait_code, counter_timeout).

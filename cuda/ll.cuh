@@ -148,16 +148,19 @@ static __device__ __forceinline__ void rr_ll_load(const rr_ull* word, rr_ull& lo
 }
 
 // Waits until both words at `word` carry `epoch`, then returns their data in `data`; false when
-// the global timer passes `deadline` first.
+// the wait gives up first (the global timer passes `deadline`, or the call was given up:
+// rr_give_up).
 static __device__ __forceinline__ bool rr_ll_receive(const rr_ull* word, unsigned epoch,
-                                                     rr_ull deadline, uint2& data) {
+                                                     rr_ull deadline, const unsigned* error,
+                                                     uint2& data) {
     rr_ull lo, hi;
+    unsigned spins = 0u;
     for (;;) {
         rr_ll_load(word, lo, hi);
         if ((unsigned)(lo >> 32) == epoch && (unsigned)(hi >> 32) == epoch) {
             break;
         }
-        if (rr_globaltimer() > deadline) {
+        if (rr_give_up(deadline, error, spins)) {
             return false;
         }
     }
@@ -287,8 +290,9 @@ static __device__ __forceinline__ void rr_ll_kernel(const rr_ll_peers& peers, un
         if (r < world) {
             rr_ll_chunk<T> x = own;
             if (r != rank &&
-                !rr_ll_receive(inbox + rr_ll_word(set, world, r), epoch, deadline, x.v)) {
-                rr_st_relaxed_sys(error, RR_LL_ERR_WAIT);
+                !rr_ll_receive(inbox + rr_ll_word(set, world, r), epoch, deadline, error,
+                               x.v)) {
+                rr_fail(error, RR_LL_ERR_WAIT);
                 // Withdraw the words this thread pushed (flag 0, never an epoch): a peer whose
                 // kernel of this call arrives later (queued behind stuck work) must time out
                 // too, not complete and write its output after this call has failed.

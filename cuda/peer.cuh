@@ -119,6 +119,30 @@ static __device__ __forceinline__ unsigned rr_epoch_next(unsigned epoch) {
     return next == 0u ? 2u : next;
 }
 
+// Spins of a waiting loop between two looks at the rank's error word (a read of host memory
+// over PCIe, ~1 µs): the host or another waiter gives up a call within a few microseconds.
+#define RR_ABORT_POLL 256u
+
+// Whether a spinning wait must give up: its deadline has passed, or (looked at every
+// RR_ABORT_POLL spins) the rank's error word holds a code — the host gave the call up (a peer is
+// lost: RR_ERR_PEER_LOST), or another wait of this rank already has. `spins` counts the loop's
+// iterations.
+static __device__ __forceinline__ bool rr_give_up(rr_ull deadline, const unsigned* error,
+                                                  unsigned& spins) {
+    if (rr_globaltimer() > deadline) {
+        return true;
+    }
+    return (++spins % RR_ABORT_POLL) == 0u && rr_ld_relaxed_sys(error) != 0u;
+}
+
+// Stores `code` into the error word unless a code is there already (the first cause stays: a
+// host's RR_ERR_PEER_LOST is not overwritten by the timeouts it causes).
+static __device__ __forceinline__ void rr_fail(unsigned* error, unsigned code) {
+    if (rr_ld_relaxed_sys(error) == 0u) {
+        rr_st_relaxed_sys(error, code);
+    }
+}
+
 // The kernel's deadline on the global timer: timeout_ns after now (the block's start), saturating.
 // Every barrier of the kernel gives up at this one deadline, so the whole kernel ends within
 // timeout_ns of its start however many barriers it has.
@@ -162,7 +186,8 @@ static __device__ __forceinline__ bool rr_peer_begin(const rr_peers& peers, unsi
 // Barrier `phase` of this block with block blockIdx.x of every other rank; every thread of the
 // block calls it. Thread p (p < world, p != rank) signals rank p and waits for rank p, so all
 // peers are signalled and awaited in parallel. Returns false, after writing `code` into
-// *error, when a wait ran past `deadline` (rr_deadline); with `withdraw` (every barrier but the
+// *error, when a wait ran past `deadline` (rr_deadline) or the call was given up (rr_give_up);
+// with `withdraw` (every barrier but the
 // last) a barrier that failed also withdraws its signals (writes 0 over them), so that a peer
 // arriving later times out too instead of reading this rank's memory after the call has failed.
 // `flags` is peers.flags copied to shared memory and `epoch` the block's epoch (rr_peer_begin).
@@ -179,9 +204,10 @@ static __device__ __forceinline__ bool rr_peer_barrier(unsigned* const* flags, u
     if (peer < world && peer != rank) {
         rr_st_release_sys(flags[peer] + rr_flag_word(phase, blockIdx.x, rank), epoch);
         const unsigned* word = flags[rank] + rr_flag_word(phase, blockIdx.x, peer);
+        unsigned spins = 0u;
         while (rr_ld_acquire_sys(word) != epoch) {
-            if (rr_globaltimer() > deadline) {
-                rr_st_relaxed_sys(error, code);
+            if (rr_give_up(deadline, error, spins)) {
+                rr_fail(error, code);
                 timed_out = 1;
                 break;
             }

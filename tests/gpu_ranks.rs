@@ -183,3 +183,62 @@ fn gpu_ranks_as_processes_run_every_collective_exactly() {
     );
     expect_success(ranks, Duration::from_secs(300));
 }
+
+#[test]
+fn a_gpu_rank_killed_mid_job_is_named_well_before_the_timeout() {
+    const VICTIM: usize = 1;
+    if let Some(env) = as_rank() {
+        let gpus = ringreduce::device_count().unwrap();
+        let device = if gpus >= env.world { env.rank } else { 0 };
+        // The one-shot's kernels wait at flag barriers, the ring's at event counters.
+        let algorithm = match std::env::var("RINGREDUCE_TEST_ALGORITHM").as_deref() {
+            Ok("ring") => Algorithm::Ring,
+            _ => Algorithm::OneShot,
+        };
+        let id = env.unique_id().unwrap();
+        let mut comm =
+            RankCommunicator::gpu(&id, env.rank, env.world, device, config(algorithm)).unwrap();
+        let count = 1 << 20;
+        let mut buf = GpuBuffer::from_host(device, &vec![1.0f32; count]).unwrap();
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap();
+        if env.rank == VICTIM {
+            // Gone while the other rank's next collective waits for it.
+            std::thread::sleep(Duration::from_millis(500));
+            let me = std::process::id().to_string();
+            let _ = std::process::Command::new("kill")
+                .args(["-9", &me])
+                .status();
+            std::thread::sleep(Duration::from_secs(60));
+        }
+        let started = std::time::Instant::now();
+        let err = comm
+            .all_reduce_in_place(&mut buf, ReduceOp::Sum)
+            .unwrap_err();
+        let took = started.elapsed();
+        match &err {
+            ringreduce::Error::RankFailed { rank, .. } => assert_eq!(*rank, VICTIM, "{err}"),
+            other => panic!("{algorithm:?}: {other}"),
+        }
+        // The kernels would give up at 15 s (three quarters of the 20 s timeout).
+        assert!(
+            took < Duration::from_secs(5),
+            "{algorithm:?}: {took:?}: {err}"
+        );
+        println!("{algorithm:?}: the lost rank named after {took:?}: {err}");
+        return;
+    }
+    if two_gpus_or_shared().is_none() {
+        return;
+    }
+    for algorithm in ["oneshot", "ring"] {
+        let mut ranks = launch(
+            "a_gpu_rank_killed_mid_job_is_named_well_before_the_timeout",
+            2,
+            |_| vec![("RINGREDUCE_TEST_ALGORITHM".into(), algorithm.into())],
+        );
+        let mut victim = ranks.remove(VICTIM);
+        let status = victim.wait().unwrap();
+        assert!(!status.success(), "the victim killed itself");
+        expect_success(ranks, Duration::from_secs(120));
+    }
+}

@@ -87,6 +87,12 @@ pub(crate) trait Fabric: Send + Sync {
     fn close_imports(&self) -> Result<()> {
         Ok(())
     }
+
+    /// Waits (bounded) until every rank is closing too, with its streams idle: no rank then
+    /// needs another's memory, and none is taken for lost because it ended first.
+    fn farewell(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// How a context of this process reaches the GPU a peer reported: the same GPU; peer access
@@ -305,6 +311,10 @@ impl Fabric for Joined {
         peer: &Identity,
     ) -> Result<Reach> {
         reach_from_this_process(ctx, own, peer)
+    }
+
+    fn farewell(&self) -> Result<()> {
+        self.all_gather(vec![Vec::new()]).map(drop)
     }
 
     fn close_imports(&self) -> Result<()> {

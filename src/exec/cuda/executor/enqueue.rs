@@ -31,6 +31,7 @@ use super::rank::{RankPlan, RankRes};
 use super::{CudaCall, Dispatch};
 use crate::device;
 use crate::error::{Error, Result};
+use crate::exec::cuda::kernels::ERR_PEER_LOST;
 use crate::exec::panic_message;
 use crate::plan::{BufId, EventId, Instr, Op, Region, StreamKind, Tag};
 use crossbeam_channel::Receiver;
@@ -86,13 +87,22 @@ fn next_call(calls: &Receiver<Arc<CudaCall>>) -> Option<Arc<CudaCall>> {
     calls.recv().ok()
 }
 
+/// How often a rank waiting for its call asks the fabric whether a peer is lost.
+const WATCH_EVERY: Duration = Duration::from_millis(5);
+
 /// Polls the rank's completion event until it fires, the call is aborted or the deadline passes.
 /// Spins for the first 200 µs (small messages finish in tens of µs), then yields the CPU between
 /// polls for up to 20 ms (a 1 GiB call takes ~3 ms: a sleep's timer slack, ~50 µs, would land on
 /// the call's time), then sleeps between polls.
+///
+/// Every few milliseconds it also asks the fabric for a lost peer (a rank of another process
+/// that is gone): then it gives the call up (`RankRes::give_up`), and the rank's kernels stop
+/// waiting for that peer at once instead of at their deadline; the call's error names the peer
+/// (`CudaExecutor::check_error_words`).
 pub(super) fn wait_done(res: &RankRes, call: &CudaCall) -> Result<()> {
     let rank = res.rank;
     let start = Instant::now();
+    let mut next_watch = start + WATCH_EVERY;
     loop {
         if device::event_query(&res.done)? {
             return Ok(());
@@ -101,6 +111,12 @@ pub(super) fn wait_done(res: &RankRes, call: &CudaCall) -> Result<()> {
             return Err(crate::exec::aborted(rank));
         }
         let now = Instant::now();
+        if now >= next_watch {
+            next_watch = now + WATCH_EVERY;
+            if call.fabric.lost_peer().is_some() {
+                res.give_up(ERR_PEER_LOST);
+            }
+        }
         if now >= call.deadline {
             return Err(stalled(call, rank, res));
         }

@@ -226,6 +226,8 @@ const CACHED_PLANS: usize = 8;
 
 /// What the threads of one call share.
 struct CudaCall {
+    /// The communicator's fabric, which a waiting rank asks for a lost peer.
+    fabric: Arc<dyn Fabric>,
     /// The resources of the call's plan of every rank in this process, in rank order
     /// ([`CudaCall::plan_of`]).
     plans: Vec<Arc<RankPlan>>,
@@ -264,7 +266,7 @@ impl CudaCall {
 /// them, over the in-process fabric; or one, over the fabric of a job whose ranks met at a
 /// rendezvous).
 pub(crate) struct CudaExecutor {
-    fabric: Box<dyn Fabric>,
+    fabric: Arc<dyn Fabric>,
     /// The number of ranks, in this process or not.
     world: usize,
     /// The caller's buffers are staged through memory each rank exports (copied in before a
@@ -308,7 +310,7 @@ impl CudaExecutor {
         device::driver_available()?;
         check_devices(devices)?;
         let fabric = InProcess::new(devices.len());
-        CudaExecutor::build(Box::new(fabric), devices, config, false)
+        CudaExecutor::build(Arc::new(fabric), devices, config, false)
     }
 
     /// Sets up this process's one rank of a job whose ranks met at `rendezvous`, each in a
@@ -323,12 +325,12 @@ impl CudaExecutor {
         device::driver_available()?;
         check_devices(&[device])?;
         let fabric = Joined::new(rendezvous, device)?;
-        CudaExecutor::build(Box::new(fabric), &[device], config, true)
+        CudaExecutor::build(Arc::new(fabric), &[device], config, true)
     }
 
     /// The executor of the fabric's local ranks, on `devices` (one per local rank, in order).
     fn build(
-        fabric: Box<dyn Fabric>,
+        fabric: Arc<dyn Fabric>,
         devices: &[usize],
         config: CudaConfig,
         copy_callers: bool,
@@ -802,6 +804,7 @@ impl CudaExecutor {
         };
         let (done_tx, done_rx) = crossbeam_channel::unbounded();
         let call = Arc::new(CudaCall {
+            fabric: self.fabric.clone(),
             plans: prepared.ranks.clone(),
             first: self.ranks[0].rank(),
             callers,

@@ -41,8 +41,8 @@ use crate::exec::cuda::fabric::Identity;
 use crate::exec::cuda::fabric::{Exported, Fabric, Fields, Record};
 use crate::exec::cuda::kernels::{
     ll_blocks, ll_fits, ll_recv_bytes, LlArgs, OneShotArgs, PeerStep, StepsArgs, TwoShotArgs,
-    COUNTER_ERR_BIT, LL_ERR_WAIT, PEER_ERR_END, PEER_ERR_LAUNCH, PEER_ERR_MIDDLE, PEER_ERR_START,
-    PEER_FLAG_BYTES, PEER_MAX_RANKS,
+    COUNTER_ERR_BIT, ERR_PEER_LOST, LL_ERR_WAIT, PEER_ERR_END, PEER_ERR_LAUNCH, PEER_ERR_MIDDLE,
+    PEER_ERR_START, PEER_FLAG_BYTES, PEER_MAX_RANKS,
 };
 use crate::plan::{BufKind, Op, Region, StreamKind};
 use std::fmt;
@@ -290,6 +290,19 @@ impl CudaExecutor {
             match kernel_failure(code) {
                 None => {}
                 Some(KernelFailure::CounterWait) => return Err(self.counter_timeout(local, code)),
+                Some(KernelFailure::PeerLost) => {
+                    let lost = self.fabric.lost_peer();
+                    return Err(Error::RankFailed {
+                        rank: lost.unwrap_or(rank),
+                        during: "a collective across processes".into(),
+                        message: match lost {
+                            Some(_) => {
+                                "its process is gone; the other ranks gave the call up".into()
+                            }
+                            None => "a peer was lost; this rank gave the call up".into(),
+                        },
+                    });
+                }
                 Some(KernelFailure::GaveUp { kernel, at }) => {
                     let kernel = kernel.unwrap_or(self.last_peer_kernel);
                     let waiting_on = format!(
@@ -333,6 +346,8 @@ enum KernelFailure {
     /// A captured ring's counter wait timed out ([`COUNTER_ERR_BIT`]; the other bits name the
     /// wait: `CudaExecutor::counter_timeout`).
     CounterWait,
+    /// The host gave the call up: a peer is lost ([`ERR_PEER_LOST`]).
+    PeerLost,
     /// A nonzero code no kernel writes.
     Unknown,
 }
@@ -351,6 +366,7 @@ fn kernel_failure(code: u32) -> Option<KernelFailure> {
             "waiting for a peer's pushed data",
         ),
         PEER_ERR_LAUNCH => Some(KernelFailure::Launch),
+        ERR_PEER_LOST => Some(KernelFailure::PeerLost),
         _ => Some(KernelFailure::Unknown),
     }
 }

@@ -104,6 +104,19 @@ impl RankRes {
     pub(super) fn error_word(&self) -> u64 {
         self.error.uva_ptr()
     }
+
+    /// Gives this rank's call up from the host: leaves `code` in its error word unless a code
+    /// is there already, so that every spinning wait of its kernels stops within microseconds
+    /// (`rr_give_up` in `cuda/peer.cuh`).
+    pub(super) fn give_up(&self, code: u32) {
+        if self.error_code() == 0 {
+            // SAFETY: the pinned allocation is at least 4 bytes, page-aligned and ours for as
+            // long as `self`; it is never borrowed as a Rust reference, only read and written
+            // through raw pointers (volatile: the GPU reads it at any time). A kernel's write
+            // racing this one leaves one code or the other, either of which fails the call.
+            unsafe { std::ptr::write_volatile(self.error.as_ptr().cast::<u32>().cast_mut(), code) }
+        }
+    }
 }
 
 /// Staging memory a rank owns for one plan.

@@ -114,6 +114,12 @@ impl CudaExecutor {
         // it overlaps another communicator's peer kernels (`device::gate`).
         let quiet = device::gate::quiet();
         let result = self.synchronize();
+        // Ranks of other processes: every one idle before any frees what the others imported
+        // (a rank that failed, or a peer already gone, ends the wait: bounded either way).
+        let parted = match result.is_ok() {
+            true => self.fabric.farewell(),
+            false => Ok(()),
+        };
         // Free only what no GPU can still touch: every stream idle. A stream still busy, or one
         // in an error state that cannot say, keeps everything (its context may be broken anyway,
         // and freeing would then fail or block).
@@ -146,7 +152,7 @@ impl CudaExecutor {
             false => Ok(()),
         };
         drop(quiet);
-        result.and(closed)
+        result.and(parted).and(closed)
     }
 }
 

@@ -41,8 +41,8 @@ mod reduce;
 mod steps;
 
 pub use error_codes::{
-    COUNTER_ERR_BIT, ERROR_CODES, LL_ERR_WAIT, PEER_ERR_END, PEER_ERR_LAUNCH, PEER_ERR_MIDDLE,
-    PEER_ERR_START,
+    COUNTER_ERR_BIT, ERROR_CODES, ERR_PEER_LOST, LL_ERR_WAIT, PEER_ERR_END, PEER_ERR_LAUNCH,
+    PEER_ERR_MIDDLE, PEER_ERR_START,
 };
 pub use ll::{ll_blocks, ll_fits, ll_recv_bytes, LlArgs, LL_MAX_BYTES};
 pub use peer::{
