@@ -242,3 +242,115 @@ fn a_gpu_rank_killed_mid_job_is_named_well_before_the_timeout() {
         expect_success(ranks, Duration::from_secs(120));
     }
 }
+
+/// One rank's part of the stream test: all-reduces ordered on this process's own stream between
+/// copies queued there, then a CUDA graph captured on it (copy in, all-reduce, copy out)
+/// replayed with new inputs each time, on `algorithm`.
+fn streams_and_graphs_on_this_gpu(
+    rank: usize,
+    world: usize,
+    device: usize,
+    algorithm: Algorithm,
+    id: &UniqueId,
+) {
+    use cudarc::driver::{result, sys};
+    let count = 4096;
+    let op = ReduceOp::Sum;
+    let input = |rep: usize, r: usize| -> Vec<i32> {
+        (0..count)
+            .map(|k| input_value::<i32>(op, r, k) + rep as i32)
+            .collect()
+    };
+    let want = |rep: usize| -> Vec<i32> {
+        (0..count)
+            .map(|k| (0..world).map(|r| input(rep, r)[k]).sum())
+            .collect()
+    };
+    let mut comm = RankCommunicator::gpu(id, rank, world, device, config(algorithm)).unwrap();
+    let ctx = ringreduce::device::context(device).unwrap();
+    let stream = ctx.new_stream().unwrap();
+    let mut buf = GpuBuffer::<i32>::zeroed(device, count).unwrap();
+    let upload = |dst: u64, data: &[i32]| {
+        ctx.bind_to_thread().unwrap();
+        // SAFETY: `dst` holds `count` i32; `data` lives until the stream is synchronised below.
+        unsafe { result::memcpy_htod_async(dst, data, stream.cu_stream()) }.unwrap();
+    };
+    // Eager, on the stream: upload, all-reduce, three times, one synchronisation at the end
+    // of each (the upload of the next round is queued after the collective on the stream).
+    for rep in 0..3 {
+        let data = input(rep, rank);
+        upload(ringreduce::Buffer::address(&buf), &data);
+        // SAFETY: `buf` is untouched until the stream is synchronised below.
+        unsafe { comm.enqueue_all_reduce_in_place_on(&mut buf, op, &stream) }.unwrap();
+        stream.synchronize().unwrap();
+        comm.synchronize().unwrap();
+        assert_eq!(
+            buf.to_host().unwrap(),
+            want(rep),
+            "rank {rank} {algorithm:?} eager {rep}"
+        );
+    }
+    // A graph: copy the source in, all-reduce, copy the result out; replayed with new sources.
+    let src = GpuBuffer::<i32>::zeroed(device, count).unwrap();
+    let out = GpuBuffer::<i32>::zeroed(device, count).unwrap();
+    let bytes = count * 4;
+    let (src_at, out_at) = (
+        ringreduce::Buffer::address(&src),
+        ringreduce::Buffer::address(&out),
+    );
+    let buf_at = ringreduce::Buffer::address(&buf);
+    ctx.bind_to_thread().unwrap();
+    stream
+        .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+        .unwrap();
+    // SAFETY: all three are live allocations of `bytes` on this GPU, used only by this graph.
+    unsafe { result::memcpy_dtod_async(buf_at, src_at, bytes, stream.cu_stream()) }.unwrap();
+    // SAFETY: `buf` outlives the graph's replays below.
+    unsafe { comm.enqueue_all_reduce_in_place_on(&mut buf, op, &stream) }.unwrap();
+    // SAFETY: as above.
+    unsafe { result::memcpy_dtod_async(out_at, buf_at, bytes, stream.cu_stream()) }.unwrap();
+    let graph = stream
+        .end_capture(sys::CUgraphInstantiate_flags(0))
+        .unwrap()
+        .expect("a graph");
+    for rep in 0..20 {
+        let data = input(rep + 10, rank);
+        upload(src_at, &data);
+        graph.launch().unwrap();
+        stream.synchronize().unwrap();
+        assert_eq!(
+            out.to_host().unwrap(),
+            want(rep + 10),
+            "rank {rank} {algorithm:?} replay {rep}"
+        );
+    }
+    comm.synchronize().unwrap();
+}
+
+#[test]
+fn gpu_ranks_order_collectives_on_their_own_streams_and_graphs() {
+    if let Some(env) = as_rank() {
+        let gpus = ringreduce::device_count().unwrap();
+        let device = if gpus >= env.world { env.rank } else { 0 };
+        for (job, algorithm) in [Algorithm::Auto, Algorithm::Ring].into_iter().enumerate() {
+            let id = LaunchEnv {
+                run_id: Some(format!("{:?}-{job}", env.run_id)),
+                ..env.clone()
+            }
+            .unique_id()
+            .unwrap();
+            streams_and_graphs_on_this_gpu(env.rank, env.world, device, algorithm, &id);
+        }
+        println!("rank {}: streams and graphs exact", env.rank);
+        return;
+    }
+    if two_gpus_or_shared().is_none() {
+        return;
+    }
+    let ranks = launch(
+        "gpu_ranks_order_collectives_on_their_own_streams_and_graphs",
+        2,
+        |_| vec![],
+    );
+    expect_success(ranks, Duration::from_secs(300));
+}

@@ -26,6 +26,8 @@ use crate::exec::host::HostConfig;
 use crate::exec::rendezvous::{LaunchEnv, Rendezvous, UniqueId};
 use crate::exec::{config, Shape};
 use crate::plan::{BufKind, Collective, Transfer};
+use cudarc::driver::CudaStream;
+use std::sync::Arc;
 
 /// One rank of a job whose ranks each have a communicator (module doc). Its calls block until
 /// the collective is complete on this rank, and every rank must make the same calls in the
@@ -220,6 +222,81 @@ impl RankCommunicator {
         };
         let shape = Shape::collective::<T>(collective.clone(), count, true, op);
         self.run::<T>(shape, ends, op)
+    }
+
+    /// [`RankCommunicator::collective_in_place`] on a GPU rank, ordered on the caller's `stream`
+    /// (of this rank's GPU, in its primary context): it starts after the work already queued
+    /// there and the work queued there later waits for it, with no host synchronisation; it
+    /// returns once enqueued. When `stream` is being captured into a CUDA graph, the collective
+    /// becomes part of the graph (every rank must capture and replay its own alike).
+    ///
+    /// # Safety
+    /// `buf` must stay allocated and untouched (no reads, no writes, on any stream or the host)
+    /// until `stream` has passed the collective, except by work queued on `stream` after this
+    /// call; captured, it must stay allocated, and this communicator open, while the graph may
+    /// be replayed.
+    pub unsafe fn enqueue_collective_in_place_on<T: Element, B: BufferMut<T> + ?Sized>(
+        &mut self,
+        collective: &Collective,
+        buf: &mut B,
+        op: ReduceOp,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        self.check(collective)?;
+        if !collective.has_in_place() {
+            return Err(Error::InvalidArgument(format!(
+                "{} has no in-place form",
+                collective.name()
+            )));
+        }
+        let count = self.count_of(collective, None, Some(buf.count()), true)?;
+        self.placed(&*buf)?;
+        let (rank, world) = (self.rank, self.world);
+        let Inner::Gpu { exec, .. } = &mut self.inner else {
+            return Err(Error::InvalidArgument(
+                "a host rank has no streams: the caller's stream needs a GPU rank".into(),
+            ));
+        };
+        let (inputs, mut outputs) = (vec![0u64; world], vec![0u64; world]);
+        outputs[rank] = buf.address_mut();
+        let shape = Shape::collective::<T>(collective.clone(), count, true, op);
+        // SAFETY: `buf` is this rank's buffer on its GPU (`placed`), of the length the plan
+        // declares (`count_of`); its lifetime until `stream` passes the call is our caller's
+        // contract.
+        unsafe {
+            exec.run::<T>(
+                shape,
+                &inputs,
+                &outputs,
+                op,
+                false,
+                Some(std::slice::from_ref(stream)),
+            )
+        }
+    }
+
+    /// [`RankCommunicator::all_reduce_in_place`] ordered on the caller's `stream`: see
+    /// [`RankCommunicator::enqueue_collective_in_place_on`].
+    ///
+    /// # Safety
+    /// As for [`RankCommunicator::enqueue_collective_in_place_on`].
+    pub unsafe fn enqueue_all_reduce_in_place_on<T: Element, B: BufferMut<T> + ?Sized>(
+        &mut self,
+        buf: &mut B,
+        op: ReduceOp,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        // SAFETY: our caller's contract, passed on.
+        unsafe { self.enqueue_collective_in_place_on(&Collective::AllReduce, buf, op, stream) }
+    }
+
+    /// Waits for every collective this rank has enqueued (on a host rank, every call has
+    /// completed already), with the first error they met — a peer lost meanwhile among them.
+    pub fn synchronize(&mut self) -> Result<()> {
+        match &mut self.inner {
+            Inner::Host(_) => Ok(()),
+            Inner::Gpu { exec, .. } => exec.synchronize(),
+        }
     }
 
     /// Grouped send/recv: every rank names the same `transfers` (transfer i moves `count`
