@@ -28,6 +28,24 @@ fn config(algorithm: Algorithm) -> HostConfig {
     }
 }
 
+/// The plan the host executor runs for an in-place f32 sum of `count` on `world` ranks with
+/// this file's ring configuration: where a test finds the instruction to plant a fault at.
+fn ring_plan(world: usize, count: usize) -> ringreduce::plan::Plan {
+    let config = config(Algorithm::Ring);
+    ringreduce::plan::RingSpec {
+        world,
+        count,
+        in_place: true,
+        op: ReduceOp::Sum,
+        chunk_elems: config.chunk_elems,
+        slots: config.slots,
+        align_elems: 1,
+        transports: vec![ringreduce::EdgeTransport::Peer; world],
+    }
+    .build()
+    .unwrap()
+}
+
 /// Every rank's input of `collective` (out of place), from rank and index.
 fn inputs(collective: &Collective, world: usize, count: usize, op: ReduceOp) -> Vec<Vec<f32>> {
     (0..world)
@@ -208,18 +226,7 @@ fn a_killed_rank_is_named_on_every_other_rank_well_before_the_timeout() {
         // The victim stalls in its first copy of the collective until the launcher kills it
         // (the plan the host executor runs: the ring's, with this test's chunk and slots).
         let count = 4096;
-        let plan = ringreduce::plan::RingSpec {
-            world: env.world,
-            count,
-            in_place: true,
-            op: ReduceOp::Sum,
-            chunk_elems: config(Algorithm::Ring).chunk_elems,
-            slots: config(Algorithm::Ring).slots,
-            align_elems: 1,
-            transports: vec![ringreduce::EdgeTransport::Peer; env.world],
-        }
-        .build()
-        .unwrap();
+        let plan = ring_plan(env.world, count);
         let first_copy = plan.ranks[VICTIM]
             .iter()
             .position(|i| matches!(i.op, ringreduce::plan::Op::Copy { .. }))
@@ -402,18 +409,7 @@ fn a_rank_that_finished_and_exited_fails_no_slower_peer() {
         // The slow rank's last copy starts 300 ms late: the others finish their part first,
         // and whichever finishes first exits at once.
         let count = 4096;
-        let plan = ringreduce::plan::RingSpec {
-            world: env.world,
-            count,
-            in_place: true,
-            op: ReduceOp::Sum,
-            chunk_elems: config(Algorithm::Ring).chunk_elems,
-            slots: config(Algorithm::Ring).slots,
-            align_elems: 1,
-            transports: vec![ringreduce::EdgeTransport::Peer; env.world],
-        }
-        .build()
-        .unwrap();
+        let plan = ring_plan(env.world, count);
         let last_copy = plan.ranks[SLOW]
             .iter()
             .rposition(|i| matches!(i.op, ringreduce::plan::Op::Copy { .. }))

@@ -128,15 +128,7 @@ impl Communicator {
 
     /// A host communicator with explicit chunking, transport, timeout and test options.
     pub fn host_with(world: usize, config: HostConfig) -> Result<Communicator> {
-        config::check_world(world)?;
-        config::check_slots(config.slots)?;
-        config::check_chunk(
-            "chunk_elems",
-            config.chunk_elems,
-            std::mem::size_of::<u64>(),
-        )?;
-        config::check_timeout(config.timeout)?;
-        check_deterministic_if(config.deterministic, config.algorithm, world, true)?;
+        check_host_config(world, &config)?;
         let facts = Facts {
             devices: Vec::new(),
             edges: Vec::new(),
@@ -171,12 +163,7 @@ impl Communicator {
 
     /// A GPU communicator with explicit transport, chunking, slots and timeout.
     pub fn with_config(devices: &[usize], config: CudaConfig) -> Result<Communicator> {
-        config::check_world(devices.len())?;
-        config::check_slots(config.slots)?;
-        if let Some(chunk_bytes) = config.chunk_bytes {
-            config::check_chunk("chunk_bytes", chunk_bytes, 1)?;
-        }
-        config::check_timeout(config.timeout)?;
+        check_cuda_config(devices.len(), &config)?;
         let (algorithm, deterministic) = (config.algorithm, config.deterministic);
         let profile = config.profile_host;
         let exec = CudaExecutor::new(devices, config)?;
@@ -656,7 +643,32 @@ impl Communicator {
     }
 }
 
-fn check_deterministic_if(
+/// A host configuration for `world` ranks within `exec::config`'s limits (and deterministic
+/// mode where host ranks can give it), before anything is made.
+pub(crate) fn check_host_config(world: usize, config: &HostConfig) -> Result<()> {
+    config::check_world(world)?;
+    config::check_slots(config.slots)?;
+    config::check_chunk(
+        "chunk_elems",
+        config.chunk_elems,
+        std::mem::size_of::<u64>(),
+    )?;
+    config::check_timeout(config.timeout)?;
+    check_deterministic_if(config.deterministic, config.algorithm, world, true)
+}
+
+/// A GPU configuration for `world` ranks within `exec::config`'s limits, before anything is
+/// made (deterministic mode is checked once the executor says whether peer kernels can run).
+pub(crate) fn check_cuda_config(world: usize, config: &CudaConfig) -> Result<()> {
+    config::check_world(world)?;
+    config::check_slots(config.slots)?;
+    if let Some(chunk_bytes) = config.chunk_bytes {
+        config::check_chunk("chunk_bytes", chunk_bytes, 1)?;
+    }
+    config::check_timeout(config.timeout)
+}
+
+pub(crate) fn check_deterministic_if(
     deterministic: bool,
     algorithm: Algorithm,
     world: usize,

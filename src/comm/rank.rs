@@ -24,7 +24,7 @@ use crate::exec::cuda::executor::{CudaConfig, CudaExecutor};
 use crate::exec::host::process::ProcessRank;
 use crate::exec::host::HostConfig;
 use crate::exec::rendezvous::{LaunchEnv, Rendezvous, UniqueId};
-use crate::exec::{config, Shape};
+use crate::exec::Shape;
 use crate::plan::{BufKind, Collective, Transfer};
 use cudarc::driver::CudaStream;
 use std::sync::Arc;
@@ -71,14 +71,7 @@ impl RankCommunicator {
         world: usize,
         config: HostConfig,
     ) -> Result<RankCommunicator> {
-        config::check_world(world)?;
-        config::check_slots(config.slots)?;
-        config::check_chunk(
-            "chunk_elems",
-            config.chunk_elems,
-            std::mem::size_of::<u64>(),
-        )?;
-        config::check_timeout(config.timeout)?;
+        super::check_host_config(world, &config)?;
         Ok(RankCommunicator {
             rank,
             world,
@@ -103,21 +96,16 @@ impl RankCommunicator {
         device: usize,
         config: CudaConfig,
     ) -> Result<RankCommunicator> {
-        config::check_world(world)?;
-        config::check_slots(config.slots)?;
-        if let Some(chunk_bytes) = config.chunk_bytes {
-            config::check_chunk("chunk_bytes", chunk_bytes, 1)?;
-        }
-        config::check_timeout(config.timeout)?;
+        super::check_cuda_config(world, &config)?;
+        let (algorithm, deterministic) = (config.algorithm, config.deterministic);
         let rendezvous =
             Rendezvous::join(id, rank, world, gpu_fingerprint(&config), config.timeout)?;
+        let exec = CudaExecutor::for_rank(rendezvous, device, config)?;
+        super::check_deterministic_if(deterministic, algorithm, world, exec.peers_ok())?;
         Ok(RankCommunicator {
             rank,
             world,
-            inner: Inner::Gpu {
-                exec: CudaExecutor::for_rank(rendezvous, device, config)?,
-                device,
-            },
+            inner: Inner::Gpu { exec, device },
         })
     }
 
@@ -207,20 +195,11 @@ impl RankCommunicator {
         buf: &mut B,
         op: ReduceOp,
     ) -> Result<()> {
-        self.check(collective)?;
-        if !collective.has_in_place() {
-            return Err(Error::InvalidArgument(format!(
-                "{} has no in-place form",
-                collective.name()
-            )));
-        }
-        let count = self.count_of(collective, None, Some(buf.count()), true)?;
-        self.placed(&*buf)?;
+        let shape = self.in_place_shape::<T, B>(collective, buf, op)?;
         let ends = Ends {
             reads: Vec::new(),
             writes: vec![(BufKind::Output, buf.address_mut(), buf.count())],
         };
-        let shape = Shape::collective::<T>(collective.clone(), count, true, op);
         self.run::<T>(shape, ends, op)
     }
 
@@ -242,15 +221,7 @@ impl RankCommunicator {
         op: ReduceOp,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        self.check(collective)?;
-        if !collective.has_in_place() {
-            return Err(Error::InvalidArgument(format!(
-                "{} has no in-place form",
-                collective.name()
-            )));
-        }
-        let count = self.count_of(collective, None, Some(buf.count()), true)?;
-        self.placed(&*buf)?;
+        let shape = self.in_place_shape::<T, B>(collective, buf, op)?;
         let (rank, world) = (self.rank, self.world);
         let Inner::Gpu { exec, .. } = &mut self.inner else {
             return Err(Error::InvalidArgument(
@@ -259,7 +230,6 @@ impl RankCommunicator {
         };
         let (inputs, mut outputs) = (vec![0u64; world], vec![0u64; world]);
         outputs[rank] = buf.address_mut();
-        let shape = Shape::collective::<T>(collective.clone(), count, true, op);
         // SAFETY: `buf` is this rank's buffer on its GPU (`placed`), of the length the plan
         // declares (`count_of`); its lifetime until `stream` passes the call is our caller's
         // contract.
@@ -375,6 +345,26 @@ impl RankCommunicator {
         }
         let shape = Shape::collective::<T>(collective, 0, false, ReduceOp::Sum);
         self.run::<T>(shape, ends, ReduceOp::Sum)
+    }
+
+    /// The shape of `collective` in place on this rank's `buf`, after checking that it has an
+    /// in-place form, `buf`'s length and its placement.
+    fn in_place_shape<T: Element, B: BufferMut<T> + ?Sized>(
+        &self,
+        collective: &Collective,
+        buf: &B,
+        op: ReduceOp,
+    ) -> Result<Shape> {
+        self.check(collective)?;
+        if !collective.has_in_place() {
+            return Err(Error::InvalidArgument(format!(
+                "{} has no in-place form",
+                collective.name()
+            )));
+        }
+        let count = self.count_of(collective, None, Some(buf.count()), true)?;
+        self.placed(buf)?;
+        Ok(Shape::collective::<T>(collective.clone(), count, true, op))
     }
 
     /// What every call but send/recv checks first: a collective of its world (send/recv has

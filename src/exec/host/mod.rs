@@ -559,17 +559,7 @@ impl Drop for HostExecutor {
 /// A rank's thread: for each call, enqueue the rank's program onto its stream workers.
 fn host_rank_thread(mut handoff: Handoff, calls: Receiver<Arc<HostCall>>) {
     let rank = handoff.rank;
-    let workers: Vec<(Sender<Cmd>, JoinHandle<()>)> = StreamKind::ALL
-        .iter()
-        .map(|&stream| {
-            let (tx, rx) = crossbeam_channel::unbounded();
-            let handle = std::thread::Builder::new()
-                .name(format!("ringreduce-rank-{rank}-{stream:?}"))
-                .spawn(move || stream_worker(rank, stream, rx))
-                .expect("spawning a stream worker thread");
-            (tx, handle)
-        })
-        .collect();
+    let workers = stream_workers(rank).expect("spawning a stream worker thread");
     for call in calls {
         for (tx, _) in &workers {
             let _ = tx.send(Cmd::Begin(call.clone()));
@@ -612,6 +602,24 @@ fn host_rank_thread(mut handoff: Handoff, calls: Receiver<Arc<HostCall>>) {
     }
 }
 
+/// A worker thread for each stream of rank `rank`, in [`StreamKind::ALL`] order, with the
+/// channel that feeds it.
+fn stream_workers(rank: usize) -> Result<Vec<(Sender<Cmd>, JoinHandle<()>)>> {
+    StreamKind::ALL
+        .iter()
+        .map(|&stream| {
+            let (tx, rx) = crossbeam_channel::unbounded();
+            let handle = std::thread::Builder::new()
+                .name(format!("ringreduce-rank-{rank}-{stream:?}"))
+                .spawn(move || stream_worker(rank, stream, rx))
+                .map_err(|e| Error::Resource {
+                    what: format!("cannot start a stream worker: {e}"),
+                })?;
+            Ok((tx, handle))
+        })
+        .collect()
+}
+
 /// The rank thread's view of its workers while enqueuing one call.
 struct HostEnqueue<'a> {
     call: &'a HostCall,
@@ -620,26 +628,33 @@ struct HostEnqueue<'a> {
 
 impl Enqueue for HostEnqueue<'_> {
     fn enqueue(&mut self, index: usize, instr: &Instr) -> Result<()> {
-        let events = &self.call.prepared.events;
-        let cmd = match instr.op {
-            Op::Record(e) => Cmd::Record {
-                event: e.0,
-                generation: events[e.0].enqueued.fetch_add(1, Ordering::AcqRel) + 1,
-            },
-            Op::Wait(e) => match events[e.0].enqueued.load(Ordering::Acquire) {
-                // CUDA semantics: waiting on an event that was never recorded does nothing.
-                0 => return Ok(()),
-                target => Cmd::Wait {
-                    event: e.0,
-                    target,
-                    index,
-                },
-            },
-            _ => Cmd::Run { index },
-        };
-        self.workers[instr.stream.index()]
-            .0
-            .send(cmd)
-            .map_err(|_| Error::Closed)
+        match command(&self.call.prepared.events, index, instr) {
+            Some(cmd) => self.workers[instr.stream.index()]
+                .0
+                .send(cmd)
+                .map_err(|_| Error::Closed),
+            None => Ok(()),
+        }
     }
+}
+
+/// What a stream worker is told to do for instruction `index`, with CUDA's event semantics:
+/// a record takes the event's next generation; a wait captures the latest one enqueued, and a
+/// wait on an event never recorded does nothing (`None`).
+fn command(events: &[HostEvent], index: usize, instr: &Instr) -> Option<Cmd> {
+    Some(match instr.op {
+        Op::Record(e) => Cmd::Record {
+            event: e.0,
+            generation: events[e.0].enqueued.fetch_add(1, Ordering::AcqRel) + 1,
+        },
+        Op::Wait(e) => match events[e.0].enqueued.load(Ordering::Acquire) {
+            0 => return None,
+            target => Cmd::Wait {
+                event: e.0,
+                target,
+                index,
+            },
+        },
+        _ => Cmd::Run { index },
+    })
 }

@@ -37,8 +37,10 @@
 //! job, and only as the plan the checker proved says; each shared word has one writer.
 
 use super::shm::{process_alive, Segment};
-use super::stream::stream_worker;
-use super::{checked_host_plan, Cmd, HostCall, HostConfig, HostEvent, HostFolds, HostPlan, RawBuf};
+use super::{
+    checked_host_plan, command, stream_workers, Cmd, HostCall, HostConfig, HostEvent, HostFolds,
+    HostPlan, RawBuf,
+};
 use crate::element::{DType, Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::rendezvous::{push_text, text_of, Rendezvous, UniqueId};
@@ -431,19 +433,7 @@ impl ProcessRank {
         let control = control?;
         own.unlink();
         let control = with_own(control, rank, own);
-        let workers = StreamKind::ALL
-            .iter()
-            .map(|&stream| {
-                let (tx, rx) = crossbeam_channel::unbounded();
-                let handle = std::thread::Builder::new()
-                    .name(format!("ringreduce-rank-{rank}-{stream:?}"))
-                    .spawn(move || stream_worker(rank, stream, rx))
-                    .map_err(|e| Error::Resource {
-                        what: format!("cannot start a stream worker: {e}"),
-                    })?;
-                Ok((tx, handle))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let workers = stream_workers(rank)?;
         Ok(ProcessRank {
             rank,
             world,
@@ -688,30 +678,19 @@ impl ProcessRank {
                 .map_err(|_| Error::Closed)?;
         }
         for (index, instr) in plan.ranks[rank].iter().enumerate() {
-            let events = &call.prepared.events;
             let cmd = match instr.op {
-                Op::Record(e) => Cmd::Record {
-                    event: e.0,
-                    generation: events[e.0].enqueued.fetch_add(1, Ordering::AcqRel) + 1,
-                },
+                // Another process's event: its count in shared memory.
                 Op::Wait(e) if plan.events[e.0].rank != rank => {
-                    Cmd::WaitShared { event: e.0, index }
+                    Some(Cmd::WaitShared { event: e.0, index })
                 }
-                Op::Wait(e) => match events[e.0].enqueued.load(Ordering::Acquire) {
-                    // CUDA semantics: waiting on an event never recorded does nothing.
-                    0 => continue,
-                    target => Cmd::Wait {
-                        event: e.0,
-                        target,
-                        index,
-                    },
-                },
-                _ => Cmd::Run { index },
+                _ => command(&call.prepared.events, index, instr),
             };
-            self.workers[instr.stream.index()]
-                .0
-                .send(cmd)
-                .map_err(|_| Error::Closed)?;
+            if let Some(cmd) = cmd {
+                self.workers[instr.stream.index()]
+                    .0
+                    .send(cmd)
+                    .map_err(|_| Error::Closed)?;
+            }
         }
         for (tx, _) in &self.workers {
             tx.send(Cmd::End).map_err(|_| Error::Closed)?;
