@@ -1,7 +1,8 @@
 //! GPU ranks that each have their own communicator ([`RankCommunicator::gpu`]), one process per
 //! GPU as torchrun runs them: every algorithm of the all-reduce and every other collective,
-//! exact against the host reference, their memory crossing through CUDA IPC handles; two such
-//! ranks in one process are refused by name. On a one-GPU machine the ranks share GPU 0
+//! exact against the host reference (two and three processes), their memory crossing through
+//! CUDA IPC handles; calls on each process's own stream and in its CUDA graphs; a killed rank
+//! named; two such ranks in one process refused by name. On a one-GPU machine the ranks share GPU 0
 //! (`allow_shared_device`). A machine without a GPU waives them.
 
 use common::launch::{as_rank, expect_success, launch};
@@ -111,6 +112,24 @@ fn every_collective_on_this_gpu(
             values(op, root, per),
             "broadcast {algorithm:?}"
         );
+        // Reduce to the last rank, out of place: the root alone passes an output.
+        let input = GpuBuffer::from_host(device, &values(op, rank, per)).unwrap();
+        let mut out = (rank == root).then(|| GpuBuffer::<f32>::zeroed(device, per).unwrap());
+        comm.collective(&Collective::Reduce { root }, Some(&input), out.as_mut(), op)
+            .unwrap();
+        if let Some(out) = out {
+            let want: Vec<f32> = (0..per).map(|k| expected_value(op, world, k)).collect();
+            assert_eq!(out.to_host().unwrap(), want, "reduce {algorithm:?}");
+        }
+        // All-to-all: block j of this rank's output is block `rank` of rank j's input.
+        let input = GpuBuffer::from_host(device, &values(op, rank, world * per)).unwrap();
+        let mut out = GpuBuffer::<f32>::zeroed(device, world * per).unwrap();
+        comm.collective(&Collective::AllToAll, Some(&input), Some(&mut out), op)
+            .unwrap();
+        let want: Vec<f32> = (0..world)
+            .flat_map(|j| values(op, j, world * per)[rank * per..(rank + 1) * per].to_vec())
+            .collect();
+        assert_eq!(out.to_host().unwrap(), want, "all-to-all {algorithm:?}");
     }
     // Send/recv: every rank to the next.
     let mut comm =
@@ -176,12 +195,14 @@ fn gpu_ranks_as_processes_run_every_collective_exactly() {
     if two_gpus_or_shared().is_none() {
         return;
     }
-    let ranks = launch(
-        "gpu_ranks_as_processes_run_every_collective_exactly",
-        2,
-        |_| vec![],
-    );
-    expect_success(ranks, Duration::from_secs(300));
+    for world in [2, 3] {
+        let ranks = launch(
+            "gpu_ranks_as_processes_run_every_collective_exactly",
+            world,
+            |_| vec![],
+        );
+        expect_success(ranks, Duration::from_secs(300));
+    }
 }
 
 #[test]
@@ -245,7 +266,7 @@ fn a_gpu_rank_killed_mid_job_is_named_well_before_the_timeout() {
 
 /// One rank's part of the stream test: all-reduces ordered on this process's own stream between
 /// copies queued there, then a CUDA graph captured on it (copy in, all-reduce, copy out)
-/// replayed with new inputs each time, on `algorithm`.
+/// replayed 100 times with new inputs each time, on `algorithm`.
 fn streams_and_graphs_on_this_gpu(
     rank: usize,
     world: usize,
@@ -313,7 +334,7 @@ fn streams_and_graphs_on_this_gpu(
         .end_capture(sys::CUgraphInstantiate_flags(0))
         .unwrap()
         .expect("a graph");
-    for rep in 0..20 {
+    for rep in 0..100 {
         let data = input(rep + 10, rank);
         upload(src_at, &data);
         graph.launch().unwrap();
