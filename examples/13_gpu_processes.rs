@@ -42,7 +42,11 @@ fn run() -> ringreduce::Result<()> {
     };
     let mut comm = RankCommunicator::from_env_gpu(config)?;
     let (rank, world) = (comm.rank(), comm.world());
-    let device = if gpus >= world && gpus > 1 { env.local_rank } else { 0 };
+    let device = if gpus >= world && gpus > 1 {
+        env.local_rank
+    } else {
+        0
+    };
 
     let count = 1 << 20;
     let grads: Vec<f32> = (0..count)
