@@ -1,5 +1,7 @@
 //! `ringreduce info`: what this build and machine have — the version, how the reduce kernels
-//! were built, the CUDA driver and every GPU. Needs no GPU: without one it says why there is none.
+//! were built, the CUDA driver and every GPU, and how ranks in separate processes share memory
+//! (CUDA IPC for GPU ranks; /dev/shm, with its room, for host ranks). Needs no GPU: without one it
+//! says why there is none.
 
 use ringreduce::device;
 use ringreduce::exec::cuda as kernels;
@@ -14,6 +16,10 @@ pub fn run() -> Result<(), String> {
             if let Ok((major, minor)) = device::driver_version() {
                 out!("CUDA driver API: {major}.{minor}");
             }
+            out!(
+                "GPU ranks in separate processes share memory through: legacy CUDA IPC handles \
+                 (cuIpcGetMemHandle; the caller's buffers staged through memory each rank exports)"
+            );
             for d in device::devices().map_err(|e| e.to_string())? {
                 out!(
                     "GPU {}: {}, {:.1} GiB, {} SMs, sm_{}{}, PCI {}",
@@ -28,5 +34,29 @@ pub fn run() -> Result<(), String> {
             }
         }
     }
+    out!(
+        "host ranks in separate processes share memory through: /dev/shm ({})",
+        shm_room()
+    );
     Ok(())
+}
+
+/// The room in /dev/shm, where host ranks of separate processes keep their buffers (a
+/// container's is often 64 MB: too small for large messages, and said so by name when a call
+/// needs more).
+fn shm_room() -> String {
+    let path = c"/dev/shm";
+    // SAFETY: an all-zero statvfs is a valid value to be overwritten.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is NUL-terminated; `stat` is a live, writable statvfs.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut stat) } != 0 {
+        return format!("not available: {}", std::io::Error::last_os_error());
+    }
+    let unit = stat.f_frsize as f64;
+    let mib = |blocks: libc::fsblkcnt_t| blocks as f64 * unit / (1u64 << 20) as f64;
+    format!(
+        "{:.0} MiB free of {:.0} MiB",
+        mib(stat.f_bavail),
+        mib(stat.f_blocks)
+    )
 }

@@ -88,6 +88,13 @@ fn info_works_everywhere() {
     assert_no_panic("info", &out);
     assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
     assert!(text(&out.stdout).starts_with("ringreduce "));
+    // How ranks in separate processes share memory, and the room there.
+    assert!(
+        text(&out.stdout)
+            .contains("host ranks in separate processes share memory through: /dev/shm ("),
+        "{}",
+        text(&out.stdout)
+    );
 }
 
 #[test]
