@@ -73,14 +73,17 @@ pub(crate) trait Fabric: Send + Sync {
     /// How local rank `rank`'s context `ctx` (on this process's GPU `own`) reaches the GPU of a
     /// peer that reported `peer` ([`Reach`]), making it reachable where that takes a step in
     /// this process (enabling peer access between the two contexts). `Err` when that step
-    /// failed; the peer is then not reached.
+    /// failed; the peer is then not reached. Every fabric so far asks from this process
+    /// ([`reach_from_this_process`]): a peer's GPU found by its UUID among this process's.
     fn reach(
         &self,
-        rank: usize,
+        _rank: usize,
         ctx: &Arc<CudaContext>,
         own: &Identity,
         peer: &Identity,
-    ) -> Result<Reach>;
+    ) -> Result<Reach> {
+        reach_from_this_process(ctx, own, peer)
+    }
 
     /// Unmaps what this process imported from other processes, once nothing uses it (every
     /// local stream idle); left mapped when a stuck GPU may still use it.
@@ -170,19 +173,6 @@ impl Fabric for InProcess {
 
     fn lost_peer(&self) -> Option<usize> {
         None
-    }
-
-    /// In one process, a peer's GPU is one of this process's: found by its UUID, asked
-    /// `cuDeviceCanAccessPeer`, and reached by enabling access from this rank's context to that
-    /// GPU's primary context (the one the peer rank uses).
-    fn reach(
-        &self,
-        _rank: usize,
-        ctx: &Arc<CudaContext>,
-        own: &Identity,
-        peer: &Identity,
-    ) -> Result<Reach> {
-        reach_from_this_process(ctx, own, peer)
     }
 }
 
@@ -301,16 +291,6 @@ impl Fabric for Joined {
 
     fn lost_peer(&self) -> Option<usize> {
         (0..self.world).find(|&q| q != self.rank && !crate::exec::host::process_alive(self.pids[q]))
-    }
-
-    fn reach(
-        &self,
-        _rank: usize,
-        ctx: &Arc<CudaContext>,
-        own: &Identity,
-        peer: &Identity,
-    ) -> Result<Reach> {
-        reach_from_this_process(ctx, own, peer)
     }
 
     fn farewell(&self) -> Result<()> {

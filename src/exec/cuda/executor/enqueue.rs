@@ -88,7 +88,7 @@ fn next_call(calls: &Receiver<Arc<CudaCall>>) -> Option<Arc<CudaCall>> {
 }
 
 /// How often a rank waiting for its call asks the fabric whether a peer is lost.
-const WATCH_EVERY: Duration = Duration::from_millis(5);
+pub(super) const WATCH_EVERY: Duration = Duration::from_millis(5);
 
 /// Polls the rank's completion event until it fires, the call is aborted or the deadline passes.
 /// Spins for the first 200 µs (small messages finish in tens of µs), then yields the CPU between

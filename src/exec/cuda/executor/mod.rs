@@ -271,9 +271,6 @@ pub(crate) struct CudaExecutor {
     fabric: Arc<dyn Fabric>,
     /// The number of ranks, in this process or not.
     world: usize,
-    /// The caller's buffers are staged through memory each rank exports (copied in before a
-    /// call, out after): no peer of another process can reach them.
-    copy_callers: bool,
     /// This process's ranks' executors, in rank order (`ranks[0].rank()` is the first).
     ranks: Vec<RankExecutor>,
     threads: Vec<(Sender<Arc<CudaCall>>, JoinHandle<()>)>,
@@ -312,7 +309,7 @@ impl CudaExecutor {
         device::driver_available()?;
         check_devices(devices)?;
         let fabric = InProcess::new(devices.len());
-        CudaExecutor::build(Arc::new(fabric), devices, config, false)
+        CudaExecutor::build(Arc::new(fabric), devices, config)
     }
 
     /// Sets up this process's one rank of a job whose ranks met at `rendezvous`, each in a
@@ -327,7 +324,7 @@ impl CudaExecutor {
         device::driver_available()?;
         check_devices(&[device])?;
         let fabric = Joined::new(rendezvous, device)?;
-        CudaExecutor::build(Arc::new(fabric), &[device], config, true)
+        CudaExecutor::build(Arc::new(fabric), &[device], config)
     }
 
     /// The executor of the fabric's local ranks, on `devices` (one per local rank, in order).
@@ -335,7 +332,6 @@ impl CudaExecutor {
         fabric: Arc<dyn Fabric>,
         devices: &[usize],
         config: CudaConfig,
-        copy_callers: bool,
     ) -> Result<CudaExecutor> {
         debug_assert!(config.slots >= 1 && config.chunk_bytes != Some(0));
         // Loading kernels, creating streams, enabling peer access and probing edges may wait for
@@ -459,7 +455,6 @@ impl CudaExecutor {
         Ok(CudaExecutor {
             fabric,
             world,
-            copy_callers,
             ranks,
             threads,
             edges,
@@ -474,6 +469,13 @@ impl CudaExecutor {
             launch_blocked: std::sync::Mutex::new(None),
             launchers,
         })
+    }
+
+    /// Whether the caller's buffers are staged through memory each rank exports (copied in
+    /// before a call, out after): when some ranks live in other processes, which cannot reach
+    /// them.
+    fn copy_callers(&self) -> bool {
+        self.ranks.len() < self.world
     }
 
     pub(crate) fn devices(&self) -> Vec<usize> {
@@ -509,7 +511,7 @@ impl CudaExecutor {
     /// run through the host at a tenth of the link's speed. Staged edges touch only our own
     /// staging memory, and inputs are only read locally.
     pub(crate) fn prepare_buffers(&mut self, outputs: &[u64]) -> Result<()> {
-        if self.copy_callers {
+        if self.copy_callers() {
             return Ok(()); // the caller's buffers are staged through our own memory
         }
         let n = self.ranks.len();
@@ -638,7 +640,7 @@ impl CudaExecutor {
                 &dispatch,
                 shape.elem_bytes,
                 self.peers_ok,
-                self.copy_callers,
+                self.copy_callers(),
             )?;
             allocated.push(part);
             records.push(record);
@@ -749,7 +751,7 @@ impl CudaExecutor {
         if let Some(kernel) = peer_kernel {
             self.last_peer_kernel = kernel;
         }
-        if let (Some(kernel), false) = (peer_kernel, self.copy_callers) {
+        if let (Some(kernel), false) = (peer_kernel, self.copy_callers()) {
             let inputs = (!prepared.plan.in_place).then_some(inputs);
             self.open_peer_call(kernel, inputs, outputs)?;
         } else {
@@ -767,7 +769,7 @@ impl CudaExecutor {
             .map(|decl| caller_address(decl, inputs, outputs).unwrap_or(0))
             .collect::<Vec<u64>>();
         let (mut copies_in, mut copies_out) = (Vec::new(), Vec::new());
-        if self.copy_callers {
+        if self.copy_callers() {
             let (rank, own) = (self.ranks[0].rank(), &prepared.ranks[0]);
             for (buf, decl) in prepared.plan.buffers.iter().enumerate() {
                 if decl.rank != rank || !decl.kind.is_callers() || callers[buf] == 0 {

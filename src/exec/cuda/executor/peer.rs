@@ -256,7 +256,6 @@ impl CudaExecutor {
         outputs: &[u64],
     ) -> Result<()> {
         self.check_error_words()?;
-        self.last_peer_kernel = kernel;
         // The two-shot gathers from outputs; an in-place one-shot collective reads the caller's
         // one buffer (passed as the outputs).
         let inputs_read = inputs.filter(|_| kernel != PeerKernel::OneShotLl);

@@ -59,7 +59,7 @@ impl CudaExecutor {
         loop {
             // A lost peer of another process: give the calls up, as `wait_done` does.
             if Instant::now() >= next_watch {
-                next_watch = Instant::now() + Duration::from_millis(5);
+                next_watch = Instant::now() + super::enqueue::WATCH_EVERY;
                 if self.fabric.lost_peer().is_some() {
                     for r in &self.ranks {
                         r.res.give_up(crate::exec::cuda::kernels::ERR_PEER_LOST);
