@@ -2,7 +2,8 @@
 //! GPU as torchrun runs them: every algorithm of the all-reduce and every other collective,
 //! exact against the host reference (two and three processes), their memory crossing through
 //! CUDA IPC handles; calls on each process's own stream and in its CUDA graphs; a killed rank
-//! named; two such ranks in one process refused by name. On a one-GPU machine the ranks share GPU 0
+//! named; a mismatched call named on every rank; two such ranks in one process refused by
+//! name. On a one-GPU machine the ranks share GPU 0
 //! (`allow_shared_device`). A machine without a GPU waives them.
 
 use common::launch::{as_rank, expect_success, launch};
@@ -223,7 +224,27 @@ fn a_gpu_rank_killed_mid_job_is_named_well_before_the_timeout() {
         let mut buf = GpuBuffer::from_host(device, &vec![1.0f32; count]).unwrap();
         comm.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap();
         if env.rank == VICTIM {
-            // Gone while the other rank's next collective waits for it.
+            // Starts the next collective (the peers' start check passes), but on a stream held
+            // behind a gate that never opens, so that its part never runs; then it is gone while
+            // the other rank's kernels wait for it.
+            let ctx = ringreduce::device::context(device).unwrap();
+            let stream = ctx.new_stream().unwrap();
+            let gate = GpuBuffer::<u32>::zeroed(device, 1).unwrap();
+            ctx.bind_to_thread().unwrap();
+            // SAFETY: `gate` is a live device word of this context; the stream waits until it
+            // reaches 1, which never happens (the process is killed below).
+            let status = unsafe {
+                cudarc::driver::sys::cuStreamWaitValue32_v2(
+                    stream.cu_stream(),
+                    ringreduce::Buffer::address(&gate),
+                    1,
+                    cudarc::driver::sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+                )
+            };
+            assert_eq!(status, cudarc::driver::sys::CUresult::CUDA_SUCCESS);
+            // SAFETY: the process ends before `buf` could be freed.
+            unsafe { comm.enqueue_all_reduce_in_place_on(&mut buf, ReduceOp::Sum, &stream) }
+                .unwrap();
             std::thread::sleep(Duration::from_millis(500));
             let me = std::process::id().to_string();
             let _ = std::process::Command::new("kill")
@@ -262,6 +283,54 @@ fn a_gpu_rank_killed_mid_job_is_named_well_before_the_timeout() {
         assert!(!status.success(), "the victim killed itself");
         expect_success(ranks, Duration::from_secs(120));
     }
+}
+
+#[test]
+fn a_mismatched_gpu_call_is_a_named_error_on_every_rank_and_breaks_the_communicator() {
+    if let Some(env) = as_rank() {
+        let gpus = ringreduce::device_count().unwrap();
+        let device = if gpus >= env.world { env.rank } else { 0 };
+        let id = env.unique_id().unwrap();
+        let mut comm =
+            RankCommunicator::gpu(&id, env.rank, env.world, device, config(Algorithm::Auto))
+                .unwrap();
+        let mut buf = GpuBuffer::from_host(device, &[1.0f32; 64]).unwrap();
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap();
+        assert_eq!(buf.to_host().unwrap(), vec![env.world as f32; 64]);
+        // The second call's count differs on rank 1: nothing is enqueued, every rank is told.
+        let count = if env.rank == 1 { 65 } else { 64 };
+        let mut buf = GpuBuffer::from_host(device, &vec![1.0f32; count]).unwrap();
+        let started = std::time::Instant::now();
+        let err = comm
+            .all_reduce_in_place(&mut buf, ReduceOp::Sum)
+            .unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(5), "{err}");
+        match &err {
+            ringreduce::Error::CallMismatch { rank, theirs, .. } => {
+                assert_eq!(*rank, if env.rank == 1 { 0 } else { 1 }, "{err}");
+                assert!(theirs.contains("all-reduce"), "{err}");
+            }
+            other => panic!("rank {}: {other}", env.rank),
+        }
+        assert_eq!(buf.to_host().unwrap(), vec![1.0f32; count], "untouched");
+        let again = comm
+            .all_reduce_in_place(&mut buf, ReduceOp::Sum)
+            .unwrap_err();
+        assert!(
+            matches!(again, ringreduce::Error::CommunicatorFailed(_)),
+            "{again}"
+        );
+        return;
+    }
+    if two_gpus_or_shared().is_none() {
+        return;
+    }
+    let ranks = launch(
+        "a_mismatched_gpu_call_is_a_named_error_on_every_rank_and_breaks_the_communicator",
+        3,
+        |_| vec![],
+    );
+    expect_success(ranks, Duration::from_secs(120));
 }
 
 /// One rank's part of the stream test: all-reduces ordered on this process's own stream between

@@ -30,15 +30,19 @@ use cudarc::driver::CudaStream;
 use std::sync::Arc;
 
 /// One rank of a job whose ranks each have a communicator (module doc). Its calls block until
-/// the collective is complete on this rank, and every rank must make the same calls in the
-/// same order (host ranks check it: a rank whose call differs gets [`Error::CallMismatch`], as
-/// do its peers). A failed call (a peer's process gone, a timeout, a mismatch) leaves a host
-/// rank broken: later calls return [`Error::CommunicatorFailed`] at once; make a new one with a
-/// new id.
+/// the collective is complete on this rank (the `enqueue_*_on` calls, until enqueued), and
+/// every rank must make the same calls in the same order: each call starts by comparing its
+/// shape with every peer's, and a rank whose call differs gets [`Error::CallMismatch`], as do
+/// its peers. A call refused for its arguments (a length, a placement) changes nothing; one
+/// that failed across ranks (a peer's process gone, a timeout, a mismatch) leaves the
+/// communicator broken: later calls return [`Error::CommunicatorFailed`] at once; make a new
+/// one with a new id.
 pub struct RankCommunicator {
     rank: usize,
     world: usize,
     inner: Inner,
+    /// The failure that broke this communicator: every later call returns it at once.
+    broken: Option<Error>,
 }
 
 enum Inner {
@@ -76,6 +80,7 @@ impl RankCommunicator {
             rank,
             world,
             inner: Inner::Host(ProcessRank::join(id, rank, world, config)?),
+            broken: None,
         })
     }
 
@@ -100,12 +105,13 @@ impl RankCommunicator {
         let (algorithm, deterministic) = (config.algorithm, config.deterministic);
         let rendezvous =
             Rendezvous::join(id, rank, world, gpu_fingerprint(&config), config.timeout)?;
-        let exec = CudaExecutor::for_rank(rendezvous, device, config)?;
+        let exec = CudaExecutor::for_rank(rendezvous, id, device, config)?;
         super::check_deterministic_if(deterministic, algorithm, world, exec.peers_ok())?;
         Ok(RankCommunicator {
             rank,
             world,
             inner: Inner::Gpu { exec, device },
+            broken: None,
         })
     }
 
@@ -223,6 +229,7 @@ impl RankCommunicator {
     ) -> Result<()> {
         let shape = self.in_place_shape::<T, B>(collective, buf, op)?;
         let (rank, world) = (self.rank, self.world);
+        broken(&self.broken)?;
         let Inner::Gpu { exec, .. } = &mut self.inner else {
             return Err(Error::InvalidArgument(
                 "a host rank has no streams: the caller's stream needs a GPU rank".into(),
@@ -230,19 +237,21 @@ impl RankCommunicator {
         };
         let (inputs, mut outputs) = (vec![0u64; world], vec![0u64; world]);
         outputs[rank] = buf.address_mut();
-        // SAFETY: `buf` is this rank's buffer on its GPU (`placed`), of the length the plan
-        // declares (`count_of`); its lifetime until `stream` passes the call is our caller's
-        // contract.
-        unsafe {
-            exec.run::<T>(
-                shape,
-                &inputs,
-                &outputs,
-                op,
-                false,
-                Some(std::slice::from_ref(stream)),
-            )
-        }
+        guarded(&mut self.broken, || {
+            // SAFETY: `buf` is this rank's buffer on its GPU (`placed`), of the length the plan
+            // declares (`count_of`); its lifetime until `stream` passes the call is our
+            // caller's contract.
+            unsafe {
+                exec.run::<T>(
+                    shape,
+                    &inputs,
+                    &outputs,
+                    op,
+                    false,
+                    Some(std::slice::from_ref(stream)),
+                )
+            }
+        })
     }
 
     /// [`RankCommunicator::all_reduce_in_place`] ordered on the caller's `stream`: see
@@ -263,9 +272,10 @@ impl RankCommunicator {
     /// Waits for every collective this rank has enqueued (on a host rank, every call has
     /// completed already), with the first error they met — a peer lost meanwhile among them.
     pub fn synchronize(&mut self) -> Result<()> {
+        broken(&self.broken)?;
         match &mut self.inner {
             Inner::Host(_) => Ok(()),
-            Inner::Gpu { exec, .. } => exec.synchronize(),
+            Inner::Gpu { exec, .. } => guarded(&mut self.broken, || exec.synchronize()),
         }
     }
 
@@ -402,6 +412,8 @@ impl RankCommunicator {
 
     /// Runs the call of `shape` on this rank's `ends`.
     fn run<T: Element>(&mut self, shape: Shape, ends: Ends, op: ReduceOp) -> Result<()> {
+        broken(&self.broken)?;
+        let (rank, world) = (self.rank, self.world);
         match &mut self.inner {
             Inner::Host(inner) => {
                 // SAFETY: each address and length came from a `Buffer` in host memory (checked
@@ -421,29 +433,33 @@ impl RankCommunicator {
                         (kind, std::slice::from_raw_parts_mut(addr as *mut T, len))
                     })
                     .collect();
-                inner.run(shape, &reads, &mut writes, op)
+                guarded(&mut self.broken, || {
+                    inner.run(shape, &reads, &mut writes, op)
+                })
             }
             Inner::Gpu { exec, .. } => {
                 // The plan's caller buffers by address: rank r's input and output at index r,
                 // transfer i's ends at index i (`exec::caller_address`); this rank's alone.
                 let slots = match &shape.collective {
                     Collective::SendRecv { transfers } => transfers.len(),
-                    _ => self.world,
+                    _ => world,
                 };
                 let (mut inputs, mut outputs) = (vec![0u64; slots], vec![0u64; slots]);
                 for &(kind, addr, _) in ends.reads.iter().chain(&ends.writes) {
                     match kind {
-                        BufKind::Input => inputs[self.rank] = addr,
-                        BufKind::Output => outputs[self.rank] = addr,
+                        BufKind::Input => inputs[rank] = addr,
+                        BufKind::Output => outputs[rank] = addr,
                         BufKind::SendBuf(i) => inputs[i] = addr,
                         BufKind::RecvBuf(i) => outputs[i] = addr,
                         _ => {}
                     }
                 }
-                // SAFETY: every address is this rank's buffer on its GPU (`placed`), valid for
-                // the length the plan declares (`count_of`, `send_recv`), borrowed by our caller
-                // for this whole call, which waits for completion.
-                unsafe { exec.run_shape_on_main::<T>(shape, &inputs, &outputs, op, true, false) }
+                guarded(&mut self.broken, || {
+                    // SAFETY: every address is this rank's buffer on its GPU (`placed`), valid
+                    // for the length the plan declares (`count_of`, `send_recv`), borrowed by
+                    // our caller for this whole call, which waits for completion.
+                    unsafe { exec.run::<T>(shape, &inputs, &outputs, op, true, None) }
+                })
             }
         }
     }
@@ -510,6 +526,24 @@ impl RankCommunicator {
         }
         Ok(count)
     }
+}
+
+/// [`Error::CommunicatorFailed`] when a call broke the communicator (`broken`).
+fn broken(broken: &Option<Error>) -> Result<()> {
+    match broken {
+        Some(err) => Err(Error::CommunicatorFailed(Box::new(err.clone()))),
+        None => Ok(()),
+    }
+}
+
+/// Runs `call` (one that crosses ranks: its arguments were checked), keeping its failure in
+/// `broken`.
+fn guarded(broken: &mut Option<Error>, call: impl FnOnce() -> Result<()>) -> Result<()> {
+    let result = call();
+    if let Err(err) = &result {
+        broken.get_or_insert_with(|| err.clone());
+    }
+    result
 }
 
 /// What every GPU rank's configuration must share, as one number.

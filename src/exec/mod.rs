@@ -23,8 +23,10 @@ pub mod algorithm;
 pub mod config;
 pub mod cuda;
 pub mod host;
+pub(crate) mod job;
 pub mod profile;
 pub mod rendezvous;
+pub(crate) mod shm;
 
 pub(crate) use crate::error::panic_message;
 pub use algorithm::Algorithm;

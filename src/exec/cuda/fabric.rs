@@ -26,14 +26,16 @@
 
 use crate::device;
 use crate::error::{Error, Result};
+use crate::exec::job::{CallShape, Job};
 pub(crate) use crate::exec::rendezvous::push_text;
 use crate::exec::rendezvous::text_of;
-use crate::exec::rendezvous::Rendezvous;
+use crate::exec::rendezvous::{Rendezvous, UniqueId};
 use crate::topo;
 use cudarc::driver::CudaContext;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// A record a rank contributes to an all-gather: a few 64-bit words.
 pub(crate) type Record = Vec<u64>;
@@ -67,8 +69,24 @@ pub(crate) trait Fabric: Send + Sync {
     /// `handle`.
     fn import(&self, rank: usize, from: usize, handle: &[u64]) -> Result<u64>;
 
-    /// A rank the fabric knows is gone, if any.
-    fn lost_peer(&self) -> Option<usize>;
+    /// A peer the fabric knows is gone or failed, as the error that names it, if any.
+    fn lost_peer(&self) -> Option<Error>;
+
+    /// Starts this process's rank's next call, of `shape`, across the job: every rank's call
+    /// must have the same shape ([`Error::CallMismatch`] otherwise, on every rank), checked by
+    /// `deadline` (`timeout` after the call began). In one process there is nothing to do: the
+    /// driver validates every rank's call.
+    fn start_call(&self, _shape: CallShape, _deadline: Instant, _timeout: Duration) -> Result<()> {
+        Ok(())
+    }
+
+    /// This process's rank finished its part of its latest call: its process may end without
+    /// failing slower peers.
+    fn finished(&self) {}
+
+    /// This process's rank's latest call failed with `err`: tells the peers, whose waits then
+    /// fail naming the rank to blame.
+    fn fail(&self, _err: &Error) {}
 
     /// How local rank `rank`'s context `ctx` (on this process's GPU `own`) reaches the GPU of a
     /// peer that reported `peer` ([`Reach`]), making it reachable where that takes a step in
@@ -171,7 +189,7 @@ impl Fabric for InProcess {
         }
     }
 
-    fn lost_peer(&self) -> Option<usize> {
+    fn lost_peer(&self) -> Option<Error> {
         None
     }
 }
@@ -179,8 +197,9 @@ impl Fabric for InProcess {
 /// The fabric of one rank that met its peers at a rendezvous ([`Rendezvous`]), each in a
 /// process of its own. Records travel through the rendezvous; memory is exported as a CUDA IPC
 /// handle of its allocation and the address's offset in it (`device::export_handle`), and a
-/// peer imports it by opening the handle (once per allocation; closed with the communicator). A
-/// peer whose process is gone is lost. Pinned host memory cannot cross processes yet: staged
+/// peer imports it by opening the handle (once per allocation; closed with the communicator).
+/// The ranks share the job's control words (`exec::job`): every call starts with their shape
+/// check, and a peer that failed its call or whose process is gone is lost. Pinned host memory cannot cross processes yet: staged
 /// edges and host mailboxes (GPUs without peer access) are refused by name.
 ///
 /// Two ranks in one process are refused: this crate's gate (`device::gate`) keeps a process's
@@ -191,8 +210,8 @@ pub(crate) struct Joined {
     rank: usize,
     world: usize,
     rendezvous: Mutex<Rendezvous>,
-    /// Every rank's process id.
-    pids: Vec<u32>,
+    /// The job's control words: call shapes, aborts, every rank's process.
+    job: Job,
     /// This rank's context: where imported memory is mapped.
     ctx: Arc<CudaContext>,
     /// Allocations of other processes opened here, by handle: their base address.
@@ -200,14 +219,11 @@ pub(crate) struct Joined {
 }
 
 impl Joined {
-    /// The fabric of the rank that `rendezvous` joined, on its context `ctx`: learns every
-    /// rank's process (an all-gather).
-    pub(crate) fn new(mut rendezvous: Rendezvous, device: usize) -> Result<Joined> {
-        let records = rendezvous.all_gather(&[u64::from(std::process::id())])?;
-        let pids: Vec<u32> = records
-            .iter()
-            .map(|r| r.first().map_or(0, |&p| p as u32))
-            .collect();
+    /// The fabric of the rank that `rendezvous` joined (the job `id` names), on this process's
+    /// GPU `device`: maps the job's control words, which name every rank's process.
+    pub(crate) fn new(mut rendezvous: Rendezvous, id: &UniqueId, device: usize) -> Result<Joined> {
+        let job = Job::join(&mut rendezvous, id)?;
+        let pids = job.pids().clone();
         let rank = rendezvous.rank();
         if let Some(other) = (0..pids.len()).find(|&q| q != rank && pids[q] == pids[rank]) {
             return Err(Error::InvalidArgument(format!(
@@ -221,7 +237,7 @@ impl Joined {
             rank: rendezvous.rank(),
             world: rendezvous.world(),
             rendezvous: Mutex::new(rendezvous),
-            pids,
+            job,
             ctx,
             opened: Mutex::new(HashMap::new()),
         })
@@ -289,8 +305,20 @@ impl Fabric for Joined {
         Ok(base + offset)
     }
 
-    fn lost_peer(&self) -> Option<usize> {
-        (0..self.world).find(|&q| q != self.rank && !crate::exec::host::process_alive(self.pids[q]))
+    fn lost_peer(&self) -> Option<Error> {
+        self.job.failed_peer()
+    }
+
+    fn start_call(&self, shape: CallShape, deadline: Instant, timeout: Duration) -> Result<()> {
+        self.job.start_call(shape, deadline, timeout).map(drop)
+    }
+
+    fn finished(&self) {
+        self.job.finished(self.job.seq());
+    }
+
+    fn fail(&self, err: &Error) {
+        self.job.abort_peers(err);
     }
 
     fn farewell(&self) -> Result<()> {

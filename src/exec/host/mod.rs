@@ -20,9 +20,6 @@
 
 mod fold;
 pub(crate) mod process;
-mod shm;
-
-pub(crate) use shm::process_alive;
 mod stream;
 
 use self::fold::HostFolds;

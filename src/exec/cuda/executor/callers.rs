@@ -7,10 +7,12 @@ use super::{capture, CudaExecutor};
 use crate::device;
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
+use crate::exec::job::CallShape;
 use crate::exec::Shape;
 use crate::plan::StreamKind;
 use cudarc::driver::CudaStream;
 use std::sync::Arc;
+use std::time::Instant;
 
 impl CudaExecutor {
     /// Runs one collective of `shape` over device buffers (addresses laid out as
@@ -29,7 +31,42 @@ impl CudaExecutor {
     /// completion rules make exact. Events made once per rank; no host synchronisation. When the
     /// caller's streams are being captured, the collective becomes part of the caller's
     /// graph(s) (module `capture`).
+    ///
+    /// Over a fabric between processes, the call first meets its peers' (`Fabric::start_call`:
+    /// the same shape on every rank, or [`Error::CallMismatch`] before anything is enqueued);
+    /// a failure is told to the peers (`Fabric::fail`), and a blocking call's completion too.
     pub(crate) unsafe fn run<T: Element>(
+        &mut self,
+        shape: Shape,
+        inputs: &[u64],
+        outputs: &[u64],
+        op: ReduceOp,
+        wait_complete: bool,
+        caller: Option<&[Arc<CudaStream>]>,
+    ) -> Result<()> {
+        let timeout = self.config.timeout;
+        let started = self.fabric.start_call(
+            CallShape::of(&shape, T::DTYPE, op),
+            Instant::now() + timeout,
+            timeout,
+        );
+        // SAFETY: our caller's contract, passed on.
+        let result = started.and_then(|()| unsafe {
+            self.run_fenced::<T>(shape, inputs, outputs, op, wait_complete, caller)
+        });
+        match &result {
+            Err(err) => self.fabric.fail(err),
+            Ok(()) if wait_complete => self.fabric.finished(),
+            Ok(()) => {}
+        }
+        result
+    }
+
+    /// [`CudaExecutor::run`] once the call has started across the job.
+    ///
+    /// # Safety
+    /// As for [`CudaExecutor::run`].
+    unsafe fn run_fenced<T: Element>(
         &mut self,
         shape: Shape,
         inputs: &[u64],

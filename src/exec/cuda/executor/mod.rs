@@ -70,7 +70,7 @@ use crate::element::{DType, Element, ReduceOp};
 use crate::error::{Error, Result};
 pub use crate::exec::config::Transport;
 use crate::exec::profile::{self, HostPhase};
-use crate::exec::rendezvous::Rendezvous;
+use crate::exec::rendezvous::{Rendezvous, UniqueId};
 use crate::exec::{caller_address, Algorithm, PlanCache, Shape};
 use crate::plan::{BufKind, Collective, EdgeTransport, Op, Plan, StreamKind};
 use crossbeam_channel::Sender;
@@ -318,12 +318,13 @@ impl CudaExecutor {
     /// (`copy_callers`), since no peer can reach them.
     pub(crate) fn for_rank(
         rendezvous: Rendezvous,
+        id: &UniqueId,
         device: usize,
         config: CudaConfig,
     ) -> Result<CudaExecutor> {
         device::driver_available()?;
         check_devices(&[device])?;
-        let fabric = Joined::new(rendezvous, device)?;
+        let fabric = Joined::new(rendezvous, id, device)?;
         CudaExecutor::build(Arc::new(fabric), &[device], config)
     }
 
@@ -859,11 +860,7 @@ impl CudaExecutor {
                     call.abort.store(true, Ordering::Release);
                     self.settle_streams(call.deadline);
                     if let Some(lost) = self.fabric.lost_peer() {
-                        first_error.get_or_insert(Error::RankFailed {
-                            rank: lost,
-                            during: "a collective".into(),
-                            message: "the rank is gone".into(),
-                        });
+                        first_error.get_or_insert(lost);
                     }
                     return Err(
                         first_error.unwrap_or(Error::Timeout {

@@ -290,17 +290,11 @@ impl CudaExecutor {
                 None => {}
                 Some(KernelFailure::CounterWait) => return Err(self.counter_timeout(local, code)),
                 Some(KernelFailure::PeerLost) => {
-                    let lost = self.fabric.lost_peer();
-                    return Err(Error::RankFailed {
-                        rank: lost.unwrap_or(rank),
+                    return Err(self.fabric.lost_peer().unwrap_or(Error::RankFailed {
+                        rank,
                         during: "a collective across processes".into(),
-                        message: match lost {
-                            Some(_) => {
-                                "its process is gone; the other ranks gave the call up".into()
-                            }
-                            None => "a peer was lost; this rank gave the call up".into(),
-                        },
-                    });
+                        message: "a peer was lost; this rank gave the call up".into(),
+                    }));
                 }
                 Some(KernelFailure::GaveUp { kernel, at }) => {
                     let kernel = kernel.unwrap_or(self.last_peer_kernel);

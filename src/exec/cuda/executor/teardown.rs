@@ -21,11 +21,16 @@ impl CudaExecutor {
     /// reports what the GPUs left: a CUDA error of queued work, a peer kernel's barrier
     /// timeout, or [`Error::Timeout`] naming a GPU that is still busy after the timeout.
     pub(crate) fn synchronize(&self) -> Result<()> {
-        self.wait_idle(self.config.timeout)?;
-        profile::mark(HostPhase::Wait);
-        self.check_error_words()?;
+        let result = self.wait_idle(self.config.timeout).and_then(|()| {
+            profile::mark(HostPhase::Wait);
+            self.check_error_words()
+        });
         profile::mark(HostPhase::Check);
-        Ok(())
+        match &result {
+            Err(err) => self.fabric.fail(err),
+            Ok(()) => self.fabric.finished(),
+        }
+        result
     }
 
     /// What the GPUs report without waiting: a peer kernel's barrier timeout, or an error of

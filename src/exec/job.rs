@@ -1,0 +1,439 @@
+//! The control words of a job with one process per rank, whatever executes its plans (host ranks
+//! or GPU ranks): each rank's pid, the call it started last with that call's shape, the call it
+//! finished last, and an abort word — one small shared-memory segment per rank (module `shm`)
+//! that every peer maps.
+//!
+//! - **Every call starts** by publishing its shape ([`CallShape`]: collective, root or
+//!   transfers, count, type, operator, in place) and the job call number, then waiting until every
+//!   peer has started the same call and comparing shapes: ranks that make different calls all get
+//!   [`Error::CallMismatch`], before anything is enqueued — never a hang or a wrong result. Two
+//!   shape slots, by the call number's parity, suffice: a rank starts call k + 1 only once every
+//!   peer has started call k, so no peer still reads the slot of call k − 1 when it is rewritten.
+//! - **A failure** sets the rank's abort word to the call's number and the rank blamed; every
+//!   peer sees it in its next poll and fails naming that rank (so does a peer's next call: a rank
+//!   that failed is broken and never starts it).
+//! - **A dead peer** — gone, or a zombie, before it finished the call — is seen by its pid
+//!   within a few milliseconds of any wait, and named ([`Error::RankFailed`]).
+//!
+//! Invariant: each shared word has one writer (its rank); the words only grow, except the shape
+//! slots, written only by their rank between two starts.
+
+use super::rendezvous::{push_text, text_of, Rendezvous, UniqueId};
+use super::shm::{process_alive, Segment};
+use super::Shape;
+use crate::element::{DType, ReduceOp};
+use crate::error::{Error, Result};
+use crate::plan::Collective;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+// The words of a rank's control segment.
+/// The job call number this rank finished last (its part done, its outputs its own): a peer
+/// whose process is gone after finishing the call a rank waits in did not fail it.
+const DONE: usize = 0;
+/// `(call << 16) | (blamed rank + 1)` of the last call this rank failed; 0: none.
+const ABORT: usize = 1;
+/// The job call number this rank started last.
+const STARTED: usize = 2;
+/// Two slots of [`SHAPE_WORDS`], by the call number's parity: the shape of that call.
+const SHAPE: usize = 3;
+const SHAPE_WORDS: usize = 6;
+const CONTROL_WORDS: usize = SHAPE + 2 * SHAPE_WORDS;
+
+/// How often a wait reads its peers' liveness (a `/proc` read per peer).
+const LIVENESS_EVERY: Duration = Duration::from_millis(5);
+
+/// A word of a mapped segment.
+///
+/// # Safety
+/// `base` is a live mapping of at least `(i + 1) * 8` bytes, 8-aligned, that outlives `'a`.
+pub(crate) unsafe fn word<'a>(base: *mut u8, i: usize) -> &'a AtomicU64 {
+    // SAFETY: the caller's contract; `AtomicU64` has the size and alignment of a u64, and every
+    // process accesses these words only atomically.
+    unsafe { &*base.cast::<AtomicU64>().add(i) }
+}
+
+/// A call's shape as words, compared across ranks at its start (module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CallShape([u64; SHAPE_WORDS]);
+
+impl CallShape {
+    /// The shape of a call of `shape` on elements of `dtype` reduced by `op`.
+    pub(crate) fn of(shape: &Shape, dtype: DType, op: ReduceOp) -> CallShape {
+        let (kind, root) = match shape.collective {
+            Collective::AllReduce => (1, 0),
+            Collective::ReduceScatter => (2, 0),
+            Collective::AllGather => (3, 0),
+            Collective::Broadcast { root } => (4, root as u64),
+            Collective::Reduce { root } => (5, root as u64),
+            Collective::AllToAll => (6, 0),
+            Collective::SendRecv { ref transfers } => {
+                // The transfers, folded into one word (FNV-1a over their numbers): every rank
+                // must name the same list.
+                let folded = transfers.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, t| {
+                    [t.from, t.to, t.count].iter().fold(h, |h, &x| {
+                        (h ^ x as u64).wrapping_mul(0x0000_0100_0000_01b3)
+                    })
+                });
+                (7, folded)
+            }
+        };
+        let reduces = shape.collective.reduces();
+        CallShape([
+            kind,
+            root,
+            shape.count as u64,
+            DType::ALL
+                .iter()
+                .position(|&d| d == dtype)
+                .map_or(u64::MAX, |i| i as u64),
+            if reduces { op as u64 + 1 } else { 0 },
+            u64::from(shape.in_place),
+        ])
+    }
+
+    /// The shape for people.
+    fn describe(&self) -> String {
+        let w = &self.0;
+        let name = match w[0] {
+            1 => "all-reduce",
+            2 => "reduce-scatter",
+            3 => "all-gather",
+            4 => "broadcast",
+            5 => "reduce",
+            6 => "all-to-all",
+            7 => "send/recv",
+            _ => "nothing",
+        };
+        let root = match w[0] {
+            4 | 5 => format!(" from root {}", w[1]),
+            7 => format!(" of transfers {:016x}", w[1]),
+            _ => String::new(),
+        };
+        let dtype = DType::ALL
+            .get(w[3] as usize)
+            .map_or_else(|| "?".to_string(), |d| format!("{d:?}"));
+        format!(
+            "{name}{root} of {} elements of {dtype}{}{}",
+            w[2],
+            match w[4] {
+                0 => String::new(),
+                op => format!(", operator {}", op - 1),
+            },
+            if w[5] == 1 { ", in place" } else { "" }
+        )
+    }
+}
+
+/// The control words of one rank's job, mapped (module doc).
+pub(crate) struct Job {
+    rank: usize,
+    /// Names of this job's segments start with this.
+    prefix: String,
+    /// Every rank's control segment, by rank.
+    control: Arc<Vec<Segment>>,
+    /// Every rank's process id.
+    pids: Arc<Vec<u32>>,
+    /// The job call number this rank started last, from 1 (its own `STARTED` word).
+    seq: AtomicU64,
+}
+
+impl Job {
+    /// The job of the ranks `rendezvous` met (`id` names it): every rank's pid and host (one
+    /// host: [`Error::SeveralHosts`] otherwise), then every rank's control segment mapped here.
+    pub(crate) fn join(rendezvous: &mut Rendezvous, id: &UniqueId) -> Result<Job> {
+        let rank = rendezvous.rank();
+        let mut record = vec![u64::from(std::process::id())];
+        push_text(&mut record, &host_id());
+        let records = rendezvous.all_gather(&record)?;
+        let pids: Vec<u32> = records
+            .iter()
+            .map(|r| r.first().map_or(0, |&p| p as u32))
+            .collect();
+        let hosts: Vec<String> = records
+            .iter()
+            .map(|r| match r.get(1..) {
+                Some([len, words @ ..]) => text_of(*len as usize, words),
+                _ => String::new(),
+            })
+            .collect();
+        if let Some(other) = hosts.iter().position(|h| *h != hosts[0]) {
+            return Err(Error::SeveralHosts {
+                rank: other,
+                host: hosts[other].clone(),
+                rank0_host: hosts[0].clone(),
+            });
+        }
+        // The names of the job's segments carry the id and rank 0's pid.
+        let prefix = format!("/ringreduce-{}-{}", id.tag(), pids[0]);
+        let control_name = |q: usize| format!("{prefix}-r{q}-ctl");
+        let own = Segment::create(&control_name(rank), CONTROL_WORDS * 8);
+        let control = share_segments(rendezvous, rank, own.is_ok(), |q| {
+            Segment::open(&control_name(q), CONTROL_WORDS * 8)
+        });
+        let mut own = own?;
+        let control = control?;
+        own.unlink();
+        Ok(Job {
+            rank,
+            prefix,
+            control: Arc::new(with_own(control, rank, own)),
+            pids: Arc::new(pids),
+            seq: AtomicU64::new(0),
+        })
+    }
+
+    /// Every rank's process id, by rank.
+    pub(crate) fn pids(&self) -> &Arc<Vec<u32>> {
+        &self.pids
+    }
+
+    /// Every rank's control segment, by rank (for a call's waits: [`peer_failure`]).
+    pub(crate) fn control(&self) -> &Arc<Vec<Segment>> {
+        &self.control
+    }
+
+    /// The prefix of every name of this job's shared memory.
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The job call number this rank started last (0 before its first).
+    pub(crate) fn seq(&self) -> u64 {
+        self.seq.load(Ordering::Relaxed)
+    }
+
+    fn control_word(&self, rank: usize, i: usize) -> &AtomicU64 {
+        // SAFETY: every control segment is CONTROL_WORDS words, mapped while `self` lives.
+        unsafe { word(self.control[rank].base(), i) }
+    }
+
+    /// Publishes the next call's shape and waits (until `deadline`, `timeout` after the call
+    /// began) until every peer has started the same call, then compares their shapes with it.
+    /// Returns the call's number.
+    pub(crate) fn start_call(
+        &self,
+        shape: CallShape,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<u64> {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let rank = self.rank;
+        let slot = SHAPE + (seq % 2) as usize * SHAPE_WORDS;
+        for (i, w) in shape.0.iter().enumerate() {
+            self.control_word(rank, slot + i)
+                .store(*w, Ordering::Relaxed);
+        }
+        self.control_word(rank, STARTED)
+            .store(seq, Ordering::Release);
+        let start = Instant::now();
+        let mut next_liveness = start;
+        for q in (0..self.control.len()).filter(|&q| q != rank) {
+            while self.control_word(q, STARTED).load(Ordering::Acquire) < seq {
+                if let Err(failure) =
+                    peer_failure(&self.control, &self.pids, rank, seq, &mut next_liveness)
+                {
+                    // A peer that aborted this call had started it: a mismatch with it (or with
+                    // any peer that started) is the cause every rank names alike.
+                    return Err(self.mismatch(seq, shape).unwrap_or(failure));
+                }
+                if Instant::now() >= deadline {
+                    return Err(Error::Timeout {
+                        rank: q,
+                        waiting_on: format!("did not start call {seq} (rank {rank} waited for it)"),
+                        after: timeout,
+                    });
+                }
+                backoff(start.elapsed());
+            }
+        }
+        match self.mismatch(seq, shape) {
+            Some(err) => Err(err),
+            None => Ok(seq),
+        }
+    }
+
+    /// The first peer that started call `seq` with another shape than `shape`, as the error.
+    fn mismatch(&self, seq: u64, shape: CallShape) -> Option<Error> {
+        let slot = SHAPE + (seq % 2) as usize * SHAPE_WORDS;
+        (0..self.control.len())
+            .filter(|&q| q != self.rank)
+            .filter(|&q| self.control_word(q, STARTED).load(Ordering::Acquire) >= seq)
+            .find_map(|q| {
+                let mut theirs = [0u64; SHAPE_WORDS];
+                for (i, w) in theirs.iter_mut().enumerate() {
+                    *w = self.control_word(q, slot + i).load(Ordering::Relaxed);
+                }
+                (theirs != shape.0).then(|| Error::CallMismatch {
+                    rank: q,
+                    theirs: CallShape(theirs).describe(),
+                    this: self.rank,
+                    ours: shape.describe(),
+                })
+            })
+    }
+
+    /// This rank's part of call `seq` is done: its process may end now without failing slower
+    /// peers.
+    pub(crate) fn finished(&self, seq: u64) {
+        self.control_word(self.rank, DONE)
+            .fetch_max(seq, Ordering::Release);
+    }
+
+    /// Tells every peer that this rank's latest call failed with `err`, blaming the rank `err`
+    /// names if it is a peer's failure seen here, else this rank.
+    pub(crate) fn abort_peers(&self, err: &Error) {
+        abort_peers(&self.control, self.rank, self.seq(), err);
+    }
+
+    /// A peer's failure that dooms this rank's latest call ([`peer_failure`]), looked at now.
+    pub(crate) fn failed_peer(&self) -> Option<Error> {
+        let mut now = Instant::now();
+        peer_failure(&self.control, &self.pids, self.rank, self.seq(), &mut now).err()
+    }
+}
+
+/// Sets `rank`'s abort word for job call `seq` (module doc), blaming the rank `err` names if it
+/// is a peer's failure, else `rank`.
+pub(crate) fn abort_peers(control: &[Segment], rank: usize, seq: u64, err: &Error) {
+    let blamed = match err {
+        Error::RankFailed { rank: q, .. } if *q != rank => *q,
+        _ => rank,
+    };
+    // SAFETY: control segments of CONTROL_WORDS words, mapped while `control` lives.
+    unsafe { word(control[rank].base(), ABORT) }
+        .store((seq << 16) | (blamed as u64 + 1), Ordering::Release);
+}
+
+/// A peer's failure that dooms job call `seq`, as the error this rank reports: its abort word
+/// names this call or the one before (a rank that failed the previous call is broken and never
+/// starts this one), or its process is gone before it finished this call. Liveness is looked at
+/// every few milliseconds, when `next_liveness` has passed.
+pub(crate) fn peer_failure(
+    control: &[Segment],
+    pids: &[u32],
+    rank: usize,
+    seq: u64,
+    next_liveness: &mut Instant,
+) -> Result<()> {
+    // SAFETY: control segments of CONTROL_WORDS words, mapped while `control` lives.
+    let read = |q: usize, i: usize| unsafe { word(control[q].base(), i) }.load(Ordering::Acquire);
+    for q in (0..control.len()).filter(|&q| q != rank) {
+        let abort = read(q, ABORT);
+        if abort != 0 && (abort >> 16) + 1 >= seq {
+            let blamed = ((abort & 0xffff) as usize).saturating_sub(1);
+            return Err(Error::RankFailed {
+                rank: blamed,
+                during: "a collective across processes".into(),
+                message: format!("rank {q} aborted call {}", abort >> 16),
+            });
+        }
+    }
+    let now = Instant::now();
+    if now >= *next_liveness {
+        *next_liveness = now + LIVENESS_EVERY;
+        let gone = |q: usize| q != rank && read(q, DONE) < seq && !process_alive(pids[q]);
+        if let Some(q) = (0..pids.len()).find(|&q| gone(q)) {
+            return Err(Error::RankFailed {
+                rank: q,
+                during: "a collective across processes".into(),
+                message: format!("its process (pid {}) is gone", pids[q]),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// How long a poll rests after `waited` so far: spinning briefly, then sleeping longer, up to a
+/// millisecond.
+pub(crate) fn backoff(waited: Duration) {
+    if waited < Duration::from_micros(50) {
+        std::hint::spin_loop();
+    } else if waited < Duration::from_millis(2) {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(
+            Duration::from_micros(200)
+                .max(waited / 64)
+                .min(Duration::from_millis(1)),
+        );
+    }
+}
+
+/// Every rank's segment, mapped here, with this rank's slot empty for its own: this rank made
+/// its own (`made` says whether that succeeded); the ranks tell each other whether they did,
+/// then map every peer's with `open`, and tell each other again — so a rank that failed is
+/// named on every rank, and no rank unlinks its name before every peer has mapped it.
+pub(crate) fn share_segments(
+    rendezvous: &mut Rendezvous,
+    rank: usize,
+    made: bool,
+    open: impl Fn(usize) -> Result<Segment>,
+) -> Result<Vec<Option<Segment>>> {
+    let verdict = |records: Vec<Vec<u64>>, during: &str| -> Result<()> {
+        match records.iter().position(|r| r.first() != Some(&0)) {
+            Some(q) => Err(Error::RankFailed {
+                rank: q,
+                during: during.into(),
+                message: "it could not make or map its shared memory (its own error says why)"
+                    .into(),
+            }),
+            None => Ok(()),
+        }
+    };
+    verdict(
+        rendezvous.all_gather(&[u64::from(!made)])?,
+        "making shared memory",
+    )?;
+    let mut mapped = Vec::with_capacity(rendezvous.world());
+    let mut failed = None;
+    for q in 0..rendezvous.world() {
+        if q == rank {
+            mapped.push(None);
+            continue;
+        }
+        match open(q) {
+            Ok(s) => mapped.push(Some(s)),
+            Err(e) => {
+                mapped.push(None);
+                failed.get_or_insert(e);
+            }
+        }
+    }
+    let told = rendezvous.all_gather(&[u64::from(failed.is_some())]);
+    // This rank's own failure says most; then a peer's, by name.
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    verdict(told?, "mapping shared memory")?;
+    Ok(mapped)
+}
+
+/// The segments with this rank's own in its slot.
+pub(crate) fn with_own(
+    mut segments: Vec<Option<Segment>>,
+    rank: usize,
+    own: Segment,
+) -> Vec<Segment> {
+    segments[rank] = Some(own);
+    segments.into_iter().flatten().collect()
+}
+
+/// The host this rank reports: `RINGREDUCE_HOST_ID` when set (so that one machine can stand in
+/// for several), else the host name.
+fn host_id() -> String {
+    if let Ok(id) = std::env::var("RINGREDUCE_HOST_ID") {
+        return id;
+    }
+    let mut buf = [0u8; 256];
+    // SAFETY: `buf` is 256 writable bytes and that is the length passed; the result is
+    // NUL-terminated within it on success (truncated names are not NUL-terminated: the last
+    // byte is forced to 0 below).
+    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len() - 1) } == 0;
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len() - 1);
+    match ok {
+        true => String::from_utf8_lossy(&buf[..end]).into_owned(),
+        false => "unknown host".into(),
+    }
+}
