@@ -3,6 +3,7 @@
 # 64 MiB; scripts/stage.sh stages everything, ~140 MiB).
 #
 #   scripts/gpu-pack.sh DIR [TEST ...]     # default tests: every GPU suite
+#   EXAMPLES='13_gpu_processes' scripts/gpu-pack.sh DIR TEST   # also those examples
 #
 # Builds the CLI and the named integration tests (tests/TEST.rs; `lib`: the library's unit tests) with nvcc (the kernels as an
 # embedded fatbin; RINGREDUCE_REQUIRE_NVCC=1 makes a build without nvcc fail rather than fall back
@@ -24,6 +25,11 @@ RINGREDUCE_COMMIT=$(git rev-parse --short=12 HEAD)
 cargo build --release -q -p ringreduce-cli
 rm -rf "$out/bin" && mkdir -p "$out/bin"
 cp target/release/ringreduce scripts/gpu-suite.sh scripts/gpu-counts.sh "$out/bin/"
+# Examples named in EXAMPLES (space-separated), as DIR/bin/NAME.
+for e in ${EXAMPLES:-}; do
+  cargo build --release -q --example "$e"
+  cp "target/release/examples/$e" "$out/bin/"
+done
 for t in "${tests[@]}"; do
   # The executable cargo just built for this test: the path it prints as JSON.
   # `lib` is the library's own unit tests (the device layer's among them).

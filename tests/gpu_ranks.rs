@@ -196,11 +196,13 @@ fn gpu_ranks_as_processes_run_every_collective_exactly() {
     if two_gpus_or_shared().is_none() {
         return;
     }
-    for world in [2, 3] {
+    // Memory shared by file descriptors where the driver can (the default), and by legacy IPC
+    // handles (what a driver without them gets).
+    for (world, sharing) in [(2, "default"), (3, "default"), (2, "legacy")] {
         let ranks = launch(
             "gpu_ranks_as_processes_run_every_collective_exactly",
             world,
-            |_| vec![],
+            |_| vec![("RINGREDUCE_IPC".into(), sharing.into())],
         );
         expect_success(ranks, Duration::from_secs(300));
     }

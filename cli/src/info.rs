@@ -1,6 +1,7 @@
 //! `ringreduce info`: what this build and machine have — the version, how the reduce kernels
 //! were built, the CUDA driver and every GPU, and how ranks in separate processes share memory
-//! (CUDA IPC for GPU ranks; /dev/shm, with its room, for host ranks). Needs no GPU: without one it
+//! (per GPU: `cuMemCreate` memory passed as file descriptors, or legacy CUDA IPC handles where
+//! the driver lacks them; /dev/shm, with its room, for host ranks). Needs no GPU: without one it
 //! says why there is none.
 
 use ringreduce::device;
@@ -16,10 +17,6 @@ pub fn run() -> Result<(), String> {
             if let Ok((major, minor)) = device::driver_version() {
                 out!("CUDA driver API: {major}.{minor}");
             }
-            out!(
-                "GPU ranks in separate processes share memory through: legacy CUDA IPC handles \
-                 (cuIpcGetMemHandle; the caller's buffers staged through memory each rank exports)"
-            );
             for d in device::devices().map_err(|e| e.to_string())? {
                 out!(
                     "GPU {}: {}, {:.1} GiB, {} SMs, sm_{}{}, PCI {}",
@@ -30,6 +27,13 @@ pub fn run() -> Result<(), String> {
                     d.compute_capability.0,
                     d.compute_capability.1,
                     d.pci_bus_id
+                );
+                let sharing = kernels::MemorySharing::of(d.index).map_err(|e| e.to_string())?;
+                out!(
+                    "  GPU {} ranks in separate processes share memory through: {} (the \
+                     caller's buffers staged through memory each rank exports)",
+                    d.index,
+                    sharing.describe()
                 );
             }
         }

@@ -1,19 +1,67 @@
-//! Device memory shared between processes, the legacy way: CUDA IPC handles
-//! (`cuIpcGetMemHandle` in the exporting process, `cuIpcOpenMemHandle` in the importing one).
+//! Device memory shared between processes, two ways.
 //!
-//! A handle names a whole allocation made with `cuMemAlloc` (not the stream-ordered pool's
-//! memory, not `cuMemCreate`'s: those need other handles); [`export_handle`] finds the
-//! allocation an address lies in and says the address's offset in it, so that any address of
-//! such memory can be passed. [`open_handle`] maps a peer's allocation into this process's
-//! current context with peer access enabled lazily (the driver enables it when the GPUs
-//! differ and can reach each other); the same handle may be opened once per context, so callers
-//! keep what they opened ([`close_handle`] unmaps it).
+//! **File descriptors** (the current way): memory made with `cuMemCreate`
+//! ([`create_shareable`]), exported as a POSIX file descriptor ([`export_fd`]) that travels to a
+//! peer process over a Unix-domain socket (`exec::fds`, `SCM_RIGHTS`), which maps it
+//! ([`import_fd`]: import, reserve addresses, map, grant its device access). It needs the
+//! driver's virtual memory management and descriptor handles ([`fd_sharing_supported`]), works
+//! whatever allocator the rest of the process uses (PyTorch's `expandable_segments` makes
+//! `cuMemCreate` memory, which legacy handles refuse), and needs no `pidfd_getfd` (and so no
+//! `CAP_SYS_PTRACE`). A [`DeviceBuffer`](super::DeviceBuffer) made shareable registers its
+//! descriptor here until freed, so that an exporter finds it by any address inside
+//! ([`shareable_fd`]).
 //!
-//! Invariant: a handle opened here is closed at most once, and only by its opener.
+//! **Legacy CUDA IPC handles** (the fallback): `cuIpcGetMemHandle` in the exporting process,
+//! `cuIpcOpenMemHandle` in the importing one. A handle names a whole allocation made with
+//! `cuMemAlloc` (not the stream-ordered pool's memory, not `cuMemCreate`'s); [`export_handle`]
+//! finds the allocation an address lies in and says the address's offset in it, so that any
+//! address of such memory can be passed. [`open_handle`] maps a peer's allocation into this
+//! process's current context with peer access enabled lazily; the same handle may be opened once
+//! per context, so callers keep what they opened ([`close_handle`] unmaps it).
+//!
+//! Invariant: a mapping or handle opened here is closed at most once, and only by its opener; a
+//! registered descriptor is closed before its memory is released.
 
 use super::{bind, DriverResultExt};
 use crate::error::Result;
 use cudarc::driver::{sys, CudaContext};
+use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
+use std::sync::Mutex;
+
+/// The shareable allocations of this process, by base address: their size and a descriptor
+/// exported for each (module doc).
+static SHAREABLE: Mutex<BTreeMap<u64, (usize, OwnedFd)>> = Mutex::new(BTreeMap::new());
+
+/// Registers `memory`'s descriptor (made now) so that [`shareable_fd`] finds it.
+pub(crate) fn register_shareable(memory: &Mapped) -> Result<()> {
+    let fd = export_fd(memory)?;
+    let mut shareable = SHAREABLE.lock().unwrap_or_else(|p| p.into_inner());
+    shareable.insert(memory.base, (memory.size, fd));
+    Ok(())
+}
+
+/// Forgets (and closes) the descriptor registered for the allocation at `base`.
+pub(crate) fn unregister_shareable(base: u64) {
+    let mut shareable = SHAREABLE.lock().unwrap_or_else(|p| p.into_inner());
+    shareable.remove(&base);
+}
+
+/// The shareable allocation `addr` lies in, if any: its base, its size, and a duplicate of its
+/// descriptor (the caller's to send and close).
+pub fn shareable_fd(addr: u64) -> Result<Option<(u64, usize, OwnedFd)>> {
+    let shareable = SHAREABLE.lock().unwrap_or_else(|p| p.into_inner());
+    let Some((&base, (size, fd))) = shareable.range(..=addr).next_back() else {
+        return Ok(None);
+    };
+    if addr >= base + *size as u64 {
+        return Ok(None);
+    }
+    let fd = fd.try_clone().map_err(|e| crate::error::Error::Resource {
+        what: format!("cannot duplicate a memory descriptor: {e}"),
+    })?;
+    Ok(Some((base, *size, fd)))
+}
 
 /// The IPC handle of the allocation `addr` lies in, and `addr`'s offset in it, for a peer
 /// process to [`open_handle`]. Binds `ctx` (the context the memory belongs to).
@@ -64,4 +112,179 @@ pub unsafe fn close_handle(ctx: &CudaContext, base: u64) -> Result<()> {
     unsafe { sys::cuIpcCloseMemHandle(base) }
         .result()
         .call("cuIpcCloseMemHandle")
+}
+
+/// Whether GPU `ordinal`'s driver makes memory with `cuMemCreate` that it exports as a POSIX file
+/// descriptor (virtual memory management and the descriptor handle type both supported).
+pub fn fd_sharing_supported(ordinal: usize) -> Result<bool> {
+    let dev = super::cu_device(ordinal)?;
+    let attribute = |attribute: sys::CUdevice_attribute| {
+        // SAFETY: `dev` came from cuDeviceGet for a valid ordinal.
+        unsafe { cudarc::driver::result::device::get_attribute(dev, attribute) }
+            .call("cuDeviceGetAttribute")
+    };
+    use sys::CUdevice_attribute::*;
+    Ok(
+        attribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED)? != 0
+            && attribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)? != 0,
+    )
+}
+
+/// The allocation properties of shareable memory on `ordinal`: pinned device memory that can be
+/// exported as a POSIX file descriptor.
+fn shareable_properties(ordinal: usize) -> sys::CUmemAllocationProp {
+    // SAFETY: the properties are plain data; all-zero is the documented default for the fields
+    // not set below.
+    let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.requestedHandleTypes =
+        sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = ordinal as i32;
+    prop
+}
+
+/// Memory mapped at `base`, `size` bytes (a multiple of the allocation granularity), backed by
+/// a physical allocation this process holds a handle to: made by [`create_shareable`] or
+/// imported by [`import_fd`], undone by [`unmap`].
+#[derive(Debug)]
+pub struct Mapped {
+    /// The mapping's first address, in every context of the process (unified addressing).
+    pub base: u64,
+    /// Its length in bytes.
+    pub size: usize,
+    handle: sys::CUmemGenericAllocationHandle,
+}
+
+/// Reserves `size` bytes of addresses, maps `handle` there and gives `ctx`'s device read and
+/// write access. Takes `handle`: on failure everything done is undone and the handle released.
+fn map(
+    ctx: &CudaContext,
+    handle: sys::CUmemGenericAllocationHandle,
+    size: usize,
+) -> Result<Mapped> {
+    let mut base = 0u64;
+    // SAFETY: `base` is a live local; no fixed address, default alignment and flags.
+    let reserved = unsafe { sys::cuMemAddressReserve(&mut base, size, 0, 0, 0) }
+        .result()
+        .call("cuMemAddressReserve");
+    if let Err(err) = reserved {
+        // SAFETY: `handle` is ours and mapped nowhere.
+        let _ = unsafe { sys::cuMemRelease(handle) };
+        return Err(err);
+    }
+    // SAFETY: `base` is a fresh reservation of `size` bytes; `handle` backs `size` bytes.
+    let mapped = unsafe { sys::cuMemMap(base, size, 0, handle, 0) }
+        .result()
+        .call("cuMemMap");
+    let accessible = mapped.and_then(|()| {
+        let access = sys::CUmemAccessDesc {
+            location: shareable_properties(ctx.ordinal()).location,
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: `base..base + size` is mapped just above; one descriptor is passed.
+        unsafe { sys::cuMemSetAccess(base, size, &access, 1) }
+            .result()
+            .call("cuMemSetAccess")
+    });
+    let memory = Mapped { base, size, handle };
+    match accessible {
+        Ok(()) => Ok(memory),
+        Err(err) => {
+            // SAFETY: ours, used by nothing yet.
+            let _ = unsafe { unmap(ctx, memory) };
+            Err(err)
+        }
+    }
+}
+
+/// Makes `len` bytes (rounded up to the granularity) of device memory on `ctx`'s GPU with
+/// `cuMemCreate`, exportable as a POSIX file descriptor ([`export_fd`]), mapped for `ctx`'s
+/// device. Binds `ctx`.
+pub fn create_shareable(ctx: &CudaContext, len: usize) -> Result<Mapped> {
+    bind(ctx)?;
+    let prop = shareable_properties(ctx.ordinal());
+    let mut granularity = 0usize;
+    // SAFETY: `granularity` is a live local, `prop` a valid description.
+    unsafe {
+        sys::cuMemGetAllocationGranularity(
+            &mut granularity,
+            &prop,
+            sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+        )
+    }
+    .result()
+    .call("cuMemGetAllocationGranularity")?;
+    let size = len.max(1).next_multiple_of(granularity.max(1));
+    let mut handle: sys::CUmemGenericAllocationHandle = 0;
+    // SAFETY: `handle` is a live local, `prop` a valid description, no flags.
+    unsafe { sys::cuMemCreate(&mut handle, size, &prop, 0) }
+        .result()
+        .call("cuMemCreate")?;
+    map(ctx, handle, size)
+}
+
+/// A new POSIX file descriptor for `memory`'s physical allocation, for a peer process to
+/// [`import_fd`] (passed over a Unix-domain socket). The caller owns it.
+pub fn export_fd(memory: &Mapped) -> Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let mut fd: std::ffi::c_int = -1;
+    // SAFETY: `fd` is a live int, where the driver writes the descriptor for this handle type;
+    // `memory.handle` is a live handle made with that type requested.
+    unsafe {
+        sys::cuMemExportToShareableHandle(
+            (&mut fd as *mut std::ffi::c_int).cast(),
+            memory.handle,
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            0,
+        )
+    }
+    .result()
+    .call("cuMemExportToShareableHandle")?;
+    // SAFETY: the driver opened `fd` for us.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// Maps the allocation of `size` bytes that a peer exported as `fd` into `ctx` (its device given
+/// read and write access). Binds `ctx`. The descriptor may be closed afterwards.
+pub fn import_fd(ctx: &CudaContext, fd: &std::os::fd::OwnedFd, size: usize) -> Result<Mapped> {
+    use std::os::fd::AsRawFd;
+    bind(ctx)?;
+    let mut handle: sys::CUmemGenericAllocationHandle = 0;
+    // SAFETY: `handle` is a live local; for this handle type the "OS handle" argument is the
+    // descriptor's number itself, cast to a pointer, and `fd` is open.
+    unsafe {
+        sys::cuMemImportFromShareableHandle(
+            &mut handle,
+            fd.as_raw_fd() as isize as *mut std::ffi::c_void,
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        )
+    }
+    .result()
+    .call("cuMemImportFromShareableHandle")?;
+    map(ctx, handle, size)
+}
+
+/// Unmaps `memory`, frees its addresses and releases this process's handle to the physical
+/// allocation (freed once no process holds one). Binds `ctx`; every step is tried, the first
+/// error returned.
+///
+/// # Safety
+/// `memory` was mapped in `ctx`'s process and nothing queued or to be queued uses it any more.
+pub unsafe fn unmap(ctx: &CudaContext, memory: Mapped) -> Result<()> {
+    bind(ctx)?;
+    let Mapped { base, size, handle } = memory;
+    // SAFETY: the caller's contract; each undoes one step of `map`, in reverse.
+    let unmapped = unsafe { sys::cuMemUnmap(base, size) }
+        .result()
+        .call("cuMemUnmap");
+    // SAFETY: as above.
+    let freed = unsafe { sys::cuMemAddressFree(base, size) }
+        .result()
+        .call("cuMemAddressFree");
+    // SAFETY: as above.
+    let released = unsafe { sys::cuMemRelease(handle) }
+        .result()
+        .call("cuMemRelease");
+    unmapped.and(freed).and(released)
 }

@@ -10,6 +10,7 @@
 //! the queued work — their `# Safety` sections say exactly what.
 
 use super::context::same_context;
+use super::ipc;
 use super::{bind, guard, teardown_in_drop, DriverResultExt, Stream};
 use crate::error::{Error, Result};
 use cudarc::driver::result;
@@ -29,6 +30,9 @@ pub struct DeviceBuffer {
     ptr: sys::CUdeviceptr,
     len_bytes: usize,
     ctx: Arc<CudaContext>,
+    /// The mapping of memory made shareable with `cuMemCreate` ([`DeviceBuffer::shareable`]);
+    /// `None` for `cuMemAlloc` memory.
+    mapped: Option<ipc::Mapped>,
 }
 
 impl DeviceBuffer {
@@ -48,6 +52,32 @@ impl DeviceBuffer {
             ptr,
             len_bytes,
             ctx: Arc::clone(ctx),
+            mapped: None,
+        })
+    }
+
+    /// Allocates `len_bytes` (> 0) on `ctx`'s device with `cuMemCreate`, shareable with other
+    /// processes as a POSIX file descriptor (the [IPC module](super::ipc)'s registry holds one
+    /// until the buffer is freed: [`super::shareable_fd`]). Only `ctx`'s device has access:
+    /// for memory that processes share, each maps it for its own device. Binds `ctx`.
+    pub fn shareable(ctx: &Arc<CudaContext>, len_bytes: usize) -> Result<Self> {
+        if len_bytes == 0 {
+            return Err(Error::InvalidArgument(
+                "a device buffer needs at least one byte".to_string(),
+            ));
+        }
+        let _quiet = super::gate::quiet();
+        let mapped = ipc::create_shareable(ctx, len_bytes)?;
+        if let Err(err) = ipc::register_shareable(&mapped) {
+            // SAFETY: just mapped, used by nothing.
+            let _ = unsafe { ipc::unmap(ctx, mapped) };
+            return Err(err);
+        }
+        Ok(Self {
+            ptr: mapped.base,
+            len_bytes,
+            ctx: Arc::clone(ctx),
+            mapped: Some(mapped),
         })
     }
 
@@ -141,6 +171,14 @@ impl DeviceBuffer {
             return Ok(());
         }
         let _quiet = super::gate::quiet();
+        if let Some(mapped) = self.mapped.take() {
+            // The descriptor first: the physical memory is freed once no handle or descriptor
+            // refers to it.
+            ipc::unregister_shareable(ptr);
+            // SAFETY: mapped by `shareable` in `self.ctx`, unmapped once (taken above); queued
+            // work that still uses it is excluded as below.
+            return unsafe { ipc::unmap(&self.ctx, mapped) };
+        }
         bind(&self.ctx)?;
         // SAFETY: `ptr` came from cuMemAlloc in `self.ctx` (now current) and is freed exactly once:
         // it was swapped for 0 above, and `free` and `Drop` both come through here. Queued work that

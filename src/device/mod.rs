@@ -113,7 +113,7 @@
 
 mod context;
 pub mod gate;
-mod ipc;
+pub(crate) mod ipc;
 mod memory;
 mod module;
 mod peer;
@@ -121,7 +121,10 @@ mod stream;
 
 pub(crate) use context::{bind, save_current};
 pub use context::{context, device_info, devices, memory_info, ordinal_of, DeviceInfo};
-pub use ipc::{close_handle, export_handle, open_handle};
+pub use ipc::{
+    close_handle, export_handle, fd_sharing_supported, import_fd, open_handle, shareable_fd, unmap,
+    Mapped,
+};
 pub use memory::{memcpy_async, memcpy_peer_async, memset_d32_async, DeviceBuffer, PinnedHost};
 pub use module::{compute_capability, load_function, load_module};
 pub use peer::{
@@ -292,7 +295,7 @@ fn decode_driver_version(version: c_int) -> (u32, u32) {
 }
 
 /// The driver's handle for device `index`, after checking the driver and the index.
-fn cu_device(index: usize) -> Result<sys::CUdevice> {
+pub(crate) fn cu_device(index: usize) -> Result<sys::CUdevice> {
     let count = device_count()?;
     if index >= count {
         return Err(Error::InvalidArgument(format!(

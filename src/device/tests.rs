@@ -207,6 +207,41 @@ fn buffers_round_trip_and_know_their_device() -> Result<()> {
     Ok(())
 }
 
+/// Shareable memory (`cuMemCreate`): its registered descriptor is found by any address inside
+/// it, and mapping that descriptor again (as a peer process does) shows the same bytes at
+/// another address; freeing the buffer forgets the descriptor.
+#[test]
+fn shareable_memory_maps_again_from_its_descriptor() -> Result<()> {
+    let Some(_) = gpus(1, "cuMemCreate memory exported as a file descriptor") else {
+        return Ok(());
+    };
+    let ctx = context(0)?;
+    if !fd_sharing_supported(0)? {
+        println!("waived: GPU 0's driver lacks POSIX file-descriptor handles");
+        return Ok(());
+    }
+    let len = 3 * 4096 + 7;
+    let want = pattern(0, len);
+    let mut buffer = DeviceBuffer::shareable(&ctx, len)?;
+    buffer.copy_from_host(&want)?;
+    let (base, size, fd) = shareable_fd(buffer.ptr() + 100)?.expect("registered");
+    assert_eq!(base, buffer.ptr());
+    assert!(size >= len, "{size} < {len}");
+    assert!(shareable_fd(base + size as u64)?.is_none(), "past the end");
+    let again = import_fd(&ctx, &fd, size)?;
+    assert_ne!(again.base, buffer.ptr(), "a second mapping");
+    let mut got = vec![0u8; len];
+    // SAFETY: `again` maps `size` ≥ `len` bytes; the copy is complete when it returns.
+    unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut got, again.base) }
+        .call("cuMemcpyDtoH")?;
+    assert_bytes_eq("the same memory through its descriptor", &got, &want);
+    // SAFETY: nothing uses the second mapping any more.
+    unsafe { unmap(&ctx, again) }?;
+    buffer.free()?;
+    assert!(shareable_fd(base)?.is_none(), "forgotten once freed");
+    Ok(())
+}
+
 /// Pointer queries on a thread with no current context, and handles made on one thread used
 /// and dropped on another (the executor creates everything up front, then hands it to one
 /// thread per GPU).

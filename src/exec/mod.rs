@@ -22,6 +22,7 @@
 pub mod algorithm;
 pub mod config;
 pub mod cuda;
+pub(crate) mod fds;
 pub mod host;
 pub(crate) mod job;
 pub mod profile;

@@ -24,8 +24,9 @@
 //! Invariant: `all_gather` returns every rank's record exactly as that rank gave it, in rank
 //! order; `import(export(m))` is an address of the same memory in the importing rank's context.
 
-use crate::device;
+use crate::device::{self, DeviceBuffer};
 use crate::error::{Error, Result};
+use crate::exec::fds::FdServer;
 use crate::exec::job::{CallShape, Job};
 pub(crate) use crate::exec::rendezvous::push_text;
 use crate::exec::rendezvous::text_of;
@@ -101,6 +102,12 @@ pub(crate) trait Fabric: Send + Sync {
         peer: &Identity,
     ) -> Result<Reach> {
         reach_from_this_process(ctx, own, peer)
+    }
+
+    /// Device memory of `bytes` on `ctx`'s GPU that this fabric can export to the peers
+    /// (`cuMemAlloc` memory, unless the fabric shares memory another way).
+    fn exportable(&self, ctx: &Arc<CudaContext>, bytes: usize) -> Result<DeviceBuffer> {
+        DeviceBuffer::new(ctx, bytes)
     }
 
     /// Unmaps what this process imported from other processes, once nothing uses it (every
@@ -195,9 +202,14 @@ impl Fabric for InProcess {
 }
 
 /// The fabric of one rank that met its peers at a rendezvous ([`Rendezvous`]), each in a
-/// process of its own. Records travel through the rendezvous; memory is exported as a CUDA IPC
-/// handle of its allocation and the address's offset in it (`device::export_handle`), and a
-/// peer imports it by opening the handle (once per allocation; closed with the communicator).
+/// process of its own. Records travel through the rendezvous. Memory is shared one of two ways
+/// ([`MemorySharing`], chosen per process at creation; a record says which, so ranks may
+/// differ): memory the rank made with `cuMemCreate` ([`Fabric::exportable`]) is exported as
+/// its allocation's POSIX file descriptor, which each peer fetches from this rank's descriptor
+/// server over a Unix-domain socket (`exec::fds`) and maps; other memory as a legacy CUDA IPC
+/// handle of its allocation (`device::export_handle`), which a peer opens. Either way the record
+/// carries the address's offset in its allocation, and a peer maps each allocation once (undone
+/// with the communicator).
 /// The ranks share the job's control words (`exec::job`): every call starts with their shape
 /// check, and a peer that failed its call or whose process is gone is lost. Pinned host memory cannot cross processes yet: staged
 /// edges and host mailboxes (GPUs without peer access) are refused by name.
@@ -216,7 +228,49 @@ pub(crate) struct Joined {
     ctx: Arc<CudaContext>,
     /// Allocations of other processes opened here, by handle: their base address.
     opened: Mutex<HashMap<[u8; 64], u64>>,
+    /// Allocations of other processes mapped here from their descriptors, by (rank, the
+    /// exporter's base address).
+    mapped: Mutex<HashMap<(usize, u64), device::Mapped>>,
+    /// How this rank's memory is shared.
+    sharing: MemorySharing,
+    /// This rank's descriptor server (sharing by descriptors).
+    _server: Option<FdServer>,
 }
+
+/// How a process shares its GPU memory with the other processes of a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemorySharing {
+    /// Memory made with `cuMemCreate`, its POSIX file descriptor passed over a Unix-domain socket.
+    FileDescriptors,
+    /// `cuMemAlloc` memory, its legacy CUDA IPC handle passed in the records.
+    LegacyIpc,
+}
+
+impl MemorySharing {
+    /// How GPU `ordinal` of this process shares memory: by descriptors where its driver can,
+    /// unless `RINGREDUCE_IPC=legacy` asks for legacy handles.
+    pub fn of(ordinal: usize) -> Result<MemorySharing> {
+        let legacy = std::env::var("RINGREDUCE_IPC").is_ok_and(|v| v == "legacy");
+        Ok(match !legacy && device::fd_sharing_supported(ordinal)? {
+            true => MemorySharing::FileDescriptors,
+            false => MemorySharing::LegacyIpc,
+        })
+    }
+
+    /// The mechanism in words, as `ringreduce info` prints it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            MemorySharing::FileDescriptors => {
+                "cuMemCreate memory, its POSIX file descriptor passed over a Unix-domain socket"
+            }
+            MemorySharing::LegacyIpc => "cuMemAlloc memory, legacy CUDA IPC handles",
+        }
+    }
+}
+
+/// A record's first word: how the memory it names is shared.
+const BY_DESCRIPTOR: u64 = 1;
+const BY_IPC_HANDLE: u64 = 2;
 
 impl Joined {
     /// The fabric of the rank that `rendezvous` joined (the job `id` names), on this process's
@@ -233,6 +287,18 @@ impl Joined {
             )));
         }
         let ctx = device::context(device)?;
+        let sharing = MemorySharing::of(device)?;
+        let server = match sharing {
+            MemorySharing::FileDescriptors => {
+                Some(FdServer::start(&server_name(job.prefix(), rank), |base| {
+                    device::shareable_fd(base)
+                        .ok()
+                        .flatten()
+                        .map(|(_, _, fd)| fd)
+                })?)
+            }
+            MemorySharing::LegacyIpc => None,
+        };
         Ok(Joined {
             rank: rendezvous.rank(),
             world: rendezvous.world(),
@@ -240,6 +306,9 @@ impl Joined {
             job,
             ctx,
             opened: Mutex::new(HashMap::new()),
+            mapped: Mutex::new(HashMap::new()),
+            sharing,
+            _server: server,
         })
     }
 }
@@ -271,8 +340,19 @@ impl Fabric for Joined {
                  give every pair of GPUs peer access, or run the ranks in one process"
             )));
         };
+        let pid = u64::from(std::process::id());
+        if let Some((base, size, _)) = device::shareable_fd(addr)? {
+            return Ok(vec![
+                BY_DESCRIPTOR,
+                pid,
+                addr,
+                addr - base,
+                base,
+                size as u64,
+            ]);
+        }
         let (handle, offset) = device::export_handle(&self.ctx, addr)?;
-        let mut record = vec![u64::from(std::process::id()), addr, offset];
+        let mut record = vec![BY_IPC_HANDLE, pid, addr, offset];
         record.extend(
             handle
                 .chunks(8)
@@ -283,12 +363,33 @@ impl Fabric for Joined {
 
     fn import(&self, _rank: usize, from: usize, handle: &[u64]) -> Result<u64> {
         let mut fields = Fields::new(from, handle);
-        let (pid, addr, offset) = (fields.word()?, fields.word()?, fields.word()?);
-        let words = fields.take(8)?;
-        fields.finish()?;
+        let (how, pid, addr, offset) = (
+            fields.word()?,
+            fields.word()?,
+            fields.word()?,
+            fields.word()?,
+        );
         if pid == u64::from(std::process::id()) {
             return Ok(addr); // this rank's own memory (`new` refuses other ranks of this process)
         }
+        if how == BY_DESCRIPTOR {
+            let (base, size) = (fields.word()?, fields.word()?);
+            fields.finish()?;
+            let mut mapped = self.mapped.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(memory) = mapped.get(&(from, base)) {
+                return Ok(memory.base + offset);
+            }
+            let name = server_name(self.job.prefix(), from);
+            let fd = crate::exec::fds::fetch(&name, base)?.ok_or_else(|| Error::Internal {
+                what: format!("rank {from} no longer shares the memory it exported at {base:#x}"),
+            })?;
+            let memory = device::import_fd(&self.ctx, &fd, size as usize)?;
+            let at = memory.base + offset;
+            mapped.insert((from, base), memory);
+            return Ok(at);
+        }
+        let words = fields.take(8)?;
+        fields.finish()?;
         let mut bytes = [0u8; 64];
         for (chunk, word) in bytes.chunks_mut(8).zip(words) {
             chunk.copy_from_slice(&word.to_le_bytes());
@@ -325,9 +426,25 @@ impl Fabric for Joined {
         self.all_gather(vec![Vec::new()]).map(drop)
     }
 
+    fn exportable(&self, ctx: &Arc<CudaContext>, bytes: usize) -> Result<DeviceBuffer> {
+        match self.sharing {
+            MemorySharing::FileDescriptors => DeviceBuffer::shareable(ctx, bytes),
+            MemorySharing::LegacyIpc => DeviceBuffer::new(ctx, bytes),
+        }
+    }
+
     fn close_imports(&self) -> Result<()> {
         let opened = std::mem::take(&mut *self.opened.lock().unwrap_or_else(|p| p.into_inner()));
+        let mapped = std::mem::take(&mut *self.mapped.lock().unwrap_or_else(|p| p.into_inner()));
         let mut first = Ok(());
+        for memory in mapped.into_values() {
+            // SAFETY: mapped here in `ctx`, once (the map holds each allocation once), taken out
+            // of the map so never unmapped again; the caller promises every local stream is idle.
+            let unmapped = unsafe { device::unmap(&self.ctx, memory) };
+            if first.is_ok() {
+                first = unmapped;
+            }
+        }
         for base in opened.into_values() {
             // SAFETY: opened here in `ctx`, once (the map holds each handle once), taken out of
             // the map so never closed again; the caller promises every local stream is idle.
@@ -338,6 +455,12 @@ impl Fabric for Joined {
         }
         first
     }
+}
+
+/// The abstract socket of rank `rank`'s descriptor server in the job whose names start with
+/// `prefix`.
+fn server_name(prefix: &str, rank: usize) -> String {
+    format!("{prefix}-r{rank}-fds")
 }
 
 /// What a rank says about its GPU at creation (its record), so that every rank knows its peers'

@@ -83,7 +83,11 @@ impl Counters {
         let (world, events) = (plan.world, plan.events.len());
         let local = DeviceBuffer::zeroed(&res.ctx, events * (world + StreamKind::ALL.len()) * 4)?;
         let mailbox = match peer_access {
-            true => Mailboxes::Device(DeviceBuffer::zeroed(&res.ctx, events * 4)?),
+            true => {
+                let mut mailboxes = fabric.exportable(&res.ctx, events * 4)?;
+                mailboxes.fill_zero()?;
+                Mailboxes::Device(mailboxes)
+            }
             false => {
                 let mut words = PinnedHost::new(&res.ctx, events * 4)?;
                 words.as_mut_slice().fill(0);

@@ -287,16 +287,18 @@ pub(super) fn probe_target(
     }
     // A target that cannot be made or exported leaves the edge unprobed (its sender says so),
     // never fails the communicator.
-    let made = DeviceBuffer::new(&res.ctx, probe::PROBE_BYTES).and_then(|target| {
-        let handle = fabric.export(
-            res.rank,
-            Exported::Device {
-                addr: target.ptr(),
-                bytes: probe::PROBE_BYTES,
-            },
-        )?;
-        Ok((target, handle))
-    });
+    let made = fabric
+        .exportable(&res.ctx, probe::PROBE_BYTES)
+        .and_then(|target| {
+            let handle = fabric.export(
+                res.rank,
+                Exported::Device {
+                    addr: target.ptr(),
+                    bytes: probe::PROBE_BYTES,
+                },
+            )?;
+            Ok((target, handle))
+        });
     match made {
         Ok((target, handle)) => {
             let mut record = vec![handle.len() as u64];

@@ -31,6 +31,7 @@
 
 use crate::device::DeviceBuffer;
 use crate::error::Result;
+use crate::exec::cuda::fabric::Fabric;
 use cudarc::driver::CudaContext;
 
 /// The smallest region: small in-place calls of any size up to it never grow the region.
@@ -61,13 +62,14 @@ impl Exposure {
     /// reserves the same sizes in the same order, so every rank's regions grow alike.
     pub(super) fn reserve(
         &mut self,
+        fabric: &dyn Fabric,
         ctx: &std::sync::Arc<CudaContext>,
         bytes: usize,
     ) -> Result<()> {
         if bytes <= self.bytes {
             return Ok(());
         }
-        let allocate = |len: usize| DeviceBuffer::new(ctx, len);
+        let allocate = |len: usize| fabric.exportable(ctx, len);
         let rounded = bytes.max(MIN_REGION_BYTES).next_power_of_two();
         let (grown, regions) = match allocate(rounded) {
             Ok(regions) => (rounded, regions),

@@ -619,7 +619,7 @@ impl CudaExecutor {
             .max();
         if let Some(bytes) = exposed_bytes {
             for r in &mut self.ranks {
-                r.reserve_exposure(bytes)?;
+                r.reserve_exposure(&*self.fabric, bytes)?;
             }
         }
         if self

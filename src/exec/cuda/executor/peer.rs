@@ -168,12 +168,14 @@ pub(super) fn allocate_peer_words(
     fabric: &dyn Fabric,
     low_latency: bool,
 ) -> Result<((DeviceBuffer, Option<DeviceBuffer>), Record)> {
-    let flags = DeviceBuffer::zeroed(&res.ctx, PEER_FLAG_BYTES)?;
+    let zeroed = |bytes: usize| -> Result<DeviceBuffer> {
+        let mut buffer = fabric.exportable(&res.ctx, bytes)?;
+        buffer.fill_zero()?;
+        Ok(buffer)
+    };
+    let flags = zeroed(PEER_FLAG_BYTES)?;
     let ll_recv = match low_latency {
-        true => Some(DeviceBuffer::zeroed(
-            &res.ctx,
-            ll_recv_bytes(fabric.world()),
-        )?),
+        true => Some(zeroed(ll_recv_bytes(fabric.world()))?),
         false => None,
     };
     let mut record = Vec::new();

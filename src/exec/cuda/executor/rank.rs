@@ -225,8 +225,8 @@ impl RankExecutor {
     }
 
     /// Makes this rank's exposure region at least `bytes` long (module `exposure`).
-    pub(super) fn reserve_exposure(&mut self, bytes: usize) -> Result<()> {
-        self.exposure.reserve(&self.res.ctx, bytes)
+    pub(super) fn reserve_exposure(&mut self, fabric: &dyn Fabric, bytes: usize) -> Result<()> {
+        self.exposure.reserve(fabric, &self.res.ctx, bytes)
     }
 
     /// Phase 1 of preparing `plan`: this rank's events, staging and counters (mailboxes in
@@ -268,7 +268,7 @@ impl RankExecutor {
                 kind => {
                     let own = match kind {
                         BufKind::HostSlots => Staging::Host(PinnedHost::new(&res.ctx, bytes)?),
-                        _ => Staging::Device(DeviceBuffer::new(&res.ctx, bytes)?),
+                        _ => Staging::Device(fabric.exportable(&res.ctx, bytes)?),
                     };
                     let exported = own.exported();
                     staging.push(own);
