@@ -2,7 +2,8 @@
 //! joins the others through the variables its launcher set, and orders the all-reduce of its
 //! gradients on its own CUDA stream, between the work queued before it (the gradients'
 //! upload) and after it (their download), with no host synchronisation between them. The
-//! processes share memory through CUDA IPC; a rank whose peer dies gets an error naming it.
+//! processes share memory as `cuMemCreate` file descriptors (legacy CUDA IPC handles where the
+//! driver lacks them); a rank whose peer dies gets an error naming it.
 //!
 //! ```text
 //! cargo build --release --example 13_gpu_processes

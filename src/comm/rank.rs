@@ -5,7 +5,8 @@
 //!
 //! A host rank runs the host executor's plans with the others over shared memory
 //! (`exec::host::process`). A GPU rank runs the GPU executor's, for its one GPU, over the
-//! `Joined` fabric: its peers' memory is imported through CUDA IPC handles, and the caller's
+//! `Joined` fabric: its peers' memory is imported from file descriptors (`cuMemCreate` memory)
+//! or legacy CUDA IPC handles, and the caller's
 //! buffers are staged through memory the rank exports, so any buffer works.
 //!
 //! ```no_run

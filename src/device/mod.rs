@@ -16,7 +16,7 @@
 //! |---|---|
 //! | `mod.rs` | status → `Result` (`check`, `DriverResultExt`, `guard`), driver presence ([`driver_available`]), [`device_count`], [`driver_version`] |
 //! | `context.rs` | primary contexts ([`context()`]), binding and restoring the current context, [`DeviceInfo`], a GPU's ordinal from its UUID ([`ordinal_of`]), [`memory_info`] |
-//! | `ipc.rs` | device memory shared with another process: CUDA IPC handles ([`export_handle`], [`open_handle`], [`close_handle`]) |
+//! | `ipc.rs` | device memory shared with another process: `cuMemCreate` memory as file descriptors ([`fd_sharing_supported`], [`import_fd`], [`shareable_fd`], [`unmap`]); legacy CUDA IPC handles ([`export_handle`], [`open_handle`], [`close_handle`]) |
 //! | `module.rs` | loading kernel code into a context ([`load_module`], [`load_function`], [`compute_capability`]) |
 //! | `peer.rs` | peer access ([`can_access_peer`], [`enable_peer_access`], [`p2p_attributes`]), pool access grants, pointer queries |
 //! | `memory.rs` | [`DeviceBuffer`], [`PinnedHost`], asynchronous copies and fills ([`memcpy_peer_async`], [`memcpy_async`], [`memset_d32_async`]) |

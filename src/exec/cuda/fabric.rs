@@ -18,8 +18,8 @@
 //! [`InProcess`] is the fabric of ranks that share one process (today's `Communicator`): its
 //! records need no transport (the driver holds every rank's), a handle is the address itself
 //! (one address space: identity addresses, reached over peer access, which it enables between
-//! the ranks' contexts), and no peer can be lost without the whole process. A fabric between processes (CUDA IPC handles, a rendezvous over
-//! TCP) implements the same trait under the same rank executor.
+//! the ranks' contexts), and no peer can be lost without the whole process. A fabric between processes ([`Joined`]: file descriptors or CUDA IPC
+//! handles, a rendezvous over TCP) implements the same trait under the same rank executor.
 //!
 //! Invariant: `all_gather` returns every rank's record exactly as that rank gave it, in rank
 //! order; `import(export(m))` is an address of the same memory in the importing rank's context.

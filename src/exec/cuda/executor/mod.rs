@@ -1,8 +1,8 @@
 //! The GPU executor of one communicator: one rank executor per rank of this process (module
 //! `rank`) over a fabric (`exec::cuda::fabric`) — every rank in this process over the in-process
 //! fabric (`Communicator`), or this process's one rank over the fabric of a job with a process
-//! per rank (`RankCommunicator`: IPC handles, the caller's buffers staged through memory the
-//! rank exports) — the same plans as the host executor, enqueued on CUDA streams.
+//! per rank (`RankCommunicator`: memory shared by file descriptors or IPC handles, the caller's
+//! buffers staged through memory the rank exports) — the same plans as the host executor, enqueued on CUDA streams.
 //!
 //! At creation each rank executor binds its rank to a GPU and makes its context, four
 //! non-blocking streams (Main, Send, Recv, Reduce), kernels and error word; the ranks all-gather
