@@ -46,8 +46,17 @@ fn gpu_commands_without_a_gpu_say_so_in_one_line_and_exit_3() {
         );
         return;
     }
-    for command in ["topo", "p2p", "sync", "tour", "bench"] {
-        let out = ringreduce(&[command]);
+    for args in [
+        &["topo"][..],
+        &["p2p"],
+        &["sync"],
+        &["tour"],
+        &["bench"],
+        &["bench", "--processes", "2"],
+    ] {
+        let command = args.join(" ");
+        let command = command.as_str();
+        let out = ringreduce(args);
         assert_no_panic(command, &out);
         let stderr = text(&out.stderr);
         assert_eq!(
@@ -66,6 +75,18 @@ fn gpu_commands_without_a_gpu_say_so_in_one_line_and_exit_3() {
             "ringreduce {command}: stderr {stderr:?}"
         );
     }
+}
+
+#[test]
+fn bench_with_processes_measures_the_all_reduce_alone() {
+    let out = ringreduce(&["bench", "--processes", "2", "--collective", "all_gather"]);
+    assert_no_panic("bench --processes --collective all_gather", &out);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--processes measures the all-reduce"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -33,6 +33,7 @@ mod measure;
 mod memory;
 mod nccl;
 mod plot;
+mod processes;
 mod random;
 mod report;
 mod torch;
@@ -151,6 +152,15 @@ pub struct BenchArgs {
     /// columns and in the best-competitor comparison.
     #[arg(long, value_name = "FILE")]
     pub torch_json: Option<PathBuf>,
+    /// Run the all-reduce with one process per rank, N processes (started as `ringreduce
+    /// launch` starts them): GPU `LOCAL_RANK` each, or GPU 0 shared by all where there are fewer
+    /// GPUs than ranks (then the table says so: a correctness run, not a result). ringreduce
+    /// only.
+    #[arg(long, value_name = "N", value_parser = crate::parse_positive)]
+    pub processes: Option<usize>,
+    /// Internal: one rank of `--processes` (set by the launching bench).
+    #[arg(long, hide = true)]
+    pub rank_process: bool,
     /// Internal: run NCCL only (in a child process of `bench`).
     #[arg(long, hide = true)]
     pub nccl_only: bool,
@@ -281,6 +291,9 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
     }
     if args.nccl_only {
         return run_nccl_only(args);
+    }
+    if let Some(processes) = args.processes {
+        return processes::run(args, processes);
     }
     if let Some(source) = &args.from_json {
         return report::plot_from_json(source, args.plot.as_deref());
