@@ -382,6 +382,40 @@ fn streams_and_graphs_on_this_gpu(
             "rank {rank} {algorithm:?} eager {rep}"
         );
     }
+    // Out of place on the stream: an all-reduce, then an all-gather of its result's first
+    // block, both enqueued behind the upload with one synchronisation.
+    let source = GpuBuffer::<i32>::zeroed(device, count).unwrap();
+    let mut reduced = GpuBuffer::<i32>::zeroed(device, count).unwrap();
+    let block = count / 8;
+    let mut gathered = GpuBuffer::<i32>::zeroed(device, block * world).unwrap();
+    upload(ringreduce::Buffer::address(&source), &input(7, rank));
+    // SAFETY: the three buffers are untouched until the stream is synchronised below.
+    unsafe { comm.enqueue_all_reduce_on(&source, &mut reduced, op, &stream) }.unwrap();
+    let first = reduced.view(0, block).unwrap();
+    // SAFETY: as above.
+    unsafe {
+        comm.enqueue_collective_on(
+            &Collective::AllGather,
+            Some(&first),
+            Some(&mut gathered),
+            op,
+            &stream,
+        )
+    }
+    .unwrap();
+    stream.synchronize().unwrap();
+    comm.synchronize().unwrap();
+    assert_eq!(
+        reduced.to_host().unwrap(),
+        want(7),
+        "rank {rank} out of place"
+    );
+    let gathered_want: Vec<i32> = (0..world).flat_map(|_| want(7)[..block].to_vec()).collect();
+    assert_eq!(
+        gathered.to_host().unwrap(),
+        gathered_want,
+        "rank {rank} all-gather out of place"
+    );
     // A graph: copy the source in, all-reduce, copy the result out; replayed with new sources.
     let src = GpuBuffer::<i32>::zeroed(device, count).unwrap();
     let out = GpuBuffer::<i32>::zeroed(device, count).unwrap();

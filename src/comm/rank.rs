@@ -165,9 +165,75 @@ impl RankCommunicator {
         &mut self,
         collective: &Collective,
         input: Option<&I>,
-        mut output: Option<&mut O>,
+        output: Option<&mut O>,
         op: ReduceOp,
     ) -> Result<()> {
+        let (shape, ends) = self.out_of_place(collective, input, output, op)?;
+        self.run::<T>(shape, ends, op)
+    }
+
+    /// [`RankCommunicator::collective`] on a GPU rank, ordered on the caller's `stream`: see
+    /// [`RankCommunicator::enqueue_collective_in_place_on`].
+    ///
+    /// # Safety
+    /// `input` and `output` must stay allocated until `stream` has passed the collective, `input`
+    /// unwritten and `output` untouched (on any stream or the host) meanwhile, except by work
+    /// queued on `stream` after this call; captured, they must stay allocated, and this
+    /// communicator open, while the graph may be replayed.
+    pub unsafe fn enqueue_collective_on<
+        T: Element,
+        I: Buffer<T> + ?Sized,
+        O: BufferMut<T> + ?Sized,
+    >(
+        &mut self,
+        collective: &Collective,
+        input: Option<&I>,
+        output: Option<&mut O>,
+        op: ReduceOp,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let (shape, ends) = self.out_of_place(collective, input, output, op)?;
+        // SAFETY: our caller's contract, passed on.
+        unsafe { self.enqueue_on::<T>(shape, ends, op, stream) }
+    }
+
+    /// [`RankCommunicator::all_reduce`] ordered on the caller's `stream`: see
+    /// [`RankCommunicator::enqueue_collective_in_place_on`].
+    ///
+    /// # Safety
+    /// As for [`RankCommunicator::enqueue_collective_on`].
+    pub unsafe fn enqueue_all_reduce_on<
+        T: Element,
+        I: Buffer<T> + ?Sized,
+        O: BufferMut<T> + ?Sized,
+    >(
+        &mut self,
+        input: &I,
+        output: &mut O,
+        op: ReduceOp,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        // SAFETY: our caller's contract, passed on.
+        unsafe {
+            self.enqueue_collective_on(
+                &Collective::AllReduce,
+                Some(input),
+                Some(output),
+                op,
+                stream,
+            )
+        }
+    }
+
+    /// The shape and this rank's ends of `collective` out of place, after checking the
+    /// collective, the buffers' lengths and their placement.
+    fn out_of_place<T: Element, I: Buffer<T> + ?Sized, O: BufferMut<T> + ?Sized>(
+        &self,
+        collective: &Collective,
+        input: Option<&I>,
+        output: Option<&mut O>,
+        op: ReduceOp,
+    ) -> Result<(Shape, Ends)> {
         self.check(collective)?;
         let count = self.count_of(
             collective,
@@ -183,13 +249,15 @@ impl RankCommunicator {
             self.placed(i)?;
             ends.reads.push((BufKind::Input, i.address(), i.count()));
         }
-        if let Some(o) = output.as_mut() {
-            self.placed(&**o)?;
+        if let Some(o) = output {
+            self.placed(&*o)?;
             ends.writes
                 .push((BufKind::Output, o.address_mut(), o.count()));
         }
-        let shape = Shape::collective::<T>(collective.clone(), count, false, op);
-        self.run::<T>(shape, ends, op)
+        Ok((
+            Shape::collective::<T>(collective.clone(), count, false, op),
+            ends,
+        ))
     }
 
     /// Any collective that has an in-place form ([`Collective::has_in_place`]), in place on this
@@ -229,19 +297,37 @@ impl RankCommunicator {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let shape = self.in_place_shape::<T, B>(collective, buf, op)?;
-        let (rank, world) = (self.rank, self.world);
+        let ends = Ends {
+            reads: Vec::new(),
+            writes: vec![(BufKind::Output, buf.address_mut(), buf.count())],
+        };
+        // SAFETY: our caller's contract, passed on.
+        unsafe { self.enqueue_on::<T>(shape, ends, op, stream) }
+    }
+
+    /// Enqueues the call of `shape` on this GPU rank's `ends`, ordered on `stream`.
+    ///
+    /// # Safety
+    /// The ends are this rank's checked buffers (`placed`, `count_of`), which stay allocated
+    /// and untouched as [`RankCommunicator::enqueue_collective_on`] says.
+    unsafe fn enqueue_on<T: Element>(
+        &mut self,
+        shape: Shape,
+        ends: Ends,
+        op: ReduceOp,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
         broken(&self.broken)?;
+        let (inputs, outputs) = self.addresses(&shape, &ends);
         let Inner::Gpu { exec, .. } = &mut self.inner else {
             return Err(Error::InvalidArgument(
                 "a host rank has no streams: the caller's stream needs a GPU rank".into(),
             ));
         };
-        let (inputs, mut outputs) = (vec![0u64; world], vec![0u64; world]);
-        outputs[rank] = buf.address_mut();
         guarded(&mut self.broken, || {
-            // SAFETY: `buf` is this rank's buffer on its GPU (`placed`), of the length the plan
-            // declares (`count_of`); its lifetime until `stream` passes the call is our
-            // caller's contract.
+            // SAFETY: every address is this rank's buffer on its GPU, valid for the length the
+            // plan declares; its lifetime until `stream` passes the call is our caller's
+            // contract.
             unsafe {
                 exec.run::<T>(
                     shape,
@@ -253,6 +339,27 @@ impl RankCommunicator {
                 )
             }
         })
+    }
+
+    /// The plan's caller buffers by address, as the GPU executor takes them: rank r's input and
+    /// output at index r, transfer i's ends at index i (`exec::caller_address`); this rank's
+    /// alone.
+    fn addresses(&self, shape: &Shape, ends: &Ends) -> (Vec<u64>, Vec<u64>) {
+        let slots = match &shape.collective {
+            Collective::SendRecv { transfers } => transfers.len(),
+            _ => self.world,
+        };
+        let (mut inputs, mut outputs) = (vec![0u64; slots], vec![0u64; slots]);
+        for &(kind, addr, _) in ends.reads.iter().chain(&ends.writes) {
+            match kind {
+                BufKind::Input => inputs[self.rank] = addr,
+                BufKind::Output => outputs[self.rank] = addr,
+                BufKind::SendBuf(i) => inputs[i] = addr,
+                BufKind::RecvBuf(i) => outputs[i] = addr,
+                _ => {}
+            }
+        }
+        (inputs, outputs)
     }
 
     /// [`RankCommunicator::all_reduce_in_place`] ordered on the caller's `stream`: see
@@ -414,7 +521,7 @@ impl RankCommunicator {
     /// Runs the call of `shape` on this rank's `ends`.
     fn run<T: Element>(&mut self, shape: Shape, ends: Ends, op: ReduceOp) -> Result<()> {
         broken(&self.broken)?;
-        let (rank, world) = (self.rank, self.world);
+        let addresses = self.addresses(&shape, &ends);
         match &mut self.inner {
             Inner::Host(inner) => {
                 // SAFETY: each address and length came from a `Buffer` in host memory (checked
@@ -439,22 +546,7 @@ impl RankCommunicator {
                 })
             }
             Inner::Gpu { exec, .. } => {
-                // The plan's caller buffers by address: rank r's input and output at index r,
-                // transfer i's ends at index i (`exec::caller_address`); this rank's alone.
-                let slots = match &shape.collective {
-                    Collective::SendRecv { transfers } => transfers.len(),
-                    _ => world,
-                };
-                let (mut inputs, mut outputs) = (vec![0u64; slots], vec![0u64; slots]);
-                for &(kind, addr, _) in ends.reads.iter().chain(&ends.writes) {
-                    match kind {
-                        BufKind::Input => inputs[rank] = addr,
-                        BufKind::Output => outputs[rank] = addr,
-                        BufKind::SendBuf(i) => inputs[i] = addr,
-                        BufKind::RecvBuf(i) => outputs[i] = addr,
-                        _ => {}
-                    }
-                }
+                let (inputs, outputs) = addresses;
                 guarded(&mut self.broken, || {
                     // SAFETY: every address is this rank's buffer on its GPU (`placed`), valid
                     // for the length the plan declares (`count_of`, `send_recv`), borrowed by
