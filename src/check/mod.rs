@@ -44,6 +44,9 @@
 //! (every cell one element) is, and the ring's plans of one family of counts share a handful of
 //! coarse forms, each checked once and compared for every other count ([`coarsen`]).
 //!
+//! Beside the four, [`check_exports`] proves what a plan needs of memory across processes: a
+//! rank touches another rank's buffers only where that rank exports them.
+//!
 //! Where each check lives: the shape in `shape.rs` (the fusion lemmas in `fused.rs`), the enqueue simulation (and the rule for
 //! laying out an order that the later checks read) in `enqueue.rs`, the vector-clock race check
 //! in `races.rs`, the symbolic execution in `result.rs`; their unit tests in `tests/`. This file
@@ -53,6 +56,7 @@
 
 mod coarse;
 mod enqueue;
+mod exports;
 mod fused;
 mod races;
 mod result;
@@ -61,6 +65,7 @@ mod shape;
 
 pub use coarse::coarsen;
 pub use enqueue::enqueue_order;
+pub use exports::check_exports;
 pub use races::{check_races, check_sequence};
 pub use result::{check_result, MAX_SYMBOLIC_WORLD};
 pub use scaled::{scale_plan, scaled_from};

@@ -609,6 +609,11 @@ impl CudaExecutor {
                 transports,
             )?
         };
+        if self.copy_callers() {
+            // Peers in other processes: every buffer this plan has a rank touch of another's
+            // must be one its owner exports (`rank::owned`).
+            crate::check::check_exports(&plan, |kind| rank::owned(kind, true))?;
+        }
         let plan = Arc::new(plan);
         let dispatch = Arc::new(self.dispatch(&plan, algorithm, dtype)?);
         let exposed_bytes = plan

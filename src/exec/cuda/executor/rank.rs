@@ -179,8 +179,9 @@ pub(super) struct Allocated {
 
 /// The kinds of buffer a plan's ranks own: their staging and exposed copies, and — when the
 /// caller's buffers are staged (`copy_callers`: ranks in other processes cannot reach them) —
-/// a copy of each caller's buffer too. The rest are the caller's, by address.
-fn owned(kind: BufKind, copy_callers: bool) -> bool {
+/// a copy of each caller's buffer too. The rest are the caller's, by address. What a rank owns
+/// it exports to its peers (`check::check_exports` proves a plan needs no more).
+pub(super) fn owned(kind: BufKind, copy_callers: bool) -> bool {
     matches!(
         kind,
         BufKind::Slots | BufKind::Scratch | BufKind::HostSlots | BufKind::Exposed

@@ -1,0 +1,98 @@
+//! Memory across processes: a rank whose peers live in other processes reaches a peer's buffer
+//! only if that peer exported it (a file descriptor or an IPC handle its peers map). Which of a
+//! plan's buffers its ranks export is the executor's choice — the staging slots, scratch and
+//! exposed copies always; the caller's buffers only when it stages them through memory of its
+//! own (`copy_callers`), or when they are registered. [`check_exports`] proves that a plan asks
+//! for nothing more: every access an instruction of rank r makes to a buffer of rank q ≠ r
+//! goes to a buffer of a kind q exports.
+//!
+//! Invariant: a plan that passes never makes an executor touch another process's memory that it
+//! has no mapping of.
+
+use super::{accesses, describe, reject, Check};
+use crate::plan::{BufKind, Plan};
+
+/// Proves that every cross-rank access of `plan` goes to a buffer whose kind `exported` says
+/// its owner exports (module doc); the first that does not is rejected by name.
+pub fn check_exports(plan: &Plan, exported: impl Fn(BufKind) -> bool) -> Check {
+    for (rank, program) in plan.ranks.iter().enumerate() {
+        for (index, instr) in program.iter().enumerate() {
+            let (reads, writes) = accesses(plan, &instr.op);
+            for region in reads.iter().chain(&writes) {
+                let decl = plan.decl(region.buf);
+                if decl.rank != rank && !exported(decl.kind) {
+                    return reject(format!(
+                        "{} touches rank {}'s {:?} buffer, which that rank does not export: a \
+                         rank in another process reaches only memory its peer exported",
+                        describe(plan, rank, index),
+                        decl.rank,
+                        decl.kind
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::element::ReduceOp;
+    use crate::plan::{EdgeTransport, OneShotSpec, RingSpec};
+
+    /// What an executor exports without staging the caller's buffers.
+    fn own_memory(kind: BufKind) -> bool {
+        !kind.is_callers()
+    }
+
+    #[test]
+    fn a_one_shot_reads_its_peers_buffers_so_they_must_be_exported() {
+        for in_place in [false, true] {
+            let plan = OneShotSpec {
+                world: 3,
+                count: 10,
+                in_place,
+                op: ReduceOp::Sum,
+            }
+            .build()
+            .unwrap();
+            check_exports(&plan, |_| true).unwrap();
+            let verdict = check_exports(&plan, own_memory);
+            match in_place {
+                // In place, peers read the exposed copy: the rank's own memory.
+                true => verdict.unwrap(),
+                false => {
+                    let err = verdict.unwrap_err().0;
+                    assert!(
+                        err.contains("Input buffer") && err.contains("export"),
+                        "{err}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_peer_ring_writes_its_peers_outputs_and_a_staged_one_only_slots() {
+        for in_place in [false, true] {
+            let mut spec = RingSpec::new(4, 37, 3, 2, EdgeTransport::Peer);
+            spec.in_place = in_place;
+            let plan = spec.build().unwrap();
+            check_exports(&plan, |_| true).unwrap();
+            // The all-gather copies straight into the next rank's output.
+            let err = check_exports(&plan, own_memory).unwrap_err().0;
+            assert!(
+                err.contains("Output buffer") && err.contains("all-gather"),
+                "{err}"
+            );
+            spec.transports = vec![EdgeTransport::Staged; 4];
+            let plan = spec.build().unwrap();
+            check_exports(&plan, own_memory).unwrap_or_else(|e| panic!("staged: {e}"));
+            let err = check_exports(&plan, |kind| kind.is_callers())
+                .unwrap_err()
+                .0;
+            assert!(err.contains("HostSlots"), "{err}");
+        }
+    }
+}
