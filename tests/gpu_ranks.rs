@@ -2,7 +2,8 @@
 //! GPU as torchrun runs them: every algorithm of the all-reduce and every other collective,
 //! exact against the host reference (two and three processes), their memory crossing through
 //! CUDA IPC handles; calls on each process's own stream and in its CUDA graphs; a killed rank
-//! named; a mismatched call named on every rank; two such ranks in one process refused by
+//! named; a mismatched call named on every rank; staged rings through pinned host memory the
+//! processes share; two such ranks in one process refused by
 //! name. On a one-GPU machine the ranks share GPU 0
 //! (`allow_shared_device`). A machine without a GPU waives them.
 
@@ -203,6 +204,66 @@ fn gpu_ranks_as_processes_run_every_collective_exactly() {
             "gpu_ranks_as_processes_run_every_collective_exactly",
             world,
             |_| vec![("RINGREDUCE_IPC".into(), sharing.into())],
+        );
+        expect_success(ranks, Duration::from_secs(300));
+    }
+}
+
+#[test]
+fn gpu_ranks_as_processes_stage_through_shared_pinned_memory() {
+    if let Some(env) = as_rank() {
+        let gpus = ringreduce::device_count().unwrap();
+        let device = if gpus >= env.world { env.rank } else { 0 };
+        let id = env.unique_id().unwrap();
+        let config = CudaConfig {
+            transport: ringreduce::Transport::Staged,
+            ..config(Algorithm::Ring)
+        };
+        let mut comm = RankCommunicator::gpu(&id, env.rank, env.world, device, config).unwrap();
+        let (rank, world, count) = (env.rank, env.world, 5000);
+        for op in [ReduceOp::Sum, ReduceOp::Avg] {
+            let want: Vec<f32> = (0..count).map(|k| expected_value(op, world, k)).collect();
+            let input = GpuBuffer::from_host(device, &values(op, rank, count)).unwrap();
+            let mut output = GpuBuffer::<f32>::zeroed(device, count).unwrap();
+            comm.all_reduce(&input, &mut output, op).unwrap();
+            assert_eq!(output.to_host().unwrap(), want, "rank {rank} staged {op:?}");
+            let mut buf = GpuBuffer::from_host(device, &values(op, rank, count)).unwrap();
+            comm.all_reduce_in_place(&mut buf, op).unwrap();
+            assert_eq!(
+                buf.to_host().unwrap(),
+                want,
+                "rank {rank} staged {op:?} in place"
+            );
+        }
+        let per = 333;
+        let mine = GpuBuffer::from_host(device, &values(ReduceOp::Sum, rank, per)).unwrap();
+        let mut all = GpuBuffer::<f32>::zeroed(device, per * world).unwrap();
+        comm.collective(
+            &Collective::AllGather,
+            Some(&mine),
+            Some(&mut all),
+            ReduceOp::Sum,
+        )
+        .unwrap();
+        let want: Vec<f32> = (0..world)
+            .flat_map(|r| values(ReduceOp::Sum, r, per))
+            .collect();
+        assert_eq!(
+            all.to_host().unwrap(),
+            want,
+            "rank {rank} staged all-gather"
+        );
+        println!("rank {rank}: staged through shared pinned memory, exact");
+        return;
+    }
+    if two_gpus_or_shared().is_none() {
+        return;
+    }
+    for world in [2, 3] {
+        let ranks = launch(
+            "gpu_ranks_as_processes_stage_through_shared_pinned_memory",
+            world,
+            |_| vec![],
         );
         expect_success(ranks, Duration::from_secs(300));
     }

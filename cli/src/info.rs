@@ -39,6 +39,10 @@ pub fn run() -> Result<(), String> {
         }
     }
     out!(
+        "GPU ranks' pinned host memory (staged edges) crosses processes as anonymous files \
+         (memfd) passed by descriptor: /dev/shm's size does not limit it"
+    );
+    out!(
         "host ranks in separate processes share memory through: /dev/shm ({})",
         shm_room()
     );

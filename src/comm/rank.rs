@@ -93,8 +93,9 @@ impl RankCommunicator {
     }
 
     /// Joins the job of `id` as rank `rank` of `world` on this process's GPU `device`. The ranks
-    /// may share GPUs only with `config.allow_shared_device`; every pair of GPUs must reach the
-    /// other over peer access (pinned host memory does not cross processes yet).
+    /// may share GPUs only with `config.allow_shared_device`. GPUs without peer access between
+    /// them (or `Transport::Staged`) move data through pinned host memory shared between the
+    /// processes.
     pub fn gpu(
         id: &UniqueId,
         rank: usize,

@@ -19,6 +19,10 @@
 //! process's current context with peer access enabled lazily; the same handle may be opened once
 //! per context, so callers keep what they opened ([`close_handle`] unmaps it).
 //!
+//! **Pinned host memory** crosses the same way: an anonymous file (`memfd_create`) mapped shared
+//! in each process and registered with the driver there ([`create_shared_host`],
+//! [`map_shared_host`]), its descriptor registered and passed like device memory's.
+//!
 //! Invariant: a mapping or handle opened here is closed at most once, and only by its opener; a
 //! registered descriptor is closed before its memory is released.
 
@@ -35,10 +39,15 @@ static SHAREABLE: Mutex<BTreeMap<u64, (usize, OwnedFd)>> = Mutex::new(BTreeMap::
 
 /// Registers `memory`'s descriptor (made now) so that [`shareable_fd`] finds it.
 pub(crate) fn register_shareable(memory: &Mapped) -> Result<()> {
-    let fd = export_fd(memory)?;
-    let mut shareable = SHAREABLE.lock().unwrap_or_else(|p| p.into_inner());
-    shareable.insert(memory.base, (memory.size, fd));
+    register_fd(memory.base, memory.size, export_fd(memory)?);
     Ok(())
+}
+
+/// Registers `fd`, the descriptor of the `size` bytes of shareable memory at `base` (device
+/// memory, or shared pinned host memory), so that [`shareable_fd`] finds it.
+pub(crate) fn register_fd(base: u64, size: usize, fd: OwnedFd) {
+    let mut shareable = SHAREABLE.lock().unwrap_or_else(|p| p.into_inner());
+    shareable.insert(base, (size, fd));
 }
 
 /// Forgets (and closes) the descriptor registered for the allocation at `base`.
@@ -287,4 +296,110 @@ pub unsafe fn unmap(ctx: &CudaContext, memory: Mapped) -> Result<()> {
         .result()
         .call("cuMemRelease");
     unmapped.and(freed).and(released)
+}
+
+/// Host memory shared between processes and pinned for every context of each: `len` bytes of an
+/// anonymous file (`memfd_create`, so nothing is named in `/dev/shm` and its size limit does not
+/// apply), mapped shared here and registered with the driver (`cuMemHostRegister`, portable and
+/// device-mapped). Returns the mapping's address — the same for the host and, through unified
+/// addressing, the GPUs — and the file's descriptor, for peers to map ([`map_shared_host`]).
+/// Its pages are reserved now (`posix_fallocate`), so a host without the room is an error here,
+/// never a `SIGBUS` later.
+pub fn create_shared_host(len: usize) -> Result<(*mut u8, OwnedFd)> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: a NUL-terminated name and valid flags; the descriptor returned is ours.
+    let fd = unsafe { libc::memfd_create(c"ringreduce-pinned".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(os_error("memfd_create for shared pinned host memory"));
+    }
+    // SAFETY: just opened, owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid descriptor and a range from 0.
+    let reserved = unsafe { libc::posix_fallocate(fd.as_raw_fd(), 0, len as libc::off_t) };
+    if reserved != 0 {
+        return Err(crate::error::Error::Resource {
+            what: format!(
+                "cannot reserve {len} bytes of host memory shared between processes: {}",
+                std::io::Error::from_raw_os_error(reserved)
+            ),
+        });
+    }
+    let ptr = map_shared_host(&fd, len)?;
+    Ok((ptr, fd))
+}
+
+/// Maps `len` bytes of the shared host memory `fd` names (made by [`create_shared_host`], here
+/// or in a peer process) and registers them with the driver, pinned for every context and
+/// mapped for the GPUs. Undone by [`unmap_shared_host`].
+pub fn map_shared_host(fd: &OwnedFd, len: usize) -> Result<*mut u8> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a fresh shared mapping of an open descriptor at least `len` long; no fixed address.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(os_error("mmap of shared pinned host memory"));
+    }
+    let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+    // SAFETY: `ptr..ptr + len` is a live mapping of ours.
+    let registered = unsafe { sys::cuMemHostRegister_v2(ptr, len, flags) }
+        .result()
+        .call("cuMemHostRegister");
+    let same = registered.and_then(|()| {
+        let mut device = 0u64;
+        // SAFETY: `device` is a live local; `ptr` was registered just above.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, ptr, 0) }
+            .result()
+            .call("cuMemHostGetDevicePointer")?;
+        match device == ptr as u64 {
+            true => Ok(()),
+            false => Err(crate::error::Error::Resource {
+                what: "this GPU maps registered host memory at another address than the host's \
+                       (no unified addressing for it): shared pinned memory is not supported here"
+                    .into(),
+            }),
+        }
+    });
+    if let Err(err) = same {
+        // SAFETY: our mapping, used by nothing; unregistering memory never registered fails
+        // harmlessly.
+        unsafe {
+            let _ = sys::cuMemHostUnregister(ptr);
+            libc::munmap(ptr, len);
+        }
+        return Err(err);
+    }
+    Ok(ptr.cast())
+}
+
+/// Unregisters and unmaps what [`map_shared_host`] mapped.
+///
+/// # Safety
+/// `ptr` and `len` came from [`map_shared_host`] (or [`create_shared_host`]) in this process,
+/// are undone once, and nothing queued or to be queued uses the memory any more.
+pub unsafe fn unmap_shared_host(ptr: *mut u8, len: usize) -> Result<()> {
+    // SAFETY: the caller's contract.
+    let unregistered = unsafe { sys::cuMemHostUnregister(ptr.cast()) }
+        .result()
+        .call("cuMemHostUnregister");
+    // SAFETY: as above.
+    if unsafe { libc::munmap(ptr.cast(), len) } != 0 {
+        unregistered?;
+        return Err(os_error("munmap of shared pinned host memory"));
+    }
+    unregistered
+}
+
+fn os_error(what: &str) -> crate::error::Error {
+    crate::error::Error::Resource {
+        what: format!("{what}: {}", std::io::Error::last_os_error()),
+    }
 }

@@ -205,6 +205,9 @@ pub struct PinnedHost {
     ptr: *mut u8,
     len_bytes: usize,
     ctx: Arc<CudaContext>,
+    /// Memory shared with other processes ([`PinnedHost::shareable`]): mapped from an anonymous
+    /// file and registered, not `cuMemHostAlloc`'s.
+    shared: bool,
 }
 
 // SAFETY: a PinnedHost owns its allocation exclusively, like a Box<[u8]>: pinned memory is ordinary
@@ -246,6 +249,29 @@ impl PinnedHost {
             ptr,
             len_bytes,
             ctx: Arc::clone(ctx),
+            shared: false,
+        })
+    }
+
+    /// Allocates `len_bytes` (> 0) of pinned host memory that other processes can map: an
+    /// anonymous file, zeroed, registered with the driver for every context
+    /// ([`ipc::create_shared_host`]), whose descriptor the [IPC module](super::ipc)'s registry
+    /// holds until the memory is freed ([`super::shareable_fd`]). Binds `ctx`.
+    pub fn shareable(ctx: &Arc<CudaContext>, len_bytes: usize) -> Result<Self> {
+        if len_bytes == 0 {
+            return Err(Error::InvalidArgument(
+                "a pinned host buffer needs at least one byte".to_string(),
+            ));
+        }
+        let _quiet = super::gate::quiet();
+        bind(ctx)?;
+        let (ptr, fd) = ipc::create_shared_host(len_bytes)?;
+        ipc::register_fd(ptr as u64, len_bytes, fd);
+        Ok(Self {
+            ptr,
+            len_bytes,
+            ctx: Arc::clone(ctx),
+            shared: true,
         })
     }
 
@@ -302,6 +328,12 @@ impl PinnedHost {
         }
         let _quiet = super::gate::quiet();
         bind(&self.ctx)?;
+        if self.shared {
+            ipc::unregister_shareable(ptr as u64);
+            // SAFETY: mapped by `shareable` in this process, undone once (`ptr` swapped for null
+            // above); queued work that still uses it is excluded as below.
+            return unsafe { ipc::unmap_shared_host(ptr, self.len_bytes) };
+        }
         // SAFETY: `ptr` came from cuMemHostAlloc in `self.ctx` (now current) and is freed exactly
         // once: it was swapped for null above, and `free` and `Drop` both come through here.
         unsafe { result::free_host(ptr.cast()) }.call("cuMemFreeHost")

@@ -122,8 +122,8 @@ mod stream;
 pub(crate) use context::{bind, save_current};
 pub use context::{context, device_info, devices, memory_info, ordinal_of, DeviceInfo};
 pub use ipc::{
-    close_handle, export_handle, fd_sharing_supported, import_fd, open_handle, shareable_fd, unmap,
-    Mapped,
+    close_handle, create_shared_host, export_handle, fd_sharing_supported, import_fd,
+    map_shared_host, open_handle, shareable_fd, unmap, unmap_shared_host, Mapped,
 };
 pub use memory::{memcpy_async, memcpy_peer_async, memset_d32_async, DeviceBuffer, PinnedHost};
 pub use module::{compute_capability, load_function, load_module};

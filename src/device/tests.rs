@@ -242,6 +242,38 @@ fn shareable_memory_maps_again_from_its_descriptor() -> Result<()> {
     Ok(())
 }
 
+/// Shared pinned host memory: mapped again from its descriptor (as a peer process does), the
+/// same bytes; the GPU reads it at the host's address.
+#[test]
+fn shared_pinned_memory_maps_again_from_its_descriptor() -> Result<()> {
+    let Some(_) = gpus(1, "pinned host memory shared by a file descriptor") else {
+        return Ok(());
+    };
+    let ctx = context(0)?;
+    let len = 2 * 4096 + 3;
+    let want = pattern(1, len);
+    let mut pinned = PinnedHost::shareable(&ctx, len)?;
+    assert!(pinned.as_slice().iter().all(|&b| b == 0), "zeroed");
+    pinned.as_mut_slice().copy_from_slice(&want);
+    let (base, size, fd) = shareable_fd(pinned.uva_ptr() + 7)?.expect("registered");
+    assert_eq!((base, size), (pinned.uva_ptr(), len));
+    let again = map_shared_host(&fd, len)?;
+    assert_ne!(again as u64, base, "a second mapping");
+    // The GPU copies from the second mapping into device memory: the same bytes.
+    let device = DeviceBuffer::new(&ctx, len)?;
+    // SAFETY: both hold `len` bytes; the copy is complete when it returns.
+    unsafe { cudarc::driver::result::memcpy_dtod_sync(device.ptr(), again as u64, len) }
+        .call("cuMemcpyDtoD")?;
+    let mut got = vec![0u8; len];
+    device.copy_to_host(&mut got)?;
+    assert_bytes_eq("the same memory through its descriptor", &got, &want);
+    // SAFETY: nothing uses the second mapping any more.
+    unsafe { unmap_shared_host(again, len) }?;
+    pinned.free()?;
+    assert!(shareable_fd(base)?.is_none(), "forgotten once freed");
+    Ok(())
+}
+
 /// Pointer queries on a thread with no current context, and handles made on one thread used
 /// and dropped on another (the executor creates everything up front, then hands it to one
 /// thread per GPU).

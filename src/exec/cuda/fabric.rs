@@ -24,7 +24,7 @@
 //! Invariant: `all_gather` returns every rank's record exactly as that rank gave it, in rank
 //! order; `import(export(m))` is an address of the same memory in the importing rank's context.
 
-use crate::device::{self, DeviceBuffer};
+use crate::device::{self, DeviceBuffer, PinnedHost};
 use crate::error::{Error, Result};
 use crate::exec::fds::FdServer;
 use crate::exec::job::{CallShape, Job};
@@ -108,6 +108,12 @@ pub(crate) trait Fabric: Send + Sync {
     /// (`cuMemAlloc` memory, unless the fabric shares memory another way).
     fn exportable(&self, ctx: &Arc<CudaContext>, bytes: usize) -> Result<DeviceBuffer> {
         DeviceBuffer::new(ctx, bytes)
+    }
+
+    /// Pinned host memory of `bytes` (zeroed, portable, mapped for the GPUs) that this fabric can
+    /// export to the peers (`cuMemHostAlloc` memory, unless the fabric shares it another way).
+    fn exportable_host(&self, ctx: &Arc<CudaContext>, bytes: usize) -> Result<PinnedHost> {
+        PinnedHost::new(ctx, bytes)
     }
 
     /// Unmaps what this process imported from other processes, once nothing uses it (every
@@ -209,10 +215,10 @@ impl Fabric for InProcess {
 /// server over a Unix-domain socket (`exec::fds`) and maps; other memory as a legacy CUDA IPC
 /// handle of its allocation (`device::export_handle`), which a peer opens. Either way the record
 /// carries the address's offset in its allocation, and a peer maps each allocation once (undone
-/// with the communicator).
-/// The ranks share the job's control words (`exec::job`): every call starts with their shape
-/// check, and a peer that failed its call or whose process is gone is lost. Pinned host memory cannot cross processes yet: staged
-/// edges and host mailboxes (GPUs without peer access) are refused by name.
+/// with the communicator). Pinned host memory (staged edges, counters' mailboxes between GPUs
+/// without peer access) is an anonymous file mapped in each process, passed by descriptor the
+/// same way. The ranks share the job's control words (`exec::job`): every call starts with
+/// their shape check, and a peer that failed its call or whose process is gone is lost.
 ///
 /// Two ranks in one process are refused: this crate's gate (`device::gate`) keeps a process's
 /// blocking CUDA calls from overlapping its own spinning peer kernels, which assumes that one
@@ -231,10 +237,14 @@ pub(crate) struct Joined {
     /// Allocations of other processes mapped here from their descriptors, by (rank, the
     /// exporter's base address).
     mapped: Mutex<HashMap<(usize, u64), device::Mapped>>,
-    /// How this rank's memory is shared.
+    /// Pinned host memory of other processes mapped here, by (rank, the exporter's address):
+    /// its address here and its length.
+    host_mapped: Mutex<HashMap<(usize, u64), (u64, usize)>>,
+    /// How this rank's device memory is shared.
     sharing: MemorySharing,
-    /// This rank's descriptor server (sharing by descriptors).
-    _server: Option<FdServer>,
+    /// This rank's descriptor server (device memory made by `cuMemCreate`, and pinned host
+    /// memory).
+    _server: FdServer,
 }
 
 /// How a process shares its GPU memory with the other processes of a job.
@@ -268,9 +278,21 @@ impl MemorySharing {
     }
 }
 
-/// A record's first word: how the memory it names is shared.
+/// A record's first word: how the memory it names is shared — device memory by descriptor or by
+/// legacy IPC handle, pinned host memory by descriptor.
 const BY_DESCRIPTOR: u64 = 1;
 const BY_IPC_HANDLE: u64 = 2;
+const BY_HOST_DESCRIPTOR: u64 = 3;
+
+impl Joined {
+    /// The descriptor of the memory rank `from` exported at `base`, from its server.
+    fn fetch(&self, from: usize, base: u64) -> Result<std::os::fd::OwnedFd> {
+        let name = server_name(self.job.prefix(), from);
+        crate::exec::fds::fetch(&name, base)?.ok_or_else(|| Error::Internal {
+            what: format!("rank {from} no longer shares the memory it exported at {base:#x}"),
+        })
+    }
+}
 
 impl Joined {
     /// The fabric of the rank that `rendezvous` joined (the job `id` names), on this process's
@@ -288,17 +310,12 @@ impl Joined {
         }
         let ctx = device::context(device)?;
         let sharing = MemorySharing::of(device)?;
-        let server = match sharing {
-            MemorySharing::FileDescriptors => {
-                Some(FdServer::start(&server_name(job.prefix(), rank), |base| {
-                    device::shareable_fd(base)
-                        .ok()
-                        .flatten()
-                        .map(|(_, _, fd)| fd)
-                })?)
-            }
-            MemorySharing::LegacyIpc => None,
-        };
+        let server = FdServer::start(&server_name(job.prefix(), rank), |base| {
+            device::shareable_fd(base)
+                .ok()
+                .flatten()
+                .map(|(_, _, fd)| fd)
+        })?;
         Ok(Joined {
             rank: rendezvous.rank(),
             world: rendezvous.world(),
@@ -307,6 +324,7 @@ impl Joined {
             ctx,
             opened: Mutex::new(HashMap::new()),
             mapped: Mutex::new(HashMap::new()),
+            host_mapped: Mutex::new(HashMap::new()),
             sharing,
             _server: server,
         })
@@ -333,14 +351,28 @@ impl Fabric for Joined {
     }
 
     fn export(&self, rank: usize, memory: Exported) -> Result<Record> {
-        let Exported::Device { addr, .. } = memory else {
-            return Err(Error::InvalidArgument(format!(
-                "rank {rank} would share pinned host memory with another process (a staged edge, \
-                 or event counters between GPUs without peer access), which is not supported yet: \
-                 give every pair of GPUs peer access, or run the ranks in one process"
-            )));
-        };
         let pid = u64::from(std::process::id());
+        let addr = match memory {
+            Exported::Device { addr, .. } => addr,
+            Exported::Host { addr, .. } => {
+                let Some((base, size, _)) = device::shareable_fd(addr)? else {
+                    return Err(Error::Internal {
+                        what: format!(
+                            "rank {rank} exports pinned host memory at {addr:#x} that it did not \
+                             make shareable"
+                        ),
+                    });
+                };
+                return Ok(vec![
+                    BY_HOST_DESCRIPTOR,
+                    pid,
+                    addr,
+                    addr - base,
+                    base,
+                    size as u64,
+                ]);
+            }
+        };
         if let Some((base, size, _)) = device::shareable_fd(addr)? {
             return Ok(vec![
                 BY_DESCRIPTOR,
@@ -372,6 +404,18 @@ impl Fabric for Joined {
         if pid == u64::from(std::process::id()) {
             return Ok(addr); // this rank's own memory (`new` refuses other ranks of this process)
         }
+        if how == BY_HOST_DESCRIPTOR {
+            let (base, size) = (fields.word()?, fields.word()?);
+            fields.finish()?;
+            let mut mapped = self.host_mapped.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(&(here, _)) = mapped.get(&(from, base)) {
+                return Ok(here + offset);
+            }
+            let fd = self.fetch(from, base)?;
+            let here = device::map_shared_host(&fd, size as usize)? as u64;
+            mapped.insert((from, base), (here, size as usize));
+            return Ok(here + offset);
+        }
         if how == BY_DESCRIPTOR {
             let (base, size) = (fields.word()?, fields.word()?);
             fields.finish()?;
@@ -379,10 +423,7 @@ impl Fabric for Joined {
             if let Some(memory) = mapped.get(&(from, base)) {
                 return Ok(memory.base + offset);
             }
-            let name = server_name(self.job.prefix(), from);
-            let fd = crate::exec::fds::fetch(&name, base)?.ok_or_else(|| Error::Internal {
-                what: format!("rank {from} no longer shares the memory it exported at {base:#x}"),
-            })?;
+            let fd = self.fetch(from, base)?;
             let memory = device::import_fd(&self.ctx, &fd, size as usize)?;
             let at = memory.base + offset;
             mapped.insert((from, base), memory);
@@ -426,6 +467,10 @@ impl Fabric for Joined {
         self.all_gather(vec![Vec::new()]).map(drop)
     }
 
+    fn exportable_host(&self, ctx: &Arc<CudaContext>, bytes: usize) -> Result<PinnedHost> {
+        PinnedHost::shareable(ctx, bytes)
+    }
+
     fn exportable(&self, ctx: &Arc<CudaContext>, bytes: usize) -> Result<DeviceBuffer> {
         match self.sharing {
             MemorySharing::FileDescriptors => DeviceBuffer::shareable(ctx, bytes),
@@ -436,7 +481,16 @@ impl Fabric for Joined {
     fn close_imports(&self) -> Result<()> {
         let opened = std::mem::take(&mut *self.opened.lock().unwrap_or_else(|p| p.into_inner()));
         let mapped = std::mem::take(&mut *self.mapped.lock().unwrap_or_else(|p| p.into_inner()));
+        let host = std::mem::take(&mut *self.host_mapped.lock().unwrap_or_else(|p| p.into_inner()));
         let mut first = Ok(());
+        for (here, len) in host.into_values() {
+            // SAFETY: mapped here once (the map holds each allocation once), taken out of the
+            // map so never unmapped again; the caller promises every local stream is idle.
+            let unmapped = unsafe { device::unmap_shared_host(here as *mut u8, len) };
+            if first.is_ok() {
+                first = unmapped;
+            }
+        }
         for memory in mapped.into_values() {
             // SAFETY: mapped here in `ctx`, once (the map holds each allocation once), taken out
             // of the map so never unmapped again; the caller promises every local stream is idle.

@@ -89,7 +89,7 @@ impl Counters {
                 Mailboxes::Device(mailboxes)
             }
             false => {
-                let mut words = PinnedHost::new(&res.ctx, events * 4)?;
+                let mut words = fabric.exportable_host(&res.ctx, events * 4)?;
                 words.as_mut_slice().fill(0);
                 Mailboxes::Host(words)
             }

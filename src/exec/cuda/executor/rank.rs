@@ -268,7 +268,9 @@ impl RankExecutor {
                 },
                 kind => {
                     let own = match kind {
-                        BufKind::HostSlots => Staging::Host(PinnedHost::new(&res.ctx, bytes)?),
+                        BufKind::HostSlots => {
+                            Staging::Host(fabric.exportable_host(&res.ctx, bytes)?)
+                        }
                         _ => Staging::Device(fabric.exportable(&res.ctx, bytes)?),
                     };
                     let exported = own.exported();
