@@ -270,6 +270,55 @@ fn gpu_ranks_as_processes_stage_through_shared_pinned_memory() {
 }
 
 #[test]
+fn gpu_ranks_as_processes_stay_exact_as_plans_come_and_go() {
+    if let Some(env) = as_rank() {
+        let gpus = ringreduce::device_count().unwrap();
+        let device = if gpus >= env.world { env.rank } else { 0 };
+        let (rank, world) = (env.rank, env.world);
+        for (job, algorithm) in [Algorithm::Auto, Algorithm::Ring].into_iter().enumerate() {
+            let id = LaunchEnv {
+                run_id: Some(format!("{:?}-{job}", env.run_id)),
+                ..env.clone()
+            }
+            .unique_id()
+            .unwrap();
+            let mut comm =
+                RankCommunicator::gpu(&id, rank, world, device, config(algorithm)).unwrap();
+            // More sizes than the plan cache holds, twice over: evicted plans' memory is freed
+            // and its addresses reused by the next plans' (the peers must map the new memory,
+            // never the old mapping).
+            let op = ReduceOp::Sum;
+            for round in 0..2 {
+                for i in 0..12 {
+                    let count = 1000 + 4099 * i + round;
+                    let want: Vec<f32> = (0..count).map(|k| expected_value(op, world, k)).collect();
+                    let mut buf = GpuBuffer::from_host(device, &values(op, rank, count)).unwrap();
+                    comm.all_reduce_in_place(&mut buf, op).unwrap();
+                    assert_eq!(
+                        buf.to_host().unwrap(),
+                        want,
+                        "rank {rank} {algorithm:?} round {round} count {count}"
+                    );
+                }
+            }
+        }
+        println!("rank {rank}: 48 sizes exact through the plan cache");
+        return;
+    }
+    if two_gpus_or_shared().is_none() {
+        return;
+    }
+    for sharing in ["default", "legacy"] {
+        let ranks = launch(
+            "gpu_ranks_as_processes_stay_exact_as_plans_come_and_go",
+            2,
+            |_| vec![("RINGREDUCE_IPC".into(), sharing.into())],
+        );
+        expect_success(ranks, Duration::from_secs(300));
+    }
+}
+
+#[test]
 fn a_gpu_rank_killed_mid_job_is_named_well_before_the_timeout() {
     const VICTIM: usize = 1;
     if let Some(env) = as_rank() {

@@ -33,9 +33,26 @@ use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 use std::sync::Mutex;
 
-/// The shareable allocations of this process, by base address: their size and a descriptor
-/// exported for each (module doc).
-static SHAREABLE: Mutex<BTreeMap<u64, (usize, OwnedFd)>> = Mutex::new(BTreeMap::new());
+/// A shareable allocation of this process, as [`shareable_fd`] finds it.
+#[derive(Debug)]
+pub struct Shareable {
+    /// Its first address.
+    pub base: u64,
+    /// Its length in bytes.
+    pub size: usize,
+    /// A number no other allocation of this process has had: what peers key what they mapped by
+    /// (a freed allocation's addresses may be given to a new one, its serial never).
+    pub serial: u64,
+    /// A duplicate of its descriptor, the caller's to send and close.
+    pub fd: OwnedFd,
+}
+
+/// The shareable allocations of this process, by base address: their size, serial and a
+/// descriptor exported for each (module doc).
+static SHAREABLE: Mutex<BTreeMap<u64, (usize, u64, OwnedFd)>> = Mutex::new(BTreeMap::new());
+
+/// The serial of the next allocation registered.
+static NEXT_SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// Registers `memory`'s descriptor (made now) so that [`shareable_fd`] finds it.
 pub(crate) fn register_shareable(memory: &Mapped) -> Result<()> {
@@ -46,8 +63,9 @@ pub(crate) fn register_shareable(memory: &Mapped) -> Result<()> {
 /// Registers `fd`, the descriptor of the `size` bytes of shareable memory at `base` (device
 /// memory, or shared pinned host memory), so that [`shareable_fd`] finds it.
 pub(crate) fn register_fd(base: u64, size: usize, fd: OwnedFd) {
+    let serial = NEXT_SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut shareable = SHAREABLE.lock().unwrap_or_else(|p| p.into_inner());
-    shareable.insert(base, (size, fd));
+    shareable.insert(base, (size, serial, fd));
 }
 
 /// Forgets (and closes) the descriptor registered for the allocation at `base`.
@@ -56,20 +74,36 @@ pub(crate) fn unregister_shareable(base: u64) {
     shareable.remove(&base);
 }
 
-/// The shareable allocation `addr` lies in, if any: its base, its size, and a duplicate of its
-/// descriptor (the caller's to send and close).
-pub fn shareable_fd(addr: u64) -> Result<Option<(u64, usize, OwnedFd)>> {
+fn duplicate(fd: &OwnedFd) -> Result<OwnedFd> {
+    fd.try_clone().map_err(|e| crate::error::Error::Resource {
+        what: format!("cannot duplicate a memory descriptor: {e}"),
+    })
+}
+
+/// The shareable allocation `addr` lies in, if any.
+pub fn shareable_fd(addr: u64) -> Result<Option<Shareable>> {
     let shareable = SHAREABLE.lock().unwrap_or_else(|p| p.into_inner());
-    let Some((&base, (size, fd))) = shareable.range(..=addr).next_back() else {
+    let Some((&base, (size, serial, fd))) = shareable.range(..=addr).next_back() else {
         return Ok(None);
     };
     if addr >= base + *size as u64 {
         return Ok(None);
     }
-    let fd = fd.try_clone().map_err(|e| crate::error::Error::Resource {
-        what: format!("cannot duplicate a memory descriptor: {e}"),
-    })?;
-    Ok(Some((base, *size, fd)))
+    Ok(Some(Shareable {
+        base,
+        size: *size,
+        serial: *serial,
+        fd: duplicate(fd)?,
+    }))
+}
+
+/// A duplicate of the descriptor of the live shareable allocation numbered `serial`, if any.
+pub fn shareable_by_serial(serial: u64) -> Option<OwnedFd> {
+    let shareable = SHAREABLE.lock().unwrap_or_else(|p| p.into_inner());
+    shareable
+        .values()
+        .find(|(_, s, _)| *s == serial)
+        .and_then(|(_, _, fd)| duplicate(fd).ok())
 }
 
 /// The IPC handle of the allocation `addr` lies in, and `addr`'s offset in it, for a peer

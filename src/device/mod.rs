@@ -123,7 +123,8 @@ pub(crate) use context::{bind, save_current};
 pub use context::{context, device_info, devices, memory_info, ordinal_of, DeviceInfo};
 pub use ipc::{
     close_handle, create_shared_host, export_handle, fd_sharing_supported, import_fd,
-    map_shared_host, open_handle, shareable_fd, unmap, unmap_shared_host, Mapped,
+    map_shared_host, open_handle, shareable_by_serial, shareable_fd, unmap, unmap_shared_host,
+    Mapped, Shareable,
 };
 pub use memory::{memcpy_async, memcpy_peer_async, memset_d32_async, DeviceBuffer, PinnedHost};
 pub use module::{compute_capability, load_function, load_module};

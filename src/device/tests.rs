@@ -224,7 +224,9 @@ fn shareable_memory_maps_again_from_its_descriptor() -> Result<()> {
     let want = pattern(0, len);
     let mut buffer = DeviceBuffer::shareable(&ctx, len)?;
     buffer.copy_from_host(&want)?;
-    let (base, size, fd) = shareable_fd(buffer.ptr() + 100)?.expect("registered");
+    let shared = shareable_fd(buffer.ptr() + 100)?.expect("registered");
+    let (base, size, serial, fd) = (shared.base, shared.size, shared.serial, shared.fd);
+    assert!(shareable_by_serial(serial).is_some(), "found by its serial");
     assert_eq!(base, buffer.ptr());
     assert!(size >= len, "{size} < {len}");
     assert!(shareable_fd(base + size as u64)?.is_none(), "past the end");
@@ -239,6 +241,14 @@ fn shareable_memory_maps_again_from_its_descriptor() -> Result<()> {
     unsafe { unmap(&ctx, again) }?;
     buffer.free()?;
     assert!(shareable_fd(base)?.is_none(), "forgotten once freed");
+    assert!(shareable_by_serial(serial).is_none(), "its serial too");
+    // A new allocation may take the freed one's addresses, never its serial.
+    let next = DeviceBuffer::shareable(&ctx, len)?;
+    assert_ne!(
+        shareable_fd(next.ptr())?.expect("registered").serial,
+        serial
+    );
+    next.free()?;
     Ok(())
 }
 
@@ -255,7 +265,8 @@ fn shared_pinned_memory_maps_again_from_its_descriptor() -> Result<()> {
     let mut pinned = PinnedHost::shareable(&ctx, len)?;
     assert!(pinned.as_slice().iter().all(|&b| b == 0), "zeroed");
     pinned.as_mut_slice().copy_from_slice(&want);
-    let (base, size, fd) = shareable_fd(pinned.uva_ptr() + 7)?.expect("registered");
+    let shared = shareable_fd(pinned.uva_ptr() + 7)?.expect("registered");
+    let (base, size, fd) = (shared.base, shared.size, shared.fd);
     assert_eq!((base, size), (pinned.uva_ptr(), len));
     let again = map_shared_host(&fd, len)?;
     assert_ne!(again as u64, base, "a second mapping");

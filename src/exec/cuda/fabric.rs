@@ -116,6 +116,13 @@ pub(crate) trait Fabric: Send + Sync {
         PinnedHost::new(ctx, bytes)
     }
 
+    /// Releases one import of `handle` (rank `from`'s record, imported earlier): the memory is
+    /// unmapped here once every import of it is released. The caller promises that nothing
+    /// queued uses that import any more.
+    fn release(&self, _from: usize, _handle: &[u64]) -> Result<()> {
+        Ok(())
+    }
+
     /// Unmaps what this process imported from other processes, once nothing uses it (every
     /// local stream idle); left mapped when a stuck GPU may still use it.
     fn close_imports(&self) -> Result<()> {
@@ -126,6 +133,48 @@ pub(crate) trait Fabric: Send + Sync {
     /// needs another's memory, and none is taken for lost because it ended first.
     fn farewell(&self) -> Result<()> {
         Ok(())
+    }
+}
+
+/// What one prepared plan imported from its peers, so that its imports can be released when
+/// the plan is dropped from the cache (after its streams were synchronised): a workload whose
+/// message size keeps changing would otherwise keep every evicted plan's peer memory mapped.
+pub(crate) struct Imports {
+    fabric: Arc<dyn Fabric>,
+    /// (exporting rank, its record) of every import, in order.
+    list: Mutex<Vec<(usize, Record)>>,
+}
+
+impl Imports {
+    pub(crate) fn new(fabric: Arc<dyn Fabric>) -> Imports {
+        Imports {
+            fabric,
+            list: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// [`Fabric::import`], remembered.
+    pub(crate) fn import(&self, rank: usize, from: usize, handle: &[u64]) -> Result<u64> {
+        let at = self.fabric.import(rank, from, handle)?;
+        let mut list = self.list.lock().unwrap_or_else(|p| p.into_inner());
+        list.push((from, handle.to_vec()));
+        Ok(at)
+    }
+
+    /// Releases every import remembered ([`Fabric::release`]); the first error.
+    ///
+    /// # Safety
+    /// Nothing queued or to be queued uses the imported memory through this plan any more.
+    pub(crate) unsafe fn release_all(&self) -> Result<()> {
+        let list = std::mem::take(&mut *self.list.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut first = Ok(());
+        for (from, handle) in list {
+            let released = self.fabric.release(from, &handle);
+            if first.is_ok() {
+                first = released;
+            }
+        }
+        first
     }
 }
 
@@ -232,14 +281,9 @@ pub(crate) struct Joined {
     job: Job,
     /// This rank's context: where imported memory is mapped.
     ctx: Arc<CudaContext>,
-    /// Allocations of other processes opened here, by handle: their base address.
-    opened: Mutex<HashMap<[u8; 64], u64>>,
-    /// Allocations of other processes mapped here from their descriptors, by (rank, the
-    /// exporter's base address).
-    mapped: Mutex<HashMap<(usize, u64), device::Mapped>>,
-    /// Pinned host memory of other processes mapped here, by (rank, the exporter's address):
-    /// its address here and its length.
-    host_mapped: Mutex<HashMap<(usize, u64), (u64, usize)>>,
+    /// Memory of other processes mapped here, each allocation once, with the number of imports
+    /// not yet released ([`Fabric::release`]).
+    imports: Mutex<HashMap<ImportKey, Import>>,
     /// How this rank's device memory is shared.
     sharing: MemorySharing,
     /// This rank's descriptor server (device memory made by `cuMemCreate`, and pinned host
@@ -285,11 +329,12 @@ const BY_IPC_HANDLE: u64 = 2;
 const BY_HOST_DESCRIPTOR: u64 = 3;
 
 impl Joined {
-    /// The descriptor of the memory rank `from` exported at `base`, from its server.
-    fn fetch(&self, from: usize, base: u64) -> Result<std::os::fd::OwnedFd> {
+    /// The descriptor of the allocation numbered `serial` that rank `from` exported, from its
+    /// server.
+    fn fetch(&self, from: usize, serial: u64) -> Result<std::os::fd::OwnedFd> {
         let name = server_name(self.job.prefix(), from);
-        crate::exec::fds::fetch(&name, base)?.ok_or_else(|| Error::Internal {
-            what: format!("rank {from} no longer shares the memory it exported at {base:#x}"),
+        crate::exec::fds::fetch(&name, serial)?.ok_or_else(|| Error::Internal {
+            what: format!("rank {from} no longer shares the memory it exported as {serial}"),
         })
     }
 }
@@ -310,21 +355,17 @@ impl Joined {
         }
         let ctx = device::context(device)?;
         let sharing = MemorySharing::of(device)?;
-        let server = FdServer::start(&server_name(job.prefix(), rank), |base| {
-            device::shareable_fd(base)
-                .ok()
-                .flatten()
-                .map(|(_, _, fd)| fd)
-        })?;
+        let server = FdServer::start(
+            &server_name(job.prefix(), rank),
+            device::shareable_by_serial,
+        )?;
         Ok(Joined {
             rank: rendezvous.rank(),
             world: rendezvous.world(),
             rendezvous: Mutex::new(rendezvous),
             job,
             ctx,
-            opened: Mutex::new(HashMap::new()),
-            mapped: Mutex::new(HashMap::new()),
-            host_mapped: Mutex::new(HashMap::new()),
+            imports: Mutex::new(HashMap::new()),
             sharing,
             _server: server,
         })
@@ -355,7 +396,7 @@ impl Fabric for Joined {
         let addr = match memory {
             Exported::Device { addr, .. } => addr,
             Exported::Host { addr, .. } => {
-                let Some((base, size, _)) = device::shareable_fd(addr)? else {
+                let Some(shared) = device::shareable_fd(addr)? else {
                     return Err(Error::Internal {
                         what: format!(
                             "rank {rank} exports pinned host memory at {addr:#x} that it did not \
@@ -363,25 +404,14 @@ impl Fabric for Joined {
                         ),
                     });
                 };
-                return Ok(vec![
-                    BY_HOST_DESCRIPTOR,
-                    pid,
-                    addr,
-                    addr - base,
-                    base,
-                    size as u64,
-                ]);
+                let offset = addr - shared.base;
+                let (serial, size) = (shared.serial, shared.size as u64);
+                return Ok(vec![BY_HOST_DESCRIPTOR, pid, addr, offset, serial, size]);
             }
         };
-        if let Some((base, size, _)) = device::shareable_fd(addr)? {
-            return Ok(vec![
-                BY_DESCRIPTOR,
-                pid,
-                addr,
-                addr - base,
-                base,
-                size as u64,
-            ]);
+        if let Some(shared) = device::shareable_fd(addr)? {
+            let (offset, serial, size) = (addr - shared.base, shared.serial, shared.size as u64);
+            return Ok(vec![BY_DESCRIPTOR, pid, addr, offset, serial, size]);
         }
         let (handle, offset) = device::export_handle(&self.ctx, addr)?;
         let mut record = vec![BY_IPC_HANDLE, pid, addr, offset];
@@ -394,57 +424,59 @@ impl Fabric for Joined {
     }
 
     fn import(&self, _rank: usize, from: usize, handle: &[u64]) -> Result<u64> {
-        let mut fields = Fields::new(from, handle);
-        let (how, pid, addr, offset) = (
-            fields.word()?,
-            fields.word()?,
-            fields.word()?,
-            fields.word()?,
-        );
-        if pid == u64::from(std::process::id()) {
-            return Ok(addr); // this rank's own memory (`new` refuses other ranks of this process)
-        }
-        if how == BY_HOST_DESCRIPTOR {
-            let (base, size) = (fields.word()?, fields.word()?);
-            fields.finish()?;
-            let mut mapped = self.host_mapped.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(&(here, _)) = mapped.get(&(from, base)) {
-                return Ok(here + offset);
-            }
-            let fd = self.fetch(from, base)?;
-            let here = device::map_shared_host(&fd, size as usize)? as u64;
-            mapped.insert((from, base), (here, size as usize));
-            return Ok(here + offset);
-        }
-        if how == BY_DESCRIPTOR {
-            let (base, size) = (fields.word()?, fields.word()?);
-            fields.finish()?;
-            let mut mapped = self.mapped.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(memory) = mapped.get(&(from, base)) {
-                return Ok(memory.base + offset);
-            }
-            let fd = self.fetch(from, base)?;
-            let memory = device::import_fd(&self.ctx, &fd, size as usize)?;
-            let at = memory.base + offset;
-            mapped.insert((from, base), memory);
-            return Ok(at);
-        }
-        let words = fields.take(8)?;
-        fields.finish()?;
-        let mut bytes = [0u8; 64];
-        for (chunk, word) in bytes.chunks_mut(8).zip(words) {
-            chunk.copy_from_slice(&word.to_le_bytes());
-        }
-        let mut opened = self.opened.lock().unwrap_or_else(|p| p.into_inner());
-        let base = match opened.get(&bytes) {
-            Some(&base) => base,
-            None => {
-                let base = device::open_handle(&self.ctx, &bytes)?;
-                opened.insert(bytes, base);
-                base
-            }
+        let (key, offset, size) = match parse_import(from, handle)? {
+            Parsed::Own(addr) => return Ok(addr),
+            Parsed::Peer { key, offset, size } => (key, offset, size),
         };
-        Ok(base + offset)
+        let mut imports = self.imports.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(import) = imports.get_mut(&key) {
+            import.refs += 1;
+            return Ok(import.base + offset);
+        }
+        let import = match key {
+            ImportKey::Device { serial, .. } => {
+                let memory = device::import_fd(&self.ctx, &self.fetch(from, serial)?, size)?;
+                Import {
+                    base: memory.base,
+                    refs: 1,
+                    mapping: Mapping::Device(memory),
+                }
+            }
+            ImportKey::Host { serial, .. } => {
+                let here = device::map_shared_host(&self.fetch(from, serial)?, size)?;
+                Import {
+                    base: here as u64,
+                    refs: 1,
+                    mapping: Mapping::Host(size),
+                }
+            }
+            ImportKey::Ipc(bytes) => Import {
+                base: device::open_handle(&self.ctx, &bytes)?,
+                refs: 1,
+                mapping: Mapping::Ipc,
+            },
+        };
+        let at = import.base + offset;
+        imports.insert(key, import);
+        Ok(at)
+    }
+
+    fn release(&self, from: usize, handle: &[u64]) -> Result<()> {
+        let Parsed::Peer { key, .. } = parse_import(from, handle)? else {
+            return Ok(());
+        };
+        let mut imports = self.imports.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(import) = imports.get_mut(&key) else {
+            return Ok(());
+        };
+        import.refs -= 1;
+        if import.refs > 0 {
+            return Ok(());
+        }
+        let import = imports.remove(&key).expect("just found");
+        // SAFETY: mapped here once, taken out of the map so never undone again; the caller of
+        // `release` promises that nothing queued uses it any more.
+        unsafe { self.undo(import) }
     }
 
     fn lost_peer(&self) -> Option<Error> {
@@ -479,35 +511,107 @@ impl Fabric for Joined {
     }
 
     fn close_imports(&self) -> Result<()> {
-        let opened = std::mem::take(&mut *self.opened.lock().unwrap_or_else(|p| p.into_inner()));
-        let mapped = std::mem::take(&mut *self.mapped.lock().unwrap_or_else(|p| p.into_inner()));
-        let host = std::mem::take(&mut *self.host_mapped.lock().unwrap_or_else(|p| p.into_inner()));
+        let imports = std::mem::take(&mut *self.imports.lock().unwrap_or_else(|p| p.into_inner()));
         let mut first = Ok(());
-        for (here, len) in host.into_values() {
-            // SAFETY: mapped here once (the map holds each allocation once), taken out of the
-            // map so never unmapped again; the caller promises every local stream is idle.
-            let unmapped = unsafe { device::unmap_shared_host(here as *mut u8, len) };
+        for import in imports.into_values() {
+            // SAFETY: mapped here once, taken out of the map so never undone again; the caller
+            // promises every local stream is idle.
+            let undone = unsafe { self.undo(import) };
             if first.is_ok() {
-                first = unmapped;
-            }
-        }
-        for memory in mapped.into_values() {
-            // SAFETY: mapped here in `ctx`, once (the map holds each allocation once), taken out
-            // of the map so never unmapped again; the caller promises every local stream is idle.
-            let unmapped = unsafe { device::unmap(&self.ctx, memory) };
-            if first.is_ok() {
-                first = unmapped;
-            }
-        }
-        for base in opened.into_values() {
-            // SAFETY: opened here in `ctx`, once (the map holds each handle once), taken out of
-            // the map so never closed again; the caller promises every local stream is idle.
-            let closed = unsafe { device::close_handle(&self.ctx, base) };
-            if first.is_ok() {
-                first = closed;
+                first = undone;
             }
         }
         first
+    }
+}
+
+/// An allocation of another process, as [`Joined`] keys what it mapped: device memory or
+/// pinned host memory by (rank, the allocation's serial there — addresses are reused, serials
+/// never), legacy IPC memory by its handle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum ImportKey {
+    Device { from: usize, serial: u64 },
+    Host { from: usize, serial: u64 },
+    Ipc([u8; 64]),
+}
+
+/// One allocation of another process mapped here.
+struct Import {
+    /// Its first address here.
+    base: u64,
+    /// Imports not yet released.
+    refs: usize,
+    mapping: Mapping,
+}
+
+/// How an [`Import`] was mapped, for undoing it.
+enum Mapping {
+    Device(device::Mapped),
+    /// Pinned host memory of this many bytes.
+    Host(usize),
+    Ipc,
+}
+
+/// A record of exported memory ([`Fabric::export`]), read.
+enum Parsed {
+    /// Memory of this process (its address).
+    Own(u64),
+    /// Another process's allocation, the offset of the exported address in it, its length.
+    Peer {
+        key: ImportKey,
+        offset: u64,
+        size: usize,
+    },
+}
+
+/// Reads rank `from`'s record of exported memory.
+fn parse_import(from: usize, handle: &[u64]) -> Result<Parsed> {
+    let mut fields = Fields::new(from, handle);
+    let (how, pid, addr, offset) = (
+        fields.word()?,
+        fields.word()?,
+        fields.word()?,
+        fields.word()?,
+    );
+    if pid == u64::from(std::process::id()) {
+        // This rank's own memory (`Joined::new` refuses other ranks of this process).
+        return Ok(Parsed::Own(addr));
+    }
+    let (key, size) = match how {
+        BY_DESCRIPTOR | BY_HOST_DESCRIPTOR => {
+            let (serial, size) = (fields.word()?, fields.word()? as usize);
+            let key = match how {
+                BY_DESCRIPTOR => ImportKey::Device { from, serial },
+                _ => ImportKey::Host { from, serial },
+            };
+            (key, size)
+        }
+        _ => {
+            let mut bytes = [0u8; 64];
+            for (chunk, word) in bytes.chunks_mut(8).zip(fields.take(8)?) {
+                chunk.copy_from_slice(&word.to_le_bytes());
+            }
+            (ImportKey::Ipc(bytes), 0)
+        }
+    };
+    fields.finish()?;
+    Ok(Parsed::Peer { key, offset, size })
+}
+
+impl Joined {
+    /// Unmaps (or closes) an import.
+    ///
+    /// # Safety
+    /// `import` was mapped here and is undone once; nothing queued uses it any more.
+    unsafe fn undo(&self, import: Import) -> Result<()> {
+        // SAFETY: the caller's contract, for each kind of mapping.
+        unsafe {
+            match import.mapping {
+                Mapping::Device(memory) => device::unmap(&self.ctx, memory),
+                Mapping::Host(len) => device::unmap_shared_host(import.base as *mut u8, len),
+                Mapping::Ipc => device::close_handle(&self.ctx, import.base),
+            }
+        }
     }
 }
 

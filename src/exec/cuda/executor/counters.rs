@@ -25,7 +25,7 @@
 use super::rank::RankRes;
 use crate::device::{DeviceBuffer, PinnedHost};
 use crate::error::Result;
-use crate::exec::cuda::fabric::{Exported, Fabric, Fields, Record};
+use crate::exec::cuda::fabric::{Exported, Fabric, Fields, Imports, Record};
 use crate::plan::{EventId, Plan, StreamKind};
 
 /// Where a rank's mailboxes of one plan live (module doc).
@@ -113,7 +113,7 @@ impl Counters {
     pub(super) fn connect(
         &mut self,
         res: &RankRes,
-        fabric: &dyn Fabric,
+        imports: &Imports,
         fields: &mut [Fields<'_>],
     ) -> Result<()> {
         self.mailbox_of = fields
@@ -121,7 +121,7 @@ impl Counters {
             .enumerate()
             .map(|(from, f)| {
                 let len = f.word()? as usize;
-                fabric.import(res.rank, from, f.take(len)?)
+                imports.import(res.rank, from, f.take(len)?)
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(())

@@ -654,7 +654,7 @@ impl CudaExecutor {
         let records = self.fabric.all_gather(records)?;
         let mut ranks = Vec::with_capacity(n);
         for (r, part) in self.ranks.iter_mut().zip(allocated) {
-            ranks.push(r.connect(&*self.fabric, shape.clone(), part, &records, CACHED_PLANS)?);
+            ranks.push(r.connect(&self.fabric, shape.clone(), part, &records, CACHED_PLANS)?);
         }
         let crosses = ranks.iter().any(|r| r.counters.is_some());
         let schedule = match *dispatch {

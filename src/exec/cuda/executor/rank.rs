@@ -25,7 +25,7 @@ use super::peer::PeerWords;
 use super::Dispatch;
 use crate::device::{self, DeviceBuffer, Event, PinnedHost, Stream};
 use crate::error::Result;
-use crate::exec::cuda::fabric::{Exported, Fabric, Fields, Identity, Record};
+use crate::exec::cuda::fabric::{Exported, Fabric, Fields, Identity, Imports, Record};
 use crate::exec::cuda::kernels::KernelModule;
 use crate::exec::Shape;
 use crate::plan::{BufKind, Plan, StreamKind};
@@ -156,6 +156,8 @@ pub(super) struct RankPlan {
     /// copies), as this rank reaches it — its own, or a peer's as imported; 0 for the caller's
     /// buffers, whose addresses come with each call.
     pub(super) addrs: Vec<u64>,
+    /// What this rank imported from its peers for the plan (released when it leaves the cache).
+    imports: Imports,
 }
 
 impl RankPlan {
@@ -309,7 +311,7 @@ impl RankExecutor {
     /// GPU resources: [`RankExecutor::oldest_owns_gpu_resources`]).
     pub(super) fn connect(
         &mut self,
-        fabric: &dyn Fabric,
+        fabric: &Arc<dyn Fabric>,
         shape: Shape,
         allocated: Allocated,
         records: &[Record],
@@ -329,16 +331,17 @@ impl RankExecutor {
             .enumerate()
             .map(|(from, r)| Fields::new(from, r))
             .collect();
+        let imports = Imports::new(fabric.clone());
         let mut addrs = vec![0u64; plan.buffers.len()];
         for (buf, decl) in plan.buffers.iter().enumerate() {
             if owned(decl.kind, copy_callers) {
                 let f = &mut fields[decl.rank];
                 let len = f.word()? as usize;
-                addrs[buf] = fabric.import(rank, decl.rank, f.take(len)?)?;
+                addrs[buf] = imports.import(rank, decl.rank, f.take(len)?)?;
             }
         }
         if let Some(counters) = &mut counters {
-            counters.connect(&self.res, fabric, &mut fields)?;
+            counters.connect(&self.res, &imports, &mut fields)?;
         }
         for f in fields {
             f.finish()?;
@@ -350,10 +353,20 @@ impl RankExecutor {
             _staging: staging,
             counters,
             addrs,
+            imports,
         });
-        let entries = &mut self.plans.entries;
+        let RankPlans { entries, pinned } = &mut self.plans;
         if entries.len() >= capacity.max(1) {
-            entries.pop_front();
+            if let Some((_, old)) = entries.pop_front() {
+                // Its peers' memory is unmapped here once no kept plan imported it too: the
+                // caller synchronised the streams first when the plan owns GPU resources
+                // (`oldest_owns_gpu_resources`); a plan pinned for a graph keeps its imports.
+                let kept = pinned.iter().any(|(_, p)| Arc::ptr_eq(p, &old));
+                if old.owns_gpu_resources() && !kept {
+                    // SAFETY: the streams were synchronised, and no kept plan is this one.
+                    unsafe { old.imports.release_all() }?;
+                }
+            }
         }
         entries.push_back((shape, prepared.clone()));
         Ok(prepared)
