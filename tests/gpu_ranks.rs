@@ -27,6 +27,15 @@ fn config(algorithm: Algorithm) -> CudaConfig {
     }
 }
 
+/// This rank's GPU: each process sees every GPU; rank r takes GPU r, or GPU 0 (shared) where
+/// there are fewer GPUs than ranks.
+fn this_gpu(env: &LaunchEnv) -> usize {
+    match ringreduce::device_count().unwrap() >= env.world {
+        true => env.rank,
+        false => 0,
+    }
+}
+
 fn values(op: ReduceOp, rank: usize, len: usize) -> Vec<f32> {
     (0..len).map(|k| input_value(op, rank, k)).collect()
 }
@@ -178,9 +187,7 @@ fn two_gpu_ranks_in_one_process_are_refused_by_name() {
 #[test]
 fn gpu_ranks_as_processes_run_every_collective_exactly() {
     if let Some(env) = as_rank() {
-        // Each process sees every GPU; rank r takes GPU r, or GPU 0 where it is the only one.
-        let gpus = ringreduce::device_count().unwrap();
-        let device = if gpus >= env.world { env.rank } else { 0 };
+        let device = this_gpu(&env);
         let mut job = 0;
         let mut next_id = || {
             job += 1;
@@ -212,8 +219,7 @@ fn gpu_ranks_as_processes_run_every_collective_exactly() {
 #[test]
 fn gpu_ranks_as_processes_stage_through_shared_pinned_memory() {
     if let Some(env) = as_rank() {
-        let gpus = ringreduce::device_count().unwrap();
-        let device = if gpus >= env.world { env.rank } else { 0 };
+        let device = this_gpu(&env);
         let id = env.unique_id().unwrap();
         let config = CudaConfig {
             transport: ringreduce::Transport::Staged,
@@ -272,8 +278,7 @@ fn gpu_ranks_as_processes_stage_through_shared_pinned_memory() {
 #[test]
 fn gpu_ranks_as_processes_stay_exact_as_plans_come_and_go() {
     if let Some(env) = as_rank() {
-        let gpus = ringreduce::device_count().unwrap();
-        let device = if gpus >= env.world { env.rank } else { 0 };
+        let device = this_gpu(&env);
         let (rank, world) = (env.rank, env.world);
         for (job, algorithm) in [Algorithm::Auto, Algorithm::Ring].into_iter().enumerate() {
             let id = LaunchEnv {
@@ -322,8 +327,7 @@ fn gpu_ranks_as_processes_stay_exact_as_plans_come_and_go() {
 fn a_gpu_rank_killed_mid_job_is_named_well_before_the_timeout() {
     const VICTIM: usize = 1;
     if let Some(env) = as_rank() {
-        let gpus = ringreduce::device_count().unwrap();
-        let device = if gpus >= env.world { env.rank } else { 0 };
+        let device = this_gpu(&env);
         // The one-shot's kernels wait at flag barriers, the ring's at event counters.
         let algorithm = match std::env::var("RINGREDUCE_TEST_ALGORITHM").as_deref() {
             Ok("ring") => Algorithm::Ring,
@@ -400,8 +404,7 @@ fn a_gpu_rank_killed_mid_job_is_named_well_before_the_timeout() {
 #[test]
 fn a_mismatched_gpu_call_is_a_named_error_on_every_rank_and_breaks_the_communicator() {
     if let Some(env) = as_rank() {
-        let gpus = ringreduce::device_count().unwrap();
-        let device = if gpus >= env.world { env.rank } else { 0 };
+        let device = this_gpu(&env);
         let id = env.unique_id().unwrap();
         let mut comm =
             RankCommunicator::gpu(&id, env.rank, env.world, device, config(Algorithm::Auto))
@@ -566,8 +569,7 @@ fn streams_and_graphs_on_this_gpu(
 #[test]
 fn gpu_ranks_order_collectives_on_their_own_streams_and_graphs() {
     if let Some(env) = as_rank() {
-        let gpus = ringreduce::device_count().unwrap();
-        let device = if gpus >= env.world { env.rank } else { 0 };
+        let device = this_gpu(&env);
         for (job, algorithm) in [Algorithm::Auto, Algorithm::Ring].into_iter().enumerate() {
             let id = LaunchEnv {
                 run_id: Some(format!("{:?}-{job}", env.run_id)),
