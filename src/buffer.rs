@@ -56,6 +56,55 @@ pub unsafe trait BufferMut<T: Element>: Buffer<T> {
     fn on_stream_mut(&mut self, _stream: &CudaStream, _when: StreamUse) {}
 }
 
+/// GPU memory named by its address, as C callers pass it (NCCL's `sendbuff`/`recvbuff`): `count`
+/// elements of `T` at `address` on GPU `device`. Nothing tracks it; its lifetime is the caller's
+/// promise ([`DeviceMemory::new`]).
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceMemory<T> {
+    address: u64,
+    count: usize,
+    device: usize,
+    _element: std::marker::PhantomData<T>,
+}
+
+impl<T: Element> DeviceMemory<T> {
+    /// The memory at `address`.
+    ///
+    /// # Safety
+    /// `count` elements of `T` at `address` are device memory of GPU `device` (any allocation
+    /// its primary context can reach), aligned for `T`, valid and untouched by anything else for
+    /// as long as a collective borrows this value — and, enqueued, until its stream passes the
+    /// collective.
+    pub unsafe fn new(address: u64, count: usize, device: usize) -> DeviceMemory<T> {
+        DeviceMemory {
+            address,
+            count,
+            device,
+            _element: std::marker::PhantomData,
+        }
+    }
+}
+
+// SAFETY: `new`'s contract is the trait's.
+unsafe impl<T: Element> Buffer<T> for DeviceMemory<T> {
+    fn placement(&self) -> Placement {
+        Placement::Device(self.device)
+    }
+    fn count(&self) -> usize {
+        self.count
+    }
+    fn address(&self) -> u64 {
+        self.address
+    }
+}
+
+// SAFETY: as above; the memory may be written (`new`'s contract).
+unsafe impl<T: Element> BufferMut<T> for DeviceMemory<T> {
+    fn address_mut(&mut self) -> u64 {
+        self.address
+    }
+}
+
 macro_rules! host_buffer {
     ($($ty:ty),*) => {$(
         // SAFETY: a slice's pointer and length describe memory it borrows for its lifetime.

@@ -164,7 +164,7 @@ pub mod verify;
 #[doc(hidden)]
 pub mod internal;
 
-pub use buffer::{Buffer, BufferMut, Placement, StreamUse};
+pub use buffer::{Buffer, BufferMut, DeviceMemory, Placement, StreamUse};
 pub use comm::{ring_allreduce, Communicator, RankCommunicator, Scope};
 pub use device::{device_count, driver_available};
 pub use element::{DType, Element, ReduceOp};

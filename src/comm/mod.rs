@@ -567,8 +567,14 @@ impl Communicator {
                 unsafe { exec.run::<T>(shape, inputs, outputs, op, wait_complete) }
             }
             Some(Executor::Cuda(exec)) => {
+                let callers: Option<Vec<crate::device::CallerStream>> = caller.map(|streams| {
+                    streams
+                        .iter()
+                        .map(|s| crate::device::CallerStream::of(s))
+                        .collect()
+                });
                 // Bad streams are the caller's mistake: refused without failing the communicator.
-                if let Some(streams) = caller {
+                if let Some(streams) = &callers {
                     exec.check_caller_streams(streams)?;
                 }
                 if collective == Collective::AllReduce {
@@ -590,8 +596,16 @@ impl Communicator {
                 // SAFETY: validation checked every buffer is on its rank's GPU with the length the
                 // collective needs and that no written buffer overlaps another; lifetimes are our
                 // caller's contract.
-                let result =
-                    unsafe { exec.run::<T>(shape, inputs, outputs, op, wait_complete, caller) };
+                let result = unsafe {
+                    exec.run::<T>(
+                        shape,
+                        inputs,
+                        outputs,
+                        op,
+                        wait_complete,
+                        callers.as_deref(),
+                    )
+                };
                 on(exec, StreamUse::After, track);
                 result
             }

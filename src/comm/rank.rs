@@ -19,6 +19,7 @@
 //! ```
 
 use crate::buffer::{Buffer, BufferMut, Placement};
+use crate::device::CallerStream;
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::cuda::executor::{CudaConfig, CudaExecutor};
@@ -195,7 +196,7 @@ impl RankCommunicator {
     ) -> Result<()> {
         let (shape, ends) = self.out_of_place(collective, input, output, op)?;
         // SAFETY: our caller's contract, passed on.
-        unsafe { self.enqueue_on::<T>(shape, ends, op, stream) }
+        unsafe { self.enqueue_on::<T>(shape, ends, op, CallerStream::of(stream)) }
     }
 
     /// [`RankCommunicator::all_reduce`] ordered on the caller's `stream`: see
@@ -224,6 +225,51 @@ impl RankCommunicator {
                 stream,
             )
         }
+    }
+
+    /// [`RankCommunicator::enqueue_collective_on`] on a stream named by its raw handle, as C
+    /// callers pass it (`cudaStream_t`; [`CallerStream::from_raw`]).
+    ///
+    /// # Safety
+    /// As for [`RankCommunicator::enqueue_collective_on`], and `stream` stays live until the
+    /// call has returned.
+    pub unsafe fn enqueue_collective_on_raw<
+        T: Element,
+        I: Buffer<T> + ?Sized,
+        O: BufferMut<T> + ?Sized,
+    >(
+        &mut self,
+        collective: &Collective,
+        input: Option<&I>,
+        output: Option<&mut O>,
+        op: ReduceOp,
+        stream: CallerStream,
+    ) -> Result<()> {
+        let (shape, ends) = self.out_of_place(collective, input, output, op)?;
+        // SAFETY: our caller's contract, passed on.
+        unsafe { self.enqueue_on::<T>(shape, ends, op, stream) }
+    }
+
+    /// [`RankCommunicator::enqueue_collective_in_place_on`] on a stream named by its raw handle
+    /// (see [`RankCommunicator::enqueue_collective_on_raw`]).
+    ///
+    /// # Safety
+    /// As for [`RankCommunicator::enqueue_collective_in_place_on`], and `stream` stays live until
+    /// the call has returned.
+    pub unsafe fn enqueue_collective_in_place_on_raw<T: Element, B: BufferMut<T> + ?Sized>(
+        &mut self,
+        collective: &Collective,
+        buf: &mut B,
+        op: ReduceOp,
+        stream: CallerStream,
+    ) -> Result<()> {
+        let shape = self.in_place_shape::<T, B>(collective, buf, op)?;
+        let ends = Ends {
+            reads: Vec::new(),
+            writes: vec![(BufKind::Output, buf.address_mut(), buf.count())],
+        };
+        // SAFETY: our caller's contract, passed on.
+        unsafe { self.enqueue_on::<T>(shape, ends, op, stream) }
     }
 
     /// The shape and this rank's ends of `collective` out of place, after checking the
@@ -303,7 +349,7 @@ impl RankCommunicator {
             writes: vec![(BufKind::Output, buf.address_mut(), buf.count())],
         };
         // SAFETY: our caller's contract, passed on.
-        unsafe { self.enqueue_on::<T>(shape, ends, op, stream) }
+        unsafe { self.enqueue_on::<T>(shape, ends, op, CallerStream::of(stream)) }
     }
 
     /// Enqueues the call of `shape` on this GPU rank's `ends`, ordered on `stream`.
@@ -316,7 +362,7 @@ impl RankCommunicator {
         shape: Shape,
         ends: Ends,
         op: ReduceOp,
-        stream: &Arc<CudaStream>,
+        stream: CallerStream,
     ) -> Result<()> {
         broken(&self.broken)?;
         let (inputs, outputs) = self.addresses(&shape, &ends);
@@ -329,16 +375,7 @@ impl RankCommunicator {
             // SAFETY: every address is this rank's buffer on its GPU, valid for the length the
             // plan declares; its lifetime until `stream` passes the call is our caller's
             // contract.
-            unsafe {
-                exec.run::<T>(
-                    shape,
-                    &inputs,
-                    &outputs,
-                    op,
-                    false,
-                    Some(std::slice::from_ref(stream)),
-                )
-            }
+            unsafe { exec.run::<T>(shape, &inputs, &outputs, op, false, Some(&[stream])) }
         })
     }
 
@@ -385,6 +422,45 @@ impl RankCommunicator {
         match &mut self.inner {
             Inner::Host(_) => Ok(()),
             Inner::Gpu { exec, .. } => guarded(&mut self.broken, || exec.synchronize()),
+        }
+    }
+
+    /// An error this communicator has met without a call returning it (NCCL's
+    /// `ncclCommGetAsyncError`): the failure that broke it, a GPU rank's kernel that gave up or
+    /// a CUDA error on its streams, a peer of another process that is gone or failed. `None`
+    /// while healthy. Never waits.
+    pub fn async_error(&mut self) -> Option<Error> {
+        if let Some(err) = &self.broken {
+            return Some(err.clone());
+        }
+        let Inner::Gpu { exec, .. } = &self.inner else {
+            return None;
+        };
+        let found = exec.poll_health().err().or_else(|| exec.lost_peer());
+        if let Some(err) = &found {
+            self.broken = Some(err.clone());
+        }
+        found
+    }
+
+    /// Gives up on the job (NCCL's `ncclCommAbort`): the peers' waits in this job end with an
+    /// error naming this rank, and the communicator is closed.
+    pub fn abort(self) {
+        if let Inner::Gpu { exec, .. } = &self.inner {
+            exec.abort_peers(&Error::RankFailed {
+                rank: self.rank,
+                during: "a collective".into(),
+                message: "it aborted its communicator".into(),
+            });
+        }
+        drop(self);
+    }
+
+    /// The GPU this rank runs on; `None` for a host rank.
+    pub fn device(&self) -> Option<usize> {
+        match &self.inner {
+            Inner::Gpu { device, .. } => Some(*device),
+            Inner::Host(_) => None,
         }
     }
 

@@ -167,6 +167,24 @@ pub(crate) fn bind(ctx: &CudaContext) -> Result<()> {
 /// caller's binding (its runtime, its cuBLAS) as it found it.
 pub(crate) struct SavedContext(Option<sys::CUcontext>);
 
+/// The device of the calling thread's current context (what `cudaGetDevice` answers after
+/// `cudaSetDevice`), or 0 when the thread has none (the runtime's default device).
+pub fn current_device() -> Result<usize> {
+    super::driver_available()?;
+    if result::ctx::get_current()
+        .call("cuCtxGetCurrent")?
+        .is_none()
+    {
+        return Ok(0);
+    }
+    let mut dev: sys::CUdevice = 0;
+    // SAFETY: `dev` is a live local and a context is current on this thread.
+    unsafe { sys::cuCtxGetDevice(&mut dev) }
+        .result()
+        .call("cuCtxGetDevice")?;
+    Ok(dev as usize)
+}
+
 pub(crate) fn save_current() -> Result<SavedContext> {
     Ok(SavedContext(
         result::ctx::get_current().call("cuCtxGetCurrent")?,

@@ -120,7 +120,9 @@ mod peer;
 mod stream;
 
 pub(crate) use context::{bind, save_current};
-pub use context::{context, device_info, devices, memory_info, ordinal_of, DeviceInfo};
+pub use context::{
+    context, current_device, device_info, devices, memory_info, ordinal_of, DeviceInfo,
+};
 pub use ipc::{
     close_handle, create_shared_host, export_handle, fd_sharing_supported, import_fd,
     map_shared_host, open_handle, shareable_by_serial, shareable_fd, unmap, unmap_shared_host,
@@ -136,7 +138,8 @@ pub use peer::{
 pub(crate) use stream::launch_kernel;
 pub use stream::{
     capture_status, event_elapsed_ms, event_query, event_synchronize, record, record_on_raw_stream,
-    stream_query, stream_synchronize, tracking_stream, wait, wait_on_raw_stream, Event, Stream,
+    stream_query, stream_synchronize, tracking_stream, wait, wait_on_raw_stream, CallerStream,
+    Event, Stream,
 };
 
 use crate::error::{Error, Result};

@@ -61,6 +61,99 @@ pub fn capture_status(stream: &CudaStream) -> Result<sys::CUstreamCaptureStatus>
     })
 }
 
+/// A stream of the caller's, as the executor orders its collectives on it: the stream's handle,
+/// its context and that context's device. From a cudarc stream ([`CallerStream::of`]), or from a
+/// raw handle a C caller passed ([`CallerStream::from_raw`]; the legacy default stream, 0,
+/// included).
+#[derive(Clone, Copy, Debug)]
+pub struct CallerStream {
+    raw: sys::CUstream,
+    ctx: sys::CUcontext,
+    device: usize,
+}
+
+// SAFETY: the handles are plain identifiers that the driver accepts from any thread; this type
+// never dereferences them.
+unsafe impl Send for CallerStream {}
+// SAFETY: as above.
+unsafe impl Sync for CallerStream {}
+
+impl CallerStream {
+    /// The caller's cudarc `stream`.
+    pub fn of(stream: &CudaStream) -> CallerStream {
+        CallerStream {
+            raw: stream.cu_stream(),
+            ctx: stream.context().cu_ctx(),
+            device: stream.context().ordinal(),
+        }
+    }
+
+    /// A raw stream handle, as C callers pass it (`cudaStream_t`): asks the driver for its
+    /// context (`cuStreamGetCtx`; for the legacy default stream, 0, the calling thread's current
+    /// context) and that context's device.
+    ///
+    /// # Safety
+    /// `raw` is 0 or a live stream, and stays live while the returned value is used.
+    pub unsafe fn from_raw(raw: sys::CUstream) -> Result<CallerStream> {
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: `ctx` is a live local; `raw` is 0 or live (our caller's contract).
+        unsafe { sys::cuStreamGetCtx(raw, &mut ctx) }
+            .result()
+            .call("cuStreamGetCtx")?;
+        // The caller's current context is restored below.
+        let saved = super::save_current()?;
+        // SAFETY: `ctx` was just returned by the driver for a live stream; it is pushed to ask
+        // its device and popped again.
+        let device = unsafe { sys::cuCtxPushCurrent_v2(ctx) }
+            .result()
+            .call("cuCtxPushCurrent")
+            .and_then(|()| {
+                let mut dev: sys::CUdevice = 0;
+                // SAFETY: `dev` is a live local and a context is current.
+                let got = unsafe { sys::cuCtxGetDevice(&mut dev) }
+                    .result()
+                    .call("cuCtxGetDevice");
+                let mut popped: sys::CUcontext = std::ptr::null_mut();
+                // SAFETY: pops what was pushed just above.
+                let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+                got.map(|()| dev as usize)
+            });
+        saved.restore()?;
+        Ok(CallerStream {
+            raw,
+            ctx,
+            device: device?,
+        })
+    }
+
+    /// The stream's handle.
+    pub fn raw(&self) -> sys::CUstream {
+        self.raw
+    }
+
+    /// The stream's context.
+    pub fn context(&self) -> sys::CUcontext {
+        self.ctx
+    }
+
+    /// The ordinal of the stream's device.
+    pub fn device(&self) -> usize {
+        self.device
+    }
+
+    /// Whether the stream is being captured into a CUDA graph (`cuStreamIsCapturing`).
+    pub fn capture_status(&self) -> Result<sys::CUstreamCaptureStatus> {
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        guard("cuStreamIsCapturing", || {
+            // SAFETY: `status` is a live local; the stream is live (the constructors' contracts).
+            unsafe { sys::cuStreamIsCapturing(self.raw, &mut status) }
+                .result()
+                .call("cuStreamIsCapturing")
+        })?;
+        Ok(status)
+    }
+}
+
 impl Stream {
     /// Creates a non-blocking stream in `ctx` (`cuStreamCreate`); binds `ctx`.
     pub fn new(ctx: &Arc<CudaContext>) -> Result<Self> {

@@ -4,14 +4,12 @@
 //! buffer follow the work queued before the call and precede the work queued after it.
 
 use super::{capture, CudaExecutor};
-use crate::device;
+use crate::device::{self, CallerStream};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::job::CallShape;
 use crate::exec::Shape;
 use crate::plan::StreamKind;
-use cudarc::driver::CudaStream;
-use std::sync::Arc;
 use std::time::Instant;
 
 impl CudaExecutor {
@@ -42,7 +40,7 @@ impl CudaExecutor {
         outputs: &[u64],
         op: ReduceOp,
         wait_complete: bool,
-        caller: Option<&[Arc<CudaStream>]>,
+        caller: Option<&[CallerStream]>,
     ) -> Result<()> {
         let timeout = self.config.timeout;
         let started = self.fabric.start_call(
@@ -73,7 +71,7 @@ impl CudaExecutor {
         outputs: &[u64],
         op: ReduceOp,
         wait_complete: bool,
-        caller: Option<&[Arc<CudaStream>]>,
+        caller: Option<&[CallerStream]>,
     ) -> Result<()> {
         let Some(streams) = caller else {
             // SAFETY: our caller's contract, passed on.
@@ -91,7 +89,7 @@ impl CudaExecutor {
         let saved = device::save_current()?;
         for (res, stream) in self.ranks.iter().map(|r| &*r.res).zip(streams) {
             // SAFETY: the stream is live (borrowed) and of the rank's context (checked above).
-            unsafe { device::record_on_raw_stream(&res.fence_in, stream.cu_stream()) }?;
+            unsafe { device::record_on_raw_stream(&res.fence_in, stream.raw()) }?;
             device::wait(&res.streams[StreamKind::Main.index()], &res.fence_in)?;
         }
         // SAFETY: our caller's contract, passed on.
@@ -107,14 +105,14 @@ impl CudaExecutor {
             .try_for_each(|(res, stream)| {
                 device::record(&res.fence_out, &res.streams[StreamKind::Main.index()])?;
                 // SAFETY: as above.
-                unsafe { device::wait_on_raw_stream(&res.ctx, stream.cu_stream(), &res.fence_out) }
+                unsafe { device::wait_on_raw_stream(&res.ctx, stream.raw(), &res.fence_out) }
             });
         result.and(fenced).and(saved.restore())
     }
 
     /// Each caller's stream belongs to its rank's GPU, in the context ringreduce uses there (the
     /// device's primary context, as cudarc's `CudaContext::new` gives).
-    pub(crate) fn check_caller_streams(&self, streams: &[Arc<CudaStream>]) -> Result<()> {
+    pub(crate) fn check_caller_streams(&self, streams: &[CallerStream]) -> Result<()> {
         if streams.len() != self.ranks.len() {
             return Err(Error::WorldMismatch {
                 world: self.ranks.len(),
@@ -122,15 +120,14 @@ impl CudaExecutor {
             });
         }
         for (rank, (res, stream)) in self.ranks.iter().map(|r| &r.res).zip(streams).enumerate() {
-            let ctx = stream.context();
-            if ctx.ordinal() != res.device {
+            if stream.device() != res.device {
                 return Err(Error::WrongDevice {
                     rank,
-                    device: ctx.ordinal(),
+                    device: stream.device(),
                     expected: res.device,
                 });
             }
-            if ctx.cu_ctx() != res.ctx.cu_ctx() {
+            if stream.context() != res.ctx.cu_ctx() {
                 return Err(Error::InvalidArgument(format!(
                     "rank {rank}'s stream is in another context of device {}: use the device's primary context (cudarc's CudaContext::new)",
                     res.device

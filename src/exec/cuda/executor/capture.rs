@@ -28,21 +28,21 @@
 //! life, so every graph that holds it finds its memory.
 
 use super::CudaExecutor;
-use crate::device;
+use crate::device::CallerStream;
 use crate::error::{Error, Result};
 use crate::exec::cuda::kernels::COUNTER_ERR_BIT;
 use crate::exec::Shape;
 use crate::plan::EdgeTransport;
-use cudarc::driver::{sys, CudaStream};
+use cudarc::driver::sys;
 use std::sync::Arc;
 
 /// Whether the caller's streams are being captured: all of them or none (a mix, or a capture
 /// already invalidated, is refused).
-pub(super) fn capturing(streams: &[Arc<CudaStream>]) -> Result<bool> {
+pub(super) fn capturing(streams: &[CallerStream]) -> Result<bool> {
     use sys::CUstreamCaptureStatus as S;
     let mut states = Vec::with_capacity(streams.len());
     for (rank, stream) in streams.iter().enumerate() {
-        let status = device::capture_status(stream)?;
+        let status = stream.capture_status()?;
         if status == S::CU_STREAM_CAPTURE_STATUS_INVALIDATED {
             return Err(Error::NotCapturable {
                 reason: format!("rank {rank}'s stream is in a capture that was invalidated"),

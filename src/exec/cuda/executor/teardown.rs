@@ -36,6 +36,17 @@ impl CudaExecutor {
     /// What the GPUs report without waiting: a peer kernel's barrier timeout, or an error of
     /// earlier asynchronous work (`cuStreamQuery` on each rank's Main stream returns it).
     /// Puts the calling thread's context back.
+    /// A peer of another process that is gone or failed, as the error naming it.
+    pub(crate) fn lost_peer(&self) -> Option<Error> {
+        self.fabric.lost_peer()
+    }
+
+    /// Tells the peers of other processes that this rank gives up (`Fabric::fail`): their waits
+    /// end with an error naming it.
+    pub(crate) fn abort_peers(&self, err: &Error) {
+        self.fabric.fail(err);
+    }
+
     pub(crate) fn poll_health(&self) -> Result<()> {
         self.check_error_words()?;
         let saved = device::save_current()?;

@@ -1,0 +1,854 @@
+//! NCCL's C API on ringreduce: `libringreduce_nccl.so`, whose soname is `libnccl.so.2`, so that a
+//! program built against NCCL — PyTorch's ProcessGroupNCCL, vLLM's pynccl, nccl-tests — runs on
+//! ringreduce unchanged, through `LD_PRELOAD` or a link named `libnccl.so.2` on its library path.
+//!
+//! Each communicator is one rank of a job with a process per GPU
+//! ([`ringreduce::RankCommunicator::gpu`]): `ncclGetUniqueId` makes the id rank 0 hands to every
+//! rank, `ncclCommInitRank` joins on the calling thread's current GPU, and every collective is
+//! enqueued on the stream passed in, in place when NCCL says so (the same buffer; for the
+//! all-gather the receive buffer's own block, for the reduce-scatter the send buffer's). Every
+//! call's shape is compared across ranks before anything is enqueued, so mismatched calls are an
+//! error on every rank, never a hang. Errors become NCCL's codes with the message kept for
+//! `ncclGetLastError`; a panic never crosses into C.
+//!
+//! What it does not run yet is refused with `ncclInvalidUsage` and a message saying so — never a
+//! wrong result: send/recv, `ncclCommInitAll` and `ncclCommSplit` (several ranks of one
+//! process), `ncclRedOpCreatePreMulSum`, the fp8 types, several hosts. Handing those to the real
+//! NCCL is the next step.
+//!
+//! Ranks that share one GPU (as on a one-GPU test machine) need `RINGREDUCE_NCCL_ALLOW_SHARED_GPU=1`.
+//!
+//! The declarations C programs compile against are `include/nccl.h`, written from NCCL's
+//! documented API; `tests/c_api.rs` compiles a C program against them and runs it.
+
+// The exported functions take raw pointers from C: each checks for null where NCCL's contract
+// allows a caller to pass one by mistake, and says in its `# Safety` what it relies on.
+#![allow(clippy::missing_safety_doc, non_upper_case_globals)]
+
+pub mod abi;
+mod status;
+
+use abi::*;
+use ringreduce::device::CallerStream;
+use ringreduce::plan::Collective;
+use ringreduce::{CudaConfig, DType, DeviceMemory, Element, RankCommunicator, ReduceOp, UniqueId};
+use status::{guarded, invalid, unsupported, Failure};
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::Mutex;
+
+/// A communicator handle (`ncclComm_t` points to one).
+pub struct Comm {
+    rank: usize,
+    world: usize,
+    device: usize,
+    inner: Mutex<Option<RankCommunicator>>,
+}
+
+/// `ncclComm_t`.
+#[allow(non_camel_case_types)]
+pub type ncclComm_t = *mut Comm;
+
+impl Comm {
+    fn with<R>(
+        &self,
+        f: impl FnOnce(&mut RankCommunicator) -> Result<R, Failure>,
+    ) -> Result<R, Failure> {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        match inner.as_mut() {
+            Some(comm) => f(comm),
+            None => Err(Failure::Nccl(
+                ncclInvalidUsage,
+                "the communicator was aborted".into(),
+            )),
+        }
+    }
+}
+
+/// The communicator behind a handle.
+///
+/// # Safety
+/// `comm` is null or a handle from `ncclCommInitRank*` not yet destroyed.
+unsafe fn comm_ref<'a>(comm: ncclComm_t) -> Result<&'a Comm, Failure> {
+    // SAFETY: our caller's contract.
+    unsafe { comm.as_ref() }.ok_or_else(|| invalid("the communicator is null"))
+}
+
+/// `ncclGetVersion`.
+#[no_mangle]
+pub unsafe extern "C" fn ncclGetVersion(version: *mut c_int) -> ncclResult_t {
+    guarded(|| {
+        // SAFETY: null is refused; otherwise NCCL's contract: a writable int.
+        let out = unsafe { version.as_mut() }.ok_or_else(|| invalid("version is null"))?;
+        *out = VERSION_CODE;
+        Ok(())
+    })
+}
+
+/// `ncclGetUniqueId`: an id whose rendezvous port is bound now, in this process (rank 0's), at
+/// `NCCL_COMM_ID` (`ip:port`) when set, else at 127.0.0.1 on a free port.
+#[no_mangle]
+pub unsafe extern "C" fn ncclGetUniqueId(unique_id: *mut ncclUniqueId) -> ncclResult_t {
+    guarded(|| {
+        // SAFETY: null is refused; otherwise NCCL's contract: a writable ncclUniqueId.
+        let out = unsafe { unique_id.as_mut() }.ok_or_else(|| invalid("uniqueId is null"))?;
+        let id = match std::env::var("NCCL_COMM_ID") {
+            Ok(addr) => UniqueId::new(addr.as_str())?,
+            Err(_) => UniqueId::new("127.0.0.1:0")?,
+        };
+        for (dst, src) in out.internal.iter_mut().zip(id.to_bytes()) {
+            *dst = src as c_char;
+        }
+        Ok(())
+    })
+}
+
+/// `ncclGetErrorString`: a static text per code.
+#[no_mangle]
+pub extern "C" fn ncclGetErrorString(result: ncclResult_t) -> *const c_char {
+    let text: &'static CStr = match result {
+        ncclSuccess => c"no error",
+        ncclUnhandledCudaError => c"unhandled cuda error (run with NCCL_DEBUG=INFO for details)",
+        ncclSystemError => c"unhandled system error (run with NCCL_DEBUG=INFO for details)",
+        ncclInternalError => {
+            c"internal error - please report this issue to the ringreduce developers"
+        }
+        ncclInvalidArgument => c"invalid argument (run with NCCL_DEBUG=WARN for details)",
+        ncclInvalidUsage => c"invalid usage (run with NCCL_DEBUG=WARN for details)",
+        ncclRemoteError => c"remote process exited or there was a network error",
+        ncclInProgress => c"NCCL operation in progress",
+        _ => c"unknown result code",
+    };
+    text.as_ptr()
+}
+
+/// `ncclGetLastError`: the message of this thread's last failing call (any communicator).
+#[no_mangle]
+pub extern "C" fn ncclGetLastError(_comm: ncclComm_t) -> *const c_char {
+    status::last_error()
+}
+
+/// `ncclCommInitRank`.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommInitRank(
+    comm: *mut ncclComm_t,
+    nranks: c_int,
+    comm_id: ncclUniqueId,
+    rank: c_int,
+) -> ncclResult_t {
+    // SAFETY: our caller's contract, passed on; no config.
+    unsafe { ncclCommInitRankConfig(comm, nranks, comm_id, rank, std::ptr::null_mut()) }
+}
+
+/// `ncclCommInitRankConfig`: `blocking = 0` is accepted (creation completes before returning,
+/// which a non-blocking caller sees as an immediate `ncclSuccess`); the CTA and cluster hints
+/// are ignored (they tune NCCL's kernels, not results).
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommInitRankConfig(
+    comm: *mut ncclComm_t,
+    nranks: c_int,
+    comm_id: ncclUniqueId,
+    rank: c_int,
+    config: *mut ncclConfig_t,
+) -> ncclResult_t {
+    guarded(|| {
+        if comm.is_null() {
+            return Err(invalid("comm is null"));
+        }
+        if nranks < 1 || rank < 0 || rank >= nranks {
+            return Err(invalid(format!(
+                "rank {rank} of {nranks} ranks: need 0 <= rank < nranks"
+            )));
+        }
+        // SAFETY: null means no config; otherwise NCCL's contract: an initialized ncclConfig_t.
+        if let Some(config) = unsafe { config.as_ref() } {
+            if config.magic != NCCL_CONFIG_MAGIC
+                || config.size < std::mem::size_of::<ncclConfig_t>()
+            {
+                return Err(invalid(
+                    "the config was not initialized with NCCL_CONFIG_INITIALIZER",
+                ));
+            }
+        }
+        let bytes: Vec<u8> = comm_id.internal.iter().map(|&b| b as u8).collect();
+        let id = UniqueId::from_bytes(&bytes)?;
+        let device = ringreduce::device::current_device()?;
+        let config = CudaConfig {
+            allow_shared_device: std::env::var("RINGREDUCE_NCCL_ALLOW_SHARED_GPU")
+                .is_ok_and(|v| v == "1"),
+            ..CudaConfig::default()
+        };
+        let (rank, world) = (rank as usize, nranks as usize);
+        let inner = RankCommunicator::gpu(&id, rank, world, device, config)?;
+        let handle = Box::new(Comm {
+            rank,
+            world,
+            device,
+            inner: Mutex::new(Some(inner)),
+        });
+        // SAFETY: checked non-null above; NCCL's contract: a writable ncclComm_t.
+        unsafe { *comm = Box::into_raw(handle) };
+        Ok(())
+    })
+}
+
+/// `ncclCommInitAll`: several ranks in one process are not run by this library (one process per
+/// GPU); refused by name.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommInitAll(
+    _comms: *mut ncclComm_t,
+    _ndev: c_int,
+    _devlist: *const c_int,
+) -> ncclResult_t {
+    guarded(|| {
+        Err(unsupported(
+            "ncclCommInitAll (several ranks in one process) is not run by ringreduce-nccl: \
+             one process per GPU (ncclCommInitRank), or ringreduce's Communicator",
+        ))
+    })
+}
+
+/// `ncclCommSplit`: refused by name (not run yet).
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommSplit(
+    _comm: ncclComm_t,
+    _color: c_int,
+    _key: c_int,
+    newcomm: *mut ncclComm_t,
+    _config: *mut ncclConfig_t,
+) -> ncclResult_t {
+    guarded(|| {
+        // SAFETY: null is skipped; otherwise NCCL's contract: a writable ncclComm_t.
+        if let Some(out) = unsafe { newcomm.as_mut() } {
+            *out = std::ptr::null_mut();
+        }
+        Err(unsupported(
+            "ncclCommSplit is not run by ringreduce-nccl yet",
+        ))
+    })
+}
+
+/// `ncclCommFinalize`: waits for every collective this rank enqueued.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommFinalize(comm: ncclComm_t) -> ncclResult_t {
+    guarded(|| {
+        // SAFETY: our caller's contract.
+        let comm = unsafe { comm_ref(comm) }?;
+        comm.with(|c| c.synchronize().map_err(Failure::from))
+    })
+}
+
+/// `ncclCommDestroy`: frees the communicator (after its work is done).
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
+    guarded(|| {
+        if comm.is_null() {
+            return Err(invalid("the communicator is null"));
+        }
+        // SAFETY: a handle from ncclCommInitRank*, destroyed once (NCCL's contract).
+        drop(unsafe { Box::from_raw(comm) });
+        Ok(())
+    })
+}
+
+/// `ncclCommAbort`: the peers' waits end with an error naming this rank; frees the
+/// communicator.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
+    guarded(|| {
+        if comm.is_null() {
+            return Err(invalid("the communicator is null"));
+        }
+        // SAFETY: a handle from ncclCommInitRank*, destroyed once (NCCL's contract).
+        let comm = unsafe { Box::from_raw(comm) };
+        let inner = comm.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(inner) = inner {
+            inner.abort();
+        }
+        Ok(())
+    })
+}
+
+/// `ncclCommGetAsyncError`: `ncclSuccess`, or the code of an error met without a call
+/// returning it (a lost peer, a kernel that gave up, a CUDA error).
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommGetAsyncError(
+    comm: ncclComm_t,
+    async_error: *mut ncclResult_t,
+) -> ncclResult_t {
+    guarded(|| {
+        // SAFETY: our caller's contract.
+        let comm = unsafe { comm_ref(comm) }?;
+        // SAFETY: null is refused; otherwise a writable ncclResult_t.
+        let out = unsafe { async_error.as_mut() }.ok_or_else(|| invalid("asyncError is null"))?;
+        *out = match comm.with(|c| Ok(c.async_error()))? {
+            None => ncclSuccess,
+            Some(err) => {
+                status::remember(&format!("ringreduce-nccl: {err}"));
+                status::code_of(&err)
+            }
+        };
+        Ok(())
+    })
+}
+
+/// Writes one number of a communicator.
+unsafe fn answer(
+    comm: ncclComm_t,
+    out: *mut c_int,
+    what: &str,
+    of: impl FnOnce(&Comm) -> usize,
+) -> ncclResult_t {
+    guarded(|| {
+        // SAFETY: our caller's contract.
+        let comm = unsafe { comm_ref(comm) }?;
+        // SAFETY: null is refused; otherwise a writable int.
+        let out = unsafe { out.as_mut() }.ok_or_else(|| invalid(format!("{what} is null")))?;
+        *out = of(comm) as c_int;
+        Ok(())
+    })
+}
+
+/// `ncclCommCount`.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommCount(comm: ncclComm_t, count: *mut c_int) -> ncclResult_t {
+    // SAFETY: our caller's contract, passed on.
+    unsafe { answer(comm, count, "count", |c| c.world) }
+}
+
+/// `ncclCommCuDevice`.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> ncclResult_t {
+    // SAFETY: our caller's contract, passed on.
+    unsafe { answer(comm, device, "device", |c| c.device) }
+}
+
+/// `ncclCommUserRank`.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) -> ncclResult_t {
+    // SAFETY: our caller's contract, passed on.
+    unsafe { answer(comm, rank, "rank", |c| c.rank) }
+}
+
+/// ringreduce's element type for NCCL's.
+fn dtype_of(datatype: ncclDataType_t) -> Result<DType, Failure> {
+    Ok(match datatype {
+        ncclInt8 => DType::I8,
+        ncclUint8 => DType::U8,
+        ncclInt32 => DType::I32,
+        ncclUint32 => DType::U32,
+        ncclInt64 => DType::I64,
+        ncclUint64 => DType::U64,
+        ncclFloat16 => DType::F16,
+        ncclFloat32 => DType::F32,
+        ncclFloat64 => DType::F64,
+        ncclBfloat16 => DType::BF16,
+        ncclFloat8e4m3 | ncclFloat8e5m2 => {
+            return Err(unsupported(
+                "the fp8 types are not run by ringreduce-nccl yet",
+            ))
+        }
+        other => return Err(invalid(format!("unknown data type {other}"))),
+    })
+}
+
+/// ringreduce's operator for NCCL's built-in ones.
+fn op_of(op: ncclRedOp_t) -> Result<ReduceOp, Failure> {
+    Ok(match op {
+        ncclSum => ReduceOp::Sum,
+        ncclProd => ReduceOp::Prod,
+        ncclMax => ReduceOp::Max,
+        ncclMin => ReduceOp::Min,
+        ncclAvg => ReduceOp::Avg,
+        other => {
+            return Err(unsupported(format!(
+                "reduction operator {other} (a custom one) is not run by ringreduce-nccl yet"
+            )))
+        }
+    })
+}
+
+/// One collective call as NCCL passes it: the send and receive buffers with their lengths in
+/// elements (a side this rank does not pass is null), and whether the call is in place.
+struct Call {
+    collective: Collective,
+    send: (*const c_void, usize),
+    recv: (*mut c_void, usize),
+    in_place: bool,
+    dtype: DType,
+    op: ReduceOp,
+}
+
+/// Enqueues `call` on `stream` (module doc).
+///
+/// # Safety
+/// NCCL's contract for the collective: the buffers are device memory of the communicator's GPU
+/// with the lengths given, untouched until the stream passes the call; `stream` is live.
+unsafe fn enqueue(comm: ncclComm_t, call: Call, stream: cudaStream_t) -> ncclResult_t {
+    guarded(|| {
+        // SAFETY: our caller's contract.
+        let comm = unsafe { comm_ref(comm) }?;
+        // SAFETY: our caller's contract: a live stream (or 0, the legacy default stream).
+        let stream = unsafe { CallerStream::from_raw(stream.cast()) }?;
+        macro_rules! typed {
+            ($($d:ident => $t:ty),*) => {
+                match call.dtype {
+                    // SAFETY: our caller's contract, passed on.
+                    $(DType::$d => comm.with(|c| unsafe { typed::<$t>(c, comm.device, &call, stream) }),)*
+                }
+            };
+        }
+        typed!(F16 => half::f16, BF16 => half::bf16, F32 => f32, F64 => f64, I8 => i8,
+               U8 => u8, I32 => i32, U32 => u32, I64 => i64, U64 => u64)
+    })
+}
+
+/// [`enqueue`] on elements of `T`.
+///
+/// # Safety
+/// As for [`enqueue`].
+unsafe fn typed<T: Element>(
+    comm: &mut RankCommunicator,
+    device: usize,
+    call: &Call,
+    stream: CallerStream,
+) -> Result<(), Failure> {
+    // SAFETY: our caller's contract: device memory of `device`, of these lengths.
+    let memory = |addr: u64, len: usize| unsafe { DeviceMemory::<T>::new(addr, len, device) };
+    if call.in_place {
+        let mut buf = memory(call.recv.0 as u64, call.recv.1);
+        // SAFETY: our caller's contract, passed on.
+        return unsafe {
+            comm.enqueue_collective_in_place_on_raw(&call.collective, &mut buf, call.op, stream)
+        }
+        .map_err(Failure::from);
+    }
+    let input = (!call.send.0.is_null()).then(|| memory(call.send.0 as u64, call.send.1));
+    let mut output = (!call.recv.0.is_null()).then(|| memory(call.recv.0 as u64, call.recv.1));
+    // SAFETY: our caller's contract, passed on.
+    unsafe {
+        comm.enqueue_collective_on_raw(
+            &call.collective,
+            input.as_ref(),
+            output.as_mut(),
+            call.op,
+            stream,
+        )
+    }
+    .map_err(Failure::from)
+}
+
+/// The parts of a call every collective checks alike: its type and operator.
+fn types(datatype: ncclDataType_t, op: Option<ncclRedOp_t>) -> Result<(DType, ReduceOp), Failure> {
+    Ok((dtype_of(datatype)?, op.map_or(Ok(ReduceOp::Sum), op_of)?))
+}
+
+/// Runs `body` to build a call, then enqueues it.
+unsafe fn submit(
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    body: impl FnOnce() -> Result<Call, Failure>,
+) -> ncclResult_t {
+    match body() {
+        // SAFETY: our caller's contract, passed on.
+        Ok(call) => unsafe { enqueue(comm, call, stream) },
+        Err(failure) => guarded(|| Err(failure)),
+    }
+}
+
+/// `ncclAllReduce`.
+#[no_mangle]
+pub unsafe extern "C" fn ncclAllReduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    op: ncclRedOp_t,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    // SAFETY: NCCL's contract for the call, passed on.
+    unsafe {
+        submit(comm, stream, || {
+            let (dtype, op) = types(datatype, Some(op))?;
+            Ok(Call {
+                collective: Collective::AllReduce,
+                send: (sendbuff, count),
+                recv: (recvbuff, count),
+                in_place: sendbuff == recvbuff.cast_const(),
+                dtype,
+                op,
+            })
+        })
+    }
+}
+
+/// The rank and world of a communicator, for the calls whose buffers depend on them.
+unsafe fn place(comm: ncclComm_t) -> Result<(usize, usize), Failure> {
+    // SAFETY: our caller's contract.
+    let comm = unsafe { comm_ref(comm) }?;
+    Ok((comm.rank, comm.world))
+}
+
+/// A root as NCCL passes it, checked against the world.
+fn root_of(root: c_int, world: usize) -> Result<usize, Failure> {
+    match usize::try_from(root) {
+        Ok(r) if r < world => Ok(r),
+        _ => Err(invalid(format!("root {root} is not a rank of {world}"))),
+    }
+}
+
+/// `ncclBroadcast`: the root's `sendbuff` into every rank's `recvbuff`.
+#[no_mangle]
+pub unsafe extern "C" fn ncclBroadcast(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    // SAFETY: NCCL's contract for the call, passed on.
+    unsafe {
+        submit(comm, stream, || {
+            let (rank, world) = place(comm)?;
+            let root = root_of(root, world)?;
+            let (dtype, op) = types(datatype, None)?;
+            let mine = rank == root;
+            Ok(Call {
+                collective: Collective::Broadcast { root },
+                send: (if mine { sendbuff } else { std::ptr::null() }, count),
+                recv: (recvbuff, count),
+                in_place: mine && sendbuff == recvbuff.cast_const(),
+                dtype,
+                op,
+            })
+        })
+    }
+}
+
+/// `ncclReduce`: every rank's `sendbuff` reduced into the root's `recvbuff`.
+#[no_mangle]
+pub unsafe extern "C" fn ncclReduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    op: ncclRedOp_t,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    // SAFETY: NCCL's contract for the call, passed on.
+    unsafe {
+        submit(comm, stream, || {
+            let (rank, world) = place(comm)?;
+            let root = root_of(root, world)?;
+            let (dtype, op) = types(datatype, Some(op))?;
+            let mine = rank == root;
+            Ok(Call {
+                collective: Collective::Reduce { root },
+                send: (sendbuff, count),
+                recv: (if mine { recvbuff } else { std::ptr::null_mut() }, count),
+                in_place: mine && sendbuff == recvbuff.cast_const(),
+                dtype,
+                op,
+            })
+        })
+    }
+}
+
+/// `ncclAllGather`: in place when `sendbuff` is this rank's block of `recvbuff`.
+#[no_mangle]
+pub unsafe extern "C" fn ncclAllGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: ncclDataType_t,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    // SAFETY: NCCL's contract for the call, passed on.
+    unsafe {
+        submit(comm, stream, || {
+            let (rank, world) = place(comm)?;
+            let (dtype, op) = types(datatype, None)?;
+            let block = (rank * sendcount * dtype.size_bytes()) as isize;
+            Ok(Call {
+                collective: Collective::AllGather,
+                send: (sendbuff, sendcount),
+                recv: (recvbuff, sendcount * world),
+                in_place: sendbuff == recvbuff.cast_const().wrapping_byte_offset(block),
+                dtype,
+                op,
+            })
+        })
+    }
+}
+
+/// `ncclReduceScatter`: in place when `recvbuff` is this rank's block of `sendbuff`.
+#[no_mangle]
+pub unsafe extern "C" fn ncclReduceScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: ncclDataType_t,
+    op: ncclRedOp_t,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    // SAFETY: NCCL's contract for the call, passed on.
+    unsafe {
+        submit(comm, stream, || {
+            let (rank, world) = place(comm)?;
+            let (dtype, op) = types(datatype, Some(op))?;
+            let block = (rank * recvcount * dtype.size_bytes()) as isize;
+            let in_place = recvbuff.cast_const() == sendbuff.wrapping_byte_offset(block);
+            Ok(Call {
+                collective: Collective::ReduceScatter,
+                // In place the one buffer is the send buffer, holding every block.
+                send: (sendbuff, recvcount * world),
+                recv: match in_place {
+                    true => (sendbuff.cast_mut(), recvcount * world),
+                    false => (recvbuff, recvcount),
+                },
+                in_place,
+                dtype,
+                op,
+            })
+        })
+    }
+}
+
+/// `ncclAlltoAll`: block j of this rank's `sendbuff` to rank j, block i of `recvbuff` from rank
+/// i (out of place).
+#[no_mangle]
+pub unsafe extern "C" fn ncclAlltoAll(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    // SAFETY: NCCL's contract for the call, passed on.
+    unsafe {
+        submit(comm, stream, || {
+            let (_, world) = place(comm)?;
+            let (dtype, op) = types(datatype, None)?;
+            if sendbuff == recvbuff.cast_const() {
+                return Err(invalid("ncclAlltoAll has no in-place form"));
+            }
+            Ok(Call {
+                collective: Collective::AllToAll,
+                send: (sendbuff, count * world),
+                recv: (recvbuff, count * world),
+                in_place: false,
+                dtype,
+                op,
+            })
+        })
+    }
+}
+
+/// `ncclSend`: refused by name (not run yet).
+#[no_mangle]
+pub unsafe extern "C" fn ncclSend(
+    _sendbuff: *const c_void,
+    _count: usize,
+    _datatype: ncclDataType_t,
+    _peer: c_int,
+    _comm: ncclComm_t,
+    _stream: cudaStream_t,
+) -> ncclResult_t {
+    guarded(|| Err(unsupported("ncclSend is not run by ringreduce-nccl yet")))
+}
+
+/// `ncclRecv`: refused by name (not run yet).
+#[no_mangle]
+pub unsafe extern "C" fn ncclRecv(
+    _recvbuff: *mut c_void,
+    _count: usize,
+    _datatype: ncclDataType_t,
+    _peer: c_int,
+    _comm: ncclComm_t,
+    _stream: cudaStream_t,
+) -> ncclResult_t {
+    guarded(|| Err(unsupported("ncclRecv is not run by ringreduce-nccl yet")))
+}
+
+thread_local! {
+    /// How deep this thread is in `ncclGroupStart`/`ncclGroupEnd` pairs.
+    static GROUP_DEPTH: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// `ncclGroupStart`: collectives inside a group are enqueued as they are called (one rank per
+/// process: nothing waits for the group's end).
+#[no_mangle]
+pub extern "C" fn ncclGroupStart() -> ncclResult_t {
+    GROUP_DEPTH.with(|d| d.set(d.get() + 1));
+    ncclSuccess
+}
+
+/// `ncclGroupEnd`.
+#[no_mangle]
+pub extern "C" fn ncclGroupEnd() -> ncclResult_t {
+    guarded(|| {
+        GROUP_DEPTH.with(|d| match d.get() {
+            0 => Err(Failure::Nccl(
+                ncclInvalidUsage,
+                "ncclGroupEnd without ncclGroupStart".into(),
+            )),
+            n => {
+                d.set(n - 1);
+                Ok(())
+            }
+        })
+    })
+}
+
+/// `ncclRedOpCreatePreMulSum`: refused by name (not run yet).
+#[no_mangle]
+pub unsafe extern "C" fn ncclRedOpCreatePreMulSum(
+    _op: *mut ncclRedOp_t,
+    _scalar: *mut c_void,
+    _datatype: ncclDataType_t,
+    _residence: c_int,
+    _comm: ncclComm_t,
+) -> ncclResult_t {
+    guarded(|| {
+        Err(unsupported(
+            "ncclRedOpCreatePreMulSum is not run by ringreduce-nccl yet",
+        ))
+    })
+}
+
+/// `ncclRedOpDestroy`: no custom operator exists to destroy.
+#[no_mangle]
+pub unsafe extern "C" fn ncclRedOpDestroy(op: ncclRedOp_t, _comm: ncclComm_t) -> ncclResult_t {
+    guarded(|| {
+        Err(invalid(format!(
+            "reduction operator {op} was not made here"
+        )))
+    })
+}
+
+/// `ncclCommRegister`: accepted, with nothing to do — this library stages every buffer
+/// through memory it shares itself, so registration is a no-op handle.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommRegister(
+    comm: ncclComm_t,
+    _buff: *mut c_void,
+    _size: usize,
+    handle: *mut *mut c_void,
+) -> ncclResult_t {
+    guarded(|| {
+        // SAFETY: our caller's contract.
+        unsafe { comm_ref(comm) }?;
+        // SAFETY: null is refused; otherwise a writable pointer.
+        let out = unsafe { handle.as_mut() }.ok_or_else(|| invalid("handle is null"))?;
+        *out = Box::into_raw(Box::new(0u8)).cast();
+        Ok(())
+    })
+}
+
+/// `ncclCommDeregister`: releases a handle from `ncclCommRegister`.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) -> ncclResult_t {
+    guarded(|| {
+        // SAFETY: our caller's contract.
+        unsafe { comm_ref(comm) }?;
+        if handle.is_null() {
+            return Err(invalid("handle is null"));
+        }
+        // SAFETY: a handle from ncclCommRegister, released once (NCCL's contract).
+        drop(unsafe { Box::from_raw(handle.cast::<u8>()) });
+        Ok(())
+    })
+}
+
+/// `ncclMemAlloc`: device memory of the calling thread's current GPU (`cuMemAlloc`, which the
+/// library shares with its peers by copying through its own memory).
+#[no_mangle]
+pub unsafe extern "C" fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult_t {
+    guarded(|| {
+        // SAFETY: null is refused; otherwise a writable pointer.
+        let out = unsafe { ptr.as_mut() }.ok_or_else(|| invalid("ptr is null"))?;
+        let device = ringreduce::device::current_device()?;
+        let ctx = ringreduce::device::context(device)?;
+        let buffer = ringreduce::device::DeviceBuffer::new(&ctx, size.max(1))?;
+        *out = buffer.ptr() as *mut c_void;
+        ALLOCATIONS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(buffer);
+        Ok(())
+    })
+}
+
+/// `ncclMemFree`: frees what `ncclMemAlloc` gave.
+#[no_mangle]
+pub unsafe extern "C" fn ncclMemFree(ptr: *mut c_void) -> ncclResult_t {
+    guarded(|| {
+        let mut allocations = ALLOCATIONS.lock().unwrap_or_else(|p| p.into_inner());
+        let at = allocations
+            .iter()
+            .position(|b| b.ptr() == ptr as u64)
+            .ok_or_else(|| invalid("the pointer was not allocated by ncclMemAlloc"))?;
+        allocations.swap_remove(at).free()?;
+        Ok(())
+    })
+}
+
+/// What `ncclMemAlloc` gave and `ncclMemFree` has not taken back.
+static ALLOCATIONS: Mutex<Vec<ringreduce::device::DeviceBuffer>> = Mutex::new(Vec::new());
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ringreduce::Error;
+
+    #[test]
+    fn every_result_code_has_its_own_text() {
+        let texts: Vec<String> = (0..ncclNumResults)
+            .map(|code| {
+                // SAFETY: static, NUL-terminated texts.
+                unsafe { CStr::from_ptr(ncclGetErrorString(code)) }
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        let mut distinct = texts.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), texts.len(), "{texts:?}");
+    }
+
+    #[test]
+    fn errors_map_to_nccls_codes() {
+        let cases = [
+            (
+                Error::NoGpu {
+                    reason: "none".into(),
+                },
+                ncclUnhandledCudaError,
+            ),
+            (Error::InvalidArgument("x".into()), ncclInvalidArgument),
+            (
+                Error::RankFailed {
+                    rank: 1,
+                    during: "a call".into(),
+                    message: "gone".into(),
+                },
+                ncclRemoteError,
+            ),
+            (Error::Internal { what: "x".into() }, ncclInternalError),
+            (Error::Resource { what: "x".into() }, ncclSystemError),
+        ];
+        for (err, code) in cases {
+            assert_eq!(status::code_of(&err), code, "{err}");
+            let broken = Error::CommunicatorFailed(Box::new(err.clone()));
+            assert_eq!(status::code_of(&broken), code, "{broken}");
+        }
+    }
+}

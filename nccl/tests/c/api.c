@@ -1,0 +1,179 @@
+/*
+ * The C face of ringreduce-nccl, as a C program meets it: built against include/nccl.h with the
+ * system compiler and linked to the library under NCCL's name (libnccl.so.2). Every call this
+ * program makes needs no GPU; argv[1] says whether the machine has one ("gpu" or "nogpu"), which
+ * decides what communicator creation must answer.
+ *
+ * The signature table assigns every exported function to a pointer of the type NCCL's user guide
+ * documents for it: a declaration in nccl.h that differs from the documented one fails the build.
+ */
+#include "nccl.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* NCCL's documented signatures. */
+typedef ncclResult_t (*GetVersion)(int *);
+typedef ncclResult_t (*GetUniqueId)(ncclUniqueId *);
+typedef const char *(*GetErrorString)(ncclResult_t);
+typedef const char *(*GetLastError)(ncclComm_t);
+typedef ncclResult_t (*CommInitRank)(ncclComm_t *, int, ncclUniqueId, int);
+typedef ncclResult_t (*CommInitRankConfig)(ncclComm_t *, int, ncclUniqueId, int, ncclConfig_t *);
+typedef ncclResult_t (*CommInitAll)(ncclComm_t *, int, const int *);
+typedef ncclResult_t (*CommSplit)(ncclComm_t, int, int, ncclComm_t *, ncclConfig_t *);
+typedef ncclResult_t (*CommOne)(ncclComm_t);
+typedef ncclResult_t (*CommGetAsyncError)(ncclComm_t, ncclResult_t *);
+typedef ncclResult_t (*CommNumber)(const ncclComm_t, int *);
+typedef ncclResult_t (*AllReduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t,
+                                  ncclComm_t, cudaStream_t);
+typedef ncclResult_t (*Broadcast)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t,
+                                  cudaStream_t);
+typedef ncclResult_t (*Reduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, int,
+                               ncclComm_t, cudaStream_t);
+typedef ncclResult_t (*AllGather)(const void *, void *, size_t, ncclDataType_t, ncclComm_t,
+                                  cudaStream_t);
+typedef ncclResult_t (*ReduceScatter)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t,
+                                      ncclComm_t, cudaStream_t);
+typedef ncclResult_t (*AlltoAll)(const void *, void *, size_t, ncclDataType_t, ncclComm_t,
+                                 cudaStream_t);
+typedef ncclResult_t (*Send)(const void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+typedef ncclResult_t (*Recv)(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+typedef ncclResult_t (*Group)(void);
+typedef ncclResult_t (*RedOpCreatePreMulSum)(ncclRedOp_t *, void *, ncclDataType_t,
+                                             ncclScalarResidence_t, ncclComm_t);
+typedef ncclResult_t (*RedOpDestroy)(ncclRedOp_t, ncclComm_t);
+typedef ncclResult_t (*MemAlloc)(void **, size_t);
+typedef ncclResult_t (*MemFree)(void *);
+typedef ncclResult_t (*CommRegister)(const ncclComm_t, void *, size_t, void **);
+typedef ncclResult_t (*CommDeregister)(const ncclComm_t, void *);
+
+struct Signatures {
+  GetVersion get_version; GetUniqueId get_unique_id; GetErrorString get_error_string;
+  GetLastError get_last_error; CommInitRank init_rank; CommInitRankConfig init_rank_config;
+  CommInitAll init_all; CommSplit split; CommOne finalize, destroy, abort_;
+  CommGetAsyncError async_error; CommNumber count, cu_device, user_rank;
+  AllReduce all_reduce; Broadcast broadcast; Reduce reduce; AllGather all_gather;
+  ReduceScatter reduce_scatter; AlltoAll all_to_all; Send send; Recv recv;
+  Group group_start, group_end; RedOpCreatePreMulSum pre_mul_sum; RedOpDestroy op_destroy;
+  MemAlloc mem_alloc; MemFree mem_free; CommRegister reg; CommDeregister dereg;
+};
+
+static const struct Signatures signatures = {
+  ncclGetVersion, ncclGetUniqueId, ncclGetErrorString, ncclGetLastError, ncclCommInitRank,
+  ncclCommInitRankConfig, ncclCommInitAll, ncclCommSplit, ncclCommFinalize, ncclCommDestroy,
+  ncclCommAbort, ncclCommGetAsyncError, ncclCommCount, ncclCommCuDevice, ncclCommUserRank,
+  ncclAllReduce, ncclBroadcast, ncclReduce, ncclAllGather, ncclReduceScatter, ncclAlltoAll,
+  ncclSend, ncclRecv, ncclGroupStart, ncclGroupEnd, ncclRedOpCreatePreMulSum, ncclRedOpDestroy,
+  ncclMemAlloc, ncclMemFree, ncclCommRegister, ncclCommDeregister,
+};
+
+static int failures = 0;
+
+#define EXPECT(cond, ...)                                                  \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      failures++;                                                          \
+      fprintf(stderr, "FAILED %s:%d: %s: ", __FILE__, __LINE__, #cond);    \
+      fprintf(stderr, __VA_ARGS__);                                        \
+      fprintf(stderr, "\n");                                               \
+    }                                                                      \
+  } while (0)
+
+/* The call returned `want`, and when it failed, the last error says `says`. */
+static void expect_result(const char *what, ncclResult_t got, ncclResult_t want, const char *says) {
+  const char *last = ncclGetLastError(NULL);
+  EXPECT(got == want, "%s: got %d (%s), want %d; last error: %s", what, (int)got,
+         ncclGetErrorString(got), (int)want, last);
+  if (want != ncclSuccess && says != NULL) {
+    EXPECT(strstr(last, says) != NULL, "%s: last error \"%s\" lacks \"%s\"", what, last, says);
+  }
+}
+
+int main(int argc, char **argv) {
+  int has_gpu = argc > 1 && strcmp(argv[1], "gpu") == 0;
+
+  int version = 0;
+  expect_result("ncclGetVersion", signatures.get_version(&version), ncclSuccess, NULL);
+  EXPECT(version == NCCL_VERSION_CODE, "version %d, header %d", version, NCCL_VERSION_CODE);
+  expect_result("ncclGetVersion(NULL)", ncclGetVersion(NULL), ncclInvalidArgument, "null");
+
+  ncclUniqueId a, b;
+  expect_result("ncclGetUniqueId", ncclGetUniqueId(&a), ncclSuccess, NULL);
+  expect_result("ncclGetUniqueId", ncclGetUniqueId(&b), ncclSuccess, NULL);
+  EXPECT(memcmp(&a, &b, sizeof a) != 0, "two unique ids are equal");
+  expect_result("ncclGetUniqueId(NULL)", ncclGetUniqueId(NULL), ncclInvalidArgument, "null");
+
+  for (int r = 0; r < ncclNumResults; r++) {
+    for (int s = 0; s < r; s++) {
+      EXPECT(strcmp(ncclGetErrorString(r), ncclGetErrorString(s)) != 0,
+             "codes %d and %d share a text", r, s);
+    }
+  }
+  EXPECT(ncclGetErrorString((ncclResult_t)99) != NULL, "unknown code without a text");
+
+  ncclComm_t comm = NULL;
+  expect_result("init with a null comm", ncclCommInitRank(NULL, 2, a, 0), ncclInvalidArgument,
+                "null");
+  expect_result("init of 0 ranks", ncclCommInitRank(&comm, 0, a, 0), ncclInvalidArgument, "rank");
+  expect_result("init of rank 2 of 2", ncclCommInitRank(&comm, 2, a, 2), ncclInvalidArgument,
+                "rank 2 of 2");
+  ncclUniqueId junk;
+  memset(&junk, 7, sizeof junk);
+  expect_result("init with a foreign id", ncclCommInitRank(&comm, 1, junk, 0),
+                ncclInvalidArgument, "unique id");
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.magic = 0;
+  expect_result("init with an uninitialized config", ncclCommInitRankConfig(&comm, 1, a, 0, &config),
+                ncclInvalidArgument, "NCCL_CONFIG_INITIALIZER");
+  expect_result("ncclCommInitAll", ncclCommInitAll(&comm, 2, NULL), ncclInvalidUsage,
+                "one process per GPU");
+
+  if (has_gpu) {
+    /* One rank on this thread's GPU: the calls succeed end to end (their results are checked
+     * by the GPU tests in Rust and by the PyTorch run). */
+    int value = -1;
+    expect_result("init of one rank", ncclCommInitRank(&comm, 1, a, 0), ncclSuccess, NULL);
+    expect_result("ncclCommCount", ncclCommCount(comm, &value), ncclSuccess, NULL);
+    EXPECT(value == 1, "count %d", value);
+    expect_result("ncclCommUserRank", ncclCommUserRank(comm, &value), ncclSuccess, NULL);
+    EXPECT(value == 0, "rank %d", value);
+    void *buf = NULL;
+    expect_result("ncclMemAlloc", ncclMemAlloc(&buf, 4096), ncclSuccess, NULL);
+    expect_result("ncclAllReduce in place",
+                  ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, comm, NULL), ncclSuccess, NULL);
+    expect_result("ncclCommFinalize", ncclCommFinalize(comm), ncclSuccess, NULL);
+    ncclResult_t async = ncclInternalError;
+    expect_result("ncclCommGetAsyncError", ncclCommGetAsyncError(comm, &async), ncclSuccess, NULL);
+    EXPECT(async == ncclSuccess, "async error %d", (int)async);
+    expect_result("ncclMemFree", ncclMemFree(buf), ncclSuccess, NULL);
+    expect_result("ncclCommDestroy", ncclCommDestroy(comm), ncclSuccess, NULL);
+  } else {
+    expect_result("init without a GPU", ncclCommInitRank(&comm, 1, a, 0), ncclUnhandledCudaError,
+                  "no GPU");
+    void *ptr = NULL;
+    expect_result("ncclMemAlloc without a GPU", ncclMemAlloc(&ptr, 64), ncclUnhandledCudaError,
+                  "no GPU");
+  }
+
+  int n = 0;
+  expect_result("ncclCommCount(NULL)", ncclCommCount(NULL, &n), ncclInvalidArgument, "null");
+  expect_result("ncclAllReduce on a null comm",
+                ncclAllReduce(NULL, NULL, 4, ncclFloat32, ncclSum, NULL, NULL),
+                ncclInvalidArgument, "null");
+  expect_result("ncclAllReduce of fp8", ncclAllReduce(NULL, NULL, 4, ncclFloat8e4m3, ncclSum, NULL, NULL),
+                ncclInvalidUsage, "fp8");
+  expect_result("ncclAllReduce with a custom op",
+                ncclAllReduce(NULL, NULL, 4, ncclFloat32, ncclNumOps, NULL, NULL),
+                ncclInvalidUsage, "operator");
+  expect_result("ncclSend", ncclSend(NULL, 4, ncclFloat32, 1, NULL, NULL), ncclInvalidUsage,
+                "not run");
+  expect_result("ncclGroupEnd without a start", ncclGroupEnd(), ncclInvalidUsage, "ncclGroupStart");
+  expect_result("ncclGroupStart", ncclGroupStart(), ncclSuccess, NULL);
+  expect_result("ncclGroupEnd", ncclGroupEnd(), ncclSuccess, NULL);
+  expect_result("ncclCommDestroy(NULL)", ncclCommDestroy(NULL), ncclInvalidArgument, "null");
+
+  if (failures == 0) {
+    printf("c api: every check passed (%s)\n", has_gpu ? "gpu" : "no gpu");
+  }
+  return failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,109 @@
+//! The library as C programs meet it: `tests/c/api.c` is compiled with the system C compiler
+//! against `include/nccl.h` (its signature table fails the build when a declaration differs
+//! from NCCL's documented one), linked to the library under NCCL's name — a folder holding a
+//! link `libnccl.so.2` to it, on `LD_LIBRARY_PATH` — and run; and the library's exported `nccl*`
+//! symbols are exactly the functions the header declares.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The folder cargo put this package's cdylib in (beside this test's executable, or one up).
+fn library_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test's path");
+    let deps = exe.parent().expect("the test's folder").to_path_buf();
+    [
+        deps.clone(),
+        deps.parent().expect("the profile folder").to_path_buf(),
+    ]
+    .into_iter()
+    .find(|dir| dir.join("libringreduce_nccl.so").is_file())
+    .expect("cargo builds libringreduce_nccl.so before the tests")
+}
+
+/// The functions `include/nccl.h` declares.
+fn declared() -> Vec<String> {
+    let header =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("include/nccl.h"))
+            .expect("the header");
+    // Every identifier right before a '(' that starts with "nccl" (macros are NCCL_…).
+    let mut names: Vec<String> = header
+        .match_indices('(')
+        .map(|(at, _)| {
+            let before = &header[..at];
+            let start = before
+                .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .map_or(0, |i| i + 1);
+            before[start..].to_string()
+        })
+        .filter(|name| name.starts_with("nccl"))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+#[test]
+fn a_c_program_built_against_the_header_runs_on_the_library_as_libnccl() {
+    let lib = library_dir();
+    let dir = std::env::temp_dir().join(format!("ringreduce-nccl-c-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let link = dir.join("libnccl.so.2");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(lib.join("libringreduce_nccl.so"), &link).unwrap();
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let exe = dir.join("api");
+    let built = Command::new("cc")
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-I"])
+        .arg(manifest.join("include"))
+        .arg(manifest.join("tests/c/api.c"))
+        .arg("-o")
+        .arg(&exe)
+        .arg(&link)
+        .output()
+        .expect("the system C compiler (cc) runs");
+    assert!(
+        built.status.success(),
+        "cc failed:\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let gpu = match ringreduce::driver_available() {
+        Ok(()) => "gpu",
+        Err(_) => "nogpu",
+    };
+    let ran = Command::new(&exe)
+        .arg(gpu)
+        .env("LD_LIBRARY_PATH", &dir)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&ran.stdout),
+        String::from_utf8_lossy(&ran.stderr),
+    );
+    assert!(ran.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("every check passed"), "{stdout}\n{stderr}");
+    // It ran on this library, found by NCCL's name.
+    let needed = Command::new("readelf").arg("-d").arg(&exe).output();
+    if let Ok(needed) = needed {
+        let text = String::from_utf8_lossy(&needed.stdout);
+        assert!(text.contains("[libnccl.so.2]"), "{text}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_library_exports_exactly_what_the_header_declares() {
+    let lib = library_dir().join("libringreduce_nccl.so");
+    let out = Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(&lib)
+        .output()
+        .expect("nm (binutils) runs");
+    let mut exported: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(2))
+        .filter(|name| name.starts_with("nccl"))
+        .map(str::to_string)
+        .collect();
+    exported.sort();
+    assert_eq!(exported, declared());
+}
