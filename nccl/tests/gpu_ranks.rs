@@ -1,0 +1,292 @@
+//! The library's collectives as NCCL's callers make them — one process per rank, rank 0's
+//! `ncclGetUniqueId` handed to the others (through a file here), `ncclCommInitRank` on the
+//! thread's current GPU, every collective on a stream of the process's own with raw device
+//! pointers — exact against the host's arithmetic, in place and out of place, with NCCL's
+//! in-place rules; a mismatched call an error on every rank. The ranks share GPU 0 on a one-GPU
+//! machine (`RINGREDUCE_NCCL_ALLOW_SHARED_GPU=1`); a machine without a GPU waives the test.
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
+use common::launch::{as_rank, expect_success, launch};
+use ringreduce::GpuBuffer;
+use ringreduce_nccl::abi::*;
+use ringreduce_nccl::*;
+use std::ffi::{c_void, CStr};
+use std::time::{Duration, Instant};
+
+/// Panics with the call's code and `ncclGetLastError` unless it succeeded.
+fn ok(what: &str, result: ncclResult_t) {
+    if result != ncclSuccess {
+        // SAFETY: a NUL-terminated text of this thread's.
+        let last = unsafe { CStr::from_ptr(ncclGetLastError(std::ptr::null_mut())) };
+        panic!("{what}: result {result}: {}", last.to_string_lossy());
+    }
+}
+
+/// Rank `rank`'s input element `k`: small integers, exact in f32.
+fn input(rank: usize, k: usize) -> f32 {
+    ((rank * 7 + k * 3) % 11) as f32 - 5.0
+}
+
+/// The job's unique id: rank 0 makes it and writes it to `path`; the others read it there.
+fn unique_id(rank: usize, path: &std::path::Path) -> ncclUniqueId {
+    let mut id = ncclUniqueId { internal: [0; 128] };
+    if rank == 0 {
+        // SAFETY: a writable id.
+        ok("ncclGetUniqueId", unsafe { ncclGetUniqueId(&mut id) });
+        let bytes: Vec<u8> = id.internal.iter().map(|&b| b as u8).collect();
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, bytes).unwrap();
+        std::fs::rename(&tmp, path).unwrap();
+        return id;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(bytes) = std::fs::read(path) {
+            for (dst, src) in id.internal.iter_mut().zip(bytes) {
+                *dst = src as std::ffi::c_char;
+            }
+            return id;
+        }
+        assert!(Instant::now() < deadline, "rank 0 never wrote the id");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// One rank's part (module doc).
+fn rank_part(rank: usize, world: usize, id_path: &std::path::Path) {
+    let device = if ringreduce::device_count().unwrap() >= world {
+        rank
+    } else {
+        0
+    };
+    let ctx = ringreduce::device::context(device).unwrap();
+    ctx.bind_to_thread().unwrap();
+    let stream = ctx.new_stream().unwrap();
+    let raw = stream.cu_stream() as *mut c_void;
+    let id = unique_id(rank, id_path);
+    let mut comm: ncclComm_t = std::ptr::null_mut();
+    // SAFETY: a writable handle.
+    ok("init", unsafe {
+        ncclCommInitRank(&mut comm, world as i32, id, rank as i32)
+    });
+    let count = 3000;
+    let mine: Vec<f32> = (0..count).map(|k| input(rank, k)).collect();
+    let every = |k: usize| (0..world).map(move |r| input(r, k));
+    let sync = || {
+        stream.synchronize().unwrap();
+        // SAFETY: a live communicator.
+        ok("finalize", unsafe { ncclCommFinalize(comm) });
+    };
+    let send = GpuBuffer::from_host(device, &mine).unwrap();
+    let at = |b: &GpuBuffer<f32>| ringreduce::Buffer::address(b) as *mut c_void;
+
+    // All-reduce: sum and max out of place, avg in place.
+    for (op, fold) in [
+        (
+            ncclSum,
+            every_sum as fn(&mut dyn Iterator<Item = f32>) -> f32,
+        ),
+        (ncclMax, every_max),
+    ] {
+        let recv = GpuBuffer::<f32>::zeroed(device, count).unwrap();
+        // SAFETY: device buffers of `count` f32 on this GPU, kept until the stream is synced.
+        ok("all-reduce", unsafe {
+            ncclAllReduce(at(&send), at(&recv), count, ncclFloat32, op, comm, raw)
+        });
+        sync();
+        let want: Vec<f32> = (0..count).map(|k| fold(&mut every(k))).collect();
+        assert_eq!(
+            recv.to_host().unwrap(),
+            want,
+            "rank {rank} all-reduce op {op}"
+        );
+    }
+    let inplace = GpuBuffer::from_host(device, &mine).unwrap();
+    // SAFETY: as above; in place (the same buffer).
+    ok("all-reduce in place", unsafe {
+        ncclAllReduce(
+            at(&inplace),
+            at(&inplace),
+            count,
+            ncclFloat32,
+            ncclAvg,
+            comm,
+            raw,
+        )
+    });
+    sync();
+    let want: Vec<f32> = (0..count)
+        .map(|k| every(k).sum::<f32>() / world as f32)
+        .collect();
+    assert_eq!(inplace.to_host().unwrap(), want, "rank {rank} avg in place");
+
+    // Broadcast from the last rank; reduce (sum) to rank 0.
+    let root = world - 1;
+    let recv = GpuBuffer::<f32>::zeroed(device, count).unwrap();
+    // SAFETY: as above (the send buffer is read on the root only).
+    ok("broadcast", unsafe {
+        ncclBroadcast(
+            at(&send),
+            at(&recv),
+            count,
+            ncclFloat32,
+            root as i32,
+            comm,
+            raw,
+        )
+    });
+    sync();
+    let want: Vec<f32> = (0..count).map(|k| input(root, k)).collect();
+    assert_eq!(recv.to_host().unwrap(), want, "rank {rank} broadcast");
+    let recv = GpuBuffer::<f32>::zeroed(device, count).unwrap();
+    // SAFETY: as above (the receive buffer is written on the root only).
+    ok("reduce", unsafe {
+        ncclReduce(
+            at(&send),
+            at(&recv),
+            count,
+            ncclFloat32,
+            ncclSum,
+            0,
+            comm,
+            raw,
+        )
+    });
+    sync();
+    if rank == 0 {
+        let want: Vec<f32> = (0..count).map(|k| every(k).sum()).collect();
+        assert_eq!(recv.to_host().unwrap(), want, "reduce at the root");
+    }
+
+    // All-gather out of place, then in place (this rank's block of the receive buffer).
+    let block = 500;
+    let gathered_want: Vec<f32> = (0..world)
+        .flat_map(|r| (0..block).map(move |k| input(r, k)))
+        .collect();
+    let part = GpuBuffer::from_host(device, &mine[..block]).unwrap();
+    let all = GpuBuffer::<f32>::zeroed(device, block * world).unwrap();
+    // SAFETY: as above.
+    ok("all-gather", unsafe {
+        ncclAllGather(at(&part), at(&all), block, ncclFloat32, comm, raw)
+    });
+    sync();
+    assert_eq!(
+        all.to_host().unwrap(),
+        gathered_want,
+        "rank {rank} all-gather"
+    );
+    let mut staged = vec![0f32; block * world];
+    staged[rank * block..(rank + 1) * block].copy_from_slice(&mine[..block]);
+    let all = GpuBuffer::from_host(device, &staged).unwrap();
+    let own = (at(&all) as usize + rank * block * 4) as *mut c_void;
+    // SAFETY: as above; `own` is this rank's block of `all` (NCCL's in-place all-gather).
+    ok("all-gather in place", unsafe {
+        ncclAllGather(own, at(&all), block, ncclFloat32, comm, raw)
+    });
+    sync();
+    assert_eq!(
+        all.to_host().unwrap(),
+        gathered_want,
+        "rank {rank} all-gather in place"
+    );
+
+    // Reduce-scatter out of place, then in place (this rank's block of the send buffer).
+    let full: Vec<f32> = (0..block * world).map(|k| input(rank, k)).collect();
+    let scattered_want: Vec<f32> = (0..block).map(|k| every(rank * block + k).sum()).collect();
+    let src = GpuBuffer::from_host(device, &full).unwrap();
+    let out = GpuBuffer::<f32>::zeroed(device, block).unwrap();
+    // SAFETY: as above.
+    ok("reduce-scatter", unsafe {
+        ncclReduceScatter(at(&src), at(&out), block, ncclFloat32, ncclSum, comm, raw)
+    });
+    sync();
+    assert_eq!(
+        out.to_host().unwrap(),
+        scattered_want,
+        "rank {rank} reduce-scatter"
+    );
+    let src = GpuBuffer::from_host(device, &full).unwrap();
+    let own = (at(&src) as usize + rank * block * 4) as *mut c_void;
+    // SAFETY: as above; `own` is this rank's block of `src` (NCCL's in-place reduce-scatter).
+    ok("reduce-scatter in place", unsafe {
+        ncclReduceScatter(at(&src), own, block, ncclFloat32, ncclSum, comm, raw)
+    });
+    sync();
+    let got = src.to_host().unwrap();
+    assert_eq!(
+        &got[rank * block..(rank + 1) * block],
+        &scattered_want[..],
+        "rank {rank} reduce-scatter in place"
+    );
+
+    // All-to-all: block j of this rank's send buffer to rank j.
+    let src = GpuBuffer::from_host(device, &full).unwrap();
+    let out = GpuBuffer::<f32>::zeroed(device, block * world).unwrap();
+    // SAFETY: as above.
+    ok("all-to-all", unsafe {
+        ncclAlltoAll(at(&src), at(&out), block, ncclFloat32, comm, raw)
+    });
+    sync();
+    let want: Vec<f32> = (0..world)
+        .flat_map(|r| (0..block).map(move |k| input(r, rank * block + k)))
+        .collect();
+    assert_eq!(out.to_host().unwrap(), want, "rank {rank} all-to-all");
+
+    // A mismatched call (the count differs on rank 1): an error on every rank, nothing run.
+    let n = if rank == 1 { count - 1 } else { count };
+    // SAFETY: as above.
+    let result =
+        unsafe { ncclAllReduce(at(&send), at(&inplace), n, ncclFloat32, ncclSum, comm, raw) };
+    assert_eq!(result, ncclInvalidUsage, "rank {rank} mismatch");
+    let mut async_error = ncclSuccess;
+    // SAFETY: a live communicator and a writable result.
+    ok("async error", unsafe {
+        ncclCommGetAsyncError(comm, &mut async_error)
+    });
+    assert_ne!(
+        async_error, ncclSuccess,
+        "rank {rank}: the communicator is broken"
+    );
+    // SAFETY: a live communicator, destroyed once.
+    ok("destroy", unsafe { ncclCommDestroy(comm) });
+    println!("rank {rank}: every collective exact through NCCL's API");
+}
+
+fn every_sum(values: &mut dyn Iterator<Item = f32>) -> f32 {
+    values.sum()
+}
+
+fn every_max(values: &mut dyn Iterator<Item = f32>) -> f32 {
+    values.fold(f32::NEG_INFINITY, f32::max)
+}
+
+#[test]
+fn ranks_as_processes_run_every_collective_through_nccls_api() {
+    if let Some(env) = as_rank() {
+        let path = std::path::PathBuf::from(std::env::var("RINGREDUCE_TEST_ID_FILE").unwrap());
+        rank_part(env.rank, env.world, &path);
+        return;
+    }
+    if common::two_gpus_or_shared().is_none() {
+        return;
+    }
+    for world in [2, 3] {
+        let path =
+            std::env::temp_dir().join(format!("ringreduce-nccl-id-{}-{world}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let ranks = launch(
+            "ranks_as_processes_run_every_collective_through_nccls_api",
+            world,
+            |_| {
+                vec![
+                    ("RINGREDUCE_TEST_ID_FILE".into(), path.display().to_string()),
+                    ("RINGREDUCE_NCCL_ALLOW_SHARED_GPU".into(), "1".into()),
+                ]
+            },
+        );
+        expect_success(ranks, Duration::from_secs(180));
+        let _ = std::fs::remove_file(&path);
+    }
+}
