@@ -11,10 +11,15 @@
 //! error on every rank, never a hang. Errors become NCCL's codes with the message kept for
 //! `ncclGetLastError`; a panic never crosses into C.
 //!
+//! Sends and receives are kept until their group ends (run at once outside a group); then the
+//! ranks exchange what each sends and receives and run one grouped send/recv. Every rank of the
+//! communicator must take part in each group: a rank with nothing to send or receive calls
+//! nothing in NCCL, and its peers' group then fails at the timeout, naming it.
+//!
 //! What it does not run yet is refused with `ncclInvalidUsage` and a message saying so — never a
-//! wrong result: send/recv, `ncclCommInitAll` and `ncclCommSplit` (several ranks of one
-//! process), `ncclRedOpCreatePreMulSum`, the fp8 types, several hosts. Handing those to the real
-//! NCCL is the next step.
+//! wrong result: `ncclCommInitAll` and `ncclCommSplit` (several ranks of one process),
+//! `ncclRedOpCreatePreMulSum`, the fp8 types, several hosts. Handing those to the real NCCL is
+//! the next step.
 //!
 //! Ranks that share one GPU (as on a one-GPU test machine) need `RINGREDUCE_NCCL_ALLOW_SHARED_GPU=1`.
 //!
@@ -651,39 +656,245 @@ pub unsafe extern "C" fn ncclAlltoAll(
     }
 }
 
-/// `ncclSend`: refused by name (not run yet).
-#[no_mangle]
-pub unsafe extern "C" fn ncclSend(
-    _sendbuff: *const c_void,
-    _count: usize,
-    _datatype: ncclDataType_t,
-    _peer: c_int,
-    _comm: ncclComm_t,
-    _stream: cudaStream_t,
-) -> ncclResult_t {
-    guarded(|| Err(unsupported("ncclSend is not run by ringreduce-nccl yet")))
-}
-
-/// `ncclRecv`: refused by name (not run yet).
-#[no_mangle]
-pub unsafe extern "C" fn ncclRecv(
-    _recvbuff: *mut c_void,
-    _count: usize,
-    _datatype: ncclDataType_t,
-    _peer: c_int,
-    _comm: ncclComm_t,
-    _stream: cudaStream_t,
-) -> ncclResult_t {
-    guarded(|| Err(unsupported("ncclRecv is not run by ringreduce-nccl yet")))
+/// One `ncclSend` or `ncclRecv`, kept until its group ends.
+struct PointToPoint {
+    comm: ncclComm_t,
+    send: bool,
+    address: u64,
+    count: usize,
+    datatype: ncclDataType_t,
+    peer: usize,
+    stream: cudaStream_t,
 }
 
 thread_local! {
     /// How deep this thread is in `ncclGroupStart`/`ncclGroupEnd` pairs.
     static GROUP_DEPTH: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    /// The sends and receives of this thread's open group, in call order.
+    static PENDING: std::cell::RefCell<Vec<PointToPoint>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Keeps a send or receive for its group's end (runs it at once outside a group).
+///
+/// # Safety
+/// NCCL's contract for the call.
+unsafe fn point_to_point(op: PointToPoint) -> ncclResult_t {
+    guarded(|| {
+        // SAFETY: our caller's contract.
+        let comm = unsafe { comm_ref(op.comm) }?;
+        if op.peer >= comm.world {
+            return Err(invalid(format!(
+                "peer {} is not a rank of {}",
+                op.peer, comm.world
+            )));
+        }
+        dtype_of(op.datatype)?;
+        PENDING.with(|p| p.borrow_mut().push(op));
+        match GROUP_DEPTH.with(|d| d.get()) {
+            // SAFETY: the kept calls' contracts, passed on.
+            0 => unsafe { flush() },
+            _ => Ok(()),
+        }
+    })
+}
+
+/// `ncclSend`: `count` elements to `peer`, matched by its `ncclRecv` (module doc: every rank of
+/// the communicator takes part in each group of sends and receives).
+#[no_mangle]
+pub unsafe extern "C" fn ncclSend(
+    sendbuff: *const c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    peer: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    // SAFETY: NCCL's contract for the call, passed on.
+    unsafe {
+        point_to_point(PointToPoint {
+            comm,
+            send: true,
+            address: sendbuff as u64,
+            count,
+            datatype,
+            peer: usize::try_from(peer).unwrap_or(usize::MAX),
+            stream,
+        })
+    }
+}
+
+/// `ncclRecv`: `count` elements from `peer`, matched by its `ncclSend`.
+#[no_mangle]
+pub unsafe extern "C" fn ncclRecv(
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    peer: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    // SAFETY: NCCL's contract for the call, passed on.
+    unsafe {
+        point_to_point(PointToPoint {
+            comm,
+            send: false,
+            address: recvbuff as u64,
+            count,
+            datatype,
+            peer: usize::try_from(peer).unwrap_or(usize::MAX),
+            stream,
+        })
+    }
+}
+
+/// Runs the kept sends and receives, one grouped send/recv per communicator: the ranks exchange
+/// what each sends and receives, every rank builds the same list of transfers from it
+/// ([`matched_transfers`]), and enqueues its ends on the group's stream.
+///
+/// # Safety
+/// The kept calls' contracts: live communicators, device buffers of their lengths, live streams.
+unsafe fn flush() -> Result<(), Failure> {
+    let pending = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
+    let mut comms: Vec<ncclComm_t> = Vec::new();
+    for op in &pending {
+        if !comms.contains(&op.comm) {
+            comms.push(op.comm);
+        }
+    }
+    for handle in comms {
+        let ops: Vec<&PointToPoint> = pending.iter().filter(|op| op.comm == handle).collect();
+        // SAFETY: our caller's contract, passed on.
+        unsafe { flush_one(handle, &ops) }?;
+    }
+    Ok(())
+}
+
+/// [`flush`] for one communicator's `ops`.
+///
+/// # Safety
+/// As for [`flush`].
+unsafe fn flush_one(handle: ncclComm_t, ops: &[&PointToPoint]) -> Result<(), Failure> {
+    let (stream, datatype) = (ops[0].stream, ops[0].datatype);
+    if ops
+        .iter()
+        .any(|op| op.stream != stream || op.datatype != datatype)
+    {
+        return Err(unsupported(
+            "a group's sends and receives on one communicator must share one stream and one \
+             data type on ringreduce-nccl",
+        ));
+    }
+    // SAFETY: our caller's contract.
+    let comm = unsafe { comm_ref(handle) }?;
+    let words: Vec<u64> = ops
+        .iter()
+        .flat_map(|op| [u64::from(op.send), op.peer as u64, op.count as u64])
+        .collect();
+    let records = comm.with(|c| c.exchange(&words).map_err(Failure::from))?;
+    let transfers = matched_transfers(&records)?;
+    // SAFETY: our caller's contract: a live stream.
+    let stream = unsafe { CallerStream::from_raw(stream.cast()) }?;
+    let me = comm.rank;
+    // This rank's sends in the list's order are its sends in call order; its receives in the
+    // list's order: the k-th transfer from rank p to this rank is its k-th receive from p.
+    let sends: Vec<(u64, usize)> = ops
+        .iter()
+        .filter(|op| op.send)
+        .map(|op| (op.address, op.count))
+        .collect();
+    let mut taken = vec![0usize; comm.world];
+    let mut recvs = Vec::new();
+    for t in transfers.iter().filter(|t| t.to == me) {
+        let from_p: Vec<&&PointToPoint> = ops
+            .iter()
+            .filter(|op| !op.send && op.peer == t.from)
+            .collect();
+        recvs.push((from_p[taken[t.from]].address, t.count));
+        taken[t.from] += 1;
+    }
+    macro_rules! typed {
+        ($($d:ident => $t:ty),*) => {
+            match dtype_of(datatype)? {
+                // SAFETY: our caller's contract, passed on.
+                $(DType::$d => unsafe {
+                    send_recv::<$t>(comm, &transfers, &sends, &recvs, stream)
+                },)*
+            }
+        };
+    }
+    typed!(F16 => half::f16, BF16 => half::bf16, F32 => f32, F64 => f64, I8 => i8,
+           U8 => u8, I32 => i32, U32 => u32, I64 => i64, U64 => u64)
+}
+
+/// Enqueues this rank's ends of `transfers`: `sends` and `recvs` as (address, count), in the
+/// list's order.
+///
+/// # Safety
+/// As for [`flush`].
+unsafe fn send_recv<T: Element>(
+    comm: &Comm,
+    transfers: &[ringreduce::Transfer],
+    sends: &[(u64, usize)],
+    recvs: &[(u64, usize)],
+    stream: CallerStream,
+) -> Result<(), Failure> {
+    // SAFETY: the kept calls' contracts: device memory of these lengths on this GPU.
+    let mem =
+        |&(addr, len): &(u64, usize)| unsafe { DeviceMemory::<T>::new(addr, len, comm.device) };
+    let send_mem: Vec<DeviceMemory<T>> = sends.iter().map(mem).collect();
+    let mut recv_mem: Vec<DeviceMemory<T>> = recvs.iter().map(mem).collect();
+    let send_refs: Vec<&DeviceMemory<T>> = send_mem.iter().collect();
+    let mut recv_refs: Vec<&mut DeviceMemory<T>> = recv_mem.iter_mut().collect();
+    comm.with(|c| {
+        // SAFETY: our caller's contract, passed on.
+        unsafe { c.enqueue_send_recv_on_raw(transfers, &send_refs, &mut recv_refs, stream) }
+            .map_err(Failure::from)
+    })
+}
+
+/// The transfers of a group of sends and receives, from every rank's record (by rank: triples
+/// of (is a send, peer, count) in call order): every send, by sender and in its call order;
+/// each receive must match the send aimed at it from its peer, in order and by count.
+fn matched_transfers(records: &[Vec<u64>]) -> Result<Vec<ringreduce::Transfer>, Failure> {
+    let ops = |rank: usize| {
+        records[rank]
+            .chunks(3)
+            .map(|w| (w[0] == 1, w[1] as usize, w[2] as usize))
+    };
+    let mut transfers = Vec::new();
+    for from in 0..records.len() {
+        for (send, to, count) in ops(from) {
+            if send {
+                transfers.push(ringreduce::Transfer { from, to, count });
+            }
+        }
+    }
+    for to in 0..records.len() {
+        for from in 0..records.len() {
+            let sent: Vec<usize> = transfers
+                .iter()
+                .filter(|t| t.from == from && t.to == to)
+                .map(|t| t.count)
+                .collect();
+            let received: Vec<usize> = ops(to)
+                .filter(|&(send, peer, _)| !send && peer == from)
+                .map(|(_, _, count)| count)
+                .collect();
+            if sent != received {
+                return Err(unsupported(format!(
+                    "rank {from} sends {sent:?} elements to rank {to}, which receives \
+                     {received:?} from it: every send needs its receive, in order and of its \
+                     count"
+                )));
+            }
+        }
+    }
+    Ok(transfers)
 }
 
 /// `ncclGroupStart`: collectives inside a group are enqueued as they are called (one rank per
-/// process: nothing waits for the group's end).
+/// process: nothing waits for the group's end); sends and receives wait for it.
 #[no_mangle]
 pub extern "C" fn ncclGroupStart() -> ncclResult_t {
     GROUP_DEPTH.with(|d| d.set(d.get() + 1));
@@ -699,6 +910,11 @@ pub extern "C" fn ncclGroupEnd() -> ncclResult_t {
                 ncclInvalidUsage,
                 "ncclGroupEnd without ncclGroupStart".into(),
             )),
+            1 => {
+                d.set(0);
+                // SAFETY: the kept calls' contracts (NCCL's for each send and receive).
+                unsafe { flush() }
+            }
             n => {
                 d.set(n - 1);
                 Ok(())
@@ -822,6 +1038,40 @@ mod tests {
         distinct.sort();
         distinct.dedup();
         assert_eq!(distinct.len(), texts.len(), "{texts:?}");
+    }
+
+    #[test]
+    fn sends_and_receives_become_one_list_of_transfers_every_rank_builds_alike() {
+        // Three ranks: a ring of sends (r to r+1), and rank 0 also sends twice to rank 2.
+        let records = vec![
+            vec![1, 1, 10, 0, 2, 30, 1, 2, 5, 1, 2, 6],
+            vec![1, 2, 20, 0, 0, 10],
+            vec![1, 0, 30, 0, 1, 20, 0, 0, 5, 0, 0, 6],
+        ];
+        let got: Vec<(usize, usize, usize)> = matched_transfers(&records)
+            .unwrap()
+            .iter()
+            .map(|t| (t.from, t.to, t.count))
+            .collect();
+        assert_eq!(
+            got,
+            vec![(0, 1, 10), (0, 2, 5), (0, 2, 6), (1, 2, 20), (2, 0, 30)]
+        );
+        // Rank 2 receives 6 then 5 from rank 0: out of order, refused by name.
+        let mut swapped = records.clone();
+        swapped[2] = vec![1, 0, 30, 0, 1, 20, 0, 0, 6, 0, 0, 5];
+        let Err(Failure::Nccl(code, message)) = matched_transfers(&swapped) else {
+            panic!("a mismatch accepted");
+        };
+        assert_eq!(code, ncclInvalidUsage);
+        assert!(
+            message.contains("rank 0 sends [5, 6] elements to rank 2"),
+            "{message}"
+        );
+        // A send nobody receives.
+        let mut lonely = records;
+        lonely[1] = vec![1, 2, 20, 0, 0, 10, 1, 0, 4];
+        assert!(matched_transfers(&lonely).is_err());
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! `ncclGetUniqueId` handed to the others (through a file here), `ncclCommInitRank` on the
 //! thread's current GPU, every collective on a stream of the process's own with raw device
 //! pointers — exact against the host's arithmetic, in place and out of place, with NCCL's
-//! in-place rules; a mismatched call an error on every rank. The ranks share GPU 0 on a one-GPU
+//! in-place rules; sends and receives in a group; a mismatched call an error on every rank. The ranks share GPU 0 on a one-GPU
 //! machine (`RINGREDUCE_NCCL_ALLOW_SHARED_GPU=1`); a machine without a GPU waives the test.
 
 #[path = "../../tests/common/mod.rs"]
@@ -233,6 +233,31 @@ fn rank_part(rank: usize, world: usize, id_path: &std::path::Path) {
         .flat_map(|r| (0..block).map(move |k| input(r, rank * block + k)))
         .collect();
     assert_eq!(out.to_host().unwrap(), want, "rank {rank} all-to-all");
+
+    // Send/recv in a group, as torch issues them: every rank sends block j of its buffer to rank
+    // j and receives block i of its output from rank i (an all-to-all of sends and receives).
+    let src = GpuBuffer::from_host(device, &full).unwrap();
+    let out = GpuBuffer::<f32>::zeroed(device, block * world).unwrap();
+    ok("group start", ncclGroupStart());
+    for peer in 0..world {
+        let from = (at(&src) as usize + peer * block * 4) as *const c_void;
+        let into = (at(&out) as usize + peer * block * 4) as *mut c_void;
+        // SAFETY: blocks of device buffers on this GPU, kept until the stream is synced.
+        ok("send", unsafe {
+            ncclSend(from, block, ncclFloat32, peer as i32, comm, raw)
+        });
+        // SAFETY: as above.
+        ok("recv", unsafe {
+            ncclRecv(into, block, ncclFloat32, peer as i32, comm, raw)
+        });
+    }
+    ok("group end", ncclGroupEnd());
+    sync();
+    assert_eq!(
+        out.to_host().unwrap(),
+        want,
+        "rank {rank} send/recv all-to-all"
+    );
 
     // A mismatched call (the count differs on rank 1): an error on every rank, nothing run.
     let n = if rank == 1 { count - 1 } else { count };

@@ -475,6 +475,54 @@ impl RankCommunicator {
         sends: &[&I],
         recvs: &mut [&mut O],
     ) -> Result<()> {
+        let (shape, ends) = self.send_recv_ends(transfers, sends, recvs)?;
+        self.run::<T>(shape, ends, ReduceOp::Sum)
+    }
+
+    /// [`RankCommunicator::send_recv`] on a GPU rank, ordered on a stream named by its raw
+    /// handle (see [`RankCommunicator::enqueue_collective_on_raw`]).
+    ///
+    /// # Safety
+    /// Every buffer stays allocated until the stream has passed the call, the sends unwritten
+    /// and the receives untouched meanwhile except by work queued on the stream after this
+    /// call; `stream` stays live until the call has returned.
+    pub unsafe fn enqueue_send_recv_on_raw<
+        T: Element,
+        I: Buffer<T> + ?Sized,
+        O: BufferMut<T> + ?Sized,
+    >(
+        &mut self,
+        transfers: &[Transfer],
+        sends: &[&I],
+        recvs: &mut [&mut O],
+        stream: CallerStream,
+    ) -> Result<()> {
+        let (shape, ends) = self.send_recv_ends(transfers, sends, recvs)?;
+        // SAFETY: our caller's contract, passed on.
+        unsafe { self.enqueue_on::<T>(shape, ends, ReduceOp::Sum, stream) }
+    }
+
+    /// Every rank's `words`, by rank, exchanged with the job's other ranks (a collective step:
+    /// every rank calls it in the same order). For callers that must agree on a call's shape
+    /// before making it — NCCL's send/recv, where each rank names only its own peers. GPU
+    /// ranks only.
+    #[doc(hidden)]
+    pub fn exchange(&mut self, words: &[u64]) -> Result<Vec<Vec<u64>>> {
+        broken(&self.broken)?;
+        match &mut self.inner {
+            Inner::Gpu { exec, .. } => guarded(&mut self.broken, || exec.exchange(words)),
+            Inner::Host(_) => Err(Error::InvalidArgument("exchange is for GPU ranks".into())),
+        }
+    }
+
+    /// The shape and this rank's ends of a send/recv, after checking the transfers, the
+    /// buffers' number, lengths and placement.
+    fn send_recv_ends<T: Element, I: Buffer<T> + ?Sized, O: BufferMut<T> + ?Sized>(
+        &self,
+        transfers: &[Transfer],
+        sends: &[&I],
+        recvs: &mut [&mut O],
+    ) -> Result<(Shape, Ends)> {
         let rank = self.rank;
         let collective = Collective::SendRecv {
             transfers: transfers.to_vec(),
@@ -538,8 +586,10 @@ impl RankCommunicator {
             ends.writes
                 .push((BufKind::RecvBuf(i), b.address_mut(), count));
         }
-        let shape = Shape::collective::<T>(collective, 0, false, ReduceOp::Sum);
-        self.run::<T>(shape, ends, ReduceOp::Sum)
+        Ok((
+            Shape::collective::<T>(collective, 0, false, ReduceOp::Sum),
+            ends,
+        ))
     }
 
     /// The shape of `collective` in place on this rank's `buf`, after checking that it has an
@@ -708,7 +758,7 @@ fn broken(broken: &Option<Error>) -> Result<()> {
 
 /// Runs `call` (one that crosses ranks: its arguments were checked), keeping its failure in
 /// `broken`.
-fn guarded(broken: &mut Option<Error>, call: impl FnOnce() -> Result<()>) -> Result<()> {
+fn guarded<R>(broken: &mut Option<Error>, call: impl FnOnce() -> Result<R>) -> Result<R> {
     let result = call();
     if let Err(err) = &result {
         broken.get_or_insert_with(|| err.clone());

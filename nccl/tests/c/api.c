@@ -165,8 +165,8 @@ int main(int argc, char **argv) {
   expect_result("ncclAllReduce with a custom op",
                 ncclAllReduce(NULL, NULL, 4, ncclFloat32, ncclNumOps, NULL, NULL),
                 ncclInvalidUsage, "operator");
-  expect_result("ncclSend", ncclSend(NULL, 4, ncclFloat32, 1, NULL, NULL), ncclInvalidUsage,
-                "not run");
+  expect_result("ncclSend on a null comm", ncclSend(NULL, 4, ncclFloat32, 1, NULL, NULL),
+                ncclInvalidArgument, "null");
   expect_result("ncclGroupEnd without a start", ncclGroupEnd(), ncclInvalidUsage, "ncclGroupStart");
   expect_result("ncclGroupStart", ncclGroupStart(), ncclSuccess, NULL);
   expect_result("ncclGroupEnd", ncclGroupEnd(), ncclSuccess, NULL);

@@ -36,6 +36,11 @@ impl CudaExecutor {
     /// What the GPUs report without waiting: a peer kernel's barrier timeout, or an error of
     /// earlier asynchronous work (`cuStreamQuery` on each rank's Main stream returns it).
     /// Puts the calling thread's context back.
+    /// Every rank's `words`, by rank, through the fabric (a collective step of every rank).
+    pub(crate) fn exchange(&self, words: &[u64]) -> Result<Vec<Vec<u64>>> {
+        self.fabric.all_gather(vec![words.to_vec()])
+    }
+
     /// A peer of another process that is gone or failed, as the error naming it.
     pub(crate) fn lost_peer(&self) -> Option<Error> {
         self.fabric.lost_peer()
