@@ -4,6 +4,8 @@
 #
 #   scripts/gpu-pack.sh DIR [TEST ...]     # default tests: every GPU suite
 #   EXAMPLES='13_gpu_processes' scripts/gpu-pack.sh DIR TEST   # also those examples
+#   scripts/gpu-pack.sh DIR nccl:gpu_ranks nccl:c_api   # ringreduce-nccl's tests (set
+#     RINGREDUCE_NCCL_SOURCES=nccl there for the C test's header and program)
 #
 # Builds the CLI and the named integration tests (tests/TEST.rs; `lib`: the library's unit tests) with nvcc (the kernels as an
 # embedded fatbin; RINGREDUCE_REQUIRE_NVCC=1 makes a build without nvcc fail rather than fall back
@@ -35,13 +37,19 @@ for t in "${tests[@]}"; do
   # `lib` is the library's own unit tests (the device layer's among them).
   target=(--test "$t")
   [[ $t == lib ]] && target=(-p ringreduce --lib)
+  # nccl:NAME is ringreduce-nccl's test NAME (packed as test-nccl-NAME, with the library beside).
+  if [[ $t == nccl:* ]]; then
+    target=(-p ringreduce-nccl --test "${t#nccl:}")
+    cargo build --release -q -p ringreduce-nccl
+    cp target/release/libringreduce_nccl.so "$out/bin/"
+  fi
   exe=$(cargo test --release -q --no-run "${target[@]}" --message-format=json \
     | python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
         print(m["executable"])' | tail -1)
-  cp "$exe" "$out/bin/test-$t"
+  cp "$exe" "$out/bin/test-${t/:/-}"
 done
 strip "$out"/bin/ringreduce "$out"/bin/test-* 2>/dev/null || true
 rm -f "$out/run.tar.xz"

@@ -4,7 +4,7 @@
 //! link `libnccl.so.2` to it, on `LD_LIBRARY_PATH` — and run; and the library's exported `nccl*`
 //! symbols are exactly the functions the header declares.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 /// The folder cargo put this package's cdylib in (beside this test's executable, or one up).
@@ -20,11 +20,17 @@ fn library_dir() -> PathBuf {
     .expect("cargo builds libringreduce_nccl.so before the tests")
 }
 
+/// This package's folder: where it was built, or `RINGREDUCE_NCCL_SOURCES` (a test executable
+/// carried to another machine).
+fn sources() -> PathBuf {
+    std::env::var_os("RINGREDUCE_NCCL_SOURCES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
 /// The functions `include/nccl.h` declares.
 fn declared() -> Vec<String> {
-    let header =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("include/nccl.h"))
-            .expect("the header");
+    let header = std::fs::read_to_string(sources().join("include/nccl.h")).expect("the header");
     // Every identifier right before a '(' that starts with "nccl" (macros are NCCL_…).
     let mut names: Vec<String> = header
         .match_indices('(')
@@ -50,7 +56,7 @@ fn a_c_program_built_against_the_header_runs_on_the_library_as_libnccl() {
     let link = dir.join("libnccl.so.2");
     let _ = std::fs::remove_file(&link);
     std::os::unix::fs::symlink(lib.join("libringreduce_nccl.so"), &link).unwrap();
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let manifest = sources();
     let exe = dir.join("api");
     let built = Command::new("cc")
         .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-I"])
