@@ -16,10 +16,12 @@
 //! communicator must take part in each group: a rank with nothing to send or receive calls
 //! nothing in NCCL, and its peers' group then fails at the timeout, naming it.
 //!
-//! What it does not run yet is refused with `ncclInvalidUsage` and a message saying so — never a
-//! wrong result: `ncclCommInitAll` and `ncclCommSplit` (several ranks of one process),
-//! `ncclRedOpCreatePreMulSum`, the fp8 types, several hosts. Handing those to the real NCCL is
-//! the next step.
+//! Several ranks in one process (`ncclCommInitAll`) are the real NCCL's to run, when one is found
+//! (module `fallback`): such a communicator, and any split of it, runs every call on NCCL; so
+//! does every communicator with `RINGREDUCE_NCCL_FALLBACK=1`. On ringreduce's communicators what
+//! it does not run yet is refused with `ncclInvalidUsage` and a message saying so — never a
+//! wrong result: `ncclCommSplit`, `ncclRedOpCreatePreMulSum`, the fp8 types, several hosts.
+//! `RINGREDUCE_NCCL_LOG=1` prints which side ran each kind of call.
 //!
 //! Ranks that share one GPU (as on a one-GPU test machine) need `RINGREDUCE_NCCL_ALLOW_SHARED_GPU=1`.
 //!
@@ -31,6 +33,7 @@
 #![allow(clippy::missing_safety_doc, non_upper_case_globals)]
 
 pub mod abi;
+mod fallback;
 mod status;
 
 use abi::*;
@@ -41,12 +44,93 @@ use status::{guarded, invalid, unsupported, Failure};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::Mutex;
 
-/// A communicator handle (`ncclComm_t` points to one).
+/// A communicator handle (`ncclComm_t` points to one): ringreduce's, or the real NCCL's
+/// (module `fallback`).
 pub struct Comm {
     rank: usize,
     world: usize,
     device: usize,
-    inner: Mutex<Option<RankCommunicator>>,
+    backend: Backend,
+}
+
+/// Who runs a communicator's calls.
+enum Backend {
+    Ring(Box<Mutex<Option<RankCommunicator>>>),
+    /// The real NCCL's communicator, made by NCCL.
+    Nccl(NcclComm),
+}
+
+/// A communicator of the real NCCL.
+#[derive(Clone, Copy)]
+struct NcclComm(*mut c_void);
+
+// SAFETY: NCCL's handles may be passed between threads (NCCL's thread rules are the caller's).
+unsafe impl Send for NcclComm {}
+// SAFETY: as above.
+unsafe impl Sync for NcclComm {}
+
+/// The real NCCL's communicator behind a handle, when NCCL made it.
+///
+/// # Safety
+/// `comm` is null or a live handle.
+unsafe fn nccl_of(comm: ncclComm_t) -> Option<*mut c_void> {
+    // SAFETY: our caller's contract.
+    match unsafe { comm.as_ref() }.map(|c| &c.backend) {
+        Some(Backend::Nccl(real)) => Some(real.0),
+        _ => None,
+    }
+}
+
+/// The real NCCL's function `name` (logged as run by NCCL), or its absence as an error code
+/// with a message.
+///
+/// # Safety
+/// `F` is the C signature NCCL documents for `name`.
+unsafe fn real<F: Copy>(name: &CStr) -> Result<F, ncclResult_t> {
+    let call = name.to_string_lossy();
+    let Some(nccl) = fallback::Real::get() else {
+        return Err(status::fail(
+            ncclInvalidUsage,
+            &format!("{call}: no real NCCL to hand it to (set RINGREDUCE_NCCL_PATH)"),
+        ));
+    };
+    // SAFETY: our caller's contract.
+    match unsafe { nccl.function::<F>(name) } {
+        Some(f) => {
+            fallback::log(&call, "NCCL");
+            Ok(f)
+        }
+        None => Err(status::fail(
+            ncclInvalidUsage,
+            &format!("{call}: the NCCL at {} lacks it", nccl.path.display()),
+        )),
+    }
+}
+
+/// Wraps a communicator the real NCCL made in a handle of ours.
+///
+/// # Safety
+/// `real_comm` is a live communicator of the real NCCL.
+unsafe fn wrap(real_comm: *mut c_void) -> Result<ncclComm_t, ncclResult_t> {
+    type Number = unsafe extern "C" fn(*mut c_void, *mut c_int) -> ncclResult_t;
+    let ask = |name: &CStr| -> Result<usize, ncclResult_t> {
+        // SAFETY: NCCL's documented signature for these three.
+        let f = unsafe { real::<Number>(name) }?;
+        let mut value: c_int = 0;
+        // SAFETY: a live communicator of NCCL's and a writable int.
+        match unsafe { f(real_comm, &mut value) } {
+            ncclSuccess => Ok(value as usize),
+            code => Err(code),
+        }
+    };
+    let handle = Comm {
+        rank: ask(c"ncclCommUserRank")?,
+        world: ask(c"ncclCommCount")?,
+        device: ask(c"ncclCommCuDevice")?,
+        backend: Backend::Nccl(NcclComm(real_comm)),
+    };
+    fallback::mark_made();
+    Ok(Box::into_raw(Box::new(handle)))
 }
 
 /// `ncclComm_t`.
@@ -58,7 +142,13 @@ impl Comm {
         &self,
         f: impl FnOnce(&mut RankCommunicator) -> Result<R, Failure>,
     ) -> Result<R, Failure> {
-        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let Backend::Ring(inner) = &self.backend else {
+            return Err(Failure::Nccl(
+                ncclInternalError,
+                "a call of NCCL's communicator reached ringreduce".into(),
+            ));
+        };
+        let mut inner = inner.lock().unwrap_or_else(|p| p.into_inner());
         match inner.as_mut() {
             Some(comm) => f(comm),
             None => Err(Failure::Nccl(
@@ -78,6 +168,23 @@ unsafe fn comm_ref<'a>(comm: ncclComm_t) -> Result<&'a Comm, Failure> {
     unsafe { comm.as_ref() }.ok_or_else(|| invalid("the communicator is null"))
 }
 
+/// Hands the call to the real NCCL when `comm` is one of its communicators (the calling
+/// function returns NCCL's result).
+macro_rules! to_nccl {
+    ($comm:expr, $name:literal, fn($($t:ty),* $(,)?), |$real:ident| ($($arg:expr),* $(,)?) $(,)?) => {
+        // SAFETY: our caller's contract: a live handle, or null.
+        if let Some($real) = unsafe { nccl_of($comm) } {
+            type F = unsafe extern "C" fn($($t),*) -> ncclResult_t;
+            // SAFETY: NCCL's documented signature, its own handle, our caller's arguments.
+            return match unsafe { real::<F>($name) } {
+                // SAFETY: as above.
+                Ok(f) => unsafe { f($($arg),*) },
+                Err(code) => code,
+            };
+        }
+    };
+}
+
 /// `ncclGetVersion`.
 #[no_mangle]
 pub unsafe extern "C" fn ncclGetVersion(version: *mut c_int) -> ncclResult_t {
@@ -93,6 +200,15 @@ pub unsafe extern "C" fn ncclGetVersion(version: *mut c_int) -> ncclResult_t {
 /// `NCCL_COMM_ID` (`ip:port`) when set, else at 127.0.0.1 on a free port.
 #[no_mangle]
 pub unsafe extern "C" fn ncclGetUniqueId(unique_id: *mut ncclUniqueId) -> ncclResult_t {
+    if fallback::forced() {
+        type F = unsafe extern "C" fn(*mut ncclUniqueId) -> ncclResult_t;
+        // SAFETY: NCCL's documented signature; the caller's out-pointer.
+        return match unsafe { real::<F>(c"ncclGetUniqueId") } {
+            // SAFETY: as above.
+            Ok(f) => unsafe { f(unique_id) },
+            Err(code) => code,
+        };
+    }
     guarded(|| {
         // SAFETY: null is refused; otherwise NCCL's contract: a writable ncclUniqueId.
         let out = unsafe { unique_id.as_mut() }.ok_or_else(|| invalid("uniqueId is null"))?;
@@ -128,7 +244,18 @@ pub extern "C" fn ncclGetErrorString(result: ncclResult_t) -> *const c_char {
 
 /// `ncclGetLastError`: the message of this thread's last failing call (any communicator).
 #[no_mangle]
-pub extern "C" fn ncclGetLastError(_comm: ncclComm_t) -> *const c_char {
+pub unsafe extern "C" fn ncclGetLastError(comm: ncclComm_t) -> *const c_char {
+    // SAFETY: our caller's contract: a live handle, or null.
+    if let Some(real_comm) = unsafe { nccl_of(comm) } {
+        type F = unsafe extern "C" fn(*mut c_void) -> *const c_char;
+        if let Some(nccl) = fallback::Real::get() {
+            // SAFETY: NCCL's documented signature, its own handle.
+            if let Some(f) = unsafe { nccl.function::<F>(c"ncclGetLastError") } {
+                // SAFETY: as above.
+                return unsafe { f(real_comm) };
+            }
+        }
+    }
     status::last_error()
 }
 
@@ -155,6 +282,36 @@ pub unsafe extern "C" fn ncclCommInitRankConfig(
     rank: c_int,
     config: *mut ncclConfig_t,
 ) -> ncclResult_t {
+    if fallback::forced() && !comm.is_null() {
+        type F = unsafe extern "C" fn(
+            *mut *mut c_void,
+            c_int,
+            ncclUniqueId,
+            c_int,
+            *mut ncclConfig_t,
+        ) -> ncclResult_t;
+        // SAFETY: NCCL's documented signature.
+        let f = match unsafe { real::<F>(c"ncclCommInitRankConfig") } {
+            Ok(f) => f,
+            Err(code) => return code,
+        };
+        let mut made = std::ptr::null_mut();
+        // SAFETY: the caller's arguments (the id NCCL's: `ncclGetUniqueId` forwarded too).
+        match unsafe { f(&mut made, nranks, comm_id, rank, config) } {
+            ncclSuccess => {}
+            code => return code,
+        }
+        // SAFETY: a communicator NCCL just made; `comm` checked non-null.
+        return match unsafe { wrap(made) } {
+            Ok(handle) => {
+                // SAFETY: as above.
+                unsafe { *comm = handle };
+                ncclSuccess
+            }
+            Err(code) => code,
+        };
+    }
+    fallback::log("ncclCommInitRank", "ringreduce");
     guarded(|| {
         if comm.is_null() {
             return Err(invalid("comm is null"));
@@ -188,7 +345,7 @@ pub unsafe extern "C" fn ncclCommInitRankConfig(
             rank,
             world,
             device,
-            inner: Mutex::new(Some(inner)),
+            backend: Backend::Ring(Box::new(Mutex::new(Some(inner)))),
         });
         // SAFETY: checked non-null above; NCCL's contract: a writable ncclComm_t.
         unsafe { *comm = Box::into_raw(handle) };
@@ -196,38 +353,119 @@ pub unsafe extern "C" fn ncclCommInitRankConfig(
     })
 }
 
-/// `ncclCommInitAll`: several ranks in one process are not run by this library (one process per
-/// GPU); refused by name.
-#[no_mangle]
-pub unsafe extern "C" fn ncclCommInitAll(
-    _comms: *mut ncclComm_t,
-    _ndev: c_int,
-    _devlist: *const c_int,
-) -> ncclResult_t {
-    guarded(|| {
-        Err(unsupported(
-            "ncclCommInitAll (several ranks in one process) is not run by ringreduce-nccl: \
-             one process per GPU (ncclCommInitRank), or ringreduce's Communicator",
-        ))
-    })
+/// Calls NCCL's `name` on its communicator alone (destroy, abort).
+fn forward_one(name: &CStr, real_comm: NcclComm) -> Result<(), Failure> {
+    type F = unsafe extern "C" fn(*mut c_void) -> ncclResult_t;
+    // SAFETY: NCCL's documented signature for destroy and abort, on its own handle.
+    let code = match unsafe { real::<F>(name) } {
+        // SAFETY: as above.
+        Ok(f) => unsafe { f(real_comm.0) },
+        Err(code) => code,
+    };
+    match code {
+        ncclSuccess => Ok(()),
+        code => Err(Failure::Nccl(
+            code,
+            format!("{}: NCCL failed", name.to_string_lossy()),
+        )),
+    }
 }
 
-/// `ncclCommSplit`: refused by name (not run yet).
+/// `ncclCommInitAll`: several ranks in one process are NCCL's to run (this library runs one
+/// process per GPU): handed to the real NCCL, or refused by name without one.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommInitAll(
+    comms: *mut ncclComm_t,
+    ndev: c_int,
+    devlist: *const c_int,
+) -> ncclResult_t {
+    if comms.is_null() || ndev < 1 {
+        return guarded(|| Err(invalid("comms is null or ndev < 1")));
+    }
+    if fallback::Real::get().is_none() {
+        return guarded(|| {
+            Err(unsupported(
+                "ncclCommInitAll (several ranks in one process) is not run by ringreduce-nccl \
+                 (one process per GPU: ncclCommInitRank), and no real NCCL was found to hand it \
+                 to (set RINGREDUCE_NCCL_PATH)",
+            ))
+        });
+    }
+    type F = unsafe extern "C" fn(*mut *mut c_void, c_int, *const c_int) -> ncclResult_t;
+    // SAFETY: NCCL's documented signature.
+    let f = match unsafe { real::<F>(c"ncclCommInitAll") } {
+        Ok(f) => f,
+        Err(code) => return code,
+    };
+    let mut made = vec![std::ptr::null_mut::<c_void>(); ndev as usize];
+    // SAFETY: room for `ndev` handles; `devlist` is the caller's (null or `ndev` ordinals).
+    match unsafe { f(made.as_mut_ptr(), ndev, devlist) } {
+        ncclSuccess => {}
+        code => return code,
+    }
+    for (i, real_comm) in made.into_iter().enumerate() {
+        // SAFETY: a communicator NCCL just made.
+        match unsafe { wrap(real_comm) } {
+            // SAFETY: the caller's array of `ndev` handles.
+            Ok(handle) => unsafe { *comms.add(i) = handle },
+            Err(code) => return code,
+        }
+    }
+    ncclSuccess
+}
+
+/// `ncclCommSplit`: a communicator of the real NCCL is split by NCCL; one of ringreduce's is
+/// refused by name (not run yet).
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommSplit(
-    _comm: ncclComm_t,
-    _color: c_int,
-    _key: c_int,
+    comm: ncclComm_t,
+    color: c_int,
+    key: c_int,
     newcomm: *mut ncclComm_t,
-    _config: *mut ncclConfig_t,
+    config: *mut ncclConfig_t,
 ) -> ncclResult_t {
+    // SAFETY: our caller's contract: a live handle, or null.
+    if let Some(real_comm) = unsafe { nccl_of(comm) } {
+        type F = unsafe extern "C" fn(
+            *mut c_void,
+            c_int,
+            c_int,
+            *mut *mut c_void,
+            *mut ncclConfig_t,
+        ) -> ncclResult_t;
+        // SAFETY: NCCL's documented signature.
+        let f = match unsafe { real::<F>(c"ncclCommSplit") } {
+            Ok(f) => f,
+            Err(code) => return code,
+        };
+        let mut made = std::ptr::null_mut();
+        // SAFETY: NCCL's own handle; the caller's config.
+        match unsafe { f(real_comm, color, key, &mut made, config) } {
+            ncclSuccess => {}
+            code => return code,
+        }
+        // SAFETY: null is refused; otherwise a writable handle.
+        let Some(out) = (unsafe { newcomm.as_mut() }) else {
+            return guarded(|| Err(invalid("newcomm is null")));
+        };
+        *out = match made.is_null() {
+            // NCCL's "no communicator" for a color of NCCL_SPLIT_NOCOLOR.
+            true => std::ptr::null_mut(),
+            // SAFETY: a communicator NCCL just made.
+            false => match unsafe { wrap(made) } {
+                Ok(handle) => handle,
+                Err(code) => return code,
+            },
+        };
+        return ncclSuccess;
+    }
     guarded(|| {
         // SAFETY: null is skipped; otherwise NCCL's contract: a writable ncclComm_t.
         if let Some(out) = unsafe { newcomm.as_mut() } {
             *out = std::ptr::null_mut();
         }
         Err(unsupported(
-            "ncclCommSplit is not run by ringreduce-nccl yet",
+            "ncclCommSplit of a ringreduce communicator is not run by ringreduce-nccl yet",
         ))
     })
 }
@@ -235,6 +473,7 @@ pub unsafe extern "C" fn ncclCommSplit(
 /// `ncclCommFinalize`: waits for every collective this rank enqueued.
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommFinalize(comm: ncclComm_t) -> ncclResult_t {
+    to_nccl!(comm, c"ncclCommFinalize", fn(*mut c_void), |real| (real));
     guarded(|| {
         // SAFETY: our caller's contract.
         let comm = unsafe { comm_ref(comm) }?;
@@ -250,8 +489,11 @@ pub unsafe extern "C" fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
             return Err(invalid("the communicator is null"));
         }
         // SAFETY: a handle from ncclCommInitRank*, destroyed once (NCCL's contract).
-        drop(unsafe { Box::from_raw(comm) });
-        Ok(())
+        let comm = unsafe { Box::from_raw(comm) };
+        match &comm.backend {
+            Backend::Ring(_) => Ok(()),
+            Backend::Nccl(real_comm) => forward_one(c"ncclCommDestroy", *real_comm),
+        }
     })
 }
 
@@ -265,11 +507,16 @@ pub unsafe extern "C" fn ncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
         }
         // SAFETY: a handle from ncclCommInitRank*, destroyed once (NCCL's contract).
         let comm = unsafe { Box::from_raw(comm) };
-        let inner = comm.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(inner) = inner {
-            inner.abort();
+        match &comm.backend {
+            Backend::Ring(inner) => {
+                let inner = inner.lock().unwrap_or_else(|p| p.into_inner()).take();
+                if let Some(inner) = inner {
+                    inner.abort();
+                }
+                Ok(())
+            }
+            Backend::Nccl(real_comm) => forward_one(c"ncclCommAbort", *real_comm),
         }
-        Ok(())
     })
 }
 
@@ -280,6 +527,12 @@ pub unsafe extern "C" fn ncclCommGetAsyncError(
     comm: ncclComm_t,
     async_error: *mut ncclResult_t,
 ) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclCommGetAsyncError",
+        fn(*mut c_void, *mut ncclResult_t),
+        |real| (real, async_error)
+    );
     guarded(|| {
         // SAFETY: our caller's contract.
         let comm = unsafe { comm_ref(comm) }?;
@@ -316,6 +569,12 @@ unsafe fn answer(
 /// `ncclCommCount`.
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommCount(comm: ncclComm_t, count: *mut c_int) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclCommCount",
+        fn(*mut c_void, *mut c_int),
+        |real| (real, count)
+    );
     // SAFETY: our caller's contract, passed on.
     unsafe { answer(comm, count, "count", |c| c.world) }
 }
@@ -323,6 +582,12 @@ pub unsafe extern "C" fn ncclCommCount(comm: ncclComm_t, count: *mut c_int) -> n
 /// `ncclCommCuDevice`.
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclCommCuDevice",
+        fn(*mut c_void, *mut c_int),
+        |real| (real, device)
+    );
     // SAFETY: our caller's contract, passed on.
     unsafe { answer(comm, device, "device", |c| c.device) }
 }
@@ -330,6 +595,12 @@ pub unsafe extern "C" fn ncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) 
 /// `ncclCommUserRank`.
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclCommUserRank",
+        fn(*mut c_void, *mut c_int),
+        |real| (real, rank)
+    );
     // SAFETY: our caller's contract, passed on.
     unsafe { answer(comm, rank, "rank", |c| c.rank) }
 }
@@ -375,6 +646,8 @@ fn op_of(op: ncclRedOp_t) -> Result<ReduceOp, Failure> {
 /// One collective call as NCCL passes it: the send and receive buffers with their lengths in
 /// elements (a side this rank does not pass is null), and whether the call is in place.
 struct Call {
+    /// NCCL's name of the call.
+    name: &'static str,
     collective: Collective,
     send: (*const c_void, usize),
     recv: (*mut c_void, usize),
@@ -389,6 +662,7 @@ struct Call {
 /// NCCL's contract for the collective: the buffers are device memory of the communicator's GPU
 /// with the lengths given, untouched until the stream passes the call; `stream` is live.
 unsafe fn enqueue(comm: ncclComm_t, call: Call, stream: cudaStream_t) -> ncclResult_t {
+    fallback::log(call.name, "ringreduce");
     guarded(|| {
         // SAFETY: our caller's contract.
         let comm = unsafe { comm_ref(comm) }?;
@@ -471,11 +745,26 @@ pub unsafe extern "C" fn ncclAllReduce(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclAllReduce",
+        fn(
+            *const c_void,
+            *mut c_void,
+            usize,
+            ncclDataType_t,
+            ncclRedOp_t,
+            *mut c_void,
+            cudaStream_t,
+        ),
+        |real| (sendbuff, recvbuff, count, datatype, op, real, stream)
+    );
     // SAFETY: NCCL's contract for the call, passed on.
     unsafe {
         submit(comm, stream, || {
             let (dtype, op) = types(datatype, Some(op))?;
             Ok(Call {
+                name: "ncclAllReduce",
                 collective: Collective::AllReduce,
                 send: (sendbuff, count),
                 recv: (recvbuff, count),
@@ -513,6 +802,12 @@ pub unsafe extern "C" fn ncclBroadcast(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclBroadcast",
+        fn(*const c_void, *mut c_void, usize, ncclDataType_t, c_int, *mut c_void, cudaStream_t),
+        |real| (sendbuff, recvbuff, count, datatype, root, real, stream)
+    );
     // SAFETY: NCCL's contract for the call, passed on.
     unsafe {
         submit(comm, stream, || {
@@ -521,6 +816,7 @@ pub unsafe extern "C" fn ncclBroadcast(
             let (dtype, op) = types(datatype, None)?;
             let mine = rank == root;
             Ok(Call {
+                name: "ncclBroadcast",
                 collective: Collective::Broadcast { root },
                 send: (if mine { sendbuff } else { std::ptr::null() }, count),
                 recv: (recvbuff, count),
@@ -544,6 +840,21 @@ pub unsafe extern "C" fn ncclReduce(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclReduce",
+        fn(
+            *const c_void,
+            *mut c_void,
+            usize,
+            ncclDataType_t,
+            ncclRedOp_t,
+            c_int,
+            *mut c_void,
+            cudaStream_t,
+        ),
+        |real| (sendbuff, recvbuff, count, datatype, op, root, real, stream)
+    );
     // SAFETY: NCCL's contract for the call, passed on.
     unsafe {
         submit(comm, stream, || {
@@ -552,6 +863,7 @@ pub unsafe extern "C" fn ncclReduce(
             let (dtype, op) = types(datatype, Some(op))?;
             let mine = rank == root;
             Ok(Call {
+                name: "ncclReduce",
                 collective: Collective::Reduce { root },
                 send: (sendbuff, count),
                 recv: (if mine { recvbuff } else { std::ptr::null_mut() }, count),
@@ -573,6 +885,12 @@ pub unsafe extern "C" fn ncclAllGather(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclAllGather",
+        fn(*const c_void, *mut c_void, usize, ncclDataType_t, *mut c_void, cudaStream_t),
+        |real| (sendbuff, recvbuff, sendcount, datatype, real, stream)
+    );
     // SAFETY: NCCL's contract for the call, passed on.
     unsafe {
         submit(comm, stream, || {
@@ -580,6 +898,7 @@ pub unsafe extern "C" fn ncclAllGather(
             let (dtype, op) = types(datatype, None)?;
             let block = (rank * sendcount * dtype.size_bytes()) as isize;
             Ok(Call {
+                name: "ncclAllGather",
                 collective: Collective::AllGather,
                 send: (sendbuff, sendcount),
                 recv: (recvbuff, sendcount * world),
@@ -602,6 +921,20 @@ pub unsafe extern "C" fn ncclReduceScatter(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclReduceScatter",
+        fn(
+            *const c_void,
+            *mut c_void,
+            usize,
+            ncclDataType_t,
+            ncclRedOp_t,
+            *mut c_void,
+            cudaStream_t,
+        ),
+        |real| (sendbuff, recvbuff, recvcount, datatype, op, real, stream)
+    );
     // SAFETY: NCCL's contract for the call, passed on.
     unsafe {
         submit(comm, stream, || {
@@ -610,6 +943,7 @@ pub unsafe extern "C" fn ncclReduceScatter(
             let block = (rank * recvcount * dtype.size_bytes()) as isize;
             let in_place = recvbuff.cast_const() == sendbuff.wrapping_byte_offset(block);
             Ok(Call {
+                name: "ncclReduceScatter",
                 collective: Collective::ReduceScatter,
                 // In place the one buffer is the send buffer, holding every block.
                 send: (sendbuff, recvcount * world),
@@ -636,6 +970,12 @@ pub unsafe extern "C" fn ncclAlltoAll(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclAlltoAll",
+        fn(*const c_void, *mut c_void, usize, ncclDataType_t, *mut c_void, cudaStream_t),
+        |real| (sendbuff, recvbuff, count, datatype, real, stream)
+    );
     // SAFETY: NCCL's contract for the call, passed on.
     unsafe {
         submit(comm, stream, || {
@@ -645,6 +985,7 @@ pub unsafe extern "C" fn ncclAlltoAll(
                 return Err(invalid("ncclAlltoAll has no in-place form"));
             }
             Ok(Call {
+                name: "ncclAlltoAll",
                 collective: Collective::AllToAll,
                 send: (sendbuff, count * world),
                 recv: (recvbuff, count * world),
@@ -710,6 +1051,12 @@ pub unsafe extern "C" fn ncclSend(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclSend",
+        fn(*const c_void, usize, ncclDataType_t, c_int, *mut c_void, cudaStream_t),
+        |real| (sendbuff, count, datatype, peer, real, stream)
+    );
     // SAFETY: NCCL's contract for the call, passed on.
     unsafe {
         point_to_point(PointToPoint {
@@ -734,6 +1081,12 @@ pub unsafe extern "C" fn ncclRecv(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclRecv",
+        fn(*mut c_void, usize, ncclDataType_t, c_int, *mut c_void, cudaStream_t),
+        |real| (recvbuff, count, datatype, peer, real, stream)
+    );
     // SAFETY: NCCL's contract for the call, passed on.
     unsafe {
         point_to_point(PointToPoint {
@@ -775,6 +1128,7 @@ unsafe fn flush() -> Result<(), Failure> {
 /// # Safety
 /// As for [`flush`].
 unsafe fn flush_one(handle: ncclComm_t, ops: &[&PointToPoint]) -> Result<(), Failure> {
+    fallback::log("ncclSend/ncclRecv", "ringreduce");
     let (stream, datatype) = (ops[0].stream, ops[0].datatype);
     if ops
         .iter()
@@ -898,12 +1252,31 @@ fn matched_transfers(records: &[Vec<u64>]) -> Result<Vec<ringreduce::Transfer>, 
 #[no_mangle]
 pub extern "C" fn ncclGroupStart() -> ncclResult_t {
     GROUP_DEPTH.with(|d| d.set(d.get() + 1));
-    ncclSuccess
+    group_of_nccl(c"ncclGroupStart")
+}
+
+/// NCCL's own group call, when NCCL runs communicators of this process (its grouped calls on
+/// them need it); success otherwise.
+fn group_of_nccl(name: &CStr) -> ncclResult_t {
+    if !fallback::made_any() {
+        return ncclSuccess;
+    }
+    type F = unsafe extern "C" fn() -> ncclResult_t;
+    // SAFETY: NCCL's documented signature for both group calls.
+    match unsafe { real::<F>(name) } {
+        // SAFETY: as above.
+        Ok(f) => unsafe { f() },
+        Err(code) => code,
+    }
 }
 
 /// `ncclGroupEnd`.
 #[no_mangle]
 pub extern "C" fn ncclGroupEnd() -> ncclResult_t {
+    let nccl = group_of_nccl(c"ncclGroupEnd");
+    if nccl != ncclSuccess {
+        return nccl;
+    }
     guarded(|| {
         GROUP_DEPTH.with(|d| match d.get() {
             0 => Err(Failure::Nccl(
@@ -926,12 +1299,18 @@ pub extern "C" fn ncclGroupEnd() -> ncclResult_t {
 /// `ncclRedOpCreatePreMulSum`: refused by name (not run yet).
 #[no_mangle]
 pub unsafe extern "C" fn ncclRedOpCreatePreMulSum(
-    _op: *mut ncclRedOp_t,
-    _scalar: *mut c_void,
-    _datatype: ncclDataType_t,
-    _residence: c_int,
-    _comm: ncclComm_t,
+    op: *mut ncclRedOp_t,
+    scalar: *mut c_void,
+    datatype: ncclDataType_t,
+    residence: c_int,
+    comm: ncclComm_t,
 ) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclRedOpCreatePreMulSum",
+        fn(*mut ncclRedOp_t, *mut c_void, ncclDataType_t, c_int, *mut c_void),
+        |real| (op, scalar, datatype, residence, real)
+    );
     guarded(|| {
         Err(unsupported(
             "ncclRedOpCreatePreMulSum is not run by ringreduce-nccl yet",
@@ -941,7 +1320,13 @@ pub unsafe extern "C" fn ncclRedOpCreatePreMulSum(
 
 /// `ncclRedOpDestroy`: no custom operator exists to destroy.
 #[no_mangle]
-pub unsafe extern "C" fn ncclRedOpDestroy(op: ncclRedOp_t, _comm: ncclComm_t) -> ncclResult_t {
+pub unsafe extern "C" fn ncclRedOpDestroy(op: ncclRedOp_t, comm: ncclComm_t) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclRedOpDestroy",
+        fn(ncclRedOp_t, *mut c_void),
+        |real| (op, real)
+    );
     guarded(|| {
         Err(invalid(format!(
             "reduction operator {op} was not made here"
@@ -954,10 +1339,16 @@ pub unsafe extern "C" fn ncclRedOpDestroy(op: ncclRedOp_t, _comm: ncclComm_t) ->
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommRegister(
     comm: ncclComm_t,
-    _buff: *mut c_void,
-    _size: usize,
+    buff: *mut c_void,
+    size: usize,
     handle: *mut *mut c_void,
 ) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclCommRegister",
+        fn(*mut c_void, *mut c_void, usize, *mut *mut c_void),
+        |real| (real, buff, size, handle)
+    );
     guarded(|| {
         // SAFETY: our caller's contract.
         unsafe { comm_ref(comm) }?;
@@ -971,6 +1362,12 @@ pub unsafe extern "C" fn ncclCommRegister(
 /// `ncclCommDeregister`: releases a handle from `ncclCommRegister`.
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclCommDeregister",
+        fn(*mut c_void, *mut c_void),
+        |real| (real, handle)
+    );
     guarded(|| {
         // SAFETY: our caller's contract.
         unsafe { comm_ref(comm) }?;

@@ -2,7 +2,8 @@
 //! against `include/nccl.h` (its signature table fails the build when a declaration differs
 //! from NCCL's documented one), linked to the library under NCCL's name — a folder holding a
 //! link `libnccl.so.2` to it, on `LD_LIBRARY_PATH` — and run; and the library's exported `nccl*`
-//! symbols are exactly the functions the header declares.
+//! symbols are exactly the functions the header declares; and what the library does not run
+//! reaches "the real NCCL" — a test double (`tests/c/fake_nccl.c`) — at `RINGREDUCE_NCCL_PATH`.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -79,6 +80,8 @@ fn a_c_program_built_against_the_header_runs_on_the_library_as_libnccl() {
     let ran = Command::new(&exe)
         .arg(gpu)
         .env("LD_LIBRARY_PATH", &dir)
+        // No real NCCL to hand calls to, whatever the machine has.
+        .env("RINGREDUCE_NCCL_PATH", dir.join("no-such-libnccl.so"))
         .output()
         .unwrap();
     let (stdout, stderr) = (
@@ -112,4 +115,75 @@ fn the_library_exports_exactly_what_the_header_declares() {
         .collect();
     exported.sort();
     assert_eq!(exported, declared());
+}
+
+/// Compiles `args` with `cc` (warnings are errors); panics with its messages when it fails.
+fn cc(args: &[&std::ffi::OsStr]) {
+    let built = Command::new("cc")
+        .args(["-Wall", "-Wextra", "-Werror"])
+        .args(args)
+        .output()
+        .expect("the system C compiler (cc) runs");
+    assert!(
+        built.status.success(),
+        "cc failed:\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+}
+
+#[test]
+fn what_the_library_does_not_run_reaches_the_real_nccl() {
+    let lib = library_dir();
+    let dir = std::env::temp_dir().join(format!("ringreduce-nccl-fb-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let link = dir.join("libnccl.so.2");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(lib.join("libringreduce_nccl.so"), &link).unwrap();
+    let c = sources().join("tests/c");
+    let fake = dir.join("libfake_nccl.so");
+    cc(&[
+        "-shared".as_ref(),
+        "-fPIC".as_ref(),
+        c.join("fake_nccl.c").as_os_str(),
+        "-o".as_ref(),
+        fake.as_os_str(),
+    ]);
+    let exe = dir.join("fallback");
+    let include = sources().join("include");
+    cc(&[
+        "-std=c11".as_ref(),
+        "-I".as_ref(),
+        include.as_os_str(),
+        c.join("fallback.c").as_os_str(),
+        "-o".as_ref(),
+        exe.as_os_str(),
+        link.as_os_str(),
+        "-ldl".as_ref(),
+    ]);
+    let ran = Command::new(&exe)
+        .arg(&fake)
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("RINGREDUCE_NCCL_PATH", &fake)
+        .env("RINGREDUCE_NCCL_LOG", "1")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&ran.stdout),
+        String::from_utf8_lossy(&ran.stderr),
+    );
+    assert!(ran.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("every check passed"), "{stdout}\n{stderr}");
+    // The log names the side of each call kind, once.
+    assert_eq!(
+        stderr
+            .matches("ringreduce-nccl: ncclAllReduce: NCCL")
+            .count(),
+        1,
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("ringreduce-nccl: ncclCommInitAll: NCCL"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,0 +1,133 @@
+//! The real NCCL beside this library: what it does not run, it hands to NCCL, loaded at run
+//! time — from `RINGREDUCE_NCCL_PATH` (a file), or the first `libnccl.so.2` on
+//! `LD_LIBRARY_PATH` or in the usual system folders that is not this library itself (which may
+//! be installed under that very name). A communicator made through NCCL (`ncclCommInitAll`,
+//! `ncclCommSplit` of one, or every communicator with `RINGREDUCE_NCCL_FALLBACK=1`) runs every
+//! call there.
+//!
+//! `RINGREDUCE_NCCL_LOG=1` prints, once per call kind and side, which side ran it
+//! (`ringreduce-nccl: ncclAllReduce: ringreduce` or `…: NCCL`), on stderr.
+//!
+//! Invariant: a symbol of NCCL is only ever called with the handles NCCL itself made.
+
+use std::collections::HashSet;
+use std::ffi::{c_void, CStr, CString};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+/// The real NCCL, opened.
+pub struct Real {
+    handle: *mut c_void,
+    /// Where it was found.
+    pub path: PathBuf,
+}
+
+// SAFETY: a `dlopen` handle is valid on every thread, and `dlsym` is thread-safe.
+unsafe impl Send for Real {}
+// SAFETY: as above.
+unsafe impl Sync for Real {}
+
+impl Real {
+    /// The real NCCL, opened on first use; `None` when there is none (module doc).
+    pub fn get() -> Option<&'static Real> {
+        static REAL: OnceLock<Option<Real>> = OnceLock::new();
+        REAL.get_or_init(|| find().and_then(|path| open(&path)))
+            .as_ref()
+    }
+
+    /// NCCL's function `name`, as the function-pointer type `F`.
+    ///
+    /// # Safety
+    /// `F` is the C signature NCCL documents for `name`.
+    pub unsafe fn function<F: Copy>(&self, name: &CStr) -> Option<F> {
+        debug_assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut c_void>());
+        // SAFETY: a live handle and a NUL-terminated name.
+        let symbol = unsafe { libc::dlsym(self.handle, name.as_ptr()) };
+        // SAFETY: a non-null symbol of that name has the type our caller names.
+        (!symbol.is_null()).then(|| unsafe { std::mem::transmute_copy::<*mut c_void, F>(&symbol) })
+    }
+}
+
+/// Whether NCCL has made a communicator of this process.
+pub fn made_any() -> bool {
+    MADE.load(std::sync::atomic::Ordering::Acquire)
+}
+
+/// NCCL made a communicator of this process ([`made_any`]).
+pub fn mark_made() {
+    MADE.store(true, std::sync::atomic::Ordering::Release);
+}
+
+static MADE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether every communicator is to be made by NCCL (`RINGREDUCE_NCCL_FALLBACK=1`).
+pub fn forced() -> bool {
+    std::env::var("RINGREDUCE_NCCL_FALLBACK").is_ok_and(|v| v == "1")
+}
+
+/// Prints, with `RINGREDUCE_NCCL_LOG=1`, that `side` ran `call` — once per pair.
+pub fn log(call: &str, side: &str) {
+    static ON: OnceLock<bool> = OnceLock::new();
+    if !*ON.get_or_init(|| std::env::var("RINGREDUCE_NCCL_LOG").is_ok_and(|v| v == "1")) {
+        return;
+    }
+    static SEEN: Mutex<Option<HashSet<(String, String)>>> = Mutex::new(None);
+    let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+    if seen
+        .get_or_insert_with(HashSet::new)
+        .insert((call.to_string(), side.to_string()))
+    {
+        eprintln!("ringreduce-nccl: {call}: {side}");
+    }
+}
+
+/// Where the real NCCL is (module doc).
+fn find() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("RINGREDUCE_NCCL_PATH") {
+        return Some(PathBuf::from(path));
+    }
+    let own = ourselves();
+    let from_env = std::env::var_os("LD_LIBRARY_PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default();
+    let system = [
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/usr/lib64",
+        "/usr/lib",
+        "/usr/local/cuda/lib64",
+        "/usr/local/lib",
+    ]
+    .map(PathBuf::from);
+    from_env
+        .into_iter()
+        .chain(system)
+        .map(|dir| dir.join("libnccl.so.2"))
+        .filter(|path| path.is_file())
+        .find(|path| path.canonicalize().ok() != own)
+}
+
+/// This library's own file.
+fn ourselves() -> Option<PathBuf> {
+    // SAFETY: an all-zero Dl_info is a valid value to be overwritten.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    let here = crate::ncclGetVersion as *const c_void;
+    // SAFETY: `here` is an address of this library; `info` is writable.
+    if unsafe { libc::dladdr(here, &mut info) } == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: dladdr set a NUL-terminated file name.
+    let name = unsafe { CStr::from_ptr(info.dli_fname) };
+    Path::new(&*name.to_string_lossy()).canonicalize().ok()
+}
+
+/// Opens the library at `path` (its symbols kept to itself).
+fn open(path: &Path) -> Option<Real> {
+    let cpath = CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: a NUL-terminated path and valid flags.
+    let handle = unsafe { libc::dlopen(cpath.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    (!handle.is_null()).then(|| Real {
+        handle,
+        path: path.to_path_buf(),
+    })
+}
