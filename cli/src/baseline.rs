@@ -71,23 +71,7 @@ pub fn nccl_present() -> bool {
 /// Where `libnccl.so.2` lies, when cudarc's loader would not find it under its own names: the
 /// folders of `LD_LIBRARY_PATH`, then the usual system folders. `None` when it is in none of them.
 pub fn find_libnccl_so2() -> Option<PathBuf> {
-    let from_env = std::env::var_os("LD_LIBRARY_PATH")
-        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .unwrap_or_default();
-    let system = [
-        "/usr/lib/x86_64-linux-gnu",
-        "/usr/lib/aarch64-linux-gnu",
-        "/usr/lib64",
-        "/usr/lib",
-        "/usr/local/cuda/lib64",
-        "/usr/local/lib",
-    ]
-    .map(PathBuf::from);
-    from_env
-        .into_iter()
-        .chain(system)
-        .map(|dir| dir.join("libnccl.so.2"))
-        .find(|path| path.is_file())
+    device::library_files("libnccl.so.2").next()
 }
 
 /// NCCL's version code as "major.minor.patch" (NCCL ≥ 2.9 encodes 2.28.3 as 22803).

@@ -87,24 +87,7 @@ fn find() -> Option<PathBuf> {
         return Some(PathBuf::from(path));
     }
     let own = ourselves();
-    let from_env = std::env::var_os("LD_LIBRARY_PATH")
-        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .unwrap_or_default();
-    let system = [
-        "/usr/lib/x86_64-linux-gnu",
-        "/usr/lib/aarch64-linux-gnu",
-        "/usr/lib64",
-        "/usr/lib",
-        "/usr/local/cuda/lib64",
-        "/usr/local/lib",
-    ]
-    .map(PathBuf::from);
-    from_env
-        .into_iter()
-        .chain(system)
-        .map(|dir| dir.join("libnccl.so.2"))
-        .filter(|path| path.is_file())
-        .find(|path| path.canonicalize().ok() != own)
+    ringreduce::device::library_files("libnccl.so.2").find(|path| path.canonicalize().ok() != own)
 }
 
 /// This library's own file.

@@ -264,6 +264,29 @@ fn probe() -> &'static Result<usize> {
 
 /// `Ok` when the CUDA driver can be used: libcuda loads, `cuInit` succeeds and there is at least one
 /// device. Otherwise [`Error::NoGpu`] with the reason. Never panics; the answer is probed once per
+/// Every file named `file_name` (a shared library, e.g. `libnccl.so.2`) in the folders of
+/// `LD_LIBRARY_PATH`, then in the usual system folders, in that order: where the loader would
+/// look, for callers that open a library by path.
+pub fn library_files(file_name: &str) -> impl Iterator<Item = std::path::PathBuf> + '_ {
+    let from_env = std::env::var_os("LD_LIBRARY_PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default();
+    let system = [
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/usr/lib64",
+        "/usr/lib",
+        "/usr/local/cuda/lib64",
+        "/usr/local/lib",
+    ]
+    .map(std::path::PathBuf::from);
+    from_env
+        .into_iter()
+        .chain(system)
+        .map(move |dir| dir.join(file_name))
+        .filter(|path| path.is_file())
+}
+
 /// process and cached. Call it before anything else in this module (the functions here do).
 pub fn driver_available() -> Result<()> {
     probe().as_ref().map(|_| ()).map_err(Clone::clone)
