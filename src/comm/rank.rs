@@ -194,9 +194,10 @@ impl RankCommunicator {
         op: ReduceOp,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        let (shape, ends) = self.out_of_place(collective, input, output, op)?;
-        // SAFETY: our caller's contract, passed on.
-        unsafe { self.enqueue_on::<T>(shape, ends, op, CallerStream::of(stream)) }
+        // SAFETY: our caller's contract, passed on (a cudarc stream is live while borrowed).
+        unsafe {
+            self.enqueue_collective_on_raw(collective, input, output, op, CallerStream::of(stream))
+        }
     }
 
     /// [`RankCommunicator::all_reduce`] ordered on the caller's `stream`: see
@@ -343,13 +344,10 @@ impl RankCommunicator {
         op: ReduceOp,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        let shape = self.in_place_shape::<T, B>(collective, buf, op)?;
-        let ends = Ends {
-            reads: Vec::new(),
-            writes: vec![(BufKind::Output, buf.address_mut(), buf.count())],
-        };
-        // SAFETY: our caller's contract, passed on.
-        unsafe { self.enqueue_on::<T>(shape, ends, op, CallerStream::of(stream)) }
+        // SAFETY: our caller's contract, passed on (a cudarc stream is live while borrowed).
+        unsafe {
+            self.enqueue_collective_in_place_on_raw(collective, buf, op, CallerStream::of(stream))
+        }
     }
 
     /// Enqueues the call of `shape` on this GPU rank's `ends`, ordered on `stream`.
