@@ -5,8 +5,8 @@
 //! Each communicator is one rank of a job with a process per GPU
 //! ([`ringreduce::RankCommunicator::gpu`]): `ncclGetUniqueId` makes the id rank 0 hands to every
 //! rank, `ncclCommInitRank` joins on the calling thread's current GPU, and every collective is
-//! enqueued on the stream passed in, in place when NCCL says so (the same buffer; for the
-//! all-gather the receive buffer's own block, for the reduce-scatter the send buffer's). Every
+//! enqueued on the stream passed in, NCCL's in-place forms included (each rank may choose on its
+//! own: [`Call`] says how). Every
 //! call's shape is compared across ranks before anything is enqueued, so mismatched calls are an
 //! error on every rank, never a hang. Errors become NCCL's codes with the message kept for
 //! `ncclGetLastError`; a panic never crosses into C.
@@ -644,14 +644,20 @@ fn op_of(op: ncclRedOp_t) -> Result<ReduceOp, Failure> {
 }
 
 /// One collective call as NCCL passes it: the send and receive buffers with their lengths in
-/// elements (a side this rank does not pass is null), and whether the call is in place.
+/// elements (a side this rank does not pass is null).
+///
+/// Every call runs out of place, NCCL's in-place forms included (the same buffer, the
+/// all-gather's send buffer inside its receive buffer, the reduce-scatter's receive buffer
+/// inside its send buffer): NCCL lets each rank choose in place on its own, and every rank must
+/// run the same plan. That is exact, since a rank's buffers are copied into the memory it shares
+/// before the collective and out of it after: nothing is written to the caller's memory before
+/// everything was read from it.
 struct Call {
     /// NCCL's name of the call.
     name: &'static str,
     collective: Collective,
     send: (*const c_void, usize),
     recv: (*mut c_void, usize),
-    in_place: bool,
     dtype: DType,
     op: ReduceOp,
 }
@@ -693,14 +699,6 @@ unsafe fn typed<T: Element>(
 ) -> Result<(), Failure> {
     // SAFETY: our caller's contract: device memory of `device`, of these lengths.
     let memory = |addr: u64, len: usize| unsafe { DeviceMemory::<T>::new(addr, len, device) };
-    if call.in_place {
-        let mut buf = memory(call.recv.0 as u64, call.recv.1);
-        // SAFETY: our caller's contract, passed on.
-        return unsafe {
-            comm.enqueue_collective_in_place_on_raw(&call.collective, &mut buf, call.op, stream)
-        }
-        .map_err(Failure::from);
-    }
     let input = (!call.send.0.is_null()).then(|| memory(call.send.0 as u64, call.send.1));
     let mut output = (!call.recv.0.is_null()).then(|| memory(call.recv.0 as u64, call.recv.1));
     // SAFETY: our caller's contract, passed on.
@@ -768,7 +766,6 @@ pub unsafe extern "C" fn ncclAllReduce(
                 collective: Collective::AllReduce,
                 send: (sendbuff, count),
                 recv: (recvbuff, count),
-                in_place: sendbuff == recvbuff.cast_const(),
                 dtype,
                 op,
             })
@@ -820,7 +817,6 @@ pub unsafe extern "C" fn ncclBroadcast(
                 collective: Collective::Broadcast { root },
                 send: (if mine { sendbuff } else { std::ptr::null() }, count),
                 recv: (recvbuff, count),
-                in_place: mine && sendbuff == recvbuff.cast_const(),
                 dtype,
                 op,
             })
@@ -867,7 +863,6 @@ pub unsafe extern "C" fn ncclReduce(
                 collective: Collective::Reduce { root },
                 send: (sendbuff, count),
                 recv: (if mine { recvbuff } else { std::ptr::null_mut() }, count),
-                in_place: mine && sendbuff == recvbuff.cast_const(),
                 dtype,
                 op,
             })
@@ -875,7 +870,7 @@ pub unsafe extern "C" fn ncclReduce(
     }
 }
 
-/// `ncclAllGather`: in place when `sendbuff` is this rank's block of `recvbuff`.
+/// `ncclAllGather` (in place when `sendbuff` is this rank's block of `recvbuff`: [`Call`]).
 #[no_mangle]
 pub unsafe extern "C" fn ncclAllGather(
     sendbuff: *const c_void,
@@ -894,15 +889,13 @@ pub unsafe extern "C" fn ncclAllGather(
     // SAFETY: NCCL's contract for the call, passed on.
     unsafe {
         submit(comm, stream, || {
-            let (rank, world) = place(comm)?;
+            let (_, world) = place(comm)?;
             let (dtype, op) = types(datatype, None)?;
-            let block = (rank * sendcount * dtype.size_bytes()) as isize;
             Ok(Call {
                 name: "ncclAllGather",
                 collective: Collective::AllGather,
                 send: (sendbuff, sendcount),
                 recv: (recvbuff, sendcount * world),
-                in_place: sendbuff == recvbuff.cast_const().wrapping_byte_offset(block),
                 dtype,
                 op,
             })
@@ -910,7 +903,7 @@ pub unsafe extern "C" fn ncclAllGather(
     }
 }
 
-/// `ncclReduceScatter`: in place when `recvbuff` is this rank's block of `sendbuff`.
+/// `ncclReduceScatter` (in place when `recvbuff` is this rank's block of `sendbuff`: [`Call`]).
 #[no_mangle]
 pub unsafe extern "C" fn ncclReduceScatter(
     sendbuff: *const c_void,
@@ -938,20 +931,13 @@ pub unsafe extern "C" fn ncclReduceScatter(
     // SAFETY: NCCL's contract for the call, passed on.
     unsafe {
         submit(comm, stream, || {
-            let (rank, world) = place(comm)?;
+            let (_, world) = place(comm)?;
             let (dtype, op) = types(datatype, Some(op))?;
-            let block = (rank * recvcount * dtype.size_bytes()) as isize;
-            let in_place = recvbuff.cast_const() == sendbuff.wrapping_byte_offset(block);
             Ok(Call {
                 name: "ncclReduceScatter",
                 collective: Collective::ReduceScatter,
-                // In place the one buffer is the send buffer, holding every block.
                 send: (sendbuff, recvcount * world),
-                recv: match in_place {
-                    true => (sendbuff.cast_mut(), recvcount * world),
-                    false => (recvbuff, recvcount),
-                },
-                in_place,
+                recv: (recvbuff, recvcount),
                 dtype,
                 op,
             })
@@ -989,7 +975,6 @@ pub unsafe extern "C" fn ncclAlltoAll(
                 collective: Collective::AllToAll,
                 send: (sendbuff, count * world),
                 recv: (recvbuff, count * world),
-                in_place: false,
                 dtype,
                 op,
             })

@@ -2,7 +2,7 @@
 //! `ncclGetUniqueId` handed to the others (through a file here), `ncclCommInitRank` on the
 //! thread's current GPU, every collective on a stream of the process's own with raw device
 //! pointers — exact against the host's arithmetic, in place and out of place, with NCCL's
-//! in-place rules; sends and receives in a group; a mismatched call an error on every rank. The ranks share GPU 0 on a one-GPU
+//! in-place rules (each rank choosing on its own); sends and receives in a group; a mismatched call an error on every rank. The ranks share GPU 0 on a one-GPU
 //! machine (`RINGREDUCE_NCCL_ALLOW_SHARED_GPU=1`); a machine without a GPU waives the test.
 
 #[path = "../../tests/common/mod.rs"]
@@ -140,6 +140,14 @@ fn rank_part(rank: usize, world: usize, id_path: &std::path::Path) {
     sync();
     let want: Vec<f32> = (0..count).map(|k| input(root, k)).collect();
     assert_eq!(recv.to_host().unwrap(), want, "rank {rank} broadcast");
+    // In place on every rank (NCCL's ncclBcast): the root's buffer into every rank's.
+    let same = GpuBuffer::from_host(device, &mine).unwrap();
+    // SAFETY: as above; one buffer as both sides.
+    ok("broadcast in place", unsafe {
+        ncclBroadcast(at(&same), at(&same), count, ncclFloat32, root as i32, comm, raw)
+    });
+    sync();
+    assert_eq!(same.to_host().unwrap(), want, "rank {rank} broadcast in place");
     let recv = GpuBuffer::<f32>::zeroed(device, count).unwrap();
     // SAFETY: as above (the receive buffer is written on the root only).
     ok("reduce", unsafe {
