@@ -144,10 +144,22 @@ fn rank_part(rank: usize, world: usize, id_path: &std::path::Path) {
     let same = GpuBuffer::from_host(device, &mine).unwrap();
     // SAFETY: as above; one buffer as both sides.
     ok("broadcast in place", unsafe {
-        ncclBroadcast(at(&same), at(&same), count, ncclFloat32, root as i32, comm, raw)
+        ncclBroadcast(
+            at(&same),
+            at(&same),
+            count,
+            ncclFloat32,
+            root as i32,
+            comm,
+            raw,
+        )
     });
     sync();
-    assert_eq!(same.to_host().unwrap(), want, "rank {rank} broadcast in place");
+    assert_eq!(
+        same.to_host().unwrap(),
+        want,
+        "rank {rank} broadcast in place"
+    );
     let recv = GpuBuffer::<f32>::zeroed(device, count).unwrap();
     // SAFETY: as above (the receive buffer is written on the root only).
     ok("reduce", unsafe {

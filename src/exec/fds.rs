@@ -10,6 +10,11 @@
 //! descriptor attached. The received descriptor is a new one in the fetching process, owned by
 //! the caller.
 //!
+//! Only the job's processes are served and trusted: the server answers a client only when the
+//! kernel says (`SO_PEERCRED`) that it runs as this user in one of the job's processes, and a
+//! client takes an answer only from the process it expects — an abstract socket has no file
+//! permissions, and any local process could otherwise fetch a job's memory or pose as a rank.
+//!
 //! Invariant: no client waits for another (each is answered on a thread of its own, whose read
 //! and write time out), the server stops when dropped, and every descriptor it sends is a
 //! duplicate, so its owner's stays open.
@@ -55,8 +60,10 @@ pub(crate) struct FdServer {
 impl FdServer {
     /// Listens on `name` and answers each request with `lookup(key)`'s descriptor (a borrowed
     /// one: it is duplicated into the reply by the kernel).
+    /// Clients must be processes of `allowed` (pids) running as this user.
     pub(crate) fn start(
         name: &str,
+        allowed: Vec<u32>,
         lookup: impl Fn(u64) -> Option<OwnedFd> + Send + Sync + 'static,
     ) -> Result<FdServer> {
         let listener = UnixListener::bind_addr(&address(name)?)
@@ -67,6 +74,7 @@ impl FdServer {
             .name("ringreduce-fds".into())
             .spawn(move || {
                 let lookup = Arc::new(lookup);
+                let allowed = Arc::new(allowed);
                 for client in listener.incoming() {
                     if stopping.load(Ordering::Acquire) {
                         return;
@@ -74,10 +82,16 @@ impl FdServer {
                     // Each client on a thread of its own, so that one that never asks delays no
                     // other; one that misbehaves loses its answer, nothing else.
                     if let Ok(client) = client {
-                        let lookup = lookup.clone();
+                        let (lookup, allowed) = (lookup.clone(), allowed.clone());
                         let _ = std::thread::Builder::new()
                             .name("ringreduce-fd".into())
-                            .spawn(move || answer(client, &*lookup));
+                            .spawn(move || {
+                                // A stranger's connection is closed unanswered.
+                                match peer(&client) {
+                                    Ok(pid) if allowed.contains(&pid) => answer(client, &*lookup),
+                                    _ => Ok(()),
+                                }
+                            });
                     }
                 }
             })
@@ -100,6 +114,36 @@ impl Drop for FdServer {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+    }
+}
+
+/// The process at the other end of `stream`, when it runs as this user (`SO_PEERCRED`).
+fn peer(stream: &UnixStream) -> Result<u32> {
+    // SAFETY: an all-zero ucred is a valid value to be overwritten.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: a live socket; `cred` and `len` are writable and describe each other.
+    let got = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if got != 0 {
+        return Err(os_error("the peer of a descriptor socket".into()));
+    }
+    // SAFETY: geteuid cannot fail.
+    match cred.uid == unsafe { libc::geteuid() } {
+        true => Ok(cred.pid as u32),
+        false => Err(Error::Resource {
+            what: format!(
+                "the descriptor socket's peer (pid {}) runs as another user",
+                cred.pid
+            ),
+        }),
     }
 }
 
@@ -156,11 +200,21 @@ fn send_fd(stream: &UnixStream, fd: RawFd) -> Result<()> {
     Ok(())
 }
 
-/// Asks the server on `name` for the descriptor of `key`: `None` when the server does not know
-/// the key, an error when no server answers.
-pub(crate) fn fetch(name: &str, key: u64) -> Result<Option<OwnedFd>> {
+/// Asks the server on `name`, which must be process `server` running as this user, for the
+/// descriptor of `key`: `None` when the server does not know the key, an error when no server
+/// (or another process) answers.
+pub(crate) fn fetch(name: &str, server: u32, key: u64) -> Result<Option<OwnedFd>> {
     let mut stream = UnixStream::connect_addr(&address(name)?)
         .map_err(|e| io_error(format!("cannot reach the descriptor server {name:?}"), e))?;
+    let answering = peer(&stream)?;
+    if answering != server {
+        return Err(Error::Resource {
+            what: format!(
+                "the descriptor socket {name:?} is held by process {answering}, not the rank's \
+                 process {server}"
+            ),
+        });
+    }
     stream
         .set_read_timeout(Some(EXCHANGE_TIMEOUT))
         .and_then(|()| stream.set_write_timeout(Some(EXCHANGE_TIMEOUT)))
@@ -181,10 +235,23 @@ pub(crate) fn fetch(name: &str, key: u64) -> Result<Option<OwnedFd>> {
     // SAFETY: `msg` describes live buffers of the lengths given; CLOEXEC keeps the new
     // descriptor out of children.
     let got = unsafe { libc::recvmsg(stream.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-    if got != 1 {
-        return Err(os_error(format!(
-            "no answer from the descriptor server {name:?}"
-        )));
+    match got {
+        1 => {}
+        0 => {
+            return Err(Error::Resource {
+                what: format!("the descriptor server {name:?} closed without an answer"),
+            })
+        }
+        _ => {
+            return Err(os_error(format!(
+                "no answer from the descriptor server {name:?}"
+            )))
+        }
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err(Error::Resource {
+            what: format!("the descriptor server {name:?} sent more than one descriptor"),
+        });
     }
     // SAFETY: recvmsg filled `msg`'s control buffer (msg_controllen says how much of it);
     // CMSG_FIRSTHDR is null when there is none, and CMSG_DATA of an SCM_RIGHTS header holds fds.
@@ -202,12 +269,14 @@ pub(crate) fn fetch(name: &str, key: u64) -> Result<Option<OwnedFd>> {
             _ => None,
         }
     };
+    // SAFETY: the kernel installed `fd` in this process for us alone; owned from here on (and
+    // closed on every path below but the one that returns it).
+    let fd = fd.map(|fd| unsafe { OwnedFd::from_raw_fd(fd) });
     match (byte[0], fd) {
-        // SAFETY: the kernel installed `fd` in this process for us alone.
-        (1, Some(fd)) => Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) })),
+        (1, Some(fd)) => Ok(Some(fd)),
         (0, None) => Ok(None),
         _ => Err(Error::Resource {
-            what: format!("the descriptor server {name:?} answered without a descriptor"),
+            what: format!("the descriptor server {name:?} answered out of protocol"),
         }),
     }
 }
@@ -237,32 +306,49 @@ mod tests {
         let original: OwnedFd = file.into();
         let served = original.try_clone().unwrap();
         let name = name("crosses");
-        let server = FdServer::start(&name, move |key| match key {
+        let me = std::process::id();
+        let server = FdServer::start(&name, vec![me], move |key| match key {
             42 => served.try_clone().ok(),
             _ => None,
         })
         .unwrap();
-        let fd = fetch(&name, 42).unwrap().expect("key 42 is served");
+        let fd = fetch(&name, me, 42).unwrap().expect("key 42 is served");
         assert_ne!(fd.as_raw_fd(), original.as_raw_fd(), "a new descriptor");
         let mut received = std::fs::File::from(fd);
         received.rewind().unwrap();
         let mut text = String::new();
         received.read_to_string(&mut text).unwrap();
         assert_eq!(text, "shared bytes");
-        assert!(fetch(&name, 7).unwrap().is_none(), "an unknown key");
+        assert!(fetch(&name, me, 7).unwrap().is_none(), "an unknown key");
+        // The server is not the process the client expects: no answer taken.
+        let err = fetch(&name, me + 1, 42).unwrap_err().to_string();
+        assert!(err.contains("not the rank's process"), "{err}");
         drop(server);
-        let err = fetch(&name, 42).unwrap_err().to_string();
+        let err = fetch(&name, me, 42).unwrap_err().to_string();
         assert!(err.contains("cannot reach"), "{err}");
+    }
+
+    #[test]
+    fn a_process_outside_the_job_gets_nothing() {
+        let file: OwnedFd = memfd().into();
+        let name = name("stranger");
+        // Only process 1 (never this test) may ask.
+        let server = FdServer::start(&name, vec![1], move |_| file.try_clone().ok()).unwrap();
+        // Closed unanswered (or reset, the key unread): an error, never a descriptor.
+        let err = fetch(&name, std::process::id(), 1).unwrap_err().to_string();
+        assert!(err.contains("descriptor server"), "{err}");
+        drop(server);
     }
 
     #[test]
     fn a_client_that_never_asks_does_not_stop_the_server() {
         let file: OwnedFd = memfd().into();
         let name = name("silent");
-        let server = FdServer::start(&name, move |_| file.try_clone().ok()).unwrap();
+        let me = std::process::id();
+        let server = FdServer::start(&name, vec![me], move |_| file.try_clone().ok()).unwrap();
         let silent = UnixStream::connect_addr(&address(&name).unwrap()).unwrap();
         let started = std::time::Instant::now();
-        assert!(fetch(&name, 1).unwrap().is_some());
+        assert!(fetch(&name, me, 1).unwrap().is_some());
         assert!(
             started.elapsed() < Duration::from_secs(1),
             "waited for the silent one"

@@ -286,6 +286,8 @@ pub(crate) struct Joined {
     imports: Mutex<HashMap<ImportKey, Import>>,
     /// How this rank's device memory is shared.
     sharing: MemorySharing,
+    /// The serials of the memory this rank exported: all its descriptor server serves.
+    exported: Arc<Mutex<std::collections::HashSet<u64>>>,
     /// This rank's descriptor server (device memory made by `cuMemCreate`, and pinned host
     /// memory).
     _server: FdServer,
@@ -329,12 +331,20 @@ const BY_IPC_HANDLE: u64 = 2;
 const BY_HOST_DESCRIPTOR: u64 = 3;
 
 impl Joined {
+    /// Lets the peers fetch the allocation numbered `serial` (this rank exports it).
+    fn served(&self, serial: u64) {
+        let mut exported = self.exported.lock().unwrap_or_else(|p| p.into_inner());
+        exported.insert(serial);
+    }
+
     /// The descriptor of the allocation numbered `serial` that rank `from` exported, from its
     /// server.
     fn fetch(&self, from: usize, serial: u64) -> Result<std::os::fd::OwnedFd> {
         let name = server_name(self.job.prefix(), from);
-        crate::exec::fds::fetch(&name, serial)?.ok_or_else(|| Error::Internal {
-            what: format!("rank {from} no longer shares the memory it exported as {serial}"),
+        crate::exec::fds::fetch(&name, self.job.pids()[from], serial)?.ok_or_else(|| {
+            Error::Internal {
+                what: format!("rank {from} no longer shares the memory it exported as {serial}"),
+            }
         })
     }
 }
@@ -355,9 +365,19 @@ impl Joined {
         }
         let ctx = device::context(device)?;
         let sharing = MemorySharing::of(device)?;
+        // Only this job's processes are served, and only what this rank exported.
+        let exported: Arc<Mutex<std::collections::HashSet<u64>>> = Arc::default();
+        let served = exported.clone();
         let server = FdServer::start(
             &server_name(job.prefix(), rank),
-            device::shareable_by_serial,
+            pids.to_vec(),
+            move |key| {
+                let ours = served
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .contains(&key);
+                ours.then(|| device::shareable_by_serial(key)).flatten()
+            },
         )?;
         Ok(Joined {
             rank: rendezvous.rank(),
@@ -367,6 +387,7 @@ impl Joined {
             ctx,
             imports: Mutex::new(HashMap::new()),
             sharing,
+            exported,
             _server: server,
         })
     }
@@ -406,11 +427,13 @@ impl Fabric for Joined {
                 };
                 let offset = addr - shared.base;
                 let (serial, size) = (shared.serial, shared.size as u64);
+                self.served(serial);
                 return Ok(vec![BY_HOST_DESCRIPTOR, pid, addr, offset, serial, size]);
             }
         };
         if let Some(shared) = device::shareable_fd(addr)? {
             let (offset, serial, size) = (addr - shared.base, shared.serial, shared.size as u64);
+            self.served(serial);
             return Ok(vec![BY_DESCRIPTOR, pid, addr, offset, serial, size]);
         }
         let (handle, offset) = device::export_handle(&self.ctx, addr)?;
