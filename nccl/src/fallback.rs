@@ -107,8 +107,15 @@ fn ourselves() -> Option<PathBuf> {
 /// Opens the library at `path` (its symbols kept to itself).
 fn open(path: &Path) -> Option<Real> {
     let cpath = CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+    // DEEPBIND: NCCL's calls of its own functions (its ncclCommInitAll calling ncclGetUniqueId)
+    // stay inside NCCL instead of reaching this library's functions of the same names.
     // SAFETY: a NUL-terminated path and valid flags.
-    let handle = unsafe { libc::dlopen(cpath.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    let handle = unsafe {
+        libc::dlopen(
+            cpath.as_ptr(),
+            libc::RTLD_NOW | libc::RTLD_LOCAL | libc::RTLD_DEEPBIND,
+        )
+    };
     (!handle.is_null()).then(|| Real {
         handle,
         path: path.to_path_buf(),

@@ -1115,22 +1115,36 @@ unsafe fn flush() -> Result<(), Failure> {
 unsafe fn flush_one(handle: ncclComm_t, ops: &[&PointToPoint]) -> Result<(), Failure> {
     fallback::log("ncclSend/ncclRecv", "ringreduce");
     let (stream, datatype) = (ops[0].stream, ops[0].datatype);
-    if ops
+    // A group this rank cannot run is still exchanged (flagged), so that its peers fail at once
+    // with it instead of waiting for it at the timeout.
+    let uniform = ops
         .iter()
-        .any(|op| op.stream != stream || op.datatype != datatype)
-    {
-        return Err(unsupported(
-            "a group's sends and receives on one communicator must share one stream and one \
-             data type on ringreduce-nccl",
-        ));
-    }
+        .all(|op| op.stream == stream && op.datatype == datatype);
     // SAFETY: our caller's contract.
     let comm = unsafe { comm_ref(handle) }?;
-    let words: Vec<u64> = ops
+    let mut words = vec![u64::from(uniform), datatype as u64];
+    words.extend(
+        ops.iter()
+            .flat_map(|op| [u64::from(op.send), op.peer as u64, op.count as u64]),
+    );
+    let mut records = comm.with(|c| c.exchange(&words).map_err(Failure::from))?;
+    if let Some(q) = records.iter().position(|r| r.first() != Some(&1)) {
+        return Err(unsupported(format!(
+            "rank {q}'s group of sends and receives mixes streams or data types on one \
+             communicator, which ringreduce-nccl does not run"
+        )));
+    }
+    if let Some(q) = records
         .iter()
-        .flat_map(|op| [u64::from(op.send), op.peer as u64, op.count as u64])
-        .collect();
-    let records = comm.with(|c| c.exchange(&words).map_err(Failure::from))?;
+        .position(|r| r.get(1) != Some(&(datatype as u64)))
+    {
+        return Err(unsupported(format!(
+            "rank {q} sends or receives another data type in this group"
+        )));
+    }
+    for record in &mut records {
+        record.drain(..2);
+    }
     let transfers = matched_transfers(&records)?;
     // SAFETY: our caller's contract: a live stream.
     let stream = unsafe { CallerStream::from_raw(stream.cast()) }?;
@@ -1258,11 +1272,9 @@ fn group_of_nccl(name: &CStr) -> ncclResult_t {
 /// `ncclGroupEnd`.
 #[no_mangle]
 pub extern "C" fn ncclGroupEnd() -> ncclResult_t {
+    // The group closes here whatever NCCL's own end says; the first failure is returned.
     let nccl = group_of_nccl(c"ncclGroupEnd");
-    if nccl != ncclSuccess {
-        return nccl;
-    }
-    guarded(|| {
+    let ours = guarded(|| {
         GROUP_DEPTH.with(|d| match d.get() {
             0 => Err(Failure::Nccl(
                 ncclInvalidUsage,
@@ -1278,7 +1290,11 @@ pub extern "C" fn ncclGroupEnd() -> ncclResult_t {
                 Ok(())
             }
         })
-    })
+    });
+    match nccl {
+        ncclSuccess => ours,
+        failed => failed,
+    }
 }
 
 /// `ncclRedOpCreatePreMulSum`: refused by name (not run yet).

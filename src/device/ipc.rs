@@ -339,7 +339,7 @@ pub unsafe fn unmap(ctx: &CudaContext, memory: Mapped) -> Result<()> {
 /// addressing, the GPUs — and the file's descriptor, for peers to map ([`map_shared_host`]).
 /// Its pages are reserved now (`posix_fallocate`), so a host without the room is an error here,
 /// never a `SIGBUS` later.
-pub fn create_shared_host(len: usize) -> Result<(*mut u8, OwnedFd)> {
+pub fn create_shared_host(ctx: &CudaContext, len: usize) -> Result<(*mut u8, OwnedFd)> {
     use std::os::fd::FromRawFd;
     // SAFETY: a NUL-terminated name and valid flags; the descriptor returned is ours.
     let fd = unsafe { libc::memfd_create(c"ringreduce-pinned".as_ptr(), libc::MFD_CLOEXEC) };
@@ -359,15 +359,17 @@ pub fn create_shared_host(len: usize) -> Result<(*mut u8, OwnedFd)> {
             ),
         });
     }
-    let ptr = map_shared_host(&fd, len)?;
+    let ptr = map_shared_host(ctx, &fd, len)?;
     Ok((ptr, fd))
 }
 
 /// Maps `len` bytes of the shared host memory `fd` names (made by [`create_shared_host`], here
 /// or in a peer process) and registers them with the driver, pinned for every context and
-/// mapped for the GPUs. Undone by [`unmap_shared_host`].
-pub fn map_shared_host(fd: &OwnedFd, len: usize) -> Result<*mut u8> {
+/// mapped for the GPUs. Binds `ctx` (registration needs a current context). Undone by
+/// [`unmap_shared_host`].
+pub fn map_shared_host(ctx: &CudaContext, fd: &OwnedFd, len: usize) -> Result<*mut u8> {
     use std::os::fd::AsRawFd;
+    bind(ctx)?;
     // SAFETY: a fresh shared mapping of an open descriptor at least `len` long; no fixed address.
     let ptr = unsafe {
         libc::mmap(
@@ -414,22 +416,24 @@ pub fn map_shared_host(fd: &OwnedFd, len: usize) -> Result<*mut u8> {
     Ok(ptr.cast())
 }
 
-/// Unregisters and unmaps what [`map_shared_host`] mapped.
+/// Unregisters and unmaps what [`map_shared_host`] mapped; binds `ctx`. When the driver will
+/// not unregister it, the mapping is left in place (unmapping registered memory under the
+/// driver's feet would be worse than the leak) and the error returned.
 ///
 /// # Safety
 /// `ptr` and `len` came from [`map_shared_host`] (or [`create_shared_host`]) in this process,
 /// are undone once, and nothing queued or to be queued uses the memory any more.
-pub unsafe fn unmap_shared_host(ptr: *mut u8, len: usize) -> Result<()> {
+pub unsafe fn unmap_shared_host(ctx: &CudaContext, ptr: *mut u8, len: usize) -> Result<()> {
+    bind(ctx)?;
     // SAFETY: the caller's contract.
-    let unregistered = unsafe { sys::cuMemHostUnregister(ptr.cast()) }
+    unsafe { sys::cuMemHostUnregister(ptr.cast()) }
         .result()
-        .call("cuMemHostUnregister");
+        .call("cuMemHostUnregister")?;
     // SAFETY: as above.
     if unsafe { libc::munmap(ptr.cast(), len) } != 0 {
-        unregistered?;
         return Err(os_error("munmap of shared pinned host memory"));
     }
-    unregistered
+    Ok(())
 }
 
 fn os_error(what: &str) -> crate::error::Error {

@@ -265,7 +265,7 @@ impl PinnedHost {
         }
         let _quiet = super::gate::quiet();
         bind(ctx)?;
-        let (ptr, fd) = ipc::create_shared_host(len_bytes)?;
+        let (ptr, fd) = ipc::create_shared_host(ctx, len_bytes)?;
         ipc::register_fd(ptr as u64, len_bytes, fd);
         Ok(Self {
             ptr,
@@ -332,7 +332,7 @@ impl PinnedHost {
             ipc::unregister_shareable(ptr as u64);
             // SAFETY: mapped by `shareable` in this process, undone once (`ptr` swapped for null
             // above); queued work that still uses it is excluded as below.
-            return unsafe { ipc::unmap_shared_host(ptr, self.len_bytes) };
+            return unsafe { ipc::unmap_shared_host(&self.ctx, ptr, self.len_bytes) };
         }
         // SAFETY: `ptr` came from cuMemHostAlloc in `self.ctx` (now current) and is freed exactly
         // once: it was swapped for null above, and `free` and `Drop` both come through here.

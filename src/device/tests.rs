@@ -268,7 +268,7 @@ fn shared_pinned_memory_maps_again_from_its_descriptor() -> Result<()> {
     let shared = shareable_fd(pinned.uva_ptr() + 7)?.expect("registered");
     let (base, size, fd) = (shared.base, shared.size, shared.fd);
     assert_eq!((base, size), (pinned.uva_ptr(), len));
-    let again = map_shared_host(&fd, len)?;
+    let again = map_shared_host(&ctx, &fd, len)?;
     assert_ne!(again as u64, base, "a second mapping");
     // The GPU copies from the second mapping into device memory: the same bytes.
     let device = DeviceBuffer::new(&ctx, len)?;
@@ -279,7 +279,7 @@ fn shared_pinned_memory_maps_again_from_its_descriptor() -> Result<()> {
     device.copy_to_host(&mut got)?;
     assert_bytes_eq("the same memory through its descriptor", &got, &want);
     // SAFETY: nothing uses the second mapping any more.
-    unsafe { unmap_shared_host(again, len) }?;
+    unsafe { unmap_shared_host(&ctx, again, len) }?;
     pinned.free()?;
     assert!(shareable_fd(base)?.is_none(), "forgotten once freed");
     Ok(())

@@ -466,7 +466,7 @@ impl Fabric for Joined {
                 }
             }
             ImportKey::Host { serial, .. } => {
-                let here = device::map_shared_host(&self.fetch(from, serial)?, size)?;
+                let here = device::map_shared_host(&self.ctx, &self.fetch(from, serial)?, size)?;
                 Import {
                     base: here as u64,
                     refs: 1,
@@ -631,7 +631,9 @@ impl Joined {
         unsafe {
             match import.mapping {
                 Mapping::Device(memory) => device::unmap(&self.ctx, memory),
-                Mapping::Host(len) => device::unmap_shared_host(import.base as *mut u8, len),
+                Mapping::Host(len) => {
+                    device::unmap_shared_host(&self.ctx, import.base as *mut u8, len)
+                }
                 Mapping::Ipc => device::close_handle(&self.ctx, import.base),
             }
         }

@@ -42,6 +42,10 @@ impl CudaExecutor {
         wait_complete: bool,
         caller: Option<&[CallerStream]>,
     ) -> Result<()> {
+        // Bad streams are this rank's mistake: refused before the peers hear of the call.
+        if let Some(streams) = caller {
+            self.check_caller_streams(streams)?;
+        }
         let timeout = self.config.timeout;
         let started = self.fabric.start_call(
             CallShape::of(&shape, T::DTYPE, op),

@@ -635,7 +635,7 @@ impl CudaExecutor {
             // The oldest plan's events and buffers may still be in use by enqueued work. (A
             // plan without any — the one-shot all-reduce, whose in-place exposed copies live in
             // the exposure regions — is dropped without waiting.)
-            self.synchronize()?;
+            self.drain()?;
         }
         let mut allocated = Vec::with_capacity(n);
         let mut records = Vec::with_capacity(n);

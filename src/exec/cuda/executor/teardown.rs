@@ -21,11 +21,7 @@ impl CudaExecutor {
     /// reports what the GPUs left: a CUDA error of queued work, a peer kernel's barrier
     /// timeout, or [`Error::Timeout`] naming a GPU that is still busy after the timeout.
     pub(crate) fn synchronize(&self) -> Result<()> {
-        let result = self.wait_idle(self.config.timeout).and_then(|()| {
-            profile::mark(HostPhase::Wait);
-            self.check_error_words()
-        });
-        profile::mark(HostPhase::Check);
+        let result = self.drain();
         match &result {
             Err(err) => self.fabric.fail(err),
             Ok(()) => self.fabric.finished(),
@@ -36,6 +32,17 @@ impl CudaExecutor {
     /// What the GPUs report without waiting: a peer kernel's barrier timeout, or an error of
     /// earlier asynchronous work (`cuStreamQuery` on each rank's Main stream returns it).
     /// Puts the calling thread's context back.
+    /// Waits for every local stream and checks the kernels' error words, without telling the
+    /// peers anything (a plan's eviction inside a call waits so: that call is not finished).
+    pub(crate) fn drain(&self) -> Result<()> {
+        let result = self.wait_idle(self.config.timeout).and_then(|()| {
+            profile::mark(HostPhase::Wait);
+            self.check_error_words()
+        });
+        profile::mark(HostPhase::Check);
+        result
+    }
+
     /// Every rank's `words`, by rank, through the fabric (a collective step of every rank).
     pub(crate) fn exchange(&self, words: &[u64]) -> Result<Vec<Vec<u64>>> {
         self.fabric.all_gather(vec![words.to_vec()])
