@@ -62,11 +62,16 @@ impl CudaExecutor {
     pub(crate) fn poll_health(&self) -> Result<()> {
         self.check_error_words()?;
         let saved = device::save_current()?;
-        let polled = self
-            .ranks
-            .iter()
-            .try_for_each(|r| device::stream_query(r.res.stream(StreamKind::Main)).map(drop));
-        polled.and(saved.restore())
+        let polled = self.ranks.iter().try_fold(true, |idle, r| {
+            device::stream_query(r.res.stream(StreamKind::Main)).map(|done| idle && done)
+        });
+        saved.restore()?;
+        // Every call this process enqueued has completed: its part of the job's latest call is
+        // done, and its process may end without its peers taking it for lost.
+        if polled? {
+            self.fabric.finished();
+        }
+        Ok(())
     }
 
     /// Polls every rank's streams until all are idle (or report an error) or `within` has
