@@ -50,6 +50,9 @@ pub struct Comm {
     rank: usize,
     world: usize,
     device: usize,
+    /// The same number on every rank of the communicator, different for every other: the order
+    /// in which a group's communicators are flushed on every rank.
+    job: u64,
     backend: Backend,
 }
 
@@ -127,6 +130,7 @@ unsafe fn wrap(real_comm: *mut c_void) -> Result<ncclComm_t, ncclResult_t> {
         rank: ask(c"ncclCommUserRank")?,
         world: ask(c"ncclCommCount")?,
         device: ask(c"ncclCommCuDevice")?,
+        job: 0,
         backend: Backend::Nccl(NcclComm(real_comm)),
     };
     fallback::mark_made();
@@ -341,10 +345,14 @@ pub unsafe extern "C" fn ncclCommInitRankConfig(
         };
         let (rank, world) = (rank as usize, nranks as usize);
         let inner = RankCommunicator::gpu(&id, rank, world, device, config)?;
+        let job = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
         let handle = Box::new(Comm {
             rank,
             world,
             device,
+            job,
             backend: Backend::Ring(Box::new(Mutex::new(Some(inner)))),
         });
         // SAFETY: checked non-null above; NCCL's contract: a writable ncclComm_t.
@@ -1100,6 +1108,9 @@ unsafe fn flush() -> Result<(), Failure> {
             comms.push(op.comm);
         }
     }
+    // In an order every rank shares (each exchange waits for every rank of its communicator).
+    // SAFETY: our caller's contract: live handles (checked for null when kept).
+    comms.sort_by_key(|&c| unsafe { c.as_ref() }.map_or(0, |c| c.job));
     for handle in comms {
         let ops: Vec<&PointToPoint> = pending.iter().filter(|op| op.comm == handle).collect();
         // SAFETY: our caller's contract, passed on.
