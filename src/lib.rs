@@ -165,7 +165,7 @@ pub mod verify;
 pub mod internal;
 
 pub use buffer::{Buffer, BufferMut, DeviceMemory, Placement, StreamUse};
-pub use comm::{ring_allreduce, Communicator, RankCommunicator, Scope};
+pub use comm::{ring_allreduce, AbortHandle, Communicator, RankCommunicator, Scope};
 pub use device::{device_count, driver_available};
 pub use element::{DType, Element, ReduceOp};
 pub use error::{Error, Result};

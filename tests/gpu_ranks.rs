@@ -2,7 +2,8 @@
 //! GPU as torchrun runs them: every algorithm of the all-reduce and every other collective,
 //! exact against the host reference (two and three processes), their memory crossing through
 //! CUDA IPC handles; calls on each process's own stream and in its CUDA graphs; a killed rank
-//! named; a mismatched call named on every rank; staged rings through pinned host memory the
+//! named; an abort from a watchdog thread releasing a waiting call; a mismatched call named on
+//! every rank; staged rings through pinned host memory the
 //! processes share; two such ranks in one process refused by
 //! name. On a one-GPU machine the ranks share GPU 0
 //! (`allow_shared_device`). A machine without a GPU waives them.
@@ -443,6 +444,57 @@ fn a_mismatched_gpu_call_is_a_named_error_on_every_rank_and_breaks_the_communica
     let ranks = launch(
         "a_mismatched_gpu_call_is_a_named_error_on_every_rank_and_breaks_the_communicator",
         3,
+        |_| vec![],
+    );
+    expect_success(ranks, Duration::from_secs(120));
+}
+
+#[test]
+fn an_abort_from_another_thread_releases_a_waiting_call_and_names_the_rank() {
+    if let Some(env) = as_rank() {
+        let device = this_gpu(&env);
+        let id = env.unique_id().unwrap();
+        let mut comm =
+            RankCommunicator::gpu(&id, env.rank, env.world, device, config(Algorithm::Auto))
+                .unwrap();
+        let mut buf = GpuBuffer::from_host(device, &[1.0f32; 64]).unwrap();
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap();
+        if env.rank == 0 {
+            // Rank 1 is late for the next call: a watchdog gives this rank up meanwhile.
+            let handle = comm.abort_handle();
+            let watchdog = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                handle.abort();
+            });
+            let started = std::time::Instant::now();
+            let err = comm
+                .all_reduce_in_place(&mut buf, ReduceOp::Sum)
+                .unwrap_err();
+            assert!(started.elapsed() < Duration::from_secs(5), "{err}");
+            assert!(
+                matches!(err, ringreduce::Error::RankFailed { rank: 0, .. }),
+                "{err}"
+            );
+            watchdog.join().unwrap();
+            comm.abort();
+        } else {
+            std::thread::sleep(Duration::from_secs(1));
+            let err = comm
+                .all_reduce_in_place(&mut buf, ReduceOp::Sum)
+                .unwrap_err();
+            assert!(
+                matches!(err, ringreduce::Error::RankFailed { rank: 0, .. }),
+                "{err}"
+            );
+        }
+        return;
+    }
+    if two_gpus_or_shared().is_none() {
+        return;
+    }
+    let ranks = launch(
+        "an_abort_from_another_thread_releases_a_waiting_call_and_names_the_rank",
+        2,
         |_| vec![],
     );
     expect_success(ranks, Duration::from_secs(120));

@@ -58,7 +58,12 @@ pub struct Comm {
 
 /// Who runs a communicator's calls.
 enum Backend {
-    Ring(Box<Mutex<Option<RankCommunicator>>>),
+    /// ringreduce's communicator, and the handle that gives it up from any thread (while a call
+    /// holds the lock).
+    Ring(
+        Box<Mutex<Option<RankCommunicator>>>,
+        ringreduce::AbortHandle,
+    ),
     /// The real NCCL's communicator, made by NCCL.
     Nccl(NcclComm),
 }
@@ -146,7 +151,7 @@ impl Comm {
         &self,
         f: impl FnOnce(&mut RankCommunicator) -> Result<R, Failure>,
     ) -> Result<R, Failure> {
-        let Backend::Ring(inner) = &self.backend else {
+        let Backend::Ring(inner, _) = &self.backend else {
             return Err(Failure::Nccl(
                 ncclInternalError,
                 "a call of NCCL's communicator reached ringreduce".into(),
@@ -353,7 +358,10 @@ pub unsafe extern "C" fn ncclCommInitRankConfig(
             world,
             device,
             job,
-            backend: Backend::Ring(Box::new(Mutex::new(Some(inner)))),
+            backend: {
+                let abort = inner.abort_handle();
+                Backend::Ring(Box::new(Mutex::new(Some(inner))), abort)
+            },
         });
         // SAFETY: checked non-null above; NCCL's contract: a writable ncclComm_t.
         unsafe { *comm = Box::into_raw(handle) };
@@ -499,7 +507,7 @@ pub unsafe extern "C" fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
         // SAFETY: a handle from ncclCommInitRank*, destroyed once (NCCL's contract).
         let comm = unsafe { Box::from_raw(comm) };
         match &comm.backend {
-            Backend::Ring(_) => Ok(()),
+            Backend::Ring(..) => Ok(()),
             Backend::Nccl(real_comm) => forward_one(c"ncclCommDestroy", *real_comm),
         }
     })
@@ -516,7 +524,10 @@ pub unsafe extern "C" fn ncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
         // SAFETY: a handle from ncclCommInitRank*, destroyed once (NCCL's contract).
         let comm = unsafe { Box::from_raw(comm) };
         match &comm.backend {
-            Backend::Ring(inner) => {
+            Backend::Ring(inner, abort) => {
+                // First, without the lock (a call may hold it, waiting for peers): that call
+                // returns at once.
+                abort.abort();
                 let inner = inner.lock().unwrap_or_else(|p| p.into_inner()).take();
                 if let Some(inner) = inner {
                     inner.abort();
@@ -529,7 +540,7 @@ pub unsafe extern "C" fn ncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
 }
 
 /// `ncclCommGetAsyncError`: `ncclSuccess`, or the code of an error met without a call
-/// returning it (a lost peer, a kernel that gave up, a CUDA error).
+/// returning it (a lost peer, a kernel that gave up, a CUDA error). Never waits.
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommGetAsyncError(
     comm: ncclComm_t,
@@ -546,7 +557,19 @@ pub unsafe extern "C" fn ncclCommGetAsyncError(
         let comm = unsafe { comm_ref(comm) }?;
         // SAFETY: null is refused; otherwise a writable ncclResult_t.
         let out = unsafe { async_error.as_mut() }.ok_or_else(|| invalid("asyncError is null"))?;
-        *out = match comm.with(|c| Ok(c.async_error()))? {
+        // Never waits: while a call holds the communicator (it may wait for its peers), there
+        // is nothing new to say yet.
+        let found = match &comm.backend {
+            Backend::Ring(inner, _) => match inner.try_lock() {
+                Ok(mut guard) => guard.as_mut().and_then(|c| c.async_error()),
+                Err(std::sync::TryLockError::Poisoned(p)) => {
+                    p.into_inner().as_mut().and_then(|c| c.async_error())
+                }
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            },
+            Backend::Nccl(_) => None,
+        };
+        *out = match found {
             None => ncclSuccess,
             Some(err) => {
                 status::remember(&format!("ringreduce-nccl: {err}"));

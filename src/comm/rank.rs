@@ -23,6 +23,7 @@ use crate::device::CallerStream;
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::cuda::executor::{CudaConfig, CudaExecutor};
+use crate::exec::cuda::fabric::Fabric;
 use crate::exec::host::process::ProcessRank;
 use crate::exec::host::HostConfig;
 use crate::exec::rendezvous::{LaunchEnv, Rendezvous, UniqueId};
@@ -441,16 +442,20 @@ impl RankCommunicator {
         found
     }
 
-    /// Gives up on the job (NCCL's `ncclCommAbort`): the peers' waits in this job end with an
-    /// error naming this rank, and the communicator is closed.
-    pub fn abort(self) {
-        if let Inner::Gpu { exec, .. } = &self.inner {
-            exec.abort_peers(&Error::RankFailed {
-                rank: self.rank,
-                during: "a collective".into(),
-                message: "it aborted its communicator".into(),
-            });
+    /// A handle that gives this rank up from any thread, while a call of this communicator
+    /// may be waiting (NCCL's `ncclCommAbort` from a watchdog thread): [`AbortHandle::abort`].
+    /// A host rank's handle does nothing.
+    pub fn abort_handle(&self) -> AbortHandle {
+        match &self.inner {
+            Inner::Gpu { exec, .. } => exec.abort_handle(),
+            Inner::Host(_) => AbortHandle::none(),
         }
+    }
+
+    /// Gives up on the job (NCCL's `ncclCommAbort`): the peers' waits in this job end with an
+    /// error naming this rank, and the communicator is closed without waiting for them.
+    pub fn abort(self) {
+        self.abort_handle().abort();
         drop(self);
     }
 
@@ -743,6 +748,39 @@ impl RankCommunicator {
             }
         }
         Ok(count)
+    }
+}
+
+/// Gives a rank up from any thread ([`RankCommunicator::abort_handle`]): a call of its waiting
+/// for peers returns at once, its kernels give up at their next poll, its peers' calls fail
+/// naming it, and its communicator closes without the farewell barrier.
+#[derive(Clone)]
+pub struct AbortHandle {
+    fabric: Option<Arc<dyn Fabric>>,
+}
+
+impl std::fmt::Debug for AbortHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AbortHandle").finish_non_exhaustive()
+    }
+}
+
+impl AbortHandle {
+    pub(crate) fn new(fabric: Arc<dyn Fabric>) -> AbortHandle {
+        AbortHandle {
+            fabric: Some(fabric),
+        }
+    }
+
+    fn none() -> AbortHandle {
+        AbortHandle { fabric: None }
+    }
+
+    /// Gives the rank up (see the type's doc). Idempotent.
+    pub fn abort(&self) {
+        if let Some(fabric) = &self.fabric {
+            fabric.abort();
+        }
     }
 }
 

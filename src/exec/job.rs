@@ -137,6 +137,8 @@ pub(crate) struct Job {
     pids: Arc<Vec<u32>>,
     /// The job call number this rank started last, from 1 (its own `STARTED` word).
     seq: AtomicU64,
+    /// This rank gives up (`abort`, from any thread): its waits end at once.
+    aborted: std::sync::atomic::AtomicBool,
 }
 
 impl Job {
@@ -181,6 +183,7 @@ impl Job {
             control: Arc::new(with_own(control, rank, own)),
             pids: Arc::new(pids),
             seq: AtomicU64::new(0),
+            aborted: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -231,6 +234,9 @@ impl Job {
         let mut next_liveness = start;
         for q in (0..self.control.len()).filter(|&q| q != rank) {
             while self.control_word(q, STARTED).load(Ordering::Acquire) < seq {
+                if let Some(aborted) = self.aborted_error() {
+                    return Err(aborted);
+                }
                 if let Err(failure) =
                     peer_failure(&self.control, &self.pids, rank, seq, &mut next_liveness)
                 {
@@ -287,10 +293,40 @@ impl Job {
         abort_peers(&self.control, self.rank, self.seq(), err);
     }
 
-    /// A peer's failure that dooms this rank's latest call ([`peer_failure`]), looked at now.
+    /// A peer's failure that dooms this rank's latest call ([`peer_failure`]), looked at now —
+    /// or this rank's own abort.
     pub(crate) fn failed_peer(&self) -> Option<Error> {
+        if let Some(aborted) = self.aborted_error() {
+            return Some(aborted);
+        }
         let mut now = Instant::now();
         peer_failure(&self.control, &self.pids, self.rank, self.seq(), &mut now).err()
+    }
+
+    /// Gives this rank up, from any thread: its own waits end at once (the start of a call, its
+    /// kernels' waits through the watch), and its peers' fail naming it.
+    pub(crate) fn abort(&self) {
+        self.aborted.store(true, Ordering::Release);
+        let err = Error::RankFailed {
+            rank: self.rank,
+            during: "a collective".into(),
+            message: "it aborted its communicator".into(),
+        };
+        abort_peers(&self.control, self.rank, self.seq().max(1), &err);
+    }
+
+    /// Whether [`Job::abort`] was called.
+    pub(crate) fn aborted(&self) -> bool {
+        self.aborted.load(Ordering::Acquire)
+    }
+
+    /// The error of this rank's own abort, once aborted.
+    fn aborted_error(&self) -> Option<Error> {
+        self.aborted().then(|| Error::RankFailed {
+            rank: self.rank,
+            during: "a collective".into(),
+            message: "this rank aborted its communicator".into(),
+        })
     }
 }
 

@@ -134,6 +134,11 @@ pub(crate) trait Fabric: Send + Sync {
     fn farewell(&self) -> Result<()> {
         Ok(())
     }
+
+    /// Gives this process's rank up, from any thread (NCCL's `ncclCommAbort`): its waits end
+    /// at once, its peers' fail naming it, and its teardown says no farewell. Nothing to do in
+    /// one process.
+    fn abort(&self) {}
 }
 
 /// What one prepared plan imported from its peers, so that its imports can be released when
@@ -519,7 +524,15 @@ impl Fabric for Joined {
     }
 
     fn farewell(&self) -> Result<()> {
+        if self.job.aborted() {
+            // Peers that are hung would hold an aborting rank at the barrier.
+            return Ok(());
+        }
         self.all_gather(vec![Vec::new()]).map(drop)
+    }
+
+    fn abort(&self) {
+        self.job.abort();
     }
 
     fn exportable_host(&self, ctx: &Arc<CudaContext>, bytes: usize) -> Result<PinnedHost> {

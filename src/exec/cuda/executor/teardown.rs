@@ -53,10 +53,9 @@ impl CudaExecutor {
         self.fabric.lost_peer()
     }
 
-    /// Tells the peers of other processes that this rank gives up (`Fabric::fail`): their waits
-    /// end with an error naming it.
-    pub(crate) fn abort_peers(&self, err: &Error) {
-        self.fabric.fail(err);
+    /// A handle that gives this executor's ranks up from any thread (`Fabric::abort`).
+    pub(crate) fn abort_handle(&self) -> crate::comm::AbortHandle {
+        crate::comm::AbortHandle::new(self.fabric.clone())
     }
 
     pub(crate) fn poll_health(&self) -> Result<()> {
