@@ -29,6 +29,17 @@ fn sources() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
 
+/// A fresh folder (named after `test`) holding a link `libnccl.so.2` to this library: the
+/// folder, and the link.
+fn as_libnccl(test: &str) -> (PathBuf, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("ringreduce-nccl-{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let link = dir.join("libnccl.so.2");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(library_dir().join("libringreduce_nccl.so"), &link).unwrap();
+    (dir, link)
+}
+
 /// The functions `include/nccl.h` declares.
 fn declared() -> Vec<String> {
     let header = std::fs::read_to_string(sources().join("include/nccl.h")).expect("the header");
@@ -51,12 +62,7 @@ fn declared() -> Vec<String> {
 
 #[test]
 fn a_c_program_built_against_the_header_runs_on_the_library_as_libnccl() {
-    let lib = library_dir();
-    let dir = std::env::temp_dir().join(format!("ringreduce-nccl-c-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let link = dir.join("libnccl.so.2");
-    let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(lib.join("libringreduce_nccl.so"), &link).unwrap();
+    let (dir, link) = as_libnccl("c");
     let manifest = sources();
     let exe = dir.join("api");
     let built = Command::new("cc")
@@ -133,12 +139,7 @@ fn cc(args: &[&std::ffi::OsStr]) {
 
 #[test]
 fn what_the_library_does_not_run_reaches_the_real_nccl() {
-    let lib = library_dir();
-    let dir = std::env::temp_dir().join(format!("ringreduce-nccl-fb-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let link = dir.join("libnccl.so.2");
-    let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(lib.join("libringreduce_nccl.so"), &link).unwrap();
+    let (dir, link) = as_libnccl("fb");
     let c = sources().join("tests/c");
     let fake = dir.join("libfake_nccl.so");
     cc(&[
