@@ -6,7 +6,7 @@
 //! ([`ringreduce::RankCommunicator::gpu`]): `ncclGetUniqueId` makes the id rank 0 hands to every
 //! rank, `ncclCommInitRank` joins on the calling thread's current GPU, and every collective is
 //! enqueued on the stream passed in, NCCL's in-place forms included (each rank may choose on its
-//! own: [`Call`] says how). Every
+//! own: `Call` says how). Every
 //! call's shape is compared across ranks before anything is enqueued, so mismatched calls are an
 //! error on every rank, never a hang. Errors become NCCL's codes with the message kept for
 //! `ncclGetLastError`; a panic never crosses into C.
@@ -901,7 +901,7 @@ pub unsafe extern "C" fn ncclReduce(
     }
 }
 
-/// `ncclAllGather` (in place when `sendbuff` is this rank's block of `recvbuff`: [`Call`]).
+/// `ncclAllGather` (in place when `sendbuff` is this rank's block of `recvbuff`: `Call`).
 #[no_mangle]
 pub unsafe extern "C" fn ncclAllGather(
     sendbuff: *const c_void,
@@ -934,7 +934,7 @@ pub unsafe extern "C" fn ncclAllGather(
     }
 }
 
-/// `ncclReduceScatter` (in place when `recvbuff` is this rank's block of `sendbuff`: [`Call`]).
+/// `ncclReduceScatter` (in place when `recvbuff` is this rank's block of `sendbuff`: `Call`).
 #[no_mangle]
 pub unsafe extern "C" fn ncclReduceScatter(
     sendbuff: *const c_void,

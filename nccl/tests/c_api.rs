@@ -63,39 +63,28 @@ fn declared() -> Vec<String> {
 #[test]
 fn a_c_program_built_against_the_header_runs_on_the_library_as_libnccl() {
     let (dir, link) = as_libnccl("c");
-    let manifest = sources();
     let exe = dir.join("api");
-    let built = Command::new("cc")
-        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-I"])
-        .arg(manifest.join("include"))
-        .arg(manifest.join("tests/c/api.c"))
-        .arg("-o")
-        .arg(&exe)
-        .arg(&link)
-        .output()
-        .expect("the system C compiler (cc) runs");
-    assert!(
-        built.status.success(),
-        "cc failed:\n{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
+    let include = sources().join("include");
+    cc(&[
+        "-std=c11".as_ref(),
+        "-I".as_ref(),
+        include.as_os_str(),
+        sources().join("tests/c/api.c").as_os_str(),
+        "-o".as_ref(),
+        exe.as_os_str(),
+        link.as_os_str(),
+    ]);
     let gpu = match ringreduce::driver_available() {
         Ok(()) => "gpu",
         Err(_) => "nogpu",
     };
-    let ran = Command::new(&exe)
-        .arg(gpu)
-        .env("LD_LIBRARY_PATH", &dir)
-        // No real NCCL to hand calls to, whatever the machine has.
-        .env("RINGREDUCE_NCCL_PATH", dir.join("no-such-libnccl.so"))
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&ran.stdout),
-        String::from_utf8_lossy(&ran.stderr),
+    passes(
+        Command::new(&exe)
+            .arg(gpu)
+            .env("LD_LIBRARY_PATH", &dir)
+            // No real NCCL to hand calls to, whatever the machine has.
+            .env("RINGREDUCE_NCCL_PATH", dir.join("no-such-libnccl.so")),
     );
-    assert!(ran.status.success(), "{stdout}\n{stderr}");
-    assert!(stdout.contains("every check passed"), "{stdout}\n{stderr}");
     // It ran on this library, found by NCCL's name.
     let needed = Command::new("readelf").arg("-d").arg(&exe).output();
     if let Ok(needed) = needed {
@@ -121,6 +110,18 @@ fn the_library_exports_exactly_what_the_header_declares() {
         .collect();
     exported.sort();
     assert_eq!(exported, declared());
+}
+
+/// Runs one of the C test programs: it must exit 0 saying "every check passed". Its stderr.
+fn passes(command: &mut Command) -> String {
+    let ran = command.output().expect("the test program runs");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&ran.stdout),
+        String::from_utf8_lossy(&ran.stderr).into_owned(),
+    );
+    assert!(ran.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("every check passed"), "{stdout}\n{stderr}");
+    stderr
 }
 
 /// Compiles `args` with `cc` (warnings are errors); panics with its messages when it fails.
@@ -161,19 +162,13 @@ fn what_the_library_does_not_run_reaches_the_real_nccl() {
         link.as_os_str(),
         "-ldl".as_ref(),
     ]);
-    let ran = Command::new(&exe)
-        .arg(&fake)
-        .env("LD_LIBRARY_PATH", &dir)
-        .env("RINGREDUCE_NCCL_PATH", &fake)
-        .env("RINGREDUCE_NCCL_LOG", "1")
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&ran.stdout),
-        String::from_utf8_lossy(&ran.stderr),
+    let stderr = passes(
+        Command::new(&exe)
+            .arg(&fake)
+            .env("LD_LIBRARY_PATH", &dir)
+            .env("RINGREDUCE_NCCL_PATH", &fake)
+            .env("RINGREDUCE_NCCL_LOG", "1"),
     );
-    assert!(ran.status.success(), "{stdout}\n{stderr}");
-    assert!(stdout.contains("every check passed"), "{stdout}\n{stderr}");
     // The log names the side of each call kind, once.
     assert_eq!(
         stderr

@@ -188,7 +188,7 @@ fn shareable_properties(ordinal: usize) -> sys::CUmemAllocationProp {
 }
 
 /// Memory mapped at `base`, `size` bytes (a multiple of the allocation granularity), backed by
-/// a physical allocation this process holds a handle to: made by [`create_shareable`] or
+/// a physical allocation this process holds a handle to: made by `create_shareable` (a shareable [`DeviceBuffer`](super::DeviceBuffer)) or
 /// imported by [`import_fd`], undone by [`unmap`].
 #[derive(Debug)]
 pub struct Mapped {

@@ -57,7 +57,7 @@ impl DeviceBuffer {
     }
 
     /// Allocates `len_bytes` (> 0) on `ctx`'s device with `cuMemCreate`, shareable with other
-    /// processes as a POSIX file descriptor (the [IPC module](super::ipc)'s registry holds one
+    /// processes as a POSIX file descriptor (the IPC module's registry (`ipc.rs`) holds one
     /// until the buffer is freed: [`super::shareable_fd`]). Only `ctx`'s device has access:
     /// for memory that processes share, each maps it for its own device. Binds `ctx`.
     pub fn shareable(ctx: &Arc<CudaContext>, len_bytes: usize) -> Result<Self> {
@@ -255,7 +255,7 @@ impl PinnedHost {
 
     /// Allocates `len_bytes` (> 0) of pinned host memory that other processes can map: an
     /// anonymous file, zeroed, registered with the driver for every context
-    /// ([`ipc::create_shared_host`]), whose descriptor the [IPC module](super::ipc)'s registry
+    /// (`create_shared_host` in `ipc.rs`), whose descriptor the IPC module's registry (`ipc.rs`)
     /// holds until the memory is freed ([`super::shareable_fd`]). Binds `ctx`.
     pub fn shareable(ctx: &Arc<CudaContext>, len_bytes: usize) -> Result<Self> {
         if len_bytes == 0 {

@@ -20,7 +20,7 @@
 //! | `module.rs` | loading kernel code into a context ([`load_module`], [`load_function`], [`compute_capability`]) |
 //! | `peer.rs` | peer access ([`can_access_peer`], [`enable_peer_access`], [`p2p_attributes`]), pool access grants, pointer queries |
 //! | `memory.rs` | [`DeviceBuffer`], [`PinnedHost`], asynchronous copies and fills ([`memcpy_peer_async`], [`memcpy_async`], [`memset_d32_async`]) |
-//! | `stream.rs` | [`Stream`], [`Event`], [`record`], [`wait`] (and the trap of waiting before recording), synchronize, query, elapsed time, a caller's stream's [`capture_status`], cudarc's [`tracking_stream`], and the crate's one kernel launch (`launch_kernel`: every kernel of `exec::cuda::kernels` goes through it) |
+//! | `stream.rs` | [`Stream`], [`Event`], [`record`], [`wait`] (and the trap of waiting before recording), synchronize, query, elapsed time, a caller's stream ([`CallerStream`]: a cudarc stream or a raw handle, its capture status), cudarc's [`tracking_stream`], and the crate's one kernel launch (`launch_kernel`: every kernel of `exec::cuda::kernels` goes through it) |
 //! | `gate.rs` | [`gate`]: this crate's blocking calls wait for spinning peer kernels and hold new launches back |
 //!
 //! Every public item is re-exported here, so its path is `ringreduce::device::<name>`.
@@ -137,9 +137,8 @@ pub use peer::{
 };
 pub(crate) use stream::launch_kernel;
 pub use stream::{
-    capture_status, event_elapsed_ms, event_query, event_synchronize, record, record_on_raw_stream,
-    stream_query, stream_synchronize, tracking_stream, wait, wait_on_raw_stream, CallerStream,
-    Event, Stream,
+    event_elapsed_ms, event_query, event_synchronize, record, record_on_raw_stream, stream_query,
+    stream_synchronize, tracking_stream, wait, wait_on_raw_stream, CallerStream, Event, Stream,
 };
 
 use crate::error::{Error, Result};

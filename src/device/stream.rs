@@ -53,14 +53,6 @@ pub fn tracking_stream(ctx: &Arc<CudaContext>) -> Result<Arc<CudaStream>> {
     super::guard("cuStreamCreate", || ctx.new_stream().call("cuStreamCreate"))
 }
 
-/// Whether `stream` (a caller's) is being captured into a CUDA graph, and how
-/// (`cuStreamGetCaptureInfo`).
-pub fn capture_status(stream: &CudaStream) -> Result<sys::CUstreamCaptureStatus> {
-    guard("cuStreamGetCaptureInfo", || {
-        stream.capture_status().call("cuStreamGetCaptureInfo")
-    })
-}
-
 /// A stream of the caller's, as the executor orders its collectives on it: the stream's handle,
 /// its context and that context's device. From a cudarc stream ([`CallerStream::of`]), or from a
 /// raw handle a C caller passed ([`CallerStream::from_raw`]; the legacy default stream, 0,
