@@ -284,7 +284,8 @@ static __device__ __forceinline__ void rr_ll_kernel(const rr_ll_peers& peers, un
 
     // Receive and fold in rank order 0..world-1, this rank's own chunk in its place.
     const rr_ull* inbox = rr_ll_inbox(peers, rank);
-    rr_ll_chunk<T> acc = own;
+    // Folded in D's accumulating type (f32 for fp8, D itself otherwise), narrowed once.
+    typename D::AccD::T sum[RR_LL_CHUNK_BYTES / sizeof(T)];
 #pragma unroll
     for (unsigned r = 0; r < RR_PEER_MAX_RANKS; ++r) {
         if (r < world) {
@@ -304,15 +305,17 @@ static __device__ __forceinline__ void rr_ll_kernel(const rr_ll_peers& peers, un
                 }
                 return;  // a peer is missing: dst stays as it is
             }
-            if (r == 0) {
-                acc = x;
-            } else {
 #pragma unroll
-                for (unsigned k = 0; k < per_chunk; ++k) {
-                    acc.e[k] = Op::template apply<D>(acc.e[k], x.e[k]);
-                }
+            for (unsigned k = 0; k < per_chunk; ++k) {
+                sum[k] = r == 0 ? D::widen(x.e[k])
+                                : Op::template apply<typename D::AccD>(sum[k], D::widen(x.e[k]));
             }
         }
+    }
+    rr_ll_chunk<T> acc;
+#pragma unroll
+    for (unsigned k = 0; k < per_chunk; ++k) {
+        acc.e[k] = D::narrow(sum[k]);
     }
     rr_ll_write_chunk<T>(dst + first, elems, acc);
 }

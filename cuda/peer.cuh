@@ -223,21 +223,23 @@ static __device__ __forceinline__ bool rr_peer_barrier(unsigned* const* flags, u
     return met;
 }
 
-// src[0][i] ⊕ src[1][i] ⊕ ... ⊕ src[world - 1][i], folded in rank order. The sources are
-// indexed by unrolled constants (kernel parameter reads, no local copy), and the loads are
-// independent of each other, so they can all be in flight at once.
+// src[0][i] ⊕ src[1][i] ⊕ ... ⊕ src[world - 1][i], folded in rank order in D's accumulating
+// type (D::AccD: f32 for fp8, D itself otherwise) and narrowed once. The sources are indexed by
+// unrolled constants (kernel parameter reads, no local copy), and the loads are independent of
+// each other, so they can all be in flight at once.
 template <class D, class Op>
 static __device__ __forceinline__ typename D::T rr_peer_fold(const rr_peers& peers,
                                                              unsigned world, rr_ull i) {
     typedef typename D::T T;
-    T acc = static_cast<const T*>(peers.src[0])[i];
+    typedef typename D::AccD A;
+    typename A::T acc = D::widen(static_cast<const T*>(peers.src[0])[i]);
 #pragma unroll
     for (unsigned r = 1; r < RR_PEER_MAX_RANKS; ++r) {
         if (r < world) {
-            acc = Op::template apply<D>(acc, static_cast<const T*>(peers.src[r])[i]);
+            acc = Op::template apply<A>(acc, D::widen(static_cast<const T*>(peers.src[r])[i]));
         }
     }
-    return acc;
+    return D::narrow(acc);
 }
 
 // Vectors base + u * blockDim.x (u < RR_PEER_UNROLL; those below vecs) of one source whose
@@ -316,6 +318,16 @@ static __device__ __forceinline__ void rr_peer_reduce_body(const rr_peers& peers
         rr_vec16<T> acc[RR_PEER_UNROLL], next[RR_PEER_UNROLL];
         rr_peer_load<T>(acc, peers.src[0], head, base, vecs);
         rr_peer_load<T>(next, peers.src[1], head, base, vecs);
+        // The fold runs in D's accumulating type (the vectors' elements widened: a no-op but
+        // for fp8) and is narrowed back into acc once, before the store.
+        typename D::AccD::T sum[RR_PEER_UNROLL][16 / sizeof(T)];
+#pragma unroll
+        for (unsigned u = 0; u < RR_PEER_UNROLL; ++u) {
+#pragma unroll
+            for (unsigned k = 0; k < per_vec; ++k) {
+                sum[u][k] = D::widen(acc[u].e[k]);
+            }
+        }
 #pragma unroll
         for (unsigned r = 1; r < RR_PEER_MAX_RANKS; ++r) {
             if (r < world) {
@@ -332,9 +344,17 @@ static __device__ __forceinline__ void rr_peer_reduce_body(const rr_peers& peers
                 for (unsigned u = 0; u < RR_PEER_UNROLL; ++u) {
 #pragma unroll
                     for (unsigned k = 0; k < per_vec; ++k) {
-                        acc[u].e[k] = Op::template apply<D>(acc[u].e[k], x[u].e[k]);
+                        sum[u][k] = Op::template apply<typename D::AccD>(sum[u][k],
+                                                                         D::widen(x[u].e[k]));
                     }
                 }
+            }
+        }
+#pragma unroll
+        for (unsigned u = 0; u < RR_PEER_UNROLL; ++u) {
+#pragma unroll
+            for (unsigned k = 0; k < per_vec; ++k) {
+                acc[u].e[k] = D::narrow(sum[u][k]);
             }
         }
 #pragma unroll

@@ -18,6 +18,10 @@
 //   the sign of a zero result unspecified.
 // - f16, bf16: both operands widened to f32 (exactly), combined in f32, rounded back to
 //   nearest-even after every operation; NaN stays NaN.
+// - fp8 (e4m3, e5m2): widened to f32 exactly; a pairwise operation rounds once, and a fold of
+//   many sources (the peer kernels) accumulates in f32 and rounds once at the end (each type's
+//   AccD). Rounding to nearest even, saturating: beyond the largest finite value, infinities
+//   included, gives that value with its sign; a NaN gives 0x7f. The same code as src/element.rs.
 // - Avg: floats multiply by 1/world (f64 for f64, f32 for the others, computed from world.max(1)),
 //   integers divide by world.max(1) in 64 bits, truncating, signed types as signed (the quotient
 //   always fits the type; world itself may not).
@@ -32,6 +36,7 @@ typedef unsigned long long rr_ull;  // counts and addresses
 // ---------------------------------------------------------------------------------------------
 
 struct rr_cvt_f16 {
+    typedef unsigned short Bits;
     // Exact: every f16 is an f32.
     static __device__ __forceinline__ float to_f32(unsigned short h) {
         float f;
@@ -47,6 +52,7 @@ struct rr_cvt_f16 {
 };
 
 struct rr_cvt_bf16 {
+    typedef unsigned short Bits;
     // Exact: a bf16 is the top half of an f32.
     static __device__ __forceinline__ float to_f32(unsigned short h) {
         return __uint_as_float(((unsigned)h) << 16);
@@ -61,6 +67,55 @@ struct rr_cvt_bf16 {
         return (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
     }
 };
+
+// fp8 with M mantissa bits and exponent bias BIAS: MAXF is the largest finite pattern (no sign);
+// IEEE says whether the top exponent holds infinities and NaNs (e5m2) or only the NaN 0x7f
+// (e4m3). Mirrors Fp8Format in src/element.rs step by step.
+template <unsigned M, int BIAS, unsigned MAXF, bool IEEE>
+struct rr_cvt_fp8 {
+    typedef unsigned char Bits;
+    // 2^k for -126 <= k <= 127, exactly.
+    static __device__ __forceinline__ float pow2(int k) {
+        return __uint_as_float((unsigned)(k + 127) << 23);
+    }
+    static __device__ __forceinline__ float to_f32(unsigned char b) {
+        const float sign = (b & 0x80u) ? -1.0f : 1.0f;
+        const unsigned mag = b & 0x7fu;
+        const int e = (int)(mag >> M);
+        const float m = (float)(mag & ((1u << M) - 1u));
+        if (IEEE && e == (int)(0x7fu >> M)) {
+            return m == 0.0f ? sign * __uint_as_float(0x7f800000u) : __uint_as_float(0x7fc00000u);
+        }
+        if (!IEEE && mag == 0x7fu) {
+            return __uint_as_float(0x7fc00000u);
+        }
+        if (e == 0) {
+            return sign * m * pow2(1 - BIAS - (int)M);
+        }
+        return sign * ((float)(1u << M) + m) * pow2(e - BIAS - (int)M);
+    }
+    static __device__ __forceinline__ unsigned char from_f32(float x) {
+        const unsigned xb = __float_as_uint(x);
+        const unsigned sign = (xb >> 24) & 0x80u;
+        const unsigned abits = xb & 0x7fffffffu;
+        if (abits > 0x7f800000u) {
+            return 0x7fu;
+        }
+        if (abits == 0x7f800000u) {
+            return (unsigned char)(sign | MAXF);
+        }
+        // The binade of |x| (or the subnormals'), its quantum 2^(binade - M), and |x| in quanta
+        // (an exact power-of-two scaling), rounded to nearest even.
+        const int e = (int)(abits >> 23) - 127;
+        const int min_normal = 1 - BIAS;
+        const int binade = e > min_normal ? e : min_normal;
+        const unsigned steps = __float2uint_rn(__uint_as_float(abits) * pow2((int)M - binade));
+        const unsigned bits = ((unsigned)(binade - min_normal) << M) + steps;
+        return (unsigned char)(sign | (bits < MAXF ? bits : MAXF));
+    }
+};
+typedef rr_cvt_fp8<3, 7, 0x7eu, false> rr_cvt_e4m3;
+typedef rr_cvt_fp8<2, 15, 0x7bu, true> rr_cvt_e5m2;
 
 // minimumNumber / maximumNumber, the same decisions as src/element.rs in the same order.
 static __device__ __forceinline__ bool rr_negative(float a) { return __float_as_int(a) < 0; }
@@ -78,7 +133,8 @@ static __device__ __forceinline__ F rr_fmax(F a, F b) {
 
 // ---------------------------------------------------------------------------------------------
 // Per-type operations. Each type struct names its storage type T, the type of the Avg factor
-// (Scale), and sum / prod / min / max / scale_param / scale.
+// (Scale), sum / prod / min / max / scale_param / scale, and the type struct a fold of many
+// sources accumulates in (AccD: itself, but f32 for fp8) with widen / narrow between the two.
 // ---------------------------------------------------------------------------------------------
 
 // Integers: S is the element type, U the unsigned type of the same width, W the 64-bit type of
@@ -87,6 +143,9 @@ template <typename S, typename U, typename W>
 struct rr_int {
     typedef S T;
     typedef W Scale;  // the divisor
+    typedef rr_int AccD;
+    static __device__ __forceinline__ T widen(T x) { return x; }
+    static __device__ __forceinline__ T narrow(T x) { return x; }
     static __device__ __forceinline__ T sum(T a, T b) { return (T)(U)((U)a + (U)b); }
     static __device__ __forceinline__ T prod(T a, T b) { return (T)(U)((U)a * (U)b); }
     static __device__ __forceinline__ T min(T a, T b) { return b < a ? b : a; }
@@ -104,6 +163,9 @@ template <typename F>
 struct rr_float {
     typedef F T;
     typedef F Scale;  // 1/world
+    typedef rr_float AccD;
+    static __device__ __forceinline__ T widen(T x) { return x; }
+    static __device__ __forceinline__ T narrow(T x) { return x; }
     static __device__ __forceinline__ T sum(T a, T b) { return a + b; }
     static __device__ __forceinline__ T prod(T a, T b) { return a * b; }
     static __device__ __forceinline__ T min(T a, T b) { return rr_fmin(a, b); }
@@ -114,11 +176,15 @@ struct rr_float {
     static __device__ __forceinline__ T scale(T x, Scale inv) { return x * inv; }
 };
 
-// f16 and bf16: 16-bit patterns, computed in f32 and rounded back after every operation.
+// f16 and bf16: 16-bit patterns, computed in f32 and rounded back after every operation (a fold
+// of many sources too: AccD is the type itself).
 template <class Cvt>
 struct rr_half {
-    typedef unsigned short T;
+    typedef typename Cvt::Bits T;
     typedef float Scale;  // 1/world in f32
+    typedef rr_half AccD;
+    static __device__ __forceinline__ T widen(T x) { return x; }
+    static __device__ __forceinline__ T narrow(T x) { return x; }
     static __device__ __forceinline__ T sum(T a, T b) {
         return Cvt::from_f32(Cvt::to_f32(a) + Cvt::to_f32(b));
     }
@@ -139,6 +205,16 @@ struct rr_half {
     }
 };
 
+// fp8: 8-bit patterns, each operation computed in f32 and rounded back like rr_half, but a fold
+// of many sources accumulates in f32 (AccD) and rounds once.
+template <class Cvt>
+struct rr_fp8 : rr_half<Cvt> {
+    typedef typename Cvt::Bits T;
+    typedef rr_float<float> AccD;
+    static __device__ __forceinline__ float widen(T x) { return Cvt::to_f32(x); }
+    static __device__ __forceinline__ T narrow(float x) { return Cvt::from_f32(x); }
+};
+
 // rr_<DType::name()>: the type argument of the RR_* lines of instances.cuh.
 typedef rr_half<rr_cvt_f16> rr_f16;
 typedef rr_half<rr_cvt_bf16> rr_bf16;
@@ -150,6 +226,8 @@ typedef rr_int<int, unsigned, long long> rr_i32;
 typedef rr_int<unsigned, unsigned, rr_ull> rr_u32;
 typedef rr_int<long long, rr_ull, long long> rr_i64;
 typedef rr_int<rr_ull, rr_ull, rr_ull> rr_u64;
+typedef rr_fp8<rr_cvt_e4m3> rr_f8e4m3;
+typedef rr_fp8<rr_cvt_e5m2> rr_f8e5m2;
 
 // The four pairwise operators (Avg combines as sum; its final step is the scale kernels).
 struct rr_op_sum {

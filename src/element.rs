@@ -14,6 +14,16 @@
 //!   `maximumNumber`: a NaN operand loses to a number (like C's `fmin`/`fmax`), and −0 is
 //!   smaller than +0 (`min(−0, +0) = −0`, `max(−0, +0) = +0`, in either order), so the result's
 //!   bits never depend on which operand came first. `Avg` is the sum multiplied by `1/world`.
+//! - fp8 ([`F8E4M3`], [`F8E5M2`]: NVIDIA's and NCCL's `e4m3`/`e5m2`, as in the OCP 8-bit float
+//!   formats): widened to f32 exactly; a fold of many contributions at once (the one-shot, the
+//!   two-shot, the LL kernel, the host's meetings) **accumulates in f32 and rounds once**, a
+//!   pairwise step (the ring's reduce) rounds after its one operation — every buffer between two
+//!   steps holds fp8. Rounding is to nearest, ties to even, and **saturating**: a result beyond
+//!   the largest finite value (±448 for e4m3, ±57344 for e5m2), infinities included, becomes that
+//!   value with its sign, as CUDA's fp8 types convert by default (`__NV_SATFINITE`); a NaN
+//!   result is `0x7f`, whatever its sign. e4m3 has no infinity; an e5m2 infinity in an input saturates
+//!   at the first step that rounds it. `Prod` is defined (f32 products, rounded as above) but
+//!   rarely meaningful at 3–4 bits of precision. Min/Max as for the other floats.
 
 use half::{bf16, f16};
 use std::fmt;
@@ -41,11 +51,16 @@ pub enum DType {
     I64,
     /// Unsigned 64-bit integer.
     U64,
+    /// 8-bit float, 4 exponent bits, 3 mantissa bits, no infinity ([`F8E4M3`]; NCCL's
+    /// `ncclFloat8e4m3`).
+    F8E4M3,
+    /// 8-bit float, 5 exponent bits, 2 mantissa bits ([`F8E5M2`]; NCCL's `ncclFloat8e5m2`).
+    F8E5M2,
 }
 
 impl DType {
     /// Every type, in a fixed order (tests and the CLI iterate over it).
-    pub const ALL: [DType; 10] = [
+    pub const ALL: [DType; 12] = [
         DType::F16,
         DType::BF16,
         DType::F32,
@@ -56,12 +71,14 @@ impl DType {
         DType::U32,
         DType::I64,
         DType::U64,
+        DType::F8E4M3,
+        DType::F8E5M2,
     ];
 
     /// Size of one element in bytes.
     pub const fn size_bytes(self) -> usize {
         match self {
-            DType::I8 | DType::U8 => 1,
+            DType::I8 | DType::U8 | DType::F8E4M3 | DType::F8E5M2 => 1,
             DType::F16 | DType::BF16 => 2,
             DType::F32 | DType::I32 | DType::U32 => 4,
             DType::F64 | DType::I64 | DType::U64 => 8,
@@ -81,12 +98,17 @@ impl DType {
             DType::U32 => "u32",
             DType::I64 => "i64",
             DType::U64 => "u64",
+            DType::F8E4M3 => "f8e4m3",
+            DType::F8E5M2 => "f8e5m2",
         }
     }
 
-    /// True for f16, bf16, f32 and f64.
+    /// True for the floating-point types (f16, bf16, f32, f64 and the two fp8 types).
     pub const fn is_float(self) -> bool {
-        matches!(self, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
+        matches!(
+            self,
+            DType::F16 | DType::BF16 | DType::F32 | DType::F64 | DType::F8E4M3 | DType::F8E5M2
+        )
     }
 
     /// Parses a name produced by [`DType::name`].
@@ -160,10 +182,18 @@ impl fmt::Display for ReduceOp {
 
 /// An element type that ringreduce can reduce.
 ///
-/// Implemented for `f16`, `bf16`, `f32`, `f64`, `i8`, `u8`, `i32`, `u32`, `i64`, `u64`; sealed.
+/// Implemented for `f16`, `bf16`, `f32`, `f64`, `i8`, `u8`, `i32`, `u32`, `i64`, `u64`,
+/// [`F8E4M3`] and [`F8E5M2`]; sealed.
 pub trait Element: bytemuck::Pod + Send + Sync + PartialEq + fmt::Debug + sealed::Sealed {
     /// The runtime tag of this type.
     const DTYPE: DType;
+    /// The type a fold of many contributions accumulates in: `f32` for the fp8 types, the type
+    /// itself for every other (see the module doc).
+    type Acc: Element;
+    /// `self` in the accumulating type (exact).
+    fn to_acc(self) -> Self::Acc;
+    /// An accumulated value rounded back to this type (see the module doc).
+    fn from_acc(acc: Self::Acc) -> Self;
     /// `a ⊕ b` for a pairwise operator (`Sum`, `Prod`, `Min`, `Max`; `Avg` is never passed).
     fn combine(op: ReduceOp, a: Self, b: Self) -> Self;
     /// The final step of `Avg`: `x / world`, as the module doc defines it.
@@ -184,6 +214,15 @@ macro_rules! int_element {
         impl sealed::Sealed for $t {}
         impl Element for $t {
             const DTYPE: DType = DType::$d;
+            type Acc = $t;
+            #[inline]
+            fn to_acc(self) -> $t {
+                self
+            }
+            #[inline]
+            fn from_acc(acc: $t) -> $t {
+                acc
+            }
             #[inline]
             fn combine(op: ReduceOp, a: Self, b: Self) -> Self {
                 match op {
@@ -261,6 +300,15 @@ macro_rules! float_element {
         impl sealed::Sealed for $t {}
         impl Element for $t {
             const DTYPE: DType = DType::$d;
+            type Acc = $t;
+            #[inline]
+            fn to_acc(self) -> $t {
+                self
+            }
+            #[inline]
+            fn from_acc(acc: $t) -> $t {
+                acc
+            }
             #[inline]
             fn combine(op: ReduceOp, a: Self, b: Self) -> Self {
                 match op {
@@ -292,6 +340,15 @@ macro_rules! half_element {
         impl sealed::Sealed for $t {}
         impl Element for $t {
             const DTYPE: DType = DType::$d;
+            type Acc = $t;
+            #[inline]
+            fn to_acc(self) -> $t {
+                self
+            }
+            #[inline]
+            fn from_acc(acc: $t) -> $t {
+                acc
+            }
             #[inline]
             fn combine(op: ReduceOp, a: Self, b: Self) -> Self {
                 <$t>::from_f32(f32::combine(op, a.to_f32(), b.to_f32()))
@@ -312,6 +369,179 @@ macro_rules! half_element {
     )*};
 }
 half_element!(f16 => F16, bf16 => BF16);
+
+/// The bit layout of one fp8 format: mantissa bits, exponent bias, the largest finite pattern
+/// and the NaN pattern (both without the sign), and the exponent field of infinity and NaN where
+/// the format has IEEE specials (e5m2) — e4m3 has only one NaN pattern per sign and no infinity.
+struct Fp8Format {
+    mantissa_bits: u32,
+    bias: i32,
+    max_finite: u8,
+    nan: u8,
+    ieee_specials: bool,
+}
+
+const E4M3: Fp8Format = Fp8Format {
+    mantissa_bits: 3,
+    bias: 7,
+    max_finite: 0x7e,
+    nan: 0x7f,
+    ieee_specials: false,
+};
+
+const E5M2: Fp8Format = Fp8Format {
+    mantissa_bits: 2,
+    bias: 15,
+    max_finite: 0x7b,
+    nan: 0x7f,
+    ieee_specials: true,
+};
+
+/// 2^k for a k whose power is a normal f32 (−126 ≤ k ≤ 127), exactly.
+fn pow2(k: i32) -> f32 {
+    f32::from_bits(((k + 127) as u32) << 23)
+}
+
+impl Fp8Format {
+    /// The value of `bits` (exact: every fp8 value is an f32).
+    fn decode(&self, bits: u8) -> f32 {
+        let sign = if bits & 0x80 != 0 { -1.0f32 } else { 1.0 };
+        let magnitude = bits & 0x7f;
+        let exponent = (magnitude >> self.mantissa_bits) as i32;
+        let mantissa = (magnitude & ((1 << self.mantissa_bits) - 1)) as f32;
+        let top = 0x7f >> self.mantissa_bits;
+        if self.ieee_specials && exponent == top {
+            return if mantissa == 0.0 {
+                sign * f32::INFINITY
+            } else {
+                f32::NAN
+            };
+        }
+        if !self.ieee_specials && magnitude == self.nan {
+            return f32::NAN;
+        }
+        let quantum = |e: i32| pow2(e - self.bias - self.mantissa_bits as i32);
+        if exponent == 0 {
+            // Subnormal: mantissa × 2^(1 − bias − mantissa_bits).
+            sign * mantissa * quantum(1)
+        } else {
+            sign * ((1 << self.mantissa_bits) as f32 + mantissa) * quantum(exponent)
+        }
+    }
+
+    /// `x` rounded to nearest, ties to even, saturating (see the module doc).
+    fn encode(&self, x: f32) -> u8 {
+        if x.is_nan() {
+            // One NaN, whatever the sign: f32 arithmetic on the host and on the GPU disagrees
+            // on the sign of a NaN it makes (∞ − ∞), so the sign cannot be kept alike.
+            return self.nan;
+        }
+        let sign = if x.is_sign_negative() { 0x80u8 } else { 0 };
+        let a = x.abs();
+        if a.is_infinite() {
+            return sign | self.max_finite;
+        }
+        // a = 2^e × 1.f with e its unbiased exponent (f32 subnormals have e = −127 here, far
+        // below every fp8 value: they round to zero below). The quantum of the fp8 binade holding
+        // a — or of the subnormals, below the smallest normal — is 2^(e − mantissa_bits), and
+        // a / quantum is exact (a power-of-two scaling of an f32 that stays normal).
+        let e = ((a.to_bits() >> 23) & 0xff) as i32 - 127;
+        let min_normal = 1 - self.bias;
+        let binade = e.max(min_normal);
+        let quantum = pow2(binade - self.mantissa_bits as i32);
+        let steps = (a / quantum).round_ties_even() as u32;
+        // steps counts quanta: for a normal result 2^m ≤ steps ≤ 2^(m+1) (the top end carries
+        // into the next binade, which the encoding below absorbs: exponent field + 1, mantissa 0);
+        // for a subnormal one steps < 2^m, or = 2^m for the smallest normal — the same encoding.
+        let field = (binade - min_normal) as u32; // 0 for subnormals and the smallest binade
+        let bits = (field << self.mantissa_bits) + steps;
+        sign | bits.min(self.max_finite as u32) as u8
+    }
+}
+
+macro_rules! fp8_element {
+    ($($(#[$doc:meta])* $t:ident => $d:ident, $format:ident;)*) => {$(
+        $(#[$doc])*
+        #[derive(Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
+        #[repr(transparent)]
+        pub struct $t(u8);
+
+        impl $t {
+            /// The element whose bit pattern is `bits`.
+            pub const fn from_bits(bits: u8) -> $t {
+                $t(bits)
+            }
+            /// The bit pattern.
+            pub const fn to_bits(self) -> u8 {
+                self.0
+            }
+            /// `x` rounded to nearest, ties to even, saturating (the module doc).
+            pub fn from_f32(x: f32) -> $t {
+                $t($format.encode(x))
+            }
+            /// The value, exactly.
+            pub fn to_f32(self) -> f32 {
+                $format.decode(self.0)
+            }
+        }
+
+        /// Equality of values, as for the other floats: a NaN equals nothing, −0 equals +0.
+        impl PartialEq for $t {
+            fn eq(&self, other: &$t) -> bool {
+                self.to_f32() == other.to_f32()
+            }
+        }
+
+        impl fmt::Debug for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}({:#04x} = {})", stringify!($t), self.0, self.to_f32())
+            }
+        }
+
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            const DTYPE: DType = DType::$d;
+            type Acc = f32;
+            #[inline]
+            fn to_acc(self) -> f32 {
+                self.to_f32()
+            }
+            #[inline]
+            fn from_acc(acc: f32) -> $t {
+                $t::from_f32(acc)
+            }
+            #[inline]
+            fn combine(op: ReduceOp, a: Self, b: Self) -> Self {
+                $t::from_f32(f32::combine(op, a.to_f32(), b.to_f32()))
+            }
+            #[inline]
+            fn average(x: Self, world: usize) -> Self {
+                $t::from_f32(f32::average(x.to_f32(), world))
+            }
+            #[inline]
+            fn from_i64(v: i64) -> Self {
+                $t::from_f32(v as f32)
+            }
+            #[inline]
+            fn to_f64(self) -> f64 {
+                self.to_f32() as f64
+            }
+        }
+    )*};
+}
+
+fp8_element! {
+    /// An 8-bit float with 4 exponent bits (bias 7) and 3 mantissa bits: NVIDIA's
+    /// `__nv_fp8_e4m3`, NCCL's `ncclFloat8e4m3`, PyTorch's `float8_e4m3fn`. Largest finite
+    /// ±448, smallest subnormal 2⁻⁹, no infinity, NaN `0x7f`/`0xff`. Conversions and arithmetic:
+    /// the module doc.
+    F8E4M3 => F8E4M3, E4M3;
+    /// An 8-bit float with 5 exponent bits (bias 15) and 2 mantissa bits: NVIDIA's
+    /// `__nv_fp8_e5m2`, NCCL's `ncclFloat8e5m2`, PyTorch's `float8_e5m2`. Largest finite
+    /// ±57344, smallest subnormal 2⁻¹⁶, infinities `0x7c`/`0xfc`. Conversions and arithmetic:
+    /// the module doc.
+    F8E5M2 => F8E5M2, E5M2;
+}
 
 #[cfg(test)]
 mod tests {
@@ -387,5 +617,135 @@ mod tests {
         let b = bf16::from_f32(2.0);
         assert_eq!(bf16::combine(ReduceOp::Sum, a, b), bf16::from_f32(3.0));
         assert_eq!(f16::average(f16::from_f32(6.0), 3), f16::from_f32(2.0));
+    }
+
+    /// Every finite fp8 value in increasing order, with its pattern (from the decoding).
+    fn finite_ascending(decode: fn(u8) -> f32) -> Vec<(f32, u8)> {
+        let mut values: Vec<(f32, u8)> = (0..=255u8)
+            .map(|b| (decode(b), b))
+            .filter(|(v, b)| v.is_finite() && *b != 0x80)
+            .collect();
+        values.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap());
+        values
+    }
+
+    #[test]
+    fn fp8_decodes_the_formats_anchor_values() {
+        let e4 = |b: u8| F8E4M3::from_bits(b).to_f32();
+        let e5 = |b: u8| F8E5M2::from_bits(b).to_f32();
+        assert_eq!(e4(0x7e), 448.0);
+        assert_eq!(e4(0xfe), -448.0);
+        assert_eq!(e4(0x01), 2f32.powi(-9));
+        assert_eq!(e4(0x08), 2f32.powi(-6));
+        assert_eq!(e4(0x38), 1.0);
+        assert_eq!(e4(0x3c), 1.5);
+        assert!(e4(0x7f).is_nan() && e4(0xff).is_nan());
+        assert_eq!(e5(0x7b), 57344.0);
+        assert_eq!(e5(0x01), 2f32.powi(-16));
+        assert_eq!(e5(0x04), 2f32.powi(-14));
+        assert_eq!(e5(0x3c), 1.0);
+        assert_eq!(e5(0x7c), f32::INFINITY);
+        assert_eq!(e5(0xfc), f32::NEG_INFINITY);
+        assert!(e5(0x7d).is_nan() && e5(0x7e).is_nan() && e5(0x7f).is_nan());
+        // 254 finite non-NaN patterns (±0 counted twice) in e4m3, 248 in e5m2 (±inf, 6 NaNs).
+        assert_eq!((0..=255u8).filter(|&b| e4(b).is_finite()).count(), 254);
+        assert_eq!((0..=255u8).filter(|&b| e5(b).is_finite()).count(), 248);
+    }
+
+    fn fp8_rounds_to_nearest_even_and_saturates(
+        decode: fn(u8) -> f32,
+        encode: fn(f32) -> u8,
+        max: f32,
+    ) {
+        let values = finite_ascending(decode);
+        // Every value round-trips (−0 included).
+        for b in 0..=255u8 {
+            if decode(b).is_finite() {
+                assert_eq!(encode(decode(b)), b, "{b:#04x}");
+            }
+        }
+        // Between neighbours: just above the lower one and just below the upper one go to the
+        // nearer; the midpoint goes to the one whose pattern is even.
+        for w in values.windows(2) {
+            let ((lo, lo_bits), (hi, mut hi_bits)) = (w[0], w[1]);
+            if hi == 0.0 {
+                hi_bits = 0x80; // a negative value rounding to zero keeps its sign
+            }
+            let mid = (lo + hi) / 2.0; // exact: both have few bits
+            let even = if lo_bits & 1 == 0 { lo_bits } else { hi_bits };
+            assert_eq!(encode(mid), even, "midpoint of {lo} and {hi}");
+            let nudge = |x: f32, up: bool| {
+                let b = x.to_bits() as i64;
+                let step = if (x > 0.0) == up { 1 } else { -1 };
+                f32::from_bits((b + step) as u32)
+            };
+            if mid != 0.0 {
+                assert_eq!(encode(nudge(mid, false)), lo_bits, "below {mid}");
+                assert_eq!(encode(nudge(mid, true)), hi_bits, "above {mid}");
+            }
+        }
+        // Saturation: beyond the largest finite value, infinities included; NaN stays NaN.
+        let (max_bits, min_bits) = (encode(max), encode(-max));
+        for x in [max * 1.0625, max * 2.0, 1e30, f32::MAX, f32::INFINITY] {
+            assert_eq!(encode(x), max_bits, "{x}");
+            assert_eq!(encode(-x), min_bits, "-{x}");
+        }
+        assert_eq!(encode(f32::NAN), 0x7f);
+        assert_eq!(encode(-f32::NAN), 0x7f);
+        // Far below the smallest subnormal: a signed zero.
+        assert_eq!(encode(1e-30), 0x00);
+        assert_eq!(encode(-1e-30), 0x80);
+        assert_eq!(encode(f32::from_bits(1)), 0x00);
+    }
+
+    #[test]
+    fn fp8_rounds_to_nearest_even_and_saturates_e4m3() {
+        fp8_rounds_to_nearest_even_and_saturates(
+            |b| F8E4M3::from_bits(b).to_f32(),
+            |x| F8E4M3::from_f32(x).to_bits(),
+            448.0,
+        );
+    }
+
+    #[test]
+    fn fp8_rounds_to_nearest_even_and_saturates_e5m2() {
+        fp8_rounds_to_nearest_even_and_saturates(
+            |b| F8E5M2::from_bits(b).to_f32(),
+            |x| F8E5M2::from_f32(x).to_bits(),
+            57344.0,
+        );
+    }
+
+    #[test]
+    fn fp8_steps_round_once_and_accumulate_in_f32() {
+        let e4 = F8E4M3::from_f32;
+        // 16 + 1 = 17 is a tie between 16 and 18 in e4m3: ties go to 16 (even pattern).
+        assert_eq!(F8E4M3::combine(ReduceOp::Sum, e4(16.0), e4(1.0)), e4(16.0));
+        // A fold in f32: 16 + 1 + 1 = 18, exactly; pairwise it would stay at 16.
+        let acc = [e4(16.0), e4(1.0), e4(1.0)]
+            .into_iter()
+            .map(Element::to_acc)
+            .reduce(|a, b| f32::combine(ReduceOp::Sum, a, b))
+            .unwrap();
+        assert_eq!(F8E4M3::from_acc(acc), e4(18.0));
+        assert_eq!(
+            F8E4M3::combine(ReduceOp::Max, e4(-0.0), e4(0.0)).to_bits(),
+            0x00
+        );
+        assert_eq!(
+            F8E4M3::combine(ReduceOp::Min, e4(0.0), e4(-0.0)).to_bits(),
+            0x80
+        );
+        assert_eq!(F8E4M3::average(e4(6.0), 4), e4(1.5));
+        assert_eq!(
+            F8E4M3::combine(ReduceOp::Prod, e4(300.0), e4(2.0)),
+            e4(448.0)
+        );
+        // e5m2: an infinity saturates at the first rounding step.
+        let inf = F8E5M2::from_bits(0x7c);
+        assert_eq!(
+            F8E5M2::combine(ReduceOp::Sum, inf, F8E5M2::from_f32(1.0)).to_bits(),
+            0x7b
+        );
     }
 }

@@ -5,7 +5,10 @@
 //! path is verified against the same reference. All-ones inputs would hide a chunk delivered to the
 //! wrong place; these values differ by rank and by index. They are small integers: float sums of up
 //! to 16 ranks stay below 2^8 in magnitude, exact even in bf16, so the expected value does not
-//! depend on the order of the additions. Products use ±1 and ±2 with at most one 2 in four, so
+//! depend on the order of the additions. fp8 has too few bits for that: its inputs alternate in
+//! sign from rank to rank with one magnitude per index (±1, ±2 or ±3), so every partial sum of
+//! ranks taken in any cyclic order — the ring's folds start at every rank — stays within ±6,
+//! where every integer is exact in e4m3 and e5m2. Products use ±1 and ±2 with at most one 2 in four, so
 //! they stay exact (|x| ≤ 2^⌈n/4⌉). Integers wrap, which is exact by definition.
 //!
 //! The reference folds the inputs rank by rank on the host with [`Element::combine`] and finishes
@@ -21,6 +24,10 @@ pub fn input_value<T: Element>(op: ReduceOp, rank: usize, index: usize) -> T {
             let sign = if (r * 3 + i) % 5 < 2 { -1 } else { 1 };
             let magnitude = if (r + i) % 4 == 0 { 2 } else { 1 };
             T::from_i64(sign * magnitude)
+        }
+        _ if T::DTYPE.is_float() && T::DTYPE.size_bytes() == 1 => {
+            let sign = if (r + i) % 2 == 0 { 1 } else { -1 };
+            T::from_i64(sign * (1 + i % 3))
         }
         _ if T::DTYPE.is_float() => T::from_i64((r * 7 + i * 3) % 17 - 8),
         _ => T::from_i64((r * 131 + i * 7) % 251 - 125),
@@ -157,6 +164,28 @@ mod tests {
         exact_in::<f64>();
         exact_in::<f16>();
         exact_in::<bf16>();
+        exact_in::<crate::F8E4M3>();
+        exact_in::<crate::F8E5M2>();
+    }
+
+    #[test]
+    fn fp8_inputs_stay_exact_in_every_cyclic_order() {
+        // The ring folds a segment starting at any rank and going round: every run of ranks
+        // r, r + 1, … (mod world) must sum exactly in fp8.
+        for world in 1..=16 {
+            for index in 0..12 {
+                for start in 0..world {
+                    let mut acc = 0i64;
+                    for k in 0..world {
+                        let x =
+                            input_value::<crate::F8E5M2>(ReduceOp::Sum, (start + k) % world, index);
+                        acc += x.to_f64() as i64;
+                        let fp8 = crate::F8E5M2::from_f32(acc as f32);
+                        assert_eq!(fp8.to_f64(), acc as f64, "world {world} index {index}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

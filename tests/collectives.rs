@@ -275,7 +275,9 @@ per_type!(
     every_collective_i32: i32,
     every_collective_u32: u32,
     every_collective_i64: i64,
-    every_collective_u64: u64
+    every_collective_u64: u64,
+    every_collective_f8e4m3: ringreduce::F8E4M3,
+    every_collective_f8e5m2: ringreduce::F8E5M2
 );
 
 /// The reduced matrix run under `config` for 2, 3 and 5 ranks and three delay seeds: every

@@ -403,6 +403,8 @@ fn reducing_collectives_in(devices: &[usize], algorithm: Algorithm, transport: T
         reducing_collectives_of::<u32>(&comm, count, offset);
         reducing_collectives_of::<i64>(&comm, count, offset);
         reducing_collectives_of::<u64>(&comm, count, offset);
+        reducing_collectives_of::<ringreduce::F8E4M3>(&comm, count, offset);
+        reducing_collectives_of::<ringreduce::F8E5M2>(&comm, count, offset);
     }
     comm.health().unwrap();
 }

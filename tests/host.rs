@@ -108,6 +108,8 @@ fn every_type_and_op() {
             every_op::<i32>(&comm, count);
             every_op::<u32>(&comm, count);
             every_op::<i64>(&comm, count);
+            every_op::<ringreduce::F8E4M3>(&comm, count);
+            every_op::<ringreduce::F8E5M2>(&comm, count);
             every_op::<u64>(&comm, count);
         }
     }
@@ -233,5 +235,31 @@ fn auto_alternates_algorithms_by_size() {
     for count in [1000, big, mid, 17, big, mid, 1000] {
         run_case::<f32>(&comm, count, ReduceOp::Sum, true);
         run_case::<f32>(&comm, count, ReduceOp::Max, false);
+    }
+}
+
+/// fp8 meetings (the one-shot's and the two-shot's peer reduction) accumulate in f32 and round
+/// once, as the peer kernels do: 16 + 1 + 1 is 18 in e4m3, where rounding after each step
+/// would stay at 16 (16 + 1 = 17 is a tie, which goes to the even 16).
+#[test]
+fn fp8_meetings_accumulate_in_f32() {
+    use ringreduce::{Algorithm, F8E4M3};
+    for algorithm in [Algorithm::OneShot, Algorithm::TwoShot] {
+        let config = HostConfig {
+            algorithm,
+            ..HostConfig::default()
+        };
+        let comm = Communicator::host_with(3, config).unwrap();
+        let mut bufs: Vec<Vec<F8E4M3>> = [16.0, 1.0, 1.0]
+            .iter()
+            .map(|&v| vec![F8E4M3::from_f32(v); 7])
+            .collect();
+        comm.all_reduce_in_place(&mut bufs, ReduceOp::Sum).unwrap();
+        for buf in &bufs {
+            assert!(
+                buf.iter().all(|&x| x.to_f32() == 18.0),
+                "{algorithm:?}: {buf:?}"
+            );
+        }
     }
 }

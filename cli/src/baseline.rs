@@ -93,6 +93,8 @@ pub fn nccl_data_type(dtype: DType) -> nccl_sys::ncclDataType_t {
         DType::U32 => ncclUint32,
         DType::I64 => ncclInt64,
         DType::U64 => ncclUint64,
+        DType::F8E4M3 => ncclFloat8e4m3,
+        DType::F8E5M2 => ncclFloat8e5m2,
     }
 }
 

@@ -20,7 +20,8 @@
 //! (module `fallback`): such a communicator, and any split of it, runs every call on NCCL; so
 //! does every communicator with `RINGREDUCE_NCCL_FALLBACK=1`. On ringreduce's communicators what
 //! it does not run yet is refused with `ncclInvalidUsage` and a message saying so — never a
-//! wrong result: `ncclCommSplit`, `ncclRedOpCreatePreMulSum`, the fp8 types, several hosts.
+//! wrong result: `ncclCommSplit`, `ncclRedOpCreatePreMulSum`, several hosts. The fp8 types
+//! run with ringreduce's semantics (src/element.rs: f32 accumulation, saturating rounding).
 //! `RINGREDUCE_NCCL_LOG=1` prints which side ran each kind of call.
 //!
 //! Ranks that share one GPU (as on a one-GPU test machine) need `RINGREDUCE_NCCL_ALLOW_SHARED_GPU=1`.
@@ -649,11 +650,8 @@ fn dtype_of(datatype: ncclDataType_t) -> Result<DType, Failure> {
         ncclFloat32 => DType::F32,
         ncclFloat64 => DType::F64,
         ncclBfloat16 => DType::BF16,
-        ncclFloat8e4m3 | ncclFloat8e5m2 => {
-            return Err(unsupported(
-                "the fp8 types are not run by ringreduce-nccl yet",
-            ))
-        }
+        ncclFloat8e4m3 => DType::F8E4M3,
+        ncclFloat8e5m2 => DType::F8E5M2,
         other => return Err(invalid(format!("unknown data type {other}"))),
     })
 }
@@ -714,7 +712,8 @@ unsafe fn enqueue(comm: ncclComm_t, call: Call, stream: cudaStream_t) -> ncclRes
             };
         }
         typed!(F16 => half::f16, BF16 => half::bf16, F32 => f32, F64 => f64, I8 => i8,
-               U8 => u8, I32 => i32, U32 => u32, I64 => i64, U64 => u64)
+               U8 => u8, I32 => i32, U32 => u32, I64 => i64, U64 => u64,
+               F8E4M3 => ringreduce::F8E4M3, F8E5M2 => ringreduce::F8E5M2)
     })
 }
 
@@ -1211,7 +1210,8 @@ unsafe fn flush_one(handle: ncclComm_t, ops: &[&PointToPoint]) -> Result<(), Fai
         };
     }
     typed!(F16 => half::f16, BF16 => half::bf16, F32 => f32, F64 => f64, I8 => i8,
-           U8 => u8, I32 => i32, U32 => u32, I64 => i64, U64 => u64)
+           U8 => u8, I32 => i32, U32 => u32, I64 => i64, U64 => u64,
+               F8E4M3 => ringreduce::F8E4M3, F8E5M2 => ringreduce::F8E5M2)
 }
 
 /// Enqueues this rank's ends of `transfers`: `sends` and `recvs` as (address, count), in the

@@ -68,7 +68,7 @@ pub struct BenchArgs {
     /// Size multiplier between rows.
     #[arg(short = 'f', long, default_value_t = 2)]
     pub factor: usize,
-    /// Element type: f16, bf16, f32, f64, i8, u8, i32, u32, i64, u64.
+    /// Element type: f16, bf16, f32, f64, i8, u8, i32, u32, i64, u64, f8e4m3, f8e5m2.
     #[arg(short = 'd', long, default_value = "f32", value_parser = parse_dtype)]
     pub dtype: DType,
     /// Reduction: sum, prod, min, max, avg.

@@ -54,7 +54,8 @@ fn run_rank(args: &BenchArgs) -> Result<(), Failure> {
         };
     }
     typed!(F16 => half::f16, BF16 => half::bf16, F32 => f32, F64 => f64, I8 => i8,
-           U8 => u8, I32 => i32, U32 => u32, I64 => i64, U64 => u64)
+           U8 => u8, I32 => i32, U32 => u32, I64 => i64, U64 => u64,
+               F8E4M3 => ringreduce::F8E4M3, F8E5M2 => ringreduce::F8E5M2)
 }
 
 fn run_typed<T: Element>(args: &BenchArgs) -> Result<(), Failure> {

@@ -160,8 +160,12 @@ int main(int argc, char **argv) {
   expect_result("ncclAllReduce on a null comm",
                 ncclAllReduce(NULL, NULL, 4, ncclFloat32, ncclSum, NULL, NULL),
                 ncclInvalidArgument, "null");
-  expect_result("ncclAllReduce of fp8", ncclAllReduce(NULL, NULL, 4, ncclFloat8e4m3, ncclSum, NULL, NULL),
-                ncclInvalidUsage, "fp8");
+  expect_result("ncclAllReduce of fp8 on a null comm",
+                ncclAllReduce(NULL, NULL, 4, ncclFloat8e4m3, ncclSum, NULL, NULL),
+                ncclInvalidArgument, "null");
+  expect_result("ncclAllReduce of an unknown type",
+                ncclAllReduce(NULL, NULL, 4, (ncclDataType_t)12, ncclSum, NULL, NULL),
+                ncclInvalidArgument, "data type");
   expect_result("ncclAllReduce with a custom op",
                 ncclAllReduce(NULL, NULL, 4, ncclFloat32, ncclNumOps, NULL, NULL),
                 ncclInvalidUsage, "operator");

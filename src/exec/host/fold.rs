@@ -1,9 +1,11 @@
-//! The host executor's element folds: `dst = a ⊕ b` and the `Avg` finish, on the CPU.
+//! The host executor's element folds: `dst = a ⊕ b`, a meeting's fold of every rank's source,
+//! and the `Avg` finish, on the CPU.
 //!
 //! [`HostFolds`] holds them type-erased, monomorphised once per call for its element type, so the
 //! stream workers run on bytes and regions like the GPU kernels do. A large fold is split across
-//! the rayon pool; every element is combined exactly as [`Element::combine`] says, so the result is
-//! the same bits whichever worker computes it.
+//! the rayon pool; every element is combined exactly as [`Element::combine`] says (a meeting's
+//! fold in [`Element::Acc`], as the peer kernels accumulate), so the result is the same bits
+//! whichever worker computes it.
 
 use crate::element::{Element, ReduceOp};
 use rayon::prelude::*;
@@ -13,6 +15,8 @@ use rayon::prelude::*;
 pub(super) struct HostFolds {
     /// `reduce(op, dst, a, b, count)`: see [`reduce_raw`].
     pub(super) reduce: unsafe fn(ReduceOp, *mut u8, *const u8, *const u8, usize),
+    /// `fold(op, dst, sources, count)`: see [`fold_raw`].
+    pub(super) fold: unsafe fn(ReduceOp, *mut u8, &[*const u8], usize),
     /// `scale(x, count, world)`: see [`scale_raw`].
     pub(super) scale: unsafe fn(*mut u8, usize, usize),
 }
@@ -22,6 +26,7 @@ impl HostFolds {
     pub(super) fn of<T: Element>() -> HostFolds {
         HostFolds {
             reduce: reduce_raw::<T>,
+            fold: fold_raw::<T>,
             scale: scale_raw::<T>,
         }
     }
@@ -69,6 +74,79 @@ unsafe fn reduce_raw<T: Element>(
         } else {
             out.iter_mut().zip(a).zip(b).for_each(combine);
         }
+    }
+}
+
+/// Elements a meeting's fold accumulates at a time (on the stack, in `T::Acc`).
+const FOLD_BLOCK: usize = 1024;
+
+/// `dst[i] = sources[0][i] ⊕ sources[1][i] ⊕ … ⊕ sources[n − 1][i]`, folded in source order in
+/// `T::Acc` and rounded to `T` once (a meeting: the one-shot's and the two-shot's peer reduction,
+/// as the peer kernels fold).
+///
+/// Block by block, every source's block is read before the block of `dst` is written, so `dst`
+/// may be one of the sources (the two-shot in place: a rank's own segment).
+///
+/// # Safety
+/// `dst` and every source point to `count` aligned elements of `T`; `dst` is disjoint from every
+/// source it is not equal to; no other thread writes any of them during the call.
+unsafe fn fold_raw<T: Element>(op: ReduceOp, dst: *mut u8, sources: &[*const u8], count: usize) {
+    let starts = (0..count).step_by(FOLD_BLOCK);
+    if count >= PARALLEL_MIN {
+        // Raw pointers are not Send: the workers get addresses, one block each.
+        let (dst, sources) = (
+            dst as usize,
+            sources.iter().map(|&s| s as usize).collect::<Vec<_>>(),
+        );
+        starts
+            .collect::<Vec<_>>()
+            .into_par_iter()
+            .for_each(|start| {
+                let sources: Vec<*const u8> = sources.iter().map(|&s| s as *const u8).collect();
+                // SAFETY: the caller's contract; each block of `dst` is written by one worker.
+                unsafe { fold_block::<T>(op, dst as *mut u8, &sources, count, start) }
+            });
+    } else {
+        for start in starts {
+            // SAFETY: the caller's contract.
+            unsafe { fold_block::<T>(op, dst, sources, count, start) }
+        }
+    }
+}
+
+/// [`fold_raw`] of the block of at most [`FOLD_BLOCK`] elements from `start`.
+///
+/// # Safety
+/// [`fold_raw`]'s contract, `start < count`, and no other thread writes this block of `dst`.
+unsafe fn fold_block<T: Element>(
+    op: ReduceOp,
+    dst: *mut u8,
+    sources: &[*const u8],
+    count: usize,
+    start: usize,
+) {
+    let Some((&first, rest)) = sources.split_first() else {
+        return;
+    };
+    let len = FOLD_BLOCK.min(count - start);
+    // SAFETY: every source holds `count` elements of T and [start, start + len) lies inside; no
+    // source is written during the call but `dst`'s own block, written below after its last read.
+    let read =
+        |src: *const u8| unsafe { std::slice::from_raw_parts((src as *const T).add(start), len) };
+    let mut acc = [<T::Acc as bytemuck::Zeroable>::zeroed(); FOLD_BLOCK];
+    let acc = &mut acc[..len];
+    for (a, &x) in acc.iter_mut().zip(read(first)) {
+        *a = x.to_acc();
+    }
+    for &src in rest {
+        for (a, &x) in acc.iter_mut().zip(read(src)) {
+            *a = T::Acc::combine(op, *a, x.to_acc());
+        }
+    }
+    // SAFETY: `dst` holds `count` elements, and this block of it is this call's alone.
+    let out = unsafe { std::slice::from_raw_parts_mut((dst as *mut T).add(start), len) };
+    for (d, &a) in out.iter_mut().zip(acc.iter()) {
+        *d = T::from_acc(a);
     }
 }
 

@@ -254,43 +254,20 @@ fn run_op(call: &HostCall, rank: usize, index: usize, instr: &Instr) -> Result<(
                 meet(call, rank, index, 2 * meeting + 1, "start")?;
             }
             let sources = crate::check::peer_sources(&call.prepared.plan, &op);
-            // Folded in rank order, as the GPU kernel does: every rank gets the same bits. When
-            // `dst` is one of the sources (the two-shot in place: a rank's own segment), the
-            // fold runs in a scratch buffer, so that source is still intact when its turn comes.
-            let aliased = sources.contains(&dst);
-            // 16-byte units: aligned for every element type.
-            let scratch_units = if aliased {
-                (dst.count * eb).div_ceil(16)
-            } else {
-                0
-            };
-            let mut scratch = vec![0u128; scratch_units];
-            let acc = if aliased {
-                scratch.as_mut_ptr().cast::<u8>()
-            } else {
-                call.ptr(dst)
-            };
-            // SAFETY: the regions lie inside their buffers (checked plan); the sources are read by
-            // every rank between the barriers and written by none but their own rank, and only
-            // where a source is exactly that rank's `dst` (the checker proved every other `dst`
-            // disjoint from every source, and the plan race-free); `acc` holds dst.count elements
-            // and is aligned for them (the caller's buffer, or 16-byte units); nothing runs on an
-            // empty region, whose pointers may dangle.
-            unsafe {
-                if let (true, [first, rest @ ..]) = (dst.count > 0, sources.as_slice()) {
-                    std::ptr::copy(call.ptr(*first), acc, dst.count * eb);
-                    for src in rest {
-                        (call.folds.reduce)(
-                            call.op.combine_op(),
-                            acc,
-                            acc,
-                            call.ptr(*src),
-                            dst.count,
-                        );
-                    }
-                }
-                if aliased && dst.count > 0 {
-                    std::ptr::copy_nonoverlapping(acc, call.ptr(dst), dst.count * eb);
+            // Folded in rank order, as the GPU kernel does (in `Element::Acc`): every rank gets
+            // the same bits. `dst` may be one of the sources (the two-shot in place: a rank's
+            // own segment); the fold reads each block of every source before writing it.
+            let sources: Vec<*const u8> =
+                sources.iter().map(|s| call.ptr(*s).cast_const()).collect();
+            // Nothing runs on an empty region, whose pointers may dangle.
+            if dst.count > 0 {
+                // SAFETY: the regions lie inside their buffers (checked plan) and hold dst.count
+                // elements; the sources are read by every rank between the barriers and written
+                // by none but their own rank, and only where a source is exactly that rank's
+                // `dst` (the checker proved every other `dst` disjoint from every source, and
+                // the plan race-free).
+                unsafe {
+                    (call.folds.fold)(call.op.combine_op(), call.ptr(dst), &sources, dst.count)
                 }
             }
             if !fused_next {

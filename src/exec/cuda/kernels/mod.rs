@@ -27,7 +27,7 @@
 //!   compute capability and loads the PTX ([`KernelSource::Nvrtc`]); that needs libnvrtc on the
 //!   GPU host.
 //!
-//! Invariant: a [`KernelModule`] holds all 212 functions (4 operators × 10 types of pairwise
+//! Invariant: a [`KernelModule`] holds all 254 functions (4 operators × 12 types of pairwise
 //! reduce, of one-shot, two-shot and LL one-shot all-reduce and of the steps kernel, one scale
 //! kernel per type, and the two counter kernels of captured rings, module `counters`) resolved in
 //! its context, so a launch is a table index and one `cuLaunchKernel`, with no lookup and no
