@@ -58,7 +58,8 @@ pub const NCCL_CONFIG_MAGIC: c_uint = 0xcafe_beef;
 pub const NCCL_CONFIG_UNDEF_INT: c_int = c_int::MIN;
 
 /// The leading fields of `ncclConfig_t`, common to every NCCL version that has the struct; its
-/// `size` says how long the caller's is, and fields past these are not read.
+/// `size` says how long the caller's is, and fields past these (2.28 has eight more:
+/// include/nccl.h) are not read — they tune NCCL's own channels and kernels.
 #[repr(C)]
 pub struct ncclConfig_t {
     pub size: usize,
@@ -80,3 +81,15 @@ pub type cudarc_stream = *mut std::ffi::c_void;
 /// The NCCL version this library reports without a real NCCL beside it (NCCL ≥ 2.9's encoding:
 /// major·10000 + minor·100 + patch): the release whose API the declarations follow.
 pub const VERSION_CODE: c_int = 2 * 10000 + 28 * 100;
+
+/// The magic number of an initialized `ncclSimInfo_t` (`NCCL_SIM_INFO_INITIALIZER`).
+pub const NCCL_SIM_INFO_MAGIC: c_uint = 0x7468_5283;
+
+/// `ncclSimInfo_t`: what `ncclGroupSimulateEnd` fills in.
+#[repr(C)]
+pub struct ncclSimInfo_t {
+    pub size: usize,
+    pub magic: c_uint,
+    pub version: c_uint,
+    pub estimatedTime: f32,
+}

@@ -1,7 +1,9 @@
 //! The real NCCL beside this library: what it does not run, it hands to NCCL, loaded at run
-//! time — from `RINGREDUCE_NCCL_PATH` (a file), or the first `libnccl.so.2` on
-//! `LD_LIBRARY_PATH` or in the usual system folders that is not this library itself (which may
-//! be installed under that very name). A communicator made through NCCL (`ncclCommInitAll`,
+//! time — from `RINGREDUCE_NCCL_PATH` (a file), else a `libnccl.so.2` the process has already
+//! loaded by its path (PyTorch's wheels load theirs from `site-packages/nvidia/nccl/lib` even
+//! when this library was preloaded), else the first `libnccl.so.2` on `LD_LIBRARY_PATH` or in
+//! the usual system folders — never this library itself (which may be installed under that very
+//! name). A communicator made through NCCL (`ncclCommInitAll`,
 //! `ncclCommSplit` of one, or every communicator with `RINGREDUCE_NCCL_FALLBACK=1`) runs every
 //! call there.
 //!
@@ -87,7 +89,36 @@ fn find() -> Option<PathBuf> {
         return Some(PathBuf::from(path));
     }
     let own = ourselves();
-    ringreduce::device::library_files("libnccl.so.2").find(|path| path.canonicalize().ok() != own)
+    let not_ours = |path: &PathBuf| path.canonicalize().ok() != own;
+    loaded_libnccl()
+        .into_iter()
+        .find(not_ours)
+        .or_else(|| ringreduce::device::library_files("libnccl.so.2").find(not_ours))
+}
+
+/// The files named `libnccl.so.2` that the process has loaded, in load order.
+fn loaded_libnccl() -> Vec<PathBuf> {
+    unsafe extern "C" fn visit(
+        info: *mut libc::dl_phdr_info,
+        _size: libc::size_t,
+        found: *mut c_void,
+    ) -> libc::c_int {
+        // SAFETY: dl_iterate_phdr passes a valid info and our `found` pointer.
+        let (info, found) = unsafe { (&*info, &mut *found.cast::<Vec<PathBuf>>()) };
+        if !info.dlpi_name.is_null() {
+            // SAFETY: a NUL-terminated file name (empty for the main program).
+            let name = unsafe { CStr::from_ptr(info.dlpi_name) }.to_string_lossy();
+            let path = PathBuf::from(&*name);
+            if path.file_name().is_some_and(|f| f == "libnccl.so.2") {
+                found.push(path);
+            }
+        }
+        0
+    }
+    let mut found: Vec<PathBuf> = Vec::new();
+    // SAFETY: `visit` matches the callback type and only reads what the loader passes.
+    unsafe { libc::dl_iterate_phdr(Some(visit), (&mut found as *mut Vec<PathBuf>).cast()) };
+    found
 }
 
 /// This library's own file.

@@ -20,7 +20,8 @@
 //! (module `fallback`): such a communicator, and any split of it, runs every call on NCCL; so
 //! does every communicator with `RINGREDUCE_NCCL_FALLBACK=1`. On ringreduce's communicators what
 //! it does not run yet is refused with `ncclInvalidUsage` and a message saying so — never a
-//! wrong result: `ncclCommSplit`, `ncclRedOpCreatePreMulSum`, several hosts. The fp8 types
+//! wrong result: `ncclCommSplit`, `ncclCommShrink`, `ncclRedOpCreatePreMulSum`, the device API
+//! (`ncclDevCommCreate`), `ncclGroupSimulateEnd`'s estimate, several hosts. The fp8 types
 //! run with ringreduce's semantics (src/element.rs: f32 accumulation, saturating rounding).
 //! `RINGREDUCE_NCCL_LOG=1` prints which side ran each kind of call.
 //!
@@ -388,6 +389,64 @@ fn forward_one(name: &CStr, real_comm: NcclComm) -> Result<(), Failure> {
     }
 }
 
+/// `ncclCommInitRankScalable`: NCCL's ids of several roots (`nId` of them, id i made by rank
+/// ⌊i·nranks/nId⌋, every rank holding all of them) are for spreading NCCL's bootstrap; one
+/// rendezvous serves here, so every rank joins through the first id — made by rank 0, whose
+/// process holds its rendezvous — as `ncclCommInitRankConfig` with it.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommInitRankScalable(
+    newcomm: *mut ncclComm_t,
+    nranks: c_int,
+    myrank: c_int,
+    n_id: c_int,
+    comm_ids: *mut ncclUniqueId,
+    config: *mut ncclConfig_t,
+) -> ncclResult_t {
+    if fallback::forced() && !newcomm.is_null() {
+        type F = unsafe extern "C" fn(
+            *mut *mut c_void,
+            c_int,
+            c_int,
+            c_int,
+            *mut ncclUniqueId,
+            *mut ncclConfig_t,
+        ) -> ncclResult_t;
+        // SAFETY: NCCL's documented signature.
+        let f = match unsafe { real::<F>(c"ncclCommInitRankScalable") } {
+            Ok(f) => f,
+            Err(code) => return code,
+        };
+        let mut made = std::ptr::null_mut();
+        // SAFETY: the caller's arguments, passed on; `made` is writable.
+        match unsafe { f(&mut made, nranks, myrank, n_id, comm_ids, config) } {
+            ncclSuccess => {}
+            code => return code,
+        }
+        // SAFETY: a communicator NCCL just made.
+        return match unsafe { wrap(made) } {
+            Ok(handle) => {
+                // SAFETY: checked non-null above; NCCL's contract: writable.
+                unsafe { *newcomm = handle };
+                ncclSuccess
+            }
+            Err(code) => code,
+        };
+    }
+    // SAFETY: NCCL's contract: `comm_ids` holds `n_id` ids.
+    let first = match (n_id >= 1, unsafe { comm_ids.as_ref() }) {
+        (true, Some(id)) => *id,
+        _ => {
+            return guarded(|| {
+                Err(invalid(format!(
+                    "{n_id} ids at {comm_ids:?}: need at least one"
+                )))
+            })
+        }
+    };
+    // SAFETY: our caller's contract, passed on.
+    unsafe { ncclCommInitRankConfig(newcomm, nranks, first, myrank, config) }
+}
+
 /// `ncclCommInitAll`: several ranks in one process are NCCL's to run (this library runs one
 /// process per GPU): handed to the real NCCL, or refused by name without one.
 #[no_mangle]
@@ -483,6 +542,75 @@ pub unsafe extern "C" fn ncclCommSplit(
         }
         Err(unsupported(
             "ncclCommSplit of a ringreduce communicator is not run by ringreduce-nccl yet",
+        ))
+    })
+}
+
+/// `ncclCommShrink`: a communicator of the real NCCL is shrunk by NCCL; one of ringreduce's is
+/// refused by name (not run yet), as [`ncclCommSplit`].
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommShrink(
+    comm: ncclComm_t,
+    exclude_ranks: *mut c_int,
+    exclude_count: c_int,
+    newcomm: *mut ncclComm_t,
+    config: *mut ncclConfig_t,
+    shrink_flags: c_int,
+) -> ncclResult_t {
+    // SAFETY: our caller's contract: a live handle, or null.
+    if let Some(real_comm) = unsafe { nccl_of(comm) } {
+        type F = unsafe extern "C" fn(
+            *mut c_void,
+            *mut c_int,
+            c_int,
+            *mut *mut c_void,
+            *mut ncclConfig_t,
+            c_int,
+        ) -> ncclResult_t;
+        // SAFETY: NCCL's documented signature.
+        let f = match unsafe { real::<F>(c"ncclCommShrink") } {
+            Ok(f) => f,
+            Err(code) => return code,
+        };
+        let mut made = std::ptr::null_mut();
+        // SAFETY: NCCL's own handle; the caller's other arguments.
+        match unsafe {
+            f(
+                real_comm,
+                exclude_ranks,
+                exclude_count,
+                &mut made,
+                config,
+                shrink_flags,
+            )
+        } {
+            ncclSuccess => {}
+            code => return code,
+        }
+        // SAFETY: null is refused; otherwise a writable handle.
+        let Some(out) = (unsafe { newcomm.as_mut() }) else {
+            return guarded(|| Err(invalid("newcomm is null")));
+        };
+        *out = match made.is_null() {
+            // An excluded rank gets no communicator.
+            true => std::ptr::null_mut(),
+            // SAFETY: a communicator NCCL just made.
+            false => match unsafe { wrap(made) } {
+                Ok(handle) => handle,
+                Err(code) => return code,
+            },
+        };
+        return ncclSuccess;
+    }
+    guarded(|| {
+        // SAFETY: null is skipped; otherwise NCCL's contract: a writable ncclComm_t.
+        if let Some(out) = unsafe { newcomm.as_mut() } {
+            *out = std::ptr::null_mut();
+        }
+        // SAFETY: our caller's contract.
+        unsafe { comm_ref(comm) }?;
+        Err(unsupported(
+            "ncclCommShrink of a ringreduce communicator is not run by ringreduce-nccl yet",
         ))
     })
 }
@@ -854,6 +982,27 @@ pub unsafe extern "C" fn ncclBroadcast(
     }
 }
 
+/// `ncclBcast`: NCCL's in-place broadcast, `ncclBroadcast(buff, buff, …)` (PyTorch's
+/// `broadcast` calls this one).
+#[no_mangle]
+pub unsafe extern "C" fn ncclBcast(
+    buff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclBcast",
+        fn(*mut c_void, usize, ncclDataType_t, c_int, *mut c_void, cudaStream_t),
+        |real| (buff, count, datatype, root, real, stream)
+    );
+    // SAFETY: NCCL's contract for the call, passed on.
+    unsafe { ncclBroadcast(buff, buff, count, datatype, root, comm, stream) }
+}
+
 /// `ncclReduce`: every rank's `sendbuff` reduced into the root's `recvbuff`.
 #[no_mangle]
 pub unsafe extern "C" fn ncclReduce(
@@ -1053,6 +1202,130 @@ unsafe fn point_to_point(op: PointToPoint) -> ncclResult_t {
             _ => Ok(()),
         }
     })
+}
+
+/// `ncclGather`: every rank's `count` elements into block `rank` of the root's `recvbuff`, as
+/// one group of sends and receives ([`rooted`]).
+#[no_mangle]
+pub unsafe extern "C" fn ncclGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclGather",
+        fn(*const c_void, *mut c_void, usize, ncclDataType_t, c_int, *mut c_void, cudaStream_t),
+        |real| (sendbuff, recvbuff, count, datatype, root, real, stream)
+    );
+    // SAFETY: NCCL's contract for the call, passed on.
+    unsafe {
+        rooted(
+            true, sendbuff, recvbuff, count, datatype, root, comm, stream,
+        )
+    }
+}
+
+/// `ncclScatter`: block `rank` of the root's `sendbuff` (`count` elements) into every rank's
+/// `recvbuff`, as one group of sends and receives ([`rooted`]).
+#[no_mangle]
+pub unsafe extern "C" fn ncclScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclScatter",
+        fn(*const c_void, *mut c_void, usize, ncclDataType_t, c_int, *mut c_void, cudaStream_t),
+        |real| (sendbuff, recvbuff, count, datatype, root, real, stream)
+    );
+    // SAFETY: NCCL's contract for the call, passed on.
+    unsafe {
+        rooted(
+            false, sendbuff, recvbuff, count, datatype, root, comm, stream,
+        )
+    }
+}
+
+/// Gather (`gather`) or scatter as a group of sends and receives: every rank's block to or from
+/// the root, the root's own block a transfer to itself (a local copy). Inside the caller's group
+/// it joins that group, as NCCL's do.
+///
+/// # Safety
+/// NCCL's contract for `ncclGather` / `ncclScatter`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn rooted(
+    gather: bool,
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    // SAFETY: our caller's contract.
+    let placed = unsafe { place(comm) }.and_then(|(rank, world)| {
+        Ok((
+            rank,
+            world,
+            root_of(root, world)?,
+            dtype_of(datatype)?.size_bytes(),
+        ))
+    });
+    let (rank, world, root, bytes) = match placed {
+        Ok(placed) => placed,
+        Err(failure) => return guarded(|| Err(failure)),
+    };
+    let block = |base: u64, r: usize| base + (r * count * bytes) as u64;
+    let mut ops = Vec::new();
+    let end = |send: bool, address: u64, peer: usize| PointToPoint {
+        comm,
+        send,
+        address,
+        count,
+        datatype,
+        peer,
+        stream,
+    };
+    if rank == root {
+        for r in 0..world {
+            ops.push(match gather {
+                true => end(false, block(recvbuff as u64, r), r),
+                false => end(true, block(sendbuff as u64, r), r),
+            });
+        }
+    }
+    ops.push(match gather {
+        true => end(true, sendbuff as u64, root),
+        false => end(false, recvbuff as u64, root),
+    });
+    let started = ncclGroupStart();
+    if started != ncclSuccess {
+        return started;
+    }
+    let mut result = ncclSuccess;
+    for op in ops {
+        // SAFETY: NCCL's contract for the blocks of the caller's buffers, passed on.
+        let r = unsafe { point_to_point(op) };
+        if result == ncclSuccess {
+            result = r;
+        }
+    }
+    // The group closes whatever the calls said; the first failure is returned.
+    match (result, ncclGroupEnd()) {
+        (ncclSuccess, ended) => ended,
+        (failed, _) => failed,
+    }
 }
 
 /// `ncclSend`: `count` elements to `peer`, matched by its `ncclRecv` (module doc: every rank of
@@ -1331,6 +1604,59 @@ pub extern "C" fn ncclGroupEnd() -> ncclResult_t {
     }
 }
 
+/// `ncclGroupSimulateEnd`: ends the group like `ncclGroupEnd` but launches nothing, and fills
+/// in NCCL's estimate of its time. The estimate is NCCL's to make: with NCCL's communicators
+/// only, NCCL answers; with ringreduce's, whose collectives run when called, the group's kept
+/// sends and receives are dropped (as a simulation launches nothing) and the call says it
+/// cannot estimate (`ncclInvalidUsage`).
+#[no_mangle]
+pub unsafe extern "C" fn ncclGroupSimulateEnd(sim_info: *mut ncclSimInfo_t) -> ncclResult_t {
+    let nccl = if fallback::made_any() {
+        type F = unsafe extern "C" fn(*mut ncclSimInfo_t) -> ncclResult_t;
+        // SAFETY: NCCL's documented signature; the caller's struct.
+        match unsafe { real::<F>(c"ncclGroupSimulateEnd") } {
+            // SAFETY: as above.
+            Ok(f) => unsafe { f(sim_info) },
+            Err(code) => code,
+        }
+    } else {
+        ncclSuccess
+    };
+    let ours = guarded(|| {
+        // SAFETY: null is refused; otherwise NCCL's contract: an initialized ncclSimInfo_t.
+        let info = unsafe { sim_info.as_ref() }.ok_or_else(|| invalid("simInfo is null"))?;
+        if info.magic != NCCL_SIM_INFO_MAGIC {
+            return Err(invalid(
+                "simInfo was not initialized with NCCL_SIM_INFO_INITIALIZER",
+            ));
+        }
+        let kept = GROUP_DEPTH.with(|d| match d.get() {
+            0 => Err(Failure::Nccl(
+                ncclInvalidUsage,
+                "ncclGroupSimulateEnd without ncclGroupStart".into(),
+            )),
+            1 => {
+                d.set(0);
+                Ok(PENDING.with(|p| std::mem::take(&mut *p.borrow_mut())).len())
+            }
+            n => {
+                d.set(n - 1);
+                Ok(0)
+            }
+        })?;
+        if kept > 0 || !fallback::made_any() {
+            return Err(unsupported(
+                "ringreduce-nccl cannot estimate a group's time (ncclGroupSimulateEnd): its collectives run when called",
+            ));
+        }
+        Ok(())
+    });
+    match nccl {
+        ncclSuccess => ours,
+        failed => failed,
+    }
+}
+
 /// `ncclRedOpCreatePreMulSum`: refused by name (not run yet).
 #[no_mangle]
 pub unsafe extern "C" fn ncclRedOpCreatePreMulSum(
@@ -1412,6 +1738,87 @@ pub unsafe extern "C" fn ncclCommDeregister(comm: ncclComm_t, handle: *mut c_voi
         // SAFETY: a handle from ncclCommRegister, released once (NCCL's contract).
         drop(unsafe { Box::from_raw(handle.cast::<u8>()) });
         Ok(())
+    })
+}
+
+/// `ncclCommWindowRegister`: accepted, with nothing to do, as [`ncclCommRegister`] (vLLM's
+/// pynccl needs the symbol to enable itself); the flags (`NCCL_WIN_COLL_SYMMETRIC`) change
+/// nothing here.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommWindowRegister(
+    comm: ncclComm_t,
+    buff: *mut c_void,
+    size: usize,
+    win: *mut *mut c_void,
+    win_flags: c_int,
+) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclCommWindowRegister",
+        fn(*mut c_void, *mut c_void, usize, *mut *mut c_void, c_int),
+        |real| (real, buff, size, win, win_flags)
+    );
+    // SAFETY: our caller's contract, passed on (a window is a registration handle here).
+    unsafe { ncclCommRegister(comm, buff, size, win) }
+}
+
+/// `ncclCommWindowDeregister`: releases a window from `ncclCommWindowRegister`.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommWindowDeregister(
+    comm: ncclComm_t,
+    win: *mut c_void,
+) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclCommWindowDeregister",
+        fn(*mut c_void, *mut c_void),
+        |real| (real, win)
+    );
+    // SAFETY: our caller's contract, passed on.
+    unsafe { ncclCommDeregister(comm, win) }
+}
+
+/// `ncclDevCommCreate`: NCCL's device API (kernels of the caller's that call NCCL on the GPU)
+/// runs on NCCL's communicators only; on ringreduce's it is refused by name.
+#[no_mangle]
+pub unsafe extern "C" fn ncclDevCommCreate(
+    comm: ncclComm_t,
+    reqs: *const c_void,
+    out_dev_comm: *mut c_void,
+) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclDevCommCreate",
+        fn(*mut c_void, *const c_void, *mut c_void),
+        |real| (real, reqs, out_dev_comm)
+    );
+    guarded(|| {
+        // SAFETY: our caller's contract.
+        unsafe { comm_ref(comm) }?;
+        Err(unsupported(
+            "NCCL's device API (ncclDevCommCreate) does not run on a ringreduce communicator",
+        ))
+    })
+}
+
+/// `ncclDevCommDestroy`: as [`ncclDevCommCreate`].
+#[no_mangle]
+pub unsafe extern "C" fn ncclDevCommDestroy(
+    comm: ncclComm_t,
+    dev_comm: *const c_void,
+) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclDevCommDestroy",
+        fn(*mut c_void, *const c_void),
+        |real| (real, dev_comm)
+    );
+    guarded(|| {
+        // SAFETY: our caller's contract.
+        unsafe { comm_ref(comm) }?;
+        Err(unsupported(
+            "NCCL's device API (ncclDevCommDestroy) does not run on a ringreduce communicator",
+        ))
     })
 }
 

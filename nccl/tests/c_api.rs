@@ -181,5 +181,19 @@ fn what_the_library_does_not_run_reaches_the_real_nccl() {
         stderr.contains("ringreduce-nccl: ncclCommInitAll: NCCL"),
         "{stderr}"
     );
+
+    // Without RINGREDUCE_NCCL_PATH, and with no other libnccl.so.2 on the library path: the one
+    // the program loaded itself by its path (as PyTorch's wheels load theirs, even when this
+    // library was preloaded) is the real NCCL.
+    let loaded = dir.join("loaded");
+    std::fs::create_dir_all(&loaded).unwrap();
+    let loaded = loaded.join("libnccl.so.2");
+    std::fs::copy(&fake, &loaded).unwrap();
+    passes(
+        Command::new(&exe)
+            .args([loaded.as_os_str(), "load-first".as_ref()])
+            .env("LD_LIBRARY_PATH", &dir)
+            .env_remove("RINGREDUCE_NCCL_PATH"),
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -279,6 +279,64 @@ fn rank_part(rank: usize, world: usize, id_path: &std::path::Path) {
         "rank {rank} send/recv all-to-all"
     );
 
+    // ncclBcast (PyTorch's broadcast): the root's buffer into every rank's, in place.
+    let same = GpuBuffer::from_host(device, &full).unwrap();
+    // SAFETY: as above.
+    ok("bcast", unsafe {
+        ncclBcast(at(&same), block, ncclFloat32, 0, comm, raw)
+    });
+    sync();
+    let root_block: Vec<f32> = (0..block).map(|k| input(0, k)).collect();
+    assert_eq!(
+        &same.to_host().unwrap()[..block],
+        &root_block[..],
+        "rank {rank} bcast"
+    );
+
+    // Gather into the last rank, then scatter its blocks back out.
+    let root = world - 1;
+    let src = GpuBuffer::from_host(device, &full[..block]).unwrap();
+    let gathered = GpuBuffer::<f32>::zeroed(device, block * world).unwrap();
+    // SAFETY: as above (the receive buffer is written on the root only).
+    ok("gather", unsafe {
+        ncclGather(
+            at(&src),
+            at(&gathered),
+            block,
+            ncclFloat32,
+            root as i32,
+            comm,
+            raw,
+        )
+    });
+    sync();
+    if rank == root {
+        let want: Vec<f32> = (0..world)
+            .flat_map(|r| (0..block).map(move |k| input(r, k)))
+            .collect();
+        assert_eq!(gathered.to_host().unwrap(), want, "gather at the root");
+    }
+    let scattered = GpuBuffer::<f32>::zeroed(device, block).unwrap();
+    // SAFETY: as above (the send buffer is read on the root only).
+    ok("scatter", unsafe {
+        ncclScatter(
+            at(&gathered),
+            at(&scattered),
+            block,
+            ncclFloat32,
+            root as i32,
+            comm,
+            raw,
+        )
+    });
+    sync();
+    let mine_block: Vec<f32> = (0..block).map(|k| input(rank, k)).collect();
+    assert_eq!(
+        scattered.to_host().unwrap(),
+        mine_block,
+        "rank {rank} scatter"
+    );
+
     // A mismatched call (the count differs on rank 1): an error on every rank, nothing run.
     let n = if rank == 1 { count - 1 } else { count };
     // SAFETY: as above.

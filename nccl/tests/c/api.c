@@ -9,6 +9,7 @@
  */
 #include "nccl.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -46,6 +47,17 @@ typedef ncclResult_t (*MemAlloc)(void **, size_t);
 typedef ncclResult_t (*MemFree)(void *);
 typedef ncclResult_t (*CommRegister)(const ncclComm_t, void *, size_t, void **);
 typedef ncclResult_t (*CommDeregister)(const ncclComm_t, void *);
+typedef ncclResult_t (*Bcast)(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+typedef ncclResult_t (*Rooted)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t,
+                               cudaStream_t);
+typedef ncclResult_t (*CommInitRankScalable)(ncclComm_t *, int, int, int, ncclUniqueId *,
+                                             ncclConfig_t *);
+typedef ncclResult_t (*CommShrink)(ncclComm_t, int *, int, ncclComm_t *, ncclConfig_t *, int);
+typedef ncclResult_t (*GroupSimulateEnd)(ncclSimInfo_t *);
+typedef ncclResult_t (*CommWindowRegister)(ncclComm_t, void *, size_t, ncclWindow_t *, int);
+typedef ncclResult_t (*CommWindowDeregister)(ncclComm_t, ncclWindow_t);
+typedef ncclResult_t (*DevCommCreate)(ncclComm_t, const ncclDevCommRequirements *, ncclDevComm *);
+typedef ncclResult_t (*DevCommDestroy)(ncclComm_t, const ncclDevComm *);
 
 struct Signatures {
   GetVersion get_version; GetUniqueId get_unique_id; GetErrorString get_error_string;
@@ -56,6 +68,9 @@ struct Signatures {
   ReduceScatter reduce_scatter; AlltoAll all_to_all; Send send; Recv recv;
   Group group_start, group_end; RedOpCreatePreMulSum pre_mul_sum; RedOpDestroy op_destroy;
   MemAlloc mem_alloc; MemFree mem_free; CommRegister reg; CommDeregister dereg;
+  Bcast bcast; Rooted gather, scatter; CommInitRankScalable init_scalable; CommShrink shrink;
+  GroupSimulateEnd simulate_end; CommWindowRegister window_reg; CommWindowDeregister window_dereg;
+  DevCommCreate dev_comm_create; DevCommDestroy dev_comm_destroy;
 };
 
 static const struct Signatures signatures = {
@@ -64,7 +79,9 @@ static const struct Signatures signatures = {
   ncclCommAbort, ncclCommGetAsyncError, ncclCommCount, ncclCommCuDevice, ncclCommUserRank,
   ncclAllReduce, ncclBroadcast, ncclReduce, ncclAllGather, ncclReduceScatter, ncclAlltoAll,
   ncclSend, ncclRecv, ncclGroupStart, ncclGroupEnd, ncclRedOpCreatePreMulSum, ncclRedOpDestroy,
-  ncclMemAlloc, ncclMemFree, ncclCommRegister, ncclCommDeregister,
+  ncclMemAlloc, ncclMemFree, ncclCommRegister, ncclCommDeregister, ncclBcast, ncclGather,
+  ncclScatter, ncclCommInitRankScalable, ncclCommShrink, ncclGroupSimulateEnd,
+  ncclCommWindowRegister, ncclCommWindowDeregister, ncclDevCommCreate, ncclDevCommDestroy,
 };
 
 static int failures = 0;
@@ -172,6 +189,43 @@ int main(int argc, char **argv) {
   expect_result("ncclSend on a null comm", ncclSend(NULL, 4, ncclFloat32, 1, NULL, NULL),
                 ncclInvalidArgument, "null");
   expect_result("ncclGroupEnd without a start", ncclGroupEnd(), ncclInvalidUsage, "ncclGroupStart");
+
+  /* NCCL 2.28's configuration, field for field (80 bytes on LP64). */
+  EXPECT(sizeof(ncclConfig_t) == 80, "sizeof(ncclConfig_t) = %zu", sizeof(ncclConfig_t));
+  EXPECT(offsetof(ncclConfig_t, commName) == 48, "commName at %zu", offsetof(ncclConfig_t, commName));
+  EXPECT(offsetof(ncclConfig_t, nvlinkCentricSched) == 76, "nvlinkCentricSched at %zu",
+         offsetof(ncclConfig_t, nvlinkCentricSched));
+  EXPECT(sizeof(ncclSimInfo_t) == 24, "sizeof(ncclSimInfo_t) = %zu", sizeof(ncclSimInfo_t));
+
+  /* The calls PyTorch, vLLM and nccl-tests import beside the classic set. */
+  expect_result("ncclBcast on a null comm", ncclBcast(NULL, 4, ncclFloat32, 0, NULL, NULL),
+                ncclInvalidArgument, "null");
+  expect_result("ncclGather on a null comm",
+                ncclGather(NULL, NULL, 4, ncclFloat32, 0, NULL, NULL), ncclInvalidArgument, "null");
+  expect_result("ncclScatter on a null comm",
+                ncclScatter(NULL, NULL, 4, ncclFloat32, 0, NULL, NULL), ncclInvalidArgument, "null");
+  ncclWindow_t window = NULL;
+  expect_result("ncclCommWindowRegister on a null comm",
+                ncclCommWindowRegister(NULL, NULL, 0, &window, NCCL_WIN_COLL_SYMMETRIC),
+                ncclInvalidArgument, "null");
+  expect_result("ncclDevCommCreate on a null comm", ncclDevCommCreate(NULL, NULL, NULL),
+                ncclInvalidArgument, "null");
+  ncclComm_t shrunk = (ncclComm_t)&window;
+  expect_result("ncclCommShrink on a null comm",
+                ncclCommShrink(NULL, NULL, 0, &shrunk, NULL, NCCL_SHRINK_DEFAULT),
+                ncclInvalidArgument, "null");
+  EXPECT(shrunk == NULL, "ncclCommShrink leaves no communicator behind a failure");
+  ncclComm_t scalable = NULL;
+  expect_result("ncclCommInitRankScalable without ids",
+                ncclCommInitRankScalable(&scalable, 2, 0, 0, NULL, NULL), ncclInvalidArgument,
+                "at least one");
+  ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
+  expect_result("ncclGroupSimulateEnd without a start", ncclGroupSimulateEnd(&sim),
+                ncclInvalidUsage, "ncclGroupStart");
+  expect_result("ncclGroupStart", ncclGroupStart(), ncclSuccess, NULL);
+  expect_result("ncclGroupSimulateEnd", ncclGroupSimulateEnd(&sim), ncclInvalidUsage, "estimate");
+  expect_result("ncclGroupEnd after a simulated end", ncclGroupEnd(), ncclInvalidUsage,
+                "ncclGroupStart");
   expect_result("ncclGroupStart", ncclGroupStart(), ncclSuccess, NULL);
   expect_result("ncclGroupEnd", ncclGroupEnd(), ncclSuccess, NULL);
   expect_result("ncclCommDestroy(NULL)", ncclCommDestroy(NULL), ncclInvalidArgument, "null");

@@ -33,6 +33,32 @@ result ncclAllReduce(const void *send, void *recv, size_t count, int type, int o
   return count == 7 ? 0 : 4;
 }
 
+/* The calls NCCL 2.28 added that torch and vLLM import: each only counts. */
+result ncclBcast(void *buff, size_t count, int type, int root, void *comm, void *stream) {
+  (void)buff; (void)count; (void)type; (void)root; (void)comm; (void)stream;
+  calls++;
+  return 0;
+}
+result ncclGather(const void *send, void *recv, size_t count, int type, int root, void *comm,
+                  void *stream) {
+  (void)send; (void)recv; (void)count; (void)type; (void)root; (void)comm; (void)stream;
+  calls++;
+  return 0;
+}
+result ncclCommWindowRegister(void *comm, void *buff, size_t size, void **win, int flags) {
+  (void)comm; (void)buff; (void)size; (void)flags;
+  *win = (void *)0x77;
+  calls++;
+  return 0;
+}
+/* Keeps every rank but the excluded ones: a new handle past the InitAll ones. */
+result ncclCommShrink(void *comm, int *exclude, int count, void **newcomm, void *config, int flags) {
+  (void)comm; (void)exclude; (void)count; (void)config; (void)flags;
+  *newcomm = (void *)(uintptr_t)0x1000;
+  calls++;
+  return 0;
+}
+
 result ncclCommDestroy(void *comm) { (void)comm; calls++; return 0; }
 result ncclGroupStart(void) { return 0; }
 result ncclGroupEnd(void) { return 0; }
