@@ -285,7 +285,8 @@ static __device__ __forceinline__ void rr_ll_kernel(const rr_ll_peers& peers, un
     // Receive and fold in rank order 0..world-1, this rank's own chunk in its place.
     const rr_ull* inbox = rr_ll_inbox(peers, rank);
     // Folded in D's accumulating type (f32 for fp8, D itself otherwise), narrowed once.
-    typename D::AccD::T sum[RR_LL_CHUNK_BYTES / sizeof(T)];
+    typedef rr_fold<D, Op, rr_ll_chunk<T> > Fold;
+    typename Fold::Acc sum;
 #pragma unroll
     for (unsigned r = 0; r < RR_PEER_MAX_RANKS; ++r) {
         if (r < world) {
@@ -305,17 +306,14 @@ static __device__ __forceinline__ void rr_ll_kernel(const rr_ll_peers& peers, un
                 }
                 return;  // a peer is missing: dst stays as it is
             }
-#pragma unroll
-            for (unsigned k = 0; k < per_chunk; ++k) {
-                sum[k] = r == 0 ? D::widen(x.e[k])
-                                : Op::template apply<typename D::AccD>(sum[k], D::widen(x.e[k]));
+            if (r == 0) {
+                Fold::start(sum, x);
+            } else {
+                Fold::add(sum, x);
             }
         }
     }
     rr_ll_chunk<T> acc;
-#pragma unroll
-    for (unsigned k = 0; k < per_chunk; ++k) {
-        acc.e[k] = D::narrow(sum[k]);
-    }
+    Fold::finish(acc, sum);
     rr_ll_write_chunk<T>(dst + first, elems, acc);
 }

@@ -315,18 +315,16 @@ static __device__ __forceinline__ void rr_peer_reduce_body(const rr_peers& peers
          base < vecs; base += vec_stride) {
         // Sources 0 and 1 are loaded together; while source r is combined, the loads of
         // source r + 1 are already in flight (2 x RR_PEER_UNROLL loads per thread).
+        // The fold accumulates in Fold::Acc: the vectors themselves, or (fp8) their elements
+        // widened to f32, narrowed into acc once before the store.
+        typedef rr_fold<D, Op, rr_vec16<T> > Fold;
         rr_vec16<T> acc[RR_PEER_UNROLL], next[RR_PEER_UNROLL];
         rr_peer_load<T>(acc, peers.src[0], head, base, vecs);
         rr_peer_load<T>(next, peers.src[1], head, base, vecs);
-        // The fold runs in D's accumulating type (the vectors' elements widened: a no-op but
-        // for fp8) and is narrowed back into acc once, before the store.
-        typename D::AccD::T sum[RR_PEER_UNROLL][16 / sizeof(T)];
+        typename Fold::Acc sum[RR_PEER_UNROLL];
 #pragma unroll
         for (unsigned u = 0; u < RR_PEER_UNROLL; ++u) {
-#pragma unroll
-            for (unsigned k = 0; k < per_vec; ++k) {
-                sum[u][k] = D::widen(acc[u].e[k]);
-            }
+            Fold::start(sum[u], acc[u]);
         }
 #pragma unroll
         for (unsigned r = 1; r < RR_PEER_MAX_RANKS; ++r) {
@@ -342,20 +340,13 @@ static __device__ __forceinline__ void rr_peer_reduce_body(const rr_peers& peers
                 }
 #pragma unroll
                 for (unsigned u = 0; u < RR_PEER_UNROLL; ++u) {
-#pragma unroll
-                    for (unsigned k = 0; k < per_vec; ++k) {
-                        sum[u][k] = Op::template apply<typename D::AccD>(sum[u][k],
-                                                                         D::widen(x[u].e[k]));
-                    }
+                    Fold::add(sum[u], x[u]);
                 }
             }
         }
 #pragma unroll
         for (unsigned u = 0; u < RR_PEER_UNROLL; ++u) {
-#pragma unroll
-            for (unsigned k = 0; k < per_vec; ++k) {
-                acc[u].e[k] = D::narrow(sum[u][k]);
-            }
+            Fold::finish(acc[u], sum[u]);
         }
 #pragma unroll
         for (unsigned u = 0; u < RR_PEER_UNROLL; ++u) {

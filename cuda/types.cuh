@@ -277,3 +277,49 @@ static __device__ __forceinline__ rr_ull rr_head(unsigned misalign, rr_ull count
     const rr_ull head = ((16u - misalign) & 15u) / sizeof(T);
     return head < count ? head : count;
 }
+
+// How a fold of many sources accumulates a chunk of elements (Chunk: a union of raw words and
+// `T e[]`, as rr_vec16 and rr_ll_chunk): in T itself, in place (every type but fp8: AccD is D),
+// or widened to AccD's type and narrowed once at the end (fp8). rr_fold<D, Op, Chunk>::Acc is
+// the accumulator; start / add / finish are the fold's three steps.
+template <class D, class Op, class Chunk, class AccD>
+struct rr_fold_in {
+    typedef typename D::T T;
+    enum { N = sizeof(Chunk) / sizeof(T) };
+    struct Acc {
+        typename AccD::T e[N];
+    };
+    static __device__ __forceinline__ void start(Acc& acc, const Chunk& x) {
+#pragma unroll
+        for (unsigned k = 0; k < N; ++k) {
+            acc.e[k] = D::widen(x.e[k]);
+        }
+    }
+    static __device__ __forceinline__ void add(Acc& acc, const Chunk& x) {
+#pragma unroll
+        for (unsigned k = 0; k < N; ++k) {
+            acc.e[k] = Op::template apply<AccD>(acc.e[k], D::widen(x.e[k]));
+        }
+    }
+    static __device__ __forceinline__ void finish(Chunk& out, const Acc& acc) {
+#pragma unroll
+        for (unsigned k = 0; k < N; ++k) {
+            out.e[k] = D::narrow(acc.e[k]);
+        }
+    }
+};
+template <class D, class Op, class Chunk>
+struct rr_fold_in<D, Op, Chunk, D> {
+    typedef Chunk Acc;
+    enum { N = sizeof(Chunk) / sizeof(typename D::T) };
+    static __device__ __forceinline__ void start(Acc& acc, const Chunk& x) { acc = x; }
+    static __device__ __forceinline__ void add(Acc& acc, const Chunk& x) {
+#pragma unroll
+        for (unsigned k = 0; k < N; ++k) {
+            acc.e[k] = Op::template apply<D>(acc.e[k], x.e[k]);
+        }
+    }
+    static __device__ __forceinline__ void finish(Chunk& out, const Acc& acc) { out = acc; }
+};
+template <class D, class Op, class Chunk>
+struct rr_fold : rr_fold_in<D, Op, Chunk, typename D::AccD> {};
