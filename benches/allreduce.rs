@@ -89,6 +89,7 @@ fn main() {
     let mut criterion = Criterion::default().configure_from_args();
     bench_host(&mut criterion);
     bench_plan(&mut criterion);
+    bench_first_call(&mut criterion);
     bench_gpu(&mut criterion);
     criterion.final_summary();
 }
@@ -191,6 +192,45 @@ fn bench_plan(c: &mut Criterion) {
                     let plan = spec.build().expect("a ring plan");
                     let coarse = ringreduce::check::coarsen(&plan).expect("a coarse form");
                     assert!(coarse == proven, "the same plan, another coarse form");
+                    plan
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+/// What the first call of a new shape costs before anything runs: building the ring plan, cutting
+/// its coarse form and proving that with the four checks (a communicator's plan cache does this
+/// once per coarse form; every later count of the form costs the build and the comparison). Odd
+/// counts, the host executor's chunk setting and ever smaller ones, down to one element: the
+/// chunk count per segment is bounded (`plan::MAX_CHUNKS`), so the cost is bounded by the world.
+fn bench_first_call(c: &mut Criterion) {
+    use ringreduce::plan::{EdgeTransport, RingSpec};
+    let mut group = c.benchmark_group("first_call");
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(200))
+        .measurement_time(Duration::from_millis(1000));
+    for world in [2, 4, 8, 16] {
+        for chunk_elems in [64 << 10, 16, 1] {
+            let spec = RingSpec {
+                world,
+                count: (16 << 20) / ELEM_BYTES + 13,
+                in_place: true,
+                op: OP,
+                chunk_elems,
+                slots: 4,
+                align_elems: 1,
+                transports: vec![EdgeTransport::Peer; world],
+            };
+            let function = format!("ring_world{world}");
+            let id = BenchmarkId::new(function, format!("chunk{chunk_elems}"));
+            group.bench_function(id, |b| {
+                b.iter(|| {
+                    let plan = spec.build().expect("a ring plan");
+                    let coarse = ringreduce::check::coarsen(&plan).expect("a coarse form");
+                    ringreduce::check::check(&coarse).expect("a proven coarse form");
                     plan
                 })
             });

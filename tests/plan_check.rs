@@ -549,3 +549,61 @@ fn many_counts_share_few_coarse_forms() {
     println!("{} coarse forms for 1000 counts", forms.len());
     assert!(forms.len() <= 16, "{} coarse forms", forms.len());
 }
+
+/// A plan's size does not grow with the count: however small `chunk_elems` is, a range is cut
+/// into at most `MAX_CHUNKS` chunks (longer ones instead), so the plan of 50 003 elements in
+/// chunks of one element is no larger than the plan whose segments hold exactly `MAX_CHUNKS`
+/// one-element chunks — for every collective. Without the bound it would be about 200 times
+/// larger (and at a million elements, 5 000 times).
+#[test]
+fn a_plans_size_is_bounded_whatever_the_count_and_chunk() {
+    use ringreduce::plan::MAX_CHUNKS;
+    let instrs = |plan: &Plan| plan.ranks.iter().map(Vec::len).sum::<usize>();
+    for world in [2, 3, 5] {
+        let collectives = [
+            Collective::AllReduce,
+            Collective::ReduceScatter,
+            Collective::AllGather,
+            Collective::Broadcast { root: world - 1 },
+            Collective::Reduce { root: 0 },
+            Collective::AllToAll,
+            Collective::SendRecv {
+                transfers: (0..world)
+                    .map(|r| Transfer {
+                        from: r,
+                        to: (r + 1) % world,
+                        count: 0,
+                    })
+                    .collect(),
+            },
+        ];
+        for collective in collectives {
+            let plan_of = |count: usize| {
+                let collective = match &collective {
+                    Collective::SendRecv { transfers } => Collective::SendRecv {
+                        transfers: transfers
+                            .iter()
+                            .map(|t| Transfer { count, ..*t })
+                            .collect(),
+                    },
+                    other => other.clone(),
+                };
+                let ring = RingSpec {
+                    in_place: false,
+                    ..RingSpec::new(world, count, 1, 4, EdgeTransport::Peer)
+                };
+                CollectiveSpec { collective, ring }.build().unwrap()
+            };
+            let at_the_bound = instrs(&plan_of(world * MAX_CHUNKS));
+            let huge = plan_of(50_003);
+            assert!(
+                instrs(&huge) <= at_the_bound,
+                "{} over {world} ranks: {} instructions at 50 003 elements, {at_the_bound} at {}",
+                collective.name(),
+                instrs(&huge),
+                world * MAX_CHUNKS
+            );
+            check(&huge).unwrap();
+        }
+    }
+}

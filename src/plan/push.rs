@@ -354,11 +354,25 @@ pub(super) fn block_range(block: usize, count: usize) -> std::ops::Range<usize> 
     block * count..(block + 1) * count
 }
 
+/// The most chunks a range is cut into. A plan is data — every chunk of every step is an
+/// instruction the checker proves — so a count or a `chunk_elems` that would cut a range finer
+/// gets longer chunks instead: planning and proving a new shape then costs what a plan of
+/// `MAX_CHUNKS` chunks per range costs, whatever the count (docs/PERFORMANCE.md, "The first
+/// call of a shape"). 64 chunks keep a ring's pipeline full (its fill and drain are a step of
+/// one chunk each), and the automatic chunk sizes never reach it below 256 MiB segments.
+pub const MAX_CHUNKS: usize = 64;
+
 /// The chunk length for a collective that moves ranges of at most `longest` elements:
-/// `chunk_elems`, but no longer than `longest` (at least 1), rounded up to `align_elems`.
+/// `chunk_elems`, but no longer than `longest` (at least 1) and no shorter than
+/// `longest / MAX_CHUNKS`, rounded up to `align_elems`.
 pub(super) fn chunk_for(spec: &RingSpec, longest: usize) -> usize {
     let align = spec.align_elems.max(1);
-    spec.chunk_elems.min(longest.max(1)).div_ceil(align) * align
+    let longest = longest.max(1);
+    spec.chunk_elems
+        .min(longest)
+        .max(longest.div_ceil(MAX_CHUNKS))
+        .div_ceil(align)
+        * align
 }
 
 /// A region of `count` elements from `offset` of `buf`.

@@ -133,16 +133,15 @@ impl RingSpec {
     }
 
     /// Chunk length actually used: `chunk_elems`, but no longer than the longest segment (so a
-    /// small message does not get staging slots sized for a large one), rounded up to a multiple
-    /// of `align_elems`.
+    /// small message does not get staging slots sized for a large one) and no shorter than a
+    /// [`super::MAX_CHUNKS`]th of it, rounded up to a multiple of `align_elems`.
     pub fn effective_chunk(&self) -> usize {
         let (world, align) = (self.world.max(1), self.align_elems.max(1));
         // Segment 0 is the longest but for the last one, which also takes the unaligned tail.
         let longest = segment_range(self.count, world, align, 0)
             .len()
             .max(segment_range(self.count, world, align, world - 1).len());
-        let chunk = self.chunk_elems.min(longest.max(1));
-        chunk.div_ceil(self.align_elems) * self.align_elems
+        super::push::chunk_for(self, longest)
     }
 
     /// The checks every planner makes on the shared parameters (world, chunking, slots, edges).
