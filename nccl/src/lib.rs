@@ -520,30 +520,11 @@ pub unsafe extern "C" fn ncclCommSplit(
             ncclSuccess => {}
             code => return code,
         }
-        // SAFETY: null is refused; otherwise a writable handle.
-        let Some(out) = (unsafe { newcomm.as_mut() }) else {
-            return guarded(|| Err(invalid("newcomm is null")));
-        };
-        *out = match made.is_null() {
-            // NCCL's "no communicator" for a color of NCCL_SPLIT_NOCOLOR.
-            true => std::ptr::null_mut(),
-            // SAFETY: a communicator NCCL just made.
-            false => match unsafe { wrap(made) } {
-                Ok(handle) => handle,
-                Err(code) => return code,
-            },
-        };
-        return ncclSuccess;
+        // SAFETY: what NCCL just made; the caller's newcomm (NCCL's contract).
+        return unsafe { hand_out(made, newcomm) };
     }
-    guarded(|| {
-        // SAFETY: null is skipped; otherwise NCCL's contract: a writable ncclComm_t.
-        if let Some(out) = unsafe { newcomm.as_mut() } {
-            *out = std::ptr::null_mut();
-        }
-        Err(unsupported(
-            "ncclCommSplit of a ringreduce communicator is not run by ringreduce-nccl yet",
-        ))
-    })
+    // SAFETY: our caller's contract.
+    unsafe { refuse_new(comm, newcomm, "ncclCommSplit") }
 }
 
 /// `ncclCommShrink`: a communicator of the real NCCL is shrunk by NCCL; one of ringreduce's is
@@ -587,31 +568,50 @@ pub unsafe extern "C" fn ncclCommShrink(
             ncclSuccess => {}
             code => return code,
         }
-        // SAFETY: null is refused; otherwise a writable handle.
-        let Some(out) = (unsafe { newcomm.as_mut() }) else {
-            return guarded(|| Err(invalid("newcomm is null")));
-        };
-        *out = match made.is_null() {
-            // An excluded rank gets no communicator.
-            true => std::ptr::null_mut(),
-            // SAFETY: a communicator NCCL just made.
-            false => match unsafe { wrap(made) } {
-                Ok(handle) => handle,
-                Err(code) => return code,
-            },
-        };
-        return ncclSuccess;
+        // SAFETY: what NCCL just made; the caller's newcomm (NCCL's contract).
+        return unsafe { hand_out(made, newcomm) };
     }
+    // SAFETY: our caller's contract.
+    unsafe { refuse_new(comm, newcomm, "ncclCommShrink") }
+}
+
+/// Hands a communicator NCCL made from another (a split, a shrink) to the caller: wrapped, or
+/// null where NCCL made none (a rank left out: `NCCL_SPLIT_NOCOLOR`, an excluded rank).
+///
+/// # Safety
+/// `made` is null or a communicator NCCL just made; `newcomm` is null or writable.
+unsafe fn hand_out(made: *mut c_void, newcomm: *mut ncclComm_t) -> ncclResult_t {
+    // SAFETY: null is refused; otherwise writable (our caller's contract).
+    let Some(out) = (unsafe { newcomm.as_mut() }) else {
+        return guarded(|| Err(invalid("newcomm is null")));
+    };
+    *out = match made.is_null() {
+        true => std::ptr::null_mut(),
+        // SAFETY: a communicator NCCL just made.
+        false => match unsafe { wrap(made) } {
+            Ok(handle) => handle,
+            Err(code) => return code,
+        },
+    };
+    ncclSuccess
+}
+
+/// Refuses by name (not run yet) to make a communicator from one of ringreduce's (`call`: a
+/// split, a shrink), leaving `newcomm` null.
+///
+/// # Safety
+/// `comm` is null or a live handle; `newcomm` is null or writable.
+unsafe fn refuse_new(comm: ncclComm_t, newcomm: *mut ncclComm_t, call: &str) -> ncclResult_t {
     guarded(|| {
-        // SAFETY: null is skipped; otherwise NCCL's contract: a writable ncclComm_t.
+        // SAFETY: null is skipped; otherwise writable (our caller's contract).
         if let Some(out) = unsafe { newcomm.as_mut() } {
             *out = std::ptr::null_mut();
         }
         // SAFETY: our caller's contract.
         unsafe { comm_ref(comm) }?;
-        Err(unsupported(
-            "ncclCommShrink of a ringreduce communicator is not run by ringreduce-nccl yet",
-        ))
+        Err(unsupported(format!(
+            "{call} of a ringreduce communicator is not run by ringreduce-nccl yet"
+        )))
     })
 }
 
