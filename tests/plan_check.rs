@@ -581,10 +581,7 @@ fn a_plans_size_is_bounded_whatever_the_count_and_chunk() {
             let plan_of = |count: usize| {
                 let collective = match &collective {
                     Collective::SendRecv { transfers } => Collective::SendRecv {
-                        transfers: transfers
-                            .iter()
-                            .map(|t| Transfer { count, ..*t })
-                            .collect(),
+                        transfers: transfers.iter().map(|t| Transfer { count, ..*t }).collect(),
                     },
                     other => other.clone(),
                 };

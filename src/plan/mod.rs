@@ -107,9 +107,9 @@ pub mod ring;
 pub mod sendrecv;
 pub mod twoshot;
 
-pub use push::MAX_CHUNKS;
 pub use collective::{Collective, CollectiveSpec, Transfer};
 pub use oneshot::OneShotSpec;
+pub use push::MAX_CHUNKS;
 pub use ring::{EdgeTransport, RingSpec};
 pub use twoshot::TwoShotSpec;
 
