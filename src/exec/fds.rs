@@ -19,6 +19,7 @@
 //! and write time out), the server stops when dropped, and every descriptor it sends is a
 //! duplicate, so its owner's stays open.
 
+use super::job::Process;
 use crate::error::{Error, Result};
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -60,10 +61,10 @@ pub(crate) struct FdServer {
 impl FdServer {
     /// Listens on `name` and answers each request with `lookup(key)`'s descriptor (a borrowed
     /// one: it is duplicated into the reply by the kernel).
-    /// Clients must be processes of `allowed` (pids) running as this user.
+    /// Clients must be processes of `allowed` running as this user ([`admits`]).
     pub(crate) fn start(
         name: &str,
-        allowed: Vec<u32>,
+        allowed: Vec<Process>,
         lookup: impl Fn(u64) -> Option<OwnedFd> + Send + Sync + 'static,
     ) -> Result<FdServer> {
         let listener = UnixListener::bind_addr(&address(name)?)
@@ -88,7 +89,7 @@ impl FdServer {
                             .spawn(move || {
                                 // A stranger's connection is closed unanswered.
                                 match peer(&client) {
-                                    Ok(pid) if allowed.contains(&pid) => answer(client, &*lookup),
+                                    Ok(pid) if admits(&allowed, pid) => answer(client, &*lookup),
                                     _ => Ok(()),
                                 }
                             });
@@ -115,6 +116,15 @@ impl Drop for FdServer {
             let _ = thread.join();
         }
     }
+}
+
+/// Whether a client whose pid here is `pid` may be one of the `allowed` processes: a process of
+/// the job whose pid names it here, or — when some of them run in another PID namespace, whose
+/// clients the kernel shows under other pids (or 0) — any process of this user.
+fn admits(allowed: &[Process], pid: u32) -> bool {
+    allowed
+        .iter()
+        .any(|p| !p.here || (p.pid == pid && pid != 0))
 }
 
 /// The process at the other end of `stream`, when it runs as this user (`SO_PEERCRED`).
@@ -200,18 +210,19 @@ fn send_fd(stream: &UnixStream, fd: RawFd) -> Result<()> {
     Ok(())
 }
 
-/// Asks the server on `name`, which must be process `server` running as this user, for the
-/// descriptor of `key`: `None` when the server does not know the key, an error when no server
+/// Asks the server on `name`, which must be process `server` running as this user (its pid is
+/// checked where it names the process here: [`Process`]), for the descriptor of `key`: `None` when the server does not know the key, an error when no server
 /// (or another process) answers.
-pub(crate) fn fetch(name: &str, server: u32, key: u64) -> Result<Option<OwnedFd>> {
+pub(crate) fn fetch(name: &str, server: Process, key: u64) -> Result<Option<OwnedFd>> {
     let mut stream = UnixStream::connect_addr(&address(name)?)
         .map_err(|e| io_error(format!("cannot reach the descriptor server {name:?}"), e))?;
     let answering = peer(&stream)?;
-    if answering != server {
+    if server.pid_here().is_some_and(|server| answering != server) {
         return Err(Error::Resource {
             what: format!(
                 "the descriptor socket {name:?} is held by process {answering}, not the rank's \
-                 process {server}"
+                 process {}",
+                server.pid
             ),
         });
     }
@@ -295,6 +306,11 @@ mod tests {
         std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) })
     }
 
+    /// Process `pid` of this PID namespace.
+    fn here(pid: u32) -> Process {
+        Process { pid, here: true }
+    }
+
     fn name(test: &str) -> String {
         format!("ringreduce-test-{test}-{}", std::process::id())
     }
@@ -306,7 +322,7 @@ mod tests {
         let original: OwnedFd = file.into();
         let served = original.try_clone().unwrap();
         let name = name("crosses");
-        let me = std::process::id();
+        let me = here(std::process::id());
         let server = FdServer::start(&name, vec![me], move |key| match key {
             42 => served.try_clone().ok(),
             _ => None,
@@ -321,7 +337,7 @@ mod tests {
         assert_eq!(text, "shared bytes");
         assert!(fetch(&name, me, 7).unwrap().is_none(), "an unknown key");
         // The server is not the process the client expects: no answer taken.
-        let err = fetch(&name, me + 1, 42).unwrap_err().to_string();
+        let err = fetch(&name, here(me.pid + 1), 42).unwrap_err().to_string();
         assert!(err.contains("not the rank's process"), "{err}");
         drop(server);
         let err = fetch(&name, me, 42).unwrap_err().to_string();
@@ -333,9 +349,11 @@ mod tests {
         let file: OwnedFd = memfd().into();
         let name = name("stranger");
         // Only process 1 (never this test) may ask.
-        let server = FdServer::start(&name, vec![1], move |_| file.try_clone().ok()).unwrap();
+        let server = FdServer::start(&name, vec![here(1)], move |_| file.try_clone().ok()).unwrap();
         // Closed unanswered (or reset, the key unread): an error, never a descriptor.
-        let err = fetch(&name, std::process::id(), 1).unwrap_err().to_string();
+        let err = fetch(&name, here(std::process::id()), 1)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("descriptor server"), "{err}");
         drop(server);
     }
@@ -344,7 +362,7 @@ mod tests {
     fn a_client_that_never_asks_does_not_stop_the_server() {
         let file: OwnedFd = memfd().into();
         let name = name("silent");
-        let me = std::process::id();
+        let me = here(std::process::id());
         let server = FdServer::start(&name, vec![me], move |_| file.try_clone().ok()).unwrap();
         let silent = UnixStream::connect_addr(&address(&name).unwrap()).unwrap();
         let started = std::time::Instant::now();
@@ -354,6 +372,53 @@ mod tests {
             "waited for the silent one"
         );
         drop(silent);
+        drop(server);
+    }
+
+    /// Ranks in other PID namespaces (containers): their pids mean nothing here. A server admits
+    /// a client by pid only where every rank's pid names its process here; the client skips the
+    /// server's pid check where the server's does not. Two ranks numbered pid 1 in two
+    /// containers are not one process.
+    #[test]
+    fn pids_count_only_in_their_own_pid_namespace() {
+        let records = [(1, 7), (1, 9), (40, 7)];
+        let seen = Process::of(&records, 0);
+        assert_eq!(seen[0], here(1));
+        assert_eq!(
+            seen[1],
+            Process {
+                pid: 1,
+                here: false
+            }
+        );
+        assert_eq!(seen[2].pid_here(), Some(40));
+        assert_eq!(seen[1].pid_here(), None);
+        // All here: only the job's pids (and never 0, the kernel's "not visible").
+        assert!(admits(&[here(5), here(6)], 6));
+        assert!(!admits(&[here(5), here(6)], 7));
+        assert!(!admits(&[here(0)], 0));
+        // One elsewhere: its clients come with pids we cannot check, so any of this user's.
+        assert!(admits(&seen, 1234));
+        assert!(admits(&seen, 0));
+
+        let file: OwnedFd = memfd().into();
+        let name = name("elsewhere");
+        let server = FdServer::start(
+            &name,
+            vec![Process {
+                pid: 1,
+                here: false,
+            }],
+            move |_| file.try_clone().ok(),
+        )
+        .unwrap();
+        // This process, whatever its pid here, is admitted, and the client does not hold the
+        // server to the rank's pid (1, in its own namespace).
+        let elsewhere = Process {
+            pid: 1,
+            here: false,
+        };
+        assert!(fetch(&name, elsewhere, 3).unwrap().is_some());
         drop(server);
     }
 }

@@ -13,7 +13,10 @@
 //!   peer sees it in its next poll and fails naming that rank (so does a peer's next call: a rank
 //!   that failed is broken and never starts it).
 //! - **A dead peer** — gone, or a zombie, before it finished the call — is seen by its pid
-//!   within a few milliseconds of any wait, and named ([`Error::RankFailed`]).
+//!   within a few milliseconds of any wait, and named ([`Error::RankFailed`]). A pid means
+//!   something only in its PID namespace: a rank in another one (another container) is never
+//!   judged by its pid (its pid may even equal one of ours); only its abort word, its sockets'
+//!   ends and the deadlines tell of it ([`Process`]).
 //!
 //! Invariant: each shared word has one writer (its rank); the words only grow, except the shape
 //! slots, written only by their rank between two starts.
@@ -126,6 +129,43 @@ impl CallShape {
     }
 }
 
+/// A rank's process as this process can name it: its pid in its own PID namespace, and whether
+/// that namespace is this process's (`here`) — only then does the pid name the same process
+/// here. Ranks in containers of their own are elsewhere: there pids are numbered apart, every
+/// container's first process is pid 1, and the kernel shows their socket peers' pids as 0 or as
+/// another number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Process {
+    pub(crate) pid: u32,
+    pub(crate) here: bool,
+}
+
+impl Process {
+    /// The pid, where it names the same process here.
+    pub(crate) fn pid_here(self) -> Option<u32> {
+        self.here.then_some(self.pid)
+    }
+
+    /// The processes of ranks whose (pid, PID namespace) records are `records`, as seen by the
+    /// rank whose record is `records[me]` (a namespace of 0: unknown, taken for the same).
+    pub(crate) fn of(records: &[(u32, u64)], me: usize) -> Vec<Process> {
+        let mine = records[me].1;
+        records
+            .iter()
+            .map(|&(pid, space)| Process {
+                pid,
+                here: space == mine,
+            })
+            .collect()
+    }
+}
+
+/// This process's PID namespace (the inode of `/proc/self/ns/pid`), or 0 where it cannot be read.
+fn pid_namespace() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
+}
+
 /// The control words of one rank's job, mapped (module doc).
 pub(crate) struct Job {
     rank: usize,
@@ -133,8 +173,8 @@ pub(crate) struct Job {
     prefix: String,
     /// Every rank's control segment, by rank.
     control: Arc<Vec<Segment>>,
-    /// Every rank's process id.
-    pids: Arc<Vec<u32>>,
+    /// Every rank's process, by rank.
+    processes: Arc<Vec<Process>>,
     /// The job call number this rank started last, from 1 (its own `STARTED` word).
     seq: AtomicU64,
     /// This rank gives up (`abort`, from any thread): its waits end at once.
@@ -142,20 +182,25 @@ pub(crate) struct Job {
 }
 
 impl Job {
-    /// The job of the ranks `rendezvous` met (`id` names it): every rank's pid and host (one
-    /// host: [`Error::SeveralHosts`] otherwise), then every rank's control segment mapped here.
+    /// The job of the ranks `rendezvous` met (`id` names it): every rank's pid, PID namespace
+    /// and host (one host: [`Error::SeveralHosts`] otherwise), then every rank's control segment
+    /// mapped here.
     pub(crate) fn join(rendezvous: &mut Rendezvous, id: &UniqueId) -> Result<Job> {
         let rank = rendezvous.rank();
-        let mut record = vec![u64::from(std::process::id())];
+        let mut record = vec![u64::from(std::process::id()), pid_namespace()];
         push_text(&mut record, &host_id());
         let records = rendezvous.all_gather(&record)?;
-        let pids: Vec<u32> = records
+        let ids: Vec<(u32, u64)> = records
             .iter()
-            .map(|r| r.first().map_or(0, |&p| p as u32))
+            .map(|r| match r.as_slice() {
+                [pid, space, ..] => (*pid as u32, *space),
+                _ => (0, 0),
+            })
             .collect();
+        let processes = Process::of(&ids, rank);
         let hosts: Vec<String> = records
             .iter()
-            .map(|r| match r.get(1..) {
+            .map(|r| match r.get(2..) {
                 Some([len, words @ ..]) => text_of(*len as usize, words),
                 _ => String::new(),
             })
@@ -168,7 +213,7 @@ impl Job {
             });
         }
         // The names of the job's segments carry the id and rank 0's pid.
-        let prefix = format!("/ringreduce-{}-{}", id.tag(), pids[0]);
+        let prefix = format!("/ringreduce-{}-{}", id.tag(), processes[0].pid);
         let control_name = |q: usize| format!("{prefix}-r{q}-ctl");
         let own = Segment::create(&control_name(rank), CONTROL_WORDS * 8);
         let control = share_segments(rendezvous, rank, own.is_ok(), |q| {
@@ -181,15 +226,15 @@ impl Job {
             rank,
             prefix,
             control: Arc::new(with_own(control, rank, own)),
-            pids: Arc::new(pids),
+            processes: Arc::new(processes),
             seq: AtomicU64::new(0),
             aborted: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
-    /// Every rank's process id, by rank.
-    pub(crate) fn pids(&self) -> &Arc<Vec<u32>> {
-        &self.pids
+    /// Every rank's process, by rank.
+    pub(crate) fn processes(&self) -> &Arc<Vec<Process>> {
+        &self.processes
     }
 
     /// Every rank's control segment, by rank (for a call's waits: [`peer_failure`]).
@@ -237,9 +282,13 @@ impl Job {
                 if let Some(aborted) = self.aborted_error() {
                     return Err(aborted);
                 }
-                if let Err(failure) =
-                    peer_failure(&self.control, &self.pids, rank, seq, &mut next_liveness)
-                {
+                if let Err(failure) = peer_failure(
+                    &self.control,
+                    &self.processes,
+                    rank,
+                    seq,
+                    &mut next_liveness,
+                ) {
                     // A peer that aborted this call had started it: a mismatch with it (or with
                     // any peer that started) is the cause every rank names alike.
                     return Err(self.mismatch(seq, shape).unwrap_or(failure));
@@ -300,7 +349,14 @@ impl Job {
             return Some(aborted);
         }
         let mut now = Instant::now();
-        peer_failure(&self.control, &self.pids, self.rank, self.seq(), &mut now).err()
+        peer_failure(
+            &self.control,
+            &self.processes,
+            self.rank,
+            self.seq(),
+            &mut now,
+        )
+        .err()
     }
 
     /// Gives this rank up, from any thread: its own waits end at once (the start of a call, its
@@ -344,11 +400,12 @@ pub(crate) fn abort_peers(control: &[Segment], rank: usize, seq: u64, err: &Erro
 
 /// A peer's failure that dooms job call `seq`, as the error this rank reports: its abort word
 /// names this call or the one before (a rank that failed the previous call is broken and never
-/// starts this one), or its process is gone before it finished this call. Liveness is looked at
-/// every few milliseconds, when `next_liveness` has passed.
+/// starts this one), or its process is gone before it finished this call (asked of processes
+/// whose pid names them here). Liveness is looked at every few milliseconds, when
+/// `next_liveness` has passed.
 pub(crate) fn peer_failure(
     control: &[Segment],
-    pids: &[u32],
+    processes: &[Process],
     rank: usize,
     seq: u64,
     next_liveness: &mut Instant,
@@ -369,12 +426,15 @@ pub(crate) fn peer_failure(
     let now = Instant::now();
     if now >= *next_liveness {
         *next_liveness = now + LIVENESS_EVERY;
-        let gone = |q: usize| q != rank && read(q, DONE) < seq && !process_alive(pids[q]);
-        if let Some(q) = (0..pids.len()).find(|&q| gone(q)) {
+        let gone = |q: usize| match processes[q].pid_here() {
+            Some(pid) => q != rank && read(q, DONE) < seq && !process_alive(pid),
+            None => false,
+        };
+        if let Some(q) = (0..processes.len()).find(|&q| gone(q)) {
             return Err(Error::RankFailed {
                 rank: q,
                 during: "a collective across processes".into(),
-                message: format!("its process (pid {}) is gone", pids[q]),
+                message: format!("its process (pid {}) is gone", processes[q].pid),
             });
         }
     }

@@ -346,7 +346,7 @@ impl Joined {
     /// server.
     fn fetch(&self, from: usize, serial: u64) -> Result<std::os::fd::OwnedFd> {
         let name = server_name(self.job.prefix(), from);
-        crate::exec::fds::fetch(&name, self.job.pids()[from], serial)?.ok_or_else(|| {
+        crate::exec::fds::fetch(&name, self.job.processes()[from], serial)?.ok_or_else(|| {
             Error::Internal {
                 what: format!("rank {from} no longer shares the memory it exported as {serial}"),
             }
@@ -359,9 +359,10 @@ impl Joined {
     /// GPU `device`: maps the job's control words, which name every rank's process.
     pub(crate) fn new(mut rendezvous: Rendezvous, id: &UniqueId, device: usize) -> Result<Joined> {
         let job = Job::join(&mut rendezvous, id)?;
-        let pids = job.pids().clone();
+        let processes = job.processes().clone();
         let rank = rendezvous.rank();
-        if let Some(other) = (0..pids.len()).find(|&q| q != rank && pids[q] == pids[rank]) {
+        let one_process = |q: usize| q != rank && processes[q] == processes[rank];
+        if let Some(other) = (0..processes.len()).find(|&q| one_process(q)) {
             return Err(Error::InvalidArgument(format!(
                 "ranks {rank} and {other} of one job are in one process: GPU ranks with a \
                  communicator each run one per process; ranks of one process belong in one \
@@ -375,7 +376,7 @@ impl Joined {
         let served = exported.clone();
         let server = FdServer::start(
             &server_name(job.prefix(), rank),
-            pids.to_vec(),
+            processes.to_vec(),
             move |key| {
                 let ours = served
                     .lock()
@@ -452,7 +453,7 @@ impl Fabric for Joined {
     }
 
     fn import(&self, _rank: usize, from: usize, handle: &[u64]) -> Result<u64> {
-        let (key, offset, size) = match parse_import(from, handle)? {
+        let (key, offset, size) = match parse_import(from, from == self.rank, handle)? {
             Parsed::Own(addr) => return Ok(addr),
             Parsed::Peer { key, offset, size } => (key, offset, size),
         };
@@ -490,7 +491,7 @@ impl Fabric for Joined {
     }
 
     fn release(&self, from: usize, handle: &[u64]) -> Result<()> {
-        let Parsed::Peer { key, .. } = parse_import(from, handle)? else {
+        let Parsed::Peer { key, .. } = parse_import(from, from == self.rank, handle)? else {
             return Ok(());
         };
         let mut imports = self.imports.lock().unwrap_or_else(|p| p.into_inner());
@@ -600,17 +601,18 @@ enum Parsed {
     },
 }
 
-/// Reads rank `from`'s record of exported memory.
-fn parse_import(from: usize, handle: &[u64]) -> Result<Parsed> {
+/// Reads rank `from`'s record of exported memory (`own`: `from` is this rank, whose memory is
+/// used where it is — pids cannot tell, since a rank in another PID namespace may have ours).
+fn parse_import(from: usize, own: bool, handle: &[u64]) -> Result<Parsed> {
     let mut fields = Fields::new(from, handle);
-    let (how, pid, addr, offset) = (
+    // The exporter's pid stays in the record for people reading one; it decides nothing.
+    let (how, _pid, addr, offset) = (
         fields.word()?,
         fields.word()?,
         fields.word()?,
         fields.word()?,
     );
-    if pid == u64::from(std::process::id()) {
-        // This rank's own memory (`Joined::new` refuses other ranks of this process).
+    if own {
         return Ok(Parsed::Own(addr));
     }
     let (key, size) = match how {

@@ -61,7 +61,7 @@ pub(crate) struct SharedCall {
     rank: usize,
     control: Arc<Vec<Segment>>,
     segments: Arc<Vec<Segment>>,
-    pids: Arc<Vec<u32>>,
+    processes: Arc<Vec<crate::exec::job::Process>>,
     /// This plan's call number, from 1.
     nth: u64,
     /// Barrier arrivals per call of this plan (two per meeting).
@@ -150,7 +150,7 @@ impl SharedCall {
             }
             peer_failure(
                 &self.control,
-                &self.pids,
+                &self.processes,
                 self.rank,
                 self.seq,
                 &mut next_liveness,
@@ -380,7 +380,7 @@ impl ProcessRank {
                 rank,
                 control: self.job.control().clone(),
                 segments: prepared.segments.clone(),
-                pids: self.job.pids().clone(),
+                processes: self.job.processes().clone(),
                 nth: prepared.calls,
                 barriers: prepared.barriers,
                 seq,
