@@ -604,3 +604,25 @@ fn a_plans_size_is_bounded_whatever_the_count_and_chunk() {
         }
     }
 }
+
+/// Staging that cannot be addressed (`slots × chunk` overflows) is a clear error from the
+/// planner, for the collectives whose chunks span the whole count, not a wrapped length.
+#[test]
+fn staging_beyond_memory_is_refused_by_the_planner() {
+    let ring = RingSpec {
+        in_place: false,
+        ..RingSpec::new(3, 1 << 50, 1 << 40, 1 << 20, EdgeTransport::Peer)
+    };
+    for collective in [
+        Collective::Reduce { root: 0 },
+        Collective::Broadcast { root: 1 },
+    ] {
+        let built = CollectiveSpec {
+            collective,
+            ring: ring.clone(),
+        }
+        .build();
+        let err = built.expect_err("a plan whose slots overflow").to_string();
+        assert!(err.contains("do not fit in memory"), "{err}");
+    }
+}

@@ -590,7 +590,17 @@ unsafe fn hand_out(made: *mut c_void, newcomm: *mut ncclComm_t) -> ncclResult_t 
         // SAFETY: a communicator NCCL just made.
         false => match unsafe { wrap(made) } {
             Ok(handle) => handle,
-            Err(code) => return code,
+            Err(code) => {
+                // Not handed out: NCCL's communicator is destroyed, not leaked.
+                type F = unsafe extern "C" fn(*mut c_void) -> ncclResult_t;
+                // SAFETY: NCCL's documented signature; its own, unused handle.
+                if let Ok(destroy) = unsafe { real::<F>(c"ncclCommDestroy") } {
+                    // SAFETY: as above.
+                    unsafe { destroy(made) };
+                }
+                *out = std::ptr::null_mut();
+                return code;
+            }
         },
     };
     ncclSuccess
@@ -1286,6 +1296,13 @@ unsafe fn rooted(
         Ok(placed) => placed,
         Err(failure) => return guarded(|| Err(failure)),
     };
+    if count.checked_mul(world * bytes).is_none() {
+        return guarded(|| {
+            Err(invalid(format!(
+                "{world} blocks of {count} elements overflow"
+            )))
+        });
+    }
     let block = |base: u64, r: usize| base + (r * count * bytes) as u64;
     let mut ops = Vec::new();
     let end = |send: bool, address: u64, peer: usize| PointToPoint {
@@ -1557,8 +1574,11 @@ fn matched_transfers(records: &[Vec<u64>]) -> Result<Vec<ringreduce::Transfer>, 
 /// process: nothing waits for the group's end); sends and receives wait for it.
 #[no_mangle]
 pub extern "C" fn ncclGroupStart() -> ncclResult_t {
-    GROUP_DEPTH.with(|d| d.set(d.get() + 1));
-    group_of_nccl(c"ncclGroupStart")
+    let started = group_of_nccl(c"ncclGroupStart");
+    if started == ncclSuccess {
+        GROUP_DEPTH.with(|d| d.set(d.get() + 1));
+    }
+    started
 }
 
 /// NCCL's own group call, when NCCL runs communicators of this process (its grouped calls on
@@ -1605,12 +1625,17 @@ pub extern "C" fn ncclGroupEnd() -> ncclResult_t {
 }
 
 /// `ncclGroupSimulateEnd`: ends the group like `ncclGroupEnd` but launches nothing, and fills
-/// in NCCL's estimate of its time. The estimate is NCCL's to make: with NCCL's communicators
-/// only, NCCL answers; with ringreduce's, whose collectives run when called, the group's kept
-/// sends and receives are dropped (as a simulation launches nothing) and the call says it
-/// cannot estimate (`ncclInvalidUsage`).
+/// in NCCL's estimate of its time — in NCCL's order: the group level closes first, whatever
+/// follows; at the outermost level a null `simInfo` makes it a plain `ncclGroupEnd`. The estimate
+/// is NCCL's to make: with NCCL's communicators only, NCCL answers. With ringreduce's, whose
+/// collectives run when called (a simulated group's collectives have run, and written their
+/// buffers, by the time it ends), the group's kept sends and receives are dropped — a simulation
+/// launches nothing — and the call says it cannot estimate (`ncclInvalidUsage`).
 #[no_mangle]
 pub unsafe extern "C" fn ncclGroupSimulateEnd(sim_info: *mut ncclSimInfo_t) -> ncclResult_t {
+    if sim_info.is_null() {
+        return ncclGroupEnd();
+    }
     let nccl = if fallback::made_any() {
         type F = unsafe extern "C" fn(*mut ncclSimInfo_t) -> ncclResult_t;
         // SAFETY: NCCL's documented signature; the caller's struct.
@@ -1623,27 +1648,26 @@ pub unsafe extern "C" fn ncclGroupSimulateEnd(sim_info: *mut ncclSimInfo_t) -> n
         ncclSuccess
     };
     let ours = guarded(|| {
-        // SAFETY: null is refused; otherwise NCCL's contract: an initialized ncclSimInfo_t.
-        let info = unsafe { sim_info.as_ref() }.ok_or_else(|| invalid("simInfo is null"))?;
-        if info.magic != NCCL_SIM_INFO_MAGIC {
-            return Err(invalid(
-                "simInfo was not initialized with NCCL_SIM_INFO_INITIALIZER",
-            ));
-        }
-        let kept = GROUP_DEPTH.with(|d| match d.get() {
+        let outermost = GROUP_DEPTH.with(|d| match d.get() {
             0 => Err(Failure::Nccl(
                 ncclInvalidUsage,
                 "ncclGroupSimulateEnd without ncclGroupStart".into(),
             )),
-            1 => {
-                d.set(0);
-                Ok(PENDING.with(|p| std::mem::take(&mut *p.borrow_mut())).len())
-            }
             n => {
                 d.set(n - 1);
-                Ok(0)
+                Ok(n == 1)
             }
         })?;
+        if !outermost {
+            return Ok(());
+        }
+        let kept = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut())).len();
+        // SAFETY: checked non-null above; NCCL's contract: an initialized ncclSimInfo_t.
+        if unsafe { (*sim_info).magic } != NCCL_SIM_INFO_MAGIC {
+            return Err(invalid(
+                "simInfo was not initialized with NCCL_SIM_INFO_INITIALIZER",
+            ));
+        }
         if kept > 0 || !fallback::made_any() {
             return Err(unsupported(
                 "ringreduce-nccl cannot estimate a group's time (ncclGroupSimulateEnd): its collectives run when called",

@@ -18,10 +18,9 @@ You don't call this module yourself: a :class:`ringreduce.Communicator` made wit
   starts after the work already queued there, and the work queued there later sees its
   result, with no host synchronisation (call ``torch.cuda.synchronize()`` or
   ``comm.synchronize()`` to wait on the host);
-- keeps the tensors' memory for the collective: the tensors are on ``stream`` already when it
-  is their current stream (torch's caching allocator reuses a freed block only after the work
-  queued on its stream); a ``stream=`` passed in is recorded on every tensor
-  (``Tensor.record_stream``), so their memory outlives the collective there too.
+- keeps the tensors' memory for the collective: the stream it ran on is recorded on every
+  tensor (``Tensor.record_stream``), since torch's caching allocator orders a freed block only
+  after the work of the stream it was allocated on, which need not be this one.
 
 The rest is the host ranks' rule: ``out=None`` is in place; every rank must make the same
 calls. Calls on a host rank, or with CPU tensors, raise :class:`ringreduce.ArgumentError`
@@ -113,12 +112,11 @@ def _stream(native, stream):
     return stream, int(stream.cuda_stream)
 
 
-def _keep(tensors, stream, given):
-    """Records ``stream`` on each tensor when the caller chose it (module doc)."""
-    if given:
-        for tensor in tensors:
-            if tensor is not None:
-                tensor.record_stream(stream)
+def _keep(tensors, stream):
+    """Records ``stream`` on each tensor (module doc)."""
+    for tensor in tensors:
+        if tensor is not None:
+            tensor.record_stream(stream)
 
 
 def collective(native, name, root, x, out, op, dtype, stream):
@@ -129,7 +127,7 @@ def collective(native, name, root, x, out, op, dtype, stream):
     element = _one_type({"x": x_type, "out": out_type}, dtype)
     chosen, handle = _stream(native, stream)
     native.enqueue(name, root, x_memory, out_memory, op, element, handle)
-    _keep((x, out), chosen, stream is not None)
+    _keep((x, out), chosen)
 
 
 def send_recv(native, transfers, sends, recvs, dtype, stream):
@@ -142,4 +140,4 @@ def send_recv(native, transfers, sends, recvs, dtype, stream):
     native.enqueue_send_recv(
         transfers, [m for m, _ in send_memory], [m for m, _ in recv_memory], element, handle
     )
-    _keep(list(sends) + list(recvs), chosen, stream is not None)
+    _keep(list(sends) + list(recvs), chosen)

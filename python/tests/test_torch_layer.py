@@ -60,7 +60,9 @@ class TorchLayer(unittest.TestCase):
             comm._native.calls,
             [("enqueue", "all_reduce", 0, (x.data_ptr(), 8), None, "avg", "f32", current)],
         )
-        self.assertEqual(x.recorded, [])  # its own stream: nothing to record
+        # Recorded even on the current stream: the tensor may have been allocated on another.
+        self.assertEqual(len(x.recorded), 1)
+        self.assertEqual(x.recorded[0].cuda_stream, current)
 
     def test_out_of_place_on_a_stream_passed_in(self):
         comm, x, out = gpu_rank(rank=1), tensor(16, torch.bfloat16), tensor(8, torch.bfloat16)

@@ -38,7 +38,7 @@ pub(super) fn build(spec: &RingSpec) -> Result<Plan> {
     for rank in 0..n {
         plan.declare_callers(rank);
     }
-    let chunk = chunk_for(spec, count);
+    let chunk = chunk_for(spec, count)?;
     let mut p = Pusher::new(spec, chunk, plan, &[], true);
     p.record_entries();
     for rank in 0..n {

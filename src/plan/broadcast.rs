@@ -39,7 +39,7 @@ pub(super) fn build(spec: &RingSpec, root: usize) -> Result<Plan> {
     for rank in 0..n {
         plan.declare_callers(rank);
     }
-    let chunk = chunk_for(spec, count);
+    let chunk = chunk_for(spec, count)?;
     let mut p = Pusher::new(spec, chunk, plan, &[], true);
     p.record_entries();
     let source = if in_place {

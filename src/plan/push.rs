@@ -23,6 +23,7 @@ use super::{
     RingSpec, StreamKind, Tag,
 };
 use crate::element::ReduceOp;
+use crate::error::{Error, Result};
 use std::collections::BTreeSet;
 
 /// Where a pushed chunk goes on the receiver.
@@ -359,13 +360,29 @@ pub(super) fn block_range(block: usize, count: usize) -> std::ops::Range<usize> 
 /// gets longer chunks instead: planning and proving a new shape then costs what a plan of
 /// `MAX_CHUNKS` chunks per range costs, whatever the count (docs/PERFORMANCE.md, "The first
 /// call of a shape"). 64 chunks keep a ring's pipeline full (its fill and drain are a step of
-/// one chunk each), and the automatic chunk sizes never reach it below 256 MiB segments.
+/// one chunk each), and the automatic chunk sizes never reach it below 256 MiB segments. The
+/// price: beyond that, staging slots (`slots × chunk`, pinned host memory on staged edges) grow
+/// with the count — a 16 GiB broadcast over staged edges with 3 slots pins 768 MiB per sender
+/// where 4 MiB chunks would pin 12 MiB. Running a long message as several windows of bounded
+/// plans would bound both; it is not built.
 pub const MAX_CHUNKS: usize = 64;
 
-/// The chunk length for a collective that moves ranges of at most `longest` elements:
+/// The chunk length for a collective that moves ranges of at most `longest` elements
+/// ([`chunk_len`]), with its staging (`slots` chunks) checked to be addressable.
+pub(super) fn chunk_for(spec: &RingSpec, longest: usize) -> Result<usize> {
+    let chunk = chunk_len(spec, longest);
+    match chunk.checked_mul(spec.slots) {
+        Some(_) => Ok(chunk),
+        None => Err(Error::InvalidArgument(format!(
+            "{} slots of {chunk} elements do not fit in memory",
+            spec.slots
+        ))),
+    }
+}
+
 /// `chunk_elems`, but no longer than `longest` (at least 1) and no shorter than
 /// `longest / MAX_CHUNKS`, rounded up to `align_elems`.
-pub(super) fn chunk_for(spec: &RingSpec, longest: usize) -> usize {
+pub(super) fn chunk_len(spec: &RingSpec, longest: usize) -> usize {
     let align = spec.align_elems.max(1);
     let longest = longest.max(1);
     spec.chunk_elems

@@ -46,7 +46,7 @@ pub(super) fn build(spec: &RingSpec, root: usize) -> Result<Plan> {
             });
         }
     }
-    let chunk = chunk_for(spec, count);
+    let chunk = chunk_for(spec, count)?;
     let receivers: Vec<usize> = if count > 0 {
         (1..n).map(|q| chain_rank(start, q, n)).collect()
     } else {

@@ -55,7 +55,7 @@ pub(super) fn build(spec: &RingSpec) -> Result<Plan> {
             });
         }
     }
-    let chunk = chunk_for(spec, count);
+    let chunk = chunk_for(spec, count)?;
     let slotted: Vec<usize> = if n > 1 && count > 0 {
         (0..n).collect()
     } else {

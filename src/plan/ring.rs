@@ -141,7 +141,7 @@ impl RingSpec {
         let longest = segment_range(self.count, world, align, 0)
             .len()
             .max(segment_range(self.count, world, align, world - 1).len());
-        super::push::chunk_for(self, longest)
+        super::push::chunk_len(self, longest)
     }
 
     /// The checks every planner makes on the shared parameters (world, chunking, slots, edges).

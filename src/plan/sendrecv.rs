@@ -54,7 +54,7 @@ pub(super) fn build(spec: &RingSpec, transfers: &[Transfer]) -> Result<Plan> {
         });
     }
     let longest = transfers.iter().map(|t| t.count).max().unwrap_or(0);
-    let chunk = chunk_for(spec, longest);
+    let chunk = chunk_for(spec, longest)?;
     let mut p = Pusher::new(spec, chunk, plan, &[], true);
     p.record_entries();
     for (i, t) in transfers.iter().enumerate() {

@@ -226,6 +226,17 @@ int main(int argc, char **argv) {
   expect_result("ncclGroupSimulateEnd", ncclGroupSimulateEnd(&sim), ncclInvalidUsage, "estimate");
   expect_result("ncclGroupEnd after a simulated end", ncclGroupEnd(), ncclInvalidUsage,
                 "ncclGroupStart");
+  /* NCCL's order: the group closes first; a null simInfo is a plain ncclGroupEnd, a bad one an
+     error that still closes the group. */
+  expect_result("ncclGroupStart", ncclGroupStart(), ncclSuccess, NULL);
+  expect_result("ncclGroupSimulateEnd(NULL)", ncclGroupSimulateEnd(NULL), ncclSuccess, NULL);
+  expect_result("ncclGroupEnd after it", ncclGroupEnd(), ncclInvalidUsage, "ncclGroupStart");
+  expect_result("ncclGroupStart", ncclGroupStart(), ncclSuccess, NULL);
+  ncclSimInfo_t raw = sim;
+  raw.magic = 0;
+  expect_result("ncclGroupSimulateEnd of an uninitialized simInfo", ncclGroupSimulateEnd(&raw),
+                ncclInvalidArgument, "NCCL_SIM_INFO_INITIALIZER");
+  expect_result("ncclGroupEnd after it", ncclGroupEnd(), ncclInvalidUsage, "ncclGroupStart");
   expect_result("ncclGroupStart", ncclGroupStart(), ncclSuccess, NULL);
   expect_result("ncclGroupEnd", ncclGroupEnd(), ncclSuccess, NULL);
   expect_result("ncclCommDestroy(NULL)", ncclCommDestroy(NULL), ncclInvalidArgument, "null");
