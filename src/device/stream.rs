@@ -82,11 +82,13 @@ impl CallerStream {
 
     /// A raw stream handle, as C callers pass it (`cudaStream_t`): asks the driver for its
     /// context (`cuStreamGetCtx`; for the legacy default stream, 0, the calling thread's current
-    /// context) and that context's device.
+    /// context) and that context's device. [`Error::NoGpu`] where there is no driver or GPU (a
+    /// host rank's caller, a machine without CUDA), before any driver call.
     ///
     /// # Safety
     /// `raw` is 0 or a live stream, and stays live while the returned value is used.
     pub unsafe fn from_raw(raw: sys::CUstream) -> Result<CallerStream> {
+        super::driver_available()?;
         let mut ctx: sys::CUcontext = std::ptr::null_mut();
         // SAFETY: `ctx` is a live local; `raw` is 0 or live (our caller's contract).
         unsafe { sys::cuStreamGetCtx(raw, &mut ctx) }

@@ -115,6 +115,10 @@ fn probe_and_queries_agree() {
             assert_no_gpu("p2p_attributes", p2p_attributes(0, 1));
             assert_no_gpu("pointer_device", pointer_device(0x1000));
             assert_no_gpu("pointer_is_pool_memory", pointer_is_pool_memory(0x1000));
+            // SAFETY: 0 is the legacy default stream, valid for the call.
+            assert_no_gpu("CallerStream::from_raw", unsafe {
+                CallerStream::from_raw(std::ptr::null_mut())
+            });
             assert_no_gpu(
                 "grant_pointer_pool_access",
                 grant_pointer_pool_access(0x1000, 0),
