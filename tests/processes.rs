@@ -203,11 +203,13 @@ fn a_mismatched_call_is_a_named_error_on_every_rank() {
             }
             other => panic!("rank {}: {other}", env.rank),
         }
-        // The communicator is broken from then on.
+        // The communicator is broken from then on, and closing it says why.
         let again = comm
             .all_reduce_in_place(&mut buf, ReduceOp::Sum)
             .unwrap_err();
         assert!(matches!(again, Error::CommunicatorFailed(_)), "{again}");
+        let closed = comm.close().unwrap_err();
+        assert_eq!(closed.to_string(), err.to_string());
         return;
     }
     let ranks = launch(

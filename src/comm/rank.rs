@@ -452,6 +452,24 @@ impl RankCommunicator {
         }
     }
 
+    /// Shuts this rank down cleanly (NCCL's `ncclCommFinalize` then `ncclCommDestroy`): waits for
+    /// what it enqueued, parts from its peers and frees its memory, and returns the first error
+    /// the communicator met — the failure that broke it, or one of the shutdown (dropping it
+    /// does the same and drops the error).
+    pub fn close(self) -> Result<()> {
+        let shutdown = match self.inner {
+            Inner::Gpu { exec, .. } => exec.shutdown(),
+            Inner::Host(rank) => {
+                drop(rank);
+                Ok(())
+            }
+        };
+        match self.broken {
+            Some(err) => Err(err),
+            None => shutdown,
+        }
+    }
+
     /// Gives up on the job (NCCL's `ncclCommAbort`): the peers' waits in this job end with an
     /// error naming this rank, and the communicator is closed without waiting for them.
     pub fn abort(self) {
