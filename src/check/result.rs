@@ -192,19 +192,29 @@ pub(super) fn expectations(plan: &Plan) -> Check<Vec<Expect>> {
 
 /// A reduction's two values at one element, both seen from the result's position: the union of
 /// their ranks, or why they cannot be combined (`at` names the result element).
-pub(super) fn combine(here: &str, x: Sym, y: Sym, at: usize, world: usize) -> Check<Sym> {
+/// `here` names the instruction, asked only when it is rejected (the happy path formats
+/// nothing: it runs for every element of every reduction).
+pub(super) fn combine(
+    here: impl Fn() -> String,
+    x: Sym,
+    y: Sym,
+    at: usize,
+    world: usize,
+) -> Check<Sym> {
     if x.ranks & y.ranks != 0 {
         return reject(format!(
-            "{here} counts the contribution of rank(s) {:?} twice at element {at}",
+            "{} counts the contribution of rank(s) {:?} twice at element {at}",
+            here(),
             ranks_in(x.ranks & y.ranks, world)
         ));
     }
     if x.scaled + y.scaled > 0 {
-        return reject(format!("{here} reduces an already averaged value"));
+        return reject(format!("{} reduces an already averaged value", here()));
     }
     if (x.shift, x.source) != (y.shift, y.source) {
         return reject(format!(
-            "{here} reduces different elements at element {at}: element {} of {} with element {} of {}",
+            "{} reduces different elements at element {at}: element {} of {} with element {} of {}",
+            here(),
             at as i64 + x.shift,
             source_name(x.source),
             at as i64 + y.shift,
@@ -450,7 +460,7 @@ pub fn check_result(plan: &Plan, order: &[(usize, usize)]) -> Check {
                     let x = values[0].ok_or_else(|| unwritten(a, k))?;
                     let y = values[1].ok_or_else(|| unwritten(b, k))?;
                     let (x, y) = (x.moved(a.offset, dst.offset), y.moved(b.offset, dst.offset));
-                    let sum = combine(&here(), x, y, dst.offset + k, plan.world)?;
+                    let sum = combine(here, x, y, dst.offset + k, plan.world)?;
                     out.push((len, Some(sum)));
                     Ok(())
                 })?;
@@ -499,7 +509,7 @@ pub fn check_result(plan: &Plan, order: &[(usize, usize)]) -> Check {
                                 ))
                             }
                             None => v,
-                            Some(acc) => combine(&here(), acc, v, dst.offset + k, plan.world)?,
+                            Some(acc) => combine(here, acc, v, dst.offset + k, plan.world)?,
                         });
                     }
                     out.push((len, acc));
