@@ -1215,7 +1215,7 @@ unsafe fn point_to_point(op: PointToPoint) -> ncclResult_t {
 }
 
 /// `ncclGather`: every rank's `count` elements into block `rank` of the root's `recvbuff`, as
-/// one group of sends and receives ([`rooted`]).
+/// one group of sends and receives.
 #[no_mangle]
 pub unsafe extern "C" fn ncclGather(
     sendbuff: *const c_void,
@@ -1241,7 +1241,7 @@ pub unsafe extern "C" fn ncclGather(
 }
 
 /// `ncclScatter`: block `rank` of the root's `sendbuff` (`count` elements) into every rank's
-/// `recvbuff`, as one group of sends and receives ([`rooted`]).
+/// `recvbuff`, as one group of sends and receives.
 #[no_mangle]
 pub unsafe extern "C" fn ncclScatter(
     sendbuff: *const c_void,
