@@ -66,7 +66,7 @@ Every failure raises a subclass of :class:`Error` (see :mod:`ringreduce._errors`
 :class:`InternalError`.
 """
 
-from . import _native
+from . import _errors, _native
 from ._communicator import Communicator, Transfer
 from ._errors import (
     ArgumentError,
@@ -84,18 +84,4 @@ from ._errors import (
 UniqueId = _native.UniqueId
 __version__ = _native.__version__
 
-__all__ = [
-    "Communicator",
-    "UniqueId",
-    "Transfer",
-    "Error",
-    "ArgumentError",
-    "Timeout",
-    "PeerLost",
-    "Mismatch",
-    "CommunicatorFailed",
-    "Closed",
-    "NoGpu",
-    "CudaError",
-    "InternalError",
-]
+__all__ = ["Communicator", "UniqueId", "Transfer", *_errors.__all__]

@@ -65,7 +65,7 @@ fn check_result_per_element(plan: &Plan, order: &[(usize, usize)]) -> Check {
                     let (x, y) = (read(&memory, a, k)?, read(&memory, b, k)?);
                     let (x, y) = (x.moved(a.offset, dst.offset), y.moved(b.offset, dst.offset));
                     memory[dst.buf.0][dst.offset + k] =
-                        Some(combine(&here, x, y, dst.offset + k, plan.world)?);
+                        Some(combine(here, x, y, dst.offset + k, plan.world)?);
                 }
             }
             Op::Scale { region } => {
@@ -100,7 +100,7 @@ fn check_result_per_element(plan: &Plan, order: &[(usize, usize)]) -> Check {
                                 ))
                             }
                             None => v,
-                            Some(acc) => combine(&here, acc, v, dst.offset + k, plan.world)?,
+                            Some(acc) => combine(here, acc, v, dst.offset + k, plan.world)?,
                         });
                     }
                     values.push(acc.expect("a peer reduce reads at least one rank"));
