@@ -8,6 +8,7 @@
  * documents for it: a declaration in nccl.h that differs from the documented one fails the build.
  */
 #include "nccl.h"
+#include "expect.h"
 
 #include <stddef.h>
 #include <stdio.h>
@@ -84,17 +85,6 @@ static const struct Signatures signatures = {
   ncclCommWindowRegister, ncclCommWindowDeregister, ncclDevCommCreate, ncclDevCommDestroy,
 };
 
-static int failures = 0;
-
-#define EXPECT(cond, ...)                                                  \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
-      failures++;                                                          \
-      fprintf(stderr, "FAILED %s:%d: %s: ", __FILE__, __LINE__, #cond);    \
-      fprintf(stderr, __VA_ARGS__);                                        \
-      fprintf(stderr, "\n");                                               \
-    }                                                                      \
-  } while (0)
 
 /* The call returned `want`, and when it failed, the last error says `says`. */
 static void expect_result(const char *what, ncclResult_t got, ncclResult_t want, const char *says) {

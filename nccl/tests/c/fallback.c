@@ -6,22 +6,12 @@
  * PyTorch loads its wheel's libnccl.so.2, and the library must find it there.
  */
 #include "nccl.h"
+#include "expect.h"
 
 #include <dlfcn.h>
 #include <stdio.h>
 #include <string.h>
 
-static int failures = 0;
-
-#define EXPECT(cond, ...)                                                  \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
-      failures++;                                                          \
-      fprintf(stderr, "FAILED %s:%d: %s: ", __FILE__, __LINE__, #cond);    \
-      fprintf(stderr, __VA_ARGS__);                                        \
-      fprintf(stderr, "\n");                                               \
-    }                                                                      \
-  } while (0)
 
 int main(int argc, char **argv) {
   if (argc < 2) return 2;

@@ -419,7 +419,6 @@ impl Fabric for Joined {
     }
 
     fn export(&self, rank: usize, memory: Exported) -> Result<Record> {
-        let pid = u64::from(std::process::id());
         let addr = match memory {
             Exported::Device { addr, .. } => addr,
             Exported::Host { addr, .. } => {
@@ -434,16 +433,16 @@ impl Fabric for Joined {
                 let offset = addr - shared.base;
                 let (serial, size) = (shared.serial, shared.size as u64);
                 self.served(serial);
-                return Ok(vec![BY_HOST_DESCRIPTOR, pid, addr, offset, serial, size]);
+                return Ok(vec![BY_HOST_DESCRIPTOR, addr, offset, serial, size]);
             }
         };
         if let Some(shared) = device::shareable_fd(addr)? {
             let (offset, serial, size) = (addr - shared.base, shared.serial, shared.size as u64);
             self.served(serial);
-            return Ok(vec![BY_DESCRIPTOR, pid, addr, offset, serial, size]);
+            return Ok(vec![BY_DESCRIPTOR, addr, offset, serial, size]);
         }
         let (handle, offset) = device::export_handle(&self.ctx, addr)?;
-        let mut record = vec![BY_IPC_HANDLE, pid, addr, offset];
+        let mut record = vec![BY_IPC_HANDLE, addr, offset];
         record.extend(
             handle
                 .chunks(8)
@@ -605,13 +604,7 @@ enum Parsed {
 /// used where it is — pids cannot tell, since a rank in another PID namespace may have ours).
 fn parse_import(from: usize, own: bool, handle: &[u64]) -> Result<Parsed> {
     let mut fields = Fields::new(from, handle);
-    // The exporter's pid stays in the record for people reading one; it decides nothing.
-    let (how, _pid, addr, offset) = (
-        fields.word()?,
-        fields.word()?,
-        fields.word()?,
-        fields.word()?,
-    );
+    let (how, addr, offset) = (fields.word()?, fields.word()?, fields.word()?);
     if own {
         return Ok(Parsed::Own(addr));
     }

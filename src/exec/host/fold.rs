@@ -91,37 +91,30 @@ const FOLD_BLOCK: usize = 1024;
 /// `dst` and every source point to `count` aligned elements of `T`; `dst` is disjoint from every
 /// source it is not equal to; no other thread writes any of them during the call.
 unsafe fn fold_raw<T: Element>(op: ReduceOp, dst: *mut u8, sources: &[*const u8], count: usize) {
-    let starts = (0..count).step_by(FOLD_BLOCK);
+    // Addresses, not raw pointers (which are not Send): the workers share them, one block each.
+    let (dst, sources): (usize, Vec<usize>) =
+        (dst as usize, sources.iter().map(|&s| s as usize).collect());
+    let block = |start: usize| {
+        // SAFETY: the caller's contract; each block of `dst` is written by one call.
+        unsafe { fold_block::<T>(op, dst, &sources, count, start) }
+    };
+    let blocks = 0..count.div_ceil(FOLD_BLOCK);
     if count >= PARALLEL_MIN {
-        // Raw pointers are not Send: the workers get addresses, one block each.
-        let (dst, sources) = (
-            dst as usize,
-            sources.iter().map(|&s| s as usize).collect::<Vec<_>>(),
-        );
-        starts
-            .collect::<Vec<_>>()
-            .into_par_iter()
-            .for_each(|start| {
-                let sources: Vec<*const u8> = sources.iter().map(|&s| s as *const u8).collect();
-                // SAFETY: the caller's contract; each block of `dst` is written by one worker.
-                unsafe { fold_block::<T>(op, dst as *mut u8, &sources, count, start) }
-            });
+        blocks.into_par_iter().for_each(|b| block(b * FOLD_BLOCK));
     } else {
-        for start in starts {
-            // SAFETY: the caller's contract.
-            unsafe { fold_block::<T>(op, dst, sources, count, start) }
-        }
+        blocks.for_each(|b| block(b * FOLD_BLOCK));
     }
 }
 
-/// [`fold_raw`] of the block of at most [`FOLD_BLOCK`] elements from `start`.
+/// [`fold_raw`] of the block of at most [`FOLD_BLOCK`] elements from `start` (`dst` and the
+/// sources as addresses).
 ///
 /// # Safety
 /// [`fold_raw`]'s contract, `start < count`, and no other thread writes this block of `dst`.
 unsafe fn fold_block<T: Element>(
     op: ReduceOp,
-    dst: *mut u8,
-    sources: &[*const u8],
+    dst: usize,
+    sources: &[usize],
     count: usize,
     start: usize,
 ) {
@@ -132,7 +125,7 @@ unsafe fn fold_block<T: Element>(
     // SAFETY: every source holds `count` elements of T and [start, start + len) lies inside; no
     // source is written during the call but `dst`'s own block, written below after its last read.
     let read =
-        |src: *const u8| unsafe { std::slice::from_raw_parts((src as *const T).add(start), len) };
+        |src: usize| unsafe { std::slice::from_raw_parts((src as *const T).add(start), len) };
     let mut acc = [<T::Acc as bytemuck::Zeroable>::zeroed(); FOLD_BLOCK];
     let acc = &mut acc[..len];
     for (a, &x) in acc.iter_mut().zip(read(first)) {
