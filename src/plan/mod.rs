@@ -99,6 +99,7 @@ pub mod allgather;
 pub mod alltoall;
 pub mod broadcast;
 mod collective;
+pub mod hierarchy;
 pub mod oneshot;
 mod push;
 pub mod reduce;

@@ -3,6 +3,7 @@
 //!
 //! `symbolic` holds the run-by-run symbolic execution to an element-by-element reference.
 
+mod hierarchy;
 mod races;
 mod symbolic;
 
