@@ -311,17 +311,37 @@ pub enum Error {
         rank: usize,
     },
 
-    /// The ranks of a job with one process per rank are on more than one host; until
-    /// collectives across hosts exist, every rank must run on one host (`RINGREDUCE_HOST_ID`
-    /// overrides the host name a rank reports).
-    #[error("rank {rank} runs on host {host:?} and rank 0 on {rank0_host:?}: every rank must run on one host")]
-    SeveralHosts {
-        /// A rank on another host than rank 0's.
+    /// The ranks' hosts (each rank reports its host name, or `RINGREDUCE_HOST_ID`) do not form
+    /// the layout a job on several hosts needs: each host's ranks consecutive (torchrun's
+    /// numbering), the same number of ranks on every host.
+    #[error("the ranks' hosts do not form a job's layout: {what}")]
+    HostLayout {
+        /// What is wrong, naming the ranks and hosts.
+        what: String,
+    },
+
+    /// The ranks run on several hosts, and nothing carries collectives between hosts: GPU
+    /// ranks need NCCL (`libnccl.so.2`, loaded at run time), host ranks an engine their
+    /// creator passes ([`crate::InterHostFactory`]).
+    #[error("the ranks run on {hosts} hosts and {why}")]
+    NoInterHost {
+        /// The number of hosts.
+        hosts: usize,
+        /// Why no engine between hosts is there.
+        why: String,
+    },
+
+    /// One level of a hierarchical collective failed on this rank: within its host
+    /// (ringreduce's plans) or across hosts (the engine between hosts). Ranks in `source` are
+    /// the job's.
+    #[error("rank {rank}'s collective {level} failed: {source}")]
+    Level {
+        /// "within a host" or "across hosts".
+        level: &'static str,
+        /// This rank (the job's).
         rank: usize,
-        /// Its host.
-        host: String,
-        /// Rank 0's host.
-        rank0_host: String,
+        /// What failed there.
+        source: Box<Error>,
     },
 
     /// The ranks of a communicator made different calls: every rank must make the same
@@ -334,6 +354,16 @@ pub enum Error {
         theirs: String,
         /// This rank.
         this: usize,
+        /// This rank's call.
+        ours: String,
+    },
+
+    /// Ranks of a job on several hosts made different calls (compared among every rank at the
+    /// start of each call, by a hash of the call: which rank differs is not known).
+    #[error("rank {rank} called {ours}, and another rank of the job called something else: every rank must make the same collective calls in the same order")]
+    CallMismatchInJob {
+        /// This rank.
+        rank: usize,
         /// This rank's call.
         ours: String,
     },

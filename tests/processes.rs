@@ -285,29 +285,6 @@ fn a_killed_rank_is_named_on_every_other_rank_well_before_the_timeout() {
 }
 
 #[test]
-fn ranks_on_two_hosts_are_refused_by_name() {
-    if let Some(env) = as_rank() {
-        let id = env.unique_id().unwrap();
-        let err =
-            RankCommunicator::host(&id, env.rank, env.world, config(Algorithm::Ring)).unwrap_err();
-        match &err {
-            Error::SeveralHosts {
-                rank,
-                host,
-                rank0_host,
-            } => assert_eq!((*rank, &host[..], &rank0_host[..]), (1, "b", "a"), "{err}"),
-            other => panic!("rank {}: {other}", env.rank),
-        }
-        return;
-    }
-    let hosts = ["a", "b"];
-    let ranks = launch("ranks_on_two_hosts_are_refused_by_name", 2, |rank| {
-        vec![("RINGREDUCE_HOST_ID".into(), hosts[rank].into())]
-    });
-    expect_success(ranks, Duration::from_secs(30));
-}
-
-#[test]
 fn send_recv_across_processes_moves_every_transfer() {
     if let Some(env) = as_rank() {
         let (rank, world) = (env.rank, env.world);

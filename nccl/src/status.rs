@@ -32,7 +32,8 @@ pub fn code_of(err: &Error) -> ncclResult_t {
         | Error::WorldSizeMismatch { .. }
         | Error::DuplicateRank { .. }
         | Error::ConfigMismatch { .. }
-        | Error::SeveralHosts { .. }
+        | Error::HostLayout { .. }
+        | Error::NoInterHost { .. }
         | Error::NotCapturable { .. } => ncclInvalidUsage,
         _ => ncclInvalidArgument,
     }

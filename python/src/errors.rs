@@ -40,6 +40,8 @@ pub fn argument(message: impl Into<String>) -> Failure {
 /// The Python class (in `ringreduce._errors`) for `err`'s variant.
 pub fn class_of(err: &Error) -> &'static str {
     match err {
+        // A level of a hierarchical collective failed: the class of what failed there.
+        Error::Level { source, .. } => class_of(source),
         Error::NoBuffers
         | Error::WorldMismatch { .. }
         | Error::LengthMismatch { .. }
@@ -71,8 +73,8 @@ pub fn class_of(err: &Error) -> &'static str {
         Error::NoGpu { .. } => "NoGpu",
         Error::Cuda { .. } => "CudaError",
         Error::Internal { .. } | Error::PlanRejected(_) => "InternalError",
-        // The rest (Resource, NoPeerAccess, NotCapturable, LaunchBlocked, SeveralHosts, and
-        // variants the core adds later) are the base class.
+        // The rest (Resource, NoPeerAccess, NotCapturable, LaunchBlocked, HostLayout,
+        // NoInterHost, and variants the core adds later) are the base class.
         _ => "Error",
     }
 }
@@ -93,10 +95,9 @@ fn rank_of(err: &Error) -> Option<usize> {
         | Error::WorldSizeMismatch { rank, .. }
         | Error::DuplicateRank { rank }
         | Error::ConfigMismatch { rank }
-        | Error::SeveralHosts { rank, .. }
         | Error::CallMismatch { rank, .. } => Some(*rank),
         Error::RanksMissing { missing, .. } => missing.first().copied(),
-        Error::CommunicatorFailed(cause) => rank_of(cause),
+        Error::CommunicatorFailed(cause) | Error::Level { source: cause, .. } => rank_of(cause),
         _ => None,
     }
 }

@@ -24,10 +24,13 @@ use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::cuda::executor::{CudaConfig, CudaExecutor};
 use crate::exec::cuda::fabric::Fabric;
+use crate::exec::hierarchy::{HostHierarchy, InterHostFactory};
 use crate::exec::host::process::ProcessRank;
 use crate::exec::host::HostConfig;
+use crate::exec::job;
 use crate::exec::rendezvous::{LaunchEnv, Rendezvous, UniqueId};
 use crate::exec::Shape;
+use crate::plan::hierarchy::Hosts;
 use crate::plan::{BufKind, Collective, Transfer};
 use cudarc::driver::CudaStream;
 use std::sync::Arc;
@@ -50,7 +53,12 @@ pub struct RankCommunicator {
 
 enum Inner {
     Host(ProcessRank),
-    Gpu { exec: CudaExecutor, device: usize },
+    /// A host rank of a job on several hosts.
+    Hosts(HostHierarchy),
+    Gpu {
+        exec: CudaExecutor,
+        device: usize,
+    },
 }
 
 impl std::fmt::Debug for RankCommunicator {
@@ -68,6 +76,38 @@ struct Ends {
     writes: Vec<(BufKind, u64, usize)>,
 }
 
+/// A host rank's ends as slices, read-only and writable.
+///
+/// # Safety
+/// Each address and length came from a `Buffer` in host memory (checked by `placed`), whose
+/// contract makes them valid for the buffer's elements, borrowed by the caller of the call that
+/// made `ends` for as long as the slices live; each write is a `BufferMut` borrowed mutably,
+/// distinct from every other buffer of the call (the borrow checker keeps a `&mut` unique). The
+/// slices live no longer than that call (`'a` is chosen by the caller and bounded by nothing
+/// else).
+#[allow(clippy::type_complexity)]
+unsafe fn host_slices<'a, T: Element>(
+    ends: &Ends,
+) -> (Vec<(BufKind, &'a [T])>, Vec<(BufKind, &'a mut [T])>) {
+    // SAFETY: the contract above.
+    let reads = ends
+        .reads
+        .iter()
+        .map(|&(kind, addr, len)| unsafe {
+            (kind, std::slice::from_raw_parts(addr as *const T, len))
+        })
+        .collect();
+    // SAFETY: as above.
+    let writes = ends
+        .writes
+        .iter()
+        .map(|&(kind, addr, len)| unsafe {
+            (kind, std::slice::from_raw_parts_mut(addr as *mut T, len))
+        })
+        .collect();
+    (reads, writes)
+}
+
 impl RankCommunicator {
     /// Joins the job of `id` as host rank `rank` of `world`: meets every other rank at `id`'s
     /// address within `config.timeout` (every rank gets the same named error when they
@@ -79,10 +119,50 @@ impl RankCommunicator {
         config: HostConfig,
     ) -> Result<RankCommunicator> {
         super::check_host_config(world, &config)?;
+        let mut rendezvous = ProcessRank::meet(id, rank, world, &config)?;
+        let hosts = job::host_layout(&mut rendezvous)?;
+        if hosts.hosts > 1 {
+            return Err(Error::NoInterHost {
+                hosts: hosts.hosts,
+                why: "host ranks have no engine between hosts: make them with \
+                      RankCommunicator::host_across and an InterHostFactory"
+                    .into(),
+            });
+        }
         Ok(RankCommunicator {
             rank,
             world,
-            inner: Inner::Host(ProcessRank::join(id, rank, world, config)?),
+            inner: Inner::Host(ProcessRank::on(rendezvous, id, config)?),
+            broken: None,
+        })
+    }
+
+    /// [`RankCommunicator::host`] for a job that may span several hosts: each rank reports its
+    /// host (its host name, or `RINGREDUCE_HOST_ID`), and where there are several, every call
+    /// runs as a hierarchical collective ([`crate::plan::hierarchy`]): within each host on
+    /// ringreduce's plans, across hosts on the engines `factory` makes, one per local index.
+    /// Each host's ranks must be consecutive and every host must run as many
+    /// ([`Error::HostLayout`]); the limits of `config` apply to one host's ranks. On one host
+    /// this is [`RankCommunicator::host`] and `factory` is not used.
+    pub fn host_across(
+        id: &UniqueId,
+        rank: usize,
+        world: usize,
+        config: HostConfig,
+        factory: &dyn InterHostFactory,
+    ) -> Result<RankCommunicator> {
+        super::check_host_config(1, &config)?;
+        let mut rendezvous = ProcessRank::meet(id, rank, world, &config)?;
+        let hosts = job::host_layout(&mut rendezvous)?;
+        super::check_host_config(hosts.local, &config)?;
+        let inner = match hosts.hosts {
+            1 => Inner::Host(ProcessRank::on(rendezvous, id, config)?),
+            _ => Inner::Hosts(HostHierarchy::join(rendezvous, hosts, config, factory)?),
+        };
+        Ok(RankCommunicator {
+            rank,
+            world,
+            inner,
             broken: None,
         })
     }
@@ -107,8 +187,17 @@ impl RankCommunicator {
     ) -> Result<RankCommunicator> {
         super::check_cuda_config(world, &config)?;
         let (algorithm, deterministic) = (config.algorithm, config.deterministic);
-        let rendezvous =
+        let mut rendezvous =
             Rendezvous::join(id, rank, world, gpu_fingerprint(&config), config.timeout)?;
+        let hosts = job::host_layout(&mut rendezvous)?;
+        if hosts.hosts > 1 {
+            return Err(Error::NoInterHost {
+                hosts: hosts.hosts,
+                why: "GPU ranks have no engine between hosts yet (NCCL, for the hierarchical \
+                      collectives host ranks run with RankCommunicator::host_across)"
+                    .into(),
+            });
+        }
         let exec = CudaExecutor::for_rank(rendezvous, id, device, config)?;
         super::check_deterministic_if(deterministic, algorithm, world, exec.peers_ok())?;
         Ok(RankCommunicator {
@@ -139,6 +228,18 @@ impl RankCommunicator {
     /// The number of ranks.
     pub fn world(&self) -> usize {
         self.world
+    }
+
+    /// How the ranks lie on hosts (one host of every rank, but for a job on several hosts made
+    /// by [`RankCommunicator::host_across`]).
+    pub fn hosts(&self) -> Hosts {
+        match &self.inner {
+            Inner::Hosts(inner) => inner.hosts(),
+            _ => Hosts {
+                hosts: 1,
+                local: self.world,
+            },
+        }
     }
 
     /// All-reduce in place: every rank's `buf` ends holding the reduction of every rank's.
@@ -419,7 +520,7 @@ impl RankCommunicator {
     pub fn synchronize(&mut self) -> Result<()> {
         broken(&self.broken)?;
         match &mut self.inner {
-            Inner::Host(_) => Ok(()),
+            Inner::Host(_) | Inner::Hosts(_) => Ok(()),
             Inner::Gpu { exec, .. } => guarded(&mut self.broken, || exec.synchronize()),
         }
     }
@@ -448,7 +549,7 @@ impl RankCommunicator {
     pub fn abort_handle(&self) -> AbortHandle {
         match &self.inner {
             Inner::Gpu { exec, .. } => exec.abort_handle(),
-            Inner::Host(_) => AbortHandle::none(),
+            Inner::Host(_) | Inner::Hosts(_) => AbortHandle::none(),
         }
     }
 
@@ -460,6 +561,10 @@ impl RankCommunicator {
         let shutdown = match self.inner {
             Inner::Gpu { exec, .. } => exec.shutdown(),
             Inner::Host(rank) => {
+                drop(rank);
+                Ok(())
+            }
+            Inner::Hosts(rank) => {
                 drop(rank);
                 Ok(())
             }
@@ -481,7 +586,7 @@ impl RankCommunicator {
     pub fn device(&self) -> Option<usize> {
         match &self.inner {
             Inner::Gpu { device, .. } => Some(*device),
-            Inner::Host(_) => None,
+            Inner::Host(_) | Inner::Hosts(_) => None,
         }
     }
 
@@ -532,7 +637,9 @@ impl RankCommunicator {
         broken(&self.broken)?;
         match &mut self.inner {
             Inner::Gpu { exec, .. } => guarded(&mut self.broken, || exec.exchange(words)),
-            Inner::Host(_) => Err(Error::InvalidArgument("exchange is for GPU ranks".into())),
+            Inner::Host(_) | Inner::Hosts(_) => {
+                Err(Error::InvalidArgument("exchange is for GPU ranks".into()))
+            }
         }
     }
 
@@ -648,17 +755,19 @@ impl RankCommunicator {
     /// GPU rank.
     fn placed<T: Element, B: Buffer<T> + ?Sized>(&self, buf: &B) -> Result<()> {
         match (&self.inner, buf.placement()) {
-            (Inner::Host(_), Placement::Host) => Ok(()),
+            (Inner::Host(_) | Inner::Hosts(_), Placement::Host) => Ok(()),
             (Inner::Gpu { device, .. }, Placement::Device(d)) if d == *device => Ok(()),
             (Inner::Gpu { device, .. }, Placement::Device(d)) => Err(Error::WrongDevice {
                 rank: self.rank,
                 device: d,
                 expected: *device,
             }),
-            (Inner::Host(_), Placement::Device(_)) => Err(Error::InvalidArgument(format!(
-                "rank {}'s buffer is on a GPU, and this is a host rank",
-                self.rank
-            ))),
+            (Inner::Host(_) | Inner::Hosts(_), Placement::Device(_)) => {
+                Err(Error::InvalidArgument(format!(
+                    "rank {}'s buffer is on a GPU, and this is a host rank",
+                    self.rank
+                )))
+            }
             (Inner::Gpu { .. }, Placement::Host) => Err(Error::InvalidArgument(format!(
                 "rank {}'s buffer is in host memory, and this rank is on a GPU",
                 self.rank
@@ -672,23 +781,15 @@ impl RankCommunicator {
         let addresses = self.addresses(&shape, &ends);
         match &mut self.inner {
             Inner::Host(inner) => {
-                // SAFETY: each address and length came from a `Buffer` in host memory (checked
-                // by `placed`), whose contract makes them valid for the buffer's elements; the
-                // buffers are borrowed by our caller for this whole call; writes are `BufferMut`s
-                // borrowed mutably, distinct from every other buffer of the call (the borrow
-                // checker keeps a `&mut` unique).
-                let slice = |&(kind, addr, len): &(BufKind, u64, usize)| unsafe {
-                    (kind, std::slice::from_raw_parts(addr as *const T, len))
-                };
-                let reads: Vec<(BufKind, &[T])> = ends.reads.iter().map(slice).collect();
-                let mut writes: Vec<(BufKind, &mut [T])> = ends
-                    .writes
-                    .iter()
-                    // SAFETY: as above.
-                    .map(|&(kind, addr, len)| unsafe {
-                        (kind, std::slice::from_raw_parts_mut(addr as *mut T, len))
-                    })
-                    .collect();
+                // SAFETY: the ends came from this call's checked host buffers (`host_slices`).
+                let (reads, mut writes) = unsafe { host_slices::<T>(&ends) };
+                guarded(&mut self.broken, || {
+                    inner.run(shape, &reads, &mut writes, op)
+                })
+            }
+            Inner::Hosts(inner) => {
+                // SAFETY: as above.
+                let (reads, mut writes) = unsafe { host_slices::<T>(&ends) };
                 guarded(&mut self.broken, || {
                     inner.run(shape, &reads, &mut writes, op)
                 })

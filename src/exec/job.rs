@@ -26,6 +26,7 @@ use super::shm::{process_alive, Segment};
 use super::Shape;
 use crate::element::{DType, ReduceOp};
 use crate::error::{Error, Result};
+use crate::plan::hierarchy::Hosts;
 use crate::plan::Collective;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -96,8 +97,15 @@ impl CallShape {
         ])
     }
 
-    /// The shape for people.
-    fn describe(&self) -> String {
+    /// The shape folded into one word (FNV-1a over its words).
+    pub(crate) fn hash(&self) -> u64 {
+        self.0.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &w| {
+            (h ^ w).wrapping_mul(0x0000_0100_0000_01b3)
+        })
+    }
+
+    /// The call in words, for messages.
+    pub(crate) fn describe(&self) -> String {
         let w = &self.0;
         let name = match w[0] {
             1 => "all-reduce",
@@ -182,13 +190,12 @@ pub(crate) struct Job {
 }
 
 impl Job {
-    /// The job of the ranks `rendezvous` met (`id` names it): every rank's pid, PID namespace
-    /// and host (one host: [`Error::SeveralHosts`] otherwise), then every rank's control segment
-    /// mapped here.
+    /// The job of the ranks `rendezvous` met (`id` names it): every rank's pid and PID
+    /// namespace, then every rank's control segment mapped here. The ranks are on one host
+    /// ([`host_layout`] said so).
     pub(crate) fn join(rendezvous: &mut Rendezvous, id: &UniqueId) -> Result<Job> {
         let rank = rendezvous.rank();
-        let mut record = vec![u64::from(std::process::id()), pid_namespace()];
-        push_text(&mut record, &host_id());
+        let record = vec![u64::from(std::process::id()), pid_namespace()];
         let records = rendezvous.all_gather(&record)?;
         let ids: Vec<(u32, u64)> = records
             .iter()
@@ -198,20 +205,6 @@ impl Job {
             })
             .collect();
         let processes = Process::of(&ids, rank);
-        let hosts: Vec<String> = records
-            .iter()
-            .map(|r| match r.get(2..) {
-                Some([len, words @ ..]) => text_of(*len as usize, words),
-                _ => String::new(),
-            })
-            .collect();
-        if let Some(other) = hosts.iter().position(|h| *h != hosts[0]) {
-            return Err(Error::SeveralHosts {
-                rank: other,
-                host: hosts[other].clone(),
-                rank0_host: hosts[0].clone(),
-            });
-        }
         // The names of the job's segments carry the id and rank 0's pid.
         let prefix = format!("/ringreduce-{}-{}", id.tag(), processes[0].pid);
         let control_name = |q: usize| format!("{prefix}-r{q}-ctl");
@@ -516,6 +509,63 @@ pub(crate) fn with_own(
     segments.into_iter().flatten().collect()
 }
 
+/// How the ranks `rendezvous` met lie on hosts: every rank reports its host ([`host_id`]) and
+/// judges every rank's report alike ([`layout_of`]), so every rank returns the same layout or
+/// the same [`Error::HostLayout`].
+pub(crate) fn host_layout(rendezvous: &mut Rendezvous) -> Result<Hosts> {
+    let mut record = Vec::new();
+    push_text(&mut record, &host_id());
+    let names: Vec<String> = rendezvous
+        .all_gather(&record)?
+        .iter()
+        .map(|r| match r.split_first() {
+            Some((len, words)) => text_of(*len as usize, words),
+            None => String::new(),
+        })
+        .collect();
+    layout_of(&names)
+}
+
+/// The layout of ranks whose hosts are `names` (by rank): hosts in the order of their first
+/// rank, each host's ranks consecutive, as many on every host (torchrun's numbering).
+pub(crate) fn layout_of(names: &[String]) -> Result<Hosts> {
+    let mut hosts: Vec<(&str, Vec<usize>)> = Vec::new();
+    for (rank, name) in names.iter().enumerate() {
+        match hosts.iter_mut().find(|h| h.0 == name) {
+            Some(h) => h.1.push(rank),
+            None => hosts.push((name, vec![rank])),
+        }
+    }
+    let local = hosts.first().map_or(0, |h| h.1.len());
+    for (h, (name, ranks)) in hosts.iter().enumerate() {
+        if ranks.len() != local {
+            return Err(Error::HostLayout {
+                what: format!(
+                    "host {name:?} has {} ranks ({ranks:?}) and host {:?} has {local}: every \
+                     host must run as many",
+                    ranks.len(),
+                    hosts[0].0
+                ),
+            });
+        }
+        if ranks
+            .iter()
+            .ne(&(h * local..(h + 1) * local).collect::<Vec<_>>())
+        {
+            return Err(Error::HostLayout {
+                what: format!(
+                    "host {name:?} runs ranks {ranks:?}: each host's ranks must be consecutive \
+                     (torchrun's numbering: rank = node rank × ranks per node + local rank)"
+                ),
+            });
+        }
+    }
+    Ok(Hosts {
+        hosts: hosts.len(),
+        local,
+    })
+}
+
 /// The host this rank reports: `RINGREDUCE_HOST_ID` when set (so that one machine can stand in
 /// for several), else the host name.
 fn host_id() -> String {
@@ -531,5 +581,42 @@ fn host_id() -> String {
     match ok {
         true => String::from_utf8_lossy(&buf[..end]).into_owned(),
         false => "unknown host".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn hosts_group_consecutive_ranks_alike() {
+        let hosts = layout_of(&names(&["a", "a", "b", "b", "c", "c"])).unwrap();
+        assert_eq!((hosts.hosts, hosts.local), (3, 2));
+        assert_eq!(
+            layout_of(&names(&["x"; 5])).unwrap(),
+            Hosts { hosts: 1, local: 5 }
+        );
+    }
+
+    #[test]
+    fn interleaved_or_uneven_hosts_are_named() {
+        let e = layout_of(&names(&["a", "b", "a", "b"]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("host \"a\" runs ranks [0, 2]") && e.contains("consecutive"),
+            "{e}"
+        );
+        let e = layout_of(&names(&["a", "a", "a", "b"]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("host \"b\" has 1 ranks ([3])") && e.contains("as many"),
+            "{e}"
+        );
     }
 }

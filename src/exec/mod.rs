@@ -23,6 +23,7 @@ pub mod algorithm;
 pub mod config;
 pub mod cuda;
 pub(crate) mod fds;
+pub mod hierarchy;
 pub mod host;
 pub(crate) mod job;
 pub mod profile;

@@ -73,7 +73,8 @@ pub fn expect_success(children: Vec<Child>, within: Duration) {
         let out = child.wait_with_output().unwrap();
         // What the rank printed beyond the harness's own lines (shown with --nocapture).
         for line in String::from_utf8_lossy(&out.stdout).lines() {
-            if !line.starts_with("test ") && !line.starts_with("running ") && !line.is_empty() {
+            let harness = line.starts_with("test ") && !line.contains(" ... rank ");
+            if !harness && !line.starts_with("running ") && !line.is_empty() {
                 println!("rank {rank}: {line}");
             }
         }

@@ -254,9 +254,12 @@ fn dropping_any_stage_breaks_the_plan() {
     }
 }
 
+/// Every rank's output, element by element (`None` where the collective defines nothing).
+type Outputs = Vec<Vec<Option<u64>>>;
+
 /// Runs the plan on numbers: (every rank's output, what the collective defines there; `None`
 /// where it defines nothing). Undefined memory and what NCCL leaves undefined hold poison.
-fn concrete(plan: &HierarchyPlan, seed: u64) -> (Vec<Vec<Option<u64>>>, Vec<Vec<Option<u64>>>) {
+fn concrete(plan: &HierarchyPlan, seed: u64) -> (Outputs, Outputs) {
     let hosts = plan.hosts;
     let (n, c, col) = (hosts.world(), plan.count, &plan.collective);
     let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;

@@ -229,15 +229,35 @@ fn fingerprint(config: &HostConfig) -> u64 {
 
 impl ProcessRank {
     /// Joins the job of `id` as `rank` of `world` (module doc): the rendezvous, then every
-    /// rank's control segment mapped here.
+    /// rank's control segment mapped here. The ranks must be on one host.
     pub(crate) fn join(
         id: &UniqueId,
         rank: usize,
         world: usize,
         config: HostConfig,
     ) -> Result<ProcessRank> {
-        let mut rendezvous =
-            Rendezvous::join(id, rank, world, fingerprint(&config), config.timeout)?;
+        let rendezvous = ProcessRank::meet(id, rank, world, &config)?;
+        ProcessRank::on(rendezvous, id, config)
+    }
+
+    /// The rendezvous of a host rank of `config` (module doc).
+    pub(crate) fn meet(
+        id: &UniqueId,
+        rank: usize,
+        world: usize,
+        config: &HostConfig,
+    ) -> Result<Rendezvous> {
+        Rendezvous::join(id, rank, world, fingerprint(config), config.timeout)
+    }
+
+    /// The rank of the ranks `rendezvous` met at `id`, all on one host: every rank's control
+    /// segment mapped here.
+    pub(crate) fn on(
+        mut rendezvous: Rendezvous,
+        id: &UniqueId,
+        config: HostConfig,
+    ) -> Result<ProcessRank> {
+        let (rank, world) = (rendezvous.rank(), rendezvous.world());
         let job = Job::join(&mut rendezvous, id)?;
         let workers = stream_workers(rank)?;
         Ok(ProcessRank {
@@ -250,6 +270,11 @@ impl ProcessRank {
             cache: PlanCache::new(CACHED_PLANS),
             plans_made: 0,
         })
+    }
+
+    /// Gives this rank up: its peers' waits fail naming it.
+    pub(crate) fn abort(&self) {
+        self.job.abort();
     }
 
     /// The plan of `shape`: cached, or built, proven and given its segments now (every rank
