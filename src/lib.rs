@@ -101,6 +101,15 @@
 //! the others, and keep the communicator open while its graphs may run; what cannot be captured
 //! (a ring staged through host memory) is refused with [`Error::NotCapturable`].
 //!
+//! ## Beyond one host
+//!
+//! A job on several hosts runs each collective in two levels ([`plan::hierarchy`]): within each
+//! host on ringreduce's plans, across hosts on an engine made for networks, one group per local
+//! index — for host ranks one the caller passes ([`RankCommunicator::host_across`] with an
+//! [`InterHostFactory`]); GPU ranks on several hosts are refused until NCCL drives them. The
+//! stages are proven like plans ([`check::check_hierarchy`]); `docs/guide/10-beyond-one-host.md`
+//! teaches the 2D all-reduce and its cost.
+//!
 //! ## How it is built: plan → check → execute → communicator
 //!
 //! A collective is first compiled into data, a [`plan::Plan`]: per rank, a list of operations on
@@ -113,7 +122,7 @@
 //! | layer | module | what lives there |
 //! |---|---|---|
 //! | types | [`element`], [`buffer`], [`error`] | element types and operators, buffers and where they live, the one error type |
-//! | plan | [`plan`] | every collective compiled into data: the all-reduce's ring, one-shot and two-shot, and the other collectives' planners, each with its diagram and step table |
+//! | plan | [`plan`] | every collective compiled into data: the all-reduce's ring, one-shot and two-shot, and the other collectives' planners, each with its diagram and step table; a job on several hosts as stages of two levels ([`plan::hierarchy`]) |
 //! | check | [`check`] | proves a plan: shape (and what executors may fuse), enqueue order (no deadlock), no data race over calls, the exact symbolic result of its collective; the scaling and cell lemmas prove a new message size by comparison |
 //! | device | [`device`] | the CUDA driver layer: contexts, peer access, memory and pools, streams and events, and the gate that keeps this crate's blocking calls off spinning kernels |
 //! | topology | [`topo`] | link classes (NVLink, PCIe, host), detection through NVML, the ring order |
@@ -125,7 +134,8 @@
 //!
 //! The root's re-exports below are the API a job needs: [`Communicator`] (and [`Scope`],
 //! [`ring_allreduce`]) for every rank in one process, [`RankCommunicator`] for one rank per
-//! process (with [`UniqueId`] and [`LaunchEnv`], how the processes meet), the buffers ([`GpuBuffer`], [`GpuView`], [`GpuViewMut`], host `Vec`s and
+//! process (with [`UniqueId`] and [`LaunchEnv`], how the processes meet; [`InterHost`] and
+//! [`InterHostFactory`] between hosts), the buffers ([`GpuBuffer`], [`GpuView`], [`GpuViewMut`], host `Vec`s and
 //! slices, cudarc's slices), the element types and operators, [`Error`], the configurations
 //! ([`CudaConfig`], [`HostConfig`], [`Algorithm`], [`Transport`]) and the host executor's fault
 //! injection ([`Fault`], [`FaultKind`]). The layer modules are public on purpose too, for readers

@@ -2,11 +2,21 @@
 //! host, as torchrun does, and watches them.
 //!
 //! Each process gets torchrun's variables — `RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
-//! `LOCAL_WORLD_SIZE`, `MASTER_ADDR` (127.0.0.1), `MASTER_PORT`, `TORCHELASTIC_RUN_ID` — and,
-//! with `--gpus 0,1`, `CUDA_VISIBLE_DEVICES` set to its GPU (so each process sees one GPU, as
-//! ordinal 0). `RankCommunicator::from_env_host` (or torch's `init_process_group`) reads them.
-//! `MASTER_PORT` and the next port are free ports picked here (ringreduce's rendezvous listens on
-//! `MASTER_PORT + 1`).
+//! `LOCAL_WORLD_SIZE`, `GROUP_RANK`, `MASTER_ADDR` (127.0.0.1), `MASTER_PORT`,
+//! `TORCHELASTIC_RUN_ID` — and, with `--gpus 0,1`, `CUDA_VISIBLE_DEVICES` set to its GPU (so each
+//! process sees one GPU, as ordinal 0). `RankCommunicator::from_env_host` (or torch's
+//! `init_process_group`) reads them. `MASTER_PORT` and the next port are free ports picked here
+//! (ringreduce's rendezvous listens on `MASTER_PORT + 1`).
+//!
+//! A job on several hosts runs one launcher per host, as `torchrun --nnodes`: each with the
+//! same `--nnodes H`, `--master-addr` (the first host's address) and `--master-port` (free there,
+//! with the port after it), and its own `--node-rank` (0 on the first host). Host h's ranks are
+//! `h·N .. (h+1)·N` of a world of `H·N` (torchrun's numbering, which the hierarchical
+//! collectives need), and `TORCHELASTIC_RUN_ID` is derived from the master's address and port so
+//! that every host's ranks agree on it. `--host-id` sets `RINGREDUCE_HOST_ID`, the host name each
+//! rank reports: two launchers on one machine with different ids stand in for two hosts. Each
+//! launcher watches its own host's ranks; a rank lost on another host reaches these through the
+//! collectives' own errors.
 //!
 //! Invariant: the launcher exits 0 only when every rank did; when one rank exits non-zero or is
 //! killed, the others are stopped (SIGTERM to each rank's process group, then SIGKILL after a
@@ -27,6 +37,22 @@ pub struct LaunchArgs {
     /// One GPU per rank, by ordinal (e.g. `0,1`): each rank's `CUDA_VISIBLE_DEVICES`.
     #[arg(long, value_delimiter = ',')]
     pub gpus: Option<Vec<usize>>,
+    /// Hosts in the job (one launcher runs on each).
+    #[arg(long, default_value_t = 1, value_parser = crate::parse_positive)]
+    pub nnodes: usize,
+    /// This host's index among the job's hosts, from 0.
+    #[arg(long, default_value_t = 0)]
+    pub node_rank: usize,
+    /// The first host's address (several hosts: required; one: 127.0.0.1).
+    #[arg(long)]
+    pub master_addr: Option<String>,
+    /// A free port on the first host, with the port after it (several hosts: required; one:
+    /// picked here).
+    #[arg(long)]
+    pub master_port: Option<u16>,
+    /// The host name every rank of this launcher reports (`RINGREDUCE_HOST_ID`).
+    #[arg(long)]
+    pub host_id: Option<String>,
     /// How long the other ranks get to stop after one failed, in seconds, before SIGKILL.
     #[arg(long, default_value_t = 5)]
     pub grace: u64,
@@ -88,9 +114,33 @@ pub fn run(args: &LaunchArgs) -> Result<(), Failure> {
             )));
         }
     }
+    let (nnodes, node) = (args.nnodes, args.node_rank);
+    if node >= nnodes {
+        return Err(Failure::Usage(format!(
+            "--node-rank {node} of --nnodes {nnodes}: a host's index is below the number of hosts"
+        )));
+    }
+    let (addr, port) = match (nnodes, &args.master_addr, args.master_port) {
+        (1, addr, port) => (
+            addr.clone().unwrap_or_else(|| "127.0.0.1".into()),
+            match port {
+                Some(p) => p,
+                None => free_ports()?,
+            },
+        ),
+        (_, Some(addr), Some(port)) => (addr.clone(), port),
+        _ => {
+            return Err(Failure::Usage(format!(
+                "--nnodes {nnodes}: every host's launcher needs the same --master-addr (the \
+                 first host's address) and --master-port (free there, with the port after it)"
+            )))
+        }
+    };
     catch_stop_signals();
-    let port = free_ports()?;
-    let run_id = format!("ringreduce-launch-{}-{port}", std::process::id());
+    let run_id = match nnodes {
+        1 => format!("ringreduce-launch-{}-{port}", std::process::id()),
+        _ => format!("ringreduce-launch-{addr}-{port}"),
+    };
     let (program, program_args) = args
         .program
         .split_first()
@@ -99,17 +149,21 @@ pub fn run(args: &LaunchArgs) -> Result<(), Failure> {
     // rank named is the first to fail, not the first looked at.
     let (ended_tx, ended) = std::sync::mpsc::channel::<(usize, std::io::Result<ExitStatus>)>();
     let mut pids: Vec<Option<u32>> = Vec::with_capacity(n);
-    for rank in 0..n {
+    for local in 0..n {
         let mut cmd = Command::new(program);
         cmd.args(program_args)
-            .env("RANK", rank.to_string())
-            .env("WORLD_SIZE", n.to_string())
-            .env("LOCAL_RANK", rank.to_string())
+            .env("RANK", (node * n + local).to_string())
+            .env("WORLD_SIZE", (nnodes * n).to_string())
+            .env("LOCAL_RANK", local.to_string())
             .env("LOCAL_WORLD_SIZE", n.to_string())
-            .env("GROUP_RANK", "0")
-            .env("MASTER_ADDR", "127.0.0.1")
+            .env("GROUP_RANK", node.to_string())
+            .env("MASTER_ADDR", &addr)
             .env("MASTER_PORT", port.to_string())
             .env("TORCHELASTIC_RUN_ID", &run_id);
+        if let Some(host) = &args.host_id {
+            cmd.env("RINGREDUCE_HOST_ID", host);
+        }
+        let rank = local;
         if let Some(gpus) = &args.gpus {
             cmd.env("CUDA_VISIBLE_DEVICES", gpus[rank].to_string());
         }
@@ -125,7 +179,8 @@ pub fn run(args: &LaunchArgs) -> Result<(), Failure> {
             Err(e) => {
                 stop(&mut pids, &ended, Duration::from_secs(args.grace));
                 return Err(Failure::Failed(format!(
-                    "cannot start rank {rank} ({program}): {e}"
+                    "cannot start rank {} ({program}): {e}",
+                    node * n + rank
                 )));
             }
         }
@@ -150,7 +205,8 @@ pub fn run(args: &LaunchArgs) -> Result<(), Failure> {
         };
         stop(&mut pids, &ended, Duration::from_secs(args.grace));
         return Err(Failure::Failed(format!(
-            "rank {rank} {failed}; the other ranks were stopped"
+            "rank {} {failed}; the other ranks were stopped",
+            node * n + rank
         )));
     }
     Ok(())

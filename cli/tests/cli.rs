@@ -373,6 +373,95 @@ fn launch_sets_torchruns_variables_and_succeeds_when_every_rank_does() {
 }
 
 #[test]
+fn launch_numbers_the_ranks_of_each_host_of_a_job_on_several() {
+    // The second of two hosts (one machine standing in for it): ranks 3..6 of 6.
+    let script = r#"test "$WORLD_SIZE" = 6 && test "$LOCAL_WORLD_SIZE" = 3 && test "$RANK" = "$((LOCAL_RANK + 3))" && test "$GROUP_RANK" = 1 && test "$MASTER_ADDR" = 10.0.0.1 && test "$MASTER_PORT" = 29500 && test "$RINGREDUCE_HOST_ID" = b && test "$TORCHELASTIC_RUN_ID" = ringreduce-launch-10.0.0.1-29500"#;
+    let out = ringreduce(&[
+        "launch",
+        "-n",
+        "3",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--master-addr",
+        "10.0.0.1",
+        "--master-port",
+        "29500",
+        "--host-id",
+        "b",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
+    assert_no_panic("launch", &out);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // Several hosts need the first host's address and port on every launcher.
+    for args in [
+        &[
+            "launch",
+            "-n",
+            "2",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "1",
+            "--",
+            "true",
+        ][..],
+        &[
+            "launch",
+            "-n",
+            "2",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "2",
+            "--master-addr",
+            "a",
+            "--master-port",
+            "1",
+            "--",
+            "true",
+        ][..],
+    ] {
+        let out = ringreduce(args);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+    // A failing rank is named by its job rank.
+    let out = ringreduce(&[
+        "launch",
+        "-n",
+        "2",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        "29500",
+        "--grace",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        r#"exit $((RANK == 3))"#,
+    ]);
+    assert!(
+        text(&out.stderr).contains("rank 3 exited with code 1"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
 fn launch_stops_the_job_and_names_the_rank_that_failed() {
     // Rank 1 fails at once; the others would run for a minute.
     let script = r#"if [ "$RANK" = 1 ]; then exit 7; fi; sleep 60"#;

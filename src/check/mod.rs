@@ -45,11 +45,14 @@
 //! coarse forms, each checked once and compared for every other count ([`coarsen`]).
 //!
 //! Beside the four, [`check_exports`] proves what a plan needs of memory across processes: a
-//! rank touches another rank's buffers only where that rank exports them.
+//! rank touches another rank's buffers only where that rank exports them; and
+//! [`check_hierarchy`] proves a job on several hosts ([`crate::plan::hierarchy`]): its stages,
+//! each a collective of one level or a local copy, compose into the job's collective.
 //!
 //! Where each check lives: the shape in `shape.rs` (the fusion lemmas in `fused.rs`), the enqueue simulation (and the rule for
 //! laying out an order that the later checks read) in `enqueue.rs`, the vector-clock race check
-//! in `races.rs`, the symbolic execution in `result.rs`; their unit tests in `tests/`. This file
+//! in `races.rs`, the symbolic execution in `result.rs`, the hierarchical proof in
+//! `hierarchy.rs`; their unit tests in `tests/`. This file
 //! holds what they share: [`Rejection`], the regions an instruction touches ([`peer_sources`] for
 //! a meeting) and the helpers that tests use to find an instruction to break ([`find_instr`],
 //! [`waited`]).

@@ -39,6 +39,11 @@ pub fn run(args: &BenchArgs, processes: usize) -> Result<(), Failure> {
     launch::run(&LaunchArgs {
         nproc: processes,
         gpus: None,
+        nnodes: 1,
+        node_rank: 0,
+        master_addr: None,
+        master_port: None,
+        host_id: None,
         grace: 5,
         program,
     })
