@@ -358,16 +358,6 @@ pub enum Error {
         ours: String,
     },
 
-    /// Ranks of a job on several hosts made different calls (compared among every rank at the
-    /// start of each call, by a hash of the call: which rank differs is not known).
-    #[error("rank {rank} called {ours}, and another rank of the job called something else: every rank must make the same collective calls in the same order")]
-    CallMismatchInJob {
-        /// This rank.
-        rank: usize,
-        /// This rank's call.
-        ours: String,
-    },
-
     /// An earlier collective failed; this communicator cannot be used again (make a new one).
     #[error("communicator failed earlier and cannot be used: {0}")]
     CommunicatorFailed(Box<Error>),

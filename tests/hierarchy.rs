@@ -10,8 +10,9 @@
 use common::launch::{as_rank, expect_success, launch};
 use nccl_stand_in::NcclStandIn;
 use ringreduce::plan::hierarchy::Hosts;
-use ringreduce::plan::Collective;
+use ringreduce::plan::{Collective, CollectiveSpec, Op};
 use ringreduce::verify::input_value;
+use ringreduce::EdgeTransport;
 use ringreduce::{Communicator, Error, HostConfig, LaunchEnv, RankCommunicator, ReduceOp};
 use std::time::{Duration, Instant};
 
@@ -190,18 +191,17 @@ fn a_killed_rank_is_named_on_both_hosts() {
             "rank {}: {took:?}: {err}",
             env.rank
         );
-        // Ranks 1 and 2 meet rank 3 themselves (across hosts, within the host) and name it;
-        // rank 0 meets them giving up, and names one of the three.
-        let Error::Level { source, .. } = &err else {
-            panic!("rank {}: {err}", env.rank);
+        // The call starts by comparing shapes over the job's rendezvous, where rank 0 finds
+        // rank 3 gone and tells the others: every rank names rank 3.
+        let named = match &err {
+            Error::RankFailed { rank, .. } => *rank,
+            Error::Level { source, .. } => match **source {
+                Error::RankFailed { rank, .. } => rank,
+                _ => panic!("rank {}: {err}", env.rank),
+            },
+            _ => panic!("rank {}: {err}", env.rank),
         };
-        let Error::RankFailed { rank: named, .. } = **source else {
-            panic!("rank {}: {err}", env.rank);
-        };
-        match env.rank {
-            1 | 2 => assert_eq!(named, 3, "rank {}: {err}", env.rank),
-            _ => assert!([1, 2, 3].contains(&named), "rank 0: {err}"),
-        }
+        assert_eq!(named, 3, "rank {}: {err}", env.rank);
         println!("rank {} after {took:?}: {err}", env.rank);
         return;
     }
@@ -265,9 +265,19 @@ fn a_call_that_differs_on_another_host_is_named_on_every_rank() {
             .all_reduce_in_place(&mut buf, ReduceOp::Sum)
             .unwrap_err();
         match &err {
-            Error::CallMismatchInJob { rank, ours } => {
-                assert_eq!(*rank, env.rank);
+            Error::CallMismatch {
+                rank,
+                this,
+                ours,
+                theirs,
+            } => {
+                let differs = if env.rank == 3 { 0 } else { 3 };
+                assert_eq!((*rank, *this), (differs, env.rank), "{err}");
                 assert!(ours.contains(&format!("{count} elements")), "{err}");
+                assert!(
+                    theirs.contains(&format!("{} elements", 129 - count)),
+                    "{err}"
+                );
             }
             other => panic!("rank {}: {other}", env.rank),
         }
@@ -276,6 +286,82 @@ fn a_call_that_differs_on_another_host_is_named_on_every_rank() {
     }
     let ranks = launch(
         "a_call_that_differs_on_another_host_is_named_on_every_rank",
+        4,
+        host_env(hosts),
+    );
+    expect_success(ranks, Duration::from_secs(60));
+}
+
+#[test]
+fn a_rank_that_fails_within_its_host_is_named_by_level_everywhere() {
+    let hosts = Hosts { hosts: 2, local: 2 };
+    if let Some(env) = as_rank() {
+        let id = env.unique_id().unwrap();
+        // Rank 3 (local rank 1 of host 1) fails the first copy of its first call within the
+        // host: the ring reduce-scatter of 1000 elements' 2 blocks of 500, in place.
+        let ring = HostConfig {
+            algorithm: ringreduce::Algorithm::Ring,
+            ..config()
+        };
+        let mut spec = CollectiveSpec::new(
+            Collective::ReduceScatter,
+            2,
+            500,
+            ring.chunk_elems,
+            ring.slots,
+            EdgeTransport::Peer,
+        );
+        spec.ring.in_place = true;
+        let plan = spec.build().unwrap();
+        let instr = plan.ranks[1]
+            .iter()
+            .position(|i| matches!(i.op, Op::Copy { .. }))
+            .unwrap();
+        let config = HostConfig {
+            fault: (env.rank == 3).then_some(ringreduce::Fault {
+                rank: 1,
+                instr,
+                kind: ringreduce::FaultKind::Fail,
+            }),
+            ..ring
+        };
+        let mut comm =
+            RankCommunicator::host_across(&id, env.rank, env.world, config, &stand_in()).unwrap();
+        let mut buf = vec![1.0f32; 1000];
+        let err = comm
+            .all_reduce_in_place(&mut buf, ReduceOp::Sum)
+            .unwrap_err();
+        let Error::Level {
+            level,
+            rank,
+            source,
+        } = &err
+        else {
+            panic!("rank {}: {err}", env.rank);
+        };
+        assert_eq!(*rank, env.rank, "{err}");
+        // Rank 2 meets rank 3 within the host; ranks 0 and 1 meet a group across hosts whose
+        // host-1 member gave up (rank 2 or rank 3).
+        match env.rank {
+            2 => assert_eq!(*level, "within a host", "{err}"),
+            3 => {}
+            _ => assert_eq!(*level, "across hosts", "{err}"),
+        }
+        if env.rank != 3 {
+            let Error::RankFailed { rank: named, .. } = **source else {
+                panic!("rank {}: {err}", env.rank);
+            };
+            assert!(
+                named == 3 || (env.rank != 2 && named == env.rank + 2),
+                "rank {}: {err}",
+                env.rank
+            );
+        }
+        println!("rank {}: {err}", env.rank);
+        return;
+    }
+    let ranks = launch(
+        "a_rank_that_fails_within_its_host_is_named_by_level_everywhere",
         4,
         host_env(hosts),
     );

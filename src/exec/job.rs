@@ -97,15 +97,33 @@ impl CallShape {
         ])
     }
 
-    /// The shape folded into one word (FNV-1a over its words).
-    pub(crate) fn hash(&self) -> u64 {
-        self.0.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &w| {
-            (h ^ w).wrapping_mul(0x0000_0100_0000_01b3)
-        })
+    /// The shape's words, as a rendezvous record carries them.
+    pub(crate) fn words(&self) -> &[u64] {
+        &self.0
+    }
+
+    /// The first peer in `records` (every rank's shape words, by rank) whose call differs from
+    /// `self`, this rank's, as the error every rank reports alike: [`Error::CallMismatch`].
+    pub(crate) fn compare(&self, records: &[Vec<u64>], rank: usize) -> Result<()> {
+        match records.iter().position(|r| r[..] != self.0[..]) {
+            None => Ok(()),
+            Some(q) => {
+                let mut theirs = [0u64; SHAPE_WORDS];
+                for (w, x) in theirs.iter_mut().zip(&records[q]) {
+                    *w = *x;
+                }
+                Err(Error::CallMismatch {
+                    rank: q,
+                    theirs: CallShape(theirs).describe(),
+                    this: rank,
+                    ours: self.describe(),
+                })
+            }
+        }
     }
 
     /// The call in words, for messages.
-    pub(crate) fn describe(&self) -> String {
+    fn describe(&self) -> String {
         let w = &self.0;
         let name = match w[0] {
             1 => "all-reduce",

@@ -516,19 +516,44 @@ impl Rendezvous {
     }
 
     /// Every rank's `record`, by rank (module doc): through rank 0, within the timeout; a rank
-    /// whose connection closes is named.
+    /// whose connection closes is named — on every rank, as rank 0 tells the others which rank
+    /// it lost before it gives up.
     pub fn all_gather(&mut self, record: &[u64]) -> Result<Vec<Vec<u64>>> {
         let deadline = Instant::now() + self.timeout;
         if self.rank != 0 {
             let stream = self.peers[0].as_mut().ok_or_else(|| lost(0))?;
             write_words(stream, record).map_err(|_| lost(0))?;
             let all = read_words(stream, deadline, self.timeout).map_err(|e| named(e, 0))?;
+            if let [LOST_RANK, rank, timed_out, ..] = all[..] {
+                return Err(match timed_out {
+                    0 => lost_by_rank0(rank as usize),
+                    _ => Error::Timeout {
+                        rank: rank as usize,
+                        waiting_on: "its record of an exchange (rank 0 waited for it)".into(),
+                        after: self.timeout,
+                    },
+                });
+            }
             return split_records(&all, self.world);
         }
         let mut records = vec![record.to_vec()];
-        for (r, peer) in self.peers.iter_mut().enumerate().skip(1) {
-            let stream = peer.as_mut().ok_or_else(|| lost(r))?;
-            records.push(read_words(stream, deadline, self.timeout).map_err(|e| named(e, r))?);
+        for r in 1..self.world {
+            let read = match self.peers[r].as_mut() {
+                Some(stream) => read_words(stream, deadline, self.timeout).map_err(|e| named(e, r)),
+                None => Err(lost(r)),
+            };
+            match read {
+                Ok(words) => records.push(words),
+                Err(err) => {
+                    let timed_out = u64::from(matches!(err, Error::Timeout { .. }));
+                    for (q, peer) in self.peers.iter_mut().enumerate().skip(1) {
+                        if let (true, Some(stream)) = (q != r, peer.as_mut()) {
+                            let _ = write_words(stream, &[LOST_RANK, r as u64, timed_out]);
+                        }
+                    }
+                    return Err(err);
+                }
+            }
         }
         let mut all = Vec::new();
         for r in &records {
@@ -540,6 +565,16 @@ impl Rendezvous {
             write_words(stream, &all).map_err(|_| lost(r))?;
         }
         Ok(records)
+    }
+
+    /// Closes this rank's connections, so that every rank waiting in an exchange with it fails
+    /// at once, naming it (a rank that gave up does this).
+    pub(crate) fn abandon(&mut self) {
+        for peer in self.peers.iter_mut() {
+            if let Some(stream) = peer.take() {
+                let _ = stream.shutdown(std::net::Shutdown::Both);
+            }
+        }
     }
 
     /// Returns once every rank has called it (an all-gather of nothing).
@@ -616,6 +651,18 @@ fn short() -> Error {
 }
 
 /// Rank `rank`'s connection closed: the peer is gone.
+/// Rank 0's word for "the exchange failed: I lost this rank" (never a record's length).
+const LOST_RANK: u64 = u64::MAX;
+
+/// The rank rank 0 lost in an exchange, as the other ranks name it.
+fn lost_by_rank0(rank: usize) -> Error {
+    Error::RankFailed {
+        rank,
+        during: "an exchange between processes".into(),
+        message: "rank 0 lost its connection: the process is gone".into(),
+    }
+}
+
 fn lost(rank: usize) -> Error {
     Error::RankFailed {
         rank,

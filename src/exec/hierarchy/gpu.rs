@@ -1,0 +1,1 @@
+//! A GPU rank of a job on several hosts.
