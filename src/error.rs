@@ -15,6 +15,17 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
+    /// An NCCL call failed (NCCL carries a job's collectives between hosts: `exec::nccl`).
+    #[error("NCCL call {call} failed with {code}: {message}")]
+    Nccl {
+        /// The NCCL function that failed.
+        call: &'static str,
+        /// NCCL's `ncclResult_t` (−1: the function is missing from the library loaded).
+        code: i32,
+        /// NCCL's text for the code, or what is missing.
+        message: String,
+    },
+
     /// A CUDA driver or NVRTC call failed.
     #[error("CUDA call {call} failed with {code}: {message}")]
     Cuda {

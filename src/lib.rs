@@ -105,8 +105,9 @@
 //!
 //! A job on several hosts runs each collective in two levels ([`plan::hierarchy`]): within each
 //! host on ringreduce's plans, across hosts on an engine made for networks, one group per local
-//! index — for host ranks one the caller passes ([`RankCommunicator::host_across`] with an
-//! [`InterHostFactory`]); GPU ranks on several hosts are refused until NCCL drives them. The
+//! index — NCCL, loaded at run time, for GPU ranks ([`RankCommunicator::gpu`] finds the hosts
+//! itself); one the caller passes for host ranks ([`RankCommunicator::host_across`] with an
+//! [`InterHostFactory`]). The
 //! stages are proven like plans ([`check::check_hierarchy`]); `docs/guide/10-beyond-one-host.md`
 //! teaches the 2D all-reduce and its cost.
 //!

@@ -214,18 +214,32 @@ fn a_killed_rank_is_named_on_both_hosts() {
 }
 
 #[test]
-fn host_ranks_without_an_engine_and_uneven_hosts_are_refused_by_name() {
+fn ranks_without_an_engine_and_uneven_hosts_are_refused_by_name() {
     if let Some(env) = as_rank() {
         let id = env.unique_id().unwrap();
         let which = std::env::var("CASE").unwrap();
         let err = match which.as_str() {
             "no-engine" => RankCommunicator::host(&id, env.rank, env.world, config()).unwrap_err(),
+            // GPU ranks with no NCCL to find (it is looked for before any GPU is touched).
+            "gpu-no-nccl" => {
+                let config = ringreduce::CudaConfig {
+                    allow_shared_device: true,
+                    ..ringreduce::CudaConfig::default()
+                };
+                RankCommunicator::gpu(&id, env.rank, env.world, 0, config).unwrap_err()
+            }
             _ => RankCommunicator::host_across(&id, env.rank, env.world, config(), &stand_in())
                 .unwrap_err(),
         };
         match (which.as_str(), &err) {
             ("no-engine", Error::NoInterHost { hosts: 2, why }) => {
                 assert!(why.contains("host_across"), "{err}")
+            }
+            ("gpu-no-nccl", Error::NoInterHost { hosts: 2, why }) => {
+                assert!(
+                    why.contains("NCCL") && why.contains("RINGREDUCE_NCCL_PATH"),
+                    "{err}"
+                )
             }
             ("uneven", Error::HostLayout { what }) => assert!(what.contains("as many"), "{err}"),
             ("interleaved", Error::HostLayout { what }) => {
@@ -237,16 +251,21 @@ fn host_ranks_without_an_engine_and_uneven_hosts_are_refused_by_name() {
     }
     for (case, hosts) in [
         ("no-engine", &["a", "a", "b", "b"][..]),
+        ("gpu-no-nccl", &["a", "a", "b", "b"][..]),
         ("uneven", &["a", "a", "b"][..]),
         ("interleaved", &["a", "b", "a", "b"][..]),
     ] {
         let ranks = launch(
-            "host_ranks_without_an_engine_and_uneven_hosts_are_refused_by_name",
+            "ranks_without_an_engine_and_uneven_hosts_are_refused_by_name",
             hosts.len(),
             |rank| {
                 vec![
                     ("RINGREDUCE_HOST_ID".into(), hosts[rank].into()),
                     ("CASE".into(), case.into()),
+                    (
+                        "RINGREDUCE_NCCL_PATH".into(),
+                        "/nonexistent/libnccl.so.2".into(),
+                    ),
                 ]
             },
         );

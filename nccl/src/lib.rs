@@ -777,37 +777,23 @@ pub unsafe extern "C" fn ncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) ->
 
 /// ringreduce's element type for NCCL's.
 fn dtype_of(datatype: ncclDataType_t) -> Result<DType, Failure> {
-    Ok(match datatype {
-        ncclInt8 => DType::I8,
-        ncclUint8 => DType::U8,
-        ncclInt32 => DType::I32,
-        ncclUint32 => DType::U32,
-        ncclInt64 => DType::I64,
-        ncclUint64 => DType::U64,
-        ncclFloat16 => DType::F16,
-        ncclFloat32 => DType::F32,
-        ncclFloat64 => DType::F64,
-        ncclBfloat16 => DType::BF16,
-        ncclFloat8e4m3 => DType::F8E4M3,
-        ncclFloat8e5m2 => DType::F8E5M2,
-        other => return Err(invalid(format!("unknown data type {other}"))),
-    })
+    DATA_TYPES
+        .iter()
+        .find(|(code, _)| *code == datatype)
+        .map(|(_, dtype)| *dtype)
+        .ok_or_else(|| invalid(format!("unknown data type {datatype}")))
 }
 
 /// ringreduce's operator for NCCL's built-in ones.
 fn op_of(op: ncclRedOp_t) -> Result<ReduceOp, Failure> {
-    Ok(match op {
-        ncclSum => ReduceOp::Sum,
-        ncclProd => ReduceOp::Prod,
-        ncclMax => ReduceOp::Max,
-        ncclMin => ReduceOp::Min,
-        ncclAvg => ReduceOp::Avg,
-        other => {
-            return Err(unsupported(format!(
-                "reduction operator {other} (a custom one) is not run by ringreduce-nccl yet"
-            )))
-        }
-    })
+    OPS.iter()
+        .find(|(code, _)| *code == op)
+        .map(|(_, o)| *o)
+        .ok_or_else(|| {
+            unsupported(format!(
+                "reduction operator {op} (a custom one) is not run by ringreduce-nccl yet"
+            ))
+        })
 }
 
 /// One collective call as NCCL passes it: the send and receive buffers with their lengths in

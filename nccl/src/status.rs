@@ -27,7 +27,10 @@ pub fn code_of(err: &Error) -> ncclResult_t {
         | Error::Timeout { .. }
         | Error::LaunchBlocked { .. }
         | Error::Closed => ncclRemoteError,
-        Error::CommunicatorFailed(cause) => code_of(cause),
+        Error::CommunicatorFailed(cause) | Error::Level { source: cause, .. } => code_of(cause),
+        // NCCL's own code, where NCCL (between hosts) gave one.
+        Error::Nccl { code, .. } if *code > 0 => *code,
+        Error::Nccl { .. } => ncclSystemError,
         Error::CallMismatch { .. }
         | Error::WorldSizeMismatch { .. }
         | Error::DuplicateRank { .. }

@@ -24,6 +24,7 @@ use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::cuda::executor::{CudaConfig, CudaExecutor};
 use crate::exec::cuda::fabric::Fabric;
+use crate::exec::hierarchy::gpu::GpuHierarchy;
 use crate::exec::hierarchy::host::HostHierarchy;
 use crate::exec::hierarchy::InterHostFactory;
 use crate::exec::host::process::ProcessRank;
@@ -55,7 +56,9 @@ pub struct RankCommunicator {
 enum Inner {
     Host(ProcessRank),
     /// A host rank of a job on several hosts.
-    Hosts(HostHierarchy),
+    Hosts(Box<HostHierarchy>),
+    /// A GPU rank of a job on several hosts.
+    GpuHosts(Box<GpuHierarchy>),
     Gpu {
         exec: CudaExecutor,
         device: usize,
@@ -75,6 +78,11 @@ impl std::fmt::Debug for RankCommunicator {
 struct Ends {
     reads: Vec<(BufKind, u64, usize)>,
     writes: Vec<(BufKind, u64, usize)>,
+}
+
+/// This rank's address in an executor's list of them (0: none).
+fn own(addresses: &[u64], rank: usize) -> Option<u64> {
+    addresses.get(rank).copied().filter(|&a| a != 0)
 }
 
 /// A host rank's ends as slices, read-only and writable.
@@ -158,7 +166,9 @@ impl RankCommunicator {
         super::check_host_config(hosts.local, &config)?;
         let inner = match hosts.hosts {
             1 => Inner::Host(ProcessRank::on(rendezvous, id, config)?),
-            _ => Inner::Hosts(HostHierarchy::join(rendezvous, hosts, config, factory)?),
+            _ => Inner::Hosts(Box::new(HostHierarchy::join(
+                rendezvous, hosts, config, factory,
+            )?)),
         };
         Ok(RankCommunicator {
             rank,
@@ -178,7 +188,11 @@ impl RankCommunicator {
     /// Joins the job of `id` as rank `rank` of `world` on this process's GPU `device`. The ranks
     /// may share GPUs only with `config.allow_shared_device`. GPUs without peer access between
     /// them (or `Transport::Staged`) move data through pinned host memory shared between the
-    /// processes.
+    /// processes. Ranks on several hosts (each reports its host name, or `RINGREDUCE_HOST_ID`)
+    /// run every call as a hierarchical collective ([`crate::plan::hierarchy`]): within each
+    /// host on this executor, across hosts on NCCL, loaded at run time ([`crate::exec::nccl`];
+    /// [`Error::NoInterHost`] on every rank where a rank finds none); the limits of `config`
+    /// apply to one host's ranks.
     pub fn gpu(
         id: &UniqueId,
         rank: usize,
@@ -186,19 +200,23 @@ impl RankCommunicator {
         device: usize,
         config: CudaConfig,
     ) -> Result<RankCommunicator> {
-        super::check_cuda_config(world, &config)?;
+        super::check_cuda_config(1, &config)?;
         let (algorithm, deterministic) = (config.algorithm, config.deterministic);
         let mut rendezvous =
             Rendezvous::join(id, rank, world, gpu_fingerprint(&config), config.timeout)?;
         let hosts = job::host_layout(&mut rendezvous)?;
         if hosts.hosts > 1 {
-            return Err(Error::NoInterHost {
-                hosts: hosts.hosts,
-                why: "GPU ranks have no engine between hosts yet (NCCL, for the hierarchical \
-                      collectives host ranks run with RankCommunicator::host_across)"
-                    .into(),
+            super::check_cuda_config(hosts.local, &config)?;
+            let fingerprint = gpu_fingerprint(&config);
+            let inner = GpuHierarchy::join(rendezvous, hosts, device, config, fingerprint)?;
+            return Ok(RankCommunicator {
+                rank,
+                world,
+                inner: Inner::GpuHosts(Box::new(inner)),
+                broken: None,
             });
         }
+        super::check_cuda_config(world, &config)?;
         let exec = CudaExecutor::for_rank(rendezvous, id, device, config)?;
         super::check_deterministic_if(deterministic, algorithm, world, exec.peers_ok())?;
         Ok(RankCommunicator {
@@ -236,6 +254,7 @@ impl RankCommunicator {
     pub fn hosts(&self) -> Hosts {
         match &self.inner {
             Inner::Hosts(inner) => inner.hosts(),
+            Inner::GpuHosts(inner) => inner.hosts(),
             _ => Hosts {
                 hosts: 1,
                 local: self.world,
@@ -467,17 +486,23 @@ impl RankCommunicator {
     ) -> Result<()> {
         broken(&self.broken)?;
         let (inputs, outputs) = self.addresses(&shape, &ends);
-        let Inner::Gpu { exec, .. } = &mut self.inner else {
-            return Err(Error::InvalidArgument(
+        let rank = self.rank;
+        match &mut self.inner {
+            Inner::Gpu { exec, .. } => guarded(&mut self.broken, || {
+                // SAFETY: every address is this rank's buffer on its GPU, valid for the length
+                // the plan declares; its lifetime until `stream` passes the call is our caller's
+                // contract.
+                unsafe { exec.run::<T>(shape, &inputs, &outputs, op, false, Some(&[stream])) }
+            }),
+            Inner::GpuHosts(inner) => guarded(&mut self.broken, || {
+                let (input, output) = (own(&inputs, rank), own(&outputs, rank));
+                // SAFETY: as above.
+                unsafe { inner.run::<T>(shape, input, output, op, false, Some(stream)) }
+            }),
+            Inner::Host(_) | Inner::Hosts(_) => Err(Error::InvalidArgument(
                 "a host rank has no streams: the caller's stream needs a GPU rank".into(),
-            ));
-        };
-        guarded(&mut self.broken, || {
-            // SAFETY: every address is this rank's buffer on its GPU, valid for the length the
-            // plan declares; its lifetime until `stream` passes the call is our caller's
-            // contract.
-            unsafe { exec.run::<T>(shape, &inputs, &outputs, op, false, Some(&[stream])) }
-        })
+            )),
+        }
     }
 
     /// The plan's caller buffers by address, as the GPU executor takes them: rank r's input and
@@ -523,6 +548,7 @@ impl RankCommunicator {
         match &mut self.inner {
             Inner::Host(_) | Inner::Hosts(_) => Ok(()),
             Inner::Gpu { exec, .. } => guarded(&mut self.broken, || exec.synchronize()),
+            Inner::GpuHosts(inner) => guarded(&mut self.broken, || inner.wait()),
         }
     }
 
@@ -534,10 +560,11 @@ impl RankCommunicator {
         if let Some(err) = &self.broken {
             return Some(err.clone());
         }
-        let Inner::Gpu { exec, .. } = &self.inner else {
-            return None;
+        let found = match &self.inner {
+            Inner::Gpu { exec, .. } => exec.poll_health().err().or_else(|| exec.lost_peer()),
+            Inner::GpuHosts(inner) => inner.health().err(),
+            Inner::Host(_) | Inner::Hosts(_) => None,
         };
-        let found = exec.poll_health().err().or_else(|| exec.lost_peer());
         if let Some(err) = &found {
             self.broken = Some(err.clone());
         }
@@ -550,6 +577,7 @@ impl RankCommunicator {
     pub fn abort_handle(&self) -> AbortHandle {
         match &self.inner {
             Inner::Gpu { exec, .. } => exec.abort_handle(),
+            Inner::GpuHosts(inner) => inner.abort_handle(),
             Inner::Host(_) | Inner::Hosts(_) => AbortHandle::none(),
         }
     }
@@ -561,6 +589,7 @@ impl RankCommunicator {
     pub fn close(self) -> Result<()> {
         let shutdown = match self.inner {
             Inner::Gpu { exec, .. } => exec.shutdown(),
+            Inner::GpuHosts(inner) => inner.shutdown(),
             Inner::Host(rank) => {
                 drop(rank);
                 Ok(())
@@ -587,6 +616,7 @@ impl RankCommunicator {
     pub fn device(&self) -> Option<usize> {
         match &self.inner {
             Inner::Gpu { device, .. } => Some(*device),
+            Inner::GpuHosts(inner) => Some(inner.device()),
             Inner::Host(_) | Inner::Hosts(_) => None,
         }
     }
@@ -638,6 +668,7 @@ impl RankCommunicator {
         broken(&self.broken)?;
         match &mut self.inner {
             Inner::Gpu { exec, .. } => guarded(&mut self.broken, || exec.exchange(words)),
+            Inner::GpuHosts(inner) => guarded(&mut self.broken, || inner.exchange(words)),
             Inner::Host(_) | Inner::Hosts(_) => {
                 Err(Error::InvalidArgument("exchange is for GPU ranks".into()))
             }
@@ -755,21 +786,19 @@ impl RankCommunicator {
     /// A buffer is where this rank's calls take it: host memory for a host rank, its GPU for a
     /// GPU rank.
     fn placed<T: Element, B: Buffer<T> + ?Sized>(&self, buf: &B) -> Result<()> {
-        match (&self.inner, buf.placement()) {
-            (Inner::Host(_) | Inner::Hosts(_), Placement::Host) => Ok(()),
-            (Inner::Gpu { device, .. }, Placement::Device(d)) if d == *device => Ok(()),
-            (Inner::Gpu { device, .. }, Placement::Device(d)) => Err(Error::WrongDevice {
+        match (&self.inner, buf.placement(), self.device()) {
+            (Inner::Host(_) | Inner::Hosts(_), Placement::Host, _) => Ok(()),
+            (_, Placement::Device(d), Some(device)) if d == device => Ok(()),
+            (_, Placement::Device(d), Some(device)) => Err(Error::WrongDevice {
                 rank: self.rank,
                 device: d,
-                expected: *device,
+                expected: device,
             }),
-            (Inner::Host(_) | Inner::Hosts(_), Placement::Device(_)) => {
-                Err(Error::InvalidArgument(format!(
-                    "rank {}'s buffer is on a GPU, and this is a host rank",
-                    self.rank
-                )))
-            }
-            (Inner::Gpu { .. }, Placement::Host) => Err(Error::InvalidArgument(format!(
+            (_, Placement::Device(_), None) => Err(Error::InvalidArgument(format!(
+                "rank {}'s buffer is on a GPU, and this is a host rank",
+                self.rank
+            ))),
+            (_, Placement::Host, _) => Err(Error::InvalidArgument(format!(
                 "rank {}'s buffer is in host memory, and this rank is on a GPU",
                 self.rank
             ))),
@@ -802,6 +831,15 @@ impl RankCommunicator {
                     // for the length the plan declares (`count_of`, `send_recv`), borrowed by
                     // our caller for this whole call, which waits for completion.
                     unsafe { exec.run::<T>(shape, &inputs, &outputs, op, true, None) }
+                })
+            }
+            Inner::GpuHosts(inner) => {
+                let (inputs, outputs) = addresses;
+                let rank = self.rank;
+                guarded(&mut self.broken, || {
+                    let (input, output) = (own(&inputs, rank), own(&outputs, rank));
+                    // SAFETY: as above.
+                    unsafe { inner.run::<T>(shape, input, output, op, true, None) }
                 })
             }
         }

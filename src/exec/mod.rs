@@ -26,6 +26,7 @@ pub(crate) mod fds;
 pub mod hierarchy;
 pub mod host;
 pub(crate) mod job;
+pub mod nccl;
 pub mod profile;
 pub mod rendezvous;
 pub(crate) mod shm;

@@ -1,0 +1,537 @@
+//! NCCL, loaded at run time: the engine between hosts for GPU ranks of a job on several hosts
+//! (`exec::hierarchy::gpu`), and the library the NCCL-compatible `ringreduce-nccl` hands what it
+//! does not run.
+//!
+//! **Finding it.** `RINGREDUCE_NCCL_PATH` (a file), else a `libnccl.so.2` the process has already
+//! loaded by its path (PyTorch's wheels load theirs from `site-packages/nvidia/nccl/lib`), else
+//! the first `libnccl.so.2` on `LD_LIBRARY_PATH` or in the usual system folders — never the
+//! library this code is linked into (`ringreduce-nccl` may be installed under that very name).
+//! It is opened with `RTLD_DEEPBIND`, so NCCL's calls of its own functions stay inside NCCL.
+//! Nothing is loaded until a job needs it: on one host, never.
+//!
+//! **Layers** (as cudarc's): the C signatures NCCL documents, as function-pointer types looked
+//! up by name ([`Library::function`]); each status to a `Result` in one function (`check`, with
+//! NCCL's own text: [`Error::Nccl`]); [`Comm`] on top, one communicator of a group.
+//!
+//! Invariant: a symbol of NCCL is only ever called with the handles NCCL itself made, on the
+//! thread that has the communicator's GPU's context current.
+
+pub mod abi;
+
+use crate::device;
+use crate::element::{DType, ReduceOp};
+use crate::error::{Error, Result};
+use crate::plan::Collective;
+use abi::*;
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+/// NCCL, opened (module doc).
+pub struct Library {
+    handle: *mut c_void,
+    /// Where it was found.
+    pub path: PathBuf,
+}
+
+// SAFETY: a `dlopen` handle is valid on every thread, and `dlsym` is thread-safe.
+unsafe impl Send for Library {}
+// SAFETY: as above.
+unsafe impl Sync for Library {}
+
+impl Library {
+    /// NCCL, opened on first use; `None` when there is none (module doc).
+    pub fn get() -> Option<&'static Library> {
+        static NCCL: OnceLock<Option<Library>> = OnceLock::new();
+        NCCL.get_or_init(|| find().and_then(|path| open(&path)))
+            .as_ref()
+    }
+
+    /// [`Library::get`], or the error that says where NCCL was looked for.
+    pub fn require(why: &str) -> Result<&'static Library> {
+        Library::get().ok_or_else(|| Error::Resource {
+            what: format!(
+                "{why} needs NCCL, and no libnccl.so.2 was found: set RINGREDUCE_NCCL_PATH to \
+                 the file, or put its folder on LD_LIBRARY_PATH"
+            ),
+        })
+    }
+
+    /// NCCL's function `name`, as the function-pointer type `F`.
+    ///
+    /// # Safety
+    /// `F` is the C signature NCCL documents for `name`.
+    pub unsafe fn function<F: Copy>(&self, name: &CStr) -> Option<F> {
+        debug_assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut c_void>());
+        // SAFETY: a live handle and a NUL-terminated name.
+        let symbol = unsafe { libc::dlsym(self.handle, name.as_ptr()) };
+        // SAFETY: a non-null symbol of that name has the type our caller names.
+        (!symbol.is_null()).then(|| unsafe { std::mem::transmute_copy::<*mut c_void, F>(&symbol) })
+    }
+
+    /// [`Library::function`], or [`Error::Nccl`] naming the missing symbol.
+    ///
+    /// # Safety
+    /// As for [`Library::function`].
+    unsafe fn symbol<F: Copy>(&self, name: &'static CStr) -> Result<F> {
+        // SAFETY: our caller's contract.
+        unsafe { self.function(name) }.ok_or_else(|| Error::Nccl {
+            call: name.to_str().unwrap_or("?"),
+            code: -1,
+            message: format!(
+                "{} has no such function (too old an NCCL?)",
+                self.path.display()
+            ),
+        })
+    }
+
+    /// NCCL's status `code` of `call` as a `Result`, with NCCL's own text (the one place a
+    /// status is compared).
+    fn check(&self, call: &'static str, code: ncclResult_t) -> Result<()> {
+        if code == ncclSuccess {
+            return Ok(());
+        }
+        type ErrorString = unsafe extern "C" fn(ncclResult_t) -> *const c_char;
+        // SAFETY: ncclGetErrorString's documented signature.
+        let text = unsafe { self.function::<ErrorString>(c"ncclGetErrorString") };
+        let message = match text {
+            // SAFETY: NCCL returns a static NUL-terminated string for any code.
+            Some(f) => unsafe { CStr::from_ptr(f(code)) }
+                .to_string_lossy()
+                .into_owned(),
+            None => "no message".into(),
+        };
+        Err(Error::Nccl {
+            call,
+            code,
+            message,
+        })
+    }
+}
+
+/// Where NCCL is (module doc).
+fn find() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("RINGREDUCE_NCCL_PATH") {
+        return Some(PathBuf::from(path));
+    }
+    let own = ourselves();
+    let not_ours = |path: &PathBuf| path.canonicalize().ok() != own;
+    loaded_libnccl()
+        .into_iter()
+        .find(not_ours)
+        .or_else(|| device::library_files("libnccl.so.2").find(not_ours))
+}
+
+/// The files named `libnccl.so.2` that the process has loaded, in load order.
+fn loaded_libnccl() -> Vec<PathBuf> {
+    unsafe extern "C" fn visit(
+        info: *mut libc::dl_phdr_info,
+        _size: libc::size_t,
+        found: *mut c_void,
+    ) -> libc::c_int {
+        // SAFETY: dl_iterate_phdr passes a valid info and our `found` pointer.
+        let (info, found) = unsafe { (&*info, &mut *found.cast::<Vec<PathBuf>>()) };
+        if !info.dlpi_name.is_null() {
+            // SAFETY: a NUL-terminated file name (empty for the main program).
+            let name = unsafe { CStr::from_ptr(info.dlpi_name) }.to_string_lossy();
+            let path = PathBuf::from(&*name);
+            if path.file_name().is_some_and(|f| f == "libnccl.so.2") {
+                found.push(path);
+            }
+        }
+        0
+    }
+    let mut found: Vec<PathBuf> = Vec::new();
+    // SAFETY: `visit` matches the callback type and only reads what the loader passes.
+    unsafe { libc::dl_iterate_phdr(Some(visit), (&mut found as *mut Vec<PathBuf>).cast()) };
+    found
+}
+
+/// The file this code is linked into (the program, or the library that holds it).
+fn ourselves() -> Option<PathBuf> {
+    // SAFETY: an all-zero Dl_info is a valid value to be overwritten.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    let here = ourselves as *const c_void;
+    // SAFETY: `here` is an address of this code; `info` is writable.
+    if unsafe { libc::dladdr(here, &mut info) } == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: dladdr set a NUL-terminated file name.
+    let name = unsafe { CStr::from_ptr(info.dli_fname) };
+    Path::new(&*name.to_string_lossy()).canonicalize().ok()
+}
+
+/// Opens the library at `path` (its symbols kept to itself).
+fn open(path: &Path) -> Option<Library> {
+    let cpath = CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: a NUL-terminated path and valid flags.
+    let handle = unsafe {
+        libc::dlopen(
+            cpath.as_ptr(),
+            libc::RTLD_NOW | libc::RTLD_LOCAL | libc::RTLD_DEEPBIND,
+        )
+    };
+    (!handle.is_null()).then(|| Library {
+        handle,
+        path: path.to_path_buf(),
+    })
+}
+
+/// `ncclComm_t`: NCCL's opaque handle, as this side holds it.
+#[allow(non_camel_case_types)]
+type ncclComm_t = *mut c_void;
+
+// The C signatures NCCL documents, for the calls below.
+type GetUniqueId = unsafe extern "C" fn(*mut ncclUniqueId) -> ncclResult_t;
+type CommInitRank =
+    unsafe extern "C" fn(*mut ncclComm_t, c_int, ncclUniqueId, c_int) -> ncclResult_t;
+type CommOnly = unsafe extern "C" fn(ncclComm_t) -> ncclResult_t;
+type AsyncError = unsafe extern "C" fn(ncclComm_t, *mut ncclResult_t) -> ncclResult_t;
+type Stream = *mut c_void;
+type AllReduce = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    ncclDataType_t,
+    ncclRedOp_t,
+    ncclComm_t,
+    Stream,
+) -> ncclResult_t;
+type Broadcast = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    ncclDataType_t,
+    c_int,
+    ncclComm_t,
+    Stream,
+) -> ncclResult_t;
+type Reduce = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    ncclDataType_t,
+    ncclRedOp_t,
+    c_int,
+    ncclComm_t,
+    Stream,
+) -> ncclResult_t;
+type AllGather = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    ncclDataType_t,
+    ncclComm_t,
+    Stream,
+) -> ncclResult_t;
+type ReduceScatter = AllReduce;
+type SendFn = unsafe extern "C" fn(
+    *const c_void,
+    usize,
+    ncclDataType_t,
+    c_int,
+    ncclComm_t,
+    Stream,
+) -> ncclResult_t;
+type RecvFn = unsafe extern "C" fn(
+    *mut c_void,
+    usize,
+    ncclDataType_t,
+    c_int,
+    ncclComm_t,
+    Stream,
+) -> ncclResult_t;
+type Group = unsafe extern "C" fn() -> ncclResult_t;
+
+/// A new unique id for a group's communicator, made on GPU `device` (NCCL's
+/// `ncclGetUniqueId`, by the group's first member).
+pub(crate) fn unique_id(device: usize) -> Result<Vec<u8>> {
+    let nccl = Library::require("a job on several hosts")?;
+    bind(device)?;
+    let mut id = ncclUniqueId {
+        internal: [0; NCCL_UNIQUE_ID_BYTES],
+    };
+    // SAFETY: the documented signature; `id` is writable for its 128 bytes.
+    let code = unsafe { nccl.symbol::<GetUniqueId>(c"ncclGetUniqueId")?(&mut id) };
+    nccl.check("ncclGetUniqueId", code)?;
+    Ok(id.internal.iter().map(|&b| b as u8).collect())
+}
+
+/// Makes GPU `device`'s primary context current on this thread (NCCL works on the current one).
+fn bind(device: usize) -> Result<Arc<cudarc::driver::CudaContext>> {
+    let ctx = device::context(device)?;
+    device::bind(&ctx)?;
+    Ok(ctx)
+}
+
+/// One NCCL communicator of a group (module doc), on one GPU.
+pub(crate) struct Comm {
+    nccl: &'static Library,
+    comm: ncclComm_t,
+    device: usize,
+    rank: usize,
+}
+
+// SAFETY: an NCCL communicator may be used from any thread, one call at a time (`&mut self`).
+unsafe impl std::marker::Send for Comm {}
+
+impl Comm {
+    /// Joins the group of `id` (from [`unique_id`]) as `rank` of `size`, on GPU `device`; blocks
+    /// until every member has joined (NCCL's `ncclCommInitRank`).
+    pub(crate) fn join(id: &[u8], rank: usize, size: usize, device: usize) -> Result<Comm> {
+        let nccl = Library::require("a job on several hosts")?;
+        let mut raw = ncclUniqueId {
+            internal: [0; NCCL_UNIQUE_ID_BYTES],
+        };
+        if id.len() != NCCL_UNIQUE_ID_BYTES {
+            return Err(Error::Internal {
+                what: format!("an NCCL unique id of {} bytes", id.len()),
+            });
+        }
+        for (to, from) in raw.internal.iter_mut().zip(id) {
+            *to = *from as c_char;
+        }
+        bind(device)?;
+        let mut comm: ncclComm_t = std::ptr::null_mut();
+        // SAFETY: the documented signature; `comm` is writable, the id is passed by value.
+        let code = unsafe {
+            nccl.symbol::<CommInitRank>(c"ncclCommInitRank")?(
+                &mut comm,
+                size as c_int,
+                raw,
+                rank as c_int,
+            )
+        };
+        nccl.check("ncclCommInitRank", code)?;
+        Ok(Comm {
+            nccl,
+            comm,
+            device,
+            rank,
+        })
+    }
+
+    /// Enqueues `collective` (roots are group ranks) of `count` elements of `dtype` on `stream`,
+    /// in place on `buf` (laid out as the collective's in-place table says for the group's
+    /// size), or from `input` for all-to-all (a group of sends and receives).
+    ///
+    /// # Safety
+    /// `buf` (and `input`) are device memory of this communicator's GPU, valid for the
+    /// collective's lengths, that nothing else touches until `stream` has passed the call;
+    /// `stream` is a live stream of that GPU's primary context.
+    #[allow(clippy::too_many_arguments)] // NCCL's own calls take seven.
+    pub(crate) unsafe fn collective(
+        &mut self,
+        collective: &Collective,
+        count: usize,
+        dtype: DType,
+        op: ReduceOp,
+        input: Option<u64>,
+        buf: u64,
+        stream: Stream,
+    ) -> Result<()> {
+        bind(self.device)?;
+        let (nccl, comm) = (self.nccl, self.comm);
+        let (t, o) = (nccl_type(dtype), nccl_op(op));
+        let eb = dtype.size_bytes() as u64;
+        let ptr = |a: u64| a as *mut c_void;
+        let mine = buf + (self.rank * count) as u64 * eb;
+        // SAFETY: every call below has NCCL's documented signature; the buffers and the stream
+        // are our caller's contract; the in-place forms are NCCL's (the same buffer, or the
+        // rank's block of the receive buffer as the all-gather's send buffer and the
+        // reduce-scatter's receive buffer).
+        let (call, code) = unsafe {
+            match *collective {
+                Collective::AllReduce => (
+                    "ncclAllReduce",
+                    nccl.symbol::<AllReduce>(c"ncclAllReduce")?(
+                        ptr(buf),
+                        ptr(buf),
+                        count,
+                        t,
+                        o,
+                        comm,
+                        stream,
+                    ),
+                ),
+                Collective::ReduceScatter => (
+                    "ncclReduceScatter",
+                    nccl.symbol::<ReduceScatter>(c"ncclReduceScatter")?(
+                        ptr(buf),
+                        ptr(mine),
+                        count,
+                        t,
+                        o,
+                        comm,
+                        stream,
+                    ),
+                ),
+                Collective::AllGather => (
+                    "ncclAllGather",
+                    nccl.symbol::<AllGather>(c"ncclAllGather")?(
+                        ptr(mine),
+                        ptr(buf),
+                        count,
+                        t,
+                        comm,
+                        stream,
+                    ),
+                ),
+                Collective::Broadcast { root } => (
+                    "ncclBroadcast",
+                    nccl.symbol::<Broadcast>(c"ncclBroadcast")?(
+                        ptr(buf),
+                        ptr(buf),
+                        count,
+                        t,
+                        root as c_int,
+                        comm,
+                        stream,
+                    ),
+                ),
+                Collective::Reduce { root } => (
+                    "ncclReduce",
+                    nccl.symbol::<Reduce>(c"ncclReduce")?(
+                        ptr(buf),
+                        ptr(buf),
+                        count,
+                        t,
+                        o,
+                        root as c_int,
+                        comm,
+                        stream,
+                    ),
+                ),
+                Collective::AllToAll => {
+                    let input = input.ok_or_else(|| Error::Internal {
+                        what: "an all-to-all across hosts without its input".into(),
+                    })?;
+                    (
+                        "ncclSend/ncclRecv",
+                        self.all_to_all(count, t, eb, input, buf, stream)?,
+                    )
+                }
+                Collective::SendRecv { .. } => {
+                    return Err(Error::Internal {
+                        what: "send/recv is not a stage across hosts".into(),
+                    })
+                }
+            }
+        };
+        nccl.check(call, code)
+    }
+
+    /// All-to-all as one group of a send and a receive per member.
+    ///
+    /// # Safety
+    /// As for [`Comm::collective`].
+    unsafe fn all_to_all(
+        &mut self,
+        count: usize,
+        t: ncclDataType_t,
+        eb: u64,
+        input: u64,
+        buf: u64,
+        stream: Stream,
+    ) -> Result<ncclResult_t> {
+        let (nccl, comm) = (self.nccl, self.comm);
+        // SAFETY: the documented signatures.
+        let (start, end, send, recv) = unsafe {
+            (
+                nccl.symbol::<Group>(c"ncclGroupStart")?,
+                nccl.symbol::<Group>(c"ncclGroupEnd")?,
+                nccl.symbol::<SendFn>(c"ncclSend")?,
+                nccl.symbol::<RecvFn>(c"ncclRecv")?,
+            )
+        };
+        let size = self.size()?;
+        // SAFETY: as for `collective`: member p's block of the input is sent to p, p's block of
+        // `buf` receives from p.
+        unsafe {
+            nccl.check("ncclGroupStart", start())?;
+            for p in 0..size {
+                let at = (p * count) as u64 * eb;
+                let s = send(
+                    (input + at) as *const c_void,
+                    count,
+                    t,
+                    p as c_int,
+                    comm,
+                    stream,
+                );
+                let r = recv(
+                    (buf + at) as *mut c_void,
+                    count,
+                    t,
+                    p as c_int,
+                    comm,
+                    stream,
+                );
+                if s != ncclSuccess || r != ncclSuccess {
+                    let _ = end();
+                    return Ok(if s != ncclSuccess { s } else { r });
+                }
+            }
+            Ok(end())
+        }
+    }
+
+    /// The number of members (NCCL's `ncclCommCount`).
+    fn size(&self) -> Result<usize> {
+        type Count = unsafe extern "C" fn(ncclComm_t, *mut c_int) -> ncclResult_t;
+        let mut n: c_int = 0;
+        // SAFETY: the documented signature; `n` is writable.
+        let code = unsafe { self.nccl.symbol::<Count>(c"ncclCommCount")?(self.comm, &mut n) };
+        self.nccl.check("ncclCommCount", code)?;
+        Ok(n as usize)
+    }
+
+    /// An error NCCL met without a call returning it (a lost peer, a network failure), as
+    /// `ncclCommGetAsyncError` reports it. Never waits.
+    pub(crate) fn async_error(&self) -> Result<()> {
+        let mut state: ncclResult_t = ncclSuccess;
+        // SAFETY: the documented signature; `state` is writable.
+        let code = unsafe {
+            self.nccl.symbol::<AsyncError>(c"ncclCommGetAsyncError")?(self.comm, &mut state)
+        };
+        self.nccl.check("ncclCommGetAsyncError", code)?;
+        match state == ncclSuccess || state == ncclInProgress {
+            true => Ok(()),
+            false => self.nccl.check("ncclCommGetAsyncError", state),
+        }
+    }
+
+    /// Gives the communicator up at once (`ncclCommAbort`): the group's waits for it fail, its
+    /// pending work is dropped. Never waits for the peers.
+    pub(crate) fn abort(&mut self) {
+        let comm = std::mem::replace(&mut self.comm, std::ptr::null_mut());
+        if comm.is_null() {
+            return;
+        }
+        let _ = bind(self.device);
+        // SAFETY: the documented signature; `comm` is NCCL's and released exactly once.
+        if let Ok(abort) = unsafe { self.nccl.symbol::<CommOnly>(c"ncclCommAbort") } {
+            // SAFETY: as above.
+            let _ = unsafe { abort(comm) };
+        }
+    }
+
+    /// Releases the communicator once its work is done (`ncclCommDestroy`), with NCCL's error.
+    pub(crate) fn close(mut self) -> Result<()> {
+        let comm = std::mem::replace(&mut self.comm, std::ptr::null_mut());
+        if comm.is_null() {
+            return Ok(());
+        }
+        bind(self.device)?;
+        // SAFETY: the documented signature; `comm` is NCCL's and released exactly once.
+        let code = unsafe { self.nccl.symbol::<CommOnly>(c"ncclCommDestroy")?(comm) };
+        self.nccl.check("ncclCommDestroy", code)
+    }
+}
+
+impl Drop for Comm {
+    /// Aborts what [`Comm::close`] did not release: dropping never waits for the peers.
+    fn drop(&mut self) {
+        self.abort();
+    }
+}

@@ -1,0 +1,187 @@
+//! GPU ranks of a job on several hosts, simulated on one machine: four processes, two per
+//! simulated host (`RINGREDUCE_HOST_ID`, and `NCCL_HOSTID` so that NCCL takes them for two
+//! hosts too, with its peer-to-peer and shared-memory transports off so that it talks over its
+//! socket transport, as between hosts without InfiniBand). On a one-GPU machine every rank runs
+//! on GPU 0 (`allow_shared_device`; NCCL accepts two ranks of one GPU under different host ids).
+//! Every hierarchical collective must match the flat host executor exactly, on the rank's own
+//! stream too, and a killed rank is named on every other. Waived without a GPU, or without
+//! NCCL (`libnccl.so.2`).
+
+use common::launch::{as_rank, expect_success, launch};
+use ringreduce::plan::hierarchy::Hosts;
+use ringreduce::plan::Collective;
+use ringreduce::verify::input_value;
+use ringreduce::{
+    Communicator, CudaConfig, Error, GpuBuffer, HostConfig, LaunchEnv, RankCommunicator, ReduceOp,
+};
+use std::time::{Duration, Instant};
+
+mod common;
+
+const HOSTS: Hosts = Hosts { hosts: 2, local: 2 };
+
+fn config() -> CudaConfig {
+    CudaConfig {
+        allow_shared_device: true,
+        timeout: Duration::from_secs(60),
+        ..CudaConfig::default()
+    }
+}
+
+/// Each rank's simulated host, for ringreduce and for NCCL.
+fn host_env(rank: usize) -> Vec<(String, String)> {
+    let host = format!("host-{}", HOSTS.host_of(rank));
+    vec![
+        ("RINGREDUCE_HOST_ID".into(), host.clone()),
+        ("NCCL_HOSTID".into(), host),
+        ("NCCL_P2P_DISABLE".into(), "1".into()),
+        ("NCCL_SHM_DISABLE".into(), "1".into()),
+        ("NCCL_NVLS_ENABLE".into(), "0".into()),
+        ("LOCAL_RANK".into(), HOSTS.local_of(rank).to_string()),
+        ("LOCAL_WORLD_SIZE".into(), HOSTS.local.to_string()),
+    ]
+}
+
+/// Whether this machine can run the test: a GPU and NCCL (else the waiver is printed).
+fn can_run(property: &str) -> bool {
+    if common::gpus(1, property).is_none() {
+        return false;
+    }
+    if ringreduce::exec::nccl::Library::get().is_none() {
+        println!("waived: needs NCCL (libnccl.so.2) between the simulated hosts: {property}");
+        return false;
+    }
+    true
+}
+
+fn join(env: &LaunchEnv) -> RankCommunicator {
+    let id = env.unique_id().unwrap();
+    RankCommunicator::gpu(&id, env.rank, env.world, 0, config()).unwrap()
+}
+
+/// Every rank's out-of-place result from the flat host executor.
+fn reference(collective: &Collective, count: usize, op: ReduceOp) -> Vec<Option<Vec<f32>>> {
+    let world = HOSTS.world();
+    let comm = Communicator::host_with(world, HostConfig::default()).unwrap();
+    let ins: Vec<Vec<f32>> = collective
+        .input_ranks(world)
+        .iter()
+        .map(|&r| {
+            let len = collective.input_len(r, world, count).unwrap();
+            (0..len).map(|k| input_value(op, r, k)).collect()
+        })
+        .collect();
+    let mut outs: Vec<Vec<f32>> = collective
+        .output_ranks(world)
+        .iter()
+        .map(|&r| vec![-7.0; collective.output_len(r, world, count).unwrap()])
+        .collect();
+    comm.collective(collective, Some(&ins), &mut outs, op)
+        .unwrap();
+    let mut by_rank = vec![None; world];
+    for (out, &r) in outs.into_iter().zip(&collective.output_ranks(world)) {
+        by_rank[r] = Some(out);
+    }
+    by_rank
+}
+
+#[test]
+fn gpu_ranks_on_simulated_hosts_run_every_collective_exactly() {
+    if let Some(env) = as_rank() {
+        let rank = env.rank;
+        let mut comm = join(&env);
+        assert_eq!(comm.hosts(), HOSTS);
+        let mut all = vec![
+            Collective::AllReduce,
+            Collective::ReduceScatter,
+            Collective::AllGather,
+            Collective::AllToAll,
+        ];
+        for root in [0, 3] {
+            all.push(Collective::Broadcast { root });
+            all.push(Collective::Reduce { root });
+        }
+        let count = 1001;
+        for collective in &all {
+            for op in [ReduceOp::Sum, ReduceOp::Avg] {
+                if op == ReduceOp::Avg && !collective.reduces() {
+                    continue;
+                }
+                let want = reference(collective, count, op);
+                let input = collective.input_len(rank, 4, count).map(|len| {
+                    let v: Vec<f32> = (0..len).map(|k| input_value(op, rank, k)).collect();
+                    GpuBuffer::from_host(0, &v).unwrap()
+                });
+                let mut output = collective
+                    .output_len(rank, 4, count)
+                    .map(|len| GpuBuffer::from_host(0, &vec![-7.0f32; len]).unwrap());
+                comm.collective(collective, input.as_ref(), output.as_mut(), op)
+                    .unwrap_or_else(|e| panic!("rank {rank}: {collective:?} {op:?}: {e}"));
+                let got = output.map(|o| o.to_host().unwrap());
+                assert_eq!(got, want[rank], "rank {rank}: {collective:?} {op:?}");
+            }
+        }
+        // On the rank's own stream, with no host synchronisation until the end.
+        let stream = common::new_streams(&[0]).remove(0);
+        let mut buf = GpuBuffer::from_host(0, &vec![rank as f32 + 1.0; 4096]).unwrap();
+        // SAFETY: `buf` lives past the synchronisation below and nothing else touches it.
+        unsafe { comm.enqueue_all_reduce_in_place_on(&mut buf, ReduceOp::Sum, &stream) }.unwrap();
+        stream.synchronize().unwrap();
+        assert_eq!(buf.to_host().unwrap(), vec![10.0f32; 4096]);
+        comm.close().unwrap();
+        return;
+    }
+    if !can_run("GPU ranks on two simulated hosts") {
+        return;
+    }
+    let ranks = launch(
+        "gpu_ranks_on_simulated_hosts_run_every_collective_exactly",
+        4,
+        host_env,
+    );
+    expect_success(ranks, Duration::from_secs(300));
+}
+
+#[test]
+fn a_gpu_rank_killed_on_one_simulated_host_is_named_on_the_other() {
+    if let Some(env) = as_rank() {
+        let mut comm = join(&env);
+        let mut buf = GpuBuffer::from_host(0, &vec![1.0f32; 1000]).unwrap();
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap();
+        if env.rank == 3 {
+            // SAFETY: raising SIGKILL against this process; nothing runs after it.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        }
+        let started = Instant::now();
+        let err = comm
+            .all_reduce_in_place(&mut buf, ReduceOp::Sum)
+            .unwrap_err();
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "rank {}: {err}",
+            env.rank
+        );
+        let named = match &err {
+            Error::RankFailed { rank, .. } => *rank,
+            Error::Level { source, .. } => match **source {
+                Error::RankFailed { rank, .. } => rank,
+                _ => panic!("rank {}: {err}", env.rank),
+            },
+            _ => panic!("rank {}: {err}", env.rank),
+        };
+        assert_eq!(named, 3, "rank {}: {err}", env.rank);
+        println!("rank {} after {:?}: {err}", env.rank, started.elapsed());
+        return;
+    }
+    if !can_run("a killed GPU rank on two simulated hosts") {
+        return;
+    }
+    let mut ranks = launch(
+        "a_gpu_rank_killed_on_one_simulated_host_is_named_on_the_other",
+        4,
+        host_env,
+    );
+    let killed = ranks.pop().unwrap();
+    expect_success(ranks, Duration::from_secs(120));
+    assert!(!killed.wait_with_output().unwrap().status.success());
+}
