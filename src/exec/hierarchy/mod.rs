@@ -4,7 +4,7 @@
 //! rank's local index: NCCL for GPU ranks ([`crate::exec::nccl`], module `gpu`), an
 //! [`InterHost`] engine its creator passes for host ranks (module `host`).
 //!
-//! Creation ([`meet`]): every rank meets the job's rendezvous, which tells the hosts apart
+//! Creation (`meet`): every rank meets the job's rendezvous, which tells the hosts apart
 //! (`exec::job::host_layout`). Each host's first rank makes the id of its host's rendezvous,
 //! each local index's rank on the first host the id of its group across hosts (NCCL's unique
 //! id, or the factory's), and one all-gather of the job hands them out; then each rank joins its

@@ -11,7 +11,7 @@
 //!
 //! **Layers** (as cudarc's): the C signatures NCCL documents, as function-pointer types looked
 //! up by name ([`Library::function`]); each status to a `Result` in one function (`check`, with
-//! NCCL's own text: [`Error::Nccl`]); [`Comm`] on top, one communicator of a group.
+//! NCCL's own text: [`Error::Nccl`]); `Comm` on top, one communicator of a group.
 //!
 //! Invariant: a symbol of NCCL is only ever called with the handles NCCL itself made, on the
 //! thread that has the communicator's GPU's context current.
