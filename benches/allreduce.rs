@@ -204,7 +204,7 @@ fn bench_plan(c: &mut Criterion) {
 /// its coarse form and proving that with the four checks (a communicator's plan cache does this
 /// once per coarse form; every later count of the form costs the build and the comparison). Odd
 /// counts, the host executor's chunk setting and ever smaller ones, down to one element: the
-/// chunk count per segment is bounded (`plan::MAX_CHUNKS`), so the cost is bounded by the world.
+/// chunk count per segment is bounded (`plan::max_chunks`), so the cost is bounded by the world.
 fn bench_first_call(c: &mut Criterion) {
     use ringreduce::plan::{EdgeTransport, RingSpec};
     let mut group = c.benchmark_group("first_call");

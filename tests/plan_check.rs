@@ -551,15 +551,16 @@ fn many_counts_share_few_coarse_forms() {
 }
 
 /// A plan's size does not grow with the count: however small `chunk_elems` is, a range is cut
-/// into at most `MAX_CHUNKS` chunks (longer ones instead), so the plan of 50 003 elements in
-/// chunks of one element is no larger than the plan whose segments hold exactly `MAX_CHUNKS`
+/// into at most `max_chunks(world)` chunks (longer ones instead), so the plan of 50 003 elements
+/// in chunks of one element is no larger than the plan whose segments hold exactly that many
 /// one-element chunks — for every collective. Without the bound it would be about 200 times
 /// larger (and at a million elements, 5 000 times).
 #[test]
 fn a_plans_size_is_bounded_whatever_the_count_and_chunk() {
-    use ringreduce::plan::MAX_CHUNKS;
+    use ringreduce::plan::max_chunks;
     let instrs = |plan: &Plan| plan.ranks.iter().map(Vec::len).sum::<usize>();
-    for world in [2, 3, 5] {
+    for world in [2, 3, 5, 8] {
+        let bound = world * max_chunks(world);
         let collectives = [
             Collective::AllReduce,
             Collective::ReduceScatter,
@@ -591,16 +592,38 @@ fn a_plans_size_is_bounded_whatever_the_count_and_chunk() {
                 };
                 CollectiveSpec { collective, ring }.build().unwrap()
             };
-            let at_the_bound = instrs(&plan_of(world * MAX_CHUNKS));
+            let at_the_bound = instrs(&plan_of(bound));
             let huge = plan_of(50_003);
             assert!(
                 instrs(&huge) <= at_the_bound,
                 "{} over {world} ranks: {} instructions at 50 003 elements, {at_the_bound} at {}",
                 collective.name(),
                 instrs(&huge),
-                world * MAX_CHUNKS
+                bound
             );
             check(&huge).unwrap();
+        }
+    }
+}
+
+/// What a new shape costs to prove grows linearly with the world, whatever the count and chunk:
+/// the ring all-reduce's plan has at most 5·world·`MAX_CHUNK_STEPS` instructions (about 1 µs
+/// each to prove on the development machine: the `first_call` benchmark carries the times).
+#[test]
+fn a_ring_plan_grows_linearly_with_the_world() {
+    use ringreduce::plan::MAX_CHUNK_STEPS;
+    for world in [2, 3, 4, 8, 12, 16, 24] {
+        for (count, chunk) in [(1 << 22, 1), (1 << 22, 16), (1 << 26, 1 << 16), (12_345, 1)] {
+            let spec = RingSpec {
+                in_place: true,
+                ..RingSpec::new(world, count, chunk, 4, EdgeTransport::Peer)
+            };
+            let plan = spec.build().unwrap();
+            let instrs: usize = plan.ranks.iter().map(Vec::len).sum();
+            assert!(
+                instrs <= 5 * world * MAX_CHUNK_STEPS,
+                "{world} ranks, {count} elements in chunks of {chunk}: {instrs} instructions"
+            );
         }
     }
 }

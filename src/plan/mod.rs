@@ -40,8 +40,9 @@
 //!
 //! # Chunked pipelining and staging slots
 //!
-//! Every segment is cut into chunks of `chunk_elems` (but into no more than [`MAX_CHUNKS`]: a
-//! longer segment gets longer chunks, so a plan's size does not grow with the count); chunk `c`
+//! Every segment is cut into chunks of `chunk_elems` (but into no more than [`max_chunks`] of the
+//! world: a longer segment gets longer chunks, so a plan's size does not grow with the count);
+//! chunk `c`
 //! of step `s + 1` only waits for chunk
 //! `c` of step `s`, so while one chunk is being reduced the next is already on the wire. A sender
 //! pushes a chunk into one of the receiver's `slots` staging slots (reduce-scatter) or straight into
@@ -110,7 +111,7 @@ pub mod twoshot;
 
 pub use collective::{Collective, CollectiveSpec, Transfer};
 pub use oneshot::OneShotSpec;
-pub use push::MAX_CHUNKS;
+pub use push::{max_chunks, MAX_CHUNK_STEPS};
 pub use ring::{EdgeTransport, RingSpec};
 pub use twoshot::TwoShotSpec;
 

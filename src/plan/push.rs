@@ -355,17 +355,25 @@ pub(super) fn block_range(block: usize, count: usize) -> std::ops::Range<usize> 
     block * count..(block + 1) * count
 }
 
-/// The most chunks a range is cut into. A plan is data — every chunk of every step is an
+/// The most chunk-steps a rank's ring all-reduce is cut into: its `2(world − 1)` steps times the
+/// chunks per segment ([`max_chunks`]). A plan is data — every chunk of every step is an
 /// instruction the checker proves — so a count or a `chunk_elems` that would cut a range finer
-/// gets longer chunks instead: planning and proving a new shape then costs what a plan of
-/// `MAX_CHUNKS` chunks per range costs, whatever the count (docs/PERFORMANCE.md, "The first
-/// call of a shape"). 64 chunks keep a ring's pipeline full (its fill and drain are a step of
-/// one chunk each), and the automatic chunk sizes never reach it below 256 MiB segments. The
-/// price: beyond that, staging slots (`slots × chunk`, pinned host memory on staged edges) grow
-/// with the count — a 16 GiB broadcast over staged edges with 3 slots pins 768 MiB per sender
-/// where 4 MiB chunks would pin 12 MiB. Running a long message as several windows of bounded
-/// plans would bound both; it is not built.
-pub const MAX_CHUNKS: usize = 64;
+/// gets longer chunks instead: planning and proving a new shape then costs what a plan of this
+/// many chunk-steps per rank costs, whatever the count (docs/PERFORMANCE.md, "The first call of
+/// a shape"), about 5·world·`MAX_CHUNK_STEPS` instructions. A ring's pipeline fills and drains
+/// in a chunk each, so 128 chunk-steps keep it busy for all but ~2% of a call at any world. The
+/// price: beyond the bound, staging slots (`slots × chunk`, pinned host memory on staged edges)
+/// grow with the count — a 16 GiB broadcast over 2 staged ranks with 3 slots pins 768 MiB per
+/// sender where 4 MiB chunks would pin 12 MiB. Running a long message as several windows of
+/// bounded plans would bound both; it is not built.
+pub const MAX_CHUNK_STEPS: usize = 128;
+
+/// The most chunks a range is cut into on `world` ranks: [`MAX_CHUNK_STEPS`] shared among the
+/// ring all-reduce's `2(world − 1)` steps (64 on 2 ranks, 9 on 8, 4 on 16), at least one. Every
+/// collective's planner uses this one bound.
+pub fn max_chunks(world: usize) -> usize {
+    (MAX_CHUNK_STEPS / (2 * world.saturating_sub(1)).max(2)).max(1)
+}
 
 /// The chunk length for a collective that moves ranges of at most `longest` elements
 /// ([`chunk_len`]), with its staging (`slots` chunks) checked to be addressable.
@@ -381,13 +389,13 @@ pub(super) fn chunk_for(spec: &RingSpec, longest: usize) -> Result<usize> {
 }
 
 /// `chunk_elems`, but no longer than `longest` (at least 1) and no shorter than
-/// `longest / MAX_CHUNKS`, rounded up to `align_elems`.
+/// `longest / max_chunks(world)`, rounded up to `align_elems`.
 pub(super) fn chunk_len(spec: &RingSpec, longest: usize) -> usize {
     let align = spec.align_elems.max(1);
     let longest = longest.max(1);
     spec.chunk_elems
         .min(longest)
-        .max(longest.div_ceil(MAX_CHUNKS))
+        .max(longest.div_ceil(max_chunks(spec.world)))
         .div_ceil(align)
         * align
 }

@@ -134,7 +134,7 @@ impl RingSpec {
 
     /// Chunk length actually used: `chunk_elems`, but no longer than the longest segment (so a
     /// small message does not get staging slots sized for a large one) and no shorter than a
-    /// [`super::MAX_CHUNKS`]th of it, rounded up to a multiple of `align_elems`.
+    /// [`super::max_chunks`]th of it, rounded up to a multiple of `align_elems`.
     pub fn effective_chunk(&self) -> usize {
         let (world, align) = (self.world.max(1), self.align_elems.max(1));
         // Segment 0 is the longest but for the last one, which also takes the unaligned tail.
