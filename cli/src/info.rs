@@ -1,8 +1,8 @@
 //! `ringreduce info`: what this build and machine have — the version, how the reduce kernels
 //! were built, the CUDA driver and every GPU, and how ranks in separate processes share memory
 //! (per GPU: `cuMemCreate` memory passed as file descriptors, or legacy CUDA IPC handles where
-//! the driver lacks them; /dev/shm, with its room, for host ranks). Needs no GPU: without one it
-//! says why there is none.
+//! the driver lacks them; /dev/shm, with its room, for host ranks), and where NCCL is for jobs on
+//! several hosts. Needs no GPU: without one it says why there is none.
 
 use ringreduce::device;
 use ringreduce::exec::cuda as kernels;
@@ -46,6 +46,17 @@ pub fn run() -> Result<(), String> {
         "host ranks in separate processes share memory through: /dev/shm ({})",
         shm_room()
     );
+    // GPU ranks of a job on several hosts carry the stages between hosts on NCCL.
+    match ringreduce::exec::nccl::Library::get() {
+        Some(nccl) => out!(
+            "between hosts (GPU ranks on several hosts): NCCL at {}",
+            nccl.path.display()
+        ),
+        None => out!(
+            "between hosts (GPU ranks on several hosts): no NCCL found (libnccl.so.2 on the \
+             library path, or RINGREDUCE_NCCL_PATH): such jobs are refused at creation"
+        ),
+    }
     Ok(())
 }
 

@@ -116,6 +116,18 @@ fn info_works_everywhere() {
         "{}",
         text(&out.stdout)
     );
+    // Where NCCL is for jobs on several hosts: a file named by RINGREDUCE_NCCL_PATH that does
+    // not open is none.
+    let out = Command::new(env!("CARGO_BIN_EXE_ringreduce"))
+        .arg("info")
+        .env("RINGREDUCE_NCCL_PATH", "/nonexistent/libnccl.so.2")
+        .output()
+        .unwrap();
+    assert!(
+        text(&out.stdout).contains("between hosts (GPU ranks on several hosts): no NCCL found"),
+        "{}",
+        text(&out.stdout)
+    );
 }
 
 #[test]
