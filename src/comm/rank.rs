@@ -930,7 +930,7 @@ impl AbortHandle {
         }
     }
 
-    fn none() -> AbortHandle {
+    pub(crate) fn none() -> AbortHandle {
         AbortHandle { fabric: None }
     }
 

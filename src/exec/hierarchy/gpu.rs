@@ -4,12 +4,22 @@
 //! stream of this rank's — the intra stages through the executor's caller-stream path, the
 //! inter stages as NCCL calls, the copies as `cuMemcpyAsync`, `Avg`'s division as the scale
 //! kernel — with no host synchronisation between them. A caller's stream is joined to it by
-//! events at both ends, so the call is ordered on the caller's stream and capturable where every
-//! stage is (NCCL's calls are).
+//! events at both ends (the end join is made even when enqueueing failed halfway, so the
+//! caller's stream never runs ahead of stages already queued), so the call is ordered on the
+//! caller's stream and capturable where every stage is (NCCL's calls are; run each shape once
+//! before capturing it, as on one host: a work buffer that would have to grow is refused
+//! under capture with [`Error::NotCapturable`]).
+//!
+//! Creation never waits in NCCL for a rank that failed: the ranks tell each other over the
+//! job's rendezvous whether they found NCCL and whether they joined their host, before any of
+//! them calls NCCL, and NCCL's creation is awaited at most the timeout (a member that dies in
+//! between leaves the others' NCCL creation running on a thread of its own, given up on).
 //!
 //! A blocking call waits for the stream by polling, at most the communicator's timeout, and
-//! looks meanwhile at NCCL's asynchronous error and the host's lost peers: a failure gives the
-//! rank up on both levels (`ncclCommAbort`, the executor's abort), never a hang.
+//! looks meanwhile at NCCL's asynchronous error and the host's lost peers. A failure gives the
+//! rank up on every level — the executor's kernels stopped where they wait, NCCL aborted, the
+//! job's rendezvous closed — and waits for the stream to drain before returning; memory a
+//! stream that never drains may still touch is leaked on purpose, never freed.
 //!
 //! Memory: a work buffer per rank in device memory, grown for a plan that needs more; every
 //! buffer it ever had is kept until the rank closes, since a captured graph may use any of them.
@@ -24,15 +34,13 @@ use crate::exec::nccl;
 use crate::exec::rendezvous::Rendezvous;
 use crate::exec::Shape;
 use crate::plan::hierarchy::{Area, Hosts, Level, Span, Stage};
+use crate::plan::Collective;
+use cudarc::driver::sys::CUstreamCaptureStatus;
 use std::time::{Duration, Instant};
 
-/// One GPU rank of a job on several hosts (module doc).
-pub(crate) struct GpuHierarchy {
-    rank: usize,
-    hosts: Hosts,
-    device: usize,
-    /// The job's rendezvous, where every call's shape is compared.
-    rendezvous: Rendezvous,
+/// What a GPU rank of a job on several hosts holds on its GPU, dropped in the order `Drop`
+/// gives it.
+struct Parts {
     intra: CudaExecutor,
     inter: nccl::Comm,
     /// Where the stages run, in order.
@@ -44,15 +52,41 @@ pub(crate) struct GpuHierarchy {
     joins: (Event, Event),
     /// Every work buffer this rank has had; the last is the current.
     works: Vec<DeviceBuffer>,
+}
+
+/// One GPU rank of a job on several hosts (module doc).
+pub(crate) struct GpuHierarchy {
+    rank: usize,
+    hosts: Hosts,
+    device: usize,
+    /// The job's rendezvous, where every call's shape is compared.
+    rendezvous: Rendezvous,
+    /// `None` once shut down.
+    parts: Option<Parts>,
     plans: Plans,
     timeout: Duration,
+    /// The stream did not drain after a failure: its memory is never freed.
+    stuck: bool,
+}
+
+/// Every rank's word of `ok`, over the job's rendezvous: this rank's `failure` first, then the
+/// first rank that reported one, as `named` says.
+fn all_ok<T>(
+    rendezvous: &mut Rendezvous,
+    mine: Result<T>,
+    named: impl Fn(usize) -> Error,
+) -> Result<T> {
+    let told = rendezvous.all_gather(&[u64::from(mine.is_err())])?;
+    let mine = mine?;
+    match told.iter().position(|r| r.first() != Some(&0)) {
+        Some(q) => Err(named(q)),
+        None => Ok(mine),
+    }
 }
 
 impl GpuHierarchy {
     /// Joins this rank's host (its executor over the host's ranks, on GPU `device`) and its
-    /// group across hosts (NCCL), after the job's `rendezvous` found `hosts`. Every rank first
-    /// tells the others whether it found NCCL, so that a rank without it is named on all
-    /// (before any rank waits in NCCL's creation for it).
+    /// group across hosts (NCCL), after the job's `rendezvous` found `hosts` (module doc).
     pub(crate) fn join(
         mut rendezvous: Rendezvous,
         hosts: Hosts,
@@ -62,42 +96,45 @@ impl GpuHierarchy {
     ) -> Result<GpuHierarchy> {
         let rank = rendezvous.rank();
         let (h, l) = (hosts.host_of(rank), hosts.local_of(rank));
-        let found = nccl::Library::require("GPU ranks on several hosts");
-        let told = rendezvous.all_gather(&[u64::from(found.is_err())])?;
-        if let Err(e) = found {
-            return Err(Error::NoInterHost {
+        let found =
+            nccl::Library::require("GPU ranks on several hosts").map_err(|e| Error::NoInterHost {
                 hosts: hosts.hosts,
                 why: e.to_string(),
             });
-        }
-        if let Some(q) = told.iter().position(|r| r.first() != Some(&0)) {
-            return Err(Error::NoInterHost {
-                hosts: hosts.hosts,
-                why: format!("rank {q} found no NCCL (libnccl.so.2) to carry them between hosts"),
-            });
-        }
+        all_ok(&mut rendezvous, found, |q| Error::NoInterHost {
+            hosts: hosts.hosts,
+            why: format!("rank {q} found no NCCL (libnccl.so.2) to carry them between hosts"),
+        })?;
         let ids = meet(&mut rendezvous, hosts, || nccl::unique_id(device))?;
         let timeout = config.timeout;
-        let local = Rendezvous::join(&ids.local, l, hosts.local, fingerprint, timeout)
-            .map_err(|e| level_error(Level::Intra, hosts, rank, e))?;
-        let intra = CudaExecutor::for_rank(local, &ids.local, device, config)
-            .map_err(|e| level_error(Level::Intra, hosts, rank, e))?;
-        let inter = nccl::Comm::join(&ids.group, h, hosts.hosts, device)
+        let intra = Rendezvous::join(&ids.local, l, hosts.local, fingerprint, timeout)
+            .and_then(|local| CudaExecutor::for_rank(local, &ids.local, device, config))
+            .map_err(|e| level_error(Level::Intra, hosts, rank, e));
+        let intra = all_ok(&mut rendezvous, intra, |q| Error::RankFailed {
+            rank: q,
+            during: "joining the ranks of its host".into(),
+            message: "its own error says why".into(),
+        })?;
+        let inter = nccl::Comm::join_within(&ids.group, h, hosts.hosts, device, timeout)
             .map_err(|e| level_error(Level::Inter, hosts, rank, e))?;
         let ctx = device::context(device)?;
-        Ok(GpuHierarchy {
-            rank,
-            hosts,
-            device,
-            rendezvous,
+        let parts = Parts {
             intra,
             inter,
             stream: Stream::new(&ctx)?,
             kernels: KernelModule::new(&ctx)?,
             joins: (Event::new(&ctx)?, Event::new(&ctx)?),
             works: Vec::new(),
+        };
+        Ok(GpuHierarchy {
+            rank,
+            hosts,
+            device,
+            rendezvous,
+            parts: Some(parts),
             plans: Plans::new(hosts),
             timeout,
+            stuck: false,
         })
     }
 
@@ -111,10 +148,16 @@ impl GpuHierarchy {
         self.device
     }
 
+    fn parts(&mut self) -> Result<&mut Parts> {
+        self.parts.as_mut().ok_or(Error::Closed)
+    }
+
     /// Runs one collective on this rank's `input` and `output` (device addresses of this
     /// rank's GPU; in place, `output` alone), ordered on `caller`'s stream if given (else on
-    /// this rank's own), and with `wait_complete` returns once it is complete. A failure gives
-    /// the rank up on both levels.
+    /// this rank's own), and with `wait_complete` returns once it is complete. Arguments this
+    /// rank can judge alone (a send/recv, a stream of another GPU, a work buffer to grow under
+    /// capture) are refused before the peers hear of the call; any later failure gives the rank
+    /// up on every level.
     ///
     /// # Safety
     /// `input` and `output` are valid for the collective's lengths on this rank and untouched
@@ -129,6 +172,7 @@ impl GpuHierarchy {
         wait_complete: bool,
         caller: Option<CallerStream>,
     ) -> Result<()> {
+        self.refuse_locally::<T>(&shape, op, caller)?;
         // SAFETY: our caller's contract, passed on.
         let result = unsafe { self.stages::<T>(shape, input, output, op, caller) }.and_then(|()| {
             match wait_complete {
@@ -142,11 +186,69 @@ impl GpuHierarchy {
         result
     }
 
-    /// Gives this rank up on both levels and the job's rendezvous.
+    /// What this rank refuses on its own, before any peer hears of the call.
+    fn refuse_locally<T: Element>(
+        &mut self,
+        shape: &Shape,
+        op: ReduceOp,
+        caller: Option<CallerStream>,
+    ) -> Result<()> {
+        if let Collective::SendRecv { .. } = shape.collective {
+            return Err(Error::InvalidArgument(
+                "send/recv across hosts is not composed of host-level stages: a job on several \
+                 hosts runs the other collectives"
+                    .into(),
+            ));
+        }
+        let Some(c) = caller else {
+            return Ok(());
+        };
+        if c.device() != self.device {
+            return Err(Error::InvalidArgument(format!(
+                "rank {}'s stream is on GPU {}, and the rank runs on GPU {}",
+                self.rank,
+                c.device(),
+                self.device
+            )));
+        }
+        let capturing = c.capture_status()? != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        let plan = self.plans.get(shape, op)?;
+        let bytes = plan.work * std::mem::size_of::<T>();
+        let have = self
+            .parts()?
+            .works
+            .last()
+            .map_or(0, DeviceBuffer::len_bytes);
+        if capturing && bytes > have {
+            return Err(Error::NotCapturable {
+                reason: format!(
+                    "this shape needs a work buffer of {bytes} bytes on rank {} and it has {have}: \
+                     run the shape once before capturing it",
+                    self.rank
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Gives this rank up on every level (module doc), then waits for its stream to drain (at
+    /// most the timeout); a stream that does not drain marks the rank stuck.
     fn give_up(&mut self) {
-        self.intra.abort_handle().abort();
-        self.inter.abort();
         self.rendezvous.abandon();
+        let Some(parts) = self.parts.as_mut() else {
+            return;
+        };
+        parts.intra.stop_kernels();
+        parts.intra.abort_handle().abort();
+        parts.inter.abort();
+        let deadline = Instant::now() + self.timeout;
+        while !device::stream_query(&parts.stream).unwrap_or(false) {
+            if Instant::now() >= deadline {
+                self.stuck = true;
+                return;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
     }
 
     /// # Safety
@@ -159,39 +261,226 @@ impl GpuHierarchy {
         op: ReduceOp,
         caller: Option<CallerStream>,
     ) -> Result<()> {
-        let (rank, hosts) = (self.rank, self.hosts);
         compare_calls(&mut self.rendezvous, &shape, T::DTYPE, op)?;
         let plan = self.plans.get(&shape, op)?;
-        let op = stage_op(&plan, op);
+        let (rank, hosts, device) = (self.rank, self.hosts, self.device);
         let eb = std::mem::size_of::<T>();
-        let work = self.work(plan.work * eb)?;
-        let at = |span: &Span| -> Result<u64> {
-            let base = match span.area {
-                Area::Input => input,
-                Area::Output => output,
-                Area::Work => Some(work),
-            };
-            let base = base.ok_or_else(|| Error::Internal {
-                what: format!(
-                    "a hierarchical stage names the rank's {:?}, which it lacks",
-                    span.area
-                ),
-            })?;
-            Ok(base + (span.offset(hosts, rank) * eb) as u64)
-        };
+        let parts = self.parts.as_mut().ok_or(Error::Closed)?;
+        let work = parts.work(device, plan.work * eb)?;
         if let Some(c) = caller {
-            // SAFETY: `c` is live (our caller's contract) and of this GPU's context.
-            unsafe { device::record_on_raw_stream(&self.joins.0, c.raw())? };
-            device::wait(&self.stream, &self.joins.0)?;
+            // SAFETY: `c` is live (our caller's contract) and of this GPU's context (checked).
+            unsafe { device::record_on_raw_stream(&parts.joins.0, c.raw())? };
+            device::wait(&parts.stream, &parts.joins.0)?;
         }
+        let areas = Areas {
+            input,
+            output,
+            work,
+            hosts,
+            rank,
+            eb,
+        };
+        // SAFETY: our caller's contract, passed on.
+        let enqueued = unsafe { parts.enqueue::<T>(&plan.stages, &areas, stage_op(&plan, op)) };
+        // The caller's stream waits for whatever was enqueued, even after a failure halfway.
+        let joined = match caller {
+            Some(c) => device::record(&parts.joins.1, &parts.stream).and_then(|()| {
+                // SAFETY: `c` is live and of this GPU's context; the event is ours.
+                unsafe {
+                    device::wait_on_raw_stream(parts.stream.context(), c.raw(), &parts.joins.1)
+                }
+            }),
+            None => Ok(()),
+        };
+        enqueued.and(joined)
+    }
+
+    /// Waits for the stream, at most the timeout, looking at both levels' failures meanwhile.
+    pub(crate) fn wait(&mut self) -> Result<()> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            let idle = device::stream_query(&self.parts()?.stream)?;
+            self.health()?;
+            if idle {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    rank: self.rank,
+                    waiting_on: "its hierarchical collective's stages on its GPU".into(),
+                    after: self.timeout,
+                });
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
+    /// A failure either level has met without a call returning it (NCCL's asynchronous error,
+    /// a lost peer within the host, an error of the executor's streams). Never waits.
+    pub(crate) fn health(&self) -> Result<()> {
+        let (rank, hosts) = (self.rank, self.hosts);
+        let parts = self.parts.as_ref().ok_or(Error::Closed)?;
+        parts
+            .inter
+            .async_error()
+            .map_err(|e| level_error(Level::Inter, hosts, rank, e))?;
+        if let Some(lost) = parts.intra.lost_peer() {
+            parts.intra.stop_kernels();
+            return Err(level_error(Level::Intra, hosts, rank, lost));
+        }
+        parts
+            .intra
+            .poll_health()
+            .map_err(|e| level_error(Level::Intra, hosts, rank, e))
+    }
+
+    /// Every rank's `words`, by rank, over the job's rendezvous (a collective step).
+    pub(crate) fn exchange(&mut self, words: &[u64]) -> Result<Vec<Vec<u64>>> {
+        self.rendezvous.all_gather(words)
+    }
+
+    /// A handle that gives the rank's host level up from any thread (the executor's).
+    pub(crate) fn abort_handle(&self) -> crate::comm::AbortHandle {
+        match &self.parts {
+            Some(parts) => parts.intra.abort_handle(),
+            None => crate::comm::AbortHandle::none(),
+        }
+    }
+
+    /// Waits for what the rank enqueued, then releases NCCL's communicator and the executor;
+    /// after a failure, gives up first and frees only what no stream may still touch.
+    pub(crate) fn shutdown(mut self) -> Result<()> {
+        let waited = self.wait();
+        if waited.is_err() {
+            self.give_up();
+        }
+        let Some(parts) = self.parts.take() else {
+            return waited;
+        };
+        let Parts {
+            intra,
+            inter,
+            stream,
+            kernels,
+            joins,
+            works,
+        } = parts;
+        let inter = match &waited {
+            Ok(()) => inter.close(),
+            Err(_) => {
+                drop(inter);
+                Ok(())
+            }
+        };
+        let intra = intra.shutdown();
+        release(self.stuck, (stream, kernels, joins, works));
+        waited.and(inter).and(intra)
+    }
+}
+
+impl Drop for GpuHierarchy {
+    /// Dropped without [`GpuHierarchy::shutdown`]: anything still queued is given up on (never
+    /// waited for past the timeout), NCCL is aborted before the executor goes, and memory a
+    /// stream may still touch is leaked, never freed.
+    fn drop(&mut self) {
+        if self.parts.is_none() {
+            return;
+        }
+        let busy = self
+            .parts
+            .as_ref()
+            .is_some_and(|p| !device::stream_query(&p.stream).unwrap_or(false));
+        if busy {
+            self.give_up();
+        }
+        if let Some(parts) = self.parts.take() {
+            let Parts {
+                intra,
+                inter,
+                stream,
+                kernels,
+                joins,
+                works,
+            } = parts;
+            drop(inter);
+            drop(intra);
+            release(self.stuck, (stream, kernels, joins, works));
+        }
+    }
+}
+
+/// Frees the stream, kernels, events and work buffers — or, where the stream never drained
+/// (`stuck`), leaks them: a stage still queued may touch them.
+fn release(stuck: bool, held: (Stream, KernelModule, (Event, Event), Vec<DeviceBuffer>)) {
+    match stuck {
+        true => std::mem::forget(held),
+        false => drop(held),
+    }
+}
+
+/// Where a stage's spans lie on this rank.
+struct Areas {
+    input: Option<u64>,
+    output: Option<u64>,
+    work: u64,
+    hosts: Hosts,
+    rank: usize,
+    eb: usize,
+}
+
+impl Areas {
+    /// The device address of `span` on this rank.
+    fn at(&self, span: &Span) -> Result<u64> {
+        let base = match span.area {
+            Area::Input => self.input,
+            Area::Output => self.output,
+            Area::Work => Some(self.work),
+        };
+        let base = base.ok_or_else(|| Error::Internal {
+            what: format!(
+                "a hierarchical stage names the rank's {:?}, which it lacks",
+                span.area
+            ),
+        })?;
+        Ok(base + (span.offset(self.hosts, self.rank) * self.eb) as u64)
+    }
+}
+
+impl Parts {
+    /// The current work buffer's address, grown to `bytes` first where it is smaller.
+    fn work(&mut self, device: usize, bytes: usize) -> Result<u64> {
+        if self.works.last().is_none_or(|w| w.len_bytes() < bytes) {
+            let ctx = device::context(device)?;
+            self.works.push(DeviceBuffer::new(&ctx, bytes.max(256))?);
+        }
+        Ok(self.works.last().map_or(0, DeviceBuffer::ptr))
+    }
+
+    /// Enqueues the stages this rank takes part in, in order, on the stream.
+    ///
+    /// # Safety
+    /// The areas' addresses are valid for the plan's spans and untouched by anything not
+    /// ordered after the call on the stream until it completes.
+    unsafe fn enqueue<T: Element>(
+        &mut self,
+        stages: &[Stage],
+        areas: &Areas,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let (hosts, rank, eb) = (areas.hosts, areas.rank, areas.eb);
         let on_stream = CallerStream::of(self.stream.cudarc());
-        for stage in &plan.stages {
+        for stage in stages {
             match stage {
                 Stage::Copy { who, src, dst } if who.includes(hosts, rank) => {
                     // SAFETY: both ranges lie in this rank's buffers (the plan was proven
                     // against their lengths) and are disjoint; ordered on the stream.
                     unsafe {
-                        device::memcpy_async(at(dst)?, at(src)?, src.count * eb, &self.stream)?
+                        device::memcpy_async(
+                            areas.at(dst)?,
+                            areas.at(src)?,
+                            src.count * eb,
+                            &self.stream,
+                        )?
                     };
                 }
                 Stage::Scale { who, span } if who.includes(hosts, rank) => {
@@ -200,7 +489,7 @@ impl GpuHierarchy {
                         self.kernels.scale(
                             &self.stream,
                             T::DTYPE,
-                            at(span)?,
+                            areas.at(span)?,
                             span.count,
                             hosts.world(),
                         )?
@@ -214,11 +503,10 @@ impl GpuHierarchy {
                     src,
                     span,
                 } if who.includes(hosts, rank) => {
-                    let dst = at(span)?;
-                    let from = src.as_ref().map(&at).transpose()?;
+                    let dst = areas.at(span)?;
+                    let from = src.as_ref().map(|s| areas.at(s)).transpose()?;
                     let ran = match level {
                         Level::Intra => {
-                            let local = hosts.local;
                             let l = hosts.local_of(rank);
                             let shape = Shape::collective::<T>(
                                 collective.clone(),
@@ -226,7 +514,8 @@ impl GpuHierarchy {
                                 from.is_none(),
                                 op,
                             );
-                            let (mut ins, mut outs) = (vec![0u64; local], vec![0u64; local]);
+                            let (mut ins, mut outs) =
+                                (vec![0u64; hosts.local], vec![0u64; hosts.local]);
                             outs[l] = dst;
                             if let Some(f) = from {
                                 ins[l] = f;
@@ -262,97 +551,6 @@ impl GpuHierarchy {
                 _ => {}
             }
         }
-        if let Some(c) = caller {
-            device::record(&self.joins.1, &self.stream)?;
-            // SAFETY: `c` is live and of this GPU's context; the event is ours.
-            unsafe { device::wait_on_raw_stream(self.stream.context(), c.raw(), &self.joins.1)? };
-        }
         Ok(())
-    }
-
-    /// The current work buffer's address, grown to `bytes` first where it is smaller.
-    fn work(&mut self, bytes: usize) -> Result<u64> {
-        if self.works.last().is_none_or(|w| w.len_bytes() < bytes) {
-            let ctx = device::context(self.device)?;
-            self.works.push(DeviceBuffer::new(&ctx, bytes.max(256))?);
-        }
-        Ok(self.works.last().map_or(0, DeviceBuffer::ptr))
-    }
-
-    /// Waits for the stream, at most the timeout, looking at both levels' failures meanwhile.
-    pub(crate) fn wait(&mut self) -> Result<()> {
-        let (rank, hosts) = (self.rank, self.hosts);
-        let deadline = Instant::now() + self.timeout;
-        loop {
-            if device::stream_query(&self.stream)? {
-                return self
-                    .intra
-                    .poll_health()
-                    .map_err(|e| level_error(Level::Intra, hosts, rank, e));
-            }
-            self.health()?;
-            if Instant::now() >= deadline {
-                return Err(Error::Timeout {
-                    rank,
-                    waiting_on: "its hierarchical collective's stages on its GPU".into(),
-                    after: self.timeout,
-                });
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
-    }
-
-    /// A failure either level has met without a call returning it (NCCL's asynchronous error,
-    /// a lost peer within the host, an error of the executor's streams). Never waits.
-    pub(crate) fn health(&self) -> Result<()> {
-        let (rank, hosts) = (self.rank, self.hosts);
-        self.inter
-            .async_error()
-            .map_err(|e| level_error(Level::Inter, hosts, rank, e))?;
-        if let Some(lost) = self.intra.lost_peer() {
-            return Err(level_error(Level::Intra, hosts, rank, lost));
-        }
-        self.intra
-            .poll_health()
-            .map_err(|e| level_error(Level::Intra, hosts, rank, e))
-    }
-
-    /// Every rank's `words`, by rank, over the job's rendezvous (a collective step).
-    pub(crate) fn exchange(&mut self, words: &[u64]) -> Result<Vec<Vec<u64>>> {
-        self.rendezvous.all_gather(words)
-    }
-
-    /// A handle that gives the rank's host level up from any thread (the executor's).
-    pub(crate) fn abort_handle(&self) -> crate::comm::AbortHandle {
-        self.intra.abort_handle()
-    }
-
-    /// Waits for what the rank enqueued, then releases NCCL's communicator and the executor.
-    pub(crate) fn shutdown(mut self) -> Result<()> {
-        let waited = self.wait();
-        let GpuHierarchy {
-            intra,
-            inter,
-            stream,
-            works,
-            ..
-        } = self;
-        let inter = match &waited {
-            Ok(()) => inter.close(),
-            Err(_) => {
-                drop(inter);
-                Ok(())
-            }
-        };
-        let intra = intra.shutdown();
-        // Memory goes only once the stream is idle: a stage still running may touch it.
-        if waited.is_ok() {
-            drop(works);
-            drop(stream);
-        } else {
-            std::mem::forget(works);
-            std::mem::forget(stream);
-        }
-        waited.and(inter).and(intra)
     }
 }

@@ -23,6 +23,7 @@ use crate::element::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::plan::Collective;
 use abi::*;
+use cudarc::driver::CudaContext;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -247,7 +248,8 @@ type Group = unsafe extern "C" fn() -> ncclResult_t;
 /// `ncclGetUniqueId`, by the group's first member).
 pub(crate) fn unique_id(device: usize) -> Result<Vec<u8>> {
     let nccl = Library::require("a job on several hosts")?;
-    bind(device)?;
+    // Held across the call: the context stays retained while NCCL uses it.
+    let _ctx = bind(device)?;
     let mut id = ncclUniqueId {
         internal: [0; NCCL_UNIQUE_ID_BYTES],
     };
@@ -257,8 +259,9 @@ pub(crate) fn unique_id(device: usize) -> Result<Vec<u8>> {
     Ok(id.internal.iter().map(|&b| b as u8).collect())
 }
 
-/// Makes GPU `device`'s primary context current on this thread (NCCL works on the current one).
-fn bind(device: usize) -> Result<Arc<cudarc::driver::CudaContext>> {
+/// Makes GPU `device`'s primary context current on this thread (NCCL works on the current one)
+/// and returns it, retained while the caller holds it.
+fn bind(device: usize) -> Result<Arc<CudaContext>> {
     let ctx = device::context(device)?;
     device::bind(&ctx)?;
     Ok(ctx)
@@ -268,7 +271,9 @@ fn bind(device: usize) -> Result<Arc<cudarc::driver::CudaContext>> {
 pub(crate) struct Comm {
     nccl: &'static Library,
     comm: ncclComm_t,
-    device: usize,
+    /// The GPU's primary context, retained for the communicator's life and made current
+    /// before every call.
+    ctx: Arc<CudaContext>,
     rank: usize,
 }
 
@@ -291,7 +296,7 @@ impl Comm {
         for (to, from) in raw.internal.iter_mut().zip(id) {
             *to = *from as c_char;
         }
-        bind(device)?;
+        let ctx = bind(device)?;
         let mut comm: ncclComm_t = std::ptr::null_mut();
         // SAFETY: the documented signature; `comm` is writable, the id is passed by value.
         let code = unsafe {
@@ -306,8 +311,40 @@ impl Comm {
         Ok(Comm {
             nccl,
             comm,
-            device,
+            ctx,
             rank,
+        })
+    }
+
+    /// [`Comm::join`], waited for at most `timeout`: NCCL's creation blocks until every member
+    /// has joined, so it runs on a thread of its own, which a member that never comes leaves
+    /// behind (blocked in NCCL, holding nothing of the caller's) while this returns
+    /// [`Error::Timeout`].
+    pub(crate) fn join_within(
+        id: &[u8],
+        rank: usize,
+        size: usize,
+        device: usize,
+        timeout: std::time::Duration,
+    ) -> Result<Comm> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let id = id.to_vec();
+        std::thread::Builder::new()
+            .name("ringreduce-nccl-init".into())
+            .spawn(move || {
+                let _ = tx.send(Comm::join(&id, rank, size, device));
+            })
+            .map_err(|e| Error::Resource {
+                what: format!("cannot start a thread for NCCL's creation: {e}"),
+            })?;
+        rx.recv_timeout(timeout).unwrap_or_else(|_| {
+            Err(Error::Timeout {
+                rank,
+                waiting_on: "NCCL's communicator across hosts (ncclCommInitRank): a member of \
+                             the group never joined"
+                    .into(),
+                after: timeout,
+            })
         })
     }
 
@@ -330,7 +367,7 @@ impl Comm {
         buf: u64,
         stream: Stream,
     ) -> Result<()> {
-        bind(self.device)?;
+        device::bind(&self.ctx)?;
         let (nccl, comm) = (self.nccl, self.comm);
         let (t, o) = (nccl_type(dtype), nccl_op(op));
         let eb = dtype.size_bytes() as u64;
@@ -508,7 +545,7 @@ impl Comm {
         if comm.is_null() {
             return;
         }
-        let _ = bind(self.device);
+        let _ = device::bind(&self.ctx);
         // SAFETY: the documented signature; `comm` is NCCL's and released exactly once.
         if let Ok(abort) = unsafe { self.nccl.symbol::<CommOnly>(c"ncclCommAbort") } {
             // SAFETY: as above.
@@ -522,7 +559,7 @@ impl Comm {
         if comm.is_null() {
             return Ok(());
         }
-        bind(self.device)?;
+        device::bind(&self.ctx)?;
         // SAFETY: the documented signature; `comm` is NCCL's and released exactly once.
         let code = unsafe { self.nccl.symbol::<CommOnly>(c"ncclCommDestroy")?(comm) };
         self.nccl.check("ncclCommDestroy", code)

@@ -53,6 +53,16 @@ impl CudaExecutor {
         self.fabric.lost_peer()
     }
 
+    /// Stops this executor's kernels where they wait (every rank's error word set: they return
+    /// within microseconds) — for a caller that gives a call up from the host while the work it
+    /// enqueued may still be spinning (a rank of a job on several hosts whose other level
+    /// failed).
+    pub(crate) fn stop_kernels(&self) {
+        for r in &self.ranks {
+            r.res.give_up(crate::exec::cuda::kernels::ERR_PEER_LOST);
+        }
+    }
+
     /// A handle that gives this executor's ranks up from any thread (`Fabric::abort`).
     pub(crate) fn abort_handle(&self) -> crate::comm::AbortHandle {
         crate::comm::AbortHandle::new(self.fabric.clone())
