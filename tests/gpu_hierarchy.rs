@@ -11,9 +11,7 @@ use common::launch::{as_rank, expect_success, launch};
 use ringreduce::plan::hierarchy::Hosts;
 use ringreduce::plan::Collective;
 use ringreduce::verify::input_value;
-use ringreduce::{
-    Communicator, CudaConfig, Error, GpuBuffer, HostConfig, LaunchEnv, RankCommunicator, ReduceOp,
-};
+use ringreduce::{CudaConfig, Error, GpuBuffer, HostConfig, LaunchEnv, RankCommunicator, ReduceOp};
 use std::time::{Duration, Instant};
 
 mod common;
@@ -61,28 +59,7 @@ fn join(env: &LaunchEnv) -> RankCommunicator {
 
 /// Every rank's out-of-place result from the flat host executor.
 fn reference(collective: &Collective, count: usize, op: ReduceOp) -> Vec<Option<Vec<f32>>> {
-    let world = HOSTS.world();
-    let comm = Communicator::host_with(world, HostConfig::default()).unwrap();
-    let ins: Vec<Vec<f32>> = collective
-        .input_ranks(world)
-        .iter()
-        .map(|&r| {
-            let len = collective.input_len(r, world, count).unwrap();
-            (0..len).map(|k| input_value(op, r, k)).collect()
-        })
-        .collect();
-    let mut outs: Vec<Vec<f32>> = collective
-        .output_ranks(world)
-        .iter()
-        .map(|&r| vec![-7.0; collective.output_len(r, world, count).unwrap()])
-        .collect();
-    comm.collective(collective, Some(&ins), &mut outs, op)
-        .unwrap();
-    let mut by_rank = vec![None; world];
-    for (out, &r) in outs.into_iter().zip(&collective.output_ranks(world)) {
-        by_rank[r] = Some(out);
-    }
-    by_rank
+    common::host_reference(collective, HOSTS.world(), count, op, HostConfig::default())
 }
 
 #[test]

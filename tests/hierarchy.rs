@@ -13,7 +13,7 @@ use ringreduce::plan::hierarchy::Hosts;
 use ringreduce::plan::{Collective, CollectiveSpec, Op};
 use ringreduce::verify::input_value;
 use ringreduce::EdgeTransport;
-use ringreduce::{Communicator, Error, HostConfig, LaunchEnv, RankCommunicator, ReduceOp};
+use ringreduce::{Error, HostConfig, LaunchEnv, RankCommunicator, ReduceOp};
 use std::time::{Duration, Instant};
 
 mod common;
@@ -61,27 +61,7 @@ fn reference(
     count: usize,
     op: ReduceOp,
 ) -> Vec<Option<Vec<f32>>> {
-    let comm = Communicator::host_with(world, config()).unwrap();
-    let ins: Vec<Vec<f32>> = collective
-        .input_ranks(world)
-        .iter()
-        .map(|&r| {
-            let len = collective.input_len(r, world, count).unwrap();
-            (0..len).map(|k| input_value(op, r, k)).collect()
-        })
-        .collect();
-    let mut outs: Vec<Vec<f32>> = collective
-        .output_ranks(world)
-        .iter()
-        .map(|&r| vec![-7.0; collective.output_len(r, world, count).unwrap()])
-        .collect();
-    comm.collective(collective, Some(&ins), &mut outs, op)
-        .unwrap();
-    let mut by_rank = vec![None; world];
-    for (out, &r) in outs.into_iter().zip(&collective.output_ranks(world)) {
-        by_rank[r] = Some(out);
-    }
-    by_rank
+    common::host_reference(collective, world, count, op, config())
 }
 
 fn every_collective_on_this_rank(env: &LaunchEnv, hosts: Hosts) {

@@ -11,9 +11,7 @@
 use common::launch::{as_rank, expect_success, launch};
 use ringreduce::plan::Collective;
 use ringreduce::verify::input_value;
-use ringreduce::{
-    Algorithm, Communicator, Error, HostConfig, LaunchEnv, RankCommunicator, ReduceOp,
-};
+use ringreduce::{Algorithm, Error, HostConfig, LaunchEnv, RankCommunicator, ReduceOp};
 use std::time::{Duration, Instant};
 
 mod common;
@@ -46,18 +44,6 @@ fn ring_plan(world: usize, count: usize) -> ringreduce::plan::Plan {
     .unwrap()
 }
 
-/// Every rank's input of `collective` (out of place), from rank and index.
-fn inputs(collective: &Collective, world: usize, count: usize, op: ReduceOp) -> Vec<Vec<f32>> {
-    (0..world)
-        .filter_map(|r| collective.input_len(r, world, count))
-        .enumerate()
-        .map(|(i, len)| {
-            let rank = collective.input_ranks(world)[i];
-            (0..len).map(|k| input_value(op, rank, k)).collect()
-        })
-        .collect()
-}
-
 /// What the in-process host executor gives every rank (out of place): the reference.
 fn reference(
     collective: &Collective,
@@ -66,20 +52,7 @@ fn reference(
     op: ReduceOp,
     algorithm: Algorithm,
 ) -> Vec<Option<Vec<f32>>> {
-    let comm = Communicator::host_with(world, config(algorithm)).unwrap();
-    let ins = inputs(collective, world, count, op);
-    let mut outs: Vec<Vec<f32>> = collective
-        .output_ranks(world)
-        .iter()
-        .map(|&r| vec![-7.0; collective.output_len(r, world, count).unwrap()])
-        .collect();
-    comm.collective(collective, Some(&ins), &mut outs, op)
-        .unwrap();
-    let mut by_rank = vec![None; world];
-    for (out, &r) in outs.into_iter().zip(&collective.output_ranks(world)) {
-        by_rank[r] = Some(out);
-    }
-    by_rank
+    common::host_reference(collective, world, count, op, config(algorithm))
 }
 
 /// One rank's part of every collective, out of place and in place where it has one, against
@@ -107,12 +80,9 @@ fn every_collective_on_this_rank(env: &LaunchEnv, algorithm: Algorithm, job: usi
     for collective in &all {
         for op in [ReduceOp::Sum, ReduceOp::Max] {
             let want = reference(collective, world, count, op, algorithm);
-            let ins = inputs(collective, world, count, op);
-            let input = collective
-                .input_ranks(world)
-                .iter()
-                .position(|&r| r == rank)
-                .map(|i| ins[i].clone());
+            let input: Option<Vec<f32>> = collective
+                .input_len(rank, world, count)
+                .map(|len| (0..len).map(|k| input_value(op, rank, k)).collect());
             let mut output = collective
                 .output_len(rank, world, count)
                 .map(|len| vec![-7.0f32; len]);

@@ -27,6 +27,41 @@ pub fn settle_threads() -> usize {
     ringreduce_threads()
 }
 
+/// What the in-process host executor gives every rank of `world` for `collective` of `count`
+/// f32 (out of place, inputs from [`ringreduce::verify::input_value`] by rank and index), by
+/// rank (`None` where a rank gets no output): the reference every test of ranks in processes
+/// compares with.
+pub fn host_reference(
+    collective: &ringreduce::plan::Collective,
+    world: usize,
+    count: usize,
+    op: ringreduce::ReduceOp,
+    config: ringreduce::HostConfig,
+) -> Vec<Option<Vec<f32>>> {
+    use ringreduce::verify::input_value;
+    let comm = ringreduce::Communicator::host_with(world, config).unwrap();
+    let ins: Vec<Vec<f32>> = collective
+        .input_ranks(world)
+        .iter()
+        .map(|&r| {
+            let len = collective.input_len(r, world, count).unwrap();
+            (0..len).map(|k| input_value(op, r, k)).collect()
+        })
+        .collect();
+    let mut outs: Vec<Vec<f32>> = collective
+        .output_ranks(world)
+        .iter()
+        .map(|&r| vec![-7.0; collective.output_len(r, world, count).unwrap()])
+        .collect();
+    comm.collective(collective, Some(&ins), &mut outs, op)
+        .unwrap();
+    let mut by_rank = vec![None; world];
+    for (out, &r) in outs.into_iter().zip(&collective.output_ranks(world)) {
+        by_rank[r] = Some(out);
+    }
+    by_rank
+}
+
 /// SplitMix64: a small deterministic generator for seeded tests.
 pub struct Rng(pub u64);
 
