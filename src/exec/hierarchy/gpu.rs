@@ -447,11 +447,14 @@ impl Areas {
 }
 
 impl Parts {
-    /// The current work buffer's address, grown to `bytes` first where it is smaller.
+    /// The current work buffer's address, grown first where it is smaller than `bytes` — to
+    /// twice its size at least, so that slowly growing shapes leave few buffers behind.
     fn work(&mut self, device: usize, bytes: usize) -> Result<u64> {
-        if self.works.last().is_none_or(|w| w.len_bytes() < bytes) {
+        let have = self.works.last().map_or(0, DeviceBuffer::len_bytes);
+        if have < bytes {
             let ctx = device::context(device)?;
-            self.works.push(DeviceBuffer::new(&ctx, bytes.max(256))?);
+            let grown = bytes.max(2 * have).max(256);
+            self.works.push(DeviceBuffer::new(&ctx, grown)?);
         }
         Ok(self.works.last().map_or(0, DeviceBuffer::ptr))
     }
