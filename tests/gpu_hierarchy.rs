@@ -4,7 +4,7 @@
 //! socket transport, as between hosts without InfiniBand). On a one-GPU machine every rank runs
 //! on GPU 0 (`allow_shared_device`; NCCL accepts two ranks of one GPU under different host ids).
 //! Every hierarchical collective must match the flat host executor exactly, on the rank's own
-//! stream too, and a killed rank is named on every other. Waived without a GPU, or without
+//! stream too, a send/recv across the hosts must deliver every transfer, and a killed rank is named on every other. Waived without a GPU, or without
 //! NCCL (`libnccl.so.2`).
 
 use common::launch::{as_rank, expect_success, launch};
@@ -98,6 +98,46 @@ fn gpu_ranks_on_simulated_hosts_run_every_collective_exactly() {
                 assert_eq!(got, want[rank], "rank {rank}: {collective:?} {op:?}");
             }
         }
+        // Send/recv across the simulated hosts (on NCCL's communicator of the job): each rank
+        // to the next, and rank 1 to itself.
+        let mut transfers: Vec<Transfer> = (0..4)
+            .map(|r| Transfer {
+                from: r,
+                to: (r + 1) % 4,
+                count: 100 + r,
+            })
+            .collect();
+        transfers.push(Transfer {
+            from: 1,
+            to: 1,
+            count: 5,
+        });
+        let data = |i: usize, t: &Transfer| -> Vec<f32> {
+            (0..t.count).map(|k| (1000 * i + k) as f32).collect()
+        };
+        let sends: Vec<GpuBuffer<f32>> = transfers
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.from == rank)
+            .map(|(i, t)| GpuBuffer::from_host(0, &data(i, t)).unwrap())
+            .collect();
+        let mut recvs: Vec<GpuBuffer<f32>> = transfers
+            .iter()
+            .filter(|t| t.to == rank)
+            .map(|t| GpuBuffer::from_host(0, &vec![-1.0f32; t.count]).unwrap())
+            .collect();
+        let send_refs: Vec<&GpuBuffer<f32>> = sends.iter().collect();
+        let mut recv_refs: Vec<&mut GpuBuffer<f32>> = recvs.iter_mut().collect();
+        comm.send_recv(&transfers, &send_refs, &mut recv_refs)
+            .unwrap_or_else(|e| panic!("rank {rank}: send/recv: {e}"));
+        let want: Vec<Vec<f32>> = transfers
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.to == rank)
+            .map(|(i, t)| data(i, t))
+            .collect();
+        let got: Vec<Vec<f32>> = recvs.iter().map(|b| b.to_host().unwrap()).collect();
+        assert_eq!(got, want, "rank {rank}: send/recv");
         // On the rank's own stream, with no host synchronisation until the end.
         let stream = common::new_streams(&[0]).remove(0);
         let mut buf = GpuBuffer::from_host(0, &vec![rank as f32 + 1.0; 4096]).unwrap();

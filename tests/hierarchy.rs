@@ -13,7 +13,7 @@ use ringreduce::plan::hierarchy::Hosts;
 use ringreduce::plan::{Collective, CollectiveSpec, Op};
 use ringreduce::verify::input_value;
 use ringreduce::EdgeTransport;
-use ringreduce::{Error, HostConfig, LaunchEnv, RankCommunicator, ReduceOp};
+use ringreduce::{Error, HostConfig, LaunchEnv, RankCommunicator, ReduceOp, Transfer};
 use std::time::{Duration, Instant};
 
 mod common;
@@ -147,6 +147,67 @@ fn every_collective_on_simulated_hosts_matches_the_flat_executor() {
         );
         expect_success(ranks, Duration::from_secs(180));
     }
+}
+
+#[test]
+fn send_recv_crosses_simulated_hosts_on_the_jobs_engine() {
+    let hosts = Hosts { hosts: 2, local: 2 };
+    if let Some(env) = as_rank() {
+        let (rank, world) = (env.rank, env.world);
+        let mut comm = join(&env);
+        // A pipeline's exchange (each rank to the next, across hosts at 1 → 2 and 3 → 0), a
+        // transfer within a host, and a rank to itself.
+        let mut transfers: Vec<Transfer> = (0..world)
+            .map(|r| Transfer {
+                from: r,
+                to: (r + 1) % world,
+                count: 100 + r,
+            })
+            .collect();
+        transfers.push(Transfer {
+            from: 2,
+            to: 3,
+            count: 7,
+        });
+        transfers.push(Transfer {
+            from: 1,
+            to: 1,
+            count: 5,
+        });
+        let data = |i: usize, t: &Transfer| -> Vec<f32> {
+            (0..t.count).map(|k| (1000 * i + k) as f32).collect()
+        };
+        let sends: Vec<Vec<f32>> = transfers
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.from == rank)
+            .map(|(i, t)| data(i, t))
+            .collect();
+        let mut recvs: Vec<Vec<f32>> = transfers
+            .iter()
+            .filter(|t| t.to == rank)
+            .map(|t| vec![-1.0; t.count])
+            .collect();
+        let send_refs: Vec<&Vec<f32>> = sends.iter().collect();
+        let mut recv_refs: Vec<&mut Vec<f32>> = recvs.iter_mut().collect();
+        comm.send_recv(&transfers, &send_refs, &mut recv_refs)
+            .unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        let want: Vec<Vec<f32>> = transfers
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.to == rank)
+            .map(|(i, t)| data(i, t))
+            .collect();
+        assert_eq!(recvs, want, "rank {rank}");
+        comm.close().unwrap();
+        return;
+    }
+    let ranks = launch(
+        "send_recv_crosses_simulated_hosts_on_the_jobs_engine",
+        4,
+        host_env(hosts),
+    );
+    expect_success(ranks, Duration::from_secs(60));
 }
 
 #[test]

@@ -80,11 +80,6 @@ struct Ends {
     writes: Vec<(BufKind, u64, usize)>,
 }
 
-/// This rank's address in an executor's list of them (0: none).
-fn own(addresses: &[u64], rank: usize) -> Option<u64> {
-    addresses.get(rank).copied().filter(|&a| a != 0)
-}
-
 /// A host rank's ends as slices, read-only and writable.
 ///
 /// # Safety
@@ -486,7 +481,6 @@ impl RankCommunicator {
     ) -> Result<()> {
         broken(&self.broken)?;
         let (inputs, outputs) = self.addresses(&shape, &ends);
-        let rank = self.rank;
         match &mut self.inner {
             Inner::Gpu { exec, .. } => guarded(&mut self.broken, || {
                 // SAFETY: every address is this rank's buffer on its GPU, valid for the length
@@ -494,10 +488,9 @@ impl RankCommunicator {
                 // contract.
                 unsafe { exec.run::<T>(shape, &inputs, &outputs, op, false, Some(&[stream])) }
             }),
-            Inner::GpuHosts(inner) => guarded(&mut self.broken, || {
-                let (input, output) = (own(&inputs, rank), own(&outputs, rank));
-                // SAFETY: as above.
-                unsafe { inner.run::<T>(shape, input, output, op, false, Some(stream)) }
+            // SAFETY: as above.
+            Inner::GpuHosts(inner) => guarded(&mut self.broken, || unsafe {
+                inner.run::<T>(shape, &inputs, &outputs, op, false, Some(stream))
             }),
             Inner::Host(_) | Inner::Hosts(_) => Err(Error::InvalidArgument(
                 "a host rank has no streams: the caller's stream needs a GPU rank".into(),
@@ -835,11 +828,9 @@ impl RankCommunicator {
             }
             Inner::GpuHosts(inner) => {
                 let (inputs, outputs) = addresses;
-                let rank = self.rank;
-                guarded(&mut self.broken, || {
-                    let (input, output) = (own(&inputs, rank), own(&outputs, rank));
-                    // SAFETY: as above.
-                    unsafe { inner.run::<T>(shape, input, output, op, true, None) }
+                // SAFETY: as above.
+                guarded(&mut self.broken, || unsafe {
+                    inner.run::<T>(shape, &inputs, &outputs, op, true, None)
                 })
             }
         }

@@ -58,8 +58,8 @@
 //! - **all-to-all**: inter all-to-all among local index l of the blocks bound for each host,
 //!   transpose, intra all-to-all, transpose into rank order.
 //!
-//! Send/recv across hosts is not composed here: it needs a communicator over every rank, not
-//! one per local index.
+//! Send/recv is not composed here: it runs whole on an engine over every rank of the job
+//! (`exec::hierarchy`), not one per local index.
 //!
 //! `Avg` runs every stage as `Sum` and divides once by the world, where the full sum first
 //! lies ([`Stage::Scale`]): dividing per level would round twice.

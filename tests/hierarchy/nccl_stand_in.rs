@@ -10,7 +10,7 @@
 //! deadline; a lost member (its socket closed, as when its process dies or it aborts) is
 //! `RankFailed` naming it by its index in the group; mismatched headers are `CallMismatch`.
 
-use ringreduce::plan::Collective;
+use ringreduce::plan::{Collective, Transfer};
 use ringreduce::{DType, Element, Error, InterHost, InterHostFactory, ReduceOp, Result};
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -231,6 +231,88 @@ impl InterHost for Member {
             send(s, &[0], &[&results[q]]).map_err(|e| lost(q, e))?;
         }
         buf.copy_from_slice(&results[0]);
+        Ok(())
+    }
+
+    fn send_recv(
+        &mut self,
+        transfers: &[Transfer],
+        dtype: DType,
+        sends: &[&[u8]],
+        recvs: &mut [&mut [u8]],
+    ) -> Result<()> {
+        let eb = dtype.size_bytes();
+        let folded = transfers.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, t| {
+            [t.from, t.to, t.count]
+                .iter()
+                .fold(h, |h, &x| (h ^ x as u64).wrapping_mul(0x100_0000_01b3))
+        });
+        let dt = DType::ALL.iter().position(|d| *d == dtype).unwrap() as u64;
+        let sent: Vec<u8> = sends.concat();
+        let ours = vec![
+            8,
+            folded,
+            transfers.len() as u64,
+            dt,
+            0,
+            sent.len() as u64,
+            0,
+        ];
+        if self.index != 0 {
+            let s = self.peers[0].as_mut().ok_or_else(|| lost(0, "aborted"))?;
+            send(s, &ours, &[&sent]).map_err(|e| lost(0, e))?;
+            let status = recv_words(s, 1).map_err(|e| lost(0, e))?[0];
+            if status != 0 {
+                return Err(Error::CallMismatch {
+                    rank: status as usize - 1,
+                    theirs: "other transfers".into(),
+                    this: self.index,
+                    ours: "send/recv".into(),
+                });
+            }
+            for r in recvs.iter_mut() {
+                let got = recv_bytes(s, r.len()).map_err(|e| lost(0, e))?;
+                r.copy_from_slice(&got);
+            }
+            return Ok(());
+        }
+        // Member 0 gathers every member's send buffers, then hands each transfer to its receiver.
+        let k = self.peers.len();
+        let mut outgoing = vec![sent];
+        for q in 1..k {
+            let s = self.peers[q].as_mut().ok_or_else(|| lost(q, "aborted"))?;
+            let theirs = recv_words(s, HEADER).map_err(|e| lost(q, e))?;
+            outgoing.push(recv_bytes(s, theirs[5] as usize).map_err(|e| lost(q, e))?);
+            if theirs[..4] != ours[..4] {
+                for s in self.peers.iter_mut().skip(1).flatten() {
+                    let _ = send(s, &[q as u64 + 1], &[]);
+                }
+                return Err(Error::CallMismatch {
+                    rank: q,
+                    theirs: "other transfers".into(),
+                    this: 0,
+                    ours: "send/recv".into(),
+                });
+            }
+        }
+        let mut read_at = vec![0usize; k];
+        let mut incoming: Vec<Vec<u8>> = vec![Vec::new(); k];
+        for t in transfers {
+            let bytes = t.count * eb;
+            let at = read_at[t.from];
+            incoming[t.to].extend_from_slice(&outgoing[t.from][at..at + bytes]);
+            read_at[t.from] += bytes;
+        }
+        for (q, s) in self.peers.iter_mut().enumerate().skip(1) {
+            let s = s.as_mut().ok_or_else(|| lost(q, "aborted"))?;
+            send(s, &[0], &[&incoming[q]]).map_err(|e| lost(q, e))?;
+        }
+        let mut at = 0;
+        for r in recvs.iter_mut() {
+            let n = r.len();
+            r.copy_from_slice(&incoming[0][at..at + n]);
+            at += n;
+        }
         Ok(())
     }
 

@@ -21,10 +21,13 @@
 //! job's rendezvous closed — and waits for the stream to drain before returning; memory a
 //! stream that never drains may still touch is leaked on purpose, never freed.
 //!
+//! Send/recv runs whole on NCCL's communicator of the job (made at the first send/recv, by every
+//! rank together), its transfers to the rank itself as copies on the stream.
+//!
 //! Memory: a work buffer per rank in device memory, grown for a plan that needs more; every
 //! buffer it ever had is kept until the rank closes, since a captured graph may use any of them.
 
-use super::{compare_calls, level_error, meet, stage_op, Plans};
+use super::{compare_calls, job_error, job_group_id, level_error, meet, stage_op, Plans};
 use crate::device::{self, CallerStream, DeviceBuffer, Event, Stream};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
@@ -34,7 +37,7 @@ use crate::exec::nccl;
 use crate::exec::rendezvous::Rendezvous;
 use crate::exec::Shape;
 use crate::plan::hierarchy::{Area, Hosts, Level, Span, Stage};
-use crate::plan::Collective;
+use crate::plan::{Collective, Transfer};
 use cudarc::driver::sys::CUstreamCaptureStatus;
 use std::time::{Duration, Instant};
 
@@ -43,6 +46,8 @@ use std::time::{Duration, Instant};
 struct Parts {
     intra: CudaExecutor,
     inter: nccl::Comm,
+    /// NCCL's communicator of the whole job, for send/recv: made at the first send/recv.
+    job: Option<nccl::Comm>,
     /// Where the stages run, in order.
     stream: Stream,
     /// `Avg`'s division.
@@ -121,6 +126,7 @@ impl GpuHierarchy {
         let parts = Parts {
             intra,
             inter,
+            job: None,
             stream: Stream::new(&ctx)?,
             kernels: KernelModule::new(&ctx)?,
             joins: (Event::new(&ctx)?, Event::new(&ctx)?),
@@ -152,9 +158,10 @@ impl GpuHierarchy {
         self.parts.as_mut().ok_or(Error::Closed)
     }
 
-    /// Runs one collective on this rank's `input` and `output` (device addresses of this
-    /// rank's GPU; in place, `output` alone), ordered on `caller`'s stream if given (else on
-    /// this rank's own), and with `wait_complete` returns once it is complete. Arguments this
+    /// Runs one collective on this rank's buffers — `inputs` and `outputs` as the executor takes
+    /// them (this rank's at its index; a send/recv's transfer i's ends at index i; device
+    /// addresses of this rank's GPU, 0 where it passes none) — ordered on `caller`'s stream if
+    /// given (else on this rank's own), and with `wait_complete` returns once it is complete. Arguments this
     /// rank can judge alone (a send/recv, a stream of another GPU, a work buffer to grow under
     /// capture) are refused before the peers hear of the call; any later failure gives the rank
     /// up on every level.
@@ -166,20 +173,21 @@ impl GpuHierarchy {
     pub(crate) unsafe fn run<T: Element>(
         &mut self,
         shape: Shape,
-        input: Option<u64>,
-        output: Option<u64>,
+        inputs: &[u64],
+        outputs: &[u64],
         op: ReduceOp,
         wait_complete: bool,
         caller: Option<CallerStream>,
     ) -> Result<()> {
         self.refuse_locally::<T>(&shape, op, caller)?;
         // SAFETY: our caller's contract, passed on.
-        let result = unsafe { self.stages::<T>(shape, input, output, op, caller) }.and_then(|()| {
-            match wait_complete {
-                true => self.wait(),
-                false => Ok(()),
-            }
-        });
+        let result =
+            unsafe { self.stages::<T>(shape, inputs, outputs, op, caller) }.and_then(|()| {
+                match wait_complete {
+                    true => self.wait(),
+                    false => Ok(()),
+                }
+            });
         if result.is_err() {
             self.give_up();
         }
@@ -193,13 +201,6 @@ impl GpuHierarchy {
         op: ReduceOp,
         caller: Option<CallerStream>,
     ) -> Result<()> {
-        if let Collective::SendRecv { .. } = shape.collective {
-            return Err(Error::InvalidArgument(
-                "send/recv across hosts is not composed of host-level stages: a job on several \
-                 hosts runs the other collectives"
-                    .into(),
-            ));
-        }
         let Some(c) = caller else {
             return Ok(());
         };
@@ -212,6 +213,16 @@ impl GpuHierarchy {
             )));
         }
         let capturing = c.capture_status()? != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        if let Collective::SendRecv { .. } = shape.collective {
+            if capturing && self.parts()?.job.is_none() {
+                return Err(Error::NotCapturable {
+                    reason: "the job's NCCL communicator for send/recv is made at the first \
+                             send/recv: run one before capturing"
+                        .into(),
+                });
+            }
+            return Ok(());
+        }
         let plan = self.plans.get(shape, op)?;
         let bytes = plan.work * std::mem::size_of::<T>();
         let have = self
@@ -241,6 +252,9 @@ impl GpuHierarchy {
         parts.intra.stop_kernels();
         parts.intra.abort_handle().abort();
         parts.inter.abort();
+        if let Some(job) = parts.job.as_mut() {
+            job.abort();
+        }
         let deadline = Instant::now() + self.timeout;
         while !device::stream_query(&parts.stream).unwrap_or(false) {
             if Instant::now() >= deadline {
@@ -256,32 +270,47 @@ impl GpuHierarchy {
     unsafe fn stages<T: Element>(
         &mut self,
         shape: Shape,
-        input: Option<u64>,
-        output: Option<u64>,
+        inputs: &[u64],
+        outputs: &[u64],
         op: ReduceOp,
         caller: Option<CallerStream>,
     ) -> Result<()> {
         compare_calls(&mut self.rendezvous, &shape, T::DTYPE, op)?;
-        let plan = self.plans.get(&shape, op)?;
         let (rank, hosts, device) = (self.rank, self.hosts, self.device);
         let eb = std::mem::size_of::<T>();
+        let plan = match &shape.collective {
+            Collective::SendRecv { .. } => {
+                self.job_comm()?;
+                None
+            }
+            _ => Some(self.plans.get(&shape, op)?),
+        };
         let parts = self.parts.as_mut().ok_or(Error::Closed)?;
-        let work = parts.work(device, plan.work * eb)?;
+        let work = parts.work(device, plan.as_ref().map_or(0, |p| p.work) * eb)?;
         if let Some(c) = caller {
             // SAFETY: `c` is live (our caller's contract) and of this GPU's context (checked).
             unsafe { device::record_on_raw_stream(&parts.joins.0, c.raw())? };
             device::wait(&parts.stream, &parts.joins.0)?;
         }
+        let own = |addresses: &[u64]| addresses.get(rank).copied().filter(|&a| a != 0);
         let areas = Areas {
-            input,
-            output,
+            input: own(inputs),
+            output: own(outputs),
             work,
             hosts,
             rank,
             eb,
         };
         // SAFETY: our caller's contract, passed on.
-        let enqueued = unsafe { parts.enqueue::<T>(&plan.stages, &areas, stage_op(&plan, op)) };
+        let enqueued = unsafe {
+            match (&shape.collective, &plan) {
+                (Collective::SendRecv { transfers }, _) => {
+                    parts.send_recv::<T>(transfers, inputs, outputs, rank)
+                }
+                (_, Some(plan)) => parts.enqueue::<T>(&plan.stages, &areas, stage_op(plan, op)),
+                (_, None) => Ok(()),
+            }
+        };
         // The caller's stream waits for whatever was enqueued, even after a failure halfway.
         let joined = match caller {
             Some(c) => device::record(&parts.joins.1, &parts.stream).and_then(|()| {
@@ -293,6 +322,21 @@ impl GpuHierarchy {
             None => Ok(()),
         };
         enqueued.and(joined)
+    }
+
+    /// The job's NCCL communicator for send/recv, made now if this is the first send/recv (every
+    /// rank makes the same calls, so every rank comes here together).
+    fn job_comm(&mut self) -> Result<()> {
+        if self.parts()?.job.is_some() {
+            return Ok(());
+        }
+        let (rank, device, world, timeout) =
+            (self.rank, self.device, self.hosts.world(), self.timeout);
+        let id = job_group_id(&mut self.rendezvous, || nccl::unique_id(device))?;
+        let job = nccl::Comm::join_within(&id, rank, world, device, timeout)
+            .map_err(|e| job_error(rank, e))?;
+        self.parts()?.job = Some(job);
+        Ok(())
     }
 
     /// Waits for the stream, at most the timeout, looking at both levels' failures meanwhile.
@@ -324,6 +368,9 @@ impl GpuHierarchy {
             .inter
             .async_error()
             .map_err(|e| level_error(Level::Inter, hosts, rank, e))?;
+        if let Some(job) = &parts.job {
+            job.async_error().map_err(|e| job_error(rank, e))?;
+        }
         if let Some(lost) = parts.intra.lost_peer() {
             parts.intra.stop_kernels();
             return Err(level_error(Level::Intra, hosts, rank, lost));
@@ -360,15 +407,16 @@ impl GpuHierarchy {
         let Parts {
             intra,
             inter,
+            job,
             stream,
             kernels,
             joins,
             works,
         } = parts;
         let inter = match &waited {
-            Ok(()) => inter.close(),
+            Ok(()) => inter.close().and(job.map_or(Ok(()), nccl::Comm::close)),
             Err(_) => {
-                drop(inter);
+                drop((inter, job));
                 Ok(())
             }
         };
@@ -397,12 +445,13 @@ impl Drop for GpuHierarchy {
             let Parts {
                 intra,
                 inter,
+                job,
                 stream,
                 kernels,
                 joins,
                 works,
             } = parts;
-            drop(inter);
+            drop((inter, job));
             drop(intra);
             release(self.stuck, (stream, kernels, joins, works));
         }
@@ -457,6 +506,33 @@ impl Parts {
             self.works.push(DeviceBuffer::new(&ctx, grown)?);
         }
         Ok(self.works.last().map_or(0, DeviceBuffer::ptr))
+    }
+
+    /// Enqueues a send/recv on the stream: this rank's transfers to itself as copies, the rest on
+    /// the job's NCCL communicator (its addresses as [`GpuHierarchy::run`] takes them).
+    ///
+    /// # Safety
+    /// As for [`Parts::enqueue`], for every address this rank passes.
+    unsafe fn send_recv<T: Element>(
+        &mut self,
+        transfers: &[Transfer],
+        sends: &[u64],
+        recvs: &[u64],
+        rank: usize,
+    ) -> Result<()> {
+        let eb = std::mem::size_of::<T>();
+        for (i, t) in transfers.iter().enumerate() {
+            if t.from == rank && t.to == rank {
+                // SAFETY: this rank's own two buffers of transfer i; ordered on the stream.
+                unsafe { device::memcpy_async(recvs[i], sends[i], t.count * eb, &self.stream)? };
+            }
+        }
+        let job = self.job.as_mut().ok_or_else(|| Error::Internal {
+            what: "a send/recv across hosts without the job's NCCL communicator".into(),
+        })?;
+        // SAFETY: as above, on this GPU's stream.
+        unsafe { job.send_recv(transfers, T::DTYPE, sends, recvs, self.stream.raw().cast()) }
+            .map_err(|e| job_error(rank, e))
     }
 
     /// Enqueues the stages this rank takes part in, in order, on the stream.

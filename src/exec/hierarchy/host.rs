@@ -1,9 +1,13 @@
 //! A host rank of a job on several hosts (the parent module's doc): within the host a
 //! [`ProcessRank`] over shared memory among the host's ranks, across hosts the [`InterHost`]
 //! engine of its local index, and the stages run on this rank's buffers and a work buffer in
-//! host memory, one after the other.
+//! host memory, one after the other. Send/recv runs whole on a third engine, over every rank of
+//! the job (made at creation, as the others).
 
-use super::{compare_calls, level_error, meet, stage_op, InterHost, InterHostFactory, Plans};
+use super::{
+    compare_calls, job_error, job_group_id, level_error, meet, stage_op, InterHost,
+    InterHostFactory, Plans,
+};
 use crate::element::Element;
 use crate::element::ReduceOp;
 use crate::error::{Error, Result};
@@ -12,7 +16,7 @@ use crate::exec::host::HostConfig;
 use crate::exec::rendezvous::Rendezvous;
 use crate::exec::Shape;
 use crate::plan::hierarchy::{Area, Hosts, Level, Span, Stage};
-use crate::plan::BufKind;
+use crate::plan::{BufKind, Collective};
 
 /// One host rank of a job on several hosts (module doc).
 pub(crate) struct HostHierarchy {
@@ -22,6 +26,8 @@ pub(crate) struct HostHierarchy {
     rendezvous: Rendezvous,
     intra: ProcessRank,
     inter: Box<dyn InterHost>,
+    /// The engine over every rank of the job, for send/recv across hosts.
+    job: Box<dyn InterHost>,
     plans: Plans,
     /// The work buffer, as words (aligned for every element type).
     work: Vec<u64>,
@@ -44,12 +50,17 @@ impl HostHierarchy {
         let inter = factory
             .join(&ids.group, h, hosts.hosts)
             .map_err(|e| level_error(Level::Inter, hosts, rank, e))?;
+        let job_id = job_group_id(&mut rendezvous, || factory.new_id())?;
+        let job = factory
+            .join(&job_id, rank, hosts.world())
+            .map_err(|e| job_error(rank, e))?;
         Ok(HostHierarchy {
             rank,
             hosts,
             rendezvous,
             intra,
             inter,
+            job,
             plans: Plans::new(hosts),
             work: Vec::new(),
         })
@@ -73,6 +84,7 @@ impl HostHierarchy {
         if result.is_err() {
             self.intra.abort();
             self.inter.abort();
+            self.job.abort();
             self.rendezvous.abandon();
         }
         result
@@ -87,6 +99,18 @@ impl HostHierarchy {
     ) -> Result<()> {
         let (rank, hosts) = (self.rank, self.hosts);
         compare_calls(&mut self.rendezvous, &shape, T::DTYPE, op)?;
+        if let Collective::SendRecv { transfers } = &shape.collective {
+            // Across hosts, send/recv is the job's engine's, whole (module doc).
+            let sends: Vec<&[u8]> = reads.iter().map(|(_, s)| bytemuck::cast_slice(s)).collect();
+            let mut recvs: Vec<&mut [u8]> = writes
+                .iter_mut()
+                .map(|(_, s)| bytemuck::cast_slice_mut(s))
+                .collect();
+            return self
+                .job
+                .send_recv(transfers, T::DTYPE, &sends, &mut recvs)
+                .map_err(|e| job_error(rank, e));
+        }
         let plan = self.plans.get(&shape, op)?;
         let stage_op = stage_op(&plan, op);
         let words = (plan.work * std::mem::size_of::<T>()).div_ceil(8);

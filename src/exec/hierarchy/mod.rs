@@ -10,6 +10,10 @@
 //! id, or the factory's), and one all-gather of the job hands them out; then each rank joins its
 //! host's ranks, then its group. The job's rendezvous stays open.
 //!
+//! Send/recv is not composed of the two levels: it runs whole on an engine over every rank of the
+//! job (for GPU ranks an NCCL communicator of the whole job, made at the first send/recv), the
+//! flat fallback through NCCL that point-to-point traffic between hosts needs anyway.
+//!
 //! A call: first its shape compared among every rank over the job's rendezvous (an all-gather of
 //! the shape's words: ranks that make different calls all get [`Error::CallMismatch`], naming a
 //! rank whose call differs, before anything runs), then the stages, each on the level it names.
@@ -28,7 +32,7 @@ use crate::exec::job::CallShape;
 use crate::exec::rendezvous::{Rendezvous, UniqueId, UNIQUE_ID_BYTES};
 use crate::exec::Shape;
 use crate::plan::hierarchy::{self, HierarchyPlan, Hosts, Level};
-use crate::plan::Collective;
+use crate::plan::{Collective, Transfer};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -50,16 +54,32 @@ pub trait InterHost: Send {
         buf: &mut [u8],
     ) -> Result<()>;
 
+    /// Grouped point-to-point transfers among the group (NCCL's `ncclSend` and `ncclRecv` in
+    /// one group): `transfers` name members by their index in the group and count elements of
+    /// `dtype`; `sends` are this member's send buffers, one per transfer it sends, in the order
+    /// of `transfers`, and `recvs` its receive buffers likewise (a transfer from a member to
+    /// itself is a copy). Returns once this member's part is complete, or with an error within
+    /// the engine's timeout.
+    fn send_recv(
+        &mut self,
+        transfers: &[Transfer],
+        dtype: DType,
+        sends: &[&[u8]],
+        recvs: &mut [&mut [u8]],
+    ) -> Result<()>;
+
     /// Gives this rank up (NCCL's `ncclCommAbort`): the group's waits for it fail. Never waits.
     fn abort(&mut self);
 }
 
-/// Makes the [`InterHost`] engine of each inter-host group.
+/// Makes the [`InterHost`] engines of a job on several hosts: one per inter-host group (the ranks
+/// of one local index), and one over every rank of the job for send/recv across hosts.
 pub trait InterHostFactory {
     /// A new group's id, made by its first member (any bytes, up to 1 KiB; NCCL's unique id).
     fn new_id(&self) -> Result<Vec<u8>>;
 
-    /// Joins the group of `id` as member `index` (its host) of `size` (the hosts).
+    /// Joins the group of `id` as member `index` of `size`: for an inter-host group, its host
+    /// among the hosts; for the job's group, its rank among all.
     fn join(&self, id: &[u8], index: usize, size: usize) -> Result<Box<dyn InterHost>>;
 }
 
@@ -144,6 +164,35 @@ pub(crate) fn meet(
     })
 }
 
+/// The id of a group over every rank of the job, made by rank 0 with `new_id` and handed out over
+/// the job's rendezvous (a failure there is every rank's error).
+pub(crate) fn job_group_id(
+    rendezvous: &mut Rendezvous,
+    new_id: impl FnOnce() -> Result<Vec<u8>>,
+) -> Result<Vec<u8>> {
+    let made = (rendezvous.rank() == 0).then(new_id);
+    let mut record = vec![u64::from(made.as_ref().is_some_and(|r| r.is_err()))];
+    match &made {
+        Some(Ok(id)) if id.len() <= MAX_ID_BYTES => push_bytes(&mut record, id),
+        _ => push_bytes(&mut record, &[]),
+    }
+    let records = rendezvous.all_gather(&record)?;
+    if let Some(Err(e)) = made {
+        return Err(e);
+    }
+    if records[0].first() != Some(&0) {
+        return Err(Error::RankFailed {
+            rank: 0,
+            during: "making the id of the job's group for send/recv across hosts".into(),
+            message: "its own error says why".into(),
+        });
+    }
+    let (id, _) = bytes_at(&records[0], 1).ok_or_else(|| Error::Internal {
+        what: "rank 0's record of the job's group id is cut short".into(),
+    })?;
+    Ok(id)
+}
+
 /// A record's bytes as words: their length, then the bytes.
 fn push_bytes(record: &mut Vec<u64>, bytes: &[u8]) {
     record.push(bytes.len() as u64);
@@ -226,6 +275,19 @@ pub(crate) fn stage_op(plan: &HierarchyPlan, op: ReduceOp) -> ReduceOp {
     match plan.average {
         true => ReduceOp::Sum,
         false => op,
+    }
+}
+
+/// `err`, met by `rank` in a send/recv across hosts (on the job's engine, whose members are the
+/// job's ranks: nothing to renumber).
+pub(crate) fn job_error(rank: usize, err: Error) -> Error {
+    match err {
+        Error::Level { .. } => err,
+        source => Error::Level {
+            level: "across hosts (send/recv)",
+            rank,
+            source: Box::new(source),
+        },
     }
 }
 

@@ -21,7 +21,7 @@ pub mod abi;
 use crate::device;
 use crate::element::{DType, ReduceOp};
 use crate::error::{Error, Result};
-use crate::plan::Collective;
+use crate::plan::{Collective, Transfer};
 use abi::*;
 use cudarc::driver::CudaContext;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
@@ -510,6 +510,66 @@ impl Comm {
                 }
             }
             Ok(end())
+        }
+    }
+
+    /// Grouped send/recv among the members (`ncclSend` and `ncclRecv` in one group) on
+    /// `stream`: transfer i moves `count` elements of `dtype` from `sends[i]` on member `from`
+    /// to `recvs[i]` on member `to` (the addresses this member passes; 0 where it has no end).
+    /// A member's transfers to itself are not NCCL's: the caller copies them.
+    ///
+    /// # Safety
+    /// As for [`Comm::collective`], for every address this member passes.
+    pub(crate) unsafe fn send_recv(
+        &mut self,
+        transfers: &[Transfer],
+        dtype: DType,
+        sends: &[u64],
+        recvs: &[u64],
+        stream: Stream,
+    ) -> Result<()> {
+        device::bind(&self.ctx)?;
+        let (nccl, comm, me) = (self.nccl, self.comm, self.rank);
+        let t = nccl_type(dtype);
+        // SAFETY: the documented signatures.
+        let (start, end, send, recv) = unsafe {
+            (
+                nccl.symbol::<Group>(c"ncclGroupStart")?,
+                nccl.symbol::<Group>(c"ncclGroupEnd")?,
+                nccl.symbol::<SendFn>(c"ncclSend")?,
+                nccl.symbol::<RecvFn>(c"ncclRecv")?,
+            )
+        };
+        // SAFETY: the documented signatures; the addresses and the stream are our caller's
+        // contract.
+        unsafe {
+            nccl.check("ncclGroupStart", start())?;
+            for (i, x) in transfers.iter().enumerate().filter(|(_, x)| x.from != x.to) {
+                let code = match (x.from == me, x.to == me) {
+                    (true, _) => send(
+                        sends[i] as *const c_void,
+                        x.count,
+                        t,
+                        x.to as c_int,
+                        comm,
+                        stream,
+                    ),
+                    (_, true) => recv(
+                        recvs[i] as *mut c_void,
+                        x.count,
+                        t,
+                        x.from as c_int,
+                        comm,
+                        stream,
+                    ),
+                    _ => ncclSuccess,
+                };
+                if code != ncclSuccess {
+                    let _ = end();
+                    return nccl.check("ncclSend/ncclRecv", code);
+                }
+            }
+            nccl.check("ncclGroupEnd", end())
         }
     }
 
