@@ -11,7 +11,9 @@ use common::launch::{as_rank, expect_success, launch};
 use ringreduce::plan::hierarchy::Hosts;
 use ringreduce::plan::Collective;
 use ringreduce::verify::input_value;
-use ringreduce::{CudaConfig, Error, GpuBuffer, HostConfig, LaunchEnv, RankCommunicator, ReduceOp};
+use ringreduce::{
+    CudaConfig, Error, GpuBuffer, HostConfig, LaunchEnv, RankCommunicator, ReduceOp, Transfer,
+};
 use std::time::{Duration, Instant};
 
 mod common;
