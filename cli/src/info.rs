@@ -1,5 +1,5 @@
 //! `ringreduce info`: what this build and machine have — the version, how the reduce kernels
-//! were built, the CUDA driver and every GPU, and how ranks in separate processes share memory
+//! were built and which NVRTC would compile them where the driver refuses the embedded ones, the CUDA driver and every GPU, and how ranks in separate processes share memory
 //! (per GPU: `cuMemCreate` memory passed as file descriptors, or legacy CUDA IPC handles where
 //! the driver lacks them; /dev/shm, with its room, for host ranks), and where NCCL is for jobs on
 //! several hosts. Needs no GPU: without one it says why there is none.
@@ -11,6 +11,15 @@ use ringreduce::exec::cuda as kernels;
 pub fn run() -> Result<(), String> {
     out!("ringreduce {}", env!("CARGO_PKG_VERSION"));
     out!("reduce kernels: {}", kernels::build_kind());
+    // What a driver that refuses the embedded fatbin (one older than the nvcc that built it)
+    // gets instead, and what RINGREDUCE_KERNELS=nvrtc forces.
+    match kernels::nvrtc_version() {
+        Some((major, minor)) => out!(
+            "NVRTC: {major}.{minor} (compiles the kernels where the driver refuses the embedded \
+             ones, or with RINGREDUCE_KERNELS=nvrtc)"
+        ),
+        None => out!("NVRTC: none found (libnvrtc.so)"),
+    }
     match device::driver_available() {
         Err(e) => out!("GPUs: none ({e})"),
         Ok(()) => {

@@ -15,5 +15,8 @@ pub use crate::exec::config::Transport;
 pub use buffer::{GpuBuffer, GpuView, GpuViewMut};
 pub use executor::{auto_chunk_bytes, CudaConfig, EdgeInfo};
 pub use fabric::MemorySharing;
-pub use kernels::{build_kind, ll_fits, ll_recv_bytes, KernelSource, LL_MAX_BYTES};
+pub use kernels::{
+    build_kind, driver_refused_image, ll_fits, ll_recv_bytes, nvrtc_version, KernelSource,
+    LL_MAX_BYTES,
+};
 pub use probe::Probe;

@@ -64,8 +64,8 @@ use crate::error::{Error, Result};
 
 /// The kernel source, for NVRTC (and for the tests that check it defines every symbol): the
 /// parts in `cuda/` joined by `build.rs` (its `PARTS` lists them in order), the same text nvcc
-/// compiles.
-#[cfg_attr(ringreduce_fatbin, allow(dead_code))]
+/// compiles. Embedded in every build: a driver that refuses the embedded fatbin (one older than
+/// the nvcc that built it) gets NVRTC's PTX instead.
 const SOURCE: &str = include_str!(concat!(env!("OUT_DIR"), "/ringreduce_kernels.cu"));
 
 /// The kernels compiled by nvcc at build time.
@@ -88,8 +88,12 @@ pub enum KernelSource {
     /// The fatbin nvcc built and the build embedded.
     EmbeddedFatbin,
     /// The kernel source (`cuda/`, joined by `build.rs`) compiled by NVRTC when the
-    /// [`KernelModule`] were made.
+    /// [`KernelModule`] were made: the build had no nvcc, or `RINGREDUCE_KERNELS=nvrtc`.
     Nvrtc,
+    /// NVRTC's, because the driver refused the embedded fatbin ([`driver_refused_image`]: a
+    /// driver older than the nvcc that built it, such as a CUDA 12 driver for kernels built
+    /// by nvcc 13).
+    NvrtcAfterFatbin,
 }
 
 impl fmt::Display for KernelSource {
@@ -97,6 +101,7 @@ impl fmt::Display for KernelSource {
         f.write_str(match self {
             KernelSource::EmbeddedFatbin => "embedded fatbin",
             KernelSource::Nvrtc => "NVRTC",
+            KernelSource::NvrtcAfterFatbin => "NVRTC (the driver refused the embedded fatbin)",
         })
     }
 }
@@ -121,7 +126,6 @@ pub fn build_kind() -> &'static str {
 
 /// An NVRTC failure as [`Error::Cuda`] (its status, and the compile log where there is one).
 /// Driver failures go through the device layer's one conversion (`device::check`).
-#[cfg_attr(ringreduce_fatbin, allow(dead_code))]
 fn nvrtc_err(call: &'static str) -> impl Fn(CompileError) -> Error {
     move |e| {
         let message = match &e {
@@ -174,8 +178,7 @@ impl KernelModule {
     /// Loads the kernels into `ctx` (the embedded fatbin, or NVRTC's PTX when the build had no
     /// nvcc) and resolves every function. Call once per context and share the result.
     pub fn new(ctx: &Arc<CudaContext>) -> Result<KernelModule> {
-        let (image, source) = kernel_image(ctx)?;
-        let module = device::load_module(ctx, image)?;
+        let (module, source) = load_kernels(ctx)?;
         let load = |symbol: String| device::load_function(&module, &symbol);
         // One function per pairwise operator and type, row-major over PAIRWISE_OPS × DType::ALL.
         let family = |symbol_of: fn(ReduceOp, DType) -> String| {
@@ -281,39 +284,83 @@ pub(crate) fn source_define(name: &str) -> u64 {
     values[0]
 }
 
-/// The code to load into `ctx`: the embedded fatbin when the build has one.
-#[cfg(ringreduce_fatbin)]
-fn kernel_image(_ctx: &Arc<CudaContext>) -> Result<(Ptx, KernelSource)> {
-    // cuModuleLoadData reads the fatbin in place; the copy lives in a heap block, which the
-    // system allocator aligns to 16 bytes (the image's header wants 8).
-    Ok((
-        Ptx::from_binary(FATBIN.to_vec()),
-        KernelSource::EmbeddedFatbin,
-    ))
+/// Whether `RINGREDUCE_KERNELS=nvrtc` asks for NVRTC's PTX even where the build embeds a fatbin
+/// (what a driver that refuses the fatbin gets; this way it can be tested on any GPU).
+#[cfg_attr(not(ringreduce_fatbin), allow(dead_code))]
+fn nvrtc_forced() -> bool {
+    std::env::var("RINGREDUCE_KERNELS").is_ok_and(|v| v.trim() == "nvrtc")
 }
 
-/// The code to load into `ctx`: NVRTC's PTX for the device's compute capability.
-#[cfg(not(ringreduce_fatbin))]
-fn kernel_image(ctx: &Arc<CudaContext>) -> Result<(Ptx, KernelSource)> {
+/// Whether `code`, the driver's answer to loading the embedded fatbin, says this driver cannot
+/// run the image (too old for the nvcc that built it, or no code for this GPU) rather than that
+/// something else failed: then NVRTC compiles the source for this driver and GPU.
+pub fn driver_refused_image(code: &str) -> bool {
+    [
+        "CUDA_ERROR_UNSUPPORTED_PTX_VERSION",
+        "CUDA_ERROR_NO_BINARY_FOR_GPU",
+        "CUDA_ERROR_INVALID_IMAGE",
+        "CUDA_ERROR_INVALID_PTX",
+        "CUDA_ERROR_JIT_COMPILER_NOT_FOUND",
+        "CUDA_ERROR_UNSUPPORTED_DEVSIDE_SYNC",
+    ]
+    .iter()
+    .any(|c| code.contains(c))
+}
+
+/// The kernels loaded into `ctx` and where they came from: the embedded fatbin where the build
+/// has one and the driver takes it, else NVRTC's PTX for the device (module doc).
+fn load_kernels(ctx: &Arc<CudaContext>) -> Result<(Arc<cudarc::driver::CudaModule>, KernelSource)> {
+    #[cfg(ringreduce_fatbin)]
+    if !nvrtc_forced() {
+        // cuModuleLoadData reads the fatbin in place; the copy lives in a heap block, which the
+        // system allocator aligns to 16 bytes (the image's header wants 8).
+        match device::load_module(ctx, Ptx::from_binary(FATBIN.to_vec())) {
+            Ok(module) => return Ok((module, KernelSource::EmbeddedFatbin)),
+            Err(Error::Cuda { code, .. }) if driver_refused_image(&code) => {
+                let module = device::load_module(ctx, nvrtc_ptx(ctx)?)?;
+                return Ok((module, KernelSource::NvrtcAfterFatbin));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let module = device::load_module(ctx, nvrtc_ptx(ctx)?)?;
+    Ok((module, KernelSource::Nvrtc))
+}
+
+/// The version of the libnvrtc this host would compile with (`nvrtcVersion`), or `None` where
+/// none can be loaded. Never panics.
+pub fn nvrtc_version() -> Option<(i32, i32)> {
+    // SAFETY: only probes whether libnvrtc can be loaded.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return None;
+    }
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: nvrtcVersion writes two ints; both are live locals.
+    let status = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    (status == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS).then_some((major, minor))
+}
+
+/// NVRTC's PTX of the kernel source for `ctx`'s compute capability, by the libnvrtc this host
+/// has (cudarc finds libnvrtc.so of CUDA 12 or 13 alike).
+fn nvrtc_ptx(ctx: &Arc<CudaContext>) -> Result<Ptx> {
     // SAFETY: only probes whether libnvrtc can be loaded; cudarc panics on first use otherwise.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         return Err(Error::Cuda {
             call: "nvrtcCreateProgram",
             code: "NVRTC_LIBRARY_NOT_FOUND".to_string(),
-            message: "libnvrtc could not be loaded, and this build has no embedded kernels \
-                      (build with nvcc: set NVCC, see .ci/install-nvcc.sh)"
+            message: "libnvrtc could not be loaded, and the embedded kernels (if any) could not \
+                      be used: install CUDA's NVRTC (libnvrtc.so) for this driver, or build \
+                      with nvcc (set NVCC, see .ci/install-nvcc.sh)"
                 .to_string(),
         });
     }
     let (major, minor) = device::compute_capability(ctx)?;
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(SOURCE, nvrtc_options(major, minor))
-        .map_err(nvrtc_err("nvrtcCompileProgram"))?;
-    Ok((ptx, KernelSource::Nvrtc))
+    cudarc::nvrtc::compile_ptx_with_opts(SOURCE, nvrtc_options(major, minor))
+        .map_err(nvrtc_err("nvrtcCompileProgram"))
 }
 
 /// NVRTC's options for a device of compute capability `major.minor`: PTX for exactly that
 /// architecture, no include paths (the source needs none).
-#[cfg(not(ringreduce_fatbin))]
 fn nvrtc_options(major: i32, minor: i32) -> cudarc::nvrtc::CompileOptions {
     cudarc::nvrtc::CompileOptions {
         // Same IEEE behaviour as nvcc's build (see build.rs) and the host executor.
@@ -526,6 +573,24 @@ mod tests {
         assert!(check_aligned(DType::U8, "a", 0x1003).is_ok());
         let err = check_aligned(DType::F64, "dst", 0x1004).unwrap_err();
         assert!(err.to_string().contains("dst = 0x1004"), "{err}");
+    }
+
+    #[test]
+    fn only_a_refused_image_falls_back_to_nvrtc() {
+        for code in [
+            "CUDA_ERROR_UNSUPPORTED_PTX_VERSION",
+            "CUDA_ERROR_NO_BINARY_FOR_GPU",
+            "CUDA_ERROR_INVALID_IMAGE",
+        ] {
+            assert!(driver_refused_image(code), "{code}");
+        }
+        for code in [
+            "CUDA_ERROR_OUT_OF_MEMORY",
+            "CUDA_ERROR_INVALID_CONTEXT",
+            "CUDA_ERROR_NOT_INITIALIZED",
+        ] {
+            assert!(!driver_refused_image(code), "{code}");
+        }
     }
 
     #[test]
