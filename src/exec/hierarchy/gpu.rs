@@ -179,6 +179,9 @@ impl GpuHierarchy {
         wait_complete: bool,
         caller: Option<CallerStream>,
     ) -> Result<()> {
+        // The calls below make this GPU's context current (NCCL works on the current one): the
+        // caller's is put back at the end.
+        let saved = device::save_current()?;
         self.refuse_locally::<T>(&shape, op, caller)?;
         // SAFETY: our caller's contract, passed on.
         let result =
@@ -191,7 +194,7 @@ impl GpuHierarchy {
         if result.is_err() {
             self.give_up();
         }
-        result
+        result.and(saved.restore())
     }
 
     /// What this rank refuses on its own, before any peer hears of the call.
