@@ -161,15 +161,15 @@ impl GpuHierarchy {
     /// Runs one collective on this rank's buffers — `inputs` and `outputs` as the executor takes
     /// them (this rank's at its index; a send/recv's transfer i's ends at index i; device
     /// addresses of this rank's GPU, 0 where it passes none) — ordered on `caller`'s stream if
-    /// given (else on this rank's own), and with `wait_complete` returns once it is complete. Arguments this
-    /// rank can judge alone (a send/recv, a stream of another GPU, a work buffer to grow under
-    /// capture) are refused before the peers hear of the call; any later failure gives the rank
-    /// up on every level.
+    /// given (else on this rank's own), and with `wait_complete` returns once it is complete.
+    /// What this rank can judge alone (a stream of another GPU; under capture, a work buffer to
+    /// grow or the job's communicator to make) is refused before the peers hear of the call;
+    /// any later failure gives the rank up on every level.
     ///
     /// # Safety
-    /// `input` and `output` are valid for the collective's lengths on this rank and untouched
-    /// by anything not ordered after the call on its stream until the call completes there;
-    /// `caller` is a live stream of this GPU's primary context.
+    /// The buffers at `inputs` and `outputs` are valid for the collective's lengths on this
+    /// rank and untouched by anything not ordered after the call on its stream until the call
+    /// completes there; `caller` is a live stream of this GPU's primary context.
     pub(crate) unsafe fn run<T: Element>(
         &mut self,
         shape: Shape,
@@ -259,13 +259,16 @@ impl GpuHierarchy {
             job.abort();
         }
         let deadline = Instant::now() + self.timeout;
-        while !device::stream_query(&parts.stream).unwrap_or(false) {
-            if Instant::now() >= deadline {
-                self.stuck = true;
-                return;
+        loop {
+            match device::stream_query(&parts.stream) {
+                Ok(true) => return,
+                // A stream in an error state never drains: nothing it holds is freed.
+                Err(_) => break,
+                Ok(false) if Instant::now() >= deadline => break,
+                Ok(false) => std::thread::sleep(Duration::from_micros(200)),
             }
-            std::thread::sleep(Duration::from_micros(200));
         }
+        self.stuck = true;
     }
 
     /// # Safety
