@@ -1,8 +1,9 @@
 //! GPU ranks of a job on several hosts, simulated on one machine: four processes, two per
-//! simulated host (`RINGREDUCE_HOST_ID`, and `NCCL_HOSTID` so that NCCL takes them for two
-//! hosts too, with its peer-to-peer and shared-memory transports off so that it talks over its
-//! socket transport, as between hosts without InfiniBand). On a one-GPU machine every rank runs
-//! on GPU 0 (`allow_shared_device`; NCCL accepts two ranks of one GPU under different host ids).
+//! simulated host (`RINGREDUCE_HOST_ID`; for NCCL each process claims a host of its own with
+//! `NCCL_HOSTID`, and its peer-to-peer and shared-memory transports are off, so that it talks
+//! over its socket transport, as between hosts without InfiniBand). On a one-GPU machine every
+//! rank runs on GPU 0 (`allow_shared_device`; NCCL accepts ranks of one GPU under different host
+//! ids).
 //! Every hierarchical collective must match the flat host executor exactly, on the rank's own
 //! stream too, a send/recv across the hosts must deliver every transfer, and a killed rank is named on every other. Waived without a GPU, or without
 //! NCCL (`libnccl.so.2`).
@@ -28,12 +29,16 @@ fn config() -> CudaConfig {
     }
 }
 
-/// Each rank's simulated host, for ringreduce and for NCCL.
+/// Each rank's simulated host for ringreduce; for NCCL, a host of its own per process (NCCL
+/// refuses two ranks of one host on one GPU, as the job's communicator for send/recv would have:
+/// each process its own host, every NCCL communicator talks over sockets).
 fn host_env(rank: usize) -> Vec<(String, String)> {
-    let host = format!("host-{}", HOSTS.host_of(rank));
     vec![
-        ("RINGREDUCE_HOST_ID".into(), host.clone()),
-        ("NCCL_HOSTID".into(), host),
+        (
+            "RINGREDUCE_HOST_ID".into(),
+            format!("host-{}", HOSTS.host_of(rank)),
+        ),
+        ("NCCL_HOSTID".into(), format!("rank-{rank}")),
         ("NCCL_P2P_DISABLE".into(), "1".into()),
         ("NCCL_SHM_DISABLE".into(), "1".into()),
         ("NCCL_NVLS_ENABLE".into(), "0".into()),
