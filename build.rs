@@ -54,8 +54,6 @@ const GENCODE: [&str; 4] = [
     "-gencode",
     "arch=compute_90,code=[sm_90,compute_90]",
 ];
-/// What the fatbin holds, for `ringreduce info` (keep in step with GENCODE).
-const TARGETS: &str = "sm_80 + sm_90 SASS, compute_90 PTX";
 
 fn main() {
     println!("cargo:rustc-check-cfg=cfg(ringreduce_fatbin)");
@@ -126,7 +124,6 @@ fn main() {
     }
 
     println!("cargo:rustc-cfg=ringreduce_fatbin");
-    println!("cargo:rustc-env=RINGREDUCE_FATBIN_TARGETS={TARGETS}");
     println!(
         "cargo:rustc-env=RINGREDUCE_NVCC_RELEASE={}",
         nvcc_release(&nvcc)

@@ -308,7 +308,7 @@ pub fn machine_header(
             .map(|(a, b)| format!("{a}.{b} (driver API)"))
             .unwrap_or_else(|e| format!("unknown ({e})")),
     ));
-    header.push(("reduce kernels".into(), kernels::build_kind().to_string()));
+    header.push(("reduce kernels".into(), kernels::build_kind()));
     header.push((
         "ringreduce".into(),
         format!("{} commit {}", env!("CARGO_PKG_VERSION"), commit()),

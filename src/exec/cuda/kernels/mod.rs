@@ -106,21 +106,93 @@ impl fmt::Display for KernelSource {
     }
 }
 
-/// Which kernel path this build has, for `ringreduce info`.
-pub fn build_kind() -> &'static str {
+/// Which kernel path this build has, for `ringreduce info` and reports: the embedded fatbin's
+/// code, as read from the fatbin itself ([`fatbin_entries`]), and the nvcc that built it.
+pub fn build_kind() -> String {
     #[cfg(ringreduce_fatbin)]
     {
-        concat!(
-            "embedded fatbin (",
-            env!("RINGREDUCE_FATBIN_TARGETS"),
-            "; nvcc ",
-            env!("RINGREDUCE_NVCC_RELEASE"),
-            ")"
+        let entries = fatbin_entries(FATBIN)
+            .map(|e| describe_entries(&e))
+            .unwrap_or_else(|| "unreadable".into());
+        format!(
+            "embedded fatbin ({entries}; nvcc {})",
+            env!("RINGREDUCE_NVCC_RELEASE")
         )
     }
     #[cfg(not(ringreduce_fatbin))]
     {
-        "NVRTC at first use (built without nvcc; needs libnvrtc on the GPU host)"
+        "NVRTC at first use (built without nvcc; needs libnvrtc on the GPU host)".into()
+    }
+}
+
+/// One code image of a fatbin: machine code (SASS) for one GPU architecture, or PTX for a
+/// virtual one (which a driver compiles for its GPU: newer GPUs run it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FatbinEntry {
+    /// SASS for `sm_<arch>` (e.g. 90).
+    Sass(u32),
+    /// PTX for `compute_<arch>`.
+    Ptx(u32),
+}
+
+/// The code images of a fatbin (the container nvcc's `--fatbin` writes): a 16-byte header
+/// (magic `0xBA55ED50`, version, header size, size of what follows), then entries, each a
+/// header (kind at byte 0: 1 PTX, 2 ELF/SASS; its header size at byte 4; its payload size at
+/// byte 8; the architecture at byte 28) and its payload. `None` for anything else. The layout
+/// is nvcc's, read off the fatbins it writes (`cuobjdump --list-elf/--list-ptx` lists the
+/// same); a test reads the embedded one.
+pub fn fatbin_entries(image: &[u8]) -> Option<Vec<FatbinEntry>> {
+    let u16_at = |at: usize| Some(u16::from_le_bytes(image.get(at..at + 2)?.try_into().ok()?));
+    let u32_at = |at: usize| Some(u32::from_le_bytes(image.get(at..at + 4)?.try_into().ok()?));
+    let u64_at = |at: usize| Some(u64::from_le_bytes(image.get(at..at + 8)?.try_into().ok()?));
+    if u32_at(0)? != 0xBA55_ED50 {
+        return None;
+    }
+    let header = usize::from(u16_at(6)?);
+    let end = header.checked_add(usize::try_from(u64_at(8)?).ok()?)?;
+    if end > image.len() {
+        return None;
+    }
+    let mut entries = Vec::new();
+    let mut at = header;
+    while at < end {
+        let kind = u16_at(at)?;
+        let size = usize::try_from(u32_at(at + 4)?).ok()?;
+        let payload = usize::try_from(u64_at(at + 8)?).ok()?;
+        let arch = u32_at(at + 28)?;
+        entries.push(match kind {
+            1 => FatbinEntry::Ptx(arch),
+            2 => FatbinEntry::Sass(arch),
+            _ => return None,
+        });
+        at = at.checked_add(size)?.checked_add(payload)?;
+        if size == 0 {
+            return None;
+        }
+    }
+    Some(entries)
+}
+
+/// "sm_80 + sm_90 SASS, compute_90 PTX".
+#[cfg_attr(not(ringreduce_fatbin), allow(dead_code))]
+fn describe_entries(entries: &[FatbinEntry]) -> String {
+    let list = |ptx: bool, prefix: &str| -> Vec<String> {
+        entries
+            .iter()
+            .filter_map(|e| match (e, ptx) {
+                (FatbinEntry::Sass(a), false) | (FatbinEntry::Ptx(a), true) => {
+                    Some(format!("{prefix}_{a}"))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let (sass, ptx) = (list(false, "sm"), list(true, "compute"));
+    match (sass.is_empty(), ptx.is_empty()) {
+        (false, false) => format!("{} SASS, {} PTX", sass.join(" + "), ptx.join(" + ")),
+        (false, true) => format!("{} SASS", sass.join(" + ")),
+        (true, false) => format!("{} PTX", ptx.join(" + ")),
+        (true, true) => "no code".into(),
     }
 }
 
@@ -591,6 +663,74 @@ mod tests {
         ] {
             assert!(!driver_refused_image(code), "{code}");
         }
+    }
+
+    /// A fatbin laid out as nvcc writes them (the entry headers' fields where nvcc puts them),
+    /// holding the given entries with payloads of `payload` bytes.
+    fn synthetic_fatbin(entries: &[FatbinEntry], payload: usize) -> Vec<u8> {
+        let mut body = Vec::new();
+        for e in entries {
+            let (kind, arch) = match *e {
+                FatbinEntry::Ptx(a) => (1u16, a),
+                FatbinEntry::Sass(a) => (2u16, a),
+            };
+            let mut header = vec![0u8; 64];
+            header[0..2].copy_from_slice(&kind.to_le_bytes());
+            header[4..8].copy_from_slice(&64u32.to_le_bytes());
+            header[8..16].copy_from_slice(&(payload as u64).to_le_bytes());
+            header[28..32].copy_from_slice(&arch.to_le_bytes());
+            body.extend(header);
+            body.extend(vec![0xAB; payload]);
+        }
+        let mut image = Vec::new();
+        image.extend(0xBA55_ED50u32.to_le_bytes());
+        image.extend(1u16.to_le_bytes());
+        image.extend(16u16.to_le_bytes());
+        image.extend((body.len() as u64).to_le_bytes());
+        image.extend(body);
+        image
+    }
+
+    #[test]
+    fn a_fatbins_entries_are_read_and_named() {
+        let entries = [
+            FatbinEntry::Sass(80),
+            FatbinEntry::Sass(90),
+            FatbinEntry::Ptx(90),
+        ];
+        let image = synthetic_fatbin(&entries, 100);
+        assert_eq!(fatbin_entries(&image).unwrap(), entries);
+        assert_eq!(
+            describe_entries(&entries),
+            "sm_80 + sm_90 SASS, compute_90 PTX"
+        );
+        // Anything else is refused, never misread: a wrong magic, a cut image, an unknown kind.
+        let mut wrong = image.clone();
+        wrong[0] ^= 1;
+        assert_eq!(fatbin_entries(&wrong), None);
+        assert_eq!(fatbin_entries(&image[..image.len() - 1]), None);
+        let mut unknown = image.clone();
+        unknown[16] = 7;
+        assert_eq!(fatbin_entries(&unknown), None);
+    }
+
+    /// What the build embeds, read from the fatbin itself: SASS for every GPU generation the
+    /// kernels are tuned for (Ampere sm_80, Hopper sm_90) and PTX, so that later GPUs (and
+    /// drivers that take PTX of this version) compile them.
+    #[cfg(ringreduce_fatbin)]
+    #[test]
+    fn the_embedded_fatbin_carries_sass_for_ampere_and_hopper_and_ptx_beyond() {
+        let entries = fatbin_entries(FATBIN).expect("nvcc's fatbin layout");
+        for want in [FatbinEntry::Sass(80), FatbinEntry::Sass(90)] {
+            assert!(entries.contains(&want), "{entries:?}");
+        }
+        assert!(
+            entries
+                .iter()
+                .any(|e| matches!(e, FatbinEntry::Ptx(a) if *a >= 80)),
+            "{entries:?}"
+        );
+        println!("embedded: {}", describe_entries(&entries));
     }
 
     #[test]
