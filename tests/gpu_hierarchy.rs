@@ -12,9 +12,7 @@ use common::launch::{as_rank, expect_success, launch};
 use ringreduce::plan::hierarchy::Hosts;
 use ringreduce::plan::Collective;
 use ringreduce::verify::input_value;
-use ringreduce::{
-    CudaConfig, Error, GpuBuffer, HostConfig, LaunchEnv, RankCommunicator, ReduceOp, Transfer,
-};
+use ringreduce::{CudaConfig, GpuBuffer, HostConfig, LaunchEnv, RankCommunicator, ReduceOp};
 use std::time::{Duration, Instant};
 
 mod common;
@@ -105,23 +103,9 @@ fn gpu_ranks_on_simulated_hosts_run_every_collective_exactly() {
                 assert_eq!(got, want[rank], "rank {rank}: {collective:?} {op:?}");
             }
         }
-        // Send/recv across the simulated hosts (on NCCL's communicator of the job): each rank
-        // to the next, and rank 1 to itself.
-        let mut transfers: Vec<Transfer> = (0..4)
-            .map(|r| Transfer {
-                from: r,
-                to: (r + 1) % 4,
-                count: 100 + r,
-            })
-            .collect();
-        transfers.push(Transfer {
-            from: 1,
-            to: 1,
-            count: 5,
-        });
-        let data = |i: usize, t: &Transfer| -> Vec<f32> {
-            (0..t.count).map(|k| (1000 * i + k) as f32).collect()
-        };
+        // Send/recv across the simulated hosts (on NCCL's communicator of the job).
+        let transfers = common::pipeline_transfers(4);
+        let data = common::transfer_data;
         let sends: Vec<GpuBuffer<f32>> = transfers
             .iter()
             .enumerate()
@@ -185,15 +169,12 @@ fn a_gpu_rank_killed_on_one_simulated_host_is_named_on_the_other() {
             "rank {}: {err}",
             env.rank
         );
-        let named = match &err {
-            Error::RankFailed { rank, .. } => *rank,
-            Error::Level { source, .. } => match **source {
-                Error::RankFailed { rank, .. } => rank,
-                _ => panic!("rank {}: {err}", env.rank),
-            },
-            _ => panic!("rank {}: {err}", env.rank),
-        };
-        assert_eq!(named, 3, "rank {}: {err}", env.rank);
+        assert_eq!(
+            common::failed_rank(&err),
+            Some(3),
+            "rank {}: {err}",
+            env.rank
+        );
         println!("rank {} after {:?}: {err}", env.rank, started.elapsed());
         return;
     }

@@ -13,7 +13,7 @@ use ringreduce::plan::hierarchy::Hosts;
 use ringreduce::plan::{Collective, CollectiveSpec, Op};
 use ringreduce::verify::input_value;
 use ringreduce::EdgeTransport;
-use ringreduce::{Error, HostConfig, LaunchEnv, RankCommunicator, ReduceOp, Transfer};
+use ringreduce::{Error, HostConfig, LaunchEnv, RankCommunicator, ReduceOp};
 use std::time::{Duration, Instant};
 
 mod common;
@@ -155,28 +155,8 @@ fn send_recv_crosses_simulated_hosts_on_the_jobs_engine() {
     if let Some(env) = as_rank() {
         let (rank, world) = (env.rank, env.world);
         let mut comm = join(&env);
-        // A pipeline's exchange (each rank to the next, across hosts at 1 → 2 and 3 → 0), a
-        // transfer within a host, and a rank to itself.
-        let mut transfers: Vec<Transfer> = (0..world)
-            .map(|r| Transfer {
-                from: r,
-                to: (r + 1) % world,
-                count: 100 + r,
-            })
-            .collect();
-        transfers.push(Transfer {
-            from: 2,
-            to: 3,
-            count: 7,
-        });
-        transfers.push(Transfer {
-            from: 1,
-            to: 1,
-            count: 5,
-        });
-        let data = |i: usize, t: &Transfer| -> Vec<f32> {
-            (0..t.count).map(|k| (1000 * i + k) as f32).collect()
-        };
+        let transfers = common::pipeline_transfers(world);
+        let data = common::transfer_data;
         let sends: Vec<Vec<f32>> = transfers
             .iter()
             .enumerate()
@@ -234,15 +214,12 @@ fn a_killed_rank_is_named_on_both_hosts() {
         );
         // The call starts by comparing shapes over the job's rendezvous, where rank 0 finds
         // rank 3 gone and tells the others: every rank names rank 3.
-        let named = match &err {
-            Error::RankFailed { rank, .. } => *rank,
-            Error::Level { source, .. } => match **source {
-                Error::RankFailed { rank, .. } => rank,
-                _ => panic!("rank {}: {err}", env.rank),
-            },
-            _ => panic!("rank {}: {err}", env.rank),
-        };
-        assert_eq!(named, 3, "rank {}: {err}", env.rank);
+        assert_eq!(
+            common::failed_rank(&err),
+            Some(3),
+            "rank {}: {err}",
+            env.rank
+        );
         println!("rank {} after {took:?}: {err}", env.rank);
         return;
     }

@@ -62,6 +62,46 @@ pub fn host_reference(
     by_rank
 }
 
+/// The send/recv of a 2×2 job's tests: a pipeline's exchange (each rank to the next: across
+/// two hosts at 1 → 2 and 3 → 0), a transfer within a host (2 → 3) and one to itself (1 → 1).
+pub fn pipeline_transfers(world: usize) -> Vec<ringreduce::Transfer> {
+    use ringreduce::Transfer;
+    let mut transfers: Vec<Transfer> = (0..world)
+        .map(|r| Transfer {
+            from: r,
+            to: (r + 1) % world,
+            count: 100 + r,
+        })
+        .collect();
+    transfers.push(Transfer {
+        from: 2,
+        to: 3,
+        count: 7,
+    });
+    transfers.push(Transfer {
+        from: 1,
+        to: 1,
+        count: 5,
+    });
+    transfers
+}
+
+/// What transfer `i` carries: values that name the transfer and the element.
+pub fn transfer_data(i: usize, t: &ringreduce::Transfer) -> Vec<f32> {
+    (0..t.count).map(|k| (1000 * i + k) as f32).collect()
+}
+
+/// The rank a lost or failed peer's error names — directly, or through the level of a job on
+/// several hosts where it was met; `None` for any other error.
+pub fn failed_rank(err: &ringreduce::Error) -> Option<usize> {
+    use ringreduce::Error;
+    match err {
+        Error::RankFailed { rank, .. } => Some(*rank),
+        Error::Level { source, .. } => failed_rank(source),
+        _ => None,
+    }
+}
+
 /// SplitMix64: a small deterministic generator for seeded tests.
 pub struct Rng(pub u64);
 

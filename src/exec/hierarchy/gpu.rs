@@ -407,8 +407,18 @@ impl GpuHierarchy {
         if waited.is_err() {
             self.give_up();
         }
+        let released = self.teardown(waited.is_ok(), true);
+        waited.and(released)
+    }
+
+    /// Releases what the rank holds on its GPU, NCCL's communicators before the executor:
+    /// NCCL's closed where `close_nccl` (the stream drained) else aborted, the executor shut
+    /// down (waiting for its streams, bounded) where `shut_executor` else dropped, and the
+    /// stream, kernels, events and work buffers freed — or leaked where the stream never
+    /// drained.
+    fn teardown(&mut self, close_nccl: bool, shut_executor: bool) -> Result<()> {
         let Some(parts) = self.parts.take() else {
-            return waited;
+            return Ok(());
         };
         let Parts {
             intra,
@@ -419,16 +429,22 @@ impl GpuHierarchy {
             joins,
             works,
         } = parts;
-        let inter = match &waited {
-            Ok(()) => inter.close().and(job.map_or(Ok(()), nccl::Comm::close)),
-            Err(_) => {
+        let nccl = match close_nccl {
+            true => inter.close().and(job.map_or(Ok(()), nccl::Comm::close)),
+            false => {
                 drop((inter, job));
                 Ok(())
             }
         };
-        let intra = intra.shutdown();
+        let intra = match shut_executor {
+            true => intra.shutdown(),
+            false => {
+                drop(intra);
+                Ok(())
+            }
+        };
         release(self.stuck, (stream, kernels, joins, works));
-        waited.and(inter).and(intra)
+        nccl.and(intra)
     }
 }
 
@@ -437,9 +453,6 @@ impl Drop for GpuHierarchy {
     /// waited for past the timeout), NCCL is aborted before the executor goes, and memory a
     /// stream may still touch is leaked, never freed.
     fn drop(&mut self) {
-        if self.parts.is_none() {
-            return;
-        }
         let busy = self
             .parts
             .as_ref()
@@ -447,20 +460,7 @@ impl Drop for GpuHierarchy {
         if busy {
             self.give_up();
         }
-        if let Some(parts) = self.parts.take() {
-            let Parts {
-                intra,
-                inter,
-                job,
-                stream,
-                kernels,
-                joins,
-                works,
-            } = parts;
-            drop((inter, job));
-            drop(intra);
-            release(self.stuck, (stream, kernels, joins, works));
-        }
+        let _ = self.teardown(false, false);
     }
 }
 
