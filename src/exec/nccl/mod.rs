@@ -316,10 +316,13 @@ impl Comm {
         })
     }
 
-    /// [`Comm::join`], waited for at most `timeout`: NCCL's creation blocks until every member
-    /// has joined, so it runs on a thread of its own, which a member that never comes leaves
-    /// behind (blocked in NCCL, holding nothing of the caller's) while this returns
-    /// [`Error::Timeout`].
+    /// [`Comm::join`], then one all-reduce of one element among the members, waited for at most
+    /// `timeout`: NCCL's creation blocks until every member has joined, and NCCL (from 2.22)
+    /// connects its members at a communicator's first collective, which blocks the calling
+    /// thread until they answer — both run on a thread of its own, which a member that never
+    /// comes leaves behind (blocked in NCCL, holding nothing of the caller's) while this
+    /// returns [`Error::Timeout`]. (Send/recv's connections, one per pair, are still made at
+    /// their first use.)
     pub(crate) fn join_within(
         id: &[u8],
         rank: usize,
@@ -332,7 +335,7 @@ impl Comm {
         std::thread::Builder::new()
             .name("ringreduce-nccl-init".into())
             .spawn(move || {
-                let _ = tx.send(Comm::join(&id, rank, size, device));
+                let _ = tx.send(Comm::join(&id, rank, size, device).and_then(Comm::warmed));
             })
             .map_err(|e| Error::Resource {
                 what: format!("cannot start a thread for NCCL's creation: {e}"),
@@ -346,6 +349,28 @@ impl Comm {
                 after: timeout,
             })
         })
+    }
+
+    /// The communicator after one all-reduce of one element, complete: its members connected.
+    fn warmed(mut self) -> Result<Comm> {
+        let one = device::DeviceBuffer::zeroed(&self.ctx, 4)?;
+        let stream = device::Stream::new(&self.ctx)?;
+        // SAFETY: `one` is 4 bytes of this GPU's memory that nothing else touches, and the
+        // stream is this GPU's; both outlive the synchronisation below.
+        unsafe {
+            self.collective(
+                &Collective::AllReduce,
+                1,
+                DType::F32,
+                ReduceOp::Sum,
+                None,
+                one.ptr(),
+                stream.raw().cast(),
+            )?
+        };
+        device::stream_synchronize(&stream)?;
+        self.async_error()?;
+        Ok(self)
     }
 
     /// Enqueues `collective` (roots are group ranks) of `count` elements of `dtype` on `stream`,
