@@ -108,15 +108,7 @@ pub(crate) fn meet(
     let rank = rendezvous.rank();
     let (h, l) = (hosts.host_of(rank), hosts.local_of(rank));
     let local = (l == 0).then(|| UniqueId::new("127.0.0.1:0"));
-    let group = (h == 0).then(|| {
-        new_group_id().and_then(|id| match id.len() <= MAX_ID_BYTES {
-            true => Ok(id),
-            false => Err(Error::InvalidArgument(format!(
-                "a group id of {} bytes: at most {MAX_ID_BYTES}",
-                id.len()
-            ))),
-        })
-    });
+    let group = (h == 0).then(|| new_group_id().and_then(checked_id));
     let failed =
         local.as_ref().is_some_and(|r| r.is_err()) || group.as_ref().is_some_and(|r| r.is_err());
     let mut record = vec![u64::from(failed)];
@@ -170,10 +162,10 @@ pub(crate) fn job_group_id(
     rendezvous: &mut Rendezvous,
     new_id: impl FnOnce() -> Result<Vec<u8>>,
 ) -> Result<Vec<u8>> {
-    let made = (rendezvous.rank() == 0).then(new_id);
+    let made = (rendezvous.rank() == 0).then(|| new_id().and_then(checked_id));
     let mut record = vec![u64::from(made.as_ref().is_some_and(|r| r.is_err()))];
     match &made {
-        Some(Ok(id)) if id.len() <= MAX_ID_BYTES => push_bytes(&mut record, id),
+        Some(Ok(id)) => push_bytes(&mut record, id),
         _ => push_bytes(&mut record, &[]),
     }
     let records = rendezvous.all_gather(&record)?;
@@ -191,6 +183,17 @@ pub(crate) fn job_group_id(
         what: "rank 0's record of the job's group id is cut short".into(),
     })?;
     Ok(id)
+}
+
+/// A group id made by an engine, refused where it is longer than a rank hands out.
+fn checked_id(id: Vec<u8>) -> Result<Vec<u8>> {
+    match id.len() <= MAX_ID_BYTES {
+        true => Ok(id),
+        false => Err(Error::InvalidArgument(format!(
+            "a group id of {} bytes: at most {MAX_ID_BYTES}",
+            id.len()
+        ))),
+    }
 }
 
 /// A record's bytes as words: their length, then the bytes.

@@ -267,6 +267,21 @@ fn bind(device: usize) -> Result<Arc<CudaContext>> {
     Ok(ctx)
 }
 
+/// One half of a point-to-point transfer in an NCCL group: `count` elements sent from (or
+/// received into) a device address, to (or from) member `peer`.
+enum P2p {
+    Send {
+        from: u64,
+        count: usize,
+        peer: usize,
+    },
+    Recv {
+        into: u64,
+        count: usize,
+        peer: usize,
+    },
+}
+
 /// One NCCL communicator of a group (module doc), on one GPU.
 pub(crate) struct Comm {
     nccl: &'static Library,
@@ -468,10 +483,25 @@ impl Comm {
                     let input = input.ok_or_else(|| Error::Internal {
                         what: "an all-to-all across hosts without its input".into(),
                     })?;
-                    (
-                        "ncclSend/ncclRecv",
-                        self.all_to_all(count, t, eb, input, buf, stream)?,
-                    )
+                    // Member p's block of the input goes to p; p's block of `buf` comes from p.
+                    let at = |p: usize| (p * count) as u64 * eb;
+                    let ops: Vec<P2p> = (0..self.size()?)
+                        .flat_map(|p| {
+                            [
+                                P2p::Send {
+                                    from: input + at(p),
+                                    count,
+                                    peer: p,
+                                },
+                                P2p::Recv {
+                                    into: buf + at(p),
+                                    count,
+                                    peer: p,
+                                },
+                            ]
+                        })
+                        .collect();
+                    return self.p2p_group(&ops, t, stream);
                 }
                 Collective::SendRecv { .. } => {
                     return Err(Error::Internal {
@@ -481,61 +511,6 @@ impl Comm {
             }
         };
         nccl.check(call, code)
-    }
-
-    /// All-to-all as one group of a send and a receive per member.
-    ///
-    /// # Safety
-    /// As for [`Comm::collective`].
-    unsafe fn all_to_all(
-        &mut self,
-        count: usize,
-        t: ncclDataType_t,
-        eb: u64,
-        input: u64,
-        buf: u64,
-        stream: Stream,
-    ) -> Result<ncclResult_t> {
-        let (nccl, comm) = (self.nccl, self.comm);
-        // SAFETY: the documented signatures.
-        let (start, end, send, recv) = unsafe {
-            (
-                nccl.symbol::<Group>(c"ncclGroupStart")?,
-                nccl.symbol::<Group>(c"ncclGroupEnd")?,
-                nccl.symbol::<SendFn>(c"ncclSend")?,
-                nccl.symbol::<RecvFn>(c"ncclRecv")?,
-            )
-        };
-        let size = self.size()?;
-        // SAFETY: as for `collective`: member p's block of the input is sent to p, p's block of
-        // `buf` receives from p.
-        unsafe {
-            nccl.check("ncclGroupStart", start())?;
-            for p in 0..size {
-                let at = (p * count) as u64 * eb;
-                let s = send(
-                    (input + at) as *const c_void,
-                    count,
-                    t,
-                    p as c_int,
-                    comm,
-                    stream,
-                );
-                let r = recv(
-                    (buf + at) as *mut c_void,
-                    count,
-                    t,
-                    p as c_int,
-                    comm,
-                    stream,
-                );
-                if s != ncclSuccess || r != ncclSuccess {
-                    let _ = end();
-                    return Ok(if s != ncclSuccess { s } else { r });
-                }
-            }
-            Ok(end())
-        }
     }
 
     /// Grouped send/recv among the members (`ncclSend` and `ncclRecv` in one group) on
@@ -554,8 +529,36 @@ impl Comm {
         stream: Stream,
     ) -> Result<()> {
         device::bind(&self.ctx)?;
-        let (nccl, comm, me) = (self.nccl, self.comm, self.rank);
-        let t = nccl_type(dtype);
+        let me = self.rank;
+        let ops: Vec<P2p> = transfers
+            .iter()
+            .enumerate()
+            .filter(|(_, x)| x.from != x.to)
+            .filter_map(|(i, x)| match (x.from == me, x.to == me) {
+                (true, _) => Some(P2p::Send {
+                    from: sends[i],
+                    count: x.count,
+                    peer: x.to,
+                }),
+                (_, true) => Some(P2p::Recv {
+                    into: recvs[i],
+                    count: x.count,
+                    peer: x.from,
+                }),
+                _ => None,
+            })
+            .collect();
+        // SAFETY: our caller's contract, passed on.
+        unsafe { self.p2p_group(&ops, nccl_type(dtype), stream) }
+    }
+
+    /// Point-to-point halves as one NCCL group (`ncclGroupStart`, an `ncclSend` or `ncclRecv`
+    /// each, `ncclGroupEnd`) on `stream`: what all-to-all and send/recv across hosts both are.
+    ///
+    /// # Safety
+    /// As for [`Comm::collective`], for every address in `ops`.
+    unsafe fn p2p_group(&mut self, ops: &[P2p], t: ncclDataType_t, stream: Stream) -> Result<()> {
+        let (nccl, comm) = (self.nccl, self.comm);
         // SAFETY: the documented signatures.
         let (start, end, send, recv) = unsafe {
             (
@@ -569,25 +572,14 @@ impl Comm {
         // contract.
         unsafe {
             nccl.check("ncclGroupStart", start())?;
-            for (i, x) in transfers.iter().enumerate().filter(|(_, x)| x.from != x.to) {
-                let code = match (x.from == me, x.to == me) {
-                    (true, _) => send(
-                        sends[i] as *const c_void,
-                        x.count,
-                        t,
-                        x.to as c_int,
-                        comm,
-                        stream,
-                    ),
-                    (_, true) => recv(
-                        recvs[i] as *mut c_void,
-                        x.count,
-                        t,
-                        x.from as c_int,
-                        comm,
-                        stream,
-                    ),
-                    _ => ncclSuccess,
+            for op in ops {
+                let code = match *op {
+                    P2p::Send { from, count, peer } => {
+                        send(from as *const c_void, count, t, peer as c_int, comm, stream)
+                    }
+                    P2p::Recv { into, count, peer } => {
+                        recv(into as *mut c_void, count, t, peer as c_int, comm, stream)
+                    }
                 };
                 if code != ncclSuccess {
                     let _ = end();
