@@ -386,21 +386,28 @@ impl Stages {
     }
 
     /// The `hosts × local` blocks of `count` elements moved between rank order (`(h·local + l)`)
-    /// and local-major order (`(l·hosts + h)`): one copy per block.
-    fn transpose(&mut self, count: usize, from: Area, to: Area, to_rank_order: bool) {
+    /// and local-major order (`(l·hosts + h)`): one copy per block, from `from` (an area and
+    /// the element its blocks start at) into `to`.
+    fn transpose(
+        &mut self,
+        count: usize,
+        from: (Area, usize),
+        to: (Area, usize),
+        to_rank_order: bool,
+    ) {
         let Hosts { hosts, local } = self.hosts;
         for h in 0..hosts {
             for l in 0..local {
-                let rank_order = Span::fixed(from, (h * local + l) * count, count);
-                let local_major = Span::fixed(to, (l * hosts + h) * count, count);
-                match to_rank_order {
-                    false => self.copy(Who::All, rank_order, local_major),
-                    true => self.copy(
-                        Who::All,
-                        Span::fixed(from, local_major.base, count),
-                        Span::fixed(to, rank_order.base, count),
-                    ),
-                }
+                let (rank_order, local_major) = ((h * local + l) * count, (l * hosts + h) * count);
+                let (src, dst) = match to_rank_order {
+                    false => (rank_order, local_major),
+                    true => (local_major, rank_order),
+                };
+                self.copy(
+                    Who::All,
+                    Span::fixed(from.0, from.1 + src, count),
+                    Span::fixed(to.0, to.1 + dst, count),
+                );
             }
         }
     }
@@ -453,7 +460,7 @@ fn all_reduce(st: &mut Stages, count: usize, in_place: bool, average: bool) {
 
 fn reduce_scatter(st: &mut Stages, count: usize, in_place: bool, average: bool) {
     let Hosts { hosts, local } = st.hosts;
-    st.transpose(count, source(in_place), Area::Work, false);
+    st.transpose(count, (source(in_place), 0), (Area::Work, 0), false);
     let all = Span::fixed(Area::Work, 0, hosts * local * count);
     st.collective(
         Level::Intra,
@@ -520,7 +527,7 @@ fn all_gather(st: &mut Stages, count: usize, in_place: bool) {
         hosts * count,
         all,
     );
-    st.transpose(count, Area::Work, Area::Output, true);
+    st.transpose(count, (Area::Work, 0), (Area::Output, 0), true);
 }
 
 fn broadcast(st: &mut Stages, root: usize, count: usize, in_place: bool) {
@@ -579,15 +586,7 @@ fn all_to_all(st: &mut Stages, count: usize) {
         false => (Area::Input, 0),
     };
     // Work[h'·L·c + l'·c] is from (h', l) bound for (h, l'): gather by l'.
-    for h in 0..hosts {
-        for l in 0..local {
-            st.copy(
-                Who::All,
-                Span::fixed(src, into + (h * local + l) * count, count),
-                Span::fixed(Area::Work, second + (l * hosts + h) * count, count),
-            );
-        }
-    }
+    st.transpose(count, (src, into), (Area::Work, second), false);
     // Intra: rank (h, l) sends local index l' its block l' (H blocks bound for (h, l')) and
     // gets in block l'' what (h, l'') gathered for it: from (h', l'') for every h'.
     let gathered = Span::fixed(Area::Work, second, world * count);
@@ -607,15 +606,7 @@ fn all_to_all(st: &mut Stages, count: usize) {
         false => (Area::Work, second),
     };
     // Work[l''·H·c + h'·c] is from (h', l''): into rank order.
-    for h in 0..hosts {
-        for l in 0..local {
-            st.copy(
-                Who::All,
-                Span::fixed(result, base + (l * hosts + h) * count, count),
-                Span::fixed(Area::Output, (h * local + l) * count, count),
-            );
-        }
-    }
+    st.transpose(count, (result, base), (Area::Output, 0), true);
 }
 
 #[cfg(test)]
