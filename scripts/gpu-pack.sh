@@ -35,7 +35,9 @@ done
 for t in "${tests[@]}"; do
   # The executable cargo just built for this test: the path it prints as JSON.
   # `lib` is the library's own unit tests (the device layer's among them).
-  target=(--test "$t")
+  # -p: the core's test, not a same-named test of another workspace member (ringreduce-nccl
+  # has a gpu_ranks too).
+  target=(-p ringreduce --test "$t")
   [[ $t == lib ]] && target=(-p ringreduce --lib)
   # nccl:NAME is ringreduce-nccl's test NAME (packed as test-nccl-NAME, with the library beside).
   if [[ $t == nccl:* ]]; then
@@ -51,8 +53,15 @@ for line in sys.stdin:
         print(m["executable"])' | tail -1)
   cp "$exe" "$out/bin/test-${t/:/-}"
 done
-strip "$out"/bin/ringreduce "$out"/bin/test-* 2>/dev/null || true
+strip "$out"/bin/ringreduce "$out"/bin/test-* "$out"/bin/*.so 2>/dev/null || true
 rm -f "$out/run.tar.xz"
 tar cJf "$out/run.tar.xz" -C "$out" bin
 rm -rf "$out/bin"
 ls -la "$out/run.tar.xz"
+# The device tool carries the tracked tree beside the pack, 64 MiB in all.
+tree=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
+pack=$(stat -c %s "$out/run.tar.xz")
+if ((tree + pack > 64 * 1024 * 1024)); then
+  echo "gpu-pack: the pack ($pack B) and the tracked tree ($tree B) exceed the 64 MiB a device call carries: pack fewer tests" >&2
+  exit 1
+fi
