@@ -5,8 +5,9 @@
 //! rank runs on GPU 0 (`allow_shared_device`; NCCL accepts ranks of one GPU under different host
 //! ids).
 //! Every hierarchical collective must match the flat host executor exactly, on the rank's own
-//! stream too, a send/recv across the hosts must deliver every transfer, and a killed rank is named on every other. Waived without a GPU, or without
-//! NCCL (`libnccl.so.2`).
+//! stream too and replayed from a CUDA graph; a send/recv across the hosts must deliver every
+//! transfer, and a rank killed on either host is named on every other. Waived without a GPU, or
+//! without NCCL (`libnccl.so.2`).
 
 use common::launch::{as_rank, expect_success, launch};
 use ringreduce::plan::hierarchy::Hosts;
@@ -136,6 +137,7 @@ fn gpu_ranks_on_simulated_hosts_run_every_collective_exactly() {
         unsafe { comm.enqueue_all_reduce_in_place_on(&mut buf, ReduceOp::Sum, &stream) }.unwrap();
         stream.synchronize().unwrap();
         assert_eq!(buf.to_host().unwrap(), vec![10.0f32; 4096]);
+        captured_all_reduce(&mut comm, rank, &stream, &mut buf);
         comm.close().unwrap();
         return;
     }
@@ -150,13 +152,60 @@ fn gpu_ranks_on_simulated_hosts_run_every_collective_exactly() {
     expect_success(ranks, Duration::from_secs(300));
 }
 
-#[test]
-fn a_gpu_rank_killed_on_one_simulated_host_is_named_on_the_other() {
+/// A CUDA graph captured on the rank's stream (copy a source in, the hierarchical all-reduce
+/// — ringreduce's kernels and NCCL's calls captured together — copy the result out), replayed
+/// with a new source each time. The shape ran eagerly before, so nothing is made under capture.
+fn captured_all_reduce(
+    comm: &mut RankCommunicator,
+    rank: usize,
+    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    buf: &mut GpuBuffer<f32>,
+) {
+    use cudarc::driver::{result, sys};
+    let count = buf.len();
+    let src = GpuBuffer::<f32>::zeroed(0, count).unwrap();
+    let out = GpuBuffer::<f32>::zeroed(0, count).unwrap();
+    let at = ringreduce::Buffer::address;
+    let (src_at, buf_at, out_at) = (at(&src), at(&*buf), at(&out));
+    let bytes = count * 4;
+    stream.context().bind_to_thread().unwrap();
+    stream
+        .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+        .unwrap();
+    // SAFETY: live allocations of `bytes` on GPU 0, used by this graph alone until it is gone.
+    unsafe { result::memcpy_dtod_async(buf_at, src_at, bytes, stream.cu_stream()) }.unwrap();
+    // SAFETY: `buf` outlives the replays below.
+    unsafe { comm.enqueue_all_reduce_in_place_on(buf, ReduceOp::Sum, stream) }
+        .unwrap_or_else(|e| panic!("rank {rank}: captured all-reduce: {e}"));
+    // SAFETY: as above.
+    unsafe { result::memcpy_dtod_async(out_at, buf_at, bytes, stream.cu_stream()) }.unwrap();
+    let graph = stream
+        .end_capture(sys::CUgraphInstantiate_flags(0))
+        .unwrap()
+        .expect("a graph");
+    for replay in 0..3 {
+        let value = |r: usize| (r * 10 + replay) as f32;
+        let data = vec![value(rank); count];
+        // SAFETY: `src` holds `count` f32; `data` lives until the stream is synchronised.
+        unsafe { result::memcpy_htod_async(src_at, &data, stream.cu_stream()) }.unwrap();
+        graph.launch().unwrap();
+        stream.synchronize().unwrap();
+        let want: f32 = (0..HOSTS.world()).map(value).sum();
+        assert_eq!(
+            out.to_host().unwrap(),
+            vec![want; count],
+            "rank {rank}: graph replay {replay}"
+        );
+    }
+}
+
+/// Every rank but `killed` names it after `killed` dies between two all-reduces.
+fn killed_rank_is_named(test: &str, killed: usize) {
     if let Some(env) = as_rank() {
         let mut comm = join(&env);
         let mut buf = GpuBuffer::from_host(0, &vec![1.0f32; 1000]).unwrap();
         comm.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap();
-        if env.rank == 3 {
+        if env.rank == killed {
             // SAFETY: raising SIGKILL against this process; nothing runs after it.
             unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
         }
@@ -171,7 +220,7 @@ fn a_gpu_rank_killed_on_one_simulated_host_is_named_on_the_other() {
         );
         assert_eq!(
             common::failed_rank(&err),
-            Some(3),
+            Some(killed),
             "rank {}: {err}",
             env.rank
         );
@@ -181,12 +230,24 @@ fn a_gpu_rank_killed_on_one_simulated_host_is_named_on_the_other() {
     if !can_run("a killed GPU rank on two simulated hosts") {
         return;
     }
-    let mut ranks = launch(
-        "a_gpu_rank_killed_on_one_simulated_host_is_named_on_the_other",
-        4,
-        host_env,
-    );
-    let killed = ranks.pop().unwrap();
+    let mut ranks = launch(test, 4, host_env);
+    let dead = ranks.remove(killed);
     expect_success(ranks, Duration::from_secs(120));
-    assert!(!killed.wait_with_output().unwrap().status.success());
+    assert!(!dead.wait_with_output().unwrap().status.success());
+}
+
+#[test]
+fn a_gpu_rank_killed_on_the_second_simulated_host_is_named_on_both() {
+    killed_rank_is_named(
+        "a_gpu_rank_killed_on_the_second_simulated_host_is_named_on_both",
+        3,
+    );
+}
+
+#[test]
+fn a_gpu_rank_killed_on_the_first_simulated_host_is_named_on_both() {
+    killed_rank_is_named(
+        "a_gpu_rank_killed_on_the_first_simulated_host_is_named_on_both",
+        1,
+    );
 }

@@ -14,10 +14,14 @@ pub fn run() -> Result<(), String> {
     // What a driver that refuses the embedded fatbin (one older than the nvcc that built it)
     // gets instead, and what RINGREDUCE_KERNELS=nvrtc forces.
     match kernels::nvrtc_version() {
-        Some((major, minor)) => out!(
+        Some((major, minor)) => {
+            out!(
             "NVRTC: {major}.{minor} (compiles the kernels where the driver refuses the embedded \
-             ones, or with RINGREDUCE_KERNELS=nvrtc)"
-        ),
+             ones, or with RINGREDUCE_KERNELS=nvrtc; kept in {})",
+            kernels::kernel_cache_dir().map_or("no disk cache (RINGREDUCE_KERNEL_CACHE=off, or no \
+                HOME)".into(), |d| d.display().to_string())
+        )
+        }
         None => out!("NVRTC: none found (libnvrtc.so)"),
     }
     match device::driver_available() {

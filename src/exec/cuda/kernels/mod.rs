@@ -23,9 +23,10 @@
 //! Where the code comes from is decided at build time (see `build.rs`):
 //! - nvcc was found: the build embeds `reduce.fatbin` (SASS for sm_80 and sm_90, PTX for
 //!   compute_90) and [`KernelModule::new`] loads it ([`KernelSource::EmbeddedFatbin`]);
-//! - otherwise: [`KernelModule::new`] compiles the same source with NVRTC for the device's
-//!   compute capability and loads the PTX ([`KernelSource::Nvrtc`]); that needs libnvrtc on the
-//!   GPU host.
+//! - otherwise, or where the driver refuses that fatbin: [`KernelModule::new`] loads the same
+//!   source compiled by NVRTC into machine code for the device ([`KernelSource::Nvrtc`]); that
+//!   needs libnvrtc on the GPU host, and takes minutes once per host and NVRTC version: the
+//!   image is kept in the process and in a disk cache (module `nvrtc`).
 //!
 //! Invariant: a [`KernelModule`] holds all 254 functions (4 operators × 12 types of pairwise
 //! reduce, of one-shot, two-shot and LL one-shot all-reduce and of the steps kernel, one scale
@@ -36,6 +37,7 @@
 mod counters;
 mod error_codes;
 mod ll;
+mod nvrtc;
 mod peer;
 mod reduce;
 mod steps;
@@ -45,6 +47,7 @@ pub use error_codes::{
     PEER_ERR_MIDDLE, PEER_ERR_START,
 };
 pub use ll::{ll_blocks, ll_fits, ll_recv_bytes, LlArgs, LL_MAX_BYTES};
+pub use nvrtc::{cache_dir as kernel_cache_dir, version as nvrtc_version};
 pub use peer::{
     peer_blocks, OneShotArgs, TwoShotArgs, PEER_FLAG_BYTES, PEER_MAX_BLOCKS, PEER_MAX_RANKS,
 };
@@ -57,7 +60,8 @@ use std::sync::Arc;
 use cudarc::driver::{sys, CudaContext, CudaFunction};
 
 use crate::device::{self, Stream};
-use cudarc::nvrtc::{CompileError, Ptx};
+#[cfg(ringreduce_fatbin)]
+use cudarc::nvrtc::Ptx;
 
 use crate::element::{DType, ReduceOp};
 use crate::error::{Error, Result};
@@ -65,7 +69,7 @@ use crate::error::{Error, Result};
 /// The kernel source, for NVRTC (and for the tests that check it defines every symbol): the
 /// parts in `cuda/` joined by `build.rs` (its `PARTS` lists them in order), the same text nvcc
 /// compiles. Embedded in every build: a driver that refuses the embedded fatbin (one older than
-/// the nvcc that built it) gets NVRTC's PTX instead.
+/// the nvcc that built it) gets it compiled by NVRTC instead.
 const SOURCE: &str = include_str!(concat!(env!("OUT_DIR"), "/ringreduce_kernels.cu"));
 
 /// The kernels compiled by nvcc at build time.
@@ -193,32 +197,6 @@ fn describe_entries(entries: &[FatbinEntry]) -> String {
         (false, true) => format!("{} SASS", sass.join(" + ")),
         (true, false) => format!("{} PTX", ptx.join(" + ")),
         (true, true) => "no code".into(),
-    }
-}
-
-/// An NVRTC failure as [`Error::Cuda`] (its status, and the compile log where there is one).
-/// Driver failures go through the device layer's one conversion (`device::check`).
-fn nvrtc_err(call: &'static str) -> impl Fn(CompileError) -> Error {
-    move |e| {
-        let message = match &e {
-            CompileError::CompileError { options, log, .. } => format!(
-                "compiling the kernel source (cuda/*.cuh, joined) with {options:?}:\n{}",
-                log.to_string_lossy()
-            ),
-            _ => "NVRTC failed outside compilation".to_string(),
-        };
-        let code = match e {
-            CompileError::CreationError(e)
-            | CompileError::CompileError { nvrtc: e, .. }
-            | CompileError::GetLogError(e)
-            | CompileError::GetPtxError(e)
-            | CompileError::DestroyError(e) => format!("{:?}", e.0),
-        };
-        Error::Cuda {
-            call,
-            code,
-            message,
-        }
     }
 }
 
@@ -389,60 +367,12 @@ fn load_kernels(ctx: &Arc<CudaContext>) -> Result<(Arc<cudarc::driver::CudaModul
         match device::load_module(ctx, Ptx::from_binary(FATBIN.to_vec())) {
             Ok(module) => return Ok((module, KernelSource::EmbeddedFatbin)),
             Err(Error::Cuda { code, .. }) if driver_refused_image(&code) => {
-                let module = device::load_module(ctx, nvrtc_ptx(ctx)?)?;
-                return Ok((module, KernelSource::NvrtcAfterFatbin));
+                return Ok((nvrtc::load(ctx)?, KernelSource::NvrtcAfterFatbin));
             }
             Err(e) => return Err(e),
         }
     }
-    let module = device::load_module(ctx, nvrtc_ptx(ctx)?)?;
-    Ok((module, KernelSource::Nvrtc))
-}
-
-/// The version of the libnvrtc this host would compile with (`nvrtcVersion`), or `None` where
-/// none can be loaded. Never panics.
-pub fn nvrtc_version() -> Option<(i32, i32)> {
-    // SAFETY: only probes whether libnvrtc can be loaded.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return None;
-    }
-    let (mut major, mut minor) = (0, 0);
-    // SAFETY: nvrtcVersion writes two ints; both are live locals.
-    let status = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
-    (status == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS).then_some((major, minor))
-}
-
-/// NVRTC's PTX of the kernel source for `ctx`'s compute capability, by the libnvrtc this host
-/// has (cudarc finds libnvrtc.so of CUDA 12 or 13 alike).
-fn nvrtc_ptx(ctx: &Arc<CudaContext>) -> Result<Ptx> {
-    // SAFETY: only probes whether libnvrtc can be loaded; cudarc panics on first use otherwise.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err(Error::Cuda {
-            call: "nvrtcCreateProgram",
-            code: "NVRTC_LIBRARY_NOT_FOUND".to_string(),
-            message: "libnvrtc could not be loaded, and the embedded kernels (if any) could not \
-                      be used: install CUDA's NVRTC (libnvrtc.so) for this driver, or build \
-                      with nvcc (set NVCC, see .ci/install-nvcc.sh)"
-                .to_string(),
-        });
-    }
-    let (major, minor) = device::compute_capability(ctx)?;
-    cudarc::nvrtc::compile_ptx_with_opts(SOURCE, nvrtc_options(major, minor))
-        .map_err(nvrtc_err("nvrtcCompileProgram"))
-}
-
-/// NVRTC's options for a device of compute capability `major.minor`: PTX for exactly that
-/// architecture, no include paths (the source needs none).
-fn nvrtc_options(major: i32, minor: i32) -> cudarc::nvrtc::CompileOptions {
-    cudarc::nvrtc::CompileOptions {
-        // Same IEEE behaviour as nvcc's build (see build.rs) and the host executor.
-        ftz: Some(false),
-        prec_div: Some(true),
-        fmad: Some(false),
-        options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
-        name: Some("ringreduce_kernels.cu".to_string()),
-        ..Default::default()
-    }
+    Ok((nvrtc::load(ctx)?, KernelSource::Nvrtc))
 }
 
 /// Index into `KernelModule::reduce`: row `op.combine_op()` in `PAIRWISE_OPS`, column `dtype`.
