@@ -21,7 +21,7 @@ Where ranks run
   the call is complete on this rank, with the interpreter released.
 - **GPU ranks** (``device=N``): calls take CUDA tensors of GPU ``N`` and are enqueued on
   ``torch.cuda.current_stream()`` (or ``stream=``) with no host synchronisation; see
-  :mod:`ringreduce.torch`. Not yet run on a GPU.
+  :mod:`ringreduce.torch` (its GPU side not yet run on a GPU).
 
 Meeting
 -------

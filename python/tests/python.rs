@@ -126,3 +126,8 @@ fn python_host_ranks_in_processes() {
 fn python_torch_layer_on_a_stand_in() {
     run_python_tests("test_torch_layer");
 }
+
+#[test]
+fn python_torch_on_host_ranks() {
+    run_python_tests("test_torch_cpu");
+}

@@ -276,12 +276,135 @@ def scenario_threads_run():
     comm.close()
 
 
+def scenario_torch(part):
+    """Real torch, on host ranks and CPU tensors: ``collectives`` (every collective method and
+    custom op on every dtype, exact), ``compile`` (a ``torch.compile``d function around the
+    custom ops, ``fullgraph=True``), ``ddp`` (a DDP model whose gradients average through
+    ``ringreduce.torch.allreduce_hook``)."""
+    import torch
+
+    import ringreduce.torch as rt
+
+    comm = ringreduce.Communicator.from_env(timeout=TIMEOUT)
+    rank, world = comm.rank, comm.world
+    unsigned = {torch.uint8} | {
+        getattr(torch, n) for n in ("uint32", "uint64") if hasattr(torch, n)
+    }
+
+    def values(r, n, dtype):
+        k = torch.arange(n, dtype=torch.float64)
+        return (k * 3 + r * 5) % 7 - (0 if dtype in unsigned else 3)
+
+    def make(r, n, dtype):
+        return values(r, n, dtype).to(torch.float32).to(dtype)
+
+    def same(what, got, want):
+        got = got.to(torch.float32).to(torch.float64)
+        if not torch.equal(got, want):
+            raise AssertionError(f"rank {rank}: {what}: got {got.tolist()}, want {want.tolist()}")
+
+    n = 2 * COUNT * world
+    if part == "collectives":
+        for dtype in rt.DTYPES:
+            what = f"{dtype}"
+            total = sum(values(r, n, dtype) for r in range(world))
+            x = make(rank, n, dtype)
+            comm.all_reduce(x)
+            same(f"all_reduce {what}", x, total)
+            x = make(rank, n, dtype)
+            out = rt.all_reduce(comm, x)  # the custom op: a new tensor, x kept
+            same(f"op all_reduce {what}", out, total)
+            same(f"op all_reduce input {what}", x, values(rank, n, dtype))
+            rt.all_reduce_(comm, x)
+            same(f"op all_reduce_ {what}", x, total)
+            x = make(rank, n, dtype)
+            block = n // world
+            same(
+                f"op reduce_scatter {what}",
+                rt.reduce_scatter(comm, x),
+                total[rank * block : (rank + 1) * block],
+            )
+            gathered = torch.cat([values(r, n, dtype) for r in range(world)])
+            same(f"op all_gather {what}", rt.all_gather(comm, x), gathered)
+            out = torch.empty(world * n, dtype=dtype)
+            comm.all_gather(x, out=out)
+            same(f"all_gather {what}", out, gathered)
+            recv = torch.zeros(n, dtype=dtype)
+            ring = [(r, (r + 1) % world, n) for r in range(world)]
+            comm.send_recv(ring, sends=[x], recvs=[recv])
+            same(f"send_recv {what}", recv, values((rank - 1) % world, n, dtype))
+        for bad, why in (
+            (torch.ones(4, 2).t(), "not contiguous"),
+            (torch.ones(4, dtype=torch.complex64), "no ringreduce type"),
+        ):
+            try:
+                comm.all_reduce(bad)
+            except ringreduce.ArgumentError as err:
+                assert why in str(err), err
+            else:
+                raise AssertionError(f"rank {rank}: a tensor {why} was accepted")
+        print(f"rank {rank}: torch collectives exact on {len(rt.DTYPES)} dtypes")
+    elif part == "compile":
+        assert rt.CUSTOM_OPS, "this torch has torch.library.custom_op"
+        handle = rt.handle(comm)
+
+        def step(x):
+            y = torch.ops.ringreduce.all_reduce(x * 2, handle, "sum")
+            z = torch.ops.ringreduce.all_gather(y + 1, handle)
+            return torch.ops.ringreduce.reduce_scatter(z, handle, "max") - 1
+
+        # torch's own check of each op: schema, fake implementation against the real one,
+        # autograd registration (each rank runs the same calls in the same order).
+        x = make(rank, n, torch.float32)
+        for op, args in (
+            (torch.ops.ringreduce.all_reduce.default, (x, handle, "sum")),
+            (torch.ops.ringreduce.all_reduce_.default, (x.clone(), handle, "max")),
+            (torch.ops.ringreduce.all_gather.default, (x, handle)),
+            (torch.ops.ringreduce.reduce_scatter.default, (x, handle, "sum")),
+        ):
+            torch.library.opcheck(op, args)
+        compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+        for rep in range(3):
+            x = make(rank, n, torch.float32) + rep
+            y = sum(values(r, n, torch.float32) + rep for r in range(world)) * 2
+            # Every rank gathers the same y + 1; the max of world equal copies is that copy.
+            block = world * n // world
+            want = torch.cat([y + 1] * world)[rank * block : (rank + 1) * block] - 1
+            same(f"compiled, call {rep}", compiled(x), want)
+        print(f"rank {rank}: torch.compile ran the custom ops")
+    elif part == "ddp":
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        model = torch.nn.Linear(4, 1, bias=False)
+        with torch.no_grad():
+            model.weight.fill_(1.0)
+        ddp = DistributedDataParallel(model)
+        ddp.register_comm_hook(comm, rt.allreduce_hook)
+        for _ in range(2):
+            model.zero_grad()
+            ddp(torch.full((2, 4), float(rank + 1))).sum().backward()
+            # d(sum of x·w)/dw = the column sums of x: 2·(rank + 1); averaged: world + 1.
+            same("DDP gradient", model.weight.grad.flatten(), torch.full((4,), world + 1.0))
+        dist.destroy_process_group()
+        print(f"rank {rank}: DDP averaged its gradients through the hook")
+    try:
+        rt.TensorParallel(comm)
+    except ringreduce.ArgumentError:
+        pass
+    else:
+        raise AssertionError("TensorParallel took a host rank")
+    comm.close()
+
+
 SCENARIOS = {
     "every_collective": scenario_every_collective,
     "explicit_id": scenario_explicit_id,
     "mismatch": scenario_mismatch,
     "killed_peer": scenario_killed_peer,
     "threads_run": scenario_threads_run,
+    "torch": scenario_torch,
 }
 
 if __name__ == "__main__":
