@@ -5,7 +5,9 @@ with torch and a GPU. With fewer GPUs than ranks every rank runs on GPU 0
 
 Every collective of the library on CUDA tensors, in place and out of place, every dtype the
 library and torch share, every operator; on torch's current stream, on a side stream, and in a
-captured CUDA graph replayed with new inputs; the argument errors a user meets first. Each
+captured CUDA graph replayed with new inputs; a ``torch.compile``d function around the custom
+op; ``TensorParallel`` eager and in a graph; DDP averaging through ``allreduce_hook``; the
+argument errors a user meets first. Each
 rank knows every rank's input (a formula of rank and index), so it computes the expected
 result itself, in float64 on the CPU, and compares bit for bit. Prints ``rank R: ok`` and exits
 0, or raises.
@@ -188,6 +190,75 @@ def streams_and_graphs(comm):
         same(static, want, f"graph replay {replay}")
 
 
+def compiled(comm):
+    """A function around the custom op, compiled with fullgraph=True, on CUDA tensors."""
+    import ringreduce.torch as rt
+
+    handle = rt.handle(comm)
+    count, dtype = 4096, torch.float32
+
+    def step(x):
+        return torch.ops.ringreduce.all_reduce(x * 2, handle, "sum") + 1
+
+    fn = torch.compile(step, backend="aot_eager", fullgraph=True)
+    for rep in range(2):
+        x = tensor(RANK, count, dtype) + rep
+        got = fn(x)
+        torch.cuda.synchronize()
+        same(got, (fold("sum", count, dtype) + rep * WORLD) * 2 + 1, f"compiled, call {rep}")
+
+
+def tensor_parallel(comm):
+    """TensorParallel: eager calls, then a captured graph of a shape that ran eagerly; a shape
+    that never ran is declined under capture."""
+    import ringreduce.torch as rt
+
+    tp = rt.TensorParallel(comm)
+    count, dtype = 2048, torch.bfloat16
+    x = tensor(RANK, count, dtype)
+    assert tp.should_use(x), "a small bf16 CUDA tensor"
+    assert not tp.should_use(x.cpu()), "a CPU tensor"
+    assert not tp.should_use(torch.empty(16 << 20, dtype=torch.uint8, device=CUDA)), "too big"
+    out = tp.all_reduce(x)
+    torch.cuda.synchronize()
+    same(out, fold("sum", count, dtype), "TensorParallel.all_reduce")
+    same(x, values(RANK, count, dtype), "TensorParallel input kept")
+    static = tensor(RANK, count, dtype)
+    never = torch.zeros(999, dtype=dtype, device=CUDA)
+    graph = torch.cuda.CUDAGraph()
+    with tp.capture():
+        with torch.cuda.graph(graph):
+            assert tp.should_use(static), "a shape that ran eagerly"
+            assert not tp.should_use(never), "a shape that never ran"
+            result = tp.all_reduce(static)
+    for replay in range(2):
+        static.copy_((values(RANK, count, dtype) + replay).to(dtype).to(CUDA))
+        graph.replay()
+        torch.cuda.synchronize()
+        same(result, fold("sum", count, dtype) + replay * WORLD, f"TP graph replay {replay}")
+
+
+def ddp(comm):
+    """DDP on CUDA (gloo for DDP's own broadcasts) averaging its gradients through the hook."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    import ringreduce.torch as rt
+
+    dist.init_process_group("gloo")
+    model = torch.nn.Linear(4, 1, bias=False).to(CUDA)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    net = DistributedDataParallel(model, device_ids=[DEVICE])
+    net.register_comm_hook(comm, rt.allreduce_hook)
+    for _ in range(2):
+        model.zero_grad()
+        net(torch.full((2, 4), float(RANK + 1), device=CUDA)).sum().backward()
+        torch.cuda.synchronize()
+        same(model.weight.grad.flatten(), torch.full((4,), WORLD + 1.0), "DDP gradient")
+    dist.destroy_process_group()
+
+
 def argument_errors(comm):
     for what, bad in (
         ("a CPU tensor", torch.ones(8)),
@@ -205,14 +276,32 @@ def main():
     comm = ringreduce.Communicator.from_env(
         device=DEVICE, allow_shared_device=GPUS < WORLD, timeout=120.0
     )
-    steps = [every_dtype, every_op, every_collective, streams_and_graphs, argument_errors]
-    extra = [s for s in sys.argv[1:]]
+    steps = [
+        every_dtype,
+        every_op,
+        every_collective,
+        streams_and_graphs,
+        compiled,
+        tensor_parallel,
+        ddp,
+        argument_errors,
+    ]
+    chosen = sys.argv[1:]  # step names to run (default: all); every step runs, failures listed
+    failed = []
     for step in steps:
-        if extra and step.__name__ not in extra:
+        if chosen and step.__name__ not in chosen:
             continue
-        step(comm)
-        print(f"rank {RANK}: {step.__name__} ok", flush=True)
+        try:
+            step(comm)
+            print(f"rank {RANK}: {step.__name__} ok", flush=True)
+        except Exception as err:  # noqa: BLE001 - report and go on to the next step
+            failed.append(step.__name__)
+            print(f"rank {RANK}: {step.__name__} FAILED: {type(err).__name__}: {err}", flush=True)
+            if isinstance(err, ringreduce.Error) and comm.closed:
+                break
     comm.close()
+    if failed:
+        raise SystemExit(f"rank {RANK}: failed: {failed}")
     print(f"rank {RANK}: ok", flush=True)
 
 
