@@ -412,10 +412,10 @@ impl GpuHierarchy {
     }
 
     /// Releases what the rank holds on its GPU, NCCL's communicators before the executor:
-    /// NCCL's closed where `close_nccl` (the stream drained) else aborted, the executor shut
-    /// down (waiting for its streams, bounded) where `shut_executor` else dropped, and the
-    /// stream, kernels, events and work buffers freed — or leaked where the stream never
-    /// drained.
+    /// NCCL's closed (each release awaited at most the timeout) where `close_nccl` (the stream
+    /// drained) else aborted, the executor shut down (waiting for its streams, bounded) where
+    /// `shut_executor` else dropped, and the stream, kernels, events and work buffers freed — or
+    /// leaked where the stream never drained.
     fn teardown(&mut self, close_nccl: bool, shut_executor: bool) -> Result<()> {
         let Some(parts) = self.parts.take() else {
             return Ok(());
@@ -430,7 +430,11 @@ impl GpuHierarchy {
             works,
         } = parts;
         let nccl = match close_nccl {
-            true => inter.close().and(job.map_or(Ok(()), nccl::Comm::close)),
+            true => {
+                let (rank, timeout) = (self.rank, self.timeout);
+                let close = |comm: nccl::Comm| comm.close_within(rank, timeout);
+                close(inter).and(job.map_or(Ok(()), close))
+            }
             false => {
                 drop((inter, job));
                 Ok(())

@@ -643,6 +643,31 @@ impl Comm {
     }
 }
 
+impl Comm {
+    /// [`Comm::close`] awaited at most `timeout` on a thread of its own: NCCL's release flushes
+    /// the communicator's work first, and a network that stopped answering must not hold the
+    /// caller. Past the timeout the release goes on on its thread, left behind, and the caller
+    /// gets `Timeout`.
+    pub(crate) fn close_within(self, rank: usize, timeout: std::time::Duration) -> Result<()> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("ringreduce-nccl-close".into())
+            .spawn(move || {
+                let _ = tx.send(self.close());
+            })
+            .map_err(|e| Error::Resource {
+                what: format!("cannot start a thread for NCCL's release: {e}"),
+            })?;
+        rx.recv_timeout(timeout).unwrap_or_else(|_| {
+            Err(Error::Timeout {
+                rank,
+                waiting_on: "NCCL's release of its communicator (ncclCommDestroy)".into(),
+                after: timeout,
+            })
+        })
+    }
+}
+
 impl Drop for Comm {
     /// Aborts what [`Comm::close`] did not release: dropping never waits for the peers.
     fn drop(&mut self) {
