@@ -236,6 +236,63 @@ fn killed_rank_is_named(test: &str, killed: usize) {
     assert!(!dead.wait_with_output().unwrap().status.success());
 }
 
+/// Rank 3 dies while a large all-reduce is under way (a thread of its own kills it 30 ms into
+/// the call: in the intra-host stages or in NCCL's, over its socket transport): every other
+/// rank's call must fail well within its deadline, never hang. Prints each rank's error: which
+/// rank it names depends on where the death was seen first.
+#[test]
+fn a_gpu_rank_killed_during_a_large_all_reduce_never_hangs_the_others() {
+    if let Some(env) = as_rank() {
+        let mut comm = join(&env);
+        let count = 64 << 20; // 256 MiB of f32: NCCL's socket transport takes a while for it
+        let mut buf = GpuBuffer::from_host(0, &vec![1.0f32; count]).unwrap();
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap();
+        if env.rank == 3 {
+            std::thread::spawn(|| {
+                std::thread::sleep(Duration::from_millis(30));
+                // SAFETY: raising SIGKILL against this process.
+                unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+            });
+        }
+        let started = Instant::now();
+        let result = comm.all_reduce_in_place(&mut buf, ReduceOp::Sum);
+        let after = started.elapsed();
+        let err = match result {
+            Ok(()) if env.rank == 3 => {
+                // Finished before the kill came: wait for it.
+                std::thread::sleep(Duration::from_secs(10));
+                unreachable!("rank 3 outlived its kill");
+            }
+            Ok(()) => comm
+                .all_reduce_in_place(&mut buf, ReduceOp::Sum)
+                .expect_err("a call after rank 3 died"),
+            Err(e) => e,
+        };
+        println!(
+            "rank {} after {after:?}: named {:?}: {err}",
+            env.rank,
+            common::failed_rank(&err)
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "rank {}: {err}",
+            env.rank
+        );
+        return;
+    }
+    if !can_run("a GPU rank killed during a large all-reduce on two simulated hosts") {
+        return;
+    }
+    let mut ranks = launch(
+        "a_gpu_rank_killed_during_a_large_all_reduce_never_hangs_the_others",
+        4,
+        host_env,
+    );
+    let dead = ranks.remove(3);
+    expect_success(ranks, Duration::from_secs(120));
+    assert!(!dead.wait_with_output().unwrap().status.success());
+}
+
 #[test]
 fn a_gpu_rank_killed_on_the_second_simulated_host_is_named_on_both() {
     killed_rank_is_named(

@@ -190,7 +190,7 @@ def streams_and_graphs(comm):
         same(static, want, f"graph replay {replay}")
 
 
-def compiled(comm):
+def compiled(comm, backend="aot_eager"):
     """A function around the custom op, compiled with fullgraph=True, on CUDA tensors."""
     import ringreduce.torch as rt
 
@@ -200,12 +200,18 @@ def compiled(comm):
     def step(x):
         return torch.ops.ringreduce.all_reduce(x * 2, handle, "sum") + 1
 
-    fn = torch.compile(step, backend="aot_eager", fullgraph=True)
+    fn = torch.compile(step, backend=backend, fullgraph=True)
     for rep in range(2):
         x = tensor(RANK, count, dtype) + rep
         got = fn(x)
         torch.cuda.synchronize()
         same(got, (fold("sum", count, dtype) + rep * WORLD) * 2 + 1, f"compiled, call {rep}")
+
+
+def compiled_by_inductor(comm):
+    """The same, compiled by torch's default backend (Inductor: generated Triton kernels
+    around the opaque op)."""
+    compiled(comm, backend="inductor")
 
 
 def tensor_parallel(comm):
@@ -282,6 +288,7 @@ def main():
         every_collective,
         streams_and_graphs,
         compiled,
+        compiled_by_inductor,
         tensor_parallel,
         ddp,
         argument_errors,
