@@ -542,13 +542,21 @@ impl Rendezvous {
                 Some(stream) => read_words(stream, deadline, self.timeout).map_err(|e| named(e, r)),
                 None => Err(lost(r)),
             };
+            let read = read.and_then(|words| match words[..] {
+                [LOST_RANK, NOTICE, lost, _] => Err(told_lost(lost as usize, r)),
+                _ => Ok(words),
+            });
             match read {
                 Ok(words) => records.push(words),
                 Err(err) => {
-                    let timed_out = u64::from(matches!(err, Error::Timeout { .. }));
+                    let (named, timed_out) = match &err {
+                        Error::Timeout { rank, .. } => (*rank, 1),
+                        Error::RankFailed { rank, .. } => (*rank, 0),
+                        _ => (r, 0),
+                    };
                     for (q, peer) in self.peers.iter_mut().enumerate().skip(1) {
                         if let (true, Some(stream)) = (q != r, peer.as_mut()) {
-                            let _ = write_words(stream, &[LOST_RANK, r as u64, timed_out]);
+                            let _ = write_words(stream, &[LOST_RANK, named as u64, timed_out]);
                         }
                     }
                     return Err(err);
@@ -575,6 +583,21 @@ impl Rendezvous {
                 let _ = stream.shutdown(std::net::Shutdown::Both);
             }
         }
+    }
+
+    /// [`Rendezvous::abandon`], after telling the ranks this one reaches that it gives up
+    /// because it lost rank `lost`: an exchange then names `lost` on every rank, not this rank,
+    /// which is alive (rank 0 tells every other rank; another rank tells rank 0, which passes
+    /// it on).
+    pub(crate) fn abandon_naming(&mut self, lost: usize) {
+        let notice = match self.rank {
+            0 => vec![LOST_RANK, lost as u64, 0],
+            _ => vec![LOST_RANK, NOTICE, lost as u64, 0],
+        };
+        for stream in self.peers.iter_mut().flatten() {
+            let _ = write_words(stream, &notice);
+        }
+        self.abandon();
     }
 
     /// Returns once every rank has called it (an all-gather of nothing).
@@ -650,9 +673,21 @@ fn short() -> Error {
     }
 }
 
-/// Rank `rank`'s connection closed: the peer is gone.
 /// Rank 0's word for "the exchange failed: I lost this rank" (never a record's length).
 const LOST_RANK: u64 = u64::MAX;
+
+/// After [`LOST_RANK`], the second word of a rank's notice to rank 0 that it gives up because
+/// it lost another rank ([`Rendezvous::abandon_naming`]): a record no exchange sends.
+const NOTICE: u64 = 0x6c6f_7374_5f72_616e; // "lost_ran"
+
+/// The rank a rank that gave up says it lost, as every rank names it.
+fn told_lost(rank: usize, by: usize) -> Error {
+    Error::RankFailed {
+        rank,
+        during: "an exchange between processes".into(),
+        message: format!("rank {by} lost it and gave up"),
+    }
+}
 
 /// The rank rank 0 lost in an exchange, as the other ranks name it.
 fn lost_by_rank0(rank: usize) -> Error {
@@ -663,6 +698,7 @@ fn lost_by_rank0(rank: usize) -> Error {
     }
 }
 
+/// Rank `rank`'s connection closed: the peer is gone.
 fn lost(rank: usize) -> Error {
     Error::RankFailed {
         rank,

@@ -27,7 +27,9 @@
 //! Memory: a work buffer per rank in device memory, grown for a plan that needs more; every
 //! buffer it ever had is kept until the rank closes, since a captured graph may use any of them.
 
-use super::{compare_calls, job_error, job_group_id, level_error, meet, stage_op, Plans};
+use super::{
+    compare_calls, job_error, job_group_id, level_error, lost_rank, meet, stage_op, Plans,
+};
 use crate::device::{self, CallerStream, DeviceBuffer, Event, Stream};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
@@ -191,10 +193,48 @@ impl GpuHierarchy {
                     false => Ok(()),
                 }
             });
-        if result.is_err() {
-            self.give_up();
-        }
+        let result = result.map_err(|err| {
+            let err = self.name_the_lost(err);
+            self.give_up_naming(lost_rank(&err));
+            err
+        });
         result.and(saved.restore())
+    }
+
+    /// `err` naming the rank whose loss caused it, where NCCL's error named none: NCCL reports a
+    /// peer that died as a failed connection, not as a rank. The job's ranks then meet once more
+    /// over the rendezvous (at most the timeout): a dead rank's connection is closed, and a rank
+    /// that gave up because it lost one said which ([`Rendezvous::abandon_naming`]), so the
+    /// meeting fails naming it on every rank. Where everyone answers, `err` stands as it was.
+    fn name_the_lost(&mut self, err: Error) -> Error {
+        let from_nccl = |e: &Error| match e {
+            Error::Level { source, .. } => matches!(**source, Error::Nccl { .. }),
+            _ => matches!(e, Error::Nccl { .. }),
+        };
+        if !from_nccl(&err) {
+            return err;
+        }
+        match self.rendezvous.barrier() {
+            Err(lost) if lost_rank(&lost).is_some_and(|q| q != self.rank) => Error::Level {
+                level: Level::Inter.name(),
+                rank: self.rank,
+                source: Box::new(Error::RankFailed {
+                    rank: lost_rank(&lost).unwrap_or(self.rank),
+                    during: "a collective across hosts".into(),
+                    message: format!("{lost}; NCCL said: {err}"),
+                }),
+            },
+            _ => err,
+        }
+    }
+
+    /// [`GpuHierarchy::give_up`], telling the job's other ranks which rank this one lost
+    /// (`lost`, where it is another rank) so that they name it, not this one.
+    fn give_up_naming(&mut self, lost: Option<usize>) {
+        if let Some(q) = lost.filter(|&q| q != self.rank) {
+            self.rendezvous.abandon_naming(q);
+        }
+        self.give_up();
     }
 
     /// What this rank refuses on its own, before any peer hears of the call.
@@ -347,6 +387,10 @@ impl GpuHierarchy {
 
     /// Waits for the stream, at most the timeout, looking at both levels' failures meanwhile.
     pub(crate) fn wait(&mut self) -> Result<()> {
+        self.wait_stream().map_err(|e| self.name_the_lost(e))
+    }
+
+    fn wait_stream(&mut self) -> Result<()> {
         let deadline = Instant::now() + self.timeout;
         loop {
             let idle = device::stream_query(&self.parts()?.stream)?;
@@ -404,8 +448,8 @@ impl GpuHierarchy {
     /// after a failure, gives up first and frees only what no stream may still touch.
     pub(crate) fn shutdown(mut self) -> Result<()> {
         let waited = self.wait();
-        if waited.is_err() {
-            self.give_up();
+        if let Err(err) = &waited {
+            self.give_up_naming(lost_rank(err));
         }
         let released = self.teardown(waited.is_ok(), true);
         waited.and(released)

@@ -5,7 +5,7 @@
 //! the job (made at creation, as the others).
 
 use super::{
-    compare_calls, job_error, job_group_id, level_error, meet, stage_op, InterHost,
+    compare_calls, job_error, job_group_id, level_error, lost_rank, meet, stage_op, InterHost,
     InterHostFactory, Plans,
 };
 use crate::element::Element;
@@ -81,11 +81,15 @@ impl HostHierarchy {
         op: ReduceOp,
     ) -> Result<()> {
         let result = self.stages(shape, reads, writes, op);
-        if result.is_err() {
+        if let Err(err) = &result {
             self.intra.abort();
             self.inter.abort();
             self.job.abort();
-            self.rendezvous.abandon();
+            // The others name the rank this one lost, not this one (it is alive).
+            match lost_rank(err).filter(|&q| q != self.rank) {
+                Some(q) => self.rendezvous.abandon_naming(q),
+                None => self.rendezvous.abandon(),
+            }
         }
         result
     }

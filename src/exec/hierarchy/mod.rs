@@ -283,6 +283,16 @@ pub(crate) fn stage_op(plan: &HierarchyPlan, op: ReduceOp) -> ReduceOp {
 
 /// `err`, met by `rank` in a send/recv across hosts (on the job's engine, whose members are the
 /// job's ranks: nothing to renumber).
+/// The rank `err` reports lost or late, where it names one (another rank's failure it met, or
+/// this rank's own timeout).
+pub(crate) fn lost_rank(err: &Error) -> Option<usize> {
+    match err {
+        Error::RankFailed { rank, .. } | Error::Timeout { rank, .. } => Some(*rank),
+        Error::Level { source, .. } => lost_rank(source),
+        _ => None,
+    }
+}
+
 pub(crate) fn job_error(rank: usize, err: Error) -> Error {
     match err {
         Error::Level { .. } => err,

@@ -207,6 +207,36 @@ fn a_peer_that_is_gone_is_named_not_waited_for() {
 }
 
 #[test]
+fn a_rank_that_gave_up_for_a_lost_peer_gets_the_peer_named_not_itself() {
+    // Ranks 0..4: rank 3 dies; rank 1 lost it (elsewhere) and gives up naming it; ranks 0 and
+    // 2 then meet and must both name rank 3 — not rank 1, whose connection closed first.
+    let id = local_id();
+    let dead = thread::spawn(move || drop(Rendezvous::join(&id, 3, 4, 0, QUICK).unwrap()));
+    let gave_up = thread::spawn(move || {
+        let mut rv = Rendezvous::join(&id, 1, 4, 0, QUICK).unwrap();
+        rv.abandon_naming(3);
+    });
+    let stayer = thread::spawn(move || {
+        let mut rv = Rendezvous::join(&id, 2, 4, 0, QUICK).unwrap();
+        rv.all_gather(&[2])
+    });
+    let mut host = Rendezvous::join(&id, 0, 4, 0, QUICK).unwrap();
+    dead.join().unwrap();
+    gave_up.join().unwrap();
+    let got = host.all_gather(&[0]);
+    assert!(
+        matches!(&got, Err(Error::RankFailed { rank: 3, message, .. }) if message.contains("rank 1")),
+        "{got:?}"
+    );
+    drop(host);
+    let got = stayer.join().unwrap();
+    assert!(
+        matches!(got, Err(Error::RankFailed { rank: 3, .. })),
+        "{got:?}"
+    );
+}
+
+#[test]
 fn the_id_survives_bytes_and_text() {
     for id in [
         local_id(),
