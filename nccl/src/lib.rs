@@ -21,8 +21,10 @@
 //! does every communicator with `RINGREDUCE_NCCL_FALLBACK=1`. On ringreduce's communicators what
 //! it does not run yet is refused with `ncclInvalidUsage` and a message saying so — never a
 //! wrong result: `ncclCommSplit`, `ncclCommShrink`, `ncclRedOpCreatePreMulSum`, the device API
-//! (`ncclDevCommCreate`), `ncclGroupSimulateEnd`'s estimate, several hosts. The fp8 types
-//! run with ringreduce's semantics (src/element.rs: f32 accumulation, saturating rounding).
+//! (`ncclDevCommCreate`), `ncclGroupSimulateEnd`'s estimate (nccl/README.md has the table of
+//! every function). A job on several hosts runs each collective in two levels, the real NCCL
+//! between hosts (`RankCommunicator::gpu` does that by itself). The fp8 types run with
+//! ringreduce's semantics (src/element.rs: f32 accumulation, saturating rounding).
 //! `RINGREDUCE_NCCL_LOG=1` prints which side ran each kind of call.
 //!
 //! Ranks that share one GPU (as on a one-GPU test machine) need `RINGREDUCE_NCCL_ALLOW_SHARED_GPU=1`.
