@@ -345,25 +345,15 @@ impl Comm {
         device: usize,
         timeout: std::time::Duration,
     ) -> Result<Comm> {
-        let (tx, rx) = std::sync::mpsc::channel();
         let id = id.to_vec();
-        std::thread::Builder::new()
-            .name("ringreduce-nccl-init".into())
-            .spawn(move || {
-                let _ = tx.send(Comm::join(&id, rank, size, device).and_then(Comm::warmed));
-            })
-            .map_err(|e| Error::Resource {
-                what: format!("cannot start a thread for NCCL's creation: {e}"),
-            })?;
-        rx.recv_timeout(timeout).unwrap_or_else(|_| {
-            Err(Error::Timeout {
-                rank,
-                waiting_on: "NCCL's communicator across hosts (ncclCommInitRank): a member of \
-                             the group never joined"
-                    .into(),
-                after: timeout,
-            })
-        })
+        awaited(
+            "init",
+            rank,
+            timeout,
+            "NCCL's communicator across hosts (ncclCommInitRank): a member of the group never \
+             joined",
+            move || Comm::join(&id, rank, size, device).and_then(Comm::warmed),
+        )
     }
 
     /// The communicator after one all-reduce of one element, complete: its members connected.
@@ -649,23 +639,42 @@ impl Comm {
     /// caller. Past the timeout the release goes on on its thread, left behind, and the caller
     /// gets `Timeout`.
     pub(crate) fn close_within(self, rank: usize, timeout: std::time::Duration) -> Result<()> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::Builder::new()
-            .name("ringreduce-nccl-close".into())
-            .spawn(move || {
-                let _ = tx.send(self.close());
-            })
-            .map_err(|e| Error::Resource {
-                what: format!("cannot start a thread for NCCL's release: {e}"),
-            })?;
-        rx.recv_timeout(timeout).unwrap_or_else(|_| {
-            Err(Error::Timeout {
-                rank,
-                waiting_on: "NCCL's release of its communicator (ncclCommDestroy)".into(),
-                after: timeout,
-            })
-        })
+        awaited(
+            "close",
+            rank,
+            timeout,
+            "NCCL's release of its communicator (ncclCommDestroy)",
+            move || self.close(),
+        )
     }
+}
+
+/// `work`'s result, run on a thread of its own (named `ringreduce-nccl-{what}`) and awaited at
+/// most `timeout`: past it the thread is left behind, still in NCCL, and the caller gets
+/// [`Error::Timeout`] saying what `rank` was `waiting_on`.
+fn awaited<T: Send + 'static>(
+    what: &str,
+    rank: usize,
+    timeout: std::time::Duration,
+    waiting_on: &str,
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name(format!("ringreduce-nccl-{what}"))
+        .spawn(move || {
+            let _ = tx.send(work());
+        })
+        .map_err(|e| Error::Resource {
+            what: format!("cannot start a thread for NCCL ({what}): {e}"),
+        })?;
+    rx.recv_timeout(timeout).unwrap_or_else(|_| {
+        Err(Error::Timeout {
+            rank,
+            waiting_on: waiting_on.into(),
+            after: timeout,
+        })
+    })
 }
 
 impl Drop for Comm {
