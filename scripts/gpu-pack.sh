@@ -4,6 +4,8 @@
 #
 #   scripts/gpu-pack.sh DIR [TEST ...]     # default tests: every GPU suite
 #   EXAMPLES='13_gpu_processes' scripts/gpu-pack.sh DIR TEST   # also those examples
+#   WHEEL=1 scripts/gpu-pack.sh DIR nccl:gpu_ranks   # also the Python wheel (DIR/bin/wheels; needs
+#     maturin: pip install maturin) — with nccl:* for gpu-suite.sh's torch phase
 #   scripts/gpu-pack.sh DIR nccl:gpu_ranks nccl:c_api   # ringreduce-nccl's tests (set
 #     RINGREDUCE_NCCL_SOURCES=nccl there for the C test's header and program)
 #
@@ -32,6 +34,10 @@ for e in ${EXAMPLES:-}; do
   cargo build --release -q --example "$e"
   cp "target/release/examples/$e" "$out/bin/"
 done
+# The Python package as one abi3 wheel, for the torch phase of gpu-suite.sh.
+if [[ -n ${WHEEL:-} ]]; then
+  (cd python && maturin build --release --strip -q -o "$out/bin/wheels")
+fi
 for t in "${tests[@]}"; do
   # The executable cargo just built for this test: the path it prints as JSON.
   # `lib` is the library's own unit tests (the device layer's among them).

@@ -12,6 +12,11 @@
 #   sanitize  compute-sanitizer racecheck and synccheck on gpu_graphs (2 replays) and gpu_streams
 #   bench     every collective against the best NCCL configuration (auto), then ringreduce's ring
 #             and one-shot forms alone up to 128 MiB, where Auto's per-collective limit is set
+#   torch     PyTorch on the GPU (needs a pack made with WHEEL=1 and nccl:gpu_ranks, so that
+#             bin/wheels and bin/libringreduce_nccl.so are there): python/tests/gpu_torch.py
+#             (the package on CUDA tensors) and nccl/tests/torch_preload.py (torch's nccl backend
+#             on the C library, preloaded), each under torch.distributed.run with 2 and 3
+#             processes, then examples/python/ at 2
 #   latency   issue 14: the all-reduce 8 B–32 MiB eager and in graphs against every NCCL
 #             configuration, random sizes (both placements), the host-phase profile; then
 #             launcher threads and the LL one-shot alone up to 1 MiB (both opt-in until this runs);
@@ -23,7 +28,7 @@
 # RINGREDUCE_REQUIRE_GPUS is the machine's GPU count (scripts/gpu-counts.sh): a test that needs
 # no more GPUs than that fails where it finds fewer, instead of waiving.
 set -uo pipefail
-phase=${1:?tests|sanitize|bench|latency}
+phase=${1:?tests|sanitize|bench|latency|torch}
 out=${2:?OUT_DIR}
 bin=$(cd "$(dirname "$0")" && pwd)
 logs="$out/logs"
@@ -71,6 +76,20 @@ case $phase in
     for a in ring oneshot; do
       step "bench-$a" 110 "$bin/ringreduce" bench --all -b 8 -e 128M -f 4 --no-staged \
         --no-nccl --algorithm "$a" -n 10 -w 3 --json "$logs/bench-$a.json"
+    done ;;
+  torch)
+    root=$(cd "$bin/../../.." && pwd)
+    python3 -m pip install -q --no-index --no-deps --target "$bin/py" "$bin"/wheels/*.whl \
+      > "$logs/pip.log" 2>&1
+    run=(python3 -m torch.distributed.run --nproc_per_node)
+    for n in 2 3; do
+      PYTHONPATH=$bin/py step "torch-package-$n" 240 "${run[@]}" "$n" \
+        "$root/python/tests/gpu_torch.py"
+      LD_PRELOAD=$bin/libringreduce_nccl.so RINGREDUCE_NCCL_ALLOW_SHARED_GPU=1 RINGREDUCE_NCCL_LOG=1 \
+        step "torch-preload-$n" 180 "${run[@]}" "$n" "$root/nccl/tests/torch_preload.py"
+    done
+    for e in ddp_hook tp_mlp_graph; do
+      PYTHONPATH=$bin/py step "example-$e" 120 "${run[@]}" 2 "$root/examples/python/$e.py"
     done ;;
   latency)
     step lat-default 300 "$bin/ringreduce" bench -b 8 -e 32M -n 200 -w 20 --graph 10 \
