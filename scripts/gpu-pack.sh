@@ -36,7 +36,8 @@ for e in ${EXAMPLES:-}; do
 done
 # The Python package as one abi3 wheel, for the torch phase of gpu-suite.sh.
 if [[ -n ${WHEEL:-} ]]; then
-  (cd python && maturin build --release --strip -q -o "$out/bin/wheels")
+  wheels=$(cd "$out/bin" && pwd)/wheels
+  (cd python && maturin build --release --strip -q -o "$wheels")
 fi
 for t in "${tests[@]}"; do
   # The executable cargo just built for this test: the path it prints as JSON.
