@@ -2,7 +2,9 @@
 //! `ncclGetUniqueId` handed to the others (through a file here), `ncclCommInitRank` on the
 //! thread's current GPU, every collective on a stream of the process's own with raw device
 //! pointers — exact against the host's arithmetic, in place and out of place, with NCCL's
-//! in-place rules (each rank choosing on its own); sends and receives in a group; a mismatched call an error on every rank. The ranks share GPU 0 on a one-GPU
+//! in-place rules (each rank choosing on its own); sends and receives in a group; a mismatched
+//! call an error on every rank; non-blocking creation, `ncclCommAbort` releasing the waiting
+//! ranks and a killed rank reported by `ncclCommGetAsyncError`. The ranks share GPU 0 on a one-GPU
 //! machine (`RINGREDUCE_NCCL_ALLOW_SHARED_GPU=1`); a machine without a GPU waives the test.
 
 #[path = "../../tests/common/mod.rs"]
@@ -393,4 +395,188 @@ fn ranks_as_processes_run_every_collective_through_nccls_api() {
         expect_success(ranks, Duration::from_secs(180));
         let _ = std::fs::remove_file(&path);
     }
+}
+
+/// This process's rank's communicator on `id`, made as `config.blocking = 0` asks: the call
+/// returns `ncclSuccess` or `ncclInProgress`, and `ncclCommGetAsyncError` is polled until it is
+/// no longer `ncclInProgress` (NCCL's documented pattern for non-blocking communicators).
+fn join_nonblocking(rank: usize, world: usize, id: ncclUniqueId) -> ncclComm_t {
+    let mut config = ncclConfig_t {
+        size: std::mem::size_of::<ncclConfig_t>(),
+        magic: NCCL_CONFIG_MAGIC,
+        version: 22800,
+        blocking: 0,
+        cgaClusterSize: NCCL_CONFIG_UNDEF_INT,
+        minCTAs: NCCL_CONFIG_UNDEF_INT,
+        maxCTAs: NCCL_CONFIG_UNDEF_INT,
+        netName: std::ptr::null(),
+        splitShare: NCCL_CONFIG_UNDEF_INT,
+    };
+    let mut comm: ncclComm_t = std::ptr::null_mut();
+    // SAFETY: a writable handle and an initialised config.
+    let made =
+        unsafe { ncclCommInitRankConfig(&mut comm, world as i32, id, rank as i32, &mut config) };
+    assert!(
+        made == ncclSuccess || made == ncclInProgress,
+        "rank {rank}: non-blocking creation returned {made}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut state = ncclSuccess;
+        // SAFETY: a communicator being made (NCCL allows this call on one) and a writable result.
+        ok("async error", unsafe {
+            ncclCommGetAsyncError(comm, &mut state)
+        });
+        if state != ncclInProgress {
+            assert_eq!(
+                state, ncclSuccess,
+                "rank {rank}: creation ended with {state}"
+            );
+            return comm;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "rank {rank}: creation never ended"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Waits (at most 30 s) until `comm` reports an error, or a call of it has returned one
+/// (`returned`); returns how long that took.
+fn until_failed(rank: usize, comm: ncclComm_t, returned: ncclResult_t) -> Duration {
+    let started = Instant::now();
+    if returned != ncclSuccess {
+        return started.elapsed();
+    }
+    loop {
+        let mut state = ncclSuccess;
+        // SAFETY: a live communicator and a writable result.
+        ok("async error", unsafe {
+            ncclCommGetAsyncError(comm, &mut state)
+        });
+        if state != ncclSuccess && state != ncclInProgress {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "rank {rank}: no error reported 30 s after a peer left"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// One rank's part of the communicator's life (the test's doc).
+fn life_part(rank: usize, world: usize, id_path: &std::path::Path) {
+    let device = if ringreduce::device_count().unwrap() >= world {
+        rank
+    } else {
+        0
+    };
+    let ctx = ringreduce::device::context(device).unwrap();
+    ctx.bind_to_thread().unwrap();
+    let stream = ctx.new_stream().unwrap();
+    let raw = stream.cu_stream() as *mut c_void;
+    let count = 4096;
+    let mine: Vec<f32> = (0..count).map(|k| input(rank, k)).collect();
+    let want: Vec<f32> = (0..count)
+        .map(|k| every_sum(&mut (0..world).map(|r| input(r, k))))
+        .collect();
+    let at = |b: &GpuBuffer<f32>| ringreduce::Buffer::address(b) as *mut c_void;
+    let all_reduce = |comm: ncclComm_t, buf: &GpuBuffer<f32>| {
+        // SAFETY: `buf` holds `count` f32 on this GPU and outlives the stream's use of it.
+        unsafe { ncclAllReduce(at(buf), at(buf), count, ncclFloat32, ncclSum, comm, raw) }
+    };
+
+    // 1. Non-blocking creation, then an exact all-reduce.
+    let comm = join_nonblocking(rank, world, unique_id(rank, id_path));
+    let buf = GpuBuffer::from_host(device, &mine).unwrap();
+    ok("all-reduce", all_reduce(comm, &buf));
+    stream.synchronize().unwrap();
+    assert_eq!(
+        buf.to_host().unwrap(),
+        want,
+        "rank {rank}: non-blocking communicator"
+    );
+
+    // 2. Rank 1 aborts while the others wait in the next all-reduce: they are released with an
+    //    error, and abort their own communicators.
+    if rank == 1 {
+        std::thread::sleep(Duration::from_millis(300));
+        // SAFETY: a live communicator, released once.
+        ok("abort", unsafe { ncclCommAbort(comm) });
+    } else {
+        let returned = all_reduce(comm, &buf);
+        let after = until_failed(rank, comm, returned);
+        // SAFETY: as above.
+        ok("abort", unsafe { ncclCommAbort(comm) });
+        stream.synchronize().unwrap();
+        println!("rank {rank}: released {after:?} after rank 1's abort (call returned {returned})");
+    }
+
+    // 3. A new communicator; rank 2 dies after one all-reduce: the others' calls fail, their
+    //    communicators say so, and they are released.
+    let comm = join_nonblocking(rank, world, unique_id(rank, &id_path.with_extension("2")));
+    let buf = GpuBuffer::from_host(device, &mine).unwrap();
+    ok("all-reduce", all_reduce(comm, &buf));
+    stream.synchronize().unwrap();
+    assert_eq!(
+        buf.to_host().unwrap(),
+        want,
+        "rank {rank}: second communicator"
+    );
+    if rank == 2 {
+        // SAFETY: raising SIGKILL against this process; nothing runs after it.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    }
+    let returned = all_reduce(comm, &buf);
+    let after = until_failed(rank, comm, returned);
+    let mut state = ncclSuccess;
+    // SAFETY: a live communicator and a writable result.
+    ok("async error", unsafe {
+        ncclCommGetAsyncError(comm, &mut state)
+    });
+    assert_ne!(
+        state, ncclSuccess,
+        "rank {rank}: a dead peer left the communicator healthy"
+    );
+    // SAFETY: a live communicator, released once.
+    ok("abort", unsafe { ncclCommAbort(comm) });
+    stream.synchronize().unwrap();
+    println!("rank {rank}: rank 2's death reported after {after:?} (call returned {returned})");
+}
+
+/// NCCL's documented life of a communicator beyond the collectives, three processes:
+/// creation with `config.blocking = 0` (`ncclInProgress` polled through
+/// `ncclCommGetAsyncError`) and an exact all-reduce on it; rank 1's `ncclCommAbort` releasing the
+/// others from the all-reduce they wait in; a second communicator whose rank 2 is killed: the
+/// others' calls fail and `ncclCommGetAsyncError` reports it within 30 s, never a hang.
+#[test]
+fn nonblocking_creation_abort_and_a_dead_peer_through_nccls_api() {
+    if let Some(env) = as_rank() {
+        let path = std::path::PathBuf::from(std::env::var("RINGREDUCE_TEST_ID_FILE").unwrap());
+        life_part(env.rank, env.world, &path);
+        return;
+    }
+    if common::two_gpus_or_shared().is_none() {
+        return;
+    }
+    let path = std::env::temp_dir().join(format!("ringreduce-nccl-life-{}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(path.with_extension("2"));
+    let mut ranks = launch(
+        "nonblocking_creation_abort_and_a_dead_peer_through_nccls_api",
+        3,
+        |_| {
+            vec![
+                ("RINGREDUCE_TEST_ID_FILE".into(), path.display().to_string()),
+                ("RINGREDUCE_NCCL_ALLOW_SHARED_GPU".into(), "1".into()),
+            ]
+        },
+    );
+    let dead = ranks.remove(2);
+    expect_success(ranks, Duration::from_secs(180));
+    assert!(!dead.wait_with_output().unwrap().status.success());
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(path.with_extension("2"));
 }
