@@ -106,28 +106,15 @@ fn gpu_ranks_on_simulated_hosts_run_every_collective_exactly() {
         }
         // Send/recv across the simulated hosts (on NCCL's communicator of the job).
         let transfers = common::pipeline_transfers(4);
-        let data = common::transfer_data;
-        let sends: Vec<GpuBuffer<f32>> = transfers
-            .iter()
-            .enumerate()
-            .filter(|(_, t)| t.from == rank)
-            .map(|(i, t)| GpuBuffer::from_host(0, &data(i, t)).unwrap())
-            .collect();
-        let mut recvs: Vec<GpuBuffer<f32>> = transfers
-            .iter()
-            .filter(|t| t.to == rank)
-            .map(|t| GpuBuffer::from_host(0, &vec![-1.0f32; t.count]).unwrap())
-            .collect();
+        let (sent, want) = common::transfer_ends(&transfers, rank);
+        let on_gpu = |v: &Vec<f32>| GpuBuffer::from_host(0, v).unwrap();
+        let sends: Vec<GpuBuffer<f32>> = sent.iter().map(on_gpu).collect();
+        let mut recvs: Vec<GpuBuffer<f32>> =
+            want.iter().map(|w| on_gpu(&vec![-1.0; w.len()])).collect();
         let send_refs: Vec<&GpuBuffer<f32>> = sends.iter().collect();
         let mut recv_refs: Vec<&mut GpuBuffer<f32>> = recvs.iter_mut().collect();
         comm.send_recv(&transfers, &send_refs, &mut recv_refs)
             .unwrap_or_else(|e| panic!("rank {rank}: send/recv: {e}"));
-        let want: Vec<Vec<f32>> = transfers
-            .iter()
-            .enumerate()
-            .filter(|(_, t)| t.to == rank)
-            .map(|(i, t)| data(i, t))
-            .collect();
         let got: Vec<Vec<f32>> = recvs.iter().map(|b| b.to_host().unwrap()).collect();
         assert_eq!(got, want, "rank {rank}: send/recv");
         // On the rank's own stream, with no host synchronisation until the end.

@@ -156,28 +156,12 @@ fn send_recv_crosses_simulated_hosts_on_the_jobs_engine() {
         let (rank, world) = (env.rank, env.world);
         let mut comm = join(&env);
         let transfers = common::pipeline_transfers(world);
-        let data = common::transfer_data;
-        let sends: Vec<Vec<f32>> = transfers
-            .iter()
-            .enumerate()
-            .filter(|(_, t)| t.from == rank)
-            .map(|(i, t)| data(i, t))
-            .collect();
-        let mut recvs: Vec<Vec<f32>> = transfers
-            .iter()
-            .filter(|t| t.to == rank)
-            .map(|t| vec![-1.0; t.count])
-            .collect();
+        let (sends, want) = common::transfer_ends(&transfers, rank);
+        let mut recvs: Vec<Vec<f32>> = want.iter().map(|w| vec![-1.0; w.len()]).collect();
         let send_refs: Vec<&Vec<f32>> = sends.iter().collect();
         let mut recv_refs: Vec<&mut Vec<f32>> = recvs.iter_mut().collect();
         comm.send_recv(&transfers, &send_refs, &mut recv_refs)
             .unwrap_or_else(|e| panic!("rank {rank}: {e}"));
-        let want: Vec<Vec<f32>> = transfers
-            .iter()
-            .enumerate()
-            .filter(|(_, t)| t.to == rank)
-            .map(|(i, t)| data(i, t))
-            .collect();
         assert_eq!(recvs, want, "rank {rank}");
         comm.close().unwrap();
         return;

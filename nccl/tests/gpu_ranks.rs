@@ -56,8 +56,9 @@ fn unique_id(rank: usize, path: &std::path::Path) -> ncclUniqueId {
     }
 }
 
-/// One rank's part (module doc).
-fn rank_part(rank: usize, world: usize, id_path: &std::path::Path) {
+/// This rank's GPU (its own where there are as many as ranks, else GPU 0) and a new stream of
+/// it, its context bound to this thread.
+fn gpu_of(rank: usize, world: usize) -> (usize, std::sync::Arc<cudarc::driver::CudaStream>) {
     let device = if ringreduce::device_count().unwrap() >= world {
         rank
     } else {
@@ -65,7 +66,12 @@ fn rank_part(rank: usize, world: usize, id_path: &std::path::Path) {
     };
     let ctx = ringreduce::device::context(device).unwrap();
     ctx.bind_to_thread().unwrap();
-    let stream = ctx.new_stream().unwrap();
+    (device, ctx.new_stream().unwrap())
+}
+
+/// One rank's part (module doc).
+fn rank_part(rank: usize, world: usize, id_path: &std::path::Path) {
+    let (device, stream) = gpu_of(rank, world);
     let raw = stream.cu_stream() as *mut c_void;
     let id = unique_id(rank, id_path);
     let mut comm: ncclComm_t = std::ptr::null_mut();
@@ -360,6 +366,20 @@ fn rank_part(rank: usize, world: usize, id_path: &std::path::Path) {
     println!("rank {rank}: every collective exact through NCCL's API");
 }
 
+/// The `world` processes of `test`, told where rank 0 writes the job's id and that ranks may
+/// share a GPU.
+fn launch_job(test: &str, world: usize, id_path: &std::path::Path) -> Vec<std::process::Child> {
+    launch(test, world, |_| {
+        vec![
+            (
+                "RINGREDUCE_TEST_ID_FILE".into(),
+                id_path.display().to_string(),
+            ),
+            ("RINGREDUCE_NCCL_ALLOW_SHARED_GPU".into(), "1".into()),
+        ]
+    })
+}
+
 fn every_sum(values: &mut dyn Iterator<Item = f32>) -> f32 {
     values.sum()
 }
@@ -382,15 +402,10 @@ fn ranks_as_processes_run_every_collective_through_nccls_api() {
         let path =
             std::env::temp_dir().join(format!("ringreduce-nccl-id-{}-{world}", std::process::id()));
         let _ = std::fs::remove_file(&path);
-        let ranks = launch(
+        let ranks = launch_job(
             "ranks_as_processes_run_every_collective_through_nccls_api",
             world,
-            |_| {
-                vec![
-                    ("RINGREDUCE_TEST_ID_FILE".into(), path.display().to_string()),
-                    ("RINGREDUCE_NCCL_ALLOW_SHARED_GPU".into(), "1".into()),
-                ]
-            },
+            &path,
         );
         expect_success(ranks, Duration::from_secs(180));
         let _ = std::fs::remove_file(&path);
@@ -468,14 +483,7 @@ fn until_failed(rank: usize, comm: ncclComm_t, returned: ncclResult_t) -> Durati
 
 /// One rank's part of the communicator's life (the test's doc).
 fn life_part(rank: usize, world: usize, id_path: &std::path::Path) {
-    let device = if ringreduce::device_count().unwrap() >= world {
-        rank
-    } else {
-        0
-    };
-    let ctx = ringreduce::device::context(device).unwrap();
-    ctx.bind_to_thread().unwrap();
-    let stream = ctx.new_stream().unwrap();
+    let (device, stream) = gpu_of(rank, world);
     let raw = stream.cu_stream() as *mut c_void;
     let count = 4096;
     let mine: Vec<f32> = (0..count).map(|k| input(rank, k)).collect();
@@ -488,16 +496,19 @@ fn life_part(rank: usize, world: usize, id_path: &std::path::Path) {
         unsafe { ncclAllReduce(at(buf), at(buf), count, ncclFloat32, ncclSum, comm, raw) }
     };
 
+    // A communicator made without blocking on the id in `id_file`, and a buffer it reduced
+    // exactly.
+    let joined = |id_file: &std::path::Path| {
+        let comm = join_nonblocking(rank, world, unique_id(rank, id_file));
+        let buf = GpuBuffer::from_host(device, &mine).unwrap();
+        ok("all-reduce", all_reduce(comm, &buf));
+        stream.synchronize().unwrap();
+        assert_eq!(buf.to_host().unwrap(), want, "rank {rank}: {id_file:?}");
+        (comm, buf)
+    };
+
     // 1. Non-blocking creation, then an exact all-reduce.
-    let comm = join_nonblocking(rank, world, unique_id(rank, id_path));
-    let buf = GpuBuffer::from_host(device, &mine).unwrap();
-    ok("all-reduce", all_reduce(comm, &buf));
-    stream.synchronize().unwrap();
-    assert_eq!(
-        buf.to_host().unwrap(),
-        want,
-        "rank {rank}: non-blocking communicator"
-    );
+    let (comm, buf) = joined(id_path);
 
     // 2. Rank 1 aborts while the others wait in the next all-reduce: they are released with an
     //    error, and abort their own communicators.
@@ -516,15 +527,7 @@ fn life_part(rank: usize, world: usize, id_path: &std::path::Path) {
 
     // 3. A new communicator; rank 2 dies after one all-reduce: the others' calls fail, their
     //    communicators say so, and they are released.
-    let comm = join_nonblocking(rank, world, unique_id(rank, &id_path.with_extension("2")));
-    let buf = GpuBuffer::from_host(device, &mine).unwrap();
-    ok("all-reduce", all_reduce(comm, &buf));
-    stream.synchronize().unwrap();
-    assert_eq!(
-        buf.to_host().unwrap(),
-        want,
-        "rank {rank}: second communicator"
-    );
+    let (comm, buf) = joined(&id_path.with_extension("2"));
     if rank == 2 {
         // SAFETY: raising SIGKILL against this process; nothing runs after it.
         unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
@@ -564,15 +567,10 @@ fn nonblocking_creation_abort_and_a_dead_peer_through_nccls_api() {
     let path = std::env::temp_dir().join(format!("ringreduce-nccl-life-{}", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_file(path.with_extension("2"));
-    let mut ranks = launch(
+    let mut ranks = launch_job(
         "nonblocking_creation_abort_and_a_dead_peer_through_nccls_api",
         3,
-        |_| {
-            vec![
-                ("RINGREDUCE_TEST_ID_FILE".into(), path.display().to_string()),
-                ("RINGREDUCE_NCCL_ALLOW_SHARED_GPU".into(), "1".into()),
-            ]
-        },
+        &path,
     );
     let dead = ranks.remove(2);
     expect_success(ranks, Duration::from_secs(180));

@@ -91,6 +91,23 @@ pub fn transfer_data(i: usize, t: &ringreduce::Transfer) -> Vec<f32> {
     (0..t.count).map(|k| (1000 * i + k) as f32).collect()
 }
 
+/// Rank `rank`'s ends of `transfers`: the data it sends (one per transfer from it, in order) and
+/// the data it must receive (one per transfer to it), by [`transfer_data`].
+pub fn transfer_ends(
+    transfers: &[ringreduce::Transfer],
+    rank: usize,
+) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
+    let of = |end: fn(&ringreduce::Transfer) -> usize| -> Vec<Vec<f32>> {
+        transfers
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| end(t) == rank)
+            .map(|(i, t)| transfer_data(i, t))
+            .collect()
+    };
+    (of(|t| t.from), of(|t| t.to))
+}
+
 /// The rank a lost or failed peer's error names — directly, or through the level of a job on
 /// several hosts where it was met; `None` for any other error.
 pub fn failed_rank(err: &ringreduce::Error) -> Option<usize> {

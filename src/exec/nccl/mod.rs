@@ -631,9 +631,7 @@ impl Comm {
         let code = unsafe { self.nccl.symbol::<CommOnly>(c"ncclCommDestroy")?(comm) };
         self.nccl.check("ncclCommDestroy", code)
     }
-}
 
-impl Comm {
     /// [`Comm::close`] awaited at most `timeout` on a thread of its own: NCCL's release flushes
     /// the communicator's work first, and a network that stopped answering must not hold the
     /// caller. Past the timeout the release goes on on its thread, left behind, and the caller

@@ -48,22 +48,19 @@ pub(super) fn load(ctx: &Arc<CudaContext>) -> Result<Arc<CudaModule>> {
         return device::load_module(ctx, Ptx::from_binary(image.clone()));
     }
     let file = cache_dir().map(|dir| dir.join(file_name(capability, version)));
-    let compile = || compile(capability);
-    let image = match cached(file.as_deref(), compile)? {
-        Cached::Read(image) => match device::load_module(ctx, Ptx::from_binary(image.clone())) {
-            Ok(module) => Ok((module, image)),
-            // A file the driver refuses (damaged, or from another driver's era): compile anew.
-            Err(_) => {
-                let image = compile()?;
-                if let Some(file) = &file {
-                    store(file, &image);
-                }
-                device::load_module(ctx, Ptx::from_binary(image.clone())).map(|m| (m, image))
+    let load = |image: Vec<u8>| {
+        device::load_module(ctx, Ptx::from_binary(image.clone())).map(|m| (m, image))
+    };
+    let image = match cached(file.as_deref(), || compile(capability))? {
+        Cached::Compiled(image) => load(image),
+        // A file the driver refuses (damaged, or from another driver's era): compile anew.
+        Cached::Read(image) => load(image).or_else(|_| {
+            let image = compile(capability)?;
+            if let Some(file) = &file {
+                store(file, &image);
             }
-        },
-        Cached::Compiled(image) => {
-            device::load_module(ctx, Ptx::from_binary(image.clone())).map(|m| (m, image))
-        }
+            load(image)
+        }),
     };
     let (module, image) = image?;
     images.push((capability, image));
