@@ -166,6 +166,14 @@ impl Imports {
         Ok(at)
     }
 
+    /// True when nothing was imported.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.list
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+    }
+
     /// Releases every import remembered ([`Fabric::release`]); the first error.
     ///
     /// # Safety

@@ -161,11 +161,13 @@ pub(super) struct RankPlan {
 }
 
 impl RankPlan {
-    /// Whether dropping the plan frees anything the GPU may still use.
+    /// Whether dropping the plan frees or unmaps anything the GPU may still use: its own
+    /// events, staging and counters, or peers' memory it imported.
     fn owns_gpu_resources(&self) -> bool {
         self.events.iter().any(Option::is_some)
             || !self._staging.is_empty()
             || self.counters.is_some()
+            || !self.imports.is_empty()
     }
 }
 
@@ -333,18 +335,23 @@ impl RankExecutor {
             .collect();
         let imports = Imports::new(fabric.clone());
         let mut addrs = vec![0u64; plan.buffers.len()];
-        for (buf, decl) in plan.buffers.iter().enumerate() {
-            if owned(decl.kind, copy_callers) {
-                let f = &mut fields[decl.rank];
-                let len = f.word()? as usize;
-                addrs[buf] = imports.import(rank, decl.rank, f.take(len)?)?;
+        let imported = (|| {
+            for (buf, decl) in plan.buffers.iter().enumerate() {
+                if owned(decl.kind, copy_callers) {
+                    let f = &mut fields[decl.rank];
+                    let len = f.word()? as usize;
+                    addrs[buf] = imports.import(rank, decl.rank, f.take(len)?)?;
+                }
             }
-        }
-        if let Some(counters) = &mut counters {
-            counters.connect(&self.res, &imports, &mut fields)?;
-        }
-        for f in fields {
-            f.finish()?;
+            if let Some(counters) = &mut counters {
+                counters.connect(&self.res, &imports, &mut fields)?;
+            }
+            fields.into_iter().try_for_each(Fields::finish)
+        })();
+        if let Err(e) = imported {
+            // SAFETY: the plan never ran, so nothing queued uses what it imported so far.
+            let _ = unsafe { imports.release_all() };
+            return Err(e);
         }
         let prepared = Arc::new(RankPlan {
             plan,
