@@ -5,6 +5,11 @@
 //!
 //! - **`host`**: the host executor (one thread per rank), in place, 2 and 4 ranks, 4 KiB to 4 MiB.
 //!   It runs everywhere; on a 2-core machine the whole group takes well under a minute.
+//! - **`host_vs_loop`**: host ranks against the loop a user would write instead (`rayon_loop`:
+//!   blocks of 16 Ki elements, each summed across every rank's buffer into a block-sized
+//!   accumulator and copied back into every buffer), in place, 2, 4 and 8 ranks, 1, 4 and 64
+//!   MiB: `loop`, `ring`, `one_shot`, `two_shot` (the pushed two-shot: `plan::twoshot`). About
+//!   two minutes on a 2-core machine.
 //! - **`plan`**: what a message size never seen before costs a ring call before anything is
 //!   enqueued, 2, 4 and 8 ranks, 64 MiB and 1 GiB, the GPU's automatic chunk: building the
 //!   copy-engine ring's plan and proving it with the four checks (`ring_build_check_*`), and
@@ -88,6 +93,7 @@ fn main() {
     }
     let mut criterion = Criterion::default().configure_from_args();
     bench_host(&mut criterion);
+    bench_host_vs_loop(&mut criterion);
     bench_plan(&mut criterion);
     bench_first_call(&mut criterion);
     bench_gpu(&mut criterion);
@@ -449,6 +455,124 @@ impl GpuBuffers {
             .collect::<Result<_>>()
             .unwrap_or_else(|err| panic!("{what}: reading the results back: {err}"))
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host ranks against a rayon loop.
+// ---------------------------------------------------------------------------------------------
+
+const LOOP_WORLDS: [usize; 3] = [2, 4, 8];
+const LOOP_SIZES_BYTES: [usize; 3] = [1 << 20, 4 << 20, 64 << 20];
+/// Elements the loop sums at a time per rayon task.
+const LOOP_BLOCK: usize = 16 * 1024;
+
+/// The all-reduce a user would write without a library: every block of 16 Ki elements summed
+/// across every rank's buffer into an accumulator, then copied back into every buffer, the
+/// blocks spread over rayon's pool.
+fn rayon_loop(bufs: &mut [Vec<f32>]) {
+    use rayon::prelude::*;
+    let count = bufs.first().map_or(0, Vec::len);
+    let mut blocks: Vec<Vec<&mut [f32]>> = (0..count.div_ceil(LOOP_BLOCK))
+        .map(|_| Vec::with_capacity(bufs.len()))
+        .collect();
+    for buf in bufs.iter_mut() {
+        for (block, chunk) in blocks.iter_mut().zip(buf.chunks_mut(LOOP_BLOCK)) {
+            block.push(chunk);
+        }
+    }
+    blocks.into_par_iter().for_each(|mut block| {
+        let Some((first, rest)) = block.split_first_mut() else {
+            return;
+        };
+        let mut acc = first.to_vec();
+        for chunk in rest.iter() {
+            for (a, x) in acc.iter_mut().zip(chunk.iter()) {
+                *a += *x;
+            }
+        }
+        for chunk in block.iter_mut() {
+            chunk.copy_from_slice(&acc);
+        }
+    });
+}
+
+fn bench_host_vs_loop(c: &mut Criterion) {
+    use ringreduce::Algorithm;
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!(
+        "# host_vs_loop: ringreduce {} host ranks against a rayon loop on {cpus} CPUs, f32 sum, \
+         in place; compare the times (ratio = loop / ringreduce)",
+        env!("CARGO_PKG_VERSION")
+    );
+    let mut group = c.benchmark_group("host_vs_loop");
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_millis(1000));
+    let algorithms = [
+        ("ring", Algorithm::Ring),
+        ("one_shot", Algorithm::OneShot),
+        ("two_shot", Algorithm::TwoShot),
+    ];
+    for world in LOOP_WORLDS {
+        let comms: Vec<(&str, Communicator)> = algorithms
+            .iter()
+            .map(|&(name, algorithm)| {
+                let config = HostConfig {
+                    algorithm,
+                    ..HostConfig::default()
+                };
+                let comm = Communicator::host_with(world, config)
+                    .unwrap_or_else(|err| panic!("host communicator of {world} ranks: {err}"));
+                (name, comm)
+            })
+            .collect();
+        for bytes in LOOP_SIZES_BYTES {
+            let count = bytes / ELEM_BYTES;
+            let label = size_label(bytes);
+            group.throughput(Throughput::BytesDecimal(bytes as u64));
+            let mut bufs: Option<Vec<Vec<f32>>> = None;
+            group.bench_function(
+                BenchmarkId::new(format!("world{world}_loop"), &label),
+                |b| {
+                    let bufs = bufs.get_or_insert_with(|| {
+                        let reference = Reference::new(world, count);
+                        let mut bufs = reference.inputs.clone();
+                        rayon_loop(&mut bufs);
+                        reference.check(&format!("host_vs_loop/world{world}_loop/{label}"), &bufs);
+                        bufs
+                    });
+                    b.iter(|| rayon_loop(bufs));
+                },
+            );
+            for (name, comm) in &comms {
+                let what = format!("host_vs_loop/world{world}_{name}/{label}");
+                let mut bufs: Option<Vec<Vec<f32>>> = None;
+                group.bench_function(
+                    BenchmarkId::new(format!("world{world}_{name}"), &label),
+                    |b| {
+                        let bufs = bufs.get_or_insert_with(|| {
+                            let reference = Reference::new(world, count);
+                            let mut bufs = reference.inputs.clone();
+                            comm.all_reduce_in_place(&mut bufs, OP)
+                                .unwrap_or_else(|err| panic!("{what}: checked call failed: {err}"));
+                            reference.check(&what, &bufs);
+                            bufs
+                        });
+                        b.iter(|| {
+                            comm.all_reduce_in_place(bufs, OP)
+                                .unwrap_or_else(|err| panic!("{what}: {err}"))
+                        });
+                    },
+                );
+            }
+        }
+        for (_, comm) in comms {
+            comm.close()
+                .unwrap_or_else(|err| panic!("host communicator of {world} ranks: {err}"));
+        }
+    }
+    group.finish();
 }
 
 // ---------------------------------------------------------------------------------------------

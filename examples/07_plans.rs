@@ -10,7 +10,9 @@
 //! Run: `cargo run --release --example 07_plans`
 
 use ringreduce::check::check;
-use ringreduce::plan::{ring, EdgeTransport, OneShotSpec, Op, Phase, Plan, RingSpec, TwoShotSpec};
+use ringreduce::plan::{
+    ring, EdgeTransport, Gather, OneShotSpec, Op, Phase, Plan, RingSpec, TwoShotSpec,
+};
 use ringreduce::ReduceOp;
 use std::time::Instant;
 
@@ -67,16 +69,23 @@ fn main() -> ringreduce::Result<()> {
             "1 meeting (copy + read all)".into(),
             &spec.build()?,
         );
-        let spec = TwoShotSpec {
+        let mut spec = TwoShotSpec {
             world,
             count,
             in_place: true,
             op: ReduceOp::Sum,
             align: 4,
+            gather: Gather::Pull,
         };
         report(
             "two-shot",
-            format!("1 reduce + {} gathers", world - 1),
+            format!("1 reduce + {} gathers (pulled)", world - 1),
+            &spec.build()?,
+        );
+        spec.gather = Gather::Push;
+        report(
+            "two-shot",
+            "1 reduce, pushed to every rank".into(),
             &spec.build()?,
         );
     }

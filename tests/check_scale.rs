@@ -7,7 +7,7 @@
 use ringreduce::check::check;
 use ringreduce::exec::cuda::auto_chunk_bytes;
 use ringreduce::plan::{
-    Collective, CollectiveSpec, EdgeTransport, OneShotSpec, Plan, RingSpec, TwoShotSpec,
+    Collective, CollectiveSpec, EdgeTransport, Gather, OneShotSpec, Plan, RingSpec, TwoShotSpec,
 };
 use ringreduce::ReduceOp;
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -94,14 +94,17 @@ fn one_gib_and_larger_plans_check_without_per_element_memory() {
                 op: ReduceOp::Avg,
             };
             cases.push((format!("{spec:?}"), spec.build().unwrap()));
-            let spec = TwoShotSpec {
-                world,
-                count: 1 << 28,
-                in_place,
-                op: ReduceOp::Avg,
-                align: 4,
-            };
-            cases.push((format!("{spec:?}"), spec.build().unwrap()));
+            for gather in [Gather::Pull, Gather::Push] {
+                let spec = TwoShotSpec {
+                    world,
+                    count: 1 << 28,
+                    in_place,
+                    op: ReduceOp::Avg,
+                    align: 4,
+                    gather,
+                };
+                cases.push((format!("{spec:?}"), spec.build().unwrap()));
+            }
         }
     }
     // Every other collective at 4 GiB of f32 per world·count buffer on 8 ranks, and at 1 GiB

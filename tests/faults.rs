@@ -19,7 +19,7 @@
 
 mod common;
 use common::{ringreduce_threads, settle_threads, Rng};
-use ringreduce::plan::{Instr, OneShotSpec, Op, RingSpec};
+use ringreduce::plan::{Gather, Instr, OneShotSpec, Op, RingSpec};
 use ringreduce::verify::{compare, input_value, make_expected, make_input};
 use ringreduce::{
     Algorithm, Communicator, Element, Error, Fault, FaultKind, HostConfig, ReduceOp, Transport,
@@ -114,6 +114,7 @@ fn plan_of(
             in_place,
             op,
             align: 1,
+            gather: Gather::Push,
         }
         .build()
         .unwrap();

@@ -13,7 +13,7 @@ use proptest::prelude::*;
 use ringreduce::check::{check, coarsen};
 use ringreduce::exec::cuda::auto_chunk_bytes;
 use ringreduce::plan::{
-    Collective, CollectiveSpec, EdgeTransport, OneShotSpec, Op, Plan, RingSpec, StreamKind,
+    Collective, CollectiveSpec, EdgeTransport, Gather, OneShotSpec, Op, Plan, RingSpec, StreamKind,
     Transfer, TwoShotSpec,
 };
 use ringreduce::ReduceOp;
@@ -90,9 +90,11 @@ proptest! {
         if let Err(e) = check(&oneshot.build().unwrap()) {
             panic!("{oneshot:?}: {e}");
         }
-        let twoshot = TwoShotSpec { world, count, in_place, op, align };
-        if let Err(e) = check(&twoshot.build().unwrap()) {
-            panic!("{twoshot:?}: {e}");
+        for gather in [Gather::Pull, Gather::Push] {
+            let twoshot = TwoShotSpec { world, count, in_place, op, align, gather };
+            if let Err(e) = check(&twoshot.build().unwrap()) {
+                panic!("{twoshot:?}: {e}");
+            }
         }
     }
 }
@@ -191,6 +193,11 @@ fn build(shape: &SeqShape) -> Plan {
             in_place: ring.in_place,
             op: ring.op,
             align: ring.chunk_elems % 4 + 1,
+            // Both gathers, by the slots drawn (which the two-shot does not use).
+            gather: match ring.slots % 2 {
+                0 => Gather::Pull,
+                _ => Gather::Push,
+            },
         }
         .build()
         .unwrap(),

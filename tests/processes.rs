@@ -125,9 +125,14 @@ fn every_collective_on_this_rank(env: &LaunchEnv, algorithm: Algorithm, job: usi
 #[test]
 fn every_collective_across_processes_matches_the_threads() {
     if let Some(env) = as_rank() {
-        for (job, algorithm) in [Algorithm::Ring, Algorithm::OneShot, Algorithm::Auto]
-            .into_iter()
-            .enumerate()
+        for (job, algorithm) in [
+            Algorithm::Ring,
+            Algorithm::OneShot,
+            Algorithm::TwoShot,
+            Algorithm::Auto,
+        ]
+        .into_iter()
+        .enumerate()
         {
             every_collective_on_this_rank(&env, algorithm, job);
         }

@@ -194,6 +194,7 @@ mod tests {
             in_place,
             op: ReduceOp::Sum,
             align: 1,
+            gather: crate::plan::Gather::Pull,
         }
         .build()
         .unwrap()

@@ -54,7 +54,7 @@
 //! in `races.rs`, the symbolic execution in `result.rs`, the hierarchical proof in
 //! `hierarchy.rs`; their unit tests in `tests/`. This file
 //! holds what they share: [`Rejection`], the regions an instruction touches ([`peer_sources`] for
-//! a meeting) and the helpers that tests use to find an instruction to break ([`find_instr`],
+//! a meeting, [`peer_destinations`]) and the helpers that tests use to find an instruction to break ([`find_instr`],
 //! [`waited`]).
 
 mod coarse;
@@ -124,8 +124,26 @@ fn accesses(plan: &Plan, op: &Op) -> (Vec<Region>, Vec<Region>) {
         Op::Reduce { dst, a, b } => (vec![a, b], vec![dst]),
         Op::Scale { region } => (vec![region], vec![region]),
         Op::Record(_) | Op::Wait(_) => (vec![], vec![]),
-        Op::PeerReduce { dst, .. } => (peer_sources(plan, op), vec![dst]),
+        Op::PeerReduce { .. } => (peer_sources(plan, op), peer_destinations(plan, op)),
     }
+}
+
+/// The regions a [`Op::PeerReduce`] writes: its `dst`, then the same range of the buffer of
+/// `dst`'s kind of every rank in `push`, in rank order (ranks without such a buffer, and an
+/// undeclared `dst`, are left out here and rejected by the shape check).
+pub fn peer_destinations(plan: &Plan, op: &Op) -> Vec<Region> {
+    let Op::PeerReduce { dst, push, .. } = *op else {
+        return Vec::new();
+    };
+    // An undeclared `dst` is the shape check's to reject.
+    let Some(kind) = plan.buffers.get(dst.buf.0).map(|d| d.kind) else {
+        return vec![dst];
+    };
+    let pushed = (0..plan.world)
+        .filter(|&r| push.contains(r))
+        .filter_map(|r| plan.buffer(r, kind))
+        .map(|buf| Region { buf, ..dst });
+    std::iter::once(dst).chain(pushed).collect()
 }
 
 /// The regions a [`Op::PeerReduce`] reads, in rank order: what an executor folds (ranks without

@@ -18,7 +18,7 @@
 //! the two executions to the same answer, message for message).
 
 use super::enqueue::check_order;
-use super::{describe, peer_sources, reject, Check, Rejection};
+use super::{describe, peer_destinations, peer_sources, reject, Check, Rejection};
 use crate::plan::{BufKind, Collective, Op, Plan, Region};
 use std::collections::BTreeMap;
 
@@ -515,7 +515,10 @@ pub fn check_result(plan: &Plan, order: &[(usize, usize)]) -> Check {
                     out.push((len, acc));
                     Ok(())
                 })?;
-                meeting.push((dst, out));
+                // The same values land in every range the meeting writes (`dst` and its pushes).
+                for to in peer_destinations(plan, &op) {
+                    meeting.push((to, out.clone()));
+                }
                 if rank + 1 == plan.world {
                     for (dst, runs) in meeting.drain(..) {
                         memory[dst.buf.0].write(dst.offset, &runs);

@@ -48,6 +48,7 @@ pub fn scale_plan(plan: &Plan, factor: usize) -> Plan {
             count,
             ranks,
             fused,
+            push,
         } => Op::PeerReduce {
             dst: region(dst),
             src,
@@ -55,6 +56,7 @@ pub fn scale_plan(plan: &Plan, factor: usize) -> Plan {
             count: count * factor,
             ranks,
             fused,
+            push,
         },
     };
     Plan {
@@ -165,6 +167,7 @@ mod tests {
                 in_place: true,
                 op: ReduceOp::Sum,
                 align: 4,
+                gather: crate::plan::Gather::Pull,
             }
             .build()
             .unwrap()

@@ -10,7 +10,7 @@
 //! is safe to fuse or drop (module `fused`: the fused meetings, the exposures). The later checks
 //! rely on this: they index buffers and events without looking again.
 
-use super::{accesses, describe, peer_sources, reject, Check};
+use super::{accesses, describe, peer_destinations, peer_sources, reject, Check};
 use crate::plan::{Op, Plan};
 
 /// Check 1: shape.
@@ -127,9 +127,10 @@ pub fn check_shape(plan: &Plan) -> Check {
 }
 
 /// The k-th `PeerReduce` of every rank is one meeting: every rank has as many. Each peer reduce
-/// writes its own rank's buffer, as many elements as it reads from each source, reads at least
-/// one rank and only ranks that declare the source's kind, and writes no source — except its own
-/// rank's, when that is exactly the destination (folded element by element). What the ranks
+/// writes its own rank's buffer (and pushes to other ranks' buffers of the same kind, never its
+/// own rank), as many elements as it reads from each source, reads at least one rank and only
+/// ranks that declare the source's kind, and writes no source — except where a range written
+/// is exactly a source (folded block by block, every source read before anything is written). What the ranks
 /// of one meeting read may differ (the two-shot's ranks each reduce their own segment); the race
 /// and result checks judge the combination.
 fn check_meetings(plan: &Plan) -> Check {
@@ -162,6 +163,7 @@ fn check_meetings(plan: &Plan) -> Check {
                 src,
                 count,
                 ranks,
+                push,
                 ..
             } = op
             else {
@@ -184,13 +186,28 @@ fn check_meetings(plan: &Plan) -> Check {
                     "{here} reads {src:?}, which not every rank it reads declares"
                 ));
             }
-            let own = plan.buffer(rank, src);
-            if sources
+            if push.contains(rank) {
+                return reject(format!(
+                    "{here} pushes to its own rank, whose destination is `dst`"
+                ));
+            }
+            let destinations = peer_destinations(plan, &op);
+            let pushed = (0..plan.world).filter(|&r| push.contains(r)).count();
+            if destinations.len() != 1 + pushed {
+                return reject(format!(
+                    "{here} pushes to a rank without a {:?} buffer",
+                    plan.decl(dst.buf).kind
+                ));
+            }
+            // A range written is disjoint from every source or exactly one (its own rank's:
+            // the fold reads each block of every source before writing it anywhere).
+            if let Some(w) = destinations
                 .iter()
-                .any(|r| r.overlaps(&dst) && !(Some(r.buf) == own && *r == dst))
+                .find(|w| sources.iter().any(|r| r.overlaps(w) && r != *w))
             {
                 return reject(format!(
-                    "{here} writes its destination while peers read it as a source"
+                    "{here} writes rank {}'s destination while peers read it as a source",
+                    plan.decl(w.buf).rank
                 ));
             }
         }

@@ -37,8 +37,8 @@ pub use algorithm::Algorithm;
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::plan::{
-    BufKind, BufferDecl, Collective, CollectiveSpec, EdgeTransport, EventId, Instr, OneShotSpec,
-    Op, Plan, RingSpec,
+    BufKind, BufferDecl, Collective, CollectiveSpec, EdgeTransport, EventId, Gather, Instr,
+    OneShotSpec, Op, Plan, RingSpec,
 };
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use std::collections::hash_map::Entry;
@@ -152,14 +152,21 @@ impl Shape {
     }
 
     /// Builds the two-shot plan for this shape over `world` ranks (segments aligned to
-    /// `align_elems`) and proves it with the checker.
-    pub(crate) fn checked_twoshot_plan(&self, world: usize, align_elems: usize) -> Result<Plan> {
+    /// `align_elems`, gathered as the executor runs it: [`Gather`]) and proves it with the
+    /// checker.
+    pub(crate) fn checked_twoshot_plan(
+        &self,
+        world: usize,
+        align_elems: usize,
+        gather: Gather,
+    ) -> Result<Plan> {
         let plan = crate::plan::TwoShotSpec {
             world,
             count: self.count,
             in_place: self.in_place,
             op: self.plan_op(),
             align: align_elems,
+            gather,
         }
         .build()?;
         crate::check::check(&plan)?;

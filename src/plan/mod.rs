@@ -113,7 +113,7 @@ pub use collective::{Collective, CollectiveSpec, Transfer};
 pub use oneshot::OneShotSpec;
 pub use push::{max_chunks, MAX_CHUNK_STEPS};
 pub use ring::{EdgeTransport, RingSpec};
-pub use twoshot::TwoShotSpec;
+pub use twoshot::{Gather, TwoShotSpec};
 
 use std::fmt;
 
@@ -290,9 +290,11 @@ pub enum Op {
     /// is one meeting. Start barrier with all ranks; then `dst = srcₐ ⊕ src_b ⊕ …` over the
     /// ranks in `ranks`, where `srcᵣ` is elements `offset..offset + count` of rank r's buffer of
     /// kind `src`, folded in rank order (one rank: a copy from that rank); then an end barrier.
-    /// `dst` is the executing rank's own; it is disjoint from every source, or exactly its own
-    /// rank's source (folded element by element, each read before it is written). Each rank
-    /// of a meeting may read its own range.
+    /// `dst` is the executing rank's own; the same result also goes, at the same range, into the
+    /// buffer of `dst`'s kind of every rank in `push` (the pushed two-shot). Every range written
+    /// is disjoint from every source, or exactly the source of the rank whose buffer it is
+    /// (folded block by block: every source's block is read before any destination's block is
+    /// written). Each rank of a meeting may read its own range.
     PeerReduce {
         /// The executing rank's range written.
         dst: Region,
@@ -311,6 +313,9 @@ pub enum Op {
         /// access of one meeting of a fused run conflicts with an access of another (so the
         /// dropped barriers ordered nothing).
         fused: bool,
+        /// The other ranks whose buffer of `dst`'s kind receives the result too, at `dst`'s
+        /// range ([`Ranks::NONE`] but in the pushed two-shot, [`twoshot::Gather::Push`]).
+        push: Ranks,
     },
 }
 
@@ -322,6 +327,8 @@ pub struct Ranks(pub u64);
 impl Ranks {
     /// Every rank, whatever the world.
     pub const ALL: Ranks = Ranks(u64::MAX);
+    /// No rank.
+    pub const NONE: Ranks = Ranks(0);
 
     /// The set of rank `rank` alone.
     pub fn only(rank: usize) -> Ranks {

@@ -137,6 +137,7 @@ impl OneShotSpec {
                     count: self.count,
                     ranks: Ranks::ALL,
                     fused: false,
+                    push: Ranks::NONE,
                 });
                 if plan.average {
                     ops.push(Op::Scale { region: out });
@@ -221,6 +222,7 @@ impl OneShotSpec {
             count,
             ranks,
             fused: false,
+            push: Ranks::NONE,
         };
         // A meeting that moves nothing: zero elements of the rank's own source.
         let join = || Op::PeerReduce {
@@ -234,6 +236,7 @@ impl OneShotSpec {
             count: 0,
             ranks: Ranks::only(rank),
             fused: false,
+            push: Ranks::NONE,
         };
         let mut ops = Vec::new();
         match *collective {

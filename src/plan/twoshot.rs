@@ -17,6 +17,28 @@
 //! does, against `(n−1)·count` for the one-shot — for two ranks the same, but with half the local
 //! reads and no exposure copy in place.
 //!
+//! # Two ways to gather: pull and push
+//!
+//! The table above is the pulled gather ([`Gather::Pull`]): every rank reads each segment from
+//! its owner, after a barrier. The pushed gather ([`Gather::Push`]) turns it around: the owner
+//! writes its reduced segment into every rank's buffer in the same instruction that reduces it,
+//! block by block, while the block is still in cache:
+//!
+//! ```text
+//!   rank r (Main stream)
+//!   step 0       PeerReduce out_q[s_r] = src_0[s_r] ⊕ … ⊕ src_n−1[s_r]  for every rank q
+//!                (dst out_r[s_r], push = every other rank)
+//!   [Scale out_r]   (Avg, after the end barrier)
+//! ```
+//!
+//! One meeting, two barriers, and each element is read once and written once per rank:
+//! `2·n·count` element moves in all, where the pulled gather reads each segment again from its
+//! owner (`(3n − 1)·count`). In place it is safe for the same reason step 0 is: segment s_r of
+//! every buffer is touched by rank r alone during the meeting, and each block of it is read from
+//! every rank before it is written to any. The host executor runs the push (its ranks are
+//! threads sharing memory, and the reduced block is in the writing core's cache); the GPU
+//! executor runs the pull (its kernel reads peers over NVLink and keeps its writes local).
+//!
 //! Each step is a meeting (start barrier, reads, end barrier), and gather rounds 2, 3, … are
 //! `fused` to the round before: the gather rounds read segments no round writes and write
 //! segments no round reads, so the barriers between them would order nothing (the shape check
@@ -44,6 +66,28 @@ pub struct TwoShotSpec {
     pub op: ReduceOp,
     /// Segment boundaries are multiples of this many elements (16 bytes on GPUs).
     pub align: usize,
+    /// How the reduced segments reach every rank (module doc).
+    pub gather: Gather,
+}
+
+/// How a two-shot's reduced segments reach every rank (module doc, "Two ways to gather").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Gather {
+    /// Every rank reads each segment from its owner, after a barrier (the GPU executor's).
+    #[default]
+    Pull,
+    /// The owner writes its segment into every rank's buffer as it reduces it (the host
+    /// executor's).
+    Push,
+}
+
+/// Every rank of the world but `rank`: whom the pushed gather's owner writes to.
+pub fn push_to(rank: usize, world: usize) -> Ranks {
+    Ranks(
+        (0..world)
+            .filter(|&q| q != rank)
+            .fold(0, |set, q| set | 1 << q),
+    )
 }
 
 /// The tag of step `step` (0: reduce, j ≥ 1: gather round j).
@@ -112,10 +156,18 @@ impl TwoShotSpec {
                         count: own.len(),
                         ranks: Ranks::ALL,
                         fused: false,
+                        push: match self.gather {
+                            Gather::Pull => Ranks::NONE,
+                            Gather::Push => push_to(rank, n),
+                        },
                     },
                     step_tag(0),
                 ));
-                for round in 1..n {
+                let gather_rounds = match self.gather {
+                    Gather::Pull => 1..n,
+                    Gather::Push => 1..1,
+                };
+                for round in gather_rounds {
                     let owner = gather_from(rank, round, n);
                     let theirs = segment(owner);
                     ops.push((
@@ -132,6 +184,7 @@ impl TwoShotSpec {
                             // Rounds 2, 3, … run with round 1, between the middle and the end
                             // barrier (module doc).
                             fused: round > 1,
+                            push: Ranks::NONE,
                         },
                         step_tag(round),
                     ));
@@ -173,6 +226,7 @@ mod tests {
             in_place,
             op: ReduceOp::Sum,
             align: 1,
+            gather: Gather::Pull,
         }
     }
 

@@ -15,7 +15,8 @@ mod timeline;
 
 use crate::{parse_op, parse_positive, Failure};
 use ringreduce::plan::{
-    Collective, CollectiveSpec, EdgeTransport, OneShotSpec, Plan, RingSpec, Transfer, TwoShotSpec,
+    Collective, CollectiveSpec, EdgeTransport, Gather, OneShotSpec, Plan, RingSpec, Transfer,
+    TwoShotSpec,
 };
 use ringreduce::ReduceOp;
 use std::path::PathBuf;
@@ -50,6 +51,14 @@ fn parse_plan_algorithm(text: &str) -> Result<PlanAlgorithm, String> {
             "unknown algorithm {text:?}: use ring, oneshot or twoshot (auto picks one per size on \
              a communicator; a plan is one of them)"
         )),
+    }
+}
+
+fn parse_gather(text: &str) -> Result<Gather, String> {
+    match text {
+        "pull" => Ok(Gather::Pull),
+        "push" => Ok(Gather::Push),
+        _ => Err(format!("unknown gather {text:?}: use pull or push")),
     }
 }
 
@@ -115,6 +124,11 @@ pub struct PlanArgs {
     /// bytes' worth).
     #[arg(long, default_value_t = 1, value_parser = parse_positive)]
     pub align: usize,
+    /// How the two-shot's reduced segments reach every rank: pull (each rank reads them from
+    /// their owners: the GPU executor's) or push (each owner writes its segment into every rank
+    /// as it reduces it: the host executor's).
+    #[arg(long, default_value = "pull", value_parser = parse_gather)]
+    pub gather: Gather,
     /// In place: the output is the input buffer.
     #[arg(long)]
     pub in_place: bool,
@@ -236,9 +250,16 @@ pub fn build(args: &PlanArgs) -> Result<(Plan, String), Failure> {
             in_place,
             op,
             align: args.align,
+            gather: args.gather,
         }
         .build()
-        .map(|plan| (plan, format!("{shape}; align {}", args.align))),
+        .map(|plan| {
+            let gather = format!("{:?}", args.gather).to_lowercase();
+            (
+                plan,
+                format!("{shape}; align {}; {gather}ed gather", args.align),
+            )
+        }),
     };
     built.map_err(|e| Failure::Failed(format!("the plan could not be built: {e}")))
 }

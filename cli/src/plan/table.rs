@@ -103,6 +103,7 @@ pub fn describe(plan: &Plan, instr: &Instr) -> (&'static str, String) {
             count,
             ranks,
             fused,
+            push,
         } => (
             if fused {
                 "peer-reduce (fused)"
@@ -110,12 +111,16 @@ pub fn describe(plan: &Plan, instr: &Instr) -> (&'static str, String) {
                 "peer-reduce"
             },
             format!(
-                "{} = ⊕ {}[{}..{}] of {}",
+                "{} = ⊕ {}[{}..{}] of {}{}",
                 region(plan, dst),
                 kind_name(src),
                 offset,
                 offset + count,
-                ranks_text(ranks, plan.world)
+                ranks_text(ranks, plan.world),
+                match push {
+                    Ranks::NONE => String::new(),
+                    _ => format!(", pushed to {} too", ranks_text(push, plan.world)),
+                }
             ),
         ),
     }
@@ -196,7 +201,7 @@ pub fn render(plan: &Plan) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ringreduce::plan::{EdgeTransport, OneShotSpec, RingSpec, TwoShotSpec};
+    use ringreduce::plan::{EdgeTransport, Gather, OneShotSpec, RingSpec, TwoShotSpec};
     use ringreduce::ReduceOp;
 
     #[test]
@@ -254,17 +259,24 @@ mod tests {
         let text = render(&oneshot.build().unwrap());
         assert!(text.contains("peer-reduce"), "{text}");
         assert!(text.contains("= ⊕ exposed[0..5] of all ranks"), "{text}");
-        let twoshot = TwoShotSpec {
+        let mut twoshot = TwoShotSpec {
             world: 3,
             count: 6,
             in_place: false,
             op: ReduceOp::Sum,
             align: 1,
+            gather: Gather::Pull,
         };
         let text = render(&twoshot.build().unwrap());
         assert!(
             text.contains("of rank "),
             "a gather round reads one rank\n{text}"
+        );
+        twoshot.gather = Gather::Push;
+        let text = render(&twoshot.build().unwrap());
+        assert!(
+            text.contains("output[0..2] = ⊕ input[0..2] of all ranks, pushed to ranks 1,2 too"),
+            "rank 0 pushes its segment to the others\n{text}"
         );
     }
 }

@@ -305,6 +305,7 @@ mod tests {
                 in_place: false,
                 op: ReduceOp::Sum,
                 align: 1,
+                gather: ringreduce::plan::Gather::Pull,
             }
             .build()
             .unwrap(),

@@ -9,7 +9,7 @@ mod symbolic;
 
 use super::*;
 use crate::element::ReduceOp;
-use crate::plan::{BufKind, EdgeTransport, Phase, RingSpec, StreamKind, Tag};
+use crate::plan::{BufKind, EdgeTransport, Gather, Phase, Ranks, RingSpec, StreamKind, Tag};
 
 fn spec(
     world: usize,
@@ -389,12 +389,17 @@ fn oneshot_meeting_with_mismatched_ranges_is_caught() {
 }
 
 fn twoshot(world: usize, count: usize, in_place: bool) -> Plan {
+    twoshot_gathered(world, count, in_place, Gather::Pull)
+}
+
+fn twoshot_gathered(world: usize, count: usize, in_place: bool, gather: Gather) -> Plan {
     crate::plan::TwoShotSpec {
         world,
         count,
         in_place,
         op: ReduceOp::Avg,
         align: 2,
+        gather,
     }
     .build()
     .unwrap()
@@ -405,10 +410,64 @@ fn twoshot_plans_pass_for_small_shapes() {
     for world in 1..=6 {
         for count in [0, 1, 2, 7, 31] {
             for in_place in [true, false] {
-                let plan = twoshot(world, count, in_place);
-                check(&plan).unwrap_or_else(|e| panic!("{world} {count} {in_place}: {e}"));
+                for gather in [Gather::Pull, Gather::Push] {
+                    let plan = twoshot_gathered(world, count, in_place, gather);
+                    check(&plan)
+                        .unwrap_or_else(|e| panic!("{world} {count} {in_place} {gather:?}: {e}"));
+                }
             }
         }
+    }
+}
+
+/// Rank `rank`'s one meeting in a pushed two-shot plan, to break.
+fn pushed_meeting(plan: &mut Plan, rank: usize) -> &mut Op {
+    let i = peer_reduce_at(plan, rank);
+    &mut plan.ranks[rank][i].op
+}
+
+#[test]
+fn a_pushed_twoshot_that_skips_a_rank_leaves_its_segment_unwritten() {
+    for in_place in [true, false] {
+        let mut broken = twoshot_gathered(3, 12, in_place, Gather::Push);
+        if let Op::PeerReduce { push, .. } = pushed_meeting(&mut broken, 1) {
+            *push = Ranks::only(2);
+        }
+        // Rank 0's copy of segment 1 is its own input, or (out of place) never written.
+        let err = check(&broken).expect_err("rank 0 lacks segment 1").0;
+        assert!(
+            err.contains("nothing has written") || err.contains("rank 0"),
+            "{in_place}: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_twoshot_that_pushes_to_its_own_rank_or_a_rank_without_the_buffer_is_refused() {
+    let mut broken = twoshot_gathered(3, 12, true, Gather::Push);
+    if let Op::PeerReduce { push, .. } = pushed_meeting(&mut broken, 0) {
+        *push = Ranks::ALL;
+    }
+    rejects(&broken, "pushes to its own rank");
+    // Out of place, pushing the input's kind: a rank's Input is never written.
+    let mut broken = twoshot_gathered(3, 12, false, Gather::Push);
+    let input = broken.buffer(0, BufKind::Input).unwrap();
+    if let Op::PeerReduce { dst, .. } = pushed_meeting(&mut broken, 0) {
+        dst.buf = input;
+    }
+    assert!(check(&broken).is_err());
+}
+
+#[test]
+fn a_push_over_another_owners_segment_is_a_race() {
+    // Rank 0 reduces its own segment but writes it over segment 1 of every rank, which rank 1
+    // reads and writes in the same meeting.
+    for in_place in [true, false] {
+        let mut broken = twoshot_gathered(3, 12, in_place, Gather::Push);
+        if let Op::PeerReduce { dst, .. } = pushed_meeting(&mut broken, 0) {
+            dst.offset = 4;
+        }
+        rejects(&broken, "data race");
     }
 }
 

@@ -105,7 +105,9 @@ fn check_result_per_element(plan: &Plan, order: &[(usize, usize)]) -> Check {
                     }
                     values.push(acc.expect("a peer reduce reads at least one rank"));
                 }
-                meeting.push((dst, values));
+                for to in peer_destinations(plan, &op) {
+                    meeting.push((to, values.clone()));
+                }
                 if rank + 1 == plan.world {
                     for (dst, values) in meeting.drain(..) {
                         for (k, v) in values.into_iter().enumerate() {
@@ -560,6 +562,13 @@ fn program_strategy() -> impl Strategy<Value = Plan> {
                                         crate::plan::Ranks::ALL
                                     },
                                     fused: false,
+                                    // Sometimes pushed to some ranks (the pushed two-shot),
+                                    // its own among them at times (which the shape check
+                                    // refuses).
+                                    push: match s[7] % 4 {
+                                        0 => crate::plan::Ranks(s[7] as u64 >> 2),
+                                        _ => crate::plan::Ranks::NONE,
+                                    },
                                 }));
                             }
                         }

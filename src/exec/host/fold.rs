@@ -15,8 +15,8 @@ use rayon::prelude::*;
 pub(super) struct HostFolds {
     /// `reduce(op, dst, a, b, count)`: see [`reduce_raw`].
     pub(super) reduce: unsafe fn(ReduceOp, *mut u8, *const u8, *const u8, usize),
-    /// `fold(op, dst, sources, count)`: see [`fold_raw`].
-    pub(super) fold: unsafe fn(ReduceOp, *mut u8, &[*const u8], usize),
+    /// `fold(op, destinations, sources, count)`: see [`fold_raw`].
+    pub(super) fold: unsafe fn(ReduceOp, &[*mut u8], &[*const u8], usize),
     /// `scale(x, count, world)`: see [`scale_raw`].
     pub(super) scale: unsafe fn(*mut u8, usize, usize),
 }
@@ -80,23 +80,32 @@ unsafe fn reduce_raw<T: Element>(
 /// Elements a meeting's fold accumulates at a time (on the stack, in `T::Acc`).
 const FOLD_BLOCK: usize = 1024;
 
-/// `dst[i] = sources[0][i] ⊕ sources[1][i] ⊕ … ⊕ sources[n − 1][i]`, folded in source order in
-/// `T::Acc` and rounded to `T` once (a meeting: the one-shot's and the two-shot's peer reduction,
-/// as the peer kernels fold).
+/// `dst[i] = sources[0][i] ⊕ sources[1][i] ⊕ … ⊕ sources[n − 1][i]` for every `dst` of
+/// `destinations`, folded in source order in `T::Acc` and rounded to `T` once (a meeting: the
+/// one-shot's and the two-shot's peer reduction, as the peer kernels fold; the pushed two-shot
+/// writes every rank's copy of the segment).
 ///
-/// Block by block, every source's block is read before the block of `dst` is written, so `dst`
-/// may be one of the sources (the two-shot in place: a rank's own segment).
+/// Block by block, every source's block is read before the block of any destination is
+/// written, and the block is written to every destination while it is in cache; so a
+/// destination may be one of the sources (the two-shot in place: every rank's copy of the
+/// segment).
 ///
 /// # Safety
-/// `dst` and every source point to `count` aligned elements of `T`; `dst` is disjoint from every
-/// source it is not equal to; no other thread writes any of them during the call.
-unsafe fn fold_raw<T: Element>(op: ReduceOp, dst: *mut u8, sources: &[*const u8], count: usize) {
+/// Every destination and source points to `count` aligned elements of `T`; each destination is
+/// disjoint from every other and from every source it is not equal to; no other thread
+/// accesses the destinations or writes the sources during the call.
+unsafe fn fold_raw<T: Element>(
+    op: ReduceOp,
+    destinations: &[*mut u8],
+    sources: &[*const u8],
+    count: usize,
+) {
     // Addresses, not raw pointers (which are not Send): the workers share them, one block each.
-    let (dst, sources): (usize, Vec<usize>) =
-        (dst as usize, sources.iter().map(|&s| s as usize).collect());
+    let destinations: Vec<usize> = destinations.iter().map(|&d| d as usize).collect();
+    let sources: Vec<usize> = sources.iter().map(|&s| s as usize).collect();
     let block = |start: usize| {
-        // SAFETY: the caller's contract; each block of `dst` is written by one call.
-        unsafe { fold_block::<T>(op, dst, &sources, count, start) }
+        // SAFETY: the caller's contract; each block of each destination is written by one call.
+        unsafe { fold_block::<T>(op, &destinations, &sources, count, start) }
     };
     let blocks = 0..count.div_ceil(FOLD_BLOCK);
     if count >= PARALLEL_MIN {
@@ -106,19 +115,22 @@ unsafe fn fold_raw<T: Element>(op: ReduceOp, dst: *mut u8, sources: &[*const u8]
     }
 }
 
-/// [`fold_raw`] of the block of at most [`FOLD_BLOCK`] elements from `start` (`dst` and the
-/// sources as addresses).
+/// [`fold_raw`] of the block of at most [`FOLD_BLOCK`] elements from `start` (the
+/// destinations and sources as addresses).
 ///
 /// # Safety
-/// [`fold_raw`]'s contract, `start < count`, and no other thread writes this block of `dst`.
+/// [`fold_raw`]'s contract, `start < count`, and no other thread accesses this block of any
+/// destination.
 unsafe fn fold_block<T: Element>(
     op: ReduceOp,
-    dst: usize,
+    destinations: &[usize],
     sources: &[usize],
     count: usize,
     start: usize,
 ) {
-    let Some((&first, rest)) = sources.split_first() else {
+    let (Some((&first, rest)), Some((&dst, copies))) =
+        (sources.split_first(), destinations.split_first())
+    else {
         return;
     };
     let len = FOLD_BLOCK.min(count - start);
@@ -136,10 +148,16 @@ unsafe fn fold_block<T: Element>(
             *a = T::Acc::combine(op, *a, x.to_acc());
         }
     }
-    // SAFETY: `dst` holds `count` elements, and this block of it is this call's alone.
-    let out = unsafe { std::slice::from_raw_parts_mut((dst as *mut T).add(start), len) };
+    // SAFETY: every destination holds `count` elements, this block of each is this call's
+    // alone, and the destinations are disjoint from each other.
+    let block =
+        |at: usize| unsafe { std::slice::from_raw_parts_mut((at as *mut T).add(start), len) };
+    let out = block(dst);
     for (d, &a) in out.iter_mut().zip(acc.iter()) {
         *d = T::from_acc(a);
+    }
+    for &copy in copies {
+        block(copy).copy_from_slice(out);
     }
 }
 

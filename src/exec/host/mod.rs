@@ -28,7 +28,7 @@ use super::config::Transport;
 use super::{enqueue_rank, panic_message, Algorithm, Enqueue, Handoff, Limits, PlanCache, Shape};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::plan::{BufKind, Collective, Instr, Op, Plan, Region, StreamKind};
+use crate::plan::{BufKind, Collective, Gather, Instr, Op, Plan, Region, StreamKind};
 use crossbeam_channel::{Receiver, Sender};
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::collections::VecDeque;
@@ -477,7 +477,7 @@ fn checked_host_plan<P>(
         .choose(bytes, world, shape.in_place, true, config.deterministic)
     {
         Algorithm::OneShot => cache.checked_oneshot_plan(shape, world),
-        Algorithm::TwoShot => shape.checked_twoshot_plan(world, 1),
+        Algorithm::TwoShot => shape.checked_twoshot_plan(world, 1, Gather::Push),
         _ => cache.checked_ring_plan(shape, chunk, slots, 1, transports),
     }
 }
@@ -494,9 +494,12 @@ impl InFlight {
     /// stopped touching its buffers), with the call's first error.
     fn wait(self, world: usize) -> Result<()> {
         let InFlight { call, done } = self;
+        // Each rank thread, and each stream its rank's program uses (no other takes part).
+        let plan = &call.prepared.plan;
         let mut pending: Vec<(usize, Option<StreamKind>)> = (0..world)
             .flat_map(|r| {
-                std::iter::once((r, None)).chain(StreamKind::ALL.iter().map(move |&s| (r, Some(s))))
+                let streams = plan.streams(r).into_iter().map(move |s| (r, Some(s)));
+                std::iter::once((r, None)).chain(streams)
             })
             .collect();
         // The threads' own deadline checks fire first and name what they waited for; the caller's
@@ -558,7 +561,17 @@ fn host_rank_thread(mut handoff: Handoff, calls: Receiver<Arc<HostCall>>) {
     let rank = handoff.rank;
     let workers = stream_workers(rank).expect("spawning a stream worker thread");
     for call in calls {
-        for (tx, _) in &workers {
+        // Only the streams the rank's program uses take part in the call (a thread woken for
+        // nothing is what makes small calls slow on few cores).
+        let used = call.prepared.plan.streams(rank);
+        let taking_part = || {
+            workers
+                .iter()
+                .zip(StreamKind::ALL)
+                .filter(|(_, s)| used.contains(s))
+                .map(|((tx, _), _)| tx)
+        };
+        for tx in taking_part() {
             let _ = tx.send(Cmd::Begin(call.clone()));
         }
         let mut backend = HostEnqueue {
@@ -588,7 +601,7 @@ fn host_rank_thread(mut handoff: Handoff, calls: Receiver<Arc<HostCall>>) {
                 message: panic_message(&*payload),
             }),
         }
-        for (tx, _) in &workers {
+        for tx in taking_part() {
             let _ = tx.send(Cmd::End);
         }
         let _ = call.done.send((rank, None));

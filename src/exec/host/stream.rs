@@ -253,21 +253,27 @@ fn run_op(call: &HostCall, rank: usize, index: usize, instr: &Instr) -> Result<(
             if !fused {
                 meet(call, rank, index, 2 * meeting + 1, "start")?;
             }
-            let sources = crate::check::peer_sources(&call.prepared.plan, &op);
+            let plan = &call.prepared.plan;
+            let sources = crate::check::peer_sources(plan, &op);
             // Folded in rank order, as the GPU kernel does (in `Element::Acc`): every rank gets
-            // the same bits. `dst` may be one of the sources (the two-shot in place: a rank's
-            // own segment); the fold reads each block of every source before writing it.
+            // the same bits. A destination (`dst`, and the ranges the pushed two-shot writes in
+            // its peers' buffers) may be one of the sources (the two-shot in place: a segment);
+            // the fold reads each block of every source before writing it anywhere.
             let sources: Vec<*const u8> =
                 sources.iter().map(|s| call.ptr(*s).cast_const()).collect();
+            let destinations: Vec<*mut u8> = crate::check::peer_destinations(plan, &op)
+                .into_iter()
+                .map(|d| call.ptr(d))
+                .collect();
             // Nothing runs on an empty region, whose pointers may dangle.
             if dst.count > 0 {
                 // SAFETY: the regions lie inside their buffers (checked plan) and hold dst.count
                 // elements; the sources are read by every rank between the barriers and written
-                // by none but their own rank, and only where a source is exactly that rank's
-                // `dst` (the checker proved every other `dst` disjoint from every source, and
-                // the plan race-free).
+                // by no rank but where a range it writes is exactly that source, and the
+                // destinations are touched by this rank alone between the barriers (the checker
+                // proved the meeting well formed and the plan race-free).
                 unsafe {
-                    (call.folds.fold)(call.op.combine_op(), call.ptr(dst), &sources, dst.count)
+                    (call.folds.fold)(call.op.combine_op(), &destinations, &sources, dst.count)
                 }
             }
             if !fused_next {
@@ -306,7 +312,11 @@ fn meet_waiting(
 ) -> Result<()> {
     let mut arrivals = call.arrivals.lock().unwrap_or_else(|p| p.into_inner());
     arrivals[rank] = arrival;
-    call.arrived.notify_all();
+    // Only the last to arrive wakes the others (each arrival waking every waiter is n² wake-ups
+    // a barrier; an abort is seen within a wait slice).
+    if arrivals.iter().all(|&a| a >= arrival) {
+        call.arrived.notify_all();
+    }
     while arrivals.iter().any(|&a| a < arrival) {
         if call.aborted() {
             return Err(aborted(rank));

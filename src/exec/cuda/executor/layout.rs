@@ -61,6 +61,9 @@ pub(super) fn steps_layout(plan: &Plan) -> Result<Option<Vec<Vec<StepLayout>>>> 
                     return bad(format!("rank {rank} has work off its Main stream"))
                 }
                 Op::Scale { .. } if i + 1 == program.len() => {}
+                Op::PeerReduce { push, .. } if push != Ranks::NONE => {
+                    return bad(format!("rank {rank}'s meeting {k} pushes to its peers"))
+                }
                 Op::PeerReduce { fused, .. } if fused != (k > 0) => {
                     return bad(format!(
                         "rank {rank}'s meeting {k} is {}fused to the one before: the steps \
@@ -163,6 +166,7 @@ pub(super) fn twoshot_segments(plan: &Plan) -> Result<Option<Vec<(usize, usize)>
                 count,
                 ranks: Ranks::ALL,
                 fused: false,
+                push: Ranks::NONE,
             }) if dst.offset == offset
                 && src == src_kind
                 && plan.decl(dst.buf).rank == rank
@@ -198,7 +202,7 @@ pub(super) fn twoshot_segments(plan: &Plan) -> Result<Option<Vec<(usize, usize)>
         for (round, op) in ops.iter().enumerate().skip(1) {
             let owner = crate::plan::twoshot::gather_from(rank, round, n);
             let (offset, count) = segments[owner];
-            let fits = matches!(*op, Op::PeerReduce { dst, src: BufKind::Output, offset: o, count: c, ranks, fused }
+            let fits = matches!(*op, Op::PeerReduce { dst, src: BufKind::Output, offset: o, count: c, ranks, fused, push: Ranks::NONE }
                 if ranks == Ranks::only(owner)
                     && fused == (round > 1)
                     && (o, c) == (offset, count)
@@ -263,6 +267,7 @@ pub(super) fn oneshot_layout(plan: &Plan) -> Result<()> {
                         count,
                         ranks,
                         fused: false,
+                        push: Ranks::NONE,
                         ..
                     },
                     Op::PeerReduce {
@@ -300,6 +305,7 @@ mod tests {
             in_place,
             op: ReduceOp::Avg,
             align: 4,
+            gather: crate::plan::Gather::Pull,
         }
         .build()
         .unwrap()

@@ -72,7 +72,7 @@ pub use crate::exec::config::Transport;
 use crate::exec::profile::{self, HostPhase};
 use crate::exec::rendezvous::{Rendezvous, UniqueId};
 use crate::exec::{caller_address, Algorithm, PlanCache, Shape};
-use crate::plan::{BufKind, Collective, EdgeTransport, Op, Plan, StreamKind};
+use crate::plan::{BufKind, Collective, EdgeTransport, Gather, Op, Plan, StreamKind};
 use crossbeam_channel::Sender;
 use cudarc::driver::CudaStream;
 use edges::{apply_probes, edges_from_records, probe_own, probe_target, reach_peers};
@@ -598,7 +598,7 @@ impl CudaExecutor {
         } else if algorithm == Algorithm::OneShot {
             self.cache.checked_oneshot_plan(&shape, n)?
         } else if algorithm == Algorithm::TwoShot {
-            shape.checked_twoshot_plan(n, align_elems)?
+            shape.checked_twoshot_plan(n, align_elems, Gather::Pull)?
         } else {
             let (chunk, transports) = (chunk_elems(), self.edge_transports());
             self.cache.checked_ring_plan(
