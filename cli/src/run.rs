@@ -11,7 +11,7 @@ use crate::{
 };
 use ringreduce::device;
 use ringreduce::verify::{compare, make_expected, make_input};
-use ringreduce::{Communicator, GpuBuffer, HostConfig, ReduceOp, Transport};
+use ringreduce::{Algorithm, Communicator, GpuBuffer, HostConfig, ReduceOp, Transport};
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args, Clone)]
@@ -31,8 +31,9 @@ pub struct RunArgs {
     /// How GPU ring edges move data: auto, peer or staged.
     #[arg(long, default_value = "auto", value_parser = parse_transport)]
     transport: ringreduce::Transport,
-    /// Which all-reduce runs on GPUs: auto (one-shot for small messages, ring above), ring or
-    /// oneshot.
+    /// Which all-reduce runs: auto, ring, oneshot or twoshot. On GPUs auto picks by size
+    /// (`Algorithm::choose`); on host ranks auto runs the two-shot, their fastest (its gather
+    /// pushed: docs/PERFORMANCE.md, "Host executor").
     #[arg(long, default_value = "auto", value_parser = parse_algorithm)]
     algorithm: ringreduce::Algorithm,
     /// Force host ranks even where GPUs exist.
@@ -218,14 +219,24 @@ fn run_host(args: &RunArgs) -> Result<(), String> {
     let world = args.ranks;
     // f32 elements; a chunk below one element is one element (as the GPU executor rounds).
     let chunk_bytes = args.chunk.unwrap_or(1 << 20);
+    let algorithm = match args.algorithm {
+        Algorithm::Auto => Algorithm::TwoShot,
+        forced => forced,
+    };
     let config = HostConfig {
         chunk_elems: (chunk_bytes / 4).max(1),
         slots: args.slots.unwrap_or(4),
         transport: Transport::Peer,
+        algorithm,
         ..HostConfig::default()
     };
     let knobs = format!(
-        "ring chunk: {} ({} f32 elements{}); staging slots per receiver: {}",
+        "algorithm: {}; ring chunk: {} ({} f32 elements{}); staging slots per receiver: {}",
+        match algorithm {
+            Algorithm::TwoShot => "two-shot, its gather pushed",
+            Algorithm::OneShot => "one-shot",
+            _ => "ring",
+        },
         format_bytes(config.chunk_elems * 4),
         config.chunk_elems,
         if args.chunk.is_some() {

@@ -153,9 +153,18 @@ fn bad_flags_exit_2() {
 #[test]
 fn ring_knobs_reach_host_ranks() {
     let out = ringreduce(&[
-        "run", "--host", "--chunk", "4K", "--slots", "2", "-e", "64K",
+        "run",
+        "--host",
+        "--algorithm",
+        "ring",
+        "--chunk",
+        "4K",
+        "--slots",
+        "2",
+        "-e",
+        "64K",
     ]);
-    assert_no_panic("run --host --chunk 4K --slots 2", &out);
+    assert_no_panic("run --host --algorithm ring --chunk 4K --slots 2", &out);
     let stdout = text(&out.stdout);
     assert_eq!(
         out.status.code(),
@@ -165,16 +174,19 @@ fn ring_knobs_reach_host_ranks() {
     );
     assert!(
         stdout.contains(
-            "# ring chunk: 4K (1024 f32 elements, --chunk); staging slots per receiver: 2\n"
+            "# algorithm: ring; ring chunk: 4K (1024 f32 elements, --chunk); staging slots per receiver: 2\n"
         ),
         "the preamble must name the knobs used\nstdout: {stdout}"
     );
     assert!(stdout.contains("all results correct"), "stdout: {stdout}");
-    // Left out: the host defaults (1M chunk, 4 slots), said as such.
+    // Left out: the host defaults (the pushed two-shot, 1M chunk, 4 slots), said as such.
     let out = ringreduce(&["run", "--host", "-e", "4K"]);
     let stdout = text(&out.stdout);
     assert!(
-        stdout.contains("# ring chunk: 1M (262144 f32 elements); staging slots per receiver: 4\n"),
+        stdout.contains(
+            "# algorithm: two-shot, its gather pushed; ring chunk: 1M (262144 f32 elements); \
+             staging slots per receiver: 4\n"
+        ),
         "stdout: {stdout}"
     );
 }

@@ -22,8 +22,10 @@ pub enum Algorithm {
     OneShot,
     /// Always the two-shot: each rank reduces its own segment from every rank's input, then
     /// gathers the other segments from their owners, reading peer memory directly, three
-    /// barriers (the one-shot's needs; no copy of the buffer in place). See
-    /// [`crate::plan::twoshot`].
+    /// barriers (the one-shot's needs; no copy of the buffer in place). Host ranks push
+    /// instead: each owner writes its reduced segment into every rank's buffer as it reduces
+    /// it, two barriers — their fastest all-reduce from a few KiB up (docs/PERFORMANCE.md,
+    /// "Host executor"). See [`crate::plan::twoshot`].
     TwoShot,
 }
 

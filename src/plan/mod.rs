@@ -80,7 +80,9 @@
 //! rank reduces its own segment from every rank (a `PeerReduce` over all ranks), then copies each
 //! other segment from its owner (one `PeerReduce` over that rank alone per gather round). It
 //! moves `2(n−1)/n·count` per rank, like the ring, and needs no exposed copy in place: what a
-//! rank writes before the middle barrier, nobody else reads then. The table is in its module.
+//! rank writes before the middle barrier, nobody else reads then. The table is in its module,
+//! with the pushed gather the host executor runs ([`twoshot::Gather::Push`]: each owner writes
+//! its reduced segment into every rank's buffer in the same meeting, `PeerReduce::push`).
 //!
 //! # The other collectives
 //!

@@ -57,7 +57,9 @@ pub struct HostConfig {
     pub fault: Option<Fault>,
     /// Ring by default: the host executor is the reference for the ring's plans, and a test that
     /// sweeps chunk sizes must not silently get the one-shot. `OneShot` and `Auto` (the GPU
-    /// default, same size rule) run the one-shot's barriers on threads.
+    /// default, same size rule) run the one-shot's barriers on threads. `TwoShot` (its gather
+    /// pushed: [`crate::plan::twoshot::Gather::Push`]) is the fastest on host ranks from a few
+    /// KiB up (docs/PERFORMANCE.md, "Host executor").
     pub algorithm: Algorithm,
     /// Fold every element of a reducing collective (all-reduce, reduce-scatter, reduce) in rank
     /// order on every algorithm and size, so results do not depend on which algorithm runs (see
