@@ -67,7 +67,8 @@
 #[path = "allreduce/collectives.rs"]
 mod collectives;
 
-use criterion::{BenchmarkId, Criterion, Throughput};
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, BenchmarkId, Criterion, Throughput};
 use ringreduce::device;
 use ringreduce::exec::cuda as kernels;
 use ringreduce::verify::{compare, make_expected, make_input};
@@ -124,24 +125,14 @@ fn bench_host(c: &mut Criterion) {
             let function = format!("world{world}_in_place");
             let label = size_label(bytes);
             let what = format!("host/{function}/{label}");
-            // Made and checked on the first call, which only happens when the filter selects it.
-            let mut bufs: Option<Vec<Vec<f32>>> = None;
             group.throughput(Throughput::BytesDecimal(bytes as u64));
-            group.bench_function(BenchmarkId::new(function, label), |b| {
-                let bufs = bufs.get_or_insert_with(|| {
-                    let reference = Reference::new(world, count);
-                    let mut bufs = reference.inputs.clone();
-                    comm.all_reduce_in_place(&mut bufs, OP)
-                        .unwrap_or_else(|err| panic!("{what}: checked call failed: {err}"));
-                    reference.check(&what, &bufs);
-                    bufs
-                });
-                // The host executor returns when the collective is complete.
-                b.iter(|| {
-                    comm.all_reduce_in_place(bufs, OP)
-                        .unwrap_or_else(|err| panic!("{what}: {err}"))
-                });
-            });
+            bench_host_call(
+                &mut group,
+                BenchmarkId::new(function, label),
+                &what,
+                &comm,
+                count,
+            );
         }
         comm.close()
             .unwrap_or_else(|err| panic!("host communicator of {world} ranks: {err}"));
@@ -457,6 +448,33 @@ impl GpuBuffers {
     }
 }
 
+/// Registers `comm`'s in-place all-reduce of `count` f32 per rank as benchmark `id`. The buffers
+/// are made and the result checked on the first call, which only happens when the filter
+/// selects it; the host executor returns when the collective is complete.
+fn bench_host_call(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    id: BenchmarkId,
+    what: &str,
+    comm: &Communicator,
+    count: usize,
+) {
+    let mut bufs: Option<Vec<Vec<f32>>> = None;
+    group.bench_function(id, |b| {
+        let bufs = bufs.get_or_insert_with(|| {
+            let reference = Reference::new(comm.world(), count);
+            let mut bufs = reference.inputs.clone();
+            comm.all_reduce_in_place(&mut bufs, OP)
+                .unwrap_or_else(|err| panic!("{what}: checked call failed: {err}"));
+            reference.check(what, &bufs);
+            bufs
+        });
+        b.iter(|| {
+            comm.all_reduce_in_place(bufs, OP)
+                .unwrap_or_else(|err| panic!("{what}: {err}"))
+        });
+    });
+}
+
 // ---------------------------------------------------------------------------------------------
 // Host ranks against a rayon loop.
 // ---------------------------------------------------------------------------------------------
@@ -547,24 +565,8 @@ fn bench_host_vs_loop(c: &mut Criterion) {
             );
             for (name, comm) in &comms {
                 let what = format!("host_vs_loop/world{world}_{name}/{label}");
-                let mut bufs: Option<Vec<Vec<f32>>> = None;
-                group.bench_function(
-                    BenchmarkId::new(format!("world{world}_{name}"), &label),
-                    |b| {
-                        let bufs = bufs.get_or_insert_with(|| {
-                            let reference = Reference::new(world, count);
-                            let mut bufs = reference.inputs.clone();
-                            comm.all_reduce_in_place(&mut bufs, OP)
-                                .unwrap_or_else(|err| panic!("{what}: checked call failed: {err}"));
-                            reference.check(&what, &bufs);
-                            bufs
-                        });
-                        b.iter(|| {
-                            comm.all_reduce_in_place(bufs, OP)
-                                .unwrap_or_else(|err| panic!("{what}: {err}"))
-                        });
-                    },
-                );
+                let id = BenchmarkId::new(format!("world{world}_{name}"), &label);
+                bench_host_call(&mut group, id, &what, comm, count);
             }
         }
         for (_, comm) in comms {
