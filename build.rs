@@ -14,10 +14,19 @@
 //!   repeated, undocumented or not of that shape fails the build.
 //! - nvcc is looked for in `$NVCC`, then `$CUDA_HOME/bin/nvcc`, then on `PATH`.
 //! - Found and compiling: the fatbin holds SASS for sm_80 and sm_90 and PTX for compute_90, and
-//!   `cfg(ringreduce_fatbin)` tells `src/exec/cuda/kernels/mod.rs` to embed it.
+//!   `cfg(ringreduce_fatbin)` tells `src/exec/cuda/kernels/mod.rs` to embed it. A CUDA 13 driver
+//!   loads it; a CUDA 12 driver refuses it.
 //! - Found but failing: the build fails (a broken kernel must fail CI).
 //! - Not found: a warning; the kernels are compiled through NVRTC at first use instead. With
 //!   `RINGREDUCE_REQUIRE_NVCC=1` (CI sets it) a missing nvcc fails the build.
+//! - The CUDA 12 image, for CUDA 12 drivers (`build/cuda12.rs`): built where `NVRTC_CUDA12` names
+//!   an NVRTC 12, announced by `cfg(ringreduce_cuda12)`; `RINGREDUCE_REQUIRE_CUDA12=1` (CI sets
+//!   it) fails the build without one.
+//! - Compiling the source takes minutes of CPU (nvcc ~4 min, NVRTC 12 ~6 min on one core), so
+//!   the compilations run on threads at once, and every result is kept in a build cache,
+//!   `target/ringreduce-kernels/`, keyed by the compiler, its options and the source: the debug
+//!   and the release build (`cargo clippy` then `cargo test --release`, as CI runs them) compile
+//!   once between them, and a changed source or compiler never meets a stale result.
 //!
 //! nvcc from the PyPI wheels (`.ci/install-nvcc.sh`) needs no extra flags as long as it is run
 //! through its real path: the 13.x wheels unpack into one tree (`nvidia/cu13/{bin,include,nvvm}`)
@@ -25,10 +34,17 @@
 //! from. So the path found is canonicalized first (a symlink `~/bin/nvcc` would otherwise make
 //! nvcc look for `~/include/cuda_runtime.h`).
 
+#[path = "build/cuda12.rs"]
+mod cuda12;
+#[path = "src/exec/cuda/kernels/nvrtc/library.rs"]
+#[allow(dead_code)] // the library's side of it: its version probe and name list
+mod nvrtc_library;
+
 use std::env;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{exit, Command};
+use std::sync::OnceLock;
 
 /// The kernel source's parts, in the order they are joined (each opens with what it holds).
 const PARTS: [&str; 8] = [
@@ -45,6 +61,8 @@ const PARTS: [&str; 8] = [
 const ERROR_CODES_PART: &str = "cuda/error_codes.cuh";
 /// The joined source, in `$OUT_DIR`.
 const JOINED: &str = "ringreduce_kernels.cu";
+/// The CUDA 12 image's table (`build/cuda12.rs`), in `$OUT_DIR`.
+const CUDA12_RS: &str = "cuda12_code.rs";
 /// The Rust constants generated from `ERROR_CODES_PART`, in `$OUT_DIR`.
 const ERROR_CODES_RS: &str = "error_codes.rs";
 /// Real code for Ampere (A100) and Hopper (H100/H200), PTX for anything newer to JIT.
@@ -57,11 +75,25 @@ const GENCODE: [&str; 4] = [
 
 fn main() {
     println!("cargo:rustc-check-cfg=cfg(ringreduce_fatbin)");
+    println!("cargo:rustc-check-cfg=cfg(ringreduce_cuda12)");
     for part in PARTS {
         println!("cargo:rerun-if-changed={part}");
     }
-    println!("cargo:rerun-if-changed=build.rs");
-    for var in ["NVCC", "CUDA_HOME", "PATH", "RINGREDUCE_REQUIRE_NVCC"] {
+    for file in [
+        "build.rs",
+        "build/cuda12.rs",
+        "src/exec/cuda/kernels/nvrtc/library.rs",
+    ] {
+        println!("cargo:rerun-if-changed={file}");
+    }
+    for var in [
+        "NVCC",
+        "CUDA_HOME",
+        "PATH",
+        "RINGREDUCE_REQUIRE_NVCC",
+        "NVRTC_CUDA12",
+        "RINGREDUCE_REQUIRE_CUDA12",
+    ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
 
@@ -73,7 +105,51 @@ fn main() {
     if let Err(why) = write_error_codes(&out_dir.join(ERROR_CODES_RS)) {
         fail(&why);
     }
+    let _ = CACHE_DIR.set(build_cache_dir(&out_dir));
+    let text = fs::read_to_string(&source).unwrap_or_else(|e| fail(&e.to_string()));
 
+    let nvrtc12 = match cuda12::find() {
+        Ok(Some(nvrtc)) => Some(nvrtc),
+        Ok(None) if env::var("RINGREDUCE_REQUIRE_CUDA12").is_ok_and(|v| v == "1") => fail(
+            "RINGREDUCE_REQUIRE_CUDA12=1 but NVRTC_CUDA12 does not name an NVRTC 12; run \
+             .ci/install-nvcc.sh --export",
+        ),
+        Ok(None) => None,
+        Err(why) => fail(&why),
+    };
+    // The CUDA 12 image's pieces compile on threads while nvcc runs below.
+    std::thread::scope(|scope| {
+        let pieces = nvrtc12.as_ref().map(|nvrtc| {
+            let handles: Vec<_> = cuda12::PIECES
+                .iter()
+                .map(|&piece| {
+                    let (text, out_dir) = (&text, &out_dir);
+                    scope.spawn(move || cuda12::build_piece(nvrtc, text, piece, out_dir))
+                })
+                .collect();
+            (nvrtc, handles)
+        });
+        build_fatbin(&source, &text, &out_dir);
+        if let Some((nvrtc, handles)) = pieces {
+            let files: Vec<PathBuf> = handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| fail("an NVRTC 12 compilation panicked"))
+                })
+                .collect();
+            let table = cuda12::rust_table(nvrtc, &files);
+            if let Err(why) = write_if_changed(&out_dir.join(CUDA12_RS), &table) {
+                fail(&why);
+            }
+            println!("cargo:rustc-cfg=ringreduce_cuda12");
+        }
+    });
+}
+
+/// Compiles the joined source (`source`, whose text is `text`) with nvcc into
+/// `$OUT_DIR/reduce.fatbin`, where nvcc is found (module doc).
+fn build_fatbin(source: &Path, text: &str, out_dir: &Path) {
     let nvcc = match find_nvcc() {
         Ok(Some(nvcc)) => nvcc,
         Ok(None) if env::var("RINGREDUCE_REQUIRE_NVCC").is_ok_and(|v| v == "1") => fail(
@@ -91,43 +167,106 @@ fn main() {
     };
 
     let fatbin = out_dir.join("reduce.fatbin");
-    let mut cmd = Command::new(&nvcc);
-    cmd.arg("--fatbin")
-        .arg("-O3")
+    let release = nvcc_release(&nvcc);
+    let mut flags = vec![
+        "--fatbin",
+        "-O3",
         // The same IEEE behaviour as the host executor: no flush to zero, correctly rounded
         // division (1/world), no contraction of a*b+c into one rounding.
-        .args(["-ftz=false", "-prec-div=true", "-fmad=false"])
-        .args(GENCODE)
-        .arg("-o")
-        .arg(&fatbin)
-        .arg(&source);
-
-    let output = match cmd.output() {
-        Ok(output) => output,
-        Err(e) => fail(&format!("could not run {}: {e}", nvcc.display())),
-    };
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    if !output.status.success() {
-        fail(&format!(
-            "nvcc failed to compile {}, joined from {} in this order (messages name the part \
-             and its line) ({}):\n{:?}\n{}{}",
-            source.display(),
-            PARTS.join(", "),
-            output.status,
-            cmd,
-            String::from_utf8_lossy(&output.stdout),
-            stderr
-        ));
-    }
-    for line in stderr.lines().filter(|l| !l.trim().is_empty()) {
-        println!("cargo:warning=nvcc: {line}");
+        "-ftz=false",
+        "-prec-div=true",
+        "-fmad=false",
+        // One thread per architecture.
+        "--threads",
+        "2",
+    ];
+    flags.extend(GENCODE);
+    let mut cmd = Command::new(&nvcc);
+    cmd.args(&flags).arg("-o").arg(&fatbin).arg(source);
+    // Not the output and source paths: they differ between the debug and the release build.
+    let identity = format!("nvcc {release} at {} {flags:?}", nvcc.display());
+    let code = compile_cached("nvcc", &identity, text, || {
+        let output = cmd
+            .output()
+            .map_err(|e| format!("could not run {}: {e}", nvcc.display()))?;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        if !output.status.success() {
+            return Err(format!(
+                "nvcc failed to compile {}, joined from {} in this order (messages name the \
+                 part and its line) ({}):\n{:?}\n{}{}",
+                source.display(),
+                PARTS.join(", "),
+                output.status,
+                cmd,
+                String::from_utf8_lossy(&output.stdout),
+                stderr
+            ));
+        }
+        for line in stderr.lines().filter(|l| !l.trim().is_empty()) {
+            println!("cargo:warning=nvcc: {line}");
+        }
+        fs::read(&fatbin).map_err(|e| format!("nvcc wrote no {}: {e}", fatbin.display()))
+    })
+    .unwrap_or_else(|why| fail(&why));
+    if let Err(e) = fs::write(&fatbin, code) {
+        fail(&format!("could not write {}: {e}", fatbin.display()));
     }
 
     println!("cargo:rustc-cfg=ringreduce_fatbin");
-    println!(
-        "cargo:rustc-env=RINGREDUCE_NVCC_RELEASE={}",
-        nvcc_release(&nvcc)
-    );
+    println!("cargo:rustc-env=RINGREDUCE_NVCC_RELEASE={release}");
+}
+
+/// The build cache's folder (module doc): `target/ringreduce-kernels` for an `$OUT_DIR` of
+/// `target/<profile>/build/<package>/out`, `None` for any other shape (then nothing is cached).
+fn build_cache_dir(out_dir: &Path) -> Option<PathBuf> {
+    let build = out_dir.ancestors().nth(2)?;
+    (build.file_name()? == "build").then_some(())?;
+    Some(out_dir.ancestors().nth(4)?.join("ringreduce-kernels"))
+}
+
+/// Set once in `main`: `build_cache_dir`'s answer.
+static CACHE_DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
+
+/// The output of `compile` for this `source` and compiler `identity` (its version, path and
+/// options), from the build cache where it is there, else compiled and stored as
+/// `<label>-<hash>` — replacing the other files of that label, so the cache holds one result per
+/// label. The hash is FNV-1a over identity and source.
+fn compile_cached(
+    label: &str,
+    identity: &str,
+    source: &str,
+    compile: impl FnOnce() -> Result<Vec<u8>, String>,
+) -> Result<Vec<u8>, String> {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in identity.bytes().chain([0]).chain(source.bytes()) {
+        hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+    }
+    let Some(dir) = CACHE_DIR.get().cloned().flatten() else {
+        return compile();
+    };
+    let file = dir.join(format!("{label}-{hash:016x}"));
+    if let Ok(code) = fs::read(&file) {
+        return Ok(code);
+    }
+    let code = compile()?;
+    // Best effort: a cache that cannot be written costs the next build a compilation.
+    let temporary = dir.join(format!("{label}.tmp{}", std::process::id()));
+    if fs::create_dir_all(&dir)
+        .and_then(|()| fs::write(&temporary, &code))
+        .and_then(|()| fs::rename(&temporary, &file))
+        .is_ok()
+    {
+        let stale = fs::read_dir(&dir).into_iter().flatten().flatten();
+        for entry in stale.filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.starts_with(&format!("{label}-")) && e.path() != file
+        }) {
+            let _ = fs::remove_file(entry.path());
+        }
+    } else {
+        let _ = fs::remove_file(&temporary);
+    }
+    Ok(code)
 }
 
 /// Writes the parts of `PARTS`, in order, into `path`, each after a `#line` directive that

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Installs nvcc 13.0 from NVIDIA's PyPI wheels into a private folder and prints nvcc's path.
+# Installs nvcc 13.0 and NVRTC 12.9 from NVIDIA's PyPI wheels into a private folder and prints
+# nvcc's path.
 #
 #   NVCC="$(bash .ci/install-nvcc.sh)"        # the path, alone on stdout
-#   eval "$(bash .ci/install-nvcc.sh --export)"  # or: export NVCC=<path>
+#   eval "$(bash .ci/install-nvcc.sh --export)"  # or: export NVCC=<path> NVRTC_CUDA12=<path>
 #
 # No GPU and no CUDA toolkit are needed: build.rs runs this nvcc to compile the kernels (cuda/*.cuh,
 # joined) into a fatbin. The wheels unpack into one tree, <prefix>/nvidia/cu13/{bin,include,lib,
@@ -25,11 +26,13 @@ WHEELS=(
     nvidia-nvvm==13.0.88
     nvidia-cuda-runtime==13.0.96
     nvidia-cuda-cccl==13.0.85
+    nvidia-cuda-nvrtc-cu12==12.9.86
 )
 
 prefix="${NVCC_PREFIX:-$HOME/.cache/ringreduce-nvcc}"
 python="${PYTHON:-python3}"
 nvcc="$prefix/nvidia/cu13/bin/nvcc"
+nvrtc12="$prefix/nvidia/cuda_nvrtc/lib/libnvrtc.so.12"
 stamp="$prefix/.installed"
 want="${WHEELS[*]}"
 
@@ -37,13 +40,14 @@ say() { echo "install-nvcc: $*" >&2; }
 
 print_result() {
     if [[ "${1:-}" == "--export" ]]; then
-        printf "export NVCC='%s'\n" "$nvcc"
+        printf "export NVCC='%s' NVRTC_CUDA12='%s'\n" "$nvcc" "$nvrtc12"
     else
         printf '%s\n' "$nvcc"
     fi
 }
 
-if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]] && "$nvcc" --version >/dev/null 2>&1; then
+if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" && -f "$nvrtc12" ]] \
+    && "$nvcc" --version >/dev/null 2>&1; then
     say "nvcc already installed at $nvcc"
     print_result "${1:-}"
     exit 0
@@ -69,6 +73,10 @@ printf '%s\n' "$want" >"$staging/.installed"
 staged_nvcc="$staging/nvidia/cu13/bin/nvcc"
 if ! "$staged_nvcc" --version >&2; then
     say "the installed nvcc does not run: $staged_nvcc"
+    exit 1
+fi
+if [[ ! -f "$staging/nvidia/cuda_nvrtc/lib/libnvrtc.so.12" ]]; then
+    say "the NVRTC 12 wheel did not install libnvrtc.so.12"
     exit 1
 fi
 

@@ -23,8 +23,8 @@ if [[ ${#tests[@]} -eq 0 ]]; then
 fi
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-NVCC=${NVCC:-$(bash .ci/install-nvcc.sh)}
-export NVCC RINGREDUCE_REQUIRE_NVCC=1 RINGREDUCE_COMMIT
+[[ -n "${NVCC:-}" && -n "${NVRTC_CUDA12:-}" ]] || eval "$(bash .ci/install-nvcc.sh --export)"
+export NVCC NVRTC_CUDA12 RINGREDUCE_REQUIRE_NVCC=1 RINGREDUCE_REQUIRE_CUDA12=1 RINGREDUCE_COMMIT
 RINGREDUCE_COMMIT=$(git rev-parse --short=12 HEAD)
 cargo build --release -q -p ringreduce-cli
 rm -rf "$out/bin" && mkdir -p "$out/bin"

@@ -3,7 +3,7 @@
 # put them in .gpu/bin/ at the project root (kept out of git through .git/info/exclude).
 #
 #   scripts/stage.sh                        # the CLI, the examples, every test and bench executable
-#   NVCC=$(bash .ci/install-nvcc.sh) scripts/stage.sh   # with the kernels embedded (no NVRTC there)
+#   eval "$(bash .ci/install-nvcc.sh --export)"; scripts/stage.sh   # with the kernels embedded
 #   STAGE_KEEP_DEBUG=1 scripts/stage.sh     # keep debug info (stripped otherwise, to fit a transfer)
 #
 # Names in .gpu/bin: binaries keep theirs (`ringreduce`), examples become example-NAME, test

@@ -1,5 +1,7 @@
-//! `ringreduce info`: what this build and machine have — the version, how the reduce kernels
-//! were built and which NVRTC would compile them where the driver refuses the embedded ones, the CUDA driver and every GPU, and how ranks in separate processes share memory
+//! `ringreduce info`: what this build and machine have — the version, the kernel images the
+//! build embeds, which one this driver loads and which NVRTC would compile them where it has
+//! none or refuses it, the CUDA driver and every GPU, and how ranks in separate processes share
+//! memory
 //! (per GPU: `cuMemCreate` memory passed as file descriptors, or legacy CUDA IPC handles where
 //! the driver lacks them; /dev/shm, with its room, for host ranks), and where NCCL is for jobs on
 //! several hosts. Needs no GPU: without one it says why there is none.
@@ -11,24 +13,44 @@ use ringreduce::exec::cuda as kernels;
 pub fn run() -> Result<(), String> {
     out!("ringreduce {}", env!("CARGO_PKG_VERSION"));
     out!("reduce kernels: {}", kernels::build_kind());
-    // What a driver that refuses the embedded fatbin (one older than the nvcc that built it)
-    // gets instead, and what RINGREDUCE_KERNELS=nvrtc forces.
-    match kernels::nvrtc_version() {
-        Some((major, minor)) => {
-            out!(
-            "NVRTC: {major}.{minor} (compiles the kernels where the driver refuses the embedded \
-             ones, or with RINGREDUCE_KERNELS=nvrtc; kept in {})",
-            kernels::kernel_cache_dir().map_or("no disk cache (RINGREDUCE_KERNEL_CACHE=off, or no \
-                HOME)".into(), |d| d.display().to_string())
-        )
-        }
-        None => out!("NVRTC: none found (libnvrtc.so)"),
+    // What a driver without an embedded image, or refusing it, gets instead, and what
+    // RINGREDUCE_KERNELS=nvrtc forces.
+    match kernels::nvrtc_found() {
+        Ok((path, (major, minor))) => out!(
+            "NVRTC: {}.{} at {} (compiles the kernels where the driver has no embedded image or \
+             refuses it, or with RINGREDUCE_KERNELS=nvrtc; kept in {})",
+            major,
+            minor,
+            path.display(),
+            kernels::kernel_cache_dir().map_or(
+                "no disk cache (RINGREDUCE_KERNEL_CACHE=off, or no HOME)".into(),
+                |d| d.display().to_string()
+            )
+        ),
+        Err(why) => out!("NVRTC: none found ({why})"),
     }
     match device::driver_available() {
         Err(e) => out!("GPUs: none ({e})"),
         Ok(()) => {
             if let Ok((major, minor)) = device::driver_version() {
                 out!("CUDA driver API: {major}.{minor}");
+                let forced = std::env::var("RINGREDUCE_KERNELS").ok();
+                let choice = kernels::kernel_choice(
+                    forced.as_deref(),
+                    major,
+                    kernels::HAS_FATBIN,
+                    kernels::HAS_CUDA12,
+                );
+                out!(
+                    "kernels this driver loads: {}",
+                    match choice {
+                        Ok(kernels::KernelChoice::Fatbin) => "the embedded fatbin (nvcc)".into(),
+                        Ok(kernels::KernelChoice::Cuda12) =>
+                            "the embedded CUDA 12 image (NVRTC 12)".into(),
+                        Ok(kernels::KernelChoice::Nvrtc) => "NVRTC's, compiled on this host".into(),
+                        Err(e) => e.to_string(),
+                    }
+                );
             }
             for d in device::devices().map_err(|e| e.to_string())? {
                 out!(

@@ -225,3 +225,45 @@ pub fn new_streams(gpus: &[usize]) -> Vec<std::sync::Arc<cudarc::driver::CudaStr
         })
         .collect()
 }
+
+/// Every algorithm of the all-reduce (ring, one-shot, two-shot), Sum and Max on 10 007 f32, on
+/// ranks on `gpus` (`allow_shared_device` where they share one), each result checked exactly:
+/// for the tests that load the kernels from one source or another.
+pub fn all_reduce_every_algorithm_exactly(gpus: &[usize]) {
+    use ringreduce::verify::{expected_value, input_value};
+    use ringreduce::{Algorithm, Communicator, CudaConfig, GpuBuffer, ReduceOp};
+    for algorithm in [Algorithm::Ring, Algorithm::OneShot, Algorithm::TwoShot] {
+        let config = CudaConfig {
+            algorithm,
+            allow_shared_device: gpus
+                .iter()
+                .any(|g| gpus.iter().filter(|h| *h == g).count() > 1),
+            ..CudaConfig::default()
+        };
+        let started = std::time::Instant::now();
+        let comm = Communicator::with_config(gpus, config).unwrap();
+        println!(
+            "{algorithm:?}: communicator made in {:?}",
+            started.elapsed()
+        );
+        let count = 10_007;
+        for op in [ReduceOp::Sum, ReduceOp::Max] {
+            let mut bufs: Vec<GpuBuffer<f32>> = gpus
+                .iter()
+                .enumerate()
+                .map(|(rank, &g)| {
+                    let v: Vec<f32> = (0..count).map(|k| input_value(op, rank, k)).collect();
+                    GpuBuffer::from_host(g, &v).unwrap()
+                })
+                .collect();
+            comm.all_reduce_in_place(&mut bufs, op).unwrap();
+            let want: Vec<f32> = (0..count)
+                .map(|k| expected_value(op, gpus.len(), k))
+                .collect();
+            for b in &bufs {
+                assert_eq!(b.to_host().unwrap(), want, "{algorithm:?} {op:?}");
+            }
+        }
+        comm.close().unwrap();
+    }
+}

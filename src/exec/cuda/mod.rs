@@ -16,7 +16,7 @@ pub use buffer::{GpuBuffer, GpuView, GpuViewMut};
 pub use executor::{auto_chunk_bytes, CudaConfig, EdgeInfo};
 pub use fabric::MemorySharing;
 pub use kernels::{
-    build_kind, driver_refused_image, kernel_cache_dir, ll_fits, ll_recv_bytes, nvrtc_version,
-    KernelSource, LL_MAX_BYTES,
+    build_kind, driver_refused_image, kernel_cache_dir, kernel_choice, ll_fits, ll_recv_bytes,
+    nvrtc_found, nvrtc_version, KernelChoice, KernelSource, HAS_CUDA12, HAS_FATBIN, LL_MAX_BYTES,
 };
 pub use probe::Probe;

@@ -20,13 +20,22 @@
 //! kernel leaves in its error word are defined once, in `cuda/error_codes.cuh`, whose Rust
 //! constants `build.rs` generates (module `error_codes`, [`ERROR_CODES`]).
 //!
-//! Where the code comes from is decided at build time (see `build.rs`):
-//! - nvcc was found: the build embeds `reduce.fatbin` (SASS for sm_80 and sm_90, PTX for
-//!   compute_90) and [`KernelModule::new`] loads it ([`KernelSource::EmbeddedFatbin`]);
-//! - otherwise, or where the driver refuses that fatbin: [`KernelModule::new`] loads the same
-//!   source compiled by NVRTC into machine code for the device ([`KernelSource::Nvrtc`]); that
-//!   needs libnvrtc on the GPU host, and takes minutes once per host and NVRTC version: the
-//!   image is kept in the process and in a disk cache (module `nvrtc`).
+//! Where the code comes from (`build.rs` builds what it can; [`KernelModule::new`] picks, see
+//! [`kernel_choice`]):
+//! - **nvcc's fatbin** (SASS for sm_80 and sm_90, PTX for compute_90; built where nvcc 13 was
+//!   found): what a CUDA 13 driver loads ([`KernelSource::EmbeddedFatbin`]);
+//! - **the CUDA 12 image** (SASS for sm_80 and sm_90, PTX for compute_80, from NVRTC 12; built
+//!   where `NVRTC_CUDA12` was set, see `build/cuda12.rs`): what a CUDA 12 driver (R535 and
+//!   later) loads, which refuses nvcc 13's code ([`KernelSource::EmbeddedCuda12`]); the piece
+//!   for the GPU is picked by [`cuda12_code_for`];
+//! - **NVRTC on the GPU host**, where the build has neither image for this driver, where the
+//!   driver refuses the one it has, or with `RINGREDUCE_KERNELS=nvrtc` ([`KernelSource::Nvrtc`],
+//!   [`KernelSource::NvrtcAfterEmbedded`]): the same source compiled into machine code for the
+//!   device by the host's libnvrtc (13 or 12); that takes minutes once per host and NVRTC
+//!   version, so the image is kept in the process and in a disk cache (module `nvrtc`).
+//!
+//! The driver API itself is bound at CUDA 12.2's level (cudarc's `cuda-12020` bindings, loaded
+//! at run time), whose entry points every later driver keeps, CUDA 13's included.
 //!
 //! Invariant: a [`KernelModule`] holds all 254 functions (4 operators × 12 types of pairwise
 //! reduce, of one-shot, two-shot and LL one-shot all-reduce and of the steps kernel, one scale
@@ -36,6 +45,7 @@
 
 mod counters;
 mod error_codes;
+mod image;
 mod ll;
 mod nvrtc;
 mod peer;
@@ -46,23 +56,23 @@ pub use error_codes::{
     COUNTER_ERR_BIT, ERROR_CODES, ERR_PEER_LOST, LL_ERR_WAIT, PEER_ERR_END, PEER_ERR_LAUNCH,
     PEER_ERR_MIDDLE, PEER_ERR_START,
 };
+pub use image::{
+    build_kind, cuda12_code_for, driver_refused_image, fatbin_entries, kernel_choice, CodeEntry,
+    KernelChoice, KernelSource, HAS_CUDA12, HAS_FATBIN,
+};
 pub use ll::{ll_blocks, ll_fits, ll_recv_bytes, LlArgs, LL_MAX_BYTES};
-pub use nvrtc::{cache_dir as kernel_cache_dir, version as nvrtc_version};
+pub use nvrtc::{cache_dir as kernel_cache_dir, found as nvrtc_found, version as nvrtc_version};
 pub use peer::{
     peer_blocks, OneShotArgs, TwoShotArgs, PEER_FLAG_BYTES, PEER_MAX_BLOCKS, PEER_MAX_RANKS,
 };
 pub use steps::{PeerStep, StepsArgs};
 
 use std::ffi::c_void;
-use std::fmt;
 use std::sync::Arc;
 
 use cudarc::driver::{sys, CudaContext, CudaFunction};
 
 use crate::device::{self, Stream};
-#[cfg(ringreduce_fatbin)]
-use cudarc::nvrtc::Ptx;
-
 use crate::element::{DType, ReduceOp};
 use crate::error::{Error, Result};
 
@@ -71,10 +81,6 @@ use crate::error::{Error, Result};
 /// compiles. Embedded in every build: a driver that refuses the embedded fatbin (one older than
 /// the nvcc that built it) gets it compiled by NVRTC instead.
 const SOURCE: &str = include_str!(concat!(env!("OUT_DIR"), "/ringreduce_kernels.cu"));
-
-/// The kernels compiled by nvcc at build time.
-#[cfg(ringreduce_fatbin)]
-static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/reduce.fatbin"));
 
 /// Threads per block of every launch.
 const BLOCK_THREADS: u32 = 256;
@@ -85,120 +91,6 @@ const VECTOR_BYTES: usize = 16;
 
 /// The pairwise operators that have kernels, in table order (`Avg` combines as `Sum`).
 const PAIRWISE_OPS: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max];
-
-/// Where the loaded kernels came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KernelSource {
-    /// The fatbin nvcc built and the build embedded.
-    EmbeddedFatbin,
-    /// The kernel source (`cuda/`, joined by `build.rs`) compiled by NVRTC when the
-    /// [`KernelModule`] were made: the build had no nvcc, or `RINGREDUCE_KERNELS=nvrtc`.
-    Nvrtc,
-    /// NVRTC's, because the driver refused the embedded fatbin ([`driver_refused_image`]: a
-    /// driver older than the nvcc that built it, such as a CUDA 12 driver for kernels built
-    /// by nvcc 13).
-    NvrtcAfterFatbin,
-}
-
-impl fmt::Display for KernelSource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            KernelSource::EmbeddedFatbin => "embedded fatbin",
-            KernelSource::Nvrtc => "NVRTC",
-            KernelSource::NvrtcAfterFatbin => "NVRTC (the driver refused the embedded fatbin)",
-        })
-    }
-}
-
-/// Which kernel path this build has, for `ringreduce info` and reports: the embedded fatbin's
-/// code, as read from the fatbin itself ([`fatbin_entries`]), and the nvcc that built it.
-pub fn build_kind() -> String {
-    #[cfg(ringreduce_fatbin)]
-    {
-        let entries = fatbin_entries(FATBIN)
-            .map(|e| describe_entries(&e))
-            .unwrap_or_else(|| "unreadable".into());
-        format!(
-            "embedded fatbin ({entries}; nvcc {})",
-            env!("RINGREDUCE_NVCC_RELEASE")
-        )
-    }
-    #[cfg(not(ringreduce_fatbin))]
-    {
-        "NVRTC at first use (built without nvcc; needs libnvrtc on the GPU host)".into()
-    }
-}
-
-/// One code image of a fatbin: machine code (SASS) for one GPU architecture, or PTX for a
-/// virtual one (which a driver compiles for its GPU: newer GPUs run it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FatbinEntry {
-    /// SASS for `sm_<arch>` (e.g. 90).
-    Sass(u32),
-    /// PTX for `compute_<arch>`.
-    Ptx(u32),
-}
-
-/// The code images of a fatbin (the container nvcc's `--fatbin` writes): a 16-byte header
-/// (magic `0xBA55ED50`, version, header size, size of what follows), then entries, each a
-/// header (kind at byte 0: 1 PTX, 2 ELF/SASS; its header size at byte 4; its payload size at
-/// byte 8; the architecture at byte 28) and its payload. `None` for anything else. The layout
-/// is nvcc's, read off the fatbins it writes (`cuobjdump --list-elf/--list-ptx` lists the
-/// same); a test reads the embedded one.
-pub fn fatbin_entries(image: &[u8]) -> Option<Vec<FatbinEntry>> {
-    let u16_at = |at: usize| Some(u16::from_le_bytes(image.get(at..at + 2)?.try_into().ok()?));
-    let u32_at = |at: usize| Some(u32::from_le_bytes(image.get(at..at + 4)?.try_into().ok()?));
-    let u64_at = |at: usize| Some(u64::from_le_bytes(image.get(at..at + 8)?.try_into().ok()?));
-    if u32_at(0)? != 0xBA55_ED50 {
-        return None;
-    }
-    let header = usize::from(u16_at(6)?);
-    let end = header.checked_add(usize::try_from(u64_at(8)?).ok()?)?;
-    if end > image.len() {
-        return None;
-    }
-    let mut entries = Vec::new();
-    let mut at = header;
-    while at < end {
-        let kind = u16_at(at)?;
-        let size = usize::try_from(u32_at(at + 4)?).ok()?;
-        let payload = usize::try_from(u64_at(at + 8)?).ok()?;
-        let arch = u32_at(at + 28)?;
-        entries.push(match kind {
-            1 => FatbinEntry::Ptx(arch),
-            2 => FatbinEntry::Sass(arch),
-            _ => return None,
-        });
-        at = at.checked_add(size)?.checked_add(payload)?;
-        if size == 0 {
-            return None;
-        }
-    }
-    Some(entries)
-}
-
-/// "sm_80 + sm_90 SASS, compute_90 PTX".
-#[cfg_attr(not(ringreduce_fatbin), allow(dead_code))]
-fn describe_entries(entries: &[FatbinEntry]) -> String {
-    let list = |ptx: bool, prefix: &str| -> Vec<String> {
-        entries
-            .iter()
-            .filter_map(|e| match (e, ptx) {
-                (FatbinEntry::Sass(a), false) | (FatbinEntry::Ptx(a), true) => {
-                    Some(format!("{prefix}_{a}"))
-                }
-                _ => None,
-            })
-            .collect()
-    };
-    let (sass, ptx) = (list(false, "sm"), list(true, "compute"));
-    match (sass.is_empty(), ptx.is_empty()) {
-        (false, false) => format!("{} SASS, {} PTX", sass.join(" + "), ptx.join(" + ")),
-        (false, true) => format!("{} SASS", sass.join(" + ")),
-        (true, false) => format!("{} PTX", ptx.join(" + ")),
-        (true, true) => "no code".into(),
-    }
-}
 
 /// The kernel source (`cuda/`) loaded into one context: the reduce, scale, one-shot, two-shot,
 /// steps, LL one-shot and counter kernels.
@@ -228,7 +120,7 @@ impl KernelModule {
     /// Loads the kernels into `ctx` (the embedded fatbin, or NVRTC's PTX when the build had no
     /// nvcc) and resolves every function. Call once per context and share the result.
     pub fn new(ctx: &Arc<CudaContext>) -> Result<KernelModule> {
-        let (module, source) = load_kernels(ctx)?;
+        let (module, source) = image::load_kernels(ctx)?;
         let load = |symbol: String| device::load_function(&module, &symbol);
         // One function per pairwise operator and type, row-major over PAIRWISE_OPS × DType::ALL.
         let family = |symbol_of: fn(ReduceOp, DType) -> String| {
@@ -332,47 +224,6 @@ pub(crate) fn source_define(name: &str) -> u64 {
         .collect();
     assert_eq!(values.len(), 1, "#define {name} must appear once");
     values[0]
-}
-
-/// Whether `RINGREDUCE_KERNELS=nvrtc` asks for NVRTC's PTX even where the build embeds a fatbin
-/// (what a driver that refuses the fatbin gets; this way it can be tested on any GPU).
-#[cfg_attr(not(ringreduce_fatbin), allow(dead_code))]
-fn nvrtc_forced() -> bool {
-    std::env::var("RINGREDUCE_KERNELS").is_ok_and(|v| v.trim() == "nvrtc")
-}
-
-/// Whether `code`, the driver's answer to loading the embedded fatbin, says this driver cannot
-/// run the image (too old for the nvcc that built it, or no code for this GPU) rather than that
-/// something else failed: then NVRTC compiles the source for this driver and GPU.
-pub fn driver_refused_image(code: &str) -> bool {
-    [
-        "CUDA_ERROR_UNSUPPORTED_PTX_VERSION",
-        "CUDA_ERROR_NO_BINARY_FOR_GPU",
-        "CUDA_ERROR_INVALID_IMAGE",
-        "CUDA_ERROR_INVALID_PTX",
-        "CUDA_ERROR_JIT_COMPILER_NOT_FOUND",
-        "CUDA_ERROR_UNSUPPORTED_DEVSIDE_SYNC",
-    ]
-    .iter()
-    .any(|c| code.contains(c))
-}
-
-/// The kernels loaded into `ctx` and where they came from: the embedded fatbin where the build
-/// has one and the driver takes it, else NVRTC's PTX for the device (module doc).
-fn load_kernels(ctx: &Arc<CudaContext>) -> Result<(Arc<cudarc::driver::CudaModule>, KernelSource)> {
-    #[cfg(ringreduce_fatbin)]
-    if !nvrtc_forced() {
-        // cuModuleLoadData reads the fatbin in place; the copy lives in a heap block, which the
-        // system allocator aligns to 16 bytes (the image's header wants 8).
-        match device::load_module(ctx, Ptx::from_binary(FATBIN.to_vec())) {
-            Ok(module) => return Ok((module, KernelSource::EmbeddedFatbin)),
-            Err(Error::Cuda { code, .. }) if driver_refused_image(&code) => {
-                return Ok((nvrtc::load(ctx)?, KernelSource::NvrtcAfterFatbin));
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Ok((nvrtc::load(ctx)?, KernelSource::Nvrtc))
 }
 
 /// Index into `KernelModule::reduce`: row `op.combine_op()` in `PAIRWISE_OPS`, column `dtype`.
@@ -575,101 +426,5 @@ mod tests {
         assert!(check_aligned(DType::U8, "a", 0x1003).is_ok());
         let err = check_aligned(DType::F64, "dst", 0x1004).unwrap_err();
         assert!(err.to_string().contains("dst = 0x1004"), "{err}");
-    }
-
-    #[test]
-    fn only_a_refused_image_falls_back_to_nvrtc() {
-        for code in [
-            "CUDA_ERROR_UNSUPPORTED_PTX_VERSION",
-            "CUDA_ERROR_NO_BINARY_FOR_GPU",
-            "CUDA_ERROR_INVALID_IMAGE",
-        ] {
-            assert!(driver_refused_image(code), "{code}");
-        }
-        for code in [
-            "CUDA_ERROR_OUT_OF_MEMORY",
-            "CUDA_ERROR_INVALID_CONTEXT",
-            "CUDA_ERROR_NOT_INITIALIZED",
-        ] {
-            assert!(!driver_refused_image(code), "{code}");
-        }
-    }
-
-    /// A fatbin laid out as nvcc writes them (the entry headers' fields where nvcc puts them),
-    /// holding the given entries with payloads of `payload` bytes.
-    fn synthetic_fatbin(entries: &[FatbinEntry], payload: usize) -> Vec<u8> {
-        let mut body = Vec::new();
-        for e in entries {
-            let (kind, arch) = match *e {
-                FatbinEntry::Ptx(a) => (1u16, a),
-                FatbinEntry::Sass(a) => (2u16, a),
-            };
-            let mut header = vec![0u8; 64];
-            header[0..2].copy_from_slice(&kind.to_le_bytes());
-            header[4..8].copy_from_slice(&64u32.to_le_bytes());
-            header[8..16].copy_from_slice(&(payload as u64).to_le_bytes());
-            header[28..32].copy_from_slice(&arch.to_le_bytes());
-            body.extend(header);
-            body.extend(vec![0xAB; payload]);
-        }
-        let mut image = Vec::new();
-        image.extend(0xBA55_ED50u32.to_le_bytes());
-        image.extend(1u16.to_le_bytes());
-        image.extend(16u16.to_le_bytes());
-        image.extend((body.len() as u64).to_le_bytes());
-        image.extend(body);
-        image
-    }
-
-    #[test]
-    fn a_fatbins_entries_are_read_and_named() {
-        let entries = [
-            FatbinEntry::Sass(80),
-            FatbinEntry::Sass(90),
-            FatbinEntry::Ptx(90),
-        ];
-        let image = synthetic_fatbin(&entries, 100);
-        assert_eq!(fatbin_entries(&image).unwrap(), entries);
-        assert_eq!(
-            describe_entries(&entries),
-            "sm_80 + sm_90 SASS, compute_90 PTX"
-        );
-        // Anything else is refused, never misread: a wrong magic, a cut image, an unknown kind.
-        let mut wrong = image.clone();
-        wrong[0] ^= 1;
-        assert_eq!(fatbin_entries(&wrong), None);
-        assert_eq!(fatbin_entries(&image[..image.len() - 1]), None);
-        let mut unknown = image.clone();
-        unknown[16] = 7;
-        assert_eq!(fatbin_entries(&unknown), None);
-    }
-
-    /// What the build embeds, read from the fatbin itself: SASS for every GPU generation the
-    /// kernels are tuned for (Ampere sm_80, Hopper sm_90) and PTX, so that later GPUs (and
-    /// drivers that take PTX of this version) compile them.
-    #[cfg(ringreduce_fatbin)]
-    #[test]
-    fn the_embedded_fatbin_carries_sass_for_ampere_and_hopper_and_ptx_beyond() {
-        let entries = fatbin_entries(FATBIN).expect("nvcc's fatbin layout");
-        for want in [FatbinEntry::Sass(80), FatbinEntry::Sass(90)] {
-            assert!(entries.contains(&want), "{entries:?}");
-        }
-        assert!(
-            entries
-                .iter()
-                .any(|e| matches!(e, FatbinEntry::Ptx(a) if *a >= 80)),
-            "{entries:?}"
-        );
-        println!("embedded: {}", describe_entries(&entries));
-    }
-
-    #[test]
-    fn build_kind_names_the_path() {
-        let kind = build_kind();
-        if cfg!(ringreduce_fatbin) {
-            assert!(kind.starts_with("embedded fatbin"), "{kind}");
-        } else {
-            assert!(kind.starts_with("NVRTC"), "{kind}");
-        }
     }
 }

@@ -17,12 +17,18 @@
 //!   The cache is the user's, like the driver's own JIT cache (`~/.nv/ComputeCache`): its files
 //!   run as kernels, so the folder must be writable by the user alone.
 
+// build.rs compiles PTX with it too (`Output::Ptx`); the library only machine code.
+#[allow(dead_code)]
+pub(crate) mod library;
+
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{CudaContext, CudaModule};
-use cudarc::nvrtc::{result, sys, Ptx};
+use cudarc::nvrtc::Ptx;
+
+use self::library::{Nvrtc, Output, NVRTC_NAMES};
 
 use super::SOURCE;
 use crate::device;
@@ -41,7 +47,7 @@ const ELF_MAGIC: &[u8] = b"\x7fELF";
 /// cache's, else compiled now (module doc).
 pub(super) fn load(ctx: &Arc<CudaContext>) -> Result<Arc<CudaModule>> {
     let capability = device::compute_capability(ctx)?;
-    let version = version().ok_or_else(library_missing)?;
+    let version = library().map_err(library_missing)?.version;
     // Held while compiling: ranks of this process that need the same image wait for it.
     let mut images = IMAGES.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((_, image)) = images.iter().find(|(c, _)| *c == capability) {
@@ -67,17 +73,29 @@ pub(super) fn load(ctx: &Arc<CudaContext>) -> Result<Arc<CudaModule>> {
     Ok(module)
 }
 
+/// The libnvrtc this process compiles with, opened on first use: the file `RINGREDUCE_NVRTC`
+/// names, else the first of [`NVRTC_NAMES`] the dynamic loader finds (CUDA 13's, then 12's).
+/// `Err` says what was tried and why each failed.
+pub(crate) fn library() -> std::result::Result<&'static Nvrtc, &'static str> {
+    static NVRTC: OnceLock<std::result::Result<Nvrtc, String>> = OnceLock::new();
+    NVRTC
+        .get_or_init(|| match std::env::var("RINGREDUCE_NVRTC") {
+            Ok(path) if !path.is_empty() => Nvrtc::open(&path),
+            _ => Nvrtc::open_first(NVRTC_NAMES),
+        })
+        .as_ref()
+        .map_err(String::as_str)
+}
+
+/// Where the libnvrtc this host would compile with was found and its version, or what was tried.
+pub fn found() -> std::result::Result<(&'static Path, (i32, i32)), &'static str> {
+    library().map(|nvrtc| (nvrtc.path.as_path(), nvrtc.version))
+}
+
 /// The version of the libnvrtc this host would compile with (`nvrtcVersion`), or `None` where
 /// none can be loaded. Never panics.
 pub fn version() -> Option<(i32, i32)> {
-    // SAFETY: only probes whether libnvrtc can be loaded; cudarc panics on first use otherwise.
-    if !unsafe { sys::is_culib_present() } {
-        return None;
-    }
-    let (mut major, mut minor) = (0, 0);
-    // SAFETY: nvrtcVersion writes two ints; both are live locals.
-    let status = unsafe { sys::nvrtcVersion(&mut major, &mut minor) };
-    (status == sys::nvrtcResult::NVRTC_SUCCESS).then_some((major, minor))
+    library().ok().map(|nvrtc| nvrtc.version)
 }
 
 /// The folder of the disk cache: `RINGREDUCE_KERNEL_CACHE` (`off` turns the disk cache off),
@@ -177,58 +195,35 @@ fn compile(capability: (i32, i32)) -> Result<Vec<u8>> {
 
 /// NVRTC's CUBIN of the kernel source, compiled with `options`.
 fn compile_with(options: Vec<String>) -> Result<Vec<u8>> {
-    let fail = |call: &'static str, e: result::NvrtcError, log: String| Error::Cuda {
-        call,
-        code: format!("{:?}", e.0),
-        message: if log.is_empty() {
-            "NVRTC failed outside compilation".into()
-        } else {
-            format!("compiling the kernel source (cuda/*.cuh, joined) with {options:?}:\n{log}")
-        },
-    };
-    let source = std::ffi::CString::new(SOURCE).expect("the kernel source has no NUL");
-    let name = c"ringreduce_kernels.cu";
-    let program = result::create_program(&source, Some(name))
-        .map_err(|e| fail("nvrtcCreateProgram", e, String::new()))?;
-    // SAFETY: `program` was created above and is destroyed once, below, on every path.
-    let image = unsafe {
-        let compiled = result::compile_program(program, &options).map_err(|e| {
-            let log = result::get_program_log(program)
-                .map(|log| {
-                    let bytes: Vec<u8> = log.iter().map(|&c| c as u8).collect();
-                    String::from_utf8_lossy(&bytes)
-                        .trim_end_matches('\0')
-                        .to_string()
-                })
-                .unwrap_or_default();
-            fail("nvrtcCompileProgram", e, log)
-        });
-        let image = compiled.and_then(|()| {
-            let mut size = 0usize;
-            sys::nvrtcGetCUBINSize(program, &mut size)
-                .result()
-                .map_err(|e| fail("nvrtcGetCUBINSize", e, String::new()))?;
-            let mut image = vec![0u8; size];
-            sys::nvrtcGetCUBIN(program, image.as_mut_ptr().cast())
-                .result()
-                .map_err(|e| fail("nvrtcGetCUBIN", e, String::new()))?;
-            Ok(image)
-        });
-        let _ = result::destroy_program(program);
-        image
-    };
-    image
+    let nvrtc = library().map_err(library_missing)?;
+    nvrtc
+        .compile(SOURCE, "ringreduce_kernels.cu", &options, Output::Cubin)
+        .map_err(|failure| Error::Cuda {
+            call: failure.call,
+            code: failure.code,
+            message: if failure.log.is_empty() {
+                format!("NVRTC {} failed outside compilation", nvrtc.path.display())
+            } else {
+                format!(
+                    "compiling the kernel source (cuda/*.cuh, joined) with {options:?} (NVRTC {}):\n{}",
+                    nvrtc.path.display(),
+                    failure.log
+                )
+            },
+        })
 }
 
-/// The error for a host where no libnvrtc can be loaded.
-fn library_missing() -> Error {
+/// The error for a host where no libnvrtc can be loaded: what was tried, and why.
+fn library_missing(tried: &str) -> Error {
     Error::Cuda {
         call: "nvrtcCreateProgram",
         code: "NVRTC_LIBRARY_NOT_FOUND".to_string(),
-        message: "libnvrtc could not be loaded, and the embedded kernels (if any) could not be \
-                  used: install CUDA's NVRTC (libnvrtc.so) for this driver, or build with nvcc \
-                  (set NVCC, see .ci/install-nvcc.sh)"
-            .to_string(),
+        message: format!(
+            "libnvrtc could not be loaded ({tried}), and the embedded kernels (if any) could \
+             not be used: install CUDA's NVRTC for this driver (libnvrtc.so.13 or .so.12 on the \
+             library path, or RINGREDUCE_NVRTC=<file>), or build with nvcc (set NVCC, see \
+             .ci/install-nvcc.sh)"
+        ),
     }
 }
 
@@ -296,6 +291,48 @@ mod tests {
             cached(None, || Ok(image.clone())).unwrap(),
             Cached::Compiled(image)
         );
+    }
+
+    /// The loader end to end, on the CPU (NVRTC needs no GPU): the NVRTC 12 that CI installs
+    /// (`NVRTC_CUDA12`) opens, says its version, compiles a kernel into machine code for sm_90
+    /// and into PTX, and a broken kernel comes back as NVRTC's compilation error with the
+    /// compiler's log. Waived where `NVRTC_CUDA12` is not set.
+    #[test]
+    fn an_nvrtc_named_by_path_compiles_and_reports_errors_with_its_log() {
+        let Some(path) = std::env::var("NVRTC_CUDA12").ok().filter(|p| !p.is_empty()) else {
+            println!("waived: needs NVRTC_CUDA12 (a libnvrtc.so.12; .ci/install-nvcc.sh)");
+            return;
+        };
+        let nvrtc = Nvrtc::open(&path).unwrap();
+        assert_eq!(nvrtc.version.0, 12, "{:?}", nvrtc.version);
+        let source = "extern \"C\" __global__ void twice(float* x) { x[threadIdx.x] *= 2.0f; }";
+        let arch = |a: &str| vec![format!("--gpu-architecture={a}")];
+        let cubin = nvrtc
+            .compile(source, "t.cu", &arch("sm_90"), Output::Cubin)
+            .unwrap();
+        assert!(cubin.starts_with(ELF_MAGIC));
+        let ptx = nvrtc
+            .compile(source, "t.cu", &arch("compute_80"), Output::Ptx)
+            .unwrap();
+        let ptx = String::from_utf8_lossy(&ptx);
+        assert!(ptx.contains(".entry twice"), "{ptx}");
+        let broken = nvrtc
+            .compile(
+                "__global__ void k() { undeclared(); }",
+                "t.cu",
+                &arch("sm_90"),
+                Output::Cubin,
+            )
+            .unwrap_err();
+        assert_eq!(broken.call, "nvrtcCompileProgram");
+        assert_eq!(broken.code, "NVRTC_ERROR_COMPILATION");
+        assert!(broken.log.contains("undeclared"), "{}", broken.log);
+        // A file that is no NVRTC is refused by name, and a missing one says so.
+        assert!(Nvrtc::open("/nonexistent/libnvrtc.so.12").is_err());
+        let err = Nvrtc::open_first(["/nonexistent/a.so", "/nonexistent/b.so"])
+            .err()
+            .unwrap();
+        assert!(err.contains("a.so") && err.contains("b.so"), "{err}");
     }
 
     #[test]
