@@ -263,3 +263,66 @@ fn fp8_meetings_accumulate_in_f32() {
         }
     }
 }
+
+/// Over staged edges (ranks that cannot read each other's device memory) the one-shot publishes
+/// each rank's source into host memory and folds every rank's host copy: exact for every world,
+/// count, operator and placement, on the plan a GPU without peer access would run.
+#[test]
+fn the_staged_oneshot_is_exact() {
+    for world in [2, 3, 5] {
+        let config = HostConfig {
+            algorithm: ringreduce::Algorithm::OneShot,
+            transport: ringreduce::Transport::Staged,
+            ..HostConfig::default()
+        };
+        let comm = Communicator::host_with(world, config).unwrap();
+        for count in [1, 7, 1000, 65_537] {
+            for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max] {
+                for in_place in [false, true] {
+                    run_case::<f32>(&comm, count, op, in_place);
+                }
+            }
+            run_case::<i32>(&comm, count, ReduceOp::Prod, false);
+            run_case::<f64>(&comm, count, ReduceOp::Min, true);
+        }
+    }
+}
+
+/// `Auto` over staged edges: the staged one-shot for small messages, the ring above the limit
+/// (scaled by 2/n) — and, with deterministic folds on more than two ranks, the staged one-shot
+/// at every size (it folds in rank order; the ring does not). The two-shot cannot run staged and
+/// is refused when the communicator is made.
+#[test]
+fn auto_over_staged_edges_takes_the_staged_oneshot_for_small_messages() {
+    use ringreduce::exec::algorithm::STAGED_ONESHOT_AUTO_MAX_BYTES;
+    use ringreduce::{Algorithm, Transport};
+    let staged = |deterministic| HostConfig {
+        algorithm: Algorithm::Auto,
+        transport: Transport::Staged,
+        deterministic,
+        ..HostConfig::default()
+    };
+    let comm = Communicator::host_with(4, staged(false)).unwrap();
+    let limit = STAGED_ONESHOT_AUTO_MAX_BYTES / 2;
+    assert_eq!(comm.algorithm_for(limit, true), Algorithm::OneShot);
+    assert_eq!(comm.algorithm_for(limit + 4, true), Algorithm::Ring);
+    for count in [limit / 4, limit / 4 + 1, 3, limit / 4 + 1] {
+        run_case::<f32>(&comm, count, ReduceOp::Sum, true);
+        run_case::<f32>(&comm, count, ReduceOp::Avg, false);
+    }
+    let deterministic = Communicator::host_with(4, staged(true)).unwrap();
+    assert_eq!(
+        deterministic.algorithm_for(64 << 20, true),
+        Algorithm::OneShot
+    );
+    run_case::<f32>(&deterministic, limit, ReduceOp::Sum, true);
+    let twoshot = HostConfig {
+        algorithm: Algorithm::TwoShot,
+        ..staged(false)
+    };
+    let err = Communicator::host_with(4, twoshot)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("staged edges cannot"), "{err}");
+}

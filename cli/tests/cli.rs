@@ -366,7 +366,7 @@ fn plan_refuses_bad_input_clearly() {
         (&["plan", "--ranks", "0"][..], "--ranks"),
         (&["plan", "--chunk", "0"], "--chunk"),
         (&["plan", "--algorithm", "auto"], "ring, oneshot or twoshot"),
-        (&["plan", "--algorithm", "oneshot", "--staged"], "ring only"),
+        (&["plan", "--algorithm", "twoshot", "--staged"], "ring only"),
     ] {
         let out = ringreduce(args);
         assert_no_panic(&format!("{args:?}"), &out);

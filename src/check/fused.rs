@@ -27,8 +27,8 @@
 //! Invariant: a plan these accept runs with the same results and the same race verdict whether
 //! an executor honours the fusions and the skipped exposure or not.
 
-use super::{accesses, describe, peer_sources, reject, Check};
-use crate::plan::{BufKind, Op, Plan, Region};
+use super::{accesses, describe, peer_destinations, peer_sources, reject, Check};
+use crate::plan::{Op, Plan, Region};
 
 /// Every `Expose` is published for its next instruction alone (module doc).
 pub(super) fn check_exposures(plan: &Plan) -> Check {
@@ -38,8 +38,9 @@ pub(super) fn check_exposures(plan: &Plan) -> Check {
                 continue;
             };
             let here = describe(plan, rank, i);
-            let exposed = plan.buffer(rank, BufKind::Exposed);
-            if Some(dst.buf) != exposed || plan.decl(src.buf).rank != rank {
+            let target = plan.buffers.get(dst.buf.0);
+            let exposed = target.is_some_and(|d| d.rank == rank && d.kind.is_exposure());
+            if !exposed || plan.decl(src.buf).rank != rank {
                 return reject(format!(
                     "{here} does not publish a range of its own rank into its own exposed copy"
                 ));
@@ -52,13 +53,16 @@ pub(super) fn check_exposures(plan: &Plan) -> Check {
             }
             let next = program.get(i + 1);
             let meeting = match next.map(|n| (n.stream, n.op)) {
-                Some((stream, op @ Op::PeerReduce { dst: written, .. }))
-                    if stream == instr.stream =>
-                {
+                Some((stream, op @ Op::PeerReduce { .. })) if stream == instr.stream => {
                     let own_source = peer_sources(plan, &op)
                         .into_iter()
                         .find(|r| plan.decl(r.buf).rank == rank);
-                    if own_source != Some(dst) || written != src {
+                    // It writes the range published from exactly, or nothing of it (a staged
+                    // one-shot out of place publishes its input and writes its output).
+                    let writes_src_partly = peer_destinations(plan, &op)
+                        .iter()
+                        .any(|w| w.buf == src.buf && w.overlaps(&src) && *w != src);
+                    if own_source != Some(dst) || writes_src_partly {
                         return reject(format!(
                             "{here} is not followed by a meeting that reads exactly what it \
                              publishes and writes exactly what it publishes from"

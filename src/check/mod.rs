@@ -45,7 +45,9 @@
 //! coarse forms, each checked once and compared for every other count ([`coarsen`]).
 //!
 //! Beside the four, [`check_exports`] proves what a plan needs of memory across processes: a
-//! rank touches another rank's buffers only where that rank exports them; and
+//! rank touches another rank's buffers only where that rank exports them; [`check_staged`],
+//! that a plan runs on ranks without peer access (no rank touches another's device memory,
+//! `reach.rs`); and
 //! [`check_hierarchy`] proves a job on several hosts ([`crate::plan::hierarchy`]): its stages,
 //! each a collective of one level or a local copy, compose into the job's collective.
 //!
@@ -63,6 +65,7 @@ mod exports;
 mod fused;
 mod hierarchy;
 mod races;
+mod reach;
 mod result;
 mod scaled;
 mod shape;
@@ -106,6 +109,13 @@ pub fn check(plan: &Plan) -> Check {
     let order = enqueue_order(plan)?;
     check_races(plan, &order, 2)?;
     check_result(plan, &order)
+}
+
+/// [`check`], and that the plan runs on ranks without peer access: it touches no other rank's
+/// device memory (`reach.rs`).
+pub fn check_staged(plan: &Plan) -> Check {
+    check(plan)?;
+    reach::check_reach(plan)
 }
 
 /// How messages name an instruction: its rank, index, operation, stream and place in the algorithm.

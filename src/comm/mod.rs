@@ -81,6 +81,9 @@ struct Facts {
     edges: Vec<EdgeInfo>,
     algorithm: Algorithm,
     peers_ok: bool,
+    /// The all-reduce runs the staged algorithms ([`Algorithm::choose_staged`]): host ranks
+    /// with `Transport::Staged`.
+    staged: bool,
     deterministic: bool,
 }
 
@@ -134,6 +137,7 @@ impl Communicator {
             edges: Vec::new(),
             algorithm: config.algorithm,
             peers_ok: true,
+            staged: config.transport == crate::Transport::Staged,
             deterministic: config.deterministic,
         };
         Ok(Communicator::from_executor(
@@ -173,6 +177,7 @@ impl Communicator {
             edges: exec.edges().to_vec(),
             algorithm,
             peers_ok: exec.peers_ok(),
+            staged: false,
             deterministic,
         };
         let mut comm =
@@ -199,6 +204,11 @@ impl Communicator {
     /// The rule is [`Algorithm::choose`]'s; this never waits for a running call.
     pub fn algorithm_for(&self, bytes_per_rank: usize, in_place: bool) -> Algorithm {
         let f = &self.facts;
+        if f.staged {
+            return f
+                .algorithm
+                .choose_staged(bytes_per_rank, self.world, f.deterministic);
+        }
         f.algorithm.choose(
             bytes_per_rank,
             self.world,
@@ -668,6 +678,13 @@ pub(crate) fn check_host_config(world: usize, config: &HostConfig) -> Result<()>
         std::mem::size_of::<u64>(),
     )?;
     config::check_timeout(config.timeout)?;
+    if config.transport == crate::Transport::Staged && config.algorithm == Algorithm::TwoShot {
+        return Err(Error::InvalidArgument(
+            "the two-shot reads its peers' buffers, which staged edges cannot: use the ring, the \
+             one-shot (staged, through host copies) or Auto"
+                .into(),
+        ));
+    }
     check_deterministic_if(config.deterministic, config.algorithm, world, true)
 }
 

@@ -69,6 +69,37 @@ pub fn deterministic_needs_peers(world: usize) -> bool {
     world > 2
 }
 
+/// The largest all-reduce (bytes per rank, on two ranks; scaled by `2/n` as the one-shot's
+/// limit) for which [`Algorithm::Auto`] runs the staged one-shot ([`crate::plan::staged`]) where
+/// edges are staged; the ring above it. Provisional: each rank reads every rank's copy from host
+/// memory (n·count elements over the host link) against the ring's two copies of 2(n−1)/n·count
+/// per step, so the one-shot wins while the ring's fixed cost (~50 µs staged on 2×H200,
+/// docs/PERFORMANCE.md) dominates; the crossover is to be measured in the two-GPU run.
+pub const STAGED_ONESHOT_AUTO_MAX_BYTES: usize = 256 << 10;
+
+impl Algorithm {
+    /// The all-reduce algorithm where edges are staged (no peer access): `Auto` takes the
+    /// staged one-shot up to [`STAGED_ONESHOT_AUTO_MAX_BYTES`] (scaled by `2/n`) and the ring
+    /// above — the staged one-shot at every size where `deterministic` needs rank-order folds
+    /// that the ring does not give ([`deterministic_needs_peers`]); `OneShot` is the staged
+    /// one-shot at every size; the rest are themselves (the caller refuses what cannot run
+    /// staged).
+    pub fn choose_staged(self, bytes: usize, world: usize, deterministic: bool) -> Algorithm {
+        match self {
+            Algorithm::Auto if world > 1 => {
+                let limit = STAGED_ONESHOT_AUTO_MAX_BYTES.saturating_mul(2) / world;
+                if bytes <= limit || deterministic && deterministic_needs_peers(world) {
+                    Algorithm::OneShot
+                } else {
+                    Algorithm::Ring
+                }
+            }
+            Algorithm::Auto => Algorithm::Ring,
+            other => other,
+        }
+    }
+}
+
 impl Algorithm {
     /// The algorithm that runs a message of `bytes` per rank over `world` ranks, in place or
     /// not; `peers_ok` says whether the peer-reading algorithms can run at all (every pair of

@@ -151,6 +151,21 @@ impl Shape {
         Ok(plan)
     }
 
+    /// Builds the staged one-shot all-reduce for this shape over `world` ranks
+    /// ([`crate::plan::staged`]) and proves it with the checker, reach included: it runs on
+    /// ranks without peer access.
+    pub(crate) fn checked_staged_oneshot_plan(&self, world: usize) -> Result<Plan> {
+        let plan = crate::plan::StagedOneShotSpec {
+            world,
+            count: self.count,
+            in_place: self.in_place,
+            op: self.plan_op(),
+        }
+        .build()?;
+        crate::check::check_staged(&plan)?;
+        Ok(plan)
+    }
+
     /// Builds the two-shot plan for this shape over `world` ranks (segments aligned to
     /// `align_elems`, gathered as the executor runs it: [`Gather`]) and proves it with the
     /// checker.
@@ -195,7 +210,11 @@ pub(crate) fn caller_address(decl: &BufferDecl, inputs: &[u64], outputs: &[u64])
         BufKind::Output => at(outputs, decl.rank),
         BufKind::SendBuf(i) => at(inputs, i),
         BufKind::RecvBuf(i) => at(outputs, i),
-        BufKind::Slots | BufKind::HostSlots | BufKind::Exposed | BufKind::Scratch => None,
+        BufKind::Slots
+        | BufKind::HostSlots
+        | BufKind::Exposed
+        | BufKind::HostExposed
+        | BufKind::Scratch => None,
     }
 }
 

@@ -109,12 +109,14 @@ pub mod reduce;
 pub mod reducescatter;
 pub mod ring;
 pub mod sendrecv;
+pub mod staged;
 pub mod twoshot;
 
 pub use collective::{Collective, CollectiveSpec, Transfer};
 pub use oneshot::OneShotSpec;
 pub use push::{max_chunks, MAX_CHUNK_STEPS};
 pub use ring::{EdgeTransport, RingSpec};
+pub use staged::StagedOneShotSpec;
 pub use twoshot::{Gather, TwoShotSpec};
 
 use std::fmt;
@@ -140,6 +142,9 @@ pub enum BufKind {
     HostSlots,
     /// A rank's copy of its in-place buffer that the other ranks read (one-shot in place).
     Exposed,
+    /// A rank's copy of its source in pinned host memory that the other ranks read: the
+    /// one-shot over staged edges ([`staged`]), whose ranks cannot read each other's devices.
+    HostExposed,
     /// A rank's device scratch for partial sums that its output has no room for (ring
     /// reduce-scatter out of place, the reduce chain's non-root ranks); allocated like `Slots`.
     Scratch,
@@ -161,12 +166,18 @@ pub enum Memory {
 }
 
 impl BufKind {
-    /// Device memory for everything but the host staging slots.
+    /// Device memory for everything but the host staging slots and host exposed copies.
     pub fn memory(self) -> Memory {
         match self {
-            BufKind::HostSlots => Memory::Host,
+            BufKind::HostSlots | BufKind::HostExposed => Memory::Host,
             _ => Memory::Device,
         }
+    }
+
+    /// True for a rank's exposed copies ([`BufKind::Exposed`], [`BufKind::HostExposed`]): what
+    /// an [`Op::Expose`] publishes into.
+    pub fn is_exposure(self) -> bool {
+        matches!(self, BufKind::Exposed | BufKind::HostExposed)
     }
 
     /// True for the caller's buffers (inputs, outputs, send and receive buffers), false for the
@@ -274,7 +285,8 @@ pub enum Op {
     Record(EventId),
     /// Make this stream wait for the event's record (enqueued after that record, or it is a no-op).
     Wait(EventId),
-    /// `dst = src`, where `dst` is this rank's [`BufKind::Exposed`] copy, published for the next
+    /// `dst = src`, where `dst` is this rank's exposed copy ([`BufKind::Exposed`], or
+    /// [`BufKind::HostExposed`] over staged edges), published for the next
     /// instruction alone: a peer reduce on the same stream whose source on this rank is exactly
     /// `dst`, and which writes `src` itself or nothing `src` holds. Nothing else reads `dst`
     /// (the shape check proves all three). So an executor may run it as a copy, inside that
@@ -283,7 +295,7 @@ pub enum Op {
     /// one-shot): then the meeting takes this rank's source from `src`, which holds the same
     /// elements.
     Expose {
-        /// The range published (the in-place buffer).
+        /// The range published (the in-place buffer, or the input of a staged one-shot).
         src: Region,
         /// The exposed copy written.
         dst: Region,

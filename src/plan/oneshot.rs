@@ -326,7 +326,7 @@ fn local_copy(plan: &Plan, rank: usize) -> Vec<Op> {
 }
 
 /// A rank's program: `ops` in order on its Main stream.
-fn on_main(ops: Vec<Op>) -> Vec<Instr> {
+pub(super) fn on_main(ops: Vec<Op>) -> Vec<Instr> {
     ops.into_iter()
         .map(|op| Instr {
             stream: StreamKind::Main,

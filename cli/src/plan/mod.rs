@@ -15,8 +15,8 @@ mod timeline;
 
 use crate::{parse_op, parse_positive, Failure};
 use ringreduce::plan::{
-    Collective, CollectiveSpec, EdgeTransport, Gather, OneShotSpec, Plan, RingSpec, Transfer,
-    TwoShotSpec,
+    Collective, CollectiveSpec, EdgeTransport, Gather, OneShotSpec, Plan, RingSpec,
+    StagedOneShotSpec, Transfer, TwoShotSpec,
 };
 use ringreduce::ReduceOp;
 use std::path::PathBuf;
@@ -132,8 +132,10 @@ pub struct PlanArgs {
     /// In place: the output is the input buffer.
     #[arg(long)]
     pub in_place: bool,
-    /// Every ring edge staged through pinned host memory (device→host on the sender, host→device
-    /// on the receiver) instead of peer copies.
+    /// Ranks without peer access: every ring edge staged through pinned host memory
+    /// (device→host on the sender, host→device on the receiver) instead of peer copies; the
+    /// one-shot's sources published into host copies its peers read. Checked for that too (no
+    /// rank touches another's device memory).
     #[arg(long)]
     pub staged: bool,
     /// Reduction: sum, prod, min, max or avg (only avg changes the plan: it adds the scaling).
@@ -149,12 +151,15 @@ pub fn build(args: &PlanArgs) -> Result<(Plan, String), Failure> {
     let ring_only = [
         (args.chunk.is_some(), "--chunk"),
         (args.slots.is_some(), "--slots"),
-        (args.staged, "--staged"),
+        (
+            args.staged && args.algorithm != PlanAlgorithm::OneShot,
+            "--staged",
+        ),
     ];
     if args.algorithm != PlanAlgorithm::Ring {
         if let Some((_, flag)) = ring_only.iter().find(|(given, _)| *given) {
             return Err(Failure::Usage(format!(
-                "{flag} applies to the ring only, not to the {}",
+                "{flag} applies to the ring only (--staged to the one-shot too), not to the {}",
                 args.algorithm.name()
             )));
         }
@@ -236,6 +241,14 @@ pub fn build(args: &PlanArgs) -> Result<(Plan, String), Failure> {
             );
             spec.build().map(|plan| (plan, shape + &knobs))
         }
+        PlanAlgorithm::OneShot if args.staged => StagedOneShotSpec {
+            world,
+            count,
+            in_place,
+            op,
+        }
+        .build()
+        .map(|plan| (plan, shape + "; staged: through host copies")),
         PlanAlgorithm::OneShot => OneShotSpec {
             world,
             count,
@@ -269,7 +282,11 @@ pub fn build(args: &PlanArgs) -> Result<(Plan, String), Failure> {
 pub fn run(args: &PlanArgs) -> Result<(), Failure> {
     let (plan, title) = build(args)?;
     out!("# {title}");
-    let verdict = ringreduce::check::check(&plan);
+    let verdict = if args.staged {
+        ringreduce::check::check_staged(&plan)
+    } else {
+        ringreduce::check::check(&plan)
+    };
     let result = if plan.collective == Collective::AllReduce {
         "every output element holds every rank's contribution once"
     } else {
@@ -278,7 +295,12 @@ pub fn run(args: &PlanArgs) -> Result<(), Failure> {
     match &verdict {
         Ok(()) => out!(
             "checked: ok (shape; enqueue order without deadlock; no data race over two \
-             back-to-back calls; {result})"
+             back-to-back calls; {result}{})",
+            if args.staged {
+                "; no rank touches another rank's device memory"
+            } else {
+                ""
+            }
         ),
         Err(why) => out!("checked: REJECTED: {why}"),
     }
@@ -391,11 +413,19 @@ mod tests {
             let err = parse(argv).err().unwrap_or_else(|| panic!("{argv:?}"));
             assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);
         }
-        let args = parse(&["--algorithm", "oneshot", "--staged"]).unwrap();
+        let args = parse(&["--algorithm", "twoshot", "--staged"]).unwrap();
         match build(&args) {
             Err(Failure::Usage(why)) => assert!(why.contains("--staged"), "{why}"),
-            _ => panic!("--staged with the one-shot was accepted"),
+            _ => panic!("--staged with the two-shot was accepted"),
         }
+        // The one-shot takes it: its staged form, through host copies.
+        let args = parse(&["--algorithm", "oneshot", "--staged"]).unwrap();
+        let (plan, title) = build(&args).unwrap();
+        assert!(title.contains("staged: through host copies"), "{title}");
+        assert!(plan
+            .buffers
+            .iter()
+            .any(|b| b.kind == ringreduce::plan::BufKind::HostExposed));
         let args = parse(&["--algorithm", "twoshot", "--ranks", "65"]).unwrap();
         assert!(matches!(build(&args), Err(Failure::Failed(_))));
     }

@@ -18,6 +18,7 @@ pub fn kind_name(kind: BufKind) -> &'static str {
         BufKind::Slots => "slots",
         BufKind::HostSlots => "host-slots",
         BufKind::Exposed => "exposed",
+        BufKind::HostExposed => "host-exposed",
         BufKind::Scratch => "scratch",
         BufKind::SendBuf(_) => "send",
         BufKind::RecvBuf(_) => "recv",

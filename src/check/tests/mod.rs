@@ -613,3 +613,79 @@ fn an_order_that_splits_a_meeting_is_rejected() {
         ),
     );
 }
+
+fn staged(world: usize, count: usize, in_place: bool) -> Plan {
+    crate::plan::StagedOneShotSpec {
+        world,
+        count,
+        in_place,
+        op: ReduceOp::Sum,
+    }
+    .build()
+    .unwrap()
+}
+
+#[test]
+fn staged_ring_plans_reach_no_peers_device_memory() {
+    // The ring over staged edges moves every chunk through the sender's host slots: it runs
+    // where peer access is missing, as the staged one-shot does.
+    for world in 2..=4 {
+        for in_place in [true, false] {
+            let mut s = spec(world, 13, 3, 2, EdgeTransport::Staged);
+            s.in_place = in_place;
+            check_staged(&s.build().unwrap()).unwrap_or_else(|e| panic!("{s:?}: {e}"));
+            let mut peer = spec(world, 13, 3, 2, EdgeTransport::Peer);
+            peer.in_place = in_place;
+            let err = check_staged(&peer.build().unwrap()).unwrap_err();
+            assert!(err.0.contains("without peer access"), "{err}");
+        }
+    }
+}
+
+#[test]
+fn a_staged_oneshot_reading_a_peers_device_buffer_is_refused_by_reach_alone() {
+    // Rank 1 folds every rank's input instead of their host copies: the same values (the plan
+    // is out of place, nothing writes the inputs), so the other checks pass; only reach sees
+    // that it reads device memory of ranks 0 and 2. (Its own host copy, which the others still
+    // read, becomes a plain copy: an exposure must be followed by a meeting that reads it.)
+    let mut broken = staged(3, 8, false);
+    if let Op::Expose { src, dst } = broken.ranks[1][0].op {
+        broken.ranks[1][0].op = Op::Copy { src, dst };
+    }
+    let i = peer_reduce_at(&broken, 1);
+    if let Op::PeerReduce { src, .. } = &mut broken.ranks[1][i].op {
+        *src = BufKind::Input;
+    }
+    check(&broken).unwrap();
+    let err = check_staged(&broken).unwrap_err();
+    assert!(
+        err.0.contains("rank 0's Input buffer, device memory"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_exposure_whose_meeting_writes_part_of_the_published_range_is_refused() {
+    // In place, rank 0 publishes the first half of its buffer and its meeting writes elements
+    // 2..6 of it: an executor that skips the exposure (sending the buffer itself) would send
+    // elements the meeting is overwriting.
+    let mut broken = staged(2, 8, true);
+    if let Op::Expose { src, dst } = &mut broken.ranks[0][0].op {
+        src.count = 4;
+        dst.count = 4;
+    }
+    let i = peer_reduce_at(&broken, 0);
+    if let Op::PeerReduce { dst, count, .. } = &mut broken.ranks[0][i].op {
+        dst.offset = 2;
+        dst.count = 4;
+        *count = 4;
+    }
+    rejects(&broken, "writes exactly what it publishes from");
+}
+
+#[test]
+fn a_staged_oneshot_rank_that_never_publishes_is_caught() {
+    let mut broken = staged(3, 8, false);
+    broken.ranks[2].remove(0);
+    rejects(&broken, "nothing has written");
+}

@@ -309,7 +309,11 @@ impl HostExecutor {
             .buffers
             .iter()
             .map(|decl| match decl.kind {
-                BufKind::Slots | BufKind::HostSlots | BufKind::Exposed | BufKind::Scratch => decl
+                BufKind::Slots
+                | BufKind::HostSlots
+                | BufKind::Exposed
+                | BufKind::HostExposed
+                | BufKind::Scratch => decl
                     .len
                     .checked_mul(shape.elem_bytes)
                     .ok_or(Error::Internal {
@@ -472,6 +476,22 @@ fn checked_host_plan<P>(
             shape.checked_oneshot_collective_plan(world)
         } else {
             shape.checked_collective_plan(chunk, slots, 1, transports)
+        };
+    }
+    // Staged edges: the host runs the plans ranks without peer access would (the staged
+    // one-shot reads only host copies; the ring moves chunks through host slots).
+    if config.transport == Transport::Staged {
+        return match config
+            .algorithm
+            .choose_staged(bytes, world, config.deterministic)
+        {
+            Algorithm::OneShot => shape.checked_staged_oneshot_plan(world),
+            Algorithm::TwoShot => Err(Error::InvalidArgument(
+                "the two-shot reads its peers' buffers: it cannot run over staged edges (use \
+                 the ring, the one-shot or Auto)"
+                    .into(),
+            )),
+            _ => cache.checked_ring_plan(shape, chunk, slots, 1, transports),
         };
     }
     match config

@@ -188,7 +188,11 @@ pub(super) struct Allocated {
 pub(super) fn owned(kind: BufKind, copy_callers: bool) -> bool {
     matches!(
         kind,
-        BufKind::Slots | BufKind::Scratch | BufKind::HostSlots | BufKind::Exposed
+        BufKind::Slots
+            | BufKind::Scratch
+            | BufKind::HostSlots
+            | BufKind::HostExposed
+            | BufKind::Exposed
     ) || copy_callers && kind.is_callers()
 }
 
@@ -272,7 +276,7 @@ impl RankExecutor {
                 },
                 kind => {
                     let own = match kind {
-                        BufKind::HostSlots => {
+                        BufKind::HostSlots | BufKind::HostExposed => {
                             Staging::Host(fabric.exportable_host(&res.ctx, bytes)?)
                         }
                         _ => Staging::Device(fabric.exportable(&res.ctx, bytes)?),

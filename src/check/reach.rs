@@ -1,0 +1,36 @@
+//! Reach: a plan for ranks that cannot read each other's device memory (staged edges: no peer
+//! access between them, the article's trade-offs) touches no other rank's device memory — every
+//! buffer of another rank it reads or writes is pinned host memory, which every GPU maps
+//! ([`crate::plan::Memory`]). The other checks prove what a plan computes; this one, that it can
+//! run where peer access is missing at all (on CUDA, a peer read without access is an illegal
+//! address, or through a host bounce buffer ten times slower, never a wrong plan the others see).
+//!
+//! Invariant: an empty range touches nothing (a meeting's zero-element "join" reads no memory).
+
+use super::{accesses, describe, reject, Check};
+use crate::plan::{Memory, Plan};
+
+/// Every range of another rank's buffer that an instruction touches lies in host memory.
+pub(super) fn check_reach(plan: &Plan) -> Check {
+    for (rank, program) in plan.ranks.iter().enumerate() {
+        for (index, instr) in program.iter().enumerate() {
+            let (reads, writes) = accesses(plan, &instr.op);
+            for region in reads.iter().chain(&writes).filter(|r| r.count > 0) {
+                // An undeclared buffer is the shape check's to reject.
+                let Some(decl) = plan.buffers.get(region.buf.0) else {
+                    continue;
+                };
+                if decl.rank != rank && decl.kind.memory() == Memory::Device {
+                    return reject(format!(
+                        "{} touches rank {}'s {:?} buffer, device memory it cannot reach \
+                         without peer access",
+                        describe(plan, rank, index),
+                        decl.rank,
+                        decl.kind
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
