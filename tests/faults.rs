@@ -119,6 +119,16 @@ fn plan_of(
         .build()
         .unwrap();
     }
+    if config.algorithm == Algorithm::OneShot && config.transport == Transport::Staged {
+        return ringreduce::plan::StagedOneShotSpec {
+            world,
+            count,
+            in_place,
+            op,
+        }
+        .build()
+        .unwrap();
+    }
     if config.algorithm == Algorithm::OneShot {
         return OneShotSpec {
             world,
@@ -167,7 +177,7 @@ fn case(seed: u64) -> Case {
         ReduceOp::Sum
     };
     let kind = [FaultKind::Fail, FaultKind::Panic, FaultKind::Stall][seed as usize % 3];
-    let config = HostConfig {
+    let mut config = HostConfig {
         chunk_elems: rng.range(1, 16),
         slots: rng.range(1, 3),
         transport: if rng.next() % 2 == 0 {
@@ -191,6 +201,10 @@ fn case(seed: u64) -> Case {
         },
         deterministic: false,
     };
+    // The two-shot reads its peers' buffers: it has no staged form.
+    if config.algorithm == Algorithm::TwoShot {
+        config.transport = Transport::Peer;
+    }
     let plan = plan_of(world, count, in_place, op, &config);
     let rank = rng.range(0, world - 1);
     let program = &plan.ranks[rank];

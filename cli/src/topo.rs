@@ -76,7 +76,7 @@ pub fn gather() -> Result<TopoReport, Failure> {
     let n = devices.len();
     let affinity = devices
         .iter()
-        .map(|d| sysfs_affinity(&d.pci_bus_id))
+        .map(|d| ringreduce::topo::pci_affinity(&d.pci_bus_id))
         .collect();
     let attributes = (0..n)
         .map(|a| {
@@ -108,19 +108,6 @@ pub fn gather() -> Result<TopoReport, Failure> {
         versions,
         ring,
     })
-}
-
-/// NUMA node and local CPU list of the PCI device `bus_id`, from sysfs (Linux); `None` when the file
-/// is missing or unreadable. The kernel writes `-1` for "no NUMA information".
-fn sysfs_affinity(bus_id: &str) -> (Option<String>, Option<String>) {
-    let dir = std::path::Path::new("/sys/bus/pci/devices").join(bus_id.to_ascii_lowercase());
-    let read = |name: &str| {
-        std::fs::read_to_string(dir.join(name))
-            .ok()
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-    };
-    (read("numa_node"), read("local_cpulist"))
 }
 
 /// The NCCL version as cudarc finds it, or why not ([`ringreduce_cli::baseline`] does the looking).

@@ -220,7 +220,8 @@ unsafe impl Send for PinnedHost {}
 unsafe impl Sync for PinnedHost {}
 
 impl PinnedHost {
-    /// Allocates `len_bytes` (> 0) of portable pinned host memory in `ctx`, zeroed; binds `ctx`.
+    /// Allocates `len_bytes` (> 0) of portable pinned host memory in `ctx`, zeroed, on the NUMA
+    /// node of `ctx`'s GPU where the host says which (`numa.rs`); binds `ctx`.
     /// The memory lives as long as this value (which holds `ctx` alive: destroying the allocating
     /// context would free it).
     pub fn new(ctx: &Arc<CudaContext>, len_bytes: usize) -> Result<Self> {
@@ -231,6 +232,8 @@ impl PinnedHost {
         }
         let _quiet = super::gate::quiet();
         bind(ctx)?;
+        // The pages on the GPU's NUMA node (`numa.rs`).
+        let _near = super::numa::prefer_node(super::numa::gpu_node(ctx.ordinal()));
         let ptr = guard("cuMemHostAlloc", || {
             // SAFETY: `ctx` is current; the returned memory is uninitialized, and we zero it below
             // before anything can read it.
@@ -265,7 +268,10 @@ impl PinnedHost {
         }
         let _quiet = super::gate::quiet();
         bind(ctx)?;
+        // The pages (reserved by `posix_fallocate` there) on the GPU's NUMA node (`numa.rs`).
+        let near = super::numa::prefer_node(super::numa::gpu_node(ctx.ordinal()));
         let (ptr, fd) = ipc::create_shared_host(ctx, len_bytes)?;
+        drop(near);
         ipc::register_fd(ptr as u64, len_bytes, fd);
         Ok(Self {
             ptr,

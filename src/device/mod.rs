@@ -20,6 +20,7 @@
 //! | `module.rs` | loading kernel code into a context ([`load_module`], [`load_function`], [`compute_capability`]) |
 //! | `peer.rs` | peer access ([`can_access_peer`], [`enable_peer_access`], [`p2p_attributes`]), pool access grants, pointer queries |
 //! | `memory.rs` | [`DeviceBuffer`], [`PinnedHost`], asynchronous copies and fills ([`memcpy_peer_async`], [`memcpy_async`], [`memset_d32_async`]) |
+//! | `numa.rs` | pinned host memory on its GPU's NUMA node (the allocating thread's memory policy, set and restored around the allocation) |
 //! | `stream.rs` | [`Stream`], [`Event`], [`record`], [`wait`] (and the trap of waiting before recording), synchronize, query, elapsed time, a caller's stream ([`CallerStream`]: a cudarc stream or a raw handle, its capture status), cudarc's [`tracking_stream`], and the crate's one kernel launch (`launch_kernel`: every kernel of `exec::cuda::kernels` goes through it) |
 //! | `gate.rs` | [`gate`]: this crate's blocking calls wait for spinning peer kernels and hold new launches back |
 //!
@@ -116,6 +117,7 @@ pub mod gate;
 pub(crate) mod ipc;
 mod memory;
 mod module;
+pub(crate) mod numa;
 mod peer;
 mod stream;
 

@@ -51,9 +51,11 @@
 //! This module builds on [`crate::device`] (below it) and never on the executors (above it).
 
 mod detect;
+mod numa;
 mod ring;
 
 pub use detect::{all_gpus_ring, detect, parse_pci_bus_id, Detected};
+pub use numa::{pci_affinity, pci_numa_node};
 pub use ring::{
     choose_ring, ring_for_order, ring_or_index_order, EdgeChoice, RingChoice, Search,
     MAX_EXACT_DEVICES,

@@ -1,7 +1,8 @@
 //! The host executor: runs a plan for real on the CPU, shaped like the GPU executor.
 //!
-//! One thread per rank enqueues the rank's program (`enqueue_rank`); each rank has one
-//! worker thread per stream (Main, Send, Recv, Reduce) that runs what is enqueued on it, in order.
+//! One thread per rank enqueues the rank's program (`enqueue_rank`); each of its streams runs
+//! what is enqueued on it, in order — Send, Recv and Reduce on a worker thread each, Main on the
+//! rank thread itself once the call is enqueued.
 //! Events have CUDA's semantics exactly: a record enqueued on a stream completes when the stream
 //! reaches it; a wait captures the event's latest enqueued record at the moment the wait is
 //! enqueued, and a wait on an event never recorded is a no-op. Buffers are host memory, copies are
@@ -23,7 +24,7 @@ pub(crate) mod process;
 mod stream;
 
 use self::fold::HostFolds;
-use self::stream::stream_worker;
+use self::stream::{stream_worker, Stream};
 use super::config::Transport;
 use super::{enqueue_rank, panic_message, Algorithm, Enqueue, Handoff, Limits, PlanCache, Shape};
 use crate::element::{Element, ReduceOp};
@@ -578,10 +579,17 @@ impl Drop for HostExecutor {
     }
 }
 
-/// A rank's thread: for each call, enqueue the rank's program onto its stream workers.
+/// A rank's thread: for each call, enqueue the rank's program onto its streams — the Send, Recv
+/// and Reduce workers, and its own list for the Main stream — then run the Main stream itself.
+///
+/// Why running Main here cannot deadlock: a rank's enqueue of a call waits only for other
+/// ranks' enqueues of the same call (the handoffs; the checker proves they never cycle), and
+/// every rank enqueues all of a call before it runs that call's Main stream, whose commands
+/// wait only for work of that call or earlier ones, all enqueued by then.
 fn host_rank_thread(mut handoff: Handoff, calls: Receiver<Arc<HostCall>>) {
     let rank = handoff.rank;
-    let workers = stream_workers(rank).expect("spawning a stream worker thread");
+    let workers = stream_workers(rank, false).expect("spawning a stream worker thread");
+    let mut main = Stream::new(rank, StreamKind::Main);
     for call in calls {
         // Only the streams the rank's program uses take part in the call (a thread woken for
         // nothing is what makes small calls slow on few cores).
@@ -591,7 +599,7 @@ fn host_rank_thread(mut handoff: Handoff, calls: Receiver<Arc<HostCall>>) {
                 .iter()
                 .zip(StreamKind::ALL)
                 .filter(|(_, s)| used.contains(s))
-                .map(|((tx, _), _)| tx)
+                .filter_map(|(worker, _)| worker.as_ref().map(|(tx, _)| tx))
         };
         for tx in taking_part() {
             let _ = tx.send(Cmd::Begin(call.clone()));
@@ -599,6 +607,7 @@ fn host_rank_thread(mut handoff: Handoff, calls: Receiver<Arc<HostCall>>) {
         let mut backend = HostEnqueue {
             call: &call,
             workers: &workers,
+            main: Vec::new(),
         };
         let result = catch_unwind(AssertUnwindSafe(|| {
             enqueue_rank(
@@ -627,19 +636,30 @@ fn host_rank_thread(mut handoff: Handoff, calls: Receiver<Arc<HostCall>>) {
             let _ = tx.send(Cmd::End);
         }
         let _ = call.done.send((rank, None));
+        if used.contains(&StreamKind::Main) {
+            main.run(Cmd::Begin(call.clone()));
+            for cmd in backend.main {
+                main.run(cmd);
+            }
+            main.run(Cmd::End);
+        }
     }
-    for (tx, handle) in workers {
+    for (tx, handle) in workers.into_iter().flatten() {
         drop(tx);
         let _ = handle.join();
     }
 }
 
-/// A worker thread for each stream of rank `rank`, in [`StreamKind::ALL`] order, with the
-/// channel that feeds it.
-fn stream_workers(rank: usize) -> Result<Vec<(Sender<Cmd>, JoinHandle<()>)>> {
+/// A worker thread for each stream of rank `rank`, by [`StreamKind::index`], with the channel
+/// that feeds it — but `None` for Main unless `main_worker` (a rank thread runs its Main stream
+/// itself; a rank of its own process, whose calls return before they run, does not).
+fn stream_workers(rank: usize, main_worker: bool) -> Result<Vec<Option<Worker>>> {
     StreamKind::ALL
         .iter()
         .map(|&stream| {
+            if stream == StreamKind::Main && !main_worker {
+                return Ok(None);
+            }
             let (tx, rx) = crossbeam_channel::unbounded();
             let handle = std::thread::Builder::new()
                 .name(format!("ringreduce-rank-{rank}-{stream:?}"))
@@ -647,25 +667,33 @@ fn stream_workers(rank: usize) -> Result<Vec<(Sender<Cmd>, JoinHandle<()>)>> {
                 .map_err(|e| Error::Resource {
                     what: format!("cannot start a stream worker: {e}"),
                 })?;
-            Ok((tx, handle))
+            Ok(Some((tx, handle)))
         })
         .collect()
 }
 
-/// The rank thread's view of its workers while enqueuing one call.
+/// A stream worker thread and the channel that feeds it.
+type Worker = (Sender<Cmd>, JoinHandle<()>);
+
+/// The rank thread's view of its streams while enqueuing one call: the workers, and the Main
+/// stream's commands, which the rank thread runs once the call is enqueued.
 struct HostEnqueue<'a> {
     call: &'a HostCall,
-    workers: &'a [(Sender<Cmd>, JoinHandle<()>)],
+    workers: &'a [Option<Worker>],
+    main: Vec<Cmd>,
 }
 
 impl Enqueue for HostEnqueue<'_> {
     fn enqueue(&mut self, index: usize, instr: &Instr) -> Result<()> {
-        match command(&self.call.prepared.events, index, instr) {
-            Some(cmd) => self.workers[instr.stream.index()]
-                .0
-                .send(cmd)
-                .map_err(|_| Error::Closed),
-            None => Ok(()),
+        let Some(cmd) = command(&self.call.prepared.events, index, instr) else {
+            return Ok(());
+        };
+        match &self.workers[instr.stream.index()] {
+            Some((tx, _)) => tx.send(cmd).map_err(|_| Error::Closed),
+            None => {
+                self.main.push(cmd);
+                Ok(())
+            }
         }
     }
 }

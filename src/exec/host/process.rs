@@ -32,7 +32,7 @@
 
 use super::{
     checked_host_plan, command, stream_workers, Cmd, HostCall, HostConfig, HostEvent, HostFolds,
-    HostPlan, RawBuf,
+    HostPlan, RawBuf, Worker,
 };
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
@@ -41,10 +41,8 @@ use crate::exec::rendezvous::{Rendezvous, UniqueId};
 use crate::exec::shm::Segment;
 use crate::exec::{aborted, PlanCache, Shape};
 use crate::plan::{BufKind, Op, StreamKind};
-use crossbeam_channel::Sender;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 // The head of a rank's plan segment: its barrier arrivals, then one count per event.
@@ -209,7 +207,8 @@ pub(crate) struct ProcessRank {
     rendezvous: Rendezvous,
     /// The job's control words (module `exec::job`).
     job: Job,
-    workers: Vec<(Sender<Cmd>, JoinHandle<()>)>,
+    /// One per stream, by [`StreamKind::index`].
+    workers: Vec<Worker>,
     cache: PlanCache<Mutex<ProcessPlan>>,
     plans_made: u64,
 }
@@ -259,7 +258,10 @@ impl ProcessRank {
     ) -> Result<ProcessRank> {
         let (rank, world) = (rendezvous.rank(), rendezvous.world());
         let job = Job::join(&mut rendezvous, id)?;
-        let workers = stream_workers(rank)?;
+        let workers = stream_workers(rank, true)?
+            .into_iter()
+            .map(|w| w.expect("a worker for every stream, Main included"))
+            .collect();
         Ok(ProcessRank {
             rank,
             world,

@@ -1,5 +1,7 @@
-//! The host executor's streams: one worker thread per (rank, stream) runs what its rank thread
-//! enqueues, in order, with CUDA's event semantics.
+//! The host executor's streams: each (rank, stream) runs what its rank thread enqueues, in
+//! order, with CUDA's event semantics — the Send, Recv and Reduce streams on a worker thread
+//! each, the Main stream on the rank thread itself, once it has enqueued the call (one thread
+//! hand-off fewer per rank and call; a stream may run behind its enqueue, never ahead of it).
 //!
 //! A record completes when the worker reaches it; a wait blocks the worker until the event's
 //! completed records reach the count captured when the wait was enqueued. A `PeerReduce` is a
@@ -34,23 +36,49 @@ impl XorShift {
 
 /// A stream: runs what its rank thread enqueues, in order.
 pub(super) fn stream_worker(rank: usize, stream: StreamKind, cmds: Receiver<Cmd>) {
-    let mut current: Option<Arc<HostCall>> = None;
-    let mut rng = XorShift(1);
+    let mut state = Stream::new(rank, stream);
     for cmd in cmds {
+        state.run(cmd);
+    }
+}
+
+/// One stream of one rank as it runs commands: the call it is in and its delay generator. A
+/// stream worker thread holds one; the rank thread holds its Main stream's (module `host`).
+pub(super) struct Stream {
+    rank: usize,
+    stream: StreamKind,
+    current: Option<Arc<HostCall>>,
+    rng: XorShift,
+}
+
+impl Stream {
+    pub(super) fn new(rank: usize, stream: StreamKind) -> Stream {
+        Stream {
+            rank,
+            stream,
+            current: None,
+            rng: XorShift(1),
+        }
+    }
+
+    /// Runs one command: `Begin` enters a call, `End` leaves it and reports the stream done;
+    /// the rest run inside the call, as CUDA's streams would.
+    pub(super) fn run(&mut self, cmd: Cmd) {
+        let (rank, stream) = (self.rank, self.stream);
         match cmd {
             Cmd::Begin(call) => {
                 if let Some(seed) = call.delay_seed {
-                    rng = XorShift(seed ^ ((rank as u64) << 32 | stream.index() as u64) | 1);
+                    self.rng = XorShift(seed ^ ((rank as u64) << 32 | stream.index() as u64) | 1);
                 }
-                current = Some(call);
+                self.current = Some(call);
             }
             Cmd::End => {
-                if let Some(call) = current.take() {
+                if let Some(call) = self.current.take() {
                     let _ = call.done.send((rank, Some(stream)));
                 }
             }
             Cmd::Record { event, generation } => {
-                if let Some(call) = &current {
+                if let Some(call) = &self.current {
                     let ev = &call.prepared.events[event];
                     let mut done = ev.completed.lock().unwrap_or_else(|p| p.into_inner());
                     *done = (*done).max(generation);
@@ -65,9 +93,9 @@ pub(super) fn stream_worker(rank: usize, stream: StreamKind, cmds: Receiver<Cmd>
                 }
             }
             Cmd::WaitShared { event, index } => {
-                let Some(call) = &current else { continue };
+                let Some(call) = &self.current else { return };
                 if call.aborted() {
-                    continue;
+                    return;
                 }
                 if let Some(shared) = &call.shared {
                     let recorder = call.prepared.plan.events[event].rank;
@@ -88,21 +116,21 @@ pub(super) fn stream_worker(rank: usize, stream: StreamKind, cmds: Receiver<Cmd>
                 target,
                 index,
             } => {
-                let Some(call) = &current else { continue };
+                let Some(call) = &self.current else { return };
                 if call.aborted() {
-                    continue;
+                    return;
                 }
                 if let Err(err) = wait_event(call, rank, stream, event, target, index) {
                     call.fail(err);
                 }
             }
             Cmd::Run { index } => {
-                let Some(call) = &current else { continue };
+                let Some(call) = &self.current else { return };
                 if call.aborted() {
-                    continue;
+                    return;
                 }
-                if call.delay_seed.is_some() && rng.next() % 4 == 0 {
-                    std::thread::sleep(Duration::from_micros(rng.next() % 100));
+                if call.delay_seed.is_some() && self.rng.next() % 4 == 0 {
+                    std::thread::sleep(Duration::from_micros(self.rng.next() % 100));
                 }
                 let instr = call.prepared.plan.ranks[rank][index];
                 call.running.fetch_add(1, Ordering::AcqRel);
