@@ -187,8 +187,8 @@ struct HostCall {
     /// a stream stuck inside an operation is the root cause and names itself; the streams
     /// waiting on it are its victims.
     running: AtomicUsize,
-    /// Each rank thread reports `(rank, None)`, each stream worker `(rank, Some(stream))`.
-    done: Sender<(usize, Option<StreamKind>)>,
+    /// Each rank thread reports `(rank, None)`, each stream `(rank, Some(stream))`.
+    done: Reports,
     /// Barrier arrivals per rank (two per `PeerReduce`: start, end), for the one-shot.
     arrivals: Mutex<Vec<u64>>,
     arrived: Condvar,
@@ -237,6 +237,55 @@ impl HostCall {
         // SAFETY: the checker proved the region lies inside its buffer, and `bufs` has each
         // buffer's real length (asserted above in debug builds).
         unsafe { buf.ptr.add(region.offset * self.elem_bytes) }
+    }
+}
+
+/// Who reports on a call: a rank thread `(rank, None)`, a stream `(rank, Some(stream))`.
+type Reporter = (usize, Option<StreamKind>);
+
+/// The reports a call waits for, and the one wake-up of its waiter: the last report wakes it
+/// (a channel would wake it once per report that finds it asleep — up to 2n times a call on n
+/// ranks, each a thread hand-off on a machine with few cores).
+struct Reports {
+    pending: Mutex<Vec<Reporter>>,
+    all_in: Condvar,
+}
+
+impl Reports {
+    fn new(expected: Vec<Reporter>) -> Reports {
+        Reports {
+            pending: Mutex::new(expected),
+            all_in: Condvar::new(),
+        }
+    }
+
+    /// `who` is done with the call.
+    fn report(&self, who: Reporter) {
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(at) = pending.iter().position(|p| *p == who) {
+            pending.swap_remove(at);
+        }
+        if pending.is_empty() {
+            self.all_in.notify_all();
+        }
+    }
+
+    /// Waits until every report is in or `until` passes; the reporters still missing (none:
+    /// all in), in the order they were expected where none reported yet.
+    fn wait_until(&self, until: Instant) -> Vec<Reporter> {
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        while !pending.is_empty() {
+            let now = Instant::now();
+            if now >= until {
+                break;
+            }
+            pending = self
+                .all_in
+                .wait_timeout(pending, until - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        pending.clone()
     }
 }
 
@@ -386,7 +435,14 @@ impl HostExecutor {
             )
             .collect();
         self.calls += 1;
-        let (done_tx, done_rx) = crossbeam_channel::unbounded();
+        // Each rank thread, and each stream its rank's program uses (no other takes part).
+        let plan = &prepared.plan;
+        let expected: Vec<Reporter> = (0..self.world)
+            .flat_map(|r| {
+                let streams = plan.streams(r).into_iter().map(move |s| (r, Some(s)));
+                std::iter::once((r, None)).chain(streams)
+            })
+            .collect();
         let call = Arc::new(HostCall {
             id: self.calls,
             prepared,
@@ -404,7 +460,7 @@ impl HostExecutor {
             abort: AtomicBool::new(false),
             failure: Mutex::new(None),
             running: AtomicUsize::new(0),
-            done: done_tx,
+            done: Reports::new(expected),
             arrivals: Mutex::new(vec![0; self.world]),
             arrived: Condvar::new(),
             shared: None,
@@ -414,10 +470,7 @@ impl HostExecutor {
                 call.fail(Error::Closed);
             }
         }
-        self.in_flight.push_back(InFlight {
-            call,
-            done: done_rx,
-        });
+        self.in_flight.push_back(InFlight { call });
         if wait_complete {
             self.synchronize()
         } else {
@@ -429,7 +482,7 @@ impl HostExecutor {
     pub(crate) fn synchronize(&mut self) -> Result<()> {
         let mut first = Ok(());
         while let Some(in_flight) = self.in_flight.pop_front() {
-            let result = in_flight.wait(self.world);
+            let result = in_flight.wait();
             if first.is_ok() {
                 first = result;
             }
@@ -508,51 +561,30 @@ fn checked_host_plan<P>(
 /// A call the rank threads have, until the caller has seen it end.
 struct InFlight {
     call: Arc<HostCall>,
-    /// Each rank thread and each of its stream workers reports on it once.
-    done: Receiver<(usize, Option<StreamKind>)>,
 }
 
 impl InFlight {
     /// Returns when every rank is done with the call (or the call failed and every thread has
     /// stopped touching its buffers), with the call's first error.
-    fn wait(self, world: usize) -> Result<()> {
-        let InFlight { call, done } = self;
-        // Each rank thread, and each stream its rank's program uses (no other takes part).
-        let plan = &call.prepared.plan;
-        let mut pending: Vec<(usize, Option<StreamKind>)> = (0..world)
-            .flat_map(|r| {
-                let streams = plan.streams(r).into_iter().map(move |s| (r, Some(s)));
-                std::iter::once((r, None)).chain(streams)
-            })
-            .collect();
+    fn wait(self) -> Result<()> {
+        let call = self.call;
         // The threads' own deadline checks fire first and name what they waited for; the caller's
         // is a backstop, a little later.
         let backstop = call.deadline + Duration::from_millis(250);
-        let mut timed_out = false;
-        while !pending.is_empty() {
-            let until = if timed_out {
-                Instant::now() + Duration::from_secs(3600)
-            } else {
-                backstop
-            };
-            match done.recv_deadline(until) {
-                Ok(who) => pending.retain(|p| *p != who),
-                Err(_) if !timed_out => {
-                    // Nobody reported a failure, yet the call is not done: a stall. Abort, then
-                    // keep collecting: every thread notices the abort within milliseconds.
-                    timed_out = true;
-                    let (rank, stream) = pending[0];
-                    call.fail(Error::Timeout {
-                        rank,
-                        waiting_on: match stream {
-                            Some(s) => format!("did not finish the operations on its {s:?} stream"),
-                            None => "did not finish enqueuing its operations".into(),
-                        },
-                        after: call.timeout,
-                    });
-                }
-                Err(_) => break,
-            }
+        let missing = call.done.wait_until(backstop);
+        if let Some(&(rank, stream)) = missing.first() {
+            // Nobody reported a failure, yet the call is not done: a stall. Abort, then keep
+            // waiting: every thread notices the abort within milliseconds.
+            call.fail(Error::Timeout {
+                rank,
+                waiting_on: match stream {
+                    Some(s) => format!("did not finish the operations on its {s:?} stream"),
+                    None => "did not finish enqueuing its operations".into(),
+                },
+                after: call.timeout,
+            });
+            call.done
+                .wait_until(Instant::now() + Duration::from_secs(3600));
         }
         let failure = call
             .failure
@@ -635,7 +667,7 @@ fn host_rank_thread(mut handoff: Handoff, calls: Receiver<Arc<HostCall>>) {
         for tx in taking_part() {
             let _ = tx.send(Cmd::End);
         }
-        let _ = call.done.send((rank, None));
+        call.done.report((rank, None));
         if used.contains(&StreamKind::Main) {
             main.run(Cmd::Begin(call.clone()));
             for cmd in backend.main {

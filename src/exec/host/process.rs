@@ -32,7 +32,7 @@
 
 use super::{
     checked_host_plan, command, stream_workers, Cmd, HostCall, HostConfig, HostEvent, HostFolds,
-    HostPlan, RawBuf, Worker,
+    HostPlan, RawBuf, Reports, Worker,
 };
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
@@ -382,7 +382,8 @@ impl ProcessRank {
                 };
             }
         }
-        let (done_tx, done_rx) = crossbeam_channel::unbounded();
+        // Every stream of this rank takes part (each gets Begin and End).
+        let expected = StreamKind::ALL.iter().map(|&s| (rank, Some(s))).collect();
         let call = Arc::new(HostCall {
             id: seq,
             prepared: host.clone(),
@@ -400,7 +401,7 @@ impl ProcessRank {
             abort: AtomicBool::new(false),
             failure: Mutex::new(None),
             running: AtomicUsize::new(0),
-            done: done_tx,
+            done: Reports::new(expected),
             arrivals: Mutex::new(Vec::new()),
             arrived: Condvar::new(),
             shared: Some(SharedCall {
@@ -415,7 +416,7 @@ impl ProcessRank {
         });
         drop(prepared);
         self.enqueue(&call)?;
-        self.wait(&call, done_rx)?;
+        self.wait(&call)?;
         // This rank's part is done: its process may end now without failing slower peers.
         self.job.finished(seq);
         // This rank's outputs back to the caller: its streams are done, and the checker proved
@@ -468,31 +469,16 @@ impl ProcessRank {
     }
 
     /// Waits until every stream worker has finished the call; its first failure.
-    fn wait(
-        &self,
-        call: &HostCall,
-        done: crossbeam_channel::Receiver<(usize, Option<StreamKind>)>,
-    ) -> Result<()> {
-        let mut pending = self.workers.len();
+    fn wait(&self, call: &HostCall) -> Result<()> {
         let backstop = call.deadline + Duration::from_millis(250);
-        let mut timed_out = false;
-        while pending > 0 {
-            let until = match timed_out {
-                true => Instant::now() + Duration::from_secs(3600),
-                false => backstop,
-            };
-            match done.recv_deadline(until) {
-                Ok(_) => pending -= 1,
-                Err(_) if !timed_out => {
-                    timed_out = true;
-                    call.fail(Error::Timeout {
-                        rank: self.rank,
-                        waiting_on: "did not finish its part of the collective".into(),
-                        after: call.timeout,
-                    });
-                }
-                Err(_) => break,
-            }
+        if !call.done.wait_until(backstop).is_empty() {
+            call.fail(Error::Timeout {
+                rank: self.rank,
+                waiting_on: "did not finish its part of the collective".into(),
+                after: call.timeout,
+            });
+            call.done
+                .wait_until(Instant::now() + Duration::from_secs(3600));
         }
         match call
             .failure

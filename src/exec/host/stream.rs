@@ -74,7 +74,7 @@ impl Stream {
             }
             Cmd::End => {
                 if let Some(call) = self.current.take() {
-                    let _ = call.done.send((rank, Some(stream)));
+                    call.done.report((rank, Some(stream)));
                 }
             }
             Cmd::Record { event, generation } => {
