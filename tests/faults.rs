@@ -119,24 +119,17 @@ fn plan_of(
         .build()
         .unwrap();
     }
-    if config.algorithm == Algorithm::OneShot && config.transport == Transport::Staged {
-        return ringreduce::plan::StagedOneShotSpec {
-            world,
-            count,
-            in_place,
-            op,
-        }
-        .build()
-        .unwrap();
-    }
     if config.algorithm == Algorithm::OneShot {
-        return OneShotSpec {
+        let spec = OneShotSpec {
             world,
             count,
             in_place,
             op,
+        };
+        return match config.transport {
+            Transport::Staged => spec.build_staged(),
+            _ => spec.build(),
         }
-        .build()
         .unwrap();
     }
     RingSpec {

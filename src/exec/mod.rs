@@ -140,13 +140,9 @@ impl Shape {
     /// Builds the one-shot plan of a collective other than the all-reduce over `world` ranks
     /// ([`OneShotSpec::build_collective`]) and proves it with the checker.
     pub(crate) fn checked_oneshot_collective_plan(&self, world: usize) -> Result<Plan> {
-        let plan = OneShotSpec {
-            world,
-            count: self.count,
-            in_place: self.in_place,
-            op: self.plan_op(),
-        }
-        .build_collective(&self.collective)?;
+        let plan = self
+            .oneshot_spec(world, self.count)
+            .build_collective(&self.collective)?;
         crate::check::check(&plan)?;
         Ok(plan)
     }
@@ -155,13 +151,7 @@ impl Shape {
     /// ([`crate::plan::staged`]) and proves it with the checker, reach included: it runs on
     /// ranks without peer access.
     pub(crate) fn checked_staged_oneshot_plan(&self, world: usize) -> Result<Plan> {
-        let plan = crate::plan::StagedOneShotSpec {
-            world,
-            count: self.count,
-            in_place: self.in_place,
-            op: self.plan_op(),
-        }
-        .build()?;
+        let plan = self.oneshot_spec(world, self.count).build_staged()?;
         crate::check::check_staged(&plan)?;
         Ok(plan)
     }
@@ -190,13 +180,17 @@ impl Shape {
 
     /// The one-shot plan for this shape over `world` ranks, built (not yet proven).
     fn oneshot_plan(&self, world: usize, count: usize) -> Result<Plan> {
+        self.oneshot_spec(world, count).build()
+    }
+
+    /// The one-shot spec of this shape over `world` ranks of `count` elements.
+    fn oneshot_spec(&self, world: usize, count: usize) -> OneShotSpec {
         OneShotSpec {
             world,
             count,
             in_place: self.in_place,
             op: self.plan_op(),
         }
-        .build()
     }
 }
 

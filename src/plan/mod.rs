@@ -116,7 +116,6 @@ pub use collective::{Collective, CollectiveSpec, Transfer};
 pub use oneshot::OneShotSpec;
 pub use push::{max_chunks, MAX_CHUNK_STEPS};
 pub use ring::{EdgeTransport, RingSpec};
-pub use staged::StagedOneShotSpec;
 pub use twoshot::{Gather, TwoShotSpec};
 
 use std::fmt;

@@ -89,64 +89,98 @@ impl OneShotSpec {
     /// Compiles the spec into a plan. World 1 is a copy (out of place) or nothing; count 0 is an
     /// empty plan — as for the ring.
     pub fn build(&self) -> Result<Plan> {
-        if self.world == 0 {
-            return Err(Error::InvalidArgument(
-                "a one-shot plan needs at least one rank".into(),
-            ));
-        }
-        let n = self.world;
-        let mut plan = peer_plan(n, self.count, self.in_place, self.op);
-        let collective = n > 1 && self.count > 0;
-        if self.in_place && collective {
-            for rank in 0..n {
-                declare(&mut plan, rank, BufKind::Exposed, self.count);
-            }
-        }
-        let whole = |buf: BufId| Region {
-            buf,
-            offset: 0,
-            count: self.count,
-        };
-        for rank in 0..n {
-            let out = whole(plan.buffer(rank, BufKind::Output).expect("declared"));
-            let input = plan.buffer(rank, BufKind::Input).map(whole);
-            let exposed = plan.buffer(rank, BufKind::Exposed).map(whole);
-            let mut ops = Vec::new();
-            if n == 1 {
-                if let Some(input) = input.filter(|r| r.count > 0) {
-                    ops.push(Op::Copy {
-                        src: input,
-                        dst: out,
-                    });
-                }
-            } else if collective {
-                let src = match exposed {
-                    Some(exposed) => {
-                        ops.push(Op::Expose {
-                            src: out,
-                            dst: exposed,
-                        });
-                        BufKind::Exposed
-                    }
-                    None => BufKind::Input,
-                };
-                ops.push(Op::PeerReduce {
-                    dst: out,
-                    src,
-                    offset: 0,
-                    count: self.count,
-                    ranks: Ranks::ALL,
-                    fused: false,
-                    push: Ranks::NONE,
-                });
-                if plan.average {
-                    ops.push(Op::Scale { region: out });
-                }
-            }
-            plan.ranks[rank] = on_main(ops);
-        }
-        Ok(plan)
+        allreduce_plan(
+            self.world,
+            self.count,
+            self.in_place,
+            self.op,
+            Publish::Device,
+        )
     }
+}
+
+/// Where the ranks of a one-shot all-reduce publish their sources for each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Publish {
+    /// Peers read device memory: out of place the inputs as they are, in place an exposed copy
+    /// ([`BufKind::Exposed`]: the rank overwrites its buffer while its peers read).
+    Device,
+    /// Peers cannot read device memory ([`super::staged`]): every rank's source, in place or
+    /// not, into a host copy ([`BufKind::HostExposed`]).
+    Host,
+}
+
+/// The one-shot all-reduce plan, its sources published as `publish` says (the module doc's
+/// table; [`super::staged`] for `Publish::Host`). World 1 is a copy (out of place) or nothing;
+/// count 0 is an empty plan — as for the ring.
+pub(super) fn allreduce_plan(
+    world: usize,
+    count: usize,
+    in_place: bool,
+    op: ReduceOp,
+    publish: Publish,
+) -> Result<Plan> {
+    if world == 0 {
+        return Err(Error::InvalidArgument(
+            "a one-shot plan needs at least one rank".into(),
+        ));
+    }
+    let n = world;
+    let mut plan = peer_plan(n, count, in_place, op);
+    let collective = n > 1 && count > 0;
+    let exposure = match publish {
+        Publish::Device => in_place.then_some(BufKind::Exposed),
+        Publish::Host => Some(BufKind::HostExposed),
+    };
+    if let Some(kind) = exposure.filter(|_| collective) {
+        for rank in 0..n {
+            declare(&mut plan, rank, kind, count);
+        }
+    }
+    let whole = |buf: BufId| Region {
+        buf,
+        offset: 0,
+        count,
+    };
+    for rank in 0..n {
+        let out = whole(plan.buffer(rank, BufKind::Output).expect("declared"));
+        let input = plan.buffer(rank, BufKind::Input).map(whole);
+        let exposed = exposure.and_then(|kind| plan.buffer(rank, kind).map(|b| (kind, whole(b))));
+        let mut ops = Vec::new();
+        if n == 1 {
+            if let Some(input) = input.filter(|r| r.count > 0) {
+                ops.push(Op::Copy {
+                    src: input,
+                    dst: out,
+                });
+            }
+        } else if collective {
+            let src = match exposed {
+                Some((kind, exposed)) => {
+                    ops.push(Op::Expose {
+                        src: input.unwrap_or(out),
+                        dst: exposed,
+                    });
+                    kind
+                }
+                None => BufKind::Input,
+            };
+            ops.push(Op::PeerReduce {
+                dst: out,
+                src,
+                offset: 0,
+                count,
+                ranks: Ranks::ALL,
+                fused: false,
+                push: Ranks::NONE,
+            });
+            if plan.average {
+                ops.push(Op::Scale { region: out });
+            }
+        }
+        plan.ranks[rank] = on_main(ops);
+    }
+    Ok(plan)
 }
 
 /// The rank whose block rank `rank` reads at position `k` of its all-gather or all-to-all list.
@@ -326,7 +360,7 @@ fn local_copy(plan: &Plan, rank: usize) -> Vec<Op> {
 }
 
 /// A rank's program: `ops` in order on its Main stream.
-pub(super) fn on_main(ops: Vec<Op>) -> Vec<Instr> {
+fn on_main(ops: Vec<Op>) -> Vec<Instr> {
     ops.into_iter()
         .map(|op| Instr {
             stream: StreamKind::Main,

@@ -26,79 +26,22 @@
 //! Invariant (proven by [`crate::check::check_staged`]): no rank reads or writes another rank's
 //! device memory — every buffer a rank touches that is not its own is host memory.
 
-use super::oneshot::{declare, on_main, peer_plan};
-use super::{BufId, BufKind, Op, Plan, Ranks, Region};
-use crate::element::ReduceOp;
-use crate::error::{Error, Result};
+use super::oneshot::{allreduce_plan, Publish};
+use super::{OneShotSpec, Plan};
+use crate::error::Result;
 
-/// Everything the staged one-shot plan depends on.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StagedOneShotSpec {
-    /// Number of ranks.
-    pub world: usize,
-    /// Elements per rank.
-    pub count: usize,
-    /// True when each rank's output buffer is also its input.
-    pub in_place: bool,
-    /// Only `Avg` matters to the plan (it adds the scaling).
-    pub op: ReduceOp,
-}
-
-impl StagedOneShotSpec {
-    /// Compiles the spec into a plan. World 1 is a copy (out of place) or nothing; count 0 is an
-    /// empty plan — as for the one-shot.
-    pub fn build(&self) -> Result<Plan> {
-        if self.world == 0 {
-            return Err(Error::InvalidArgument(
-                "a staged one-shot plan needs at least one rank".into(),
-            ));
-        }
-        let n = self.world;
-        let mut plan = peer_plan(n, self.count, self.in_place, self.op);
-        let collective = n > 1 && self.count > 0;
-        if collective {
-            for rank in 0..n {
-                declare(&mut plan, rank, BufKind::HostExposed, self.count);
-            }
-        }
-        let whole = |buf: BufId| Region {
-            buf,
-            offset: 0,
-            count: self.count,
-        };
-        for rank in 0..n {
-            let out = whole(plan.buffer(rank, BufKind::Output).expect("declared"));
-            let input = plan.buffer(rank, BufKind::Input).map(whole);
-            let mut ops = Vec::new();
-            if n == 1 {
-                if let Some(input) = input.filter(|r| r.count > 0) {
-                    ops.push(Op::Copy {
-                        src: input,
-                        dst: out,
-                    });
-                }
-            } else if collective {
-                let host = whole(plan.buffer(rank, BufKind::HostExposed).expect("declared"));
-                ops.push(Op::Expose {
-                    src: input.unwrap_or(out),
-                    dst: host,
-                });
-                ops.push(Op::PeerReduce {
-                    dst: out,
-                    src: BufKind::HostExposed,
-                    offset: 0,
-                    count: self.count,
-                    ranks: Ranks::ALL,
-                    fused: false,
-                    push: Ranks::NONE,
-                });
-                if plan.average {
-                    ops.push(Op::Scale { region: out });
-                }
-            }
-            plan.ranks[rank] = on_main(ops);
-        }
-        Ok(plan)
+impl OneShotSpec {
+    /// Compiles the staged form of the one-shot all-reduce (module doc): every rank's source
+    /// published into a host copy. World 1 is a copy (out of place) or nothing; count 0 is an
+    /// empty plan — as for [`OneShotSpec::build`], whose builder it shares.
+    pub fn build_staged(&self) -> Result<Plan> {
+        allreduce_plan(
+            self.world,
+            self.count,
+            self.in_place,
+            self.op,
+            Publish::Host,
+        )
     }
 }
 
@@ -106,9 +49,11 @@ impl StagedOneShotSpec {
 mod tests {
     use super::*;
     use crate::check::{check, check_staged};
+    use crate::element::ReduceOp;
+    use crate::plan::{BufKind, Op, Ranks};
 
-    fn spec(world: usize, count: usize, in_place: bool, op: ReduceOp) -> StagedOneShotSpec {
-        StagedOneShotSpec {
+    fn spec(world: usize, count: usize, in_place: bool, op: ReduceOp) -> OneShotSpec {
+        OneShotSpec {
             world,
             count,
             in_place,
@@ -122,7 +67,7 @@ mod tests {
             for count in [0, 1, 7, 1000] {
                 for in_place in [false, true] {
                     for op in [ReduceOp::Sum, ReduceOp::Avg] {
-                        let plan = spec(world, count, in_place, op).build().unwrap();
+                        let plan = spec(world, count, in_place, op).build_staged().unwrap();
                         check_staged(&plan).unwrap_or_else(|e| {
                             panic!("world {world} count {count} in place {in_place}: {e}")
                         });
@@ -134,7 +79,7 @@ mod tests {
 
     #[test]
     fn each_rank_publishes_into_host_memory_then_folds_every_ranks_copy() {
-        let plan = spec(3, 10, false, ReduceOp::Avg).build().unwrap();
+        let plan = spec(3, 10, false, ReduceOp::Avg).build_staged().unwrap();
         for (rank, program) in plan.ranks.iter().enumerate() {
             let ops: Vec<Op> = program.iter().map(|i| i.op).collect();
             let host = plan.buffer(rank, BufKind::HostExposed).unwrap();
@@ -153,14 +98,7 @@ mod tests {
             assert!(matches!(ops[2], Op::Scale { .. }));
         }
         // The device one-shot's plan reads peers' device memory: proven, but not staged.
-        let device = crate::plan::OneShotSpec {
-            world: 3,
-            count: 10,
-            in_place: false,
-            op: ReduceOp::Sum,
-        }
-        .build()
-        .unwrap();
+        let device = spec(3, 10, false, ReduceOp::Sum).build().unwrap();
         check(&device).unwrap();
         let err = check_staged(&device).unwrap_err().to_string();
         assert!(err.contains("device memory"), "{err}");

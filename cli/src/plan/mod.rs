@@ -15,8 +15,8 @@ mod timeline;
 
 use crate::{parse_op, parse_positive, Failure};
 use ringreduce::plan::{
-    Collective, CollectiveSpec, EdgeTransport, Gather, OneShotSpec, Plan, RingSpec,
-    StagedOneShotSpec, Transfer, TwoShotSpec,
+    Collective, CollectiveSpec, EdgeTransport, Gather, OneShotSpec, Plan, RingSpec, Transfer,
+    TwoShotSpec,
 };
 use ringreduce::ReduceOp;
 use std::path::PathBuf;
@@ -241,22 +241,20 @@ pub fn build(args: &PlanArgs) -> Result<(Plan, String), Failure> {
             );
             spec.build().map(|plan| (plan, shape + &knobs))
         }
-        PlanAlgorithm::OneShot if args.staged => StagedOneShotSpec {
-            world,
-            count,
-            in_place,
-            op,
+        PlanAlgorithm::OneShot => {
+            let spec = OneShotSpec {
+                world,
+                count,
+                in_place,
+                op,
+            };
+            match args.staged {
+                true => spec
+                    .build_staged()
+                    .map(|plan| (plan, shape + "; staged: through host copies")),
+                false => spec.build().map(|plan| (plan, shape)),
+            }
         }
-        .build()
-        .map(|plan| (plan, shape + "; staged: through host copies")),
-        PlanAlgorithm::OneShot => OneShotSpec {
-            world,
-            count,
-            in_place,
-            op,
-        }
-        .build()
-        .map(|plan| (plan, shape)),
         PlanAlgorithm::TwoShot => TwoShotSpec {
             world,
             count,

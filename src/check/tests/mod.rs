@@ -615,13 +615,13 @@ fn an_order_that_splits_a_meeting_is_rejected() {
 }
 
 fn staged(world: usize, count: usize, in_place: bool) -> Plan {
-    crate::plan::StagedOneShotSpec {
+    crate::plan::OneShotSpec {
         world,
         count,
         in_place,
         op: ReduceOp::Sum,
     }
-    .build()
+    .build_staged()
     .unwrap()
 }
 
