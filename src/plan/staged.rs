@@ -5,7 +5,7 @@
 //! Where edges are staged, the ring moves every chunk GPU → host → GPU with two copies and
 //! cross-GPU events per step, which costs tens of microseconds before a byte counts; for small
 //! messages that fixed cost is the whole call. Here each rank publishes its source once, into its
-//! own [`BufKind::HostExposed`] buffer (pinned host memory, mapped into every GPU's address
+//! own [`BufKind::HostExposed`](super::BufKind::HostExposed) buffer (pinned host memory, mapped into every GPU's address
 //! space), and one meeting per rank folds every rank's host copy in rank order into its output:
 //!
 //! ```text

@@ -33,7 +33,7 @@ pub enum KernelSource {
     /// The CUDA 12 image NVRTC 12 built and the build embedded (what a CUDA 12 driver loads).
     EmbeddedCuda12,
     /// The kernel source (`cuda/`, joined by `build.rs`) compiled by the host's NVRTC when the
-    /// [`KernelModule`] was made: the build had no image for this driver, or
+    /// [`KernelModule`](super::KernelModule) was made: the build had no image for this driver, or
     /// `RINGREDUCE_KERNELS=nvrtc`.
     Nvrtc,
     /// NVRTC's, because the driver refused the embedded image it was given
@@ -57,7 +57,7 @@ pub const HAS_FATBIN: bool = cfg!(ringreduce_fatbin);
 /// Whether the build embeds the CUDA 12 image.
 pub const HAS_CUDA12: bool = cfg!(ringreduce_cuda12);
 
-/// Which kernels [`KernelModule::new`] loads first.
+/// Which kernels [`KernelModule::new`](super::KernelModule::new) loads first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KernelChoice {
     /// nvcc's fatbin.
