@@ -22,13 +22,17 @@
 //   SM within the timeout (a block waits only for the blocks of its own index on the other
 //   ranks, never for another block of its own grid, so blocks that start late only delay
 //   their partners). peers.src[r] (r < world) is readable and peers.flags[r] readable and
-//   writable from this GPU (peer access on), aligned to sizeof(T) and 4; src[r] is valid for
+//   writable from this GPU (peer access on; or, for the staged one-shot of GPUs that do not
+//   reach each other, both in pinned host memory every GPU maps), aligned to sizeof(T) and 4;
+//   src[r] is valid for
 //   `count` elements, written before rank r's kernel starts and not again until rank r's
 //   kernel is complete (its end barrier waits for every reader). dst is
 //   writable from this GPU, valid for `count` elements and disjoint from every source (peers
 //   read src[rank] while this rank writes dst). In place, src[rank] is the rank's exposed
-//   buffer and expose_from its in-place buffer (== dst): each block first copies its indices
-//   of expose_from into src[rank] (rr_oneshot_expose); otherwise expose_from is null. The flag
+//   buffer and expose_from its in-place buffer (== dst); staged, src[rank] is the rank's host
+//   copy and expose_from its source (the in-place buffer, or the input): each block first
+//   copies its indices of expose_from into src[rank] (rr_oneshot_expose); otherwise
+//   expose_from is null. The flag
 //   arrays (and the epochs in them) started at zero, every call on them is made by all ranks,
 //   and a rank's calls on them run one after another.
 //   error points to a word this GPU can write (host-mapped pinned, so the host can watch it).

@@ -545,6 +545,45 @@ fn forcing_the_oneshot_where_it_cannot_run_is_an_error() {
     check_case::<f32>(&auto, 1000, ReduceOp::Sum, true, 0);
 }
 
+/// Over staged edges (`Transport::Staged`: the GPUs treated as not reaching each other) the
+/// one-shot runs its staged form — every rank's source published into pinned host memory, the
+/// read kernel folding every rank's host copy, its barrier words in host memory too: every type
+/// and op, in and out of place, misaligned sub-slices; `Auto` takes it for small messages and
+/// the ring above `STAGED_ONESHOT_AUTO_MAX_BYTES`, on one communicator, calls of both kinds
+/// alternating; the two-shot, which reads its peers' GPUs, is refused.
+#[test]
+fn the_staged_oneshot_runs_where_gpus_do_not_reach_each_other() {
+    let Some(gpus) = two_gpus_or_shared() else {
+        return;
+    };
+    let staged = |algorithm| CudaConfig {
+        transport: Transport::Staged,
+        algorithm,
+        allow_shared_device: shared(&gpus),
+        ..CudaConfig::default()
+    };
+    let comm = Communicator::with_config(&gpus, staged(Algorithm::OneShot)).unwrap();
+    assert_eq!(comm.algorithm_for(1 << 20, false), Algorithm::OneShot);
+    for (count, offset) in [(1, 0), (3, 1), (1009, 0), (100_003, 3)] {
+        every_type(&comm, count, offset);
+    }
+    comm.close().unwrap();
+    let auto = Communicator::with_config(&gpus, staged(Algorithm::Auto)).unwrap();
+    let limit = ringreduce::exec::algorithm::STAGED_ONESHOT_AUTO_MAX_BYTES * 2 / gpus.len();
+    assert_eq!(auto.algorithm_for(limit, true), Algorithm::OneShot);
+    assert_eq!(auto.algorithm_for(limit + 4, true), Algorithm::Ring);
+    for count in [limit / 4, limit / 4 + 1, 7, (limit / 4) * 3, 1000] {
+        check_case::<f32>(&auto, count, ReduceOp::Sum, true, 0);
+        check_case::<f32>(&auto, count, ReduceOp::Avg, false, 1);
+    }
+    auto.close().unwrap();
+    match Communicator::with_config(&gpus, staged(Algorithm::TwoShot)) {
+        Err(ringreduce::Error::InvalidArgument(why)) => assert!(why.contains("staged"), "{why}"),
+        Err(other) => panic!("wrong error: {other}"),
+        Ok(_) => panic!("the two-shot was accepted over staged edges"),
+    }
+}
+
 /// `Algorithm::Auto` switches between the one-shot, the two-shot (in place, mid sizes) and the
 /// ring by size on one communicator — the one-shot and the two-shot share its flags and epochs;
 /// enqueue-only calls of all three kinds back to back, then one synchronize, are all correct.

@@ -82,7 +82,7 @@ struct Facts {
     algorithm: Algorithm,
     peers_ok: bool,
     /// The all-reduce runs the staged algorithms ([`Algorithm::choose_staged`]): host ranks
-    /// with `Transport::Staged`.
+    /// with `Transport::Staged`, GPUs that do not all reach each other.
     staged: bool,
     deterministic: bool,
 }
@@ -177,7 +177,7 @@ impl Communicator {
             edges: exec.edges().to_vec(),
             algorithm,
             peers_ok: exec.peers_ok(),
-            staged: false,
+            staged: exec.staged_oneshot(),
             deterministic,
         };
         let mut comm =
@@ -201,7 +201,8 @@ impl Communicator {
     /// The algorithm a call of `bytes_per_rank` bytes, in place or not, runs on this
     /// communicator: the ring, the one-shot or the two-shot (see [`Algorithm`]; with `Auto` it
     /// depends on the size and, for the one-shot and the two-shot, on `in_place`).
-    /// The rule is [`Algorithm::choose`]'s; this never waits for a running call.
+    /// The rule is [`Algorithm::choose`]'s ([`Algorithm::choose_staged`]'s where edges are
+    /// staged); this never waits for a running call.
     pub fn algorithm_for(&self, bytes_per_rank: usize, in_place: bool) -> Algorithm {
         let f = &self.facts;
         if f.staged {

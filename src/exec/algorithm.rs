@@ -73,8 +73,9 @@ pub fn deterministic_needs_peers(world: usize) -> bool {
 /// limit) for which [`Algorithm::Auto`] runs the staged one-shot ([`crate::plan::staged`]) where
 /// edges are staged; the ring above it. Provisional: each rank reads every rank's copy from host
 /// memory (n·count elements over the host link) against the ring's two copies of 2(n−1)/n·count
-/// per step, so the one-shot wins while the ring's fixed cost (~50 µs staged on 2×H200,
-/// docs/PERFORMANCE.md) dominates; the crossover is to be measured in the two-GPU run.
+/// per step, so the one-shot wins while the ring's fixed cost dominates (on 2×H200 the staged
+/// ring took ~50–116 µs a call below 1 MiB, docs/guide/09-trade-offs.md); the crossover is to
+/// be measured in the two-GPU run.
 pub const STAGED_ONESHOT_AUTO_MAX_BYTES: usize = 256 << 10;
 
 impl Algorithm {

@@ -285,6 +285,10 @@ pub(crate) struct CudaExecutor {
     /// Whether the peer kernels (one-shot, two-shot, steps, LL one-shot) can run here: every
     /// pair of GPUs reaches the other, and every rank has its peer words.
     peers_ok: bool,
+    /// The GPUs do not all reach each other, and the all-reduce takes the staged algorithms
+    /// ([`Algorithm::choose_staged`]: the staged one-shot for small messages, with its barrier
+    /// words in host memory).
+    staged_oneshot: bool,
     /// Whether two ranks share a GPU (and so a context, whose streams share the GPU's hardware
     /// queues): then copy-engine calls are enqueued in the checker's order (`Schedule`).
     shared_gpu: bool,
@@ -400,11 +404,16 @@ impl CudaExecutor {
             drop(targets);
             apply_probes(&mut edges, &identities, &links, &figures)?;
         }
-        if peers_ok {
+        // Ranks whose GPUs do not all reach each other run the staged one-shot: its barrier
+        // words in pinned host memory, as its host copies are.
+        let staged_oneshot = !peers_ok && (2..=PEER_MAX_RANKS).contains(&world);
+        if peers_ok || staged_oneshot {
             let mut own = Vec::with_capacity(ranks.len());
             let mut records = Vec::with_capacity(ranks.len());
             for r in &ranks {
-                let (words, record) = allocate_peer_words(&r.res, &*fabric, config.low_latency)?;
+                let low_latency = config.low_latency && peers_ok;
+                let (words, record) =
+                    allocate_peer_words(&r.res, &*fabric, low_latency, staged_oneshot)?;
                 own.push(words);
                 records.push(record);
             }
@@ -421,10 +430,13 @@ impl CudaExecutor {
                 r.peer = Some(connected);
             }
         }
-        if config.algorithm.reads_peers() && !peers_ok {
+        // The one-shot has a staged form (host copies); the two-shot reads its peers' GPUs.
+        let runs_staged = staged_oneshot && config.algorithm == Algorithm::OneShot;
+        if config.algorithm.reads_peers() && !peers_ok && !runs_staged {
             return Err(Error::InvalidArgument(format!(
                 "Algorithm::{:?} needs 2 to {PEER_MAX_RANKS} ranks on GPUs that all reach each \
-                 other over peer access, and a transport other than Staged",
+                 other over peer access, and a transport other than Staged (the one-shot runs \
+                 staged, through host copies, from 2 to {PEER_MAX_RANKS} ranks)",
                 config.algorithm
             )));
         }
@@ -464,6 +476,7 @@ impl CudaExecutor {
             pool_granted: HashSet::new(),
             prepared_plans: 0,
             peers_ok,
+            staged_oneshot,
             shared_gpu,
             pinned: Vec::new(),
             last_peer_kernel: PeerKernel::OneShot,
@@ -494,6 +507,11 @@ impl CudaExecutor {
     /// Whether the peer kernels can run here (every pair of GPUs reaches the other).
     pub(crate) fn peers_ok(&self) -> bool {
         self.peers_ok
+    }
+
+    /// Whether the all-reduce takes the staged algorithms (`staged_oneshot`'s doc).
+    pub(crate) fn staged_oneshot(&self) -> bool {
+        self.staged_oneshot
     }
 
     pub(crate) fn edges(&self) -> &[EdgeInfo] {
@@ -564,14 +582,21 @@ impl CudaExecutor {
         }
         let n = self.world;
         let bytes = shape.count.saturating_mul(shape.elem_bytes);
-        let algorithm = self.config.algorithm.choose_for(
-            &shape.collective,
-            bytes,
-            n,
-            shape.in_place,
-            self.peers_ok,
-            self.config.deterministic,
-        );
+        let staged = self.staged_oneshot && shape.collective == Collective::AllReduce;
+        let algorithm = match staged {
+            true => self
+                .config
+                .algorithm
+                .choose_staged(bytes, n, self.config.deterministic),
+            false => self.config.algorithm.choose_for(
+                &shape.collective,
+                bytes,
+                n,
+                shape.in_place,
+                self.peers_ok,
+                self.config.deterministic,
+            ),
+        };
         // 16-byte boundaries keep every chunk and segment vector-aligned for the kernels and
         // copies.
         let align_elems = (16 / shape.elem_bytes).max(1);
@@ -595,6 +620,8 @@ impl CudaExecutor {
                 align_elems,
                 self.edge_transports(),
             )?
+        } else if algorithm == Algorithm::OneShot && staged {
+            shape.checked_staged_oneshot_plan(n)?
         } else if algorithm == Algorithm::OneShot {
             self.cache.checked_oneshot_plan(&shape, n)?
         } else if algorithm == Algorithm::TwoShot {
@@ -706,8 +733,12 @@ impl CudaExecutor {
             },
             _ => {
                 oneshot_layout(plan)?;
+                let staged = plan.buffers.iter().any(|d| d.kind == BufKind::HostExposed);
                 Dispatch::OneShot {
-                    kernel: peer.oneshot_kernel(dtype, plan.count),
+                    kernel: match staged {
+                        true => PeerKernel::OneShotStaged,
+                        false => peer.oneshot_kernel(dtype, plan.count),
+                    },
                 }
             }
         })

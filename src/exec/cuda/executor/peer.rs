@@ -59,6 +59,10 @@ pub(super) enum PeerKernel {
     /// The LL one-shot: a one-shot all-reduce plan run by pushed words, no barrier
     /// ([`PeerWords::oneshot_kernel`] says when).
     OneShotLl,
+    /// The staged one-shot ([`crate::plan::staged`]): the read one-shot kernel over every
+    /// rank's host copy, its barrier words in pinned host memory, for ranks whose GPUs do not
+    /// reach each other.
+    OneShotStaged,
 }
 
 impl fmt::Display for PeerKernel {
@@ -68,18 +72,20 @@ impl fmt::Display for PeerKernel {
             PeerKernel::TwoShot => "two-shot",
             PeerKernel::Steps => "one-shot collective",
             PeerKernel::OneShotLl => "LL one-shot",
+            PeerKernel::OneShotStaged => "staged one-shot",
         })
     }
 }
 
 /// One rank's peer-kernel words, made once per communicator: the flag words its peers write at
-/// the barriers (device memory, zeroed, reached through peer access) and the LL kernel's receive
+/// the barriers (zeroed; device memory reached through peer access, or pinned host memory where
+/// the GPUs do not reach each other: [`FlagWords`]) and the LL kernel's receive
 /// buffer (with `low_latency` only) — its own, and every rank's as imported through the fabric;
 /// a kernel that gives up leaves its code in its rank's error word (`RankRes::error`). Calls of
 /// every kernel share the flags and the per-block epochs in them.
 pub(super) struct PeerWords {
     /// Kept alive for the peers that write into them; reached through `flags_of[rank]`.
-    _flags: DeviceBuffer,
+    _flags: FlagWords,
     _ll_recv: Option<DeviceBuffer>,
     /// Every rank's flag words, as this rank reaches them (its own among them).
     flags_of: Vec<u64>,
@@ -96,6 +102,30 @@ pub(super) struct PeerWords {
     timeout: Duration,
     /// When the latest call's kernels were launched (under the gate, `device::gate::launching`).
     last_launch: std::sync::Mutex<Option<Instant>>,
+}
+
+/// Where a rank's flag words live: its GPU's memory, which its peers reach over peer access; or
+/// — for ranks whose GPUs do not reach each other (the staged one-shot) — pinned host memory,
+/// which every GPU maps (the kernels' flag accesses are system-scope either way, `cuda/peer.cuh`).
+pub(super) enum FlagWords {
+    Device(DeviceBuffer),
+    Host(device::PinnedHost),
+}
+
+impl FlagWords {
+    /// The words as memory a peer imports.
+    fn exported(&self) -> Exported {
+        match self {
+            FlagWords::Device(b) => Exported::Device {
+                addr: b.ptr(),
+                bytes: b.len_bytes(),
+            },
+            FlagWords::Host(h) => Exported::Host {
+                addr: h.uva_ptr(),
+                bytes: h.len_bytes(),
+            },
+        }
+    }
 }
 
 impl device::gate::InFlight for PeerWords {
@@ -161,32 +191,36 @@ pub(super) fn peer_kernels_fit(world: usize, transport: Transport) -> bool {
     (2..=PEER_MAX_RANKS).contains(&world) && transport != Transport::Staged
 }
 
-/// Phase 1 of one rank's peer words: its flags and (with `low_latency`) its LL receive buffer,
-/// zeroed, and its record (each one's export handle, length first).
+/// Phase 1 of one rank's peer words: its flags (in pinned host memory with `host_flags`: the
+/// staged one-shot's, for GPUs that do not reach each other) and (with `low_latency`) its LL
+/// receive buffer, zeroed, and its record (each one's export handle, length first).
 pub(super) fn allocate_peer_words(
     res: &RankRes,
     fabric: &dyn Fabric,
     low_latency: bool,
-) -> Result<((DeviceBuffer, Option<DeviceBuffer>), Record)> {
+    host_flags: bool,
+) -> Result<((FlagWords, Option<DeviceBuffer>), Record)> {
     let zeroed = |bytes: usize| -> Result<DeviceBuffer> {
         let mut buffer = fabric.exportable(&res.ctx, bytes)?;
         buffer.fill_zero()?;
         Ok(buffer)
     };
-    let flags = zeroed(PEER_FLAG_BYTES)?;
+    let flags = match host_flags {
+        // Pinned host memory comes zeroed.
+        true => FlagWords::Host(fabric.exportable_host(&res.ctx, PEER_FLAG_BYTES)?),
+        false => FlagWords::Device(zeroed(PEER_FLAG_BYTES)?),
+    };
     let ll_recv = match low_latency {
         true => Some(zeroed(ll_recv_bytes(fabric.world()))?),
         false => None,
     };
     let mut record = Vec::new();
-    for buffer in std::iter::once(&flags).chain(&ll_recv) {
-        let handle = fabric.export(
-            res.rank,
-            Exported::Device {
-                addr: buffer.ptr(),
-                bytes: buffer.len_bytes(),
-            },
-        )?;
+    let ll_exported = ll_recv.iter().map(|b| Exported::Device {
+        addr: b.ptr(),
+        bytes: b.len_bytes(),
+    });
+    for exported in std::iter::once(flags.exported()).chain(ll_exported) {
+        let handle = fabric.export(res.rank, exported)?;
         record.push(handle.len() as u64);
         record.extend(handle);
     }
@@ -202,7 +236,7 @@ pub(super) fn allocate_peer_words(
 pub(super) fn connect_peer_words(
     res: &Arc<RankRes>,
     fabric: &dyn Fabric,
-    own: (DeviceBuffer, Option<DeviceBuffer>),
+    own: (FlagWords, Option<DeviceBuffer>),
     records: &[Record],
     identities: &[Identity],
     timeout: Duration,
@@ -260,7 +294,10 @@ impl CudaExecutor {
         self.check_error_words()?;
         // The two-shot gathers from outputs; an in-place one-shot collective reads the caller's
         // one buffer (passed as the outputs).
-        let inputs_read = inputs.filter(|_| kernel != PeerKernel::OneShotLl);
+        // The LL and the staged one-shot read no other rank's input (the one pushes it, the
+        // other reads host copies).
+        let inputs_read = inputs
+            .filter(|_| kernel != PeerKernel::OneShotLl && kernel != PeerKernel::OneShotStaged);
         let outputs_read = (kernel == PeerKernel::TwoShot
             || kernel == PeerKernel::Steps && inputs.is_none())
         .then_some(outputs);
@@ -501,8 +538,10 @@ impl CudaEnqueue<'_> {
 
     /// Launches this rank's one-shot kernel for the peer reduce `op` into `dst` (a plan whose
     /// layout `oneshot_layout` verified): `kernel`, the LL one-shot or the read one-shot
-    /// ([`PeerWords::oneshot_kernel`] chose it when the plan was prepared). `expose_from`
-    /// is the fused exposure copy's source (see `CudaEnqueue::held`).
+    /// ([`PeerWords::oneshot_kernel`] chose it when the plan was prepared), or the staged
+    /// one-shot (the read kernel over host copies, its flags in host memory). `expose_from`
+    /// is the fused exposure copy's source (see `CudaEnqueue::held`): the in-place buffer, or
+    /// for the staged one-shot also the input out of place.
     pub(super) fn launch_oneshot(
         &self,
         kernel: PeerKernel,
@@ -513,7 +552,7 @@ impl CudaEnqueue<'_> {
     ) -> Result<()> {
         let call = self.call;
         let plan = &*self.plan.plan;
-        let shared = self.peer_words(PeerKernel::OneShot)?;
+        let shared = self.peer_words(kernel)?;
         let rank = plan.decl(dst.buf).rank;
         let sources = crate::check::peer_sources(plan, &op);
         if kernel == PeerKernel::OneShotLl {
@@ -546,11 +585,13 @@ impl CudaEnqueue<'_> {
             args.srcs[r] = self.addr(src);
             args.flags[r] = shared.flags_of[r];
         }
-        // SAFETY: every source lies in a buffer of its rank's GPU (checked plan; the caller's
-        // validated inputs or our exposed copies), reachable from this GPU (peer access enabled
-        // between all pairs at creation, pool access granted per input); `dst` is this rank's
-        // output, disjoint from every source; every rank launches the same grid (`peer_blocks`
-        // of dtype and count), so the barriers meet; the flags outlive the
+        // SAFETY: every source lies in a buffer of its rank (checked plan; the caller's validated
+        // inputs or our exposed copies), reachable from this GPU — on its rank's GPU over the
+        // peer access enabled between all pairs at creation (pool access granted per input),
+        // or, staged, in pinned host memory every GPU maps (`check_staged` proved the plan
+        // reads nothing else of another rank, and the flags are host memory too); `dst` is
+        // this rank's output, disjoint from every source; every rank launches the same grid
+        // (`peer_blocks` of dtype and count), so the barriers meet; the flags outlive the
         // communicator's streams.
         unsafe { self.res.kernels.oneshot(call.dtype, call.op, &args, stream) }
     }
