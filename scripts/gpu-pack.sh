@@ -6,6 +6,7 @@
 #   EXAMPLES='13_gpu_processes' scripts/gpu-pack.sh DIR TEST   # also those examples
 #   WHEEL=1 scripts/gpu-pack.sh DIR nccl:gpu_ranks   # also the Python wheel (DIR/bin/wheels; needs
 #     maturin: pip install maturin) — with nccl:* for gpu-suite.sh's torch phase
+#   CUDA12=1 scripts/gpu-pack.sh DIR gpu_cuda12   # with the CUDA 12 image (kept out otherwise)
 #   scripts/gpu-pack.sh DIR nccl:gpu_ranks nccl:c_api   # ringreduce-nccl's tests (set
 #     RINGREDUCE_NCCL_SOURCES=nccl there for the C test's header and program)
 #
@@ -24,7 +25,15 @@ fi
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 [[ -n "${NVCC:-}" && -n "${NVRTC_CUDA12:-}" ]] || eval "$(bash .ci/install-nvcc.sh --export)"
-export NVCC NVRTC_CUDA12 RINGREDUCE_REQUIRE_NVCC=1 RINGREDUCE_REQUIRE_CUDA12=1 RINGREDUCE_COMMIT
+# The CUDA 12 image (~10 MB in every binary, which would not fit the carry limit) only with
+# CUDA12=1 — for tests/gpu_cuda12.rs; the GPU host's CUDA 13 driver loads the fatbin.
+if [[ "${CUDA12:-0}" == 1 ]]; then
+  export NVRTC_CUDA12 RINGREDUCE_REQUIRE_CUDA12=1
+else
+  unset NVRTC_CUDA12
+  export RINGREDUCE_REQUIRE_CUDA12=0
+fi
+export NVCC RINGREDUCE_REQUIRE_NVCC=1 RINGREDUCE_COMMIT
 RINGREDUCE_COMMIT=$(git rev-parse --short=12 HEAD)
 cargo build --release -q -p ringreduce-cli
 rm -rf "$out/bin" && mkdir -p "$out/bin"
