@@ -12,13 +12,16 @@
 /// Which all-reduce algorithm a communicator runs (module doc of [`crate::plan`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Algorithm {
-    /// The one-shot up to a message size, the ring above it (see [`Algorithm::choose`]).
+    /// The one-shot up to a message size, the ring above it (see [`Algorithm::choose`], and
+    /// [`Algorithm::choose_staged`] where edges are staged).
     #[default]
     Auto,
     /// Always the ring: reduce-scatter then all-gather over copy engines (SMs stay free).
     Ring,
     /// Always the one-shot: every rank reads every rank's input directly, barriers around
-    /// (needs peer access between every pair of GPUs, and at most 8 ranks on GPUs).
+    /// (at most 8 ranks on GPUs). Where GPUs do not all reach each other, or edges are forced
+    /// `Staged`, its staged form: every rank's source through a host copy
+    /// ([`crate::plan::staged`]).
     OneShot,
     /// Always the two-shot: each rank reduces its own segment from every rank's input, then
     /// gathers the other segments from their owners, reading peer memory directly, three
