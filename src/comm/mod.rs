@@ -124,7 +124,8 @@ pub struct Communicator {
 }
 
 impl Communicator {
-    /// A communicator of `world` ranks on host threads (one thread per rank, a worker per stream).
+    /// A communicator of `world` ranks on host threads (one thread per rank, which runs its Main
+    /// stream; a worker per other stream).
     pub fn host(world: usize) -> Result<Communicator> {
         Communicator::host_with(world, HostConfig::default())
     }

@@ -312,7 +312,8 @@ enum Cmd {
     End,
 }
 
-/// The host executor of one communicator: a thread per rank, a worker per stream.
+/// The host executor of one communicator: a thread per rank (which runs its Main stream), a worker
+/// per other stream.
 pub(crate) struct HostExecutor {
     world: usize,
     config: HostConfig,
