@@ -28,12 +28,15 @@ pub struct RunArgs {
     /// Size multiplier between rows.
     #[arg(short = 'f', long, default_value_t = 8)]
     factor: usize,
-    /// How GPU ring edges move data: auto, peer or staged.
+    /// How edges move data: auto, peer or staged (host ranks: staged runs the plans of ranks
+    /// that cannot read each other's memory — the staged one-shot and the ring through host
+    /// slots; otherwise peer).
     #[arg(long, default_value = "auto", value_parser = parse_transport)]
     transport: ringreduce::Transport,
     /// Which all-reduce runs: auto, ring, oneshot or twoshot. On GPUs auto picks by size
     /// (`Algorithm::choose`); on host ranks auto runs the two-shot, their fastest (its gather
-    /// pushed: docs/PERFORMANCE.md, "Host executor").
+    /// pushed: docs/PERFORMANCE.md, "Host executor") — over staged edges the library's rule for
+    /// them (`Algorithm::choose_staged`).
     #[arg(long, default_value = "auto", value_parser = parse_algorithm)]
     algorithm: ringreduce::Algorithm,
     /// Force host ranks even where GPUs exist.
@@ -219,23 +222,38 @@ fn run_host(args: &RunArgs) -> Result<(), String> {
     let world = args.ranks;
     // f32 elements; a chunk below one element is one element (as the GPU executor rounds).
     let chunk_bytes = args.chunk.unwrap_or(1 << 20);
+    // Staged edges (`--transport staged`): the plans of ranks that cannot read each other's
+    // memory, with the library's rule for them (`Algorithm::choose_staged`); else the pushed
+    // two-shot for `auto`, the host ranks' fastest.
+    let staged = args.transport == Transport::Staged;
     let algorithm = match args.algorithm {
-        Algorithm::Auto => Algorithm::TwoShot,
-        forced => forced,
+        Algorithm::Auto if !staged => Algorithm::TwoShot,
+        chosen => chosen,
     };
     let config = HostConfig {
         chunk_elems: (chunk_bytes / 4).max(1),
         slots: args.slots.unwrap_or(4),
-        transport: Transport::Peer,
+        transport: if staged {
+            Transport::Staged
+        } else {
+            Transport::Peer
+        },
         algorithm,
         ..HostConfig::default()
     };
+    let staged_limit = ringreduce::exec::algorithm::STAGED_ONESHOT_AUTO_MAX_BYTES * 2 / world;
     let knobs = format!(
         "algorithm: {}; ring chunk: {} ({} f32 elements{}); staging slots per receiver: {}",
-        match algorithm {
-            Algorithm::TwoShot => "two-shot, its gather pushed",
-            Algorithm::OneShot => "one-shot",
-            _ => "ring",
+        match (algorithm, staged) {
+            (Algorithm::TwoShot, _) => "two-shot, its gather pushed".to_string(),
+            (Algorithm::OneShot, true) => "one-shot, staged through host copies".to_string(),
+            (Algorithm::OneShot, false) => "one-shot".to_string(),
+            (Algorithm::Auto, _) => format!(
+                "auto over staged edges: the staged one-shot up to {} per rank, the ring above",
+                format_bytes(staged_limit)
+            ),
+            _ if staged => "ring, staged through host slots".to_string(),
+            _ => "ring".to_string(),
         },
         format_bytes(config.chunk_elems * 4),
         config.chunk_elems,

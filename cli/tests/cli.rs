@@ -189,6 +189,42 @@ fn ring_knobs_reach_host_ranks() {
         ),
         "stdout: {stdout}"
     );
+    // Staged edges: the library's rule for them, rows on both sides of its limit, all exact;
+    // the two-shot, which reads its peers' buffers, is refused by name.
+    let out = ringreduce(&[
+        "run",
+        "--host",
+        "--transport",
+        "staged",
+        "-b",
+        "64K",
+        "-e",
+        "1M",
+    ]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "stdout: {stdout}");
+    assert!(
+        stdout.contains(
+            "# algorithm: auto over staged edges: the staged one-shot up to 128K per rank, the \
+             ring above;"
+        ),
+        "stdout: {stdout}"
+    );
+    assert!(stdout.contains("all results correct"), "stdout: {stdout}");
+    let out = ringreduce(&[
+        "run",
+        "--host",
+        "--transport",
+        "staged",
+        "--algorithm",
+        "twoshot",
+    ]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        text(&out.stderr).contains("staged edges cannot"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
