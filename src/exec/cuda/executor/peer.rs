@@ -32,7 +32,7 @@
 
 use super::enqueue::CudaEnqueue;
 use super::layout::StepLayout;
-use super::rank::RankRes;
+use super::rank::{Owned, RankRes};
 use super::{CudaCall, CudaExecutor, Transport};
 use crate::device::{self, DeviceBuffer, Stream};
 use crate::element::DType;
@@ -79,13 +79,15 @@ impl fmt::Display for PeerKernel {
 
 /// One rank's peer-kernel words, made once per communicator: the flag words its peers write at
 /// the barriers (zeroed; device memory reached through peer access, or pinned host memory where
-/// the GPUs do not reach each other: [`FlagWords`]) and the LL kernel's receive
+/// the GPUs do not reach each other) and the LL kernel's receive
 /// buffer (with `low_latency` only) — its own, and every rank's as imported through the fabric;
 /// a kernel that gives up leaves its code in its rank's error word (`RankRes::error`). Calls of
 /// every kernel share the flags and the per-block epochs in them.
 pub(super) struct PeerWords {
     /// Kept alive for the peers that write into them; reached through `flags_of[rank]`.
-    _flags: FlagWords,
+    /// Device memory, or pinned host memory where the GPUs do not reach each other (the
+    /// staged one-shot; the kernels' flag accesses are system-scope either way, `cuda/peer.cuh`).
+    _flags: Owned,
     _ll_recv: Option<DeviceBuffer>,
     /// Every rank's flag words, as this rank reaches them (its own among them).
     flags_of: Vec<u64>,
@@ -102,30 +104,6 @@ pub(super) struct PeerWords {
     timeout: Duration,
     /// When the latest call's kernels were launched (under the gate, `device::gate::launching`).
     last_launch: std::sync::Mutex<Option<Instant>>,
-}
-
-/// Where a rank's flag words live: its GPU's memory, which its peers reach over peer access; or
-/// — for ranks whose GPUs do not reach each other (the staged one-shot) — pinned host memory,
-/// which every GPU maps (the kernels' flag accesses are system-scope either way, `cuda/peer.cuh`).
-pub(super) enum FlagWords {
-    Device(DeviceBuffer),
-    Host(device::PinnedHost),
-}
-
-impl FlagWords {
-    /// The words as memory a peer imports.
-    fn exported(&self) -> Exported {
-        match self {
-            FlagWords::Device(b) => Exported::Device {
-                addr: b.ptr(),
-                bytes: b.len_bytes(),
-            },
-            FlagWords::Host(h) => Exported::Host {
-                addr: h.uva_ptr(),
-                bytes: h.len_bytes(),
-            },
-        }
-    }
 }
 
 impl device::gate::InFlight for PeerWords {
@@ -199,7 +177,7 @@ pub(super) fn allocate_peer_words(
     fabric: &dyn Fabric,
     low_latency: bool,
     host_flags: bool,
-) -> Result<((FlagWords, Option<DeviceBuffer>), Record)> {
+) -> Result<((Owned, Option<DeviceBuffer>), Record)> {
     let zeroed = |bytes: usize| -> Result<DeviceBuffer> {
         let mut buffer = fabric.exportable(&res.ctx, bytes)?;
         buffer.fill_zero()?;
@@ -207,8 +185,8 @@ pub(super) fn allocate_peer_words(
     };
     let flags = match host_flags {
         // Pinned host memory comes zeroed.
-        true => FlagWords::Host(fabric.exportable_host(&res.ctx, PEER_FLAG_BYTES)?),
-        false => FlagWords::Device(zeroed(PEER_FLAG_BYTES)?),
+        true => Owned::Host(fabric.exportable_host(&res.ctx, PEER_FLAG_BYTES)?),
+        false => Owned::Device(zeroed(PEER_FLAG_BYTES)?),
     };
     let ll_recv = match low_latency {
         true => Some(zeroed(ll_recv_bytes(fabric.world()))?),
@@ -236,7 +214,7 @@ pub(super) fn allocate_peer_words(
 pub(super) fn connect_peer_words(
     res: &Arc<RankRes>,
     fabric: &dyn Fabric,
-    own: (FlagWords, Option<DeviceBuffer>),
+    own: (Owned, Option<DeviceBuffer>),
     records: &[Record],
     identities: &[Identity],
     timeout: Duration,

@@ -119,21 +119,23 @@ impl RankRes {
     }
 }
 
-/// Staging memory a rank owns for one plan.
-enum Staging {
+/// Memory a rank owns and exports to its peers: a plan's staging (device slots and scratch, host
+/// slots and host copies), and the peer kernels' flag words (device memory, or pinned host
+/// memory where the GPUs do not reach each other: `peer::allocate_peer_words`).
+pub(super) enum Owned {
     Device(DeviceBuffer),
     Host(PinnedHost),
 }
 
-impl Staging {
-    /// The staging as memory a peer imports.
-    fn exported(&self) -> Exported {
+impl Owned {
+    /// The memory as a peer imports it.
+    pub(super) fn exported(&self) -> Exported {
         match self {
-            Staging::Device(b) => Exported::Device {
+            Owned::Device(b) => Exported::Device {
                 addr: b.ptr(),
                 bytes: b.len_bytes(),
             },
-            Staging::Host(h) => Exported::Host {
+            Owned::Host(h) => Exported::Host {
                 addr: h.uva_ptr(),
                 bytes: h.len_bytes(),
             },
@@ -149,7 +151,7 @@ pub(super) struct RankPlan {
     /// This rank's events of the plan (the ones it records), by event; `None` for other ranks'.
     pub(super) events: Vec<Option<Event>>,
     /// This rank's staging, kept alive for the plan's life (reached through `addrs`).
-    _staging: Vec<Staging>,
+    _staging: Vec<Owned>,
     /// This rank's event counters, where events cross ranks (`Dispatch::CopyEngines`).
     pub(super) counters: Option<Counters>,
     /// The base address of every buffer of the plan that the ranks own (staging, exposed
@@ -176,7 +178,7 @@ pub(super) struct Allocated {
     plan: Arc<Plan>,
     dispatch: Arc<Dispatch>,
     events: Vec<Option<Event>>,
-    staging: Vec<Staging>,
+    staging: Vec<Owned>,
     counters: Option<Counters>,
     copy_callers: bool,
 }
@@ -277,9 +279,9 @@ impl RankExecutor {
                 kind => {
                     let own = match kind {
                         BufKind::HostSlots | BufKind::HostExposed => {
-                            Staging::Host(fabric.exportable_host(&res.ctx, bytes)?)
+                            Owned::Host(fabric.exportable_host(&res.ctx, bytes)?)
                         }
-                        _ => Staging::Device(fabric.exportable(&res.ctx, bytes)?),
+                        _ => Owned::Device(fabric.exportable(&res.ctx, bytes)?),
                     };
                     let exported = own.exported();
                     staging.push(own);
