@@ -219,6 +219,35 @@ impl HostCall {
         self.abort.store(true, Ordering::Release);
     }
 
+    /// Waits until every report of the call is in, and returns its first error. The threads'
+    /// own deadline checks fire first and name what they waited for; this is a backstop a
+    /// little later: where reports are still missing then and nobody reported a failure, the
+    /// call is a stall — it fails with a timeout naming the first missing reporter as
+    /// `stalled` says (rank, what it did not finish), aborts, and the wait goes on: every thread
+    /// notices the abort within milliseconds.
+    fn wait_done(&self, stalled: impl FnOnce(Reporter) -> (usize, String)) -> Result<()> {
+        let backstop = self.deadline + Duration::from_millis(250);
+        if let Some(&first) = self.done.wait_until(backstop).first() {
+            let (rank, waiting_on) = stalled(first);
+            self.fail(Error::Timeout {
+                rank,
+                waiting_on,
+                after: self.timeout,
+            });
+            self.done
+                .wait_until(Instant::now() + Duration::from_secs(3600));
+        }
+        let failure = self
+            .failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        match failure {
+            Some(err) => Err(err),
+            None => Ok(()),
+        }
+    }
+
     fn aborted(&self) -> bool {
         self.abort.load(Ordering::Acquire)
     }
@@ -568,34 +597,13 @@ impl InFlight {
     /// Returns when every rank is done with the call (or the call failed and every thread has
     /// stopped touching its buffers), with the call's first error.
     fn wait(self) -> Result<()> {
-        let call = self.call;
-        // The threads' own deadline checks fire first and name what they waited for; the caller's
-        // is a backstop, a little later.
-        let backstop = call.deadline + Duration::from_millis(250);
-        let missing = call.done.wait_until(backstop);
-        if let Some(&(rank, stream)) = missing.first() {
-            // Nobody reported a failure, yet the call is not done: a stall. Abort, then keep
-            // waiting: every thread notices the abort within milliseconds.
-            call.fail(Error::Timeout {
-                rank,
-                waiting_on: match stream {
-                    Some(s) => format!("did not finish the operations on its {s:?} stream"),
-                    None => "did not finish enqueuing its operations".into(),
-                },
-                after: call.timeout,
-            });
-            call.done
-                .wait_until(Instant::now() + Duration::from_secs(3600));
-        }
-        let failure = call
-            .failure
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        match failure {
-            Some(err) => Err(err),
-            None => Ok(()),
-        }
+        self.call.wait_done(|(rank, stream)| {
+            let waiting_on = match stream {
+                Some(s) => format!("did not finish the operations on its {s:?} stream"),
+                None => "did not finish enqueuing its operations".into(),
+            };
+            (rank, waiting_on)
+        })
     }
 }
 

@@ -43,7 +43,7 @@ use crate::exec::{aborted, PlanCache, Shape};
 use crate::plan::{BufKind, Op, StreamKind};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 // The head of a rank's plan segment: its barrier arrivals, then one count per event.
 const ARRIVAL: usize = 0;
@@ -470,25 +470,10 @@ impl ProcessRank {
 
     /// Waits until every stream worker has finished the call; its first failure.
     fn wait(&self, call: &HostCall) -> Result<()> {
-        let backstop = call.deadline + Duration::from_millis(250);
-        if !call.done.wait_until(backstop).is_empty() {
-            call.fail(Error::Timeout {
-                rank: self.rank,
-                waiting_on: "did not finish its part of the collective".into(),
-                after: call.timeout,
-            });
-            call.done
-                .wait_until(Instant::now() + Duration::from_secs(3600));
-        }
-        match call
-            .failure
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
-            Some(err) => Err(err),
-            None => Ok(()),
-        }
+        call.wait_done(|_| {
+            let waiting_on = "did not finish its part of the collective".to_string();
+            (self.rank, waiting_on)
+        })
     }
 }
 
