@@ -427,9 +427,15 @@ fn validate_oneshot(dtype: DType, args: &OneShotArgs) -> Result<()> {
             args.dst, args.srcs[r]
         )));
     }
-    if args.expose_from != 0 && args.expose_from != args.dst {
+    // In place the exposure's source is dst itself; staged out of place it is the input,
+    // which the kernel copies before any block writes dst, so it must lie apart from dst.
+    if args.expose_from != 0
+        && args.expose_from != args.dst
+        && overlaps(args.expose_from, args.dst)
+    {
         return Err(Error::InvalidArgument(format!(
-            "one-shot expose_from = {:#x} must be 0 or dst = {:#x} (the in-place buffer)",
+            "one-shot expose_from = {:#x} must be dst = {:#x} (the in-place buffer) or lie \
+             apart from it (the staged one-shot's input)",
             args.expose_from, args.dst
         )));
     }
@@ -770,15 +776,30 @@ mod tests {
             },
         )
         .unwrap();
-        for bad in [ok.srcs[1] + 64, ok.dst + 2, ok.dst + 4] {
-            assert!(invalid(
+        // Staged out of place: the input, apart from dst and every source.
+        let input = ok.dst + (1 << 30);
+        validate_oneshot(
+            DType::F32,
+            &OneShotArgs {
+                expose_from: input,
+                ..ok
+            },
+        )
+        .unwrap();
+        for (bad, why) in [
+            (ok.srcs[1] + 64, "overlaps srcs[1]"),
+            (ok.dst + 2, "must be dst"),
+            (ok.dst + 4, "must be dst"),
+            (input + 2, "expose_from"),
+        ] {
+            let got = invalid(
                 DType::F32,
                 &OneShotArgs {
                     expose_from: bad,
                     ..ok
-                }
-            )
-            .contains("must be 0 or dst"));
+                },
+            );
+            assert!(got.contains(why), "{bad:#x}: {got}");
         }
 
         // Null pointers are refused only when there is something to do.
