@@ -3,7 +3,8 @@
 //! exact against the host reference (two and three processes), their memory crossing through
 //! CUDA IPC handles; calls on each process's own stream and in its CUDA graphs; a killed rank
 //! named; an abort from a watchdog thread releasing a waiting call; a mismatched call named on
-//! every rank; staged rings through pinned host memory the
+//! every rank; registered buffers (every collective without copies, a mixed call copying, pool
+//! memory refused); staged rings through pinned host memory the
 //! processes share; two such ranks in one process refused by
 //! name. On a one-GPU machine the ranks share GPU 0
 //! (`allow_shared_device`). A machine without a GPU waives them.
@@ -163,6 +164,232 @@ fn every_collective_on_this_gpu(
         values(op, from, per + from),
         "send/recv"
     );
+}
+
+/// One rank's part of the registration test: every collective on views of two registered
+/// allocations (at offsets that differ between ranks) runs without copies and exactly, for
+/// every all-reduce algorithm; a call where one rank's buffer is unregistered copies, on every
+/// rank, and is as exact; stream-ordered pool memory is refused by name and leaves the
+/// communicator working.
+fn registered_buffers_on_this_gpu(
+    rank: usize,
+    world: usize,
+    device: usize,
+    next_id: &mut dyn FnMut() -> UniqueId,
+) {
+    let op = ReduceOp::Sum;
+    let space = 1 << 18;
+    for algorithm in [
+        Algorithm::Ring,
+        Algorithm::OneShot,
+        Algorithm::TwoShot,
+        Algorithm::Auto,
+    ] {
+        let mut comm =
+            RankCommunicator::gpu(&next_id(), rank, world, device, config(algorithm)).unwrap();
+        let mut a = GpuBuffer::<f32>::zeroed(device, space).unwrap();
+        let mut b = GpuBuffer::<f32>::zeroed(device, space).unwrap();
+        comm.register(&a).unwrap();
+        comm.register(&b).unwrap();
+        // Offsets differ between ranks: each rank publishes its own.
+        let at = 64 * (rank + 1);
+        let mut runs = 0;
+        for count in [1000, 100_000] {
+            let want: Vec<f32> = (0..count).map(|k| expected_value(op, world, k)).collect();
+            a.copy_from_host(&[values(op, rank, count), vec![0.0; space - count]].concat())
+                .unwrap();
+            {
+                let input = a.view(0, count).unwrap();
+                let mut output = b.view_mut(at, count).unwrap();
+                comm.all_reduce(&input, &mut output, op)
+                    .unwrap_or_else(|e| panic!("{algorithm:?} {count}: {e}"));
+            }
+            runs += 1;
+            assert_eq!(
+                b.to_host().unwrap()[at..at + count],
+                want[..],
+                "{algorithm:?} {count}"
+            );
+            {
+                let mut buf = a.view_mut(0, count).unwrap();
+                comm.all_reduce_in_place(&mut buf, op)
+                    .unwrap_or_else(|e| panic!("{algorithm:?} {count} in place: {e}"));
+            }
+            runs += 1;
+            assert_eq!(
+                a.to_host().unwrap()[..count],
+                want[..],
+                "{algorithm:?} in place"
+            );
+            assert_eq!(
+                comm.registered_calls(),
+                runs,
+                "{algorithm:?}: ran without copies"
+            );
+        }
+        // Rank 0 passes an unregistered output: every rank copies, and the result is the same.
+        let count = 1000;
+        let want: Vec<f32> = (0..count).map(|k| expected_value(op, world, k)).collect();
+        let input = GpuBuffer::from_host(device, &values(op, rank, count)).unwrap();
+        let mut loose = GpuBuffer::<f32>::zeroed(device, count).unwrap();
+        a.copy_from_host(&[values(op, rank, count), vec![0.0; space - count]].concat())
+            .unwrap();
+        if rank == 0 {
+            comm.all_reduce(&input, &mut loose, op).unwrap();
+            assert_eq!(loose.to_host().unwrap(), want, "{algorithm:?} mixed");
+        } else {
+            let mut output = b.view_mut(0, count).unwrap();
+            comm.all_reduce(&a.view(0, count).unwrap(), &mut output, op)
+                .unwrap();
+            drop(output);
+            assert_eq!(
+                b.to_host().unwrap()[..count],
+                want[..],
+                "{algorithm:?} mixed"
+            );
+        }
+        assert_eq!(
+            comm.registered_calls(),
+            runs,
+            "{algorithm:?}: the mixed call copied"
+        );
+        if algorithm != Algorithm::Auto {
+            continue;
+        }
+        // Every other collective on registered views (the one-shot and ring forms by size).
+        for per in [37, 40_000] {
+            let before = comm.registered_calls();
+            a.copy_from_host(
+                &[
+                    values(op, rank, world * per),
+                    vec![0.0; space - world * per],
+                ]
+                .concat(),
+            )
+            .unwrap();
+            {
+                let mine = a.view(0, per).unwrap();
+                let mut all = b.view_mut(0, world * per).unwrap();
+                comm.collective(&Collective::AllGather, Some(&mine), Some(&mut all), op)
+                    .unwrap();
+            }
+            let want: Vec<f32> = (0..world)
+                .flat_map(|r| values(op, r, world * per)[..per].to_vec())
+                .collect();
+            assert_eq!(
+                b.to_host().unwrap()[..world * per],
+                want[..],
+                "all-gather {per}"
+            );
+            {
+                let input = a.view(0, world * per).unwrap();
+                let mut block = b.view_mut(at, per).unwrap();
+                comm.collective(
+                    &Collective::ReduceScatter,
+                    Some(&input),
+                    Some(&mut block),
+                    op,
+                )
+                .unwrap();
+            }
+            let want: Vec<f32> = (0..per)
+                .map(|k| expected_value(op, world, rank * per + k))
+                .collect();
+            assert_eq!(
+                b.to_host().unwrap()[at..at + per],
+                want[..],
+                "reduce-scatter {per}"
+            );
+            let root = world - 1;
+            {
+                let mut buf = a.view_mut(0, per).unwrap();
+                comm.collective_in_place(&Collective::Broadcast { root }, &mut buf, op)
+                    .unwrap();
+            }
+            let sent = values(op, root, world * per)[..per].to_vec();
+            assert_eq!(a.to_host().unwrap()[..per], sent[..], "broadcast {per}");
+            a.copy_from_host(&[values(op, rank, per), vec![0.0; space - per]].concat())
+                .unwrap();
+            {
+                let input = a.view(0, per).unwrap();
+                let mut out = b.view_mut(0, per).unwrap();
+                let out = (rank == root).then_some(&mut out);
+                comm.collective(&Collective::Reduce { root }, Some(&input), out, op)
+                    .unwrap();
+            }
+            if rank == root {
+                let want: Vec<f32> = (0..per).map(|k| expected_value(op, world, k)).collect();
+                assert_eq!(b.to_host().unwrap()[..per], want[..], "reduce {per}");
+            }
+            a.copy_from_host(
+                &[
+                    values(op, rank, world * per),
+                    vec![0.0; space - world * per],
+                ]
+                .concat(),
+            )
+            .unwrap();
+            {
+                let input = a.view(0, world * per).unwrap();
+                let mut out = b.view_mut(0, world * per).unwrap();
+                comm.collective(&Collective::AllToAll, Some(&input), Some(&mut out), op)
+                    .unwrap();
+            }
+            let want: Vec<f32> = (0..world)
+                .flat_map(|j| values(op, j, world * per)[rank * per..(rank + 1) * per].to_vec())
+                .collect();
+            assert_eq!(
+                b.to_host().unwrap()[..world * per],
+                want[..],
+                "all-to-all {per}"
+            );
+            assert_eq!(
+                comm.registered_calls(),
+                before + 5,
+                "collectives of {per} copied"
+            );
+        }
+        // Pool memory: refused by name on every rank; the communicator still works.
+        let ctx = cudarc::driver::CudaContext::new(device).unwrap();
+        let pool = ctx.default_stream().alloc_zeros::<f32>(1024).unwrap();
+        let err = comm.register(&pool).unwrap_err().to_string();
+        assert!(err.contains("pool memory"), "{err}");
+        let mut buf = a.view_mut(0, count).unwrap();
+        comm.all_reduce_in_place(&mut buf, op).unwrap();
+        comm.close().unwrap();
+    }
+}
+
+#[test]
+fn registered_buffers_run_every_collective_without_copies() {
+    if let Some(env) = as_rank() {
+        let device = this_gpu(&env);
+        let mut job = 0;
+        let mut next_id = || {
+            job += 1;
+            LaunchEnv {
+                run_id: Some(format!("{:?}-{job}", env.run_id)),
+                ..env.clone()
+            }
+            .unique_id()
+            .unwrap()
+        };
+        registered_buffers_on_this_gpu(env.rank, env.world, device, &mut next_id);
+        return;
+    }
+    if two_gpus_or_shared().is_none() {
+        return;
+    }
+    // Legacy IPC handles: how a caller's cuMemAlloc memory is shared (file descriptors serve
+    // memory ringreduce made with cuMemCreate; the caller's takes the handle either way).
+    for (world, sharing) in [(2, "default"), (3, "default"), (2, "legacy")] {
+        let ranks = launch(
+            "registered_buffers_run_every_collective_without_copies",
+            world,
+            |_| vec![("RINGREDUCE_IPC".into(), sharing.into())],
+        );
+        expect_success(ranks, Duration::from_secs(300));
+    }
 }
 
 #[test]

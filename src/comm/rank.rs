@@ -614,6 +614,52 @@ impl RankCommunicator {
         }
     }
 
+    /// Registers the GPU allocation `buf` lies in, so that later calls on buffers inside it run
+    /// on them directly: peers in other processes read and write it in place, with no copies
+    /// into and out of the memory this rank exports for its calls (NCCL's buffer registration,
+    /// `ncclCommRegister`; vLLM's registered custom all-reduce buffers). Collective: every rank
+    /// registers one buffer of its own in the same turn, and all wait for each other (the
+    /// creation timeout bounds it). Each exports its allocation (a legacy IPC handle for
+    /// `cuMemAlloc` memory such as [`GpuBuffer`](crate::GpuBuffer)'s) and maps every peer's,
+    /// once; the mappings last until the communicator closes.
+    ///
+    /// A call runs without copies when every rank's buffers of it lie in memory it registered
+    /// (each rank publishes where, beside the call's shape); otherwise it copies, as an
+    /// unregistered call does — so registration never changes a result, only the copies.
+    /// Memory freed and allocated again at the same address is not registered any more (the
+    /// driver's allocation id is checked at each call). Refused by name: stream-ordered pool
+    /// memory (`cuMemAllocAsync`, cudarc's default allocation on a stream), which CUDA cannot
+    /// share between processes; host ranks and jobs on several hosts, which have nothing to
+    /// register. A turn that fails on any rank fails on every rank, and registers nothing.
+    /// [`RankCommunicator::registered_calls`] counts the calls that ran without copies.
+    pub fn register<T: Element, B: Buffer<T> + ?Sized>(&mut self, buf: &B) -> Result<()> {
+        broken(&self.broken)?;
+        self.placed(buf)?;
+        match &mut self.inner {
+            Inner::Gpu { exec, .. } => {
+                let addr = buf.address();
+                // A refused turn leaves the communicator working; a failed job breaks it.
+                guarded(&mut self.broken, || exec.register(&[addr]))?
+            }
+            Inner::GpuHosts(_) => Err(Error::InvalidArgument(
+                "registration serves the ranks of one host: a job on several hosts copies its                  buffers"
+                    .into(),
+            )),
+            Inner::Host(_) | Inner::Hosts(_) => Err(Error::InvalidArgument(
+                "host ranks have no GPU memory to register".into(),
+            )),
+        }
+    }
+
+    /// How many of this rank's calls ran on registered buffers, without copies
+    /// ([`RankCommunicator::register`]); 0 for a host rank.
+    pub fn registered_calls(&self) -> u64 {
+        match &self.inner {
+            Inner::Gpu { exec, .. } => exec.registered_calls(),
+            _ => 0,
+        }
+    }
+
     /// Grouped send/recv: every rank names the same `transfers` (transfer i moves `count`
     /// elements from rank `from` to rank `to`), and passes its own ends of them — `sends`, one
     /// buffer per transfer it sends, and `recvs`, one per transfer it receives, each in the

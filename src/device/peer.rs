@@ -296,6 +296,46 @@ pub fn pointer_device(ptr: u64) -> Result<Option<usize>> {
     })
 }
 
+/// The device allocation `ptr` lies in, as the driver knows it: its base and size
+/// (`cuMemGetAddressRange`) and its id (`CU_POINTER_ATTRIBUTE_BUFFER_ID`, unique over the
+/// process's life: memory freed and allocated again at the same address gets a new one). `None`
+/// for addresses the driver does not know as device memory.
+pub fn pointer_allocation(ptr: u64) -> Result<Option<Allocation>> {
+    if pointer_device(ptr)?.is_none() {
+        return Ok(None);
+    }
+    guard("cuMemGetAddressRange", || {
+        // SAFETY: the driver writes CU_POINTER_ATTRIBUTE_BUFFER_ID as an unsigned 64-bit word.
+        let Some(id) = (unsafe {
+            pointer_attribute::<u64>(
+                ptr,
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID,
+                0,
+            )
+        })?
+        else {
+            return Ok(None);
+        };
+        let (mut base, mut size) = (0u64, 0usize);
+        // SAFETY: the out-pointers are live locals; the driver only looks `ptr` up.
+        unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) }
+            .result()
+            .map_err(check("cuMemGetAddressRange"))?;
+        Ok(Some(Allocation { base, size, id }))
+    })
+}
+
+/// A device allocation ([`pointer_allocation`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Allocation {
+    /// Its first address.
+    pub base: u64,
+    /// Its length in bytes.
+    pub size: usize,
+    /// The driver's id of it, unique over the process's life.
+    pub id: u64,
+}
+
 /// The pool `ptr`'s memory came from, or `None` outside pools.
 pub(super) fn pointer_pool(ptr: u64) -> Result<Option<sys::CUmemoryPool>> {
     driver_available()?;

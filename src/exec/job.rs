@@ -43,7 +43,11 @@ const STARTED: usize = 2;
 /// Two slots of [`SHAPE_WORDS`], by the call number's parity: the shape of that call.
 const SHAPE: usize = 3;
 const SHAPE_WORDS: usize = 6;
-const CONTROL_WORDS: usize = SHAPE + 2 * SHAPE_WORDS;
+/// Two slots of [`REF_WORDS`], by the call number's parity: where the rank's own buffers of that
+/// call lie in the memory it registered ([`CallerRefs`]).
+const REFS: usize = SHAPE + 2 * SHAPE_WORDS;
+const REF_WORDS: usize = 4;
+const CONTROL_WORDS: usize = REFS + 2 * REF_WORDS;
 
 /// How often a wait reads its peers' liveness (a `/proc` read per peer).
 const LIVENESS_EVERY: Duration = Duration::from_millis(5);
@@ -152,6 +156,77 @@ impl CallShape {
             },
             if w[5] == 1 { ", in place" } else { "" }
         )
+    }
+}
+
+/// Where one rank's buffers of a call lie, published beside the call's shape: a peer reaches
+/// them directly only where they lie in memory the rank registered (GPU ranks:
+/// `RankCommunicator::register`), and a call runs without copies only where every rank's do.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct CallerRefs {
+    pub(crate) input: BufferRef,
+    /// The output, or the in-place buffer.
+    pub(crate) output: BufferRef,
+}
+
+/// One buffer of a [`CallerRefs`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum BufferRef {
+    /// The rank passes no such buffer (a broadcast's non-root input; an in-place call's input).
+    #[default]
+    Absent,
+    /// A buffer outside the rank's registered memory.
+    Unregistered,
+    /// `offset` bytes into the rank's registration number `index`.
+    Registered { index: usize, offset: u64 },
+}
+
+impl BufferRef {
+    fn words(self) -> [u64; 2] {
+        match self {
+            BufferRef::Absent => [0, 0],
+            BufferRef::Unregistered => [1, 0],
+            BufferRef::Registered { index, offset } => [index as u64 + 2, offset],
+        }
+    }
+
+    fn from_words(w: [u64; 2]) -> BufferRef {
+        match w[0] {
+            0 => BufferRef::Absent,
+            1 => BufferRef::Unregistered,
+            k => BufferRef::Registered {
+                index: (k - 2) as usize,
+                offset: w[1],
+            },
+        }
+    }
+
+    /// Whether peers can reach the buffer, or need not.
+    pub(crate) fn reachable(self) -> bool {
+        self != BufferRef::Unregistered
+    }
+}
+
+impl CallerRefs {
+    fn words(self) -> [u64; REF_WORDS] {
+        let (i, o) = (self.input.words(), self.output.words());
+        [i[0], i[1], o[0], o[1]]
+    }
+
+    fn from_words(w: [u64; REF_WORDS]) -> CallerRefs {
+        CallerRefs {
+            input: BufferRef::from_words([w[0], w[1]]),
+            output: BufferRef::from_words([w[2], w[3]]),
+        }
+    }
+
+    /// Whether every rank of `all` passes only buffers its peers reach: then the call runs on
+    /// them directly, with no copies through the ranks' own memory.
+    pub(crate) fn all_reachable(all: &[CallerRefs]) -> bool {
+        !all.is_empty()
+            && all
+                .iter()
+                .all(|r| r.input.reachable() && r.output.reachable())
     }
 }
 
@@ -268,12 +343,14 @@ impl Job {
         unsafe { word(self.control[rank].base(), i) }
     }
 
-    /// Publishes the next call's shape and waits (until `deadline`, `timeout` after the call
-    /// began) until every peer has started the same call, then compares their shapes with it.
-    /// Returns the call's number.
+    /// Publishes the next call's shape and where this rank's buffers of it lie (`refs`), and
+    /// waits (until `deadline`, `timeout` after the call began) until every peer has started
+    /// the same call, then compares their shapes with it. Returns the call's number; every
+    /// rank's refs of it are [`Job::refs`] until this rank starts its next call.
     pub(crate) fn start_call(
         &self,
         shape: CallShape,
+        refs: CallerRefs,
         deadline: Instant,
         timeout: Duration,
     ) -> Result<u64> {
@@ -282,6 +359,11 @@ impl Job {
         let slot = SHAPE + (seq % 2) as usize * SHAPE_WORDS;
         for (i, w) in shape.0.iter().enumerate() {
             self.control_word(rank, slot + i)
+                .store(*w, Ordering::Relaxed);
+        }
+        let refs_slot = REFS + (seq % 2) as usize * REF_WORDS;
+        for (i, w) in refs.words().iter().enumerate() {
+            self.control_word(rank, refs_slot + i)
                 .store(*w, Ordering::Relaxed);
         }
         self.control_word(rank, STARTED)
@@ -318,6 +400,22 @@ impl Job {
             Some(err) => Err(err),
             None => Ok(seq),
         }
+    }
+
+    /// Every rank's refs of call `seq`, by rank: call `seq` is the one this rank started last,
+    /// and [`Job::start_call`] returned it (every peer had published them by then, and none
+    /// rewrites them before this rank starts its next call).
+    pub(crate) fn refs(&self, seq: u64) -> Vec<CallerRefs> {
+        let slot = REFS + (seq % 2) as usize * REF_WORDS;
+        (0..self.control.len())
+            .map(|q| {
+                let mut w = [0u64; REF_WORDS];
+                for (i, x) in w.iter_mut().enumerate() {
+                    *x = self.control_word(q, slot + i).load(Ordering::Relaxed);
+                }
+                CallerRefs::from_words(w)
+            })
+            .collect()
     }
 
     /// The first peer that started call `seq` with another shape than `shape`, as the error.
@@ -608,6 +706,47 @@ mod tests {
 
     fn names(list: &[&str]) -> Vec<String> {
         list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn caller_refs_survive_their_words_and_fresh_words_read_as_absent() {
+        let registered = BufferRef::Registered {
+            index: 3,
+            offset: 4096,
+        };
+        for refs in [
+            CallerRefs::default(),
+            CallerRefs {
+                input: registered,
+                output: BufferRef::Unregistered,
+            },
+            CallerRefs {
+                input: BufferRef::Absent,
+                output: BufferRef::Registered {
+                    index: 0,
+                    offset: 0,
+                },
+            },
+        ] {
+            assert_eq!(CallerRefs::from_words(refs.words()), refs);
+        }
+        assert_eq!(
+            CallerRefs::from_words([0; REF_WORDS]),
+            CallerRefs::default()
+        );
+        // An unregistered buffer anywhere keeps the call on the copies.
+        let all = [
+            CallerRefs {
+                input: registered,
+                output: registered,
+            },
+            CallerRefs {
+                input: BufferRef::Unregistered,
+                output: registered,
+            },
+        ];
+        assert!(!CallerRefs::all_reachable(&all));
+        assert!(CallerRefs::all_reachable(&all[..1]));
     }
 
     #[test]

@@ -55,6 +55,10 @@ pub(crate) struct Shape {
     pub(crate) in_place: bool,
     pub(crate) average: bool,
     pub(crate) elem_bytes: usize,
+    /// Every rank's buffers lie in memory it registered, which ranks in other processes reach
+    /// directly (GPU ranks, `exec::cuda::executor::registered`); otherwise such ranks copy their
+    /// buffers through memory they export. The plans differ, so they are cached apart.
+    pub(crate) registered: bool,
 }
 
 impl Shape {
@@ -71,6 +75,7 @@ impl Shape {
             count,
             in_place,
             elem_bytes: std::mem::size_of::<T>(),
+            registered: false,
         }
     }
 

@@ -27,7 +27,7 @@
 use crate::device::{self, DeviceBuffer, PinnedHost};
 use crate::error::{Error, Result};
 use crate::exec::fds::FdServer;
-use crate::exec::job::{CallShape, Job};
+use crate::exec::job::{CallShape, CallerRefs, Job};
 pub(crate) use crate::exec::rendezvous::push_text;
 use crate::exec::rendezvous::text_of;
 use crate::exec::rendezvous::{Rendezvous, UniqueId};
@@ -75,10 +75,18 @@ pub(crate) trait Fabric: Send + Sync {
 
     /// Starts this process's rank's next call, of `shape`, across the job: every rank's call
     /// must have the same shape ([`Error::CallMismatch`] otherwise, on every rank), checked by
-    /// `deadline` (`timeout` after the call began). In one process there is nothing to do: the
-    /// driver validates every rank's call.
-    fn start_call(&self, _shape: CallShape, _deadline: Instant, _timeout: Duration) -> Result<()> {
-        Ok(())
+    /// `deadline` (`timeout` after the call began). Returns every rank's `refs` (where its
+    /// buffers of the call lie in the memory it registered), by rank. In one process there is
+    /// nothing to do (the driver validates every rank's call, and every rank's buffers are at
+    /// hand): no refs.
+    fn start_call(
+        &self,
+        _shape: CallShape,
+        _refs: CallerRefs,
+        _deadline: Instant,
+        _timeout: Duration,
+    ) -> Result<Vec<CallerRefs>> {
+        Ok(Vec::new())
     }
 
     /// This process's rank finished its part of its latest call: its process may end without
@@ -519,8 +527,15 @@ impl Fabric for Joined {
         self.job.failed_peer()
     }
 
-    fn start_call(&self, shape: CallShape, deadline: Instant, timeout: Duration) -> Result<()> {
-        self.job.start_call(shape, deadline, timeout).map(drop)
+    fn start_call(
+        &self,
+        shape: CallShape,
+        refs: CallerRefs,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<Vec<CallerRefs>> {
+        let seq = self.job.start_call(shape, refs, deadline, timeout)?;
+        Ok(self.job.refs(seq))
     }
 
     fn finished(&self) {

@@ -36,7 +36,7 @@ use super::{
 };
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::exec::job::{self, backoff, peer_failure, word, CallShape, Job};
+use crate::exec::job::{self, backoff, peer_failure, word, CallShape, CallerRefs, Job};
 use crate::exec::rendezvous::{Rendezvous, UniqueId};
 use crate::exec::shm::Segment;
 use crate::exec::{aborted, PlanCache, Shape};
@@ -339,6 +339,7 @@ impl ProcessRank {
         let deadline = Instant::now() + self.config.timeout;
         let seq = self.job.start_call(
             CallShape::of(&shape, T::DTYPE, op),
+            CallerRefs::default(),
             deadline,
             self.config.timeout,
         )?;

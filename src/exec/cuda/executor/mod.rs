@@ -58,6 +58,7 @@ mod launch;
 mod layout;
 mod peer;
 mod rank;
+mod registered;
 mod teardown;
 
 pub use edges::{auto_chunk_bytes, EdgeInfo};
@@ -303,6 +304,13 @@ pub(crate) struct CudaExecutor {
     /// The launcher threads of ranks 1, 2, … (peer calls launched on every GPU at once), when the
     /// peer kernels can run and `launch_threads` is on.
     launchers: Option<Box<launch::Launchers>>,
+    /// The caller's allocations registered so far (module `registered`).
+    registrations: registered::Registrations,
+    /// The call being run has every rank's buffers registered: peers in other processes reach
+    /// them directly (set for that call only, by `run`).
+    registered_call: bool,
+    /// Calls that ran on registered buffers, without copies.
+    registered_calls: u64,
 }
 
 impl CudaExecutor {
@@ -482,6 +490,9 @@ impl CudaExecutor {
             last_peer_kernel: PeerKernel::OneShot,
             launch_blocked: std::sync::Mutex::new(None),
             launchers,
+            registrations: registered::Registrations::default(),
+            registered_call: false,
+            registered_calls: 0,
         })
     }
 
@@ -489,7 +500,12 @@ impl CudaExecutor {
     /// before a call, out after): when some ranks live in other processes, which cannot reach
     /// them.
     fn copy_callers(&self) -> bool {
-        self.ranks.len() < self.world
+        !self.in_one_process() && !self.registered_call
+    }
+
+    /// Whether every rank lives in this process (the in-process fabric).
+    fn in_one_process(&self) -> bool {
+        self.ranks.len() == self.world
     }
 
     pub(crate) fn devices(&self) -> Vec<usize> {
@@ -530,8 +546,9 @@ impl CudaExecutor {
     /// run through the host at a tenth of the link's speed. Staged edges touch only our own
     /// staging memory, and inputs are only read locally.
     pub(crate) fn prepare_buffers(&mut self, outputs: &[u64]) -> Result<()> {
-        if self.copy_callers() {
-            return Ok(()); // the caller's buffers are staged through our own memory
+        if !self.in_one_process() {
+            // Staged through our own memory, or registered (never pool memory).
+            return Ok(());
         }
         let n = self.ranks.len();
         for (rank, &addr) in outputs.iter().enumerate() {
@@ -636,10 +653,13 @@ impl CudaExecutor {
                 transports,
             )?
         };
-        if self.copy_callers() {
+        if !self.in_one_process() {
             // Peers in other processes: every buffer this plan has a rank touch of another's
-            // must be one its owner exports (`rank::owned`).
-            crate::check::check_exports(&plan, |kind| rank::owned(kind, true))?;
+            // must be one its owner exports (`rank::owned`) — or, registered, the caller's.
+            let registered = shape.registered;
+            crate::check::check_exports(&plan, |kind| {
+                rank::owned(kind, !registered) || registered && kind.is_callers()
+            })?;
         }
         let plan = Arc::new(plan);
         let dispatch = Arc::new(self.dispatch(&plan, algorithm, dtype)?);
@@ -788,7 +808,7 @@ impl CudaExecutor {
         if let Some(kernel) = peer_kernel {
             self.last_peer_kernel = kernel;
         }
-        if let (Some(kernel), false) = (peer_kernel, self.copy_callers()) {
+        if let (Some(kernel), true) = (peer_kernel, self.in_one_process()) {
             let inputs = (!prepared.plan.in_place).then_some(inputs);
             self.open_peer_call(kernel, inputs, outputs)?;
         } else {
@@ -819,8 +839,9 @@ impl CudaExecutor {
                     copies_out.push((caller, staged, bytes));
                 }
             }
-        } else if prepared.plan.collective != Collective::AllReduce {
+        } else if prepared.plan.collective != Collective::AllReduce && self.in_one_process() {
             // The all-reduce's caller grants its pools (`prepare_buffers`) before the call.
+            // (Registered buffers across processes are never pool memory: nothing to grant.)
             self.grant_pushers(&prepared.plan, &callers)?;
         }
         // A call whose ranks do not cross through counters is enqueued from this thread (module

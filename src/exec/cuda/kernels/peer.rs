@@ -429,9 +429,7 @@ fn validate_oneshot(dtype: DType, args: &OneShotArgs) -> Result<()> {
     }
     // In place the exposure's source is dst itself; staged out of place it is the input,
     // which the kernel copies before any block writes dst, so it must lie apart from dst.
-    if args.expose_from != 0
-        && args.expose_from != args.dst
-        && overlaps(args.expose_from, args.dst)
+    if args.expose_from != 0 && args.expose_from != args.dst && overlaps(args.expose_from, args.dst)
     {
         return Err(Error::InvalidArgument(format!(
             "one-shot expose_from = {:#x} must be dst = {:#x} (the in-place buffer) or lie \

@@ -1,0 +1,241 @@
+//! Registered memory: a caller's allocation that a rank in a process of its own has made
+//! reachable to its peers once (`RankCommunicator::register`), so that calls on buffers inside it
+//! run on them directly — no copies into and out of the memory the rank exports for them.
+//!
+//! Registration is collective: every rank registers one allocation of its own in the same turn,
+//! exports it (a file descriptor for memory ringreduce made with `cuMemCreate`, a legacy IPC
+//! handle for `cuMemAlloc` memory), and maps every peer's; registration number k is the k-th turn
+//! on every rank. At each call every rank publishes, beside the call's shape, where its buffers
+//! lie ([`CallerRefs`]: a registration number and an offset, or "unregistered"); the call runs
+//! without copies only when every rank's buffers are registered (the decision is the same on
+//! every rank, since every rank reads the same words), and otherwise through the copies, as
+//! before. Stream-ordered pool memory (`cuMemAllocAsync`, cudarc's default) cannot be shared
+//! between processes and is refused by name.
+//!
+//! Invariant: a peer's address is formed only from a registration that peer made and this rank
+//! mapped, within that registration's size; this rank's own buffer counts as registered only
+//! while the allocation it lies in is still the one registered (same base, size and the driver's
+//! allocation id — memory freed and allocated again at the same address is not).
+
+use crate::device::{self, Allocation};
+use crate::error::{Error, Result};
+use crate::exec::job::{BufferRef, CallerRefs};
+
+/// One registration: this rank's allocation, and where every rank's of the same turn is mapped
+/// here.
+#[derive(Clone, Debug)]
+pub(super) struct Registration {
+    pub(super) own: Allocation,
+    /// Rank q's allocation of this turn, as mapped here (this rank's own base at its rank), and
+    /// its size.
+    pub(super) mapped: Vec<(u64, usize)>,
+}
+
+/// A rank's registrations, by number.
+#[derive(Default)]
+pub(super) struct Registrations {
+    list: Vec<Registration>,
+}
+
+impl Registrations {
+    pub(super) fn push(&mut self, registration: Registration) {
+        self.list.push(registration);
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// Where `bytes` from `addr` (this rank's buffer; 0: none) lie, given the allocation
+    /// `current` that the driver says `addr` is in now.
+    pub(super) fn find(&self, addr: u64, bytes: usize, current: Option<Allocation>) -> BufferRef {
+        if addr == 0 {
+            return BufferRef::Absent;
+        }
+        let Some(current) = current else {
+            return BufferRef::Unregistered;
+        };
+        let end = addr.checked_add(bytes as u64);
+        self.list
+            .iter()
+            .position(|r| {
+                r.own == current
+                    && addr >= r.own.base
+                    && end.is_some_and(|end| end <= r.own.base + r.own.size as u64)
+            })
+            .map_or(BufferRef::Unregistered, |index| BufferRef::Registered {
+                index,
+                offset: addr - current.base,
+            })
+    }
+
+    /// The address here of `bytes` that rank `rank` passes as `at` (its published ref); 0 for
+    /// an absent buffer. An error for a ref that names no registration of that rank, or lies
+    /// past its end (a peer that broke the protocol).
+    pub(super) fn address(&self, rank: usize, at: BufferRef, bytes: usize) -> Result<u64> {
+        let (index, offset) = match at {
+            BufferRef::Absent => return Ok(0),
+            BufferRef::Registered { index, offset } => (index, offset),
+            BufferRef::Unregistered => {
+                return Err(Error::Internal {
+                    what: format!("rank {rank}'s buffer is not registered, yet a call ran on it"),
+                })
+            }
+        };
+        let Some(&(base, size)) = self.list.get(index).and_then(|r| r.mapped.get(rank)) else {
+            return Err(Error::Internal {
+                what: format!("rank {rank} names registration {index}, which it never made"),
+            });
+        };
+        match offset.checked_add(bytes as u64) {
+            Some(end) if end <= size as u64 => Ok(base + offset),
+            _ => Err(Error::Internal {
+                what: format!(
+                    "rank {rank}'s buffer of {bytes} bytes at offset {offset} runs past its \
+                     registration {index} of {size} bytes"
+                ),
+            }),
+        }
+    }
+}
+
+/// Whether a call whose ranks published `refs` runs on their buffers directly: every rank's
+/// buffers registered (or absent), and at least one present.
+pub(super) fn runs_registered(refs: &[CallerRefs]) -> bool {
+    CallerRefs::all_reachable(refs)
+        && refs.iter().any(|r| {
+            matches!(r.input, BufferRef::Registered { .. })
+                || matches!(r.output, BufferRef::Registered { .. })
+        })
+}
+
+/// The allocation a caller's buffer at `addr` lies in, if it can be registered: device memory
+/// of this rank's GPU `device`, not from a stream-ordered pool. A clear error otherwise, naming
+/// the kind and what to do.
+pub(super) fn registrable(addr: u64, device: usize) -> Result<Allocation> {
+    if device::pointer_is_pool_memory(addr)? {
+        return Err(Error::InvalidArgument(format!(
+            "the buffer at {addr:#x} is stream-ordered pool memory (cuMemAllocAsync: cudarc's \
+             alloc on a stream, PyTorch's caching allocator with pools), which CUDA cannot \
+             share with another process: register memory from cuMemAlloc (ringreduce's \
+             GpuBuffer), or pass the buffer unregistered and the call copies it through memory \
+             the rank exports"
+        )));
+    }
+    match (
+        device::pointer_device(addr)?,
+        device::pointer_allocation(addr)?,
+    ) {
+        (Some(d), Some(allocation)) if d == device => Ok(allocation),
+        (Some(d), Some(_)) => Err(Error::WrongDevice {
+            rank: 0,
+            device: d,
+            expected: device,
+        }),
+        _ => Err(Error::InvalidArgument(format!(
+            "{addr:#x} is not device memory the CUDA driver knows: only a GPU buffer can be \
+             registered"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn allocation(base: u64, size: usize, id: u64) -> Allocation {
+        Allocation { base, size, id }
+    }
+
+    /// Two turns: rank 0 (this one) registered allocations A then B; rank 1 its own two.
+    fn two_turns() -> Registrations {
+        let mut r = Registrations::default();
+        let a = allocation(0x1000_0000, 1 << 20, 7);
+        let b = allocation(0x2000_0000, 4096, 9);
+        r.push(Registration {
+            own: a,
+            mapped: vec![(a.base, a.size), (0x7000_0000, 1 << 20)],
+        });
+        r.push(Registration {
+            own: b,
+            mapped: vec![(b.base, b.size), (0x7100_0000, 8192)],
+        });
+        r
+    }
+
+    #[test]
+    fn a_buffer_counts_as_registered_only_inside_the_allocation_it_was_registered_in() {
+        let r = two_turns();
+        let a = allocation(0x1000_0000, 1 << 20, 7);
+        let b = allocation(0x2000_0000, 4096, 9);
+        assert_eq!(r.find(0, 64, Some(a)), BufferRef::Absent);
+        assert_eq!(
+            r.find(a.base + 256, 1024, Some(a)),
+            BufferRef::Registered {
+                index: 0,
+                offset: 256
+            }
+        );
+        assert_eq!(
+            r.find(b.base, 4096, Some(b)),
+            BufferRef::Registered {
+                index: 1,
+                offset: 0
+            }
+        );
+        // Past the allocation's end, another allocation, or none the driver knows.
+        assert_eq!(r.find(b.base + 1, 4096, Some(b)), BufferRef::Unregistered);
+        assert_eq!(
+            r.find(0x3000_0000, 8, Some(allocation(0x3000_0000, 64, 11))),
+            BufferRef::Unregistered
+        );
+        assert_eq!(r.find(a.base, 8, None), BufferRef::Unregistered);
+        // Freed and allocated again at the same place: a new id, not the registration.
+        assert_eq!(
+            r.find(a.base, 8, Some(allocation(a.base, a.size, 8))),
+            BufferRef::Unregistered
+        );
+    }
+
+    #[test]
+    fn a_peers_address_comes_from_its_registration_within_its_size() {
+        let r = two_turns();
+        let at = |index, offset| BufferRef::Registered { index, offset };
+        assert_eq!(r.address(1, at(0, 64), 128).unwrap(), 0x7000_0040);
+        assert_eq!(r.address(1, at(1, 4096), 4096).unwrap(), 0x7100_1000);
+        assert_eq!(r.address(1, BufferRef::Absent, 8).unwrap(), 0);
+        for (bad, why) in [
+            (at(1, 4097), "runs past"),
+            (at(2, 0), "never made"),
+            (BufferRef::Unregistered, "not registered"),
+        ] {
+            let err = r.address(1, bad, 4096).unwrap_err().to_string();
+            assert!(err.contains(why), "{err}");
+        }
+        assert!(r.address(5, at(0, 0), 8).is_err(), "no such rank");
+    }
+
+    #[test]
+    fn a_call_runs_registered_only_when_every_rank_is() {
+        let reg = BufferRef::Registered {
+            index: 0,
+            offset: 0,
+        };
+        let both = CallerRefs {
+            input: reg,
+            output: reg,
+        };
+        let root_only = CallerRefs {
+            input: BufferRef::Absent,
+            output: reg,
+        };
+        let copied = CallerRefs {
+            input: reg,
+            output: BufferRef::Unregistered,
+        };
+        assert!(runs_registered(&[both, both, root_only]));
+        assert!(!runs_registered(&[both, copied]));
+        assert!(!runs_registered(&[CallerRefs::default(); 2]));
+        assert!(!runs_registered(&[]));
+    }
+}
