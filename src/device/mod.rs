@@ -135,7 +135,7 @@ pub use module::{compute_capability, load_function, load_module};
 pub use peer::{
     can_access_peer, disable_peer_access, enable_peer_access, grant_pointer_pool_access,
     grant_pool_access, p2p_attributes, peer_matrix, pointer_allocation, pointer_device,
-    pointer_is_pool_memory, Allocation, P2pAttributes,
+    pointer_ipc_capable, pointer_is_pool_memory, Allocation, P2pAttributes,
 };
 pub(crate) use stream::launch_kernel;
 pub use stream::{

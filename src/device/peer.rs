@@ -325,6 +325,25 @@ pub fn pointer_allocation(ptr: u64) -> Result<Option<Allocation>> {
     })
 }
 
+/// Whether the allocation `ptr` lies in can be shared by a legacy CUDA IPC handle
+/// (`CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE`): `cuMemAlloc` memory can, memory from a
+/// stream-ordered pool or mapped by `cuMemCreate` (PyTorch's `expandable_segments`, for one)
+/// cannot. `false` for addresses the driver does not know.
+pub fn pointer_ipc_capable(ptr: u64) -> Result<bool> {
+    driver_available()?;
+    guard("cuPointerGetAttribute", || {
+        // SAFETY: the driver writes this attribute as a C int (a boolean).
+        let capable = unsafe {
+            pointer_attribute::<c_int>(
+                ptr,
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+                0,
+            )
+        }?;
+        Ok(capable.is_some_and(|c| c != 0))
+    })
+}
+
 /// A device allocation ([`pointer_allocation`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Allocation {

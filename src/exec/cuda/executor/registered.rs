@@ -116,10 +116,22 @@ pub(super) fn registrable(addr: u64, device: usize) -> Result<Allocation> {
     if device::pointer_is_pool_memory(addr)? {
         return Err(Error::InvalidArgument(format!(
             "the buffer at {addr:#x} is stream-ordered pool memory (cuMemAllocAsync: cudarc's \
-             alloc on a stream, PyTorch's caching allocator with pools), which CUDA cannot \
+             alloc on a stream, PyTorch with backend:cudaMallocAsync), which CUDA cannot \
              share with another process: register memory from cuMemAlloc (ringreduce's \
              GpuBuffer), or pass the buffer unregistered and the call copies it through memory \
              the rank exports"
+        )));
+    }
+    // Memory ringreduce made shareable goes by file descriptor; any other must take a legacy
+    // IPC handle.
+    let shareable = device::shareable_fd(addr)?.is_some();
+    if !shareable && device::pointer_device(addr)?.is_some() && !device::pointer_ipc_capable(addr)?
+    {
+        return Err(Error::InvalidArgument(format!(
+            "the buffer at {addr:#x} lies in memory mapped by cuMemCreate outside ringreduce \
+             (PyTorch's expandable_segments, for one), which has no legacy IPC handle and no \
+             descriptor ringreduce can pass: register memory from cuMemAlloc, or pass the \
+             buffer unregistered and the call copies it"
         )));
     }
     match (
