@@ -238,10 +238,11 @@ fn registered_buffers_on_this_gpu(
             comm.all_reduce(&input, &mut loose, op).unwrap();
             assert_eq!(loose.to_host().unwrap(), want, "{algorithm:?} mixed");
         } else {
-            let mut output = b.view_mut(0, count).unwrap();
-            comm.all_reduce(&a.view(0, count).unwrap(), &mut output, op)
-                .unwrap();
-            drop(output);
+            {
+                let mut output = b.view_mut(0, count).unwrap();
+                comm.all_reduce(&a.view(0, count).unwrap(), &mut output, op)
+                    .unwrap();
+            }
             assert_eq!(
                 b.to_host().unwrap()[..count],
                 want[..],

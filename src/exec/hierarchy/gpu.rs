@@ -41,6 +41,7 @@ use crate::exec::Shape;
 use crate::plan::hierarchy::{Area, Hosts, Level, Span, Stage};
 use crate::plan::{Collective, Transfer};
 use cudarc::driver::sys::CUstreamCaptureStatus;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What a GPU rank of a job on several hosts holds on its GPU, dropped in the order `Drop`
@@ -53,7 +54,7 @@ struct Parts {
     /// Where the stages run, in order.
     stream: Stream,
     /// `Avg`'s division.
-    kernels: KernelModule,
+    kernels: Arc<KernelModule>,
     /// The caller's stream's work so far, for this stream to wait on; this stream's, for the
     /// caller's to wait on.
     joins: (Event, Event),
@@ -130,7 +131,7 @@ impl GpuHierarchy {
             inter,
             job: None,
             stream: Stream::new(&ctx)?,
-            kernels: KernelModule::new(&ctx)?,
+            kernels: KernelModule::shared(&ctx)?,
             joins: (Event::new(&ctx)?, Event::new(&ctx)?),
             works: Vec::new(),
         };
@@ -514,7 +515,7 @@ impl Drop for GpuHierarchy {
 
 /// Frees the stream, kernels, events and work buffers — or, where the stream never drained
 /// (`stuck`), leaks them: a stage still queued may touch them.
-fn release(stuck: bool, held: (Stream, KernelModule, (Event, Event), Vec<DeviceBuffer>)) {
+fn release(stuck: bool, held: (Stream, Arc<KernelModule>, (Event, Event), Vec<DeviceBuffer>)) {
     match stuck {
         true => std::mem::forget(held),
         false => drop(held),

@@ -41,7 +41,7 @@ pub(super) struct RankRes {
     pub(super) ctx: Arc<CudaContext>,
     /// Indexed by `StreamKind::index()`.
     pub(super) streams: Vec<Stream>,
-    pub(super) kernels: KernelModule,
+    pub(super) kernels: Arc<KernelModule>,
     /// Recorded on Main after each call that waits for its completion, polled to learn that the
     /// rank is done (`enqueue::record_done`).
     pub(super) done: Event,
@@ -67,7 +67,7 @@ impl RankRes {
             .iter()
             .map(|_| Stream::new(&ctx))
             .collect::<Result<Vec<_>>>()?;
-        let kernels = KernelModule::new(&ctx)?;
+        let kernels = KernelModule::shared(&ctx)?;
         let done = Event::new(&ctx)?;
         let (fence_in, fence_out) = (Event::new(&ctx)?, Event::new(&ctx)?);
         let mut error = PinnedHost::new(&ctx, 4)?;

@@ -68,7 +68,7 @@ pub use peer::{
 pub use steps::{PeerStep, StepsArgs};
 
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{sys, CudaContext, CudaFunction};
 
@@ -118,7 +118,8 @@ pub struct KernelModule {
 
 impl KernelModule {
     /// Loads the kernels into `ctx` (the embedded fatbin, or NVRTC's PTX when the build had no
-    /// nvcc) and resolves every function. Call once per context and share the result.
+    /// nvcc) and resolves every function: a module of its own, unloaded when dropped. The
+    /// executors take [`KernelModule::shared`].
     pub fn new(ctx: &Arc<CudaContext>) -> Result<KernelModule> {
         let (module, source) = image::load_kernels(ctx)?;
         let load = |symbol: String| device::load_function(&module, &symbol);
@@ -161,6 +162,29 @@ impl KernelModule {
             counters,
             max_blocks,
         })
+    }
+
+    /// The kernels of `ctx`, loaded once per process and context (and `RINGREDUCE_KERNELS`
+    /// choice) and shared by every communicator from then on, as NCCL and cuBLAS keep theirs:
+    /// a new communicator then loads nothing, and no module is unloaded while the process lives
+    /// (an unload waits for the context's work and, on a communicator made after one was
+    /// abandoned on a stuck GPU, left about 2 MiB of device memory behind each time —
+    /// docs/runs/2026-12-05-s17-013e5e9).
+    pub fn shared(ctx: &Arc<CudaContext>) -> Result<Arc<KernelModule>> {
+        type Key = (usize, Option<String>);
+        static LOADED: Mutex<Vec<(Key, Arc<KernelModule>)>> = Mutex::new(Vec::new());
+        let key = (
+            ctx.cu_ctx() as usize,
+            std::env::var("RINGREDUCE_KERNELS").ok(),
+        );
+        // Held while loading: two communicators made at once load once.
+        let mut loaded = LOADED.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, module)) = loaded.iter().find(|(k, _)| *k == key) {
+            return Ok(module.clone());
+        }
+        let module = Arc::new(KernelModule::new(ctx)?);
+        loaded.push((key, module.clone()));
+        Ok(module)
     }
 
     /// Where the loaded code came from.
