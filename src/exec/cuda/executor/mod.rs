@@ -5,7 +5,8 @@
 //! buffers staged through memory the rank exports) — the same plans as the host executor, enqueued on CUDA streams.
 //!
 //! At creation each rank executor binds its rank to a GPU and makes its context, four
-//! non-blocking streams (Main, Send, Recv, Reduce), kernels and error word; the ranks all-gather
+//! non-blocking streams (Main, Send, Recv, Reduce) and error word, and takes the kernels
+//! (loaded once per process and GPU, `KernelModule::shared`); the ranks all-gather
 //! their GPUs' identities (UUID, PCI bus id), each decides how its outgoing ring edge moves data
 //! from how it reaches the receiver's GPU by that identity ([`Transport`]: peer copies where
 //! `cuDeviceCanAccessPeer` allows and peer access could be enabled, pinned-host staging
