@@ -363,6 +363,22 @@ fn registered_buffers_on_this_gpu(
 
 #[test]
 fn registered_buffers_run_every_collective_without_copies() {
+    // A caller's cuMemAlloc memory takes a legacy IPC handle whatever the ranks' own memory
+    // takes (file descriptors serve memory ringreduce made with cuMemCreate).
+    in_processes_of_every_sharing(
+        "registered_buffers_run_every_collective_without_copies",
+        registered_buffers_on_this_gpu,
+    );
+}
+
+/// The parent's side of a process test, and each rank's: `test` started as 2 and 3 processes
+/// with memory shared by file descriptors where the driver can (the default), and as 2 with
+/// legacy IPC handles (what a driver without them gets); each rank runs `part` with its rank,
+/// the world, its GPU and the id of each communicator in turn (the same sequence on every rank).
+fn in_processes_of_every_sharing(
+    test: &str,
+    part: fn(usize, usize, usize, &mut dyn FnMut() -> UniqueId),
+) {
     if let Some(env) = as_rank() {
         let device = this_gpu(&env);
         let mut job = 0;
@@ -375,20 +391,16 @@ fn registered_buffers_run_every_collective_without_copies() {
             .unique_id()
             .unwrap()
         };
-        registered_buffers_on_this_gpu(env.rank, env.world, device, &mut next_id);
+        part(env.rank, env.world, device, &mut next_id);
         return;
     }
     if two_gpus_or_shared().is_none() {
         return;
     }
-    // Legacy IPC handles: how a caller's cuMemAlloc memory is shared (file descriptors serve
-    // memory ringreduce made with cuMemCreate; the caller's takes the handle either way).
     for (world, sharing) in [(2, "default"), (3, "default"), (2, "legacy")] {
-        let ranks = launch(
-            "registered_buffers_run_every_collective_without_copies",
-            world,
-            |_| vec![("RINGREDUCE_IPC".into(), sharing.into())],
-        );
+        let ranks = launch(test, world, |_| {
+            vec![("RINGREDUCE_IPC".into(), sharing.into())]
+        });
         expect_success(ranks, Duration::from_secs(300));
     }
 }
@@ -415,34 +427,10 @@ fn two_gpu_ranks_in_one_process_are_refused_by_name() {
 
 #[test]
 fn gpu_ranks_as_processes_run_every_collective_exactly() {
-    if let Some(env) = as_rank() {
-        let device = this_gpu(&env);
-        let mut job = 0;
-        let mut next_id = || {
-            job += 1;
-            LaunchEnv {
-                run_id: Some(format!("{:?}-{job}", env.run_id)),
-                ..env.clone()
-            }
-            .unique_id()
-            .unwrap()
-        };
-        every_collective_on_this_gpu(env.rank, env.world, device, &mut next_id);
-        return;
-    }
-    if two_gpus_or_shared().is_none() {
-        return;
-    }
-    // Memory shared by file descriptors where the driver can (the default), and by legacy IPC
-    // handles (what a driver without them gets).
-    for (world, sharing) in [(2, "default"), (3, "default"), (2, "legacy")] {
-        let ranks = launch(
-            "gpu_ranks_as_processes_run_every_collective_exactly",
-            world,
-            |_| vec![("RINGREDUCE_IPC".into(), sharing.into())],
-        );
-        expect_success(ranks, Duration::from_secs(300));
-    }
+    in_processes_of_every_sharing(
+        "gpu_ranks_as_processes_run_every_collective_exactly",
+        every_collective_on_this_gpu,
+    );
 }
 
 #[test]
