@@ -66,7 +66,8 @@ pub fn run() -> Result<(), String> {
                 let sharing = kernels::MemorySharing::of(d.index).map_err(|e| e.to_string())?;
                 out!(
                     "  GPU {} ranks in separate processes share memory through: {} (the \
-                     caller's buffers staged through memory each rank exports)",
+                     caller's buffers staged through memory each rank exports, or used in place \
+                     where every rank registered them)",
                     d.index,
                     sharing.describe()
                 );

@@ -158,6 +158,11 @@ pub struct BenchArgs {
     /// only.
     #[arg(long, value_name = "N", value_parser = crate::parse_positive)]
     pub processes: Option<usize>,
+    /// With `--processes`: every rank registers each size's buffer first
+    /// (`RankCommunicator::register`), so the calls run on it in place, with no copies through
+    /// the ranks' own memory.
+    #[arg(long, requires = "processes")]
+    pub registered: bool,
     /// Internal: one rank of `--processes` (set by the launching bench).
     #[arg(long, hide = true)]
     pub rank_process: bool,
