@@ -53,6 +53,7 @@ fn gpu_commands_without_a_gpu_say_so_in_one_line_and_exit_3() {
         &["tour"],
         &["bench"],
         &["bench", "--processes", "2"],
+        &["bench", "--processes", "2", "--registered"],
     ] {
         let command = args.join(" ");
         let command = command.as_str();
@@ -87,6 +88,15 @@ fn bench_with_processes_measures_the_all_reduce_alone() {
         stderr.contains("--processes measures the all-reduce"),
         "{stderr}"
     );
+}
+
+#[test]
+fn registered_buffers_are_a_choice_of_the_processes_bench_only() {
+    let out = ringreduce(&["bench", "--registered"]);
+    assert_no_panic("bench --registered", &out);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--processes"), "{stderr}");
 }
 
 #[test]
