@@ -1753,9 +1753,14 @@ pub unsafe extern "C" fn ncclCommDeregister(comm: ncclComm_t, handle: *mut c_voi
     })
 }
 
-/// `ncclCommWindowRegister`: accepted, with nothing to do, as [`ncclCommRegister`] (vLLM's
-/// pynccl needs the symbol to enable itself); the flags (`NCCL_WIN_COLL_SYMMETRIC`) change
-/// nothing here.
+/// `ncclCommWindowRegister`: NCCL's collective registration (every rank registers its window
+/// in the same turn) is ringreduce's (`RankCommunicator::register`): the allocation the window
+/// lies in is exported to every peer once, and a later call whose every rank's buffers lie in
+/// registered memory runs on them in place, without copies. Where ringreduce refuses the memory
+/// (pool memory, `cuMemCreate` memory of another allocator) the window is still accepted, as a
+/// handle that changes nothing (calls on it copy, as before), and `RINGREDUCE_NCCL_LOG=1` says
+/// why; a registration that fails because the job failed returns the error. The flags
+/// (`NCCL_WIN_COLL_SYMMETRIC`) change nothing here.
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommWindowRegister(
     comm: ncclComm_t,
@@ -1770,8 +1775,32 @@ pub unsafe extern "C" fn ncclCommWindowRegister(
         fn(*mut c_void, *mut c_void, usize, *mut *mut c_void, c_int),
         |real| (real, buff, size, win, win_flags)
     );
-    // SAFETY: our caller's contract, passed on (a window is a registration handle here).
-    unsafe { ncclCommRegister(comm, buff, size, win) }
+    guarded(|| {
+        // SAFETY: our caller's contract.
+        let c = unsafe { comm_ref(comm) }?;
+        // SAFETY: null is refused; otherwise a writable pointer.
+        let out = unsafe { win.as_mut() }.ok_or_else(|| invalid("win is null"))?;
+        if buff.is_null() || size == 0 {
+            return Err(invalid("the window is null or empty"));
+        }
+        // SAFETY: NCCL's contract: `size` bytes of device memory of the communicator's GPU
+        // at `buff`, which registration only looks up and exports (it reads and writes none).
+        let memory = unsafe { DeviceMemory::<u8>::new(buff as u64, size, c.device) };
+        match c.with(|rank| Ok(rank.register(&memory))) {
+            Ok(Ok(())) => fallback::log("ncclCommWindowRegister", "ringreduce (registered)"),
+            Ok(Err(
+                refused @ (ringreduce::Error::InvalidArgument(_)
+                | ringreduce::Error::WrongDevice { .. }),
+            )) => fallback::log(
+                "ncclCommWindowRegister",
+                &format!("ringreduce (not registered, calls on it copy: {refused})"),
+            ),
+            Ok(Err(failed)) => return Err(failed.into()),
+            Err(failure) => return Err(failure),
+        }
+        *out = Box::into_raw(Box::new(0u8)).cast();
+        Ok(())
+    })
 }
 
 /// `ncclCommWindowDeregister`: releases a window from `ncclCommWindowRegister`.
