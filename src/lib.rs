@@ -176,7 +176,7 @@ pub mod verify;
 pub mod internal;
 
 pub use buffer::{Buffer, BufferMut, DeviceMemory, Placement, StreamUse};
-pub use comm::{ring_allreduce, AbortHandle, Communicator, RankCommunicator, Scope};
+pub use comm::{ring_allreduce, AbortHandle, Communicator, RankCommunicator, Registration, Scope};
 pub use device::{device_count, driver_available};
 pub use element::{DType, Element, ReduceOp, F8E4M3, F8E5M2};
 pub use error::{Error, Result};

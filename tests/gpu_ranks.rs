@@ -170,7 +170,7 @@ fn every_collective_on_this_gpu(
 /// allocations (at offsets that differ between ranks) runs without copies and exactly, for
 /// every all-reduce algorithm; a call where one rank's buffer is unregistered copies, on every
 /// rank, and is as exact; stream-ordered pool memory is refused by name and leaves the
-/// communicator working.
+/// communicator working; once deregistered, a call on the same buffer copies, exactly.
 fn registered_buffers_on_this_gpu(
     rank: usize,
     world: usize,
@@ -189,8 +189,8 @@ fn registered_buffers_on_this_gpu(
             RankCommunicator::gpu(&next_id(), rank, world, device, config(algorithm)).unwrap();
         let mut a = GpuBuffer::<f32>::zeroed(device, space).unwrap();
         let mut b = GpuBuffer::<f32>::zeroed(device, space).unwrap();
-        comm.register(&a).unwrap();
-        comm.register(&b).unwrap();
+        // SAFETY: both are deregistered on every rank below, before they are dropped.
+        let registered = unsafe { [comm.register(&a).unwrap(), comm.register(&b).unwrap()] };
         // Offsets differ between ranks: each rank publishes its own.
         let at = 64 * (rank + 1);
         let mut runs = 0;
@@ -254,11 +254,13 @@ fn registered_buffers_on_this_gpu(
             runs,
             "{algorithm:?}: the mixed call copied"
         );
-        if algorithm != Algorithm::Auto {
-            continue;
-        }
-        // Every other collective on registered views (the one-shot and ring forms by size).
-        for per in [37, 40_000] {
+        // Every other collective on registered views (the one-shot and ring forms by size),
+        // once, with Auto.
+        let others: &[usize] = match algorithm {
+            Algorithm::Auto => &[37, 40_000],
+            _ => &[],
+        };
+        for &per in others {
             let before = comm.registered_calls();
             a.copy_from_host(
                 &[
@@ -353,10 +355,30 @@ fn registered_buffers_on_this_gpu(
         // Pool memory: refused by name on every rank; the communicator still works.
         let ctx = cudarc::driver::CudaContext::new(device).unwrap();
         let pool = ctx.default_stream().alloc_zeros::<f32>(1024).unwrap();
-        let err = comm.register(&pool).unwrap_err().to_string();
+        // SAFETY: refused, so nothing is registered.
+        let err = unsafe { comm.register(&pool) }.unwrap_err().to_string();
         assert!(err.contains("pool memory"), "{err}");
-        let mut buf = a.view_mut(0, count).unwrap();
-        comm.all_reduce_in_place(&mut buf, op).unwrap();
+        // Deregistered on every rank: a call on the same buffer copies, and is exact.
+        for registration in registered {
+            comm.deregister(registration).unwrap();
+        }
+        let before = comm.registered_calls();
+        a.copy_from_host(&[values(op, rank, count), vec![0.0; space - count]].concat())
+            .unwrap();
+        {
+            let mut buf = a.view_mut(0, count).unwrap();
+            comm.all_reduce_in_place(&mut buf, op).unwrap();
+        }
+        assert_eq!(
+            a.to_host().unwrap()[..count],
+            want[..],
+            "{algorithm:?} deregistered"
+        );
+        assert_eq!(
+            comm.registered_calls(),
+            before,
+            "{algorithm:?}: deregistered, copied"
+        );
         comm.close().unwrap();
     }
 }

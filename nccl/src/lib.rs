@@ -1786,24 +1786,38 @@ pub unsafe extern "C" fn ncclCommWindowRegister(
         // SAFETY: NCCL's contract: `size` bytes of device memory of the communicator's GPU
         // at `buff`, which registration only looks up and exports (it reads and writes none).
         let memory = unsafe { DeviceMemory::<u8>::new(buff as u64, size, c.device) };
-        match c.with(|rank| Ok(rank.register(&memory))) {
-            Ok(Ok(())) => fallback::log("ncclCommWindowRegister", "ringreduce (registered)"),
+        // SAFETY: NCCL's contract for windows: deregistered (every rank's
+        // ncclCommWindowDeregister returned) before the memory is freed.
+        let registered = c.with(|rank| Ok(unsafe { rank.register(&memory) }));
+        let registration = match registered {
+            Ok(Ok(registration)) => {
+                fallback::log("ncclCommWindowRegister", "ringreduce (registered)");
+                Some(registration)
+            }
             Ok(Err(
                 refused @ (ringreduce::Error::InvalidArgument(_)
                 | ringreduce::Error::WrongDevice { .. }),
-            )) => fallback::log(
-                "ncclCommWindowRegister",
-                &format!("ringreduce (not registered, calls on it copy: {refused})"),
-            ),
+            )) => {
+                fallback::log(
+                    "ncclCommWindowRegister",
+                    &format!("ringreduce (not registered, calls on it copy: {refused})"),
+                );
+                None
+            }
             Ok(Err(failed)) => return Err(failed.into()),
             Err(failure) => return Err(failure),
-        }
-        *out = Box::into_raw(Box::new(0u8)).cast();
+        };
+        *out = Box::into_raw(Box::new(Window(registration))).cast();
         Ok(())
     })
 }
 
-/// `ncclCommWindowDeregister`: releases a window from `ncclCommWindowRegister`.
+/// A window of `ncclCommWindowRegister`: the registration, or none where ringreduce refused
+/// the memory.
+struct Window(Option<ringreduce::Registration>);
+
+/// `ncclCommWindowDeregister`: collective, as in NCCL — undoes the window's registration on
+/// every rank (each unmaps its peers' memory of it), after which its memory may be freed.
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommWindowDeregister(
     comm: ncclComm_t,
@@ -1815,8 +1829,19 @@ pub unsafe extern "C" fn ncclCommWindowDeregister(
         fn(*mut c_void, *mut c_void),
         |real| (real, win)
     );
-    // SAFETY: our caller's contract, passed on.
-    unsafe { ncclCommDeregister(comm, win) }
+    guarded(|| {
+        // SAFETY: our caller's contract.
+        let c = unsafe { comm_ref(comm) }?;
+        if win.is_null() {
+            return Err(invalid("win is null"));
+        }
+        // SAFETY: a window from ncclCommWindowRegister, released once (NCCL's contract).
+        let window = unsafe { Box::from_raw(win.cast::<Window>()) };
+        match window.0 {
+            Some(registration) => c.with(|rank| Ok(rank.deregister(registration)?)),
+            None => Ok(()),
+        }
+    })
 }
 
 /// `ncclDevCommCreate`: NCCL's device API (kernels of the caller's that call NCCL on the GPU)

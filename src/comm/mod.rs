@@ -49,7 +49,7 @@ mod rank;
 mod scope;
 mod validate;
 
-pub use rank::{AbortHandle, RankCommunicator};
+pub use rank::{AbortHandle, RankCommunicator, Registration};
 pub use scope::Scope;
 
 // Boxed: the two executors differ in size by hundreds of bytes.

@@ -9,7 +9,7 @@
 //! summed by an all-reduce of their own), `-w` warm-up calls, then `-n` calls each timed on the
 //! host from its enqueue to the end of its stream's synchronisation — min, median and p99 of
 //! those, and algbw/busbw from the median. With `--registered` every rank registers each size's
-//! buffer first, so the calls run on it in place. Rank 0 prints the table and how many calls
+//! buffer first (and deregisters it after), so the calls run on it in place. Rank 0 prints the table and how many calls
 //! ran without copies; a wrong element fails the command.
 
 use super::measure::{algbw_gbps, busbw_gbps, percentiles};
@@ -125,9 +125,12 @@ fn run_typed<T: Element>(args: &BenchArgs) -> Result<(), Failure> {
         let count = (bytes / elem).max(1);
         let input: Vec<T> = (0..count).map(|k| input_value(op, rank, k)).collect();
         let mut buf = GpuBuffer::from_host(device, &input)?;
-        if args.registered {
-            comm.register(&buf)?;
-        }
+        let registration = match args.registered {
+            // SAFETY: deregistered on every rank at the end of this size, before `buf` is
+            // dropped (on an error the command ends, and its communicator with it).
+            true => Some(unsafe { comm.register(&buf) }?),
+            false => None,
+        };
         let mut call = |buf: &mut GpuBuffer<T>| -> Result<(), Failure> {
             // SAFETY: `buf` is untouched until the stream is synchronised just below.
             unsafe { comm.enqueue_all_reduce_in_place_on(buf, op, &stream) }?;
@@ -157,6 +160,9 @@ fn run_typed<T: Element>(args: &BenchArgs) -> Result<(), Failure> {
         let mut wrongs = GpuBuffer::from_host(device, &[wrong])?;
         comm.all_reduce_in_place(&mut wrongs, ringreduce::ReduceOp::Sum)?;
         let wrong_all = wrongs.to_host()?[0];
+        if let Some(registration) = registration {
+            comm.deregister(registration)?;
+        }
         total_wrong += wrong_all;
         let (min, median, p99) = percentiles(&mut times);
         let size = count * elem;

@@ -7,7 +7,6 @@ use super::{capture, registered, CudaExecutor};
 use crate::device::{self, CallerStream};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::exec::cuda::fabric::Exported;
 use crate::exec::job::{BufferRef, CallShape, CallerRefs};
 use crate::exec::Shape;
 use crate::plan::{Collective, StreamKind};
@@ -48,7 +47,7 @@ impl CudaExecutor {
             self.check_caller_streams(streams)?;
         }
         let timeout = self.config.timeout;
-        let refs = self.own_refs(&shape, inputs, outputs)?;
+        let refs = self.own_refs(&shape, inputs, outputs);
         let started = self.fabric.start_call(
             CallShape::of(&shape, T::DTYPE, op),
             refs,
@@ -139,113 +138,6 @@ impl CudaExecutor {
         result.and(fenced).and(saved.restore())
     }
 
-    /// Registers the allocation each of this process's ranks' `addrs` (one per local rank, in
-    /// order) lies in, with every rank in the same turn (module `registered`): each exports its
-    /// allocation and maps every peer's. A rank's buffer that cannot be registered fails the
-    /// turn on every rank (each learns which rank), and nothing is registered: the inner error,
-    /// after which the communicator still works. The outer error is the job's (a lost peer, a
-    /// timeout), which breaks it.
-    pub(crate) fn register(&mut self, addrs: &[u64]) -> Result<Result<()>> {
-        if addrs.len() != self.ranks.len() {
-            return Ok(Err(Error::WorldMismatch {
-                world: self.ranks.len(),
-                got: addrs.len(),
-            }));
-        }
-        let _quiet = device::gate::quiet();
-        // Phase 1: each rank's allocation and its export (a failed one: a record of [0]).
-        let mut own = Vec::with_capacity(addrs.len());
-        let mut records = Vec::with_capacity(addrs.len());
-        let mut first_err = None;
-        for (r, &addr) in self.ranks.iter().zip(addrs) {
-            let exported = device::bind(&r.res.ctx)
-                .and_then(|()| registered::registrable(addr, r.res.device))
-                .map_err(|err| match err {
-                    Error::WrongDevice {
-                        device, expected, ..
-                    } => Error::WrongDevice {
-                        rank: r.rank(),
-                        device,
-                        expected,
-                    },
-                    other => other,
-                })
-                .and_then(|allocation| {
-                    let memory = Exported::Device {
-                        addr: allocation.base,
-                        bytes: allocation.size,
-                    };
-                    let handle = self.fabric.export(r.rank(), memory)?;
-                    Ok((allocation, handle))
-                });
-            match exported {
-                Ok((allocation, handle)) => {
-                    let mut record = vec![1, allocation.size as u64];
-                    record.extend(handle);
-                    own.push(Some(allocation));
-                    records.push(record);
-                }
-                Err(err) => {
-                    first_err.get_or_insert(err);
-                    own.push(None);
-                    records.push(vec![0]);
-                }
-            }
-        }
-        let records = self.fabric.all_gather(records)?;
-        if let Some(err) = first_err {
-            return Ok(Err(err));
-        }
-        if let Some(q) = records.iter().position(|r| r.first() != Some(&1)) {
-            return Ok(Err(Error::InvalidArgument(format!(
-                "rank {q}'s buffer could not be registered (its own error says why); no rank \
-                 registered this turn"
-            ))));
-        }
-        // Phase 2: every rank maps every peer's allocation; the turn counts only if every rank
-        // of the job mapped all of them.
-        let mut mapped_here = Vec::with_capacity(self.ranks.len());
-        let mut imported = Vec::new();
-        let mut ok = true;
-        for r in &self.ranks {
-            let mut mapped = Vec::with_capacity(records.len());
-            for (from, record) in records.iter().enumerate() {
-                let size = record[1] as usize;
-                match self.fabric.import(r.rank(), from, &record[2..]) {
-                    Ok(base) => {
-                        imported.push((from, record[2..].to_vec()));
-                        mapped.push((base, size));
-                    }
-                    Err(err) => {
-                        ok = false;
-                        first_err.get_or_insert(err);
-                        break;
-                    }
-                }
-            }
-            mapped_here.push(mapped);
-        }
-        let flags = self
-            .fabric
-            .all_gather(vec![vec![u64::from(ok)]; self.ranks.len()])?;
-        if let Some(q) = flags.iter().position(|f| f.first() != Some(&1)) {
-            for (from, handle) in imported {
-                // Nothing ran on these mappings: they go at once.
-                let _ = self.fabric.release(from, &handle);
-            }
-            return Ok(Err(first_err.unwrap_or(Error::InvalidArgument(format!(
-                "rank {q} could not map a peer's registered memory; no rank registered this turn"
-            )))));
-        }
-        for (allocation, mapped) in own.into_iter().zip(mapped_here) {
-            if let Some(own) = allocation {
-                self.registrations
-                    .push(registered::Registration { own, mapped });
-            }
-        }
-        Ok(Ok(()))
-    }
-
     /// How many calls ran on registered buffers, without copies.
     pub(crate) fn registered_calls(&self) -> u64 {
         self.registered_calls
@@ -253,36 +145,34 @@ impl CudaExecutor {
 
     /// Where this process's rank's buffers of a call of `shape` lie ([`CallerRefs`]); with
     /// every rank in this process, nothing to publish.
-    fn own_refs(&self, shape: &Shape, inputs: &[u64], outputs: &[u64]) -> Result<CallerRefs> {
+    fn own_refs(&self, shape: &Shape, inputs: &[u64], outputs: &[u64]) -> CallerRefs {
         if self.in_one_process() {
-            return Ok(CallerRefs::default());
+            return CallerRefs::default();
         }
         if matches!(shape.collective, Collective::SendRecv { .. }) {
             // A buffer per transfer: copied (registration covers the collectives).
-            let unregistered = CallerRefs {
+            return CallerRefs {
                 input: BufferRef::Unregistered,
                 output: BufferRef::Unregistered,
             };
-            return Ok(unregistered);
         }
         let rank = self.ranks[0].rank();
         let (input_bytes, output_bytes) = self.buffer_bytes(shape, rank);
         let at = |list: &[u64]| list.get(rank).copied().unwrap_or(0);
-        let (input, output) = (at(inputs), at(outputs));
-        let find = |addr: u64, bytes: usize| -> Result<BufferRef> {
-            if addr == 0 {
-                return Ok(BufferRef::Absent);
+        let find = |addr: u64, bytes: usize| -> BufferRef {
+            match addr {
+                0 => BufferRef::Absent,
+                _ if self.registrations.is_empty() => BufferRef::Unregistered,
+                // (A driver that cannot say where the buffer lies: the call copies it.)
+                _ => device::pointer_allocation(addr).map_or(BufferRef::Unregistered, |current| {
+                    self.registrations.find(addr, bytes, current)
+                }),
             }
-            if self.registrations.is_empty() {
-                return Ok(BufferRef::Unregistered);
-            }
-            let current = device::pointer_allocation(addr)?;
-            Ok(self.registrations.find(addr, bytes, current))
         };
-        Ok(CallerRefs {
-            input: find(input, input_bytes)?,
-            output: find(output, output_bytes)?,
-        })
+        CallerRefs {
+            input: find(at(inputs), input_bytes),
+            output: find(at(outputs), output_bytes),
+        }
     }
 
     /// The bytes of rank `rank`'s input and output (the in-place buffer) in a call of `shape`.

@@ -70,11 +70,12 @@ impl CudaExecutor {
         let Some(prepared) = self.prepared(&shape) else {
             return Err(Error::NotCapturable {
                 reason: format!(
-                    "this shape ({} elements of {} bytes, {}{}) has not run on this communicator yet: make one call of it outside the capture first (preparing a shape allocates memory, which a capture does not allow)",
+                    "this shape ({} elements of {} bytes, {}{}{}) has not run on this communicator yet: make one call of it outside the capture first (preparing a shape allocates memory, which a capture does not allow)",
                     shape.count,
                     shape.elem_bytes,
                     if shape.in_place { "in place" } else { "out of place" },
                     if shape.average { ", Avg" } else { "" },
+                    if shape.registered { ", on registered buffers" } else { "" },
                 ),
             });
         };

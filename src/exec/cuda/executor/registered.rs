@@ -17,8 +17,10 @@
 //! while the allocation it lies in is still the one registered (same base, size and the driver's
 //! allocation id — memory freed and allocated again at the same address is not).
 
+use super::CudaExecutor;
 use crate::device::{self, Allocation};
 use crate::error::{Error, Result};
+use crate::exec::cuda::fabric::{Exported, Record};
 use crate::exec::job::{BufferRef, CallerRefs};
 
 /// One registration: this rank's allocation, and where every rank's of the same turn is mapped
@@ -29,6 +31,10 @@ pub(super) struct Registration {
     /// Rank q's allocation of this turn, as mapped here (this rank's own base at its rank), and
     /// its size.
     pub(super) mapped: Vec<(u64, usize)>,
+    /// What this rank imported for it (exporting rank, record), released at deregistration.
+    pub(super) imports: Vec<(usize, Record)>,
+    /// Not yet deregistered.
+    pub(super) live: bool,
 }
 
 /// A rank's registrations, by number.
@@ -43,7 +49,12 @@ impl Registrations {
     }
 
     pub(super) fn is_empty(&self) -> bool {
-        self.list.is_empty()
+        self.list.iter().all(|r| !r.live)
+    }
+
+    /// The number the next registration gets.
+    pub(super) fn next(&self) -> usize {
+        self.list.len()
     }
 
     /// Where `bytes` from `addr` (this rank's buffer; 0: none) lie, given the allocation
@@ -59,7 +70,8 @@ impl Registrations {
         self.list
             .iter()
             .position(|r| {
-                r.own == current
+                r.live
+                    && r.own == current
                     && addr >= r.own.base
                     && end.is_some_and(|end| end <= r.own.base + r.own.size as u64)
             })
@@ -82,9 +94,12 @@ impl Registrations {
                 })
             }
         };
-        let Some(&(base, size)) = self.list.get(index).and_then(|r| r.mapped.get(rank)) else {
+        let live = self.list.get(index).filter(|r| r.live);
+        let Some(&(base, size)) = live.and_then(|r| r.mapped.get(rank)) else {
             return Err(Error::Internal {
-                what: format!("rank {rank} names registration {index}, which it never made"),
+                what: format!(
+                    "rank {rank} names registration {index}, which it never made or deregistered"
+                ),
             });
         };
         match offset.checked_add(bytes as u64) {
@@ -151,6 +166,134 @@ pub(super) fn registrable(addr: u64, device: usize) -> Result<Allocation> {
     }
 }
 
+impl CudaExecutor {
+    /// Registers the allocation this process's one rank's buffer lies in (`own`: its address,
+    /// or why the rank refuses it), with every rank in the same turn (module doc): each exports
+    /// its allocation and maps every peer's. Returns the registration's number. A rank that
+    /// refuses fails the turn on every rank (each learns which rank) and nothing is registered:
+    /// the inner error, after which the communicator still works. The outer error is the job's
+    /// (a lost peer, a timeout), which breaks it.
+    pub(crate) fn register(&mut self, own: Result<u64>) -> Result<Result<usize>> {
+        let [r] = &self.ranks[..] else {
+            return Ok(Err(Error::InvalidArgument(
+                "registration serves a rank in a process of its own".into(),
+            )));
+        };
+        let rank = r.rank();
+        let _quiet = device::gate::quiet();
+        // Phase 1: the rank's allocation and its export (refused: a record of [0]).
+        let exported = own
+            .and_then(|addr| {
+                device::bind(&r.res.ctx)?;
+                registrable(addr, r.res.device).map_err(|err| match err {
+                    Error::WrongDevice {
+                        device, expected, ..
+                    } => Error::WrongDevice {
+                        rank,
+                        device,
+                        expected,
+                    },
+                    other => other,
+                })
+            })
+            .and_then(|allocation| {
+                let memory = Exported::Device {
+                    addr: allocation.base,
+                    bytes: allocation.size,
+                };
+                Ok((allocation, self.fabric.export(rank, memory)?))
+            });
+        let record = match &exported {
+            Ok((allocation, handle)) => [&[1, allocation.size as u64][..], handle].concat(),
+            Err(_) => vec![0],
+        };
+        let records = self.fabric.all_gather(vec![record])?;
+        let allocation = match exported {
+            Ok((allocation, _)) => allocation,
+            Err(err) => return Ok(Err(err)),
+        };
+        if let Some(q) = records.iter().position(|r| r.first() != Some(&1)) {
+            return Ok(Err(Error::InvalidArgument(format!(
+                "rank {q}'s buffer could not be registered (its own error says why); no rank \
+                 registered this turn"
+            ))));
+        }
+        // Phase 2: every peer's allocation mapped here; the turn counts only if every rank
+        // mapped all of them.
+        let mut mapped = Vec::with_capacity(records.len());
+        let mut imports = Vec::with_capacity(records.len());
+        let mut failed = None;
+        for (from, record) in records.iter().enumerate() {
+            match self.fabric.import(rank, from, &record[2..]) {
+                Ok(base) => {
+                    imports.push((from, record[2..].to_vec()));
+                    mapped.push((base, record[1] as usize));
+                }
+                Err(err) => {
+                    failed = Some(err);
+                    break;
+                }
+            }
+        }
+        let flags = self
+            .fabric
+            .all_gather(vec![vec![u64::from(failed.is_none())]])?;
+        if let Some(q) = flags.iter().position(|f| f.first() != Some(&1)) {
+            for (from, handle) in imports {
+                // Nothing ran on these mappings: they go at once.
+                let _ = self.fabric.release(from, &handle);
+            }
+            return Ok(Err(failed.unwrap_or(Error::InvalidArgument(format!(
+                "rank {q} could not map a peer's registered memory; no rank registered this turn"
+            )))));
+        }
+        let index = self.registrations.next();
+        self.registrations.push(Registration {
+            own: allocation,
+            mapped,
+            imports,
+            live: true,
+        });
+        Ok(Ok(index))
+    }
+
+    /// Deregisters registration `index` with every rank in the same turn: each waits until its
+    /// own queued work is done, unmaps its peers' allocations of that turn, and meets the others
+    /// — so that, when this returns, no rank maps this rank's allocation any more and its owner
+    /// may free it. Ranks naming different registrations get the inner error and nothing
+    /// changes; the outer error is the job's.
+    pub(crate) fn deregister(&mut self, index: usize) -> Result<Result<()>> {
+        let live = self.registrations.list.get(index).is_some_and(|r| r.live);
+        let named = if live { index as u64 + 1 } else { 0 };
+        let names = self.fabric.all_gather(vec![vec![named]])?;
+        if let Some(q) = names
+            .iter()
+            .position(|n| n.first() != Some(&(index as u64 + 1)))
+        {
+            return Ok(Err(Error::InvalidArgument(format!(
+                "rank {q} did not deregister registration {index} in this turn (every rank \
+                 deregisters the same registration, once); nothing was deregistered"
+            ))));
+        }
+        // Queued calls may still use the peers' mappings.
+        self.synchronize()?;
+        let registration = &mut self.registrations.list[index];
+        registration.live = false;
+        let imports = std::mem::take(&mut registration.imports);
+        let _quiet = device::gate::quiet();
+        let mut first = Ok(());
+        for (from, handle) in imports {
+            let released = self.fabric.release(from, &handle);
+            if first.is_ok() {
+                first = released;
+            }
+        }
+        // Every rank has unmapped this one's allocation once every rank is past this.
+        self.fabric.all_gather(vec![Vec::new()])?;
+        first.map(Ok)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,10 +310,14 @@ mod tests {
         r.push(Registration {
             own: a,
             mapped: vec![(a.base, a.size), (0x7000_0000, 1 << 20)],
+            imports: Vec::new(),
+            live: true,
         });
         r.push(Registration {
             own: b,
             mapped: vec![(b.base, b.size), (0x7100_0000, 8192)],
+            imports: Vec::new(),
+            live: true,
         });
         r
     }
@@ -225,6 +372,38 @@ mod tests {
             assert!(err.contains(why), "{err}");
         }
         assert!(r.address(5, at(0, 0), 8).is_err(), "no such rank");
+    }
+
+    #[test]
+    fn a_deregistered_turn_matches_nothing_and_keeps_the_numbering() {
+        let mut r = two_turns();
+        let a = allocation(0x1000_0000, 1 << 20, 7);
+        let b = allocation(0x2000_0000, 4096, 9);
+        r.list[0].live = false;
+        assert_eq!(r.find(a.base, 8, Some(a)), BufferRef::Unregistered);
+        assert_eq!(
+            r.find(b.base, 8, Some(b)),
+            BufferRef::Registered {
+                index: 1,
+                offset: 0
+            }
+        );
+        let err = r
+            .address(
+                1,
+                BufferRef::Registered {
+                    index: 0,
+                    offset: 0,
+                },
+                8,
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("deregistered"), "{err}");
+        assert_eq!(r.next(), 2);
+        assert!(!r.is_empty());
+        r.list[1].live = false;
+        assert!(r.is_empty());
     }
 
     #[test]

@@ -162,8 +162,8 @@ impl CudaExecutor {
         if self.ranks.is_empty() {
             return Ok(()); // torn down already
         }
-        // Freeing memory, destroying streams and unloading kernels may wait for the GPUs: none of
-        // it overlaps another communicator's peer kernels (`device::gate`).
+        // Freeing memory and destroying streams may wait for the GPUs: none of it overlaps
+        // another communicator's peer kernels (`device::gate`).
         let quiet = device::gate::quiet();
         let result = self.synchronize();
         // Ranks of other processes: every one idle before any frees what the others imported
