@@ -10,7 +10,10 @@
 //! without copies only when every rank's buffers are registered (the decision is the same on
 //! every rank, since every rank reads the same words), and otherwise through the copies, as
 //! before. Stream-ordered pool memory (`cuMemAllocAsync`, cudarc's default) cannot be shared
-//! between processes and is refused by name.
+//! between processes and is refused by name. Deregistration is collective too: every rank
+//! waits for its queued work and unmaps its peers' allocations of that turn before any owner
+//! frees its own (CUDA leaves freeing memory another process maps undefined, which is why
+//! registering is `unsafe` for the caller).
 //!
 //! Invariant: a peer's address is formed only from a registration that peer made and this rank
 //! mapped, within that registration's size; this rank's own buffer counts as registered only
