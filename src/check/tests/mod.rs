@@ -9,7 +9,9 @@ mod symbolic;
 
 use super::*;
 use crate::element::ReduceOp;
-use crate::plan::{BufKind, EdgeTransport, Gather, Phase, Ranks, RingSpec, StreamKind, Tag};
+use crate::plan::{
+    BufKind, EdgeTransport, Gather, OneShotSpec, Phase, Ranks, RingSpec, StreamKind, Tag,
+};
 
 fn spec(
     world: usize,
@@ -259,15 +261,19 @@ fn staged_sender_without_the_receivers_entry_races_across_calls() {
 
 // ---- the one-shot -------------------------------------------------------------------
 
-fn oneshot(world: usize, count: usize, in_place: bool) -> Plan {
-    crate::plan::OneShotSpec {
+fn oneshot_spec(world: usize, count: usize, in_place: bool, op: ReduceOp) -> OneShotSpec {
+    OneShotSpec {
         world,
         count,
         in_place,
-        op: ReduceOp::Avg,
+        op,
     }
-    .build()
-    .unwrap()
+}
+
+fn oneshot(world: usize, count: usize, in_place: bool) -> Plan {
+    oneshot_spec(world, count, in_place, ReduceOp::Avg)
+        .build()
+        .unwrap()
 }
 
 #[test]
@@ -615,14 +621,9 @@ fn an_order_that_splits_a_meeting_is_rejected() {
 }
 
 fn staged(world: usize, count: usize, in_place: bool) -> Plan {
-    crate::plan::OneShotSpec {
-        world,
-        count,
-        in_place,
-        op: ReduceOp::Sum,
-    }
-    .build_staged()
-    .unwrap()
+    oneshot_spec(world, count, in_place, ReduceOp::Sum)
+        .build_staged()
+        .unwrap()
 }
 
 #[test]

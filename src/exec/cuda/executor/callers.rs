@@ -67,7 +67,6 @@ impl CudaExecutor {
                 registered: true,
                 ..shape
             };
-            self.registered_call = true;
             // SAFETY: our caller's contract for this rank's buffers; a peer's are its caller's
             // buffers of this same call (it published them for it), in memory it registered and
             // this rank mapped, valid for the plan's lengths (`Registrations::address`), and
@@ -76,7 +75,6 @@ impl CudaExecutor {
             let result = unsafe {
                 self.run_fenced::<T>(shape, &inputs, &outputs, op, wait_complete, caller)
             };
-            self.registered_call = false;
             self.registered_calls += u64::from(result.is_ok());
             result
         });

@@ -307,9 +307,6 @@ pub(crate) struct CudaExecutor {
     launchers: Option<Box<launch::Launchers>>,
     /// The caller's allocations registered so far (module `registered`).
     registrations: registered::Registrations,
-    /// The call being run has every rank's buffers registered: peers in other processes reach
-    /// them directly (set for that call only, by `run`).
-    registered_call: bool,
     /// Calls that ran on registered buffers, without copies.
     registered_calls: u64,
 }
@@ -492,16 +489,15 @@ impl CudaExecutor {
             launch_blocked: std::sync::Mutex::new(None),
             launchers,
             registrations: registered::Registrations::default(),
-            registered_call: false,
             registered_calls: 0,
         })
     }
 
-    /// Whether the caller's buffers are staged through memory each rank exports (copied in
-    /// before a call, out after): when some ranks live in other processes, which cannot reach
-    /// them.
-    fn copy_callers(&self) -> bool {
-        !self.in_one_process() && !self.registered_call
+    /// Whether the caller's buffers of a call of `shape` are staged through memory each rank
+    /// exports (copied in before the call, out after): when some ranks live in other processes,
+    /// which cannot reach them unless every rank registered its buffers (`shape.registered`).
+    fn copy_callers(&self, shape: &Shape) -> bool {
+        !self.in_one_process() && !shape.registered
     }
 
     /// Whether every rank lives in this process (the in-process fabric).
@@ -694,7 +690,7 @@ impl CudaExecutor {
                 &dispatch,
                 shape.elem_bytes,
                 self.peers_ok,
-                self.copy_callers(),
+                self.copy_callers(&shape),
             )?;
             allocated.push(part);
             records.push(record);
@@ -803,6 +799,7 @@ impl CudaExecutor {
         wait_complete: bool,
         captured: bool,
     ) -> Result<()> {
+        let copy_callers = self.copy_callers(&shape);
         let prepared = self.prepare(shape, T::DTYPE)?;
         profile::mark(HostPhase::Plan);
         let peer_kernel = prepared.dispatch.peer_kernel();
@@ -827,7 +824,7 @@ impl CudaExecutor {
             .map(|decl| caller_address(decl, inputs, outputs).unwrap_or(0))
             .collect::<Vec<u64>>();
         let (mut copies_in, mut copies_out) = (Vec::new(), Vec::new());
-        if self.copy_callers() {
+        if copy_callers {
             let (rank, own) = (self.ranks[0].rank(), &prepared.ranks[0]);
             for (buf, decl) in prepared.plan.buffers.iter().enumerate() {
                 if decl.rank != rank || !decl.kind.is_callers() || callers[buf] == 0 {

@@ -140,11 +140,25 @@ pub(super) fn registrable(addr: u64, device: usize) -> Result<Allocation> {
              the rank exports"
         )));
     }
+    let (Some(d), Some(allocation)) = (
+        device::pointer_device(addr)?,
+        device::pointer_allocation(addr)?,
+    ) else {
+        return Err(Error::InvalidArgument(format!(
+            "{addr:#x} is not device memory the CUDA driver knows: only a GPU buffer can be \
+             registered"
+        )));
+    };
+    if d != device {
+        return Err(Error::WrongDevice {
+            rank: 0,
+            device: d,
+            expected: device,
+        });
+    }
     // Memory ringreduce made shareable goes by file descriptor; any other must take a legacy
     // IPC handle.
-    let shareable = device::shareable_fd(addr)?.is_some();
-    if !shareable && device::pointer_device(addr)?.is_some() && !device::pointer_ipc_capable(addr)?
-    {
+    if device::shareable_fd(addr)?.is_none() && !device::pointer_ipc_capable(addr)? {
         return Err(Error::InvalidArgument(format!(
             "the buffer at {addr:#x} lies in memory mapped by cuMemCreate outside ringreduce \
              (PyTorch's expandable_segments, for one), which has no legacy IPC handle and no \
@@ -152,21 +166,7 @@ pub(super) fn registrable(addr: u64, device: usize) -> Result<Allocation> {
              buffer unregistered and the call copies it"
         )));
     }
-    match (
-        device::pointer_device(addr)?,
-        device::pointer_allocation(addr)?,
-    ) {
-        (Some(d), Some(allocation)) if d == device => Ok(allocation),
-        (Some(d), Some(_)) => Err(Error::WrongDevice {
-            rank: 0,
-            device: d,
-            expected: device,
-        }),
-        _ => Err(Error::InvalidArgument(format!(
-            "{addr:#x} is not device memory the CUDA driver knows: only a GPU buffer can be \
-             registered"
-        ))),
-    }
+    Ok(allocation)
 }
 
 impl CudaExecutor {
