@@ -383,7 +383,16 @@ impl Handoff {
                 return Err(aborted(self.rank));
             }
             let slice = deadline.min(Instant::now() + Duration::from_millis(20));
-            match self.inbox.recv_deadline(slice) {
+            let mut early = None;
+            spin_until(|| {
+                early = self.inbox.try_recv().ok();
+                early.is_some()
+            });
+            let next = match early {
+                Some(msg) => Ok(msg),
+                None => self.inbox.recv_deadline(slice),
+            };
+            match next {
                 Ok((call, e)) if call == self.call => self.seen[e.0] = true,
                 Ok(_) => {} // a message left over from an aborted earlier call
                 Err(RecvTimeoutError::Timeout) if Instant::now() < deadline => {}
@@ -402,6 +411,45 @@ impl Handoff {
         }
         Ok(())
     }
+}
+
+/// How long a waiting thread of the host executor, or a rank enqueuing, keeps looking before it
+/// sleeps. A thread put to sleep takes tens of microseconds to wake on a virtual machine's
+/// cores — on host ranks a small call is a handful of such wake-ups — while the thing waited
+/// for is usually microseconds away: a peer's record, a meeting's last arrival, the next call.
+pub(crate) const SPIN: Duration = Duration::from_micros(50);
+
+/// Looks at `ready` until it holds (`true`) or [`SPIN`] has passed (`false`), yielding the core
+/// between looks so that a thread it waits for can run on it.
+pub(crate) fn spin_until(mut ready: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    loop {
+        for _ in 0..32 {
+            if ready() {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        if start.elapsed() >= SPIN {
+            return false;
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// The next message of `rx`: looked for for [`SPIN`] first, then waited for; `None` once every
+/// sender is gone.
+pub(crate) fn spin_recv<T>(rx: &Receiver<T>) -> Option<T> {
+    let mut got = None;
+    spin_until(|| match rx.try_recv() {
+        Ok(v) => {
+            got = Some(v);
+            true
+        }
+        Err(crossbeam_channel::TryRecvError::Empty) => false,
+        Err(crossbeam_channel::TryRecvError::Disconnected) => true,
+    });
+    got.or_else(|| rx.recv().ok())
 }
 
 /// The error a rank reports when another rank's failure aborted the call.

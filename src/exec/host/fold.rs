@@ -32,6 +32,41 @@ impl HostFolds {
     }
 }
 
+/// A pairwise operator as a type: each fold below is compiled once per operator, so its inner
+/// loop has no branch on the operator and vectorises (the operator's `match` inside
+/// [`Element::combine`] folds away).
+trait PairOp: Send + Sync {
+    const OP: ReduceOp;
+}
+struct SumOp;
+struct ProdOp;
+struct MinOp;
+struct MaxOp;
+impl PairOp for SumOp {
+    const OP: ReduceOp = ReduceOp::Sum;
+}
+impl PairOp for ProdOp {
+    const OP: ReduceOp = ReduceOp::Prod;
+}
+impl PairOp for MinOp {
+    const OP: ReduceOp = ReduceOp::Min;
+}
+impl PairOp for MaxOp {
+    const OP: ReduceOp = ReduceOp::Max;
+}
+
+/// `$f::<T, O>(args)` for the operator type `O` of `$op` (`Avg` combines as `Sum`).
+macro_rules! by_op {
+    ($op:expr, $f:ident::<$t:ty>($($arg:expr),* $(,)?)) => {
+        match $op {
+            ReduceOp::Sum | ReduceOp::Avg => $f::<$t, SumOp>($($arg),*),
+            ReduceOp::Prod => $f::<$t, ProdOp>($($arg),*),
+            ReduceOp::Min => $f::<$t, MinOp>($($arg),*),
+            ReduceOp::Max => $f::<$t, MaxOp>($($arg),*),
+        }
+    };
+}
+
 /// Below this many elements a reduction runs on the calling worker alone.
 const PARALLEL_MIN: usize = 1 << 18;
 
@@ -47,6 +82,20 @@ unsafe fn reduce_raw<T: Element>(
     b: *const u8,
     count: usize,
 ) {
+    // SAFETY: the caller's contract.
+    unsafe { by_op!(op, reduce_with::<T>(dst, a, b, count)) }
+}
+
+/// [`reduce_raw`] for the operator `O`.
+///
+/// # Safety
+/// [`reduce_raw`]'s contract.
+unsafe fn reduce_with<T: Element, O: PairOp>(
+    dst: *mut u8,
+    a: *const u8,
+    b: *const u8,
+    count: usize,
+) {
     let (dst, a, b) = (dst as *mut T, a as *const T, b as *const T);
     // SAFETY: the caller guarantees validity and that `b` does not alias `dst`.
     let (out, b) = unsafe {
@@ -56,7 +105,7 @@ unsafe fn reduce_raw<T: Element>(
         )
     };
     if std::ptr::eq(dst, a) {
-        let fold = |(d, s): (&mut T, &T)| *d = T::combine(op, *d, *s);
+        let fold = |(d, s): (&mut T, &T)| *d = T::combine(O::OP, *d, *s);
         if count >= PARALLEL_MIN {
             out.par_iter_mut().zip(b.par_iter()).for_each(fold);
         } else {
@@ -65,7 +114,7 @@ unsafe fn reduce_raw<T: Element>(
     } else {
         // SAFETY: `a` is disjoint from `dst` (caller's contract), so a shared slice is sound.
         let a = unsafe { std::slice::from_raw_parts(a, count) };
-        let combine = |((d, x), y): ((&mut T, &T), &T)| *d = T::combine(op, *x, *y);
+        let combine = |((d, x), y): ((&mut T, &T), &T)| *d = T::combine(O::OP, *x, *y);
         if count >= PARALLEL_MIN {
             out.par_iter_mut()
                 .zip(a.par_iter())
@@ -105,7 +154,7 @@ unsafe fn fold_raw<T: Element>(
     let sources: Vec<usize> = sources.iter().map(|&s| s as usize).collect();
     let block = |start: usize| {
         // SAFETY: the caller's contract; each block of each destination is written by one call.
-        unsafe { fold_block::<T>(op, &destinations, &sources, count, start) }
+        unsafe { by_op!(op, fold_block::<T>(&destinations, &sources, count, start)) }
     };
     let blocks = 0..count.div_ceil(FOLD_BLOCK);
     if count >= PARALLEL_MIN {
@@ -121,8 +170,7 @@ unsafe fn fold_raw<T: Element>(
 /// # Safety
 /// [`fold_raw`]'s contract, `start < count`, and no other thread accesses this block of any
 /// destination.
-unsafe fn fold_block<T: Element>(
-    op: ReduceOp,
+unsafe fn fold_block<T: Element, O: PairOp>(
     destinations: &[usize],
     sources: &[usize],
     count: usize,
@@ -145,7 +193,7 @@ unsafe fn fold_block<T: Element>(
     }
     for &src in rest {
         for (a, &x) in acc.iter_mut().zip(read(src)) {
-            *a = T::Acc::combine(op, *a, x.to_acc());
+            *a = T::Acc::combine(O::OP, *a, x.to_acc());
         }
     }
     // SAFETY: every destination holds `count` elements, this block of each is this call's

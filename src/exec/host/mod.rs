@@ -113,6 +113,8 @@ pub enum FaultKind {
 #[derive(Default)]
 struct HostEvent {
     enqueued: AtomicU64,
+    /// `completed`, readable without the lock (for a wait's spin).
+    completed_fast: AtomicU64,
     completed: Mutex<u64>,
     reached: Condvar,
 }
@@ -191,6 +193,8 @@ struct HostCall {
     done: Reports,
     /// Barrier arrivals per rank (two per `PeerReduce`: start, end), for the one-shot.
     arrivals: Mutex<Vec<u64>>,
+    /// The highest arrival every rank has made (for a barrier's spin).
+    all_arrived: AtomicU64,
     arrived: Condvar,
     /// A rank of a job with one process per rank: the words it shares with its peers' processes
     /// for this call (module `process`); `None` when every rank is a thread of this process.
@@ -276,6 +280,8 @@ type Reporter = (usize, Option<StreamKind>);
 /// (a channel would wake it once per report that finds it asleep — up to 2n times a call on n
 /// ranks, each a thread hand-off on a machine with few cores).
 struct Reports {
+    /// Reports still missing, readable without the lock (for the waiter's spin).
+    missing: AtomicUsize,
     pending: Mutex<Vec<Reporter>>,
     all_in: Condvar,
 }
@@ -283,6 +289,7 @@ struct Reports {
 impl Reports {
     fn new(expected: Vec<Reporter>) -> Reports {
         Reports {
+            missing: AtomicUsize::new(expected.len()),
             pending: Mutex::new(expected),
             all_in: Condvar::new(),
         }
@@ -293,6 +300,7 @@ impl Reports {
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(at) = pending.iter().position(|p| *p == who) {
             pending.swap_remove(at);
+            self.missing.store(pending.len(), Ordering::Release);
         }
         if pending.is_empty() {
             self.all_in.notify_all();
@@ -302,6 +310,7 @@ impl Reports {
     /// Waits until every report is in or `until` passes; the reporters still missing (none:
     /// all in), in the order they were expected where none reported yet.
     fn wait_until(&self, until: Instant) -> Vec<Reporter> {
+        super::spin_until(|| self.missing.load(Ordering::Acquire) == 0);
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         while !pending.is_empty() {
             let now = Instant::now();
@@ -492,6 +501,7 @@ impl HostExecutor {
             running: AtomicUsize::new(0),
             done: Reports::new(expected),
             arrivals: Mutex::new(vec![0; self.world]),
+            all_arrived: AtomicU64::new(0),
             arrived: Condvar::new(),
             shared: None,
         });
@@ -631,7 +641,7 @@ fn host_rank_thread(mut handoff: Handoff, calls: Receiver<Arc<HostCall>>) {
     let rank = handoff.rank;
     let workers = stream_workers(rank, false).expect("spawning a stream worker thread");
     let mut main = Stream::new(rank, StreamKind::Main);
-    for call in calls {
+    while let Some(call) = super::spin_recv(&calls) {
         // Only the streams the rank's program uses take part in the call (a thread woken for
         // nothing is what makes small calls slow on few cores).
         let used = call.prepared.plan.streams(rank);

@@ -404,6 +404,7 @@ impl ProcessRank {
             running: AtomicUsize::new(0),
             done: Reports::new(expected),
             arrivals: Mutex::new(Vec::new()),
+            all_arrived: AtomicU64::new(0),
             arrived: Condvar::new(),
             shared: Some(SharedCall {
                 rank,

@@ -37,7 +37,7 @@ impl XorShift {
 /// A stream: runs what its rank thread enqueues, in order.
 pub(super) fn stream_worker(rank: usize, stream: StreamKind, cmds: Receiver<Cmd>) {
     let mut state = Stream::new(rank, stream);
-    for cmd in cmds {
+    while let Some(cmd) = crate::exec::spin_recv(&cmds) {
         state.run(cmd);
     }
 }
@@ -82,6 +82,7 @@ impl Stream {
                     let ev = &call.prepared.events[event];
                     let mut done = ev.completed.lock().unwrap_or_else(|p| p.into_inner());
                     *done = (*done).max(generation);
+                    ev.completed_fast.fetch_max(generation, Ordering::Release);
                     ev.reached.notify_all();
                     drop(done);
                     // Peers in other processes count this call's record (module `process`) —
@@ -164,6 +165,12 @@ fn wait_event(
     index: usize,
 ) -> Result<()> {
     let ev = &call.prepared.events[event];
+    if crate::exec::spin_until(|| {
+        ev.completed_fast.load(Ordering::Acquire) >= target || call.aborted()
+    }) && !call.aborted()
+    {
+        return Ok(());
+    }
     let mut done = ev.completed.lock().unwrap_or_else(|p| p.into_inner());
     while *done < target {
         if call.aborted() {
@@ -343,8 +350,18 @@ fn meet_waiting(
     // Only the last to arrive wakes the others (each arrival waking every waiter is n² wake-ups
     // a barrier; an abort is seen within a wait slice).
     if arrivals.iter().all(|&a| a >= arrival) {
+        call.all_arrived.fetch_max(arrival, Ordering::Release);
         call.arrived.notify_all();
+        return Ok(());
     }
+    drop(arrivals);
+    if crate::exec::spin_until(|| {
+        call.all_arrived.load(Ordering::Acquire) >= arrival || call.aborted()
+    }) && !call.aborted()
+    {
+        return Ok(());
+    }
+    let mut arrivals = call.arrivals.lock().unwrap_or_else(|p| p.into_inner());
     while arrivals.iter().any(|&a| a < arrival) {
         if call.aborted() {
             return Err(aborted(rank));
