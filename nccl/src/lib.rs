@@ -1844,6 +1844,19 @@ pub unsafe extern "C" fn ncclCommWindowDeregister(
     })
 }
 
+/// Not NCCL's: how many of `comm`'s calls ran on registered memory (its windows) without copies
+/// ([`ringreduce::RankCommunicator::registered_calls`]) — for a Rust program or test that
+/// wants to know whether its windows took effect; `None` for a communicator of the real NCCL
+/// or one that was aborted.
+///
+/// # Safety
+/// `comm` is null or a handle from `ncclCommInitRank*` not yet destroyed.
+pub unsafe fn registered_calls(comm: ncclComm_t) -> Option<u64> {
+    // SAFETY: our caller's contract.
+    let c = unsafe { comm_ref(comm) }.ok()?;
+    c.with(|rank| Ok(rank.registered_calls())).ok()
+}
+
 /// `ncclDevCommCreate`: NCCL's device API (kernels of the caller's that call NCCL on the GPU)
 /// runs on NCCL's communicators only; on ringreduce's it is refused by name.
 #[no_mangle]

@@ -4,8 +4,10 @@
 //! pointers — exact against the host's arithmetic, in place and out of place, with NCCL's
 //! in-place rules (each rank choosing on its own); sends and receives in a group; a mismatched
 //! call an error on every rank; non-blocking creation, `ncclCommAbort` releasing the waiting
-//! ranks and a killed rank reported by `ncclCommGetAsyncError`. The ranks share GPU 0 on a one-GPU
-//! machine (`RINGREDUCE_NCCL_ALLOW_SHARED_GPU=1`); a machine without a GPU waives the test.
+//! ranks and a killed rank reported by `ncclCommGetAsyncError`; a window
+//! (`ncclCommWindowRegister`) whose all-reduce runs without copies until it is deregistered.
+//! The ranks share GPU 0 on a one-GPU machine (`RINGREDUCE_NCCL_ALLOW_SHARED_GPU=1`); a machine
+//! without a GPU waives the test.
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
@@ -130,6 +132,57 @@ fn rank_part(rank: usize, world: usize, id_path: &std::path::Path) {
         .map(|k| every(k).sum::<f32>() * (1.0 / world as f32))
         .collect();
     assert_eq!(inplace.to_host().unwrap(), want, "rank {rank} avg in place");
+
+    // A window (NCCL's collective registration, `RankCommunicator::register`): an all-reduce
+    // in place on it runs on the buffer without copies, exactly; once the window is
+    // deregistered, the same call copies, exactly.
+    let windowed = GpuBuffer::from_host(device, &mine).unwrap();
+    let mut window: *mut c_void = std::ptr::null_mut();
+    // SAFETY: `count` f32 of device memory of this GPU, deregistered below before it is freed.
+    ok("window register", unsafe {
+        ncclCommWindowRegister(comm, at(&windowed), count * 4, &mut window, 1)
+    });
+    // SAFETY: a live communicator.
+    let calls = || unsafe { registered_calls(comm) }.expect("a ringreduce communicator");
+    let mut want: Vec<f32> = Vec::new();
+    for (round, registered) in [(0, true), (1, false)] {
+        let before = calls();
+        // SAFETY: as above; in place.
+        ok("all-reduce in place on a window", unsafe {
+            ncclAllReduce(
+                at(&windowed),
+                at(&windowed),
+                count,
+                ncclFloat32,
+                ncclSum,
+                comm,
+                raw,
+            )
+        });
+        sync();
+        // Every rank's buffer holds the same values after the first round: the second sums
+        // `world` copies of them.
+        want = match round {
+            0 => (0..count).map(|k| every(k).sum()).collect(),
+            _ => want.iter().map(|v| v * world as f32).collect(),
+        };
+        assert_eq!(
+            windowed.to_host().unwrap(),
+            want,
+            "rank {rank} window round {round}"
+        );
+        assert_eq!(
+            calls() - before,
+            u64::from(registered),
+            "rank {rank} window round {round}: registered {registered}"
+        );
+        if registered {
+            // SAFETY: the window registered above; every rank deregisters its own.
+            ok("window deregister", unsafe {
+                ncclCommWindowDeregister(comm, window)
+            });
+        }
+    }
 
     // Broadcast from the last rank; reduce (sum) to rank 0.
     let root = world - 1;
