@@ -34,10 +34,17 @@ impl XorShift {
     }
 }
 
-/// A stream: runs what its rank thread enqueues, in order.
+/// A stream: runs what its rank thread enqueues, in order. Inside a call it looks for the next
+/// command a while before it sleeps (`exec::spin_recv`: the rank thread is enqueuing it);
+/// between calls it sleeps at once, leaving the cores to the streams still at work.
 pub(super) fn stream_worker(rank: usize, stream: StreamKind, cmds: Receiver<Cmd>) {
     let mut state = Stream::new(rank, stream);
-    while let Some(cmd) = crate::exec::spin_recv(&cmds) {
+    loop {
+        let next = match state.current {
+            Some(_) => crate::exec::spin_recv(&cmds),
+            None => cmds.recv().ok(),
+        };
+        let Some(cmd) = next else { break };
         state.run(cmd);
     }
 }
