@@ -113,20 +113,16 @@ fn rank_part(rank: usize, world: usize, id_path: &std::path::Path) {
             "rank {rank} all-reduce op {op}"
         );
     }
+    // An all-reduce in place (the same buffer as both sides) of `count` elements.
+    let in_place = |buf: &GpuBuffer<f32>, op| {
+        // SAFETY: a device buffer of `count` f32 on this GPU, kept until the stream is synced.
+        ok("all-reduce in place", unsafe {
+            ncclAllReduce(at(buf), at(buf), count, ncclFloat32, op, comm, raw)
+        });
+        sync();
+    };
     let inplace = GpuBuffer::from_host(device, &mine).unwrap();
-    // SAFETY: as above; in place (the same buffer).
-    ok("all-reduce in place", unsafe {
-        ncclAllReduce(
-            at(&inplace),
-            at(&inplace),
-            count,
-            ncclFloat32,
-            ncclAvg,
-            comm,
-            raw,
-        )
-    });
-    sync();
+    in_place(&inplace, ncclAvg);
     // A float avg is the sum multiplied by 1/world (the library's definition, src/element.rs).
     let want: Vec<f32> = (0..count)
         .map(|k| every(k).sum::<f32>() * (1.0 / world as f32))
@@ -147,19 +143,7 @@ fn rank_part(rank: usize, world: usize, id_path: &std::path::Path) {
     let mut want: Vec<f32> = Vec::new();
     for (round, registered) in [(0, true), (1, false)] {
         let before = calls();
-        // SAFETY: as above; in place.
-        ok("all-reduce in place on a window", unsafe {
-            ncclAllReduce(
-                at(&windowed),
-                at(&windowed),
-                count,
-                ncclFloat32,
-                ncclSum,
-                comm,
-                raw,
-            )
-        });
-        sync();
+        in_place(&windowed, ncclSum);
         // Every rank's buffer holds the same values after the first round: the second sums
         // `world` copies of them.
         want = match round {
