@@ -1756,7 +1756,8 @@ pub unsafe extern "C" fn ncclCommDeregister(comm: ncclComm_t, handle: *mut c_voi
 /// `ncclCommWindowRegister`: NCCL's collective registration (every rank registers its window
 /// in the same turn) is ringreduce's (`RankCommunicator::register`): the allocation the window
 /// lies in is exported to every peer once, and a later call whose every rank's buffers lie in
-/// registered memory runs on them in place, without copies. Where ringreduce refuses the memory
+/// registered memory runs on them, without copies — unless a rank's input and output overlap
+/// (NCCL's in-place forms, which run here as out-of-place calls): then it copies. Where ringreduce refuses the memory
 /// (pool memory, `cuMemCreate` memory of another allocator) the window is still accepted, as a
 /// handle that changes nothing (calls on it copy, as before), and `RINGREDUCE_NCCL_LOG=1` says
 /// why; a registration that fails because the job failed returns the error. The flags

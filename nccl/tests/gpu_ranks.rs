@@ -5,7 +5,8 @@
 //! in-place rules (each rank choosing on its own); sends and receives in a group; a mismatched
 //! call an error on every rank; non-blocking creation, `ncclCommAbort` releasing the waiting
 //! ranks and a killed rank reported by `ncclCommGetAsyncError`; a window
-//! (`ncclCommWindowRegister`) whose all-reduce runs without copies until it is deregistered.
+//! (`ncclCommWindowRegister`) whose out-of-place all-reduce runs without copies until it is
+//! deregistered (its in-place form copies).
 //! The ranks share GPU 0 on a one-GPU machine (`RINGREDUCE_NCCL_ALLOW_SHARED_GPU=1`); a machine
 //! without a GPU waives the test.
 
@@ -113,59 +114,63 @@ fn rank_part(rank: usize, world: usize, id_path: &std::path::Path) {
             "rank {rank} all-reduce op {op}"
         );
     }
-    // An all-reduce in place (the same buffer as both sides) of `count` elements.
-    let in_place = |buf: &GpuBuffer<f32>, op| {
-        // SAFETY: a device buffer of `count` f32 on this GPU, kept until the stream is synced.
-        ok("all-reduce in place", unsafe {
-            ncclAllReduce(at(buf), at(buf), count, ncclFloat32, op, comm, raw)
+    // An all-reduce of `count` elements between device addresses of this GPU's, waited for.
+    let all_reduce = |from: *mut c_void, into: *mut c_void, op| {
+        // SAFETY: `count` f32 of device memory of this GPU at each, kept until the stream is
+        // synced (below).
+        ok("all-reduce", unsafe {
+            ncclAllReduce(from, into, count, ncclFloat32, op, comm, raw)
         });
         sync();
     };
     let inplace = GpuBuffer::from_host(device, &mine).unwrap();
-    in_place(&inplace, ncclAvg);
+    all_reduce(at(&inplace), at(&inplace), ncclAvg);
     // A float avg is the sum multiplied by 1/world (the library's definition, src/element.rs).
     let want: Vec<f32> = (0..count)
         .map(|k| every(k).sum::<f32>() * (1.0 / world as f32))
         .collect();
     assert_eq!(inplace.to_host().unwrap(), want, "rank {rank} avg in place");
 
-    // A window (NCCL's collective registration, `RankCommunicator::register`): an all-reduce
-    // in place on it runs on the buffer without copies, exactly; once the window is
-    // deregistered, the same call copies, exactly.
-    let windowed = GpuBuffer::from_host(device, &mine).unwrap();
+    // A window (NCCL's collective registration, `RankCommunicator::register`) of two halves:
+    // an all-reduce from the first into the second runs on them without copies, exactly; one in
+    // place (NCCL's form: the same pointer as both sides) copies, exactly; once the window is
+    // deregistered, the first call copies, exactly.
+    let windowed =
+        GpuBuffer::from_host(device, &[mine.clone(), vec![0.0; count]].concat()).unwrap();
+    let (first, second) = (
+        at(&windowed),
+        (at(&windowed) as usize + count * 4) as *mut c_void,
+    );
     let mut window: *mut c_void = std::ptr::null_mut();
-    // SAFETY: `count` f32 of device memory of this GPU, deregistered below before it is freed.
+    // SAFETY: `2 count` f32 of device memory of this GPU, deregistered below before it is
+    // freed.
     ok("window register", unsafe {
-        ncclCommWindowRegister(comm, at(&windowed), count * 4, &mut window, 1)
+        ncclCommWindowRegister(comm, first, 2 * count * 4, &mut window, 1)
     });
     // SAFETY: a live communicator.
     let calls = || unsafe { registered_calls(comm) }.expect("a ringreduce communicator");
-    let mut want: Vec<f32> = Vec::new();
-    for (round, registered) in [(0, true), (1, false)] {
-        let before = calls();
-        in_place(&windowed, ncclSum);
-        // Every rank's buffer holds the same values after the first round: the second sums
-        // `world` copies of them.
-        want = match round {
-            0 => (0..count).map(|k| every(k).sum()).collect(),
-            _ => want.iter().map(|v| v * world as f32).collect(),
-        };
-        assert_eq!(
-            windowed.to_host().unwrap(),
-            want,
-            "rank {rank} window round {round}"
-        );
-        assert_eq!(
-            calls() - before,
-            u64::from(registered),
-            "rank {rank} window round {round}: registered {registered}"
-        );
-        if registered {
+    let sum: Vec<f32> = (0..count).map(|k| every(k).sum()).collect();
+    let world_sum: Vec<f32> = sum.iter().map(|v| v * world as f32).collect();
+    for (round, from, registered, want) in [
+        ("registered", first, true, &sum),
+        ("in place", second, false, &world_sum),
+        ("deregistered", first, false, &sum),
+    ] {
+        if round == "deregistered" {
             // SAFETY: the window registered above; every rank deregisters its own.
             ok("window deregister", unsafe {
                 ncclCommWindowDeregister(comm, window)
             });
         }
+        let before = calls();
+        all_reduce(from, second, ncclSum);
+        let got = windowed.to_host().unwrap();
+        assert_eq!(&got[count..], &want[..], "rank {rank} window: {round}");
+        assert_eq!(
+            calls() - before,
+            u64::from(registered),
+            "rank {rank} window: {round}: ran without copies"
+        );
     }
 
     // Broadcast from the last rank; reduce (sum) to rank 0.

@@ -626,8 +626,11 @@ impl RankCommunicator {
     /// [`RankCommunicator::deregister`] or the communicator closes.
     ///
     /// A call runs without copies when every rank's buffers of it lie in memory it registered
-    /// (each rank publishes where, beside the call's shape); otherwise it copies, as an
-    /// unregistered call does — so registration never changes a result, only the copies.
+    /// (each rank publishes where, beside the call's shape) and no rank's input and output of an
+    /// out-of-place call overlap (the plan might write the output before it has read the
+    /// input: NCCL's in-place forms, which ringreduce-nccl passes as out-of-place calls);
+    /// otherwise it copies, as an unregistered call does — so registration never changes a
+    /// result, only the copies.
     /// Memory freed and allocated again at the same address is not taken for registered (the
     /// driver's allocation id is checked at each call). Refused by name, on every rank alike:
     /// stream-ordered pool memory (`cuMemAllocAsync`, cudarc's default allocation on a stream)

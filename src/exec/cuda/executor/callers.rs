@@ -167,9 +167,18 @@ impl CudaExecutor {
                 }),
             }
         };
+        let (input, output) = (at(inputs), at(outputs));
+        // An out-of-place call on overlapping buffers (NCCL's in-place forms, which
+        // ringreduce-nccl passes as out-of-place calls) cannot run on them directly: its plan
+        // may write the output before it has read all of the input. It copies, as it would
+        // unregistered.
+        let output = match registered::overlap((input, input_bytes), (output, output_bytes)) {
+            true => BufferRef::Unregistered,
+            false => find(output, output_bytes),
+        };
         CallerRefs {
-            input: find(at(inputs), input_bytes),
-            output: find(at(outputs), output_bytes),
+            input: find(input, input_bytes),
+            output,
         }
     }
 

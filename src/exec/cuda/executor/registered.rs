@@ -127,6 +127,14 @@ pub(super) fn runs_registered(refs: &[CallerRefs]) -> bool {
         })
 }
 
+/// Whether two buffers, each an address and a length in bytes (0, 0: absent), share a byte.
+pub(super) fn overlap((a, a_bytes): (u64, usize), (b, b_bytes): (u64, usize)) -> bool {
+    a_bytes > 0
+        && b_bytes > 0
+        && a < b.saturating_add(b_bytes as u64)
+        && b < a.saturating_add(a_bytes as u64)
+}
+
 /// The allocation a caller's buffer at `addr` lies in, if it can be registered: device memory
 /// of this rank's GPU `device`, not from a stream-ordered pool. A clear error otherwise, naming
 /// the kind and what to do.
@@ -407,6 +415,20 @@ mod tests {
         assert!(!r.is_empty());
         r.list[1].live = false;
         assert!(r.is_empty());
+    }
+
+    #[test]
+    fn buffers_overlap_when_they_share_a_byte() {
+        // The same buffer (NCCL's in-place all-reduce), one inside the other (its in-place
+        // all-gather and reduce-scatter), touching ends, apart, and absent buffers.
+        assert!(overlap((0x1000, 64), (0x1000, 64)));
+        assert!(overlap((0x1000, 256), (0x1040, 64)));
+        assert!(overlap((0x1040, 64), (0x1000, 256)));
+        assert!(!overlap((0x1000, 64), (0x1040, 64)));
+        assert!(!overlap((0x1040, 64), (0x1000, 64)));
+        assert!(!overlap((0x1000, 64), (0x2000, 64)));
+        assert!(!overlap((0, 0), (0x1000, 64)));
+        assert!(!overlap((0x1000, 64), (0x1000, 0)));
     }
 
     #[test]
