@@ -383,15 +383,8 @@ impl Handoff {
                 return Err(aborted(self.rank));
             }
             let slice = deadline.min(Instant::now() + Duration::from_millis(20));
-            let mut early = None;
-            spin_until(|| {
-                early = self.inbox.try_recv().ok();
-                early.is_some()
-            });
-            let next = match early {
-                Some(msg) => Ok(msg),
-                None => self.inbox.recv_deadline(slice),
-            };
+            let next =
+                spin_try_recv(&self.inbox).map_or_else(|| self.inbox.recv_deadline(slice), Ok);
             match next {
                 Ok((call, e)) if call == self.call => self.seen[e.0] = true,
                 Ok(_) => {} // a message left over from an aborted earlier call
@@ -437,9 +430,9 @@ pub(crate) fn spin_until(mut ready: impl FnMut() -> bool) -> bool {
     }
 }
 
-/// The next message of `rx`: looked for for [`SPIN`] first, then waited for; `None` once every
-/// sender is gone.
-pub(crate) fn spin_recv<T>(rx: &Receiver<T>) -> Option<T> {
+/// The next message of `rx` if one comes within [`SPIN`] (looked for, never slept for);
+/// `None` if none came or every sender is gone (a blocking receive then says which).
+fn spin_try_recv<T>(rx: &Receiver<T>) -> Option<T> {
     let mut got = None;
     spin_until(|| match rx.try_recv() {
         Ok(v) => {
@@ -449,7 +442,13 @@ pub(crate) fn spin_recv<T>(rx: &Receiver<T>) -> Option<T> {
         Err(crossbeam_channel::TryRecvError::Empty) => false,
         Err(crossbeam_channel::TryRecvError::Disconnected) => true,
     });
-    got.or_else(|| rx.recv().ok())
+    got
+}
+
+/// The next message of `rx`: looked for for [`SPIN`] first, then waited for; `None` once every
+/// sender is gone.
+pub(crate) fn spin_recv<T>(rx: &Receiver<T>) -> Option<T> {
+    spin_try_recv(rx).or_else(|| rx.recv().ok())
 }
 
 /// The error a rank reports when another rank's failure aborted the call.

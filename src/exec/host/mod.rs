@@ -113,9 +113,10 @@ pub enum FaultKind {
 #[derive(Default)]
 struct HostEvent {
     enqueued: AtomicU64,
-    /// `completed`, readable without the lock (for a wait's spin).
-    completed_fast: AtomicU64,
-    completed: Mutex<u64>,
+    /// Records completed: raised under `lock`, so a wait on `reached` misses none; read without
+    /// it by a wait's spin.
+    completed: AtomicU64,
+    lock: Mutex<()>,
     reached: Condvar,
 }
 

@@ -87,11 +87,10 @@ impl Stream {
             Cmd::Record { event, generation } => {
                 if let Some(call) = &self.current {
                     let ev = &call.prepared.events[event];
-                    let mut done = ev.completed.lock().unwrap_or_else(|p| p.into_inner());
-                    *done = (*done).max(generation);
-                    ev.completed_fast.fetch_max(generation, Ordering::Release);
+                    let held = ev.lock.lock().unwrap_or_else(|p| p.into_inner());
+                    ev.completed.fetch_max(generation, Ordering::Release);
                     ev.reached.notify_all();
-                    drop(done);
+                    drop(held);
                     // Peers in other processes count this call's record (module `process`) —
                     // unless the call is aborted: its operations before the record may have
                     // been skipped, and a peer must not take the record for their data.
@@ -172,14 +171,13 @@ fn wait_event(
     index: usize,
 ) -> Result<()> {
     let ev = &call.prepared.events[event];
-    if crate::exec::spin_until(|| {
-        ev.completed_fast.load(Ordering::Acquire) >= target || call.aborted()
-    }) && !call.aborted()
+    if crate::exec::spin_until(|| ev.completed.load(Ordering::Acquire) >= target || call.aborted())
+        && !call.aborted()
     {
         return Ok(());
     }
-    let mut done = ev.completed.lock().unwrap_or_else(|p| p.into_inner());
-    while *done < target {
+    let mut held = ev.lock.lock().unwrap_or_else(|p| p.into_inner());
+    while ev.completed.load(Ordering::Acquire) < target {
         if call.aborted() {
             return Err(aborted(rank));
         }
@@ -195,9 +193,9 @@ fn wait_event(
                 after: call.timeout,
             });
         }
-        done = ev
+        held = ev
             .reached
-            .wait_timeout(done, call.wait_slice(now))
+            .wait_timeout(held, call.wait_slice(now))
             .unwrap_or_else(|p| p.into_inner())
             .0;
     }
