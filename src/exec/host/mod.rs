@@ -489,7 +489,7 @@ impl HostExecutor {
             bufs,
             elem_bytes,
             op,
-            folds: HostFolds::of::<T>(),
+            folds: HostFolds::of::<T>(self.world),
             deadline: Instant::now() + self.config.timeout,
             timeout: self.config.timeout,
             delay_seed: self

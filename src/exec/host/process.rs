@@ -391,7 +391,7 @@ impl ProcessRank {
             bufs,
             elem_bytes: eb,
             op,
-            folds: HostFolds::of::<T>(),
+            folds: HostFolds::of::<T>(host.plan.world),
             deadline,
             timeout: self.config.timeout,
             delay_seed: self

@@ -264,7 +264,7 @@ fn run_op(call: &HostCall, rank: usize, index: usize, instr: &Instr) -> Result<(
         Op::Reduce { dst, a, b } => {
             // SAFETY: as above; the checker proved `dst` is `a` or disjoint from `a` and `b`.
             unsafe {
-                (call.folds.reduce)(
+                call.folds.reduce(
                     call.op.combine_op(),
                     call.ptr(dst),
                     call.ptr(a),
@@ -275,7 +275,10 @@ fn run_op(call: &HostCall, rank: usize, index: usize, instr: &Instr) -> Result<(
         }
         Op::Scale { region } => {
             // SAFETY: as above.
-            unsafe { (call.folds.scale)(call.ptr(region), region.count, call.prepared.plan.world) }
+            unsafe {
+                call.folds
+                    .scale(call.ptr(region), region.count, call.prepared.plan.world)
+            }
         }
         op @ Op::PeerReduce { dst, fused, .. } => {
             let program = &call.prepared.plan.ranks[rank];
@@ -313,7 +316,8 @@ fn run_op(call: &HostCall, rank: usize, index: usize, instr: &Instr) -> Result<(
                 // destinations are touched by this rank alone between the barriers (the checker
                 // proved the meeting well formed and the plan race-free).
                 unsafe {
-                    (call.folds.fold)(call.op.combine_op(), &destinations, &sources, dst.count)
+                    call.folds
+                        .fold(call.op.combine_op(), &destinations, &sources, dst.count)
                 }
             }
             if !fused_next {
