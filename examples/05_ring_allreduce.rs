@@ -7,7 +7,7 @@
 //! Run: `cargo run --release --example 05_ring_allreduce`
 
 use ringreduce::verify::{compare, make_expected, make_input};
-use ringreduce::{device, Algorithm, Communicator, CudaConfig, GpuBuffer, ReduceOp};
+use ringreduce::{device, Algorithm, Communicator, CudaConfig, GpuBuffer, HostConfig, ReduceOp};
 use std::time::Instant;
 
 fn main() -> ringreduce::Result<()> {
@@ -28,7 +28,11 @@ fn main() -> ringreduce::Result<()> {
     // hide a segment delivered to the wrong place) and are exact, so the check is bitwise.
     let world = 4;
     let count = 1 << 20;
-    let comm = Communicator::host(world)?;
+    let ring = HostConfig {
+        algorithm: Algorithm::Ring,
+        ..HostConfig::default()
+    };
+    let comm = Communicator::host_with(world, ring)?;
     let inputs: Vec<Vec<f32>> = (0..world)
         .map(|r| make_input(ReduceOp::Sum, r, count))
         .collect();

@@ -21,6 +21,7 @@ fn main() -> ringreduce::Result<()> {
     let want = make_expected::<f32>(ReduceOp::Sum, world, count);
     for transport in [EdgeTransport::Peer, EdgeTransport::Staged] {
         let config = HostConfig {
+            algorithm: Algorithm::Ring,
             transport: transport.into(),
             ..HostConfig::default()
         };

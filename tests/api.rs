@@ -37,6 +37,7 @@ fn slow_host(world: usize, count: usize) -> Communicator {
     Communicator::host_with(
         world,
         HostConfig {
+            algorithm: ringreduce::Algorithm::Ring,
             fault: Some(fault),
             ..HostConfig::default()
         },
@@ -153,6 +154,7 @@ fn facts_answer_during_a_running_call() {
     use ringreduce::Algorithm;
     use std::sync::atomic::{AtomicBool, Ordering};
     let config = HostConfig {
+        algorithm: Algorithm::Ring,
         timeout: Duration::from_secs(3),
         ..HostConfig::default()
     };

@@ -309,6 +309,7 @@ fn shaken(config: HostConfig) {
 #[test]
 fn staged_edges_and_schedule_shaking_give_the_same_results() {
     shaken(HostConfig {
+        algorithm: ringreduce::Algorithm::Ring,
         chunk_elems: 5,
         slots: 1,
         transport: Transport::Staged,

@@ -505,6 +505,7 @@ fn a_fault_on_a_record_or_wait_does_not_fire() {
     // The executor documents that only copies, reductions and scalings are faulted.
     let (world, count) = (3, 30);
     let base = HostConfig {
+        algorithm: ringreduce::Algorithm::Ring,
         chunk_elems: 4,
         slots: 2,
         timeout: FAIL_TIMEOUT,
@@ -563,6 +564,7 @@ fn health_does_not_wait_for_a_running_call() {
     let timeout = Duration::from_secs(2);
     let (world, count) = (3, 30);
     let config = HostConfig {
+        algorithm: ringreduce::Algorithm::Ring,
         chunk_elems: 4,
         timeout,
         ..HostConfig::default()

@@ -22,6 +22,7 @@ mod nccl_stand_in;
 
 fn config() -> HostConfig {
     HostConfig {
+        algorithm: ringreduce::Algorithm::Ring,
         chunk_elems: 16,
         timeout: Duration::from_secs(30),
         ..HostConfig::default()

@@ -14,6 +14,7 @@ fn config(
     seed: Option<u64>,
 ) -> HostConfig {
     HostConfig {
+        algorithm: ringreduce::Algorithm::Ring,
         chunk_elems,
         slots,
         transport: transport.into(),
@@ -203,38 +204,45 @@ fn oneshot_and_twoshot_every_world_length_op_and_type() {
     }
 }
 
-/// `Auto` picks the one-shot for small messages and the ring for large ones on one
-/// communicator; calls of both kinds alternate on the same buffers.
+/// `Auto` on host ranks runs the pushed two-shot at every size up to its rank limit and the ring
+/// beyond (`Algorithm::choose_host`); over staged edges it picks the staged one-shot for small
+/// messages and the ring for large ones on one communicator, and calls of both kinds alternate
+/// on the same buffers.
 #[test]
-fn auto_alternates_algorithms_by_size() {
-    let config = HostConfig {
-        algorithm: ringreduce::Algorithm::Auto,
-        chunk_elems: 1 << 20,
-        ..HostConfig::default()
+fn auto_picks_by_edges_and_size() {
+    use ringreduce::exec::algorithm::STAGED_ONESHOT_AUTO_MAX_BYTES;
+    use ringreduce::plan::twoshot::MAX_RANKS;
+    use ringreduce::{Algorithm, Transport};
+    let auto = |world: usize, transport: Transport| {
+        let config = HostConfig {
+            algorithm: Algorithm::Auto,
+            transport,
+            chunk_elems: 1 << 20,
+            ..HostConfig::default()
+        };
+        Communicator::host_with(world, config).unwrap()
     };
-    let comm = Communicator::host_with(4, config).unwrap();
-    // f32 at 4 ranks: the limit is half of the two-rank one.
-    let big = ringreduce::exec::algorithm::ONESHOT_AUTO_MAX_BYTES / 2 / 4 + 1;
-    let mid = ringreduce::exec::algorithm::TWOSHOT_AUTO_MIN_IN_PLACE_BYTES / 2 / 4;
-    assert_eq!(
-        comm.algorithm_for(1000 * 4, false),
-        ringreduce::Algorithm::OneShot
-    );
-    assert_eq!(
-        comm.algorithm_for(mid * 4, true),
-        ringreduce::Algorithm::TwoShot
-    );
-    assert_eq!(
-        comm.algorithm_for(mid * 4, false),
-        ringreduce::Algorithm::OneShot
-    );
-    assert_eq!(
-        comm.algorithm_for(big * 4, false),
-        ringreduce::Algorithm::Ring
-    );
-    for count in [1000, big, mid, 17, big, mid, 1000] {
-        run_case::<f32>(&comm, count, ReduceOp::Sum, true);
-        run_case::<f32>(&comm, count, ReduceOp::Max, false);
+    let peer = auto(4, Transport::Peer);
+    for bytes in [4, 4 << 10, 4 << 20, 1 << 30] {
+        for in_place in [true, false] {
+            assert_eq!(peer.algorithm_for(bytes, in_place), Algorithm::TwoShot);
+        }
+    }
+    for count in [1000, 17, 1 << 16] {
+        run_case::<f32>(&peer, count, ReduceOp::Sum, true);
+        run_case::<f32>(&peer, count, ReduceOp::Max, false);
+    }
+    let wide = auto(MAX_RANKS + 1, Transport::Peer);
+    assert_eq!(wide.algorithm_for(4, true), Algorithm::Ring);
+    run_case::<i32>(&wide, 100, ReduceOp::Sum, true);
+    // Staged at 4 ranks: the limit is half of the two-rank one.
+    let staged = auto(4, Transport::Staged);
+    let big = STAGED_ONESHOT_AUTO_MAX_BYTES / 2 / 4 + 1;
+    assert_eq!(staged.algorithm_for(1000 * 4, true), Algorithm::OneShot);
+    assert_eq!(staged.algorithm_for(big * 4, false), Algorithm::Ring);
+    for count in [1000, big, 17, big, 1000] {
+        run_case::<f32>(&staged, count, ReduceOp::Sum, true);
+        run_case::<f32>(&staged, count, ReduceOp::Max, false);
     }
 }
 

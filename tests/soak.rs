@@ -202,6 +202,7 @@ fn four_threads_each_with_its_own_communicator() {
                     EdgeTransport::Staged
                 };
                 let config = HostConfig {
+                    algorithm: ringreduce::Algorithm::Ring,
                     chunk_elems: 16 << t,
                     transport: transport.into(),
                     ..HostConfig::default()
@@ -228,6 +229,7 @@ fn one_communicator_shared_by_four_threads() {
     // prepared plan, its events and its staging slots, so calls that overlapped would corrupt
     // each other's results; every thread uses the same few shapes to make that likely.
     let config = HostConfig {
+        algorithm: ringreduce::Algorithm::Ring,
         chunk_elems: 5,
         slots: 2,
         transport: EdgeTransport::Staged.into(),
@@ -289,6 +291,7 @@ fn a_thousand_communicators_leak_nothing() {
         let comm = Communicator::host_with(
             4,
             HostConfig {
+                algorithm: ringreduce::Algorithm::Ring,
                 chunk_elems: 256,
                 slots: 4,
                 ..HostConfig::default()

@@ -521,6 +521,7 @@ fn end_to_end<T: Element>(op: ReduceOp, inputs: &[Vec<T>], want: &[T]) {
     let comm = Communicator::host_with(
         world,
         HostConfig {
+            algorithm: ringreduce::Algorithm::Ring,
             chunk_elems: 2,
             ..HostConfig::default()
         },
@@ -616,6 +617,7 @@ fn a_failed_communicator_refuses_calls_at_once() {
     let comm = Communicator::host_with(
         world,
         HostConfig {
+            algorithm: Algorithm::Ring,
             fault: Some(fault),
             ..HostConfig::default()
         },
@@ -964,8 +966,10 @@ fn two_ranks_give_the_same_bits_on_every_algorithm() {
 }
 
 /// Deterministic mode: with three or more ranks every element is the rank-order fold, bit for
-/// bit, below and above the size where Auto leaves the one-shot; without it the ring's order
-/// differs (which is what the mode is for — this part checks the test can tell).
+/// bit, whichever algorithm runs and at every size (the one-shot and the two-shot forced, and
+/// `Auto`, the two-shot on host ranks, beyond the two-shot's rank limit the one-shot); without
+/// it the ring's order differs (which is what the mode is for — this part checks the test can
+/// tell).
 #[test]
 fn deterministic_mode_folds_in_rank_order_at_every_size() {
     let world = 3;
@@ -977,41 +981,42 @@ fn deterministic_mode_folds_in_rank_order_at_every_size() {
             acc + ringreduce::verify::order_sensitive_input(r, i)
         })
     };
-    let deterministic = Communicator::host_with(
-        world,
-        HostConfig {
-            algorithm: Algorithm::Auto,
-            deterministic: true,
-            ..HostConfig::default()
-        },
-    )
-    .unwrap();
-    assert_eq!(
-        deterministic.algorithm_for(small * 4, true),
-        Algorithm::OneShot
-    );
-    assert_eq!(
-        deterministic.algorithm_for(large * 4, true),
-        Algorithm::TwoShot
-    );
-    for count in [small, large] {
-        for (rank, b) in run_sum(&deterministic, world, count).iter().enumerate() {
-            let wrong = (0..count)
-                .filter(|&i| b[i].to_bits() != reference(i).to_bits())
-                .count();
-            assert_eq!(wrong, 0, "count {count} rank {rank}");
+    let deterministic = |world: usize, algorithm: Algorithm| {
+        Communicator::host_with(
+            world,
+            HostConfig {
+                algorithm,
+                deterministic: true,
+                ..HostConfig::default()
+            },
+        )
+        .unwrap()
+    };
+    for algorithm in [Algorithm::Auto, Algorithm::OneShot, Algorithm::TwoShot] {
+        let comm = deterministic(world, algorithm);
+        for count in [small, large] {
+            for (rank, b) in run_sum(&comm, world, count).iter().enumerate() {
+                let wrong = (0..count)
+                    .filter(|&i| b[i].to_bits() != reference(i).to_bits())
+                    .count();
+                assert_eq!(wrong, 0, "{algorithm:?}: count {count} rank {rank}");
+            }
         }
     }
-    let auto = Communicator::host_with(
+    let wide = ringreduce::plan::twoshot::MAX_RANKS + 1;
+    assert_eq!(
+        deterministic(wide, Algorithm::Auto).algorithm_for(4, true),
+        Algorithm::OneShot
+    );
+    let ring = Communicator::host_with(
         world,
         HostConfig {
-            algorithm: Algorithm::Auto,
+            algorithm: Algorithm::Ring,
             ..HostConfig::default()
         },
     )
     .unwrap();
-    assert_eq!(auto.algorithm_for(large * 4, true), Algorithm::Ring);
-    let ring = run_sum(&auto, world, large);
+    let ring = run_sum(&ring, world, large);
     let differ = (0..large)
         .filter(|&i| ring[0][i].to_bits() != reference(i).to_bits())
         .count();

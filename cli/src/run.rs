@@ -223,12 +223,12 @@ fn run_host(args: &RunArgs) -> Result<(), String> {
     // f32 elements; a chunk below one element is one element (as the GPU executor rounds).
     let chunk_bytes = args.chunk.unwrap_or(1 << 20);
     // Staged edges (`--transport staged`): the plans of ranks that cannot read each other's
-    // memory, with the library's rule for them (`Algorithm::choose_staged`); else the pushed
-    // two-shot for `auto`, the host ranks' fastest.
+    // memory, with the library's rule for them (`Algorithm::choose_staged`); else the host
+    // ranks' rule (`Algorithm::choose_host`: the pushed two-shot for `auto`).
     let staged = args.transport == Transport::Staged;
-    let algorithm = match args.algorithm {
-        Algorithm::Auto if !staged => Algorithm::TwoShot,
-        chosen => chosen,
+    let algorithm = match staged {
+        true => args.algorithm,
+        false => args.algorithm.choose_host(world, false),
     };
     let config = HostConfig {
         chunk_elems: (chunk_bytes / 4).max(1),

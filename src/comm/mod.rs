@@ -84,6 +84,8 @@ struct Facts {
     /// The all-reduce runs the staged algorithms ([`Algorithm::choose_staged`]): host ranks
     /// with `Transport::Staged`, GPUs that do not all reach each other.
     staged: bool,
+    /// Host ranks: the all-reduce follows [`Algorithm::choose_host`] where not staged.
+    host: bool,
     deterministic: bool,
 }
 
@@ -139,6 +141,7 @@ impl Communicator {
             algorithm: config.algorithm,
             peers_ok: true,
             staged: config.transport == crate::Transport::Staged,
+            host: true,
             deterministic: config.deterministic,
         };
         Ok(Communicator::from_executor(
@@ -179,6 +182,7 @@ impl Communicator {
             algorithm,
             peers_ok: exec.peers_ok(),
             staged: exec.staged_oneshot(),
+            host: false,
             deterministic,
         };
         let mut comm =
@@ -203,13 +207,16 @@ impl Communicator {
     /// communicator: the ring, the one-shot or the two-shot (see [`Algorithm`]; with `Auto` it
     /// depends on the size and, for the one-shot and the two-shot, on `in_place`).
     /// The rule is [`Algorithm::choose`]'s ([`Algorithm::choose_staged`]'s where edges are
-    /// staged); this never waits for a running call.
+    /// staged, [`Algorithm::choose_host`]'s on host ranks); this never waits for a running call.
     pub fn algorithm_for(&self, bytes_per_rank: usize, in_place: bool) -> Algorithm {
         let f = &self.facts;
         if f.staged {
             return f
                 .algorithm
                 .choose_staged(bytes_per_rank, self.world, f.deterministic);
+        }
+        if f.host {
+            return f.algorithm.choose_host(self.world, f.deterministic);
         }
         f.algorithm.choose(
             bytes_per_rank,
@@ -746,7 +753,11 @@ pub fn ring_allreduce<T: Element, B: BufferMut<T>>(bufs: &mut [B]) -> Result<()>
         })
         .collect();
     let comm = if devices.is_empty() {
-        Communicator::host(bufs.len())?
+        let ring = HostConfig {
+            algorithm: crate::Algorithm::Ring,
+            ..HostConfig::default()
+        };
+        Communicator::host_with(bufs.len(), ring)?
     } else {
         Communicator::new(&devices)?
     };

@@ -104,13 +104,16 @@ pub fn gather_from(rank: usize, round: usize, world: usize) -> usize {
     (rank + round) % world
 }
 
+/// The most ranks a two-shot plan takes.
+pub const MAX_RANKS: usize = 64;
+
 impl TwoShotSpec {
     /// Compiles the spec into a plan. World 1 is a copy (out of place) or nothing; count 0 is an
     /// empty plan — as for the ring and the one-shot.
     pub fn build(&self) -> Result<Plan> {
-        if self.world == 0 || self.world > 64 || self.align == 0 {
+        if self.world == 0 || self.world > MAX_RANKS || self.align == 0 {
             return Err(Error::InvalidArgument(format!(
-                "a two-shot plan needs 1 to 64 ranks (got {}) and an alignment of at least 1",
+                "a two-shot plan needs 1 to {MAX_RANKS} ranks (got {}) and an alignment of at least 1",
                 self.world
             )));
         }

@@ -142,8 +142,9 @@ impl Rng {
     }
 }
 
-/// A fault of `kind` on rank 0's first copy of the ring plan a default host communicator of
-/// `world` ranks runs for `count` elements in place (faults hit data operations only).
+/// A fault of `kind` on rank 0's first copy of the ring plan a host communicator of `world`
+/// ranks with `Algorithm::Ring` and the default chunking runs for `count` elements in place
+/// (faults hit data operations only).
 pub fn fault_at_first_copy(
     world: usize,
     count: usize,

@@ -56,11 +56,10 @@ pub struct HostConfig {
     pub delay_seed: Option<u64>,
     /// A fault to inject, for tests of failure handling.
     pub fault: Option<Fault>,
-    /// Ring by default: the host executor is the reference for the ring's plans, and a test that
-    /// sweeps chunk sizes must not silently get the one-shot. `OneShot` and `Auto` (the GPU
-    /// default, same size rule) run the one-shot's barriers on threads. `TwoShot` (its gather
-    /// pushed: [`crate::plan::twoshot::Gather::Push`]) is the fastest on host ranks from a few
-    /// KiB up (docs/PERFORMANCE.md, "Host executor").
+    /// Which all-reduce runs. `Auto` (the default) runs the two-shot with its gather pushed,
+    /// the host ranks' fastest ([`Algorithm::choose_host`]; over `Staged` edges the staged
+    /// rule, [`Algorithm::choose_staged`]); `Ring` and `OneShot` run those plans (a test of the
+    /// ring's chunking sets `Ring`, so that it gets the ring).
     pub algorithm: Algorithm,
     /// Fold every element of a reducing collective (all-reduce, reduce-scatter, reduce) in rank
     /// order on every algorithm and size, so results do not depend on which algorithm runs (see
@@ -78,7 +77,7 @@ impl Default for HostConfig {
             timeout: Duration::from_secs(60),
             delay_seed: None,
             fault: None,
-            algorithm: Algorithm::Ring,
+            algorithm: Algorithm::Auto,
             deterministic: false,
         }
     }
@@ -589,10 +588,7 @@ fn checked_host_plan<P>(
             _ => cache.checked_ring_plan(shape, chunk, slots, 1, transports),
         };
     }
-    match config
-        .algorithm
-        .choose(bytes, world, shape.in_place, true, config.deterministic)
-    {
+    match config.algorithm.choose_host(world, config.deterministic) {
         Algorithm::OneShot => cache.checked_oneshot_plan(shape, world),
         Algorithm::TwoShot => shape.checked_twoshot_plan(world, 1, Gather::Push),
         _ => cache.checked_ring_plan(shape, chunk, slots, 1, transports),
