@@ -142,13 +142,13 @@ impl Algorithm {
 impl Algorithm {
     /// The all-reduce algorithm on host ranks whose edges are not staged: `Auto` runs the
     /// two-shot (its gather pushed, [`crate::plan::twoshot`]) at every size from 2 to
-    /// [`twoshot::MAX_RANKS`](crate::plan::twoshot::MAX_RANKS) ranks — the host ranks' fastest
-    /// from a few bytes to 64 MiB at 2, 4 and 8 ranks, and the only one that moves no more
-    /// memory than a hand-written loop (docs/PERFORMANCE.md, "Host executor"); it folds in rank
-    /// order, as `deterministic` asks. On more ranks the ring, or the one-shot where
-    /// `deterministic` needs rank-order folds ([`deterministic_needs_peers`]). The GPU's size
-    /// rule ([`Algorithm::choose`]) does not apply: its thresholds weigh copy engines against SM
-    /// kernels, which host ranks do not have. The rest are themselves.
+    /// [`twoshot::MAX_RANKS`](crate::plan::twoshot::MAX_RANKS) ranks — the fastest of the three
+    /// on host ranks in nearly every measurement from 4 B to 64 MiB at 2, 4 and 8 ranks, and the
+    /// only one that moves no more memory than a hand-written loop (docs/PERFORMANCE.md, "Host
+    /// executor"); it folds in rank order, as `deterministic` asks. On more ranks the ring, or
+    /// the one-shot where `deterministic` needs rank-order folds ([`deterministic_needs_peers`]).
+    /// The GPU's size rule ([`Algorithm::choose`]) does not apply: its thresholds weigh copy
+    /// engines against SM kernels, which host ranks do not have. The rest are themselves.
     pub fn choose_host(self, world: usize, deterministic: bool) -> Algorithm {
         match self {
             Algorithm::Auto if (2..=crate::plan::twoshot::MAX_RANKS).contains(&world) => {
