@@ -170,17 +170,20 @@ fn peer_reading(algorithm: ringreduce::Algorithm, seed: Option<u64>) -> HostConf
     }
 }
 
+/// The one-shot and the two-shot on rank threads (with schedule shaking) and on the pool (the
+/// executor's path for blocking calls of these plans: module `exec::host::pool`).
 #[test]
 fn oneshot_and_twoshot_every_world_length_op_and_type() {
-    for (world, algorithm) in (1..=8).flat_map(|w| {
+    for (world, algorithm, seed) in (1..=8).flat_map(|w| {
         [
-            ringreduce::Algorithm::OneShot,
-            ringreduce::Algorithm::TwoShot,
+            (ringreduce::Algorithm::OneShot, Some(w as u64)),
+            (ringreduce::Algorithm::TwoShot, Some(w as u64)),
+            (ringreduce::Algorithm::OneShot, None),
+            (ringreduce::Algorithm::TwoShot, None),
         ]
-        .map(|a| (w, a))
+        .map(|(a, seed)| (w, a, seed))
     }) {
-        let comm =
-            Communicator::host_with(world, peer_reading(algorithm, Some(world as u64))).unwrap();
+        let comm = Communicator::host_with(world, peer_reading(algorithm, seed)).unwrap();
         for count in lengths(world) {
             for in_place in [true, false] {
                 for op in ReduceOp::ALL {

@@ -81,7 +81,7 @@ impl HostFolds {
 }
 
 /// The cores this process may run on (1 where the OS does not say).
-fn cores() -> usize {
+pub(super) fn cores() -> usize {
     static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }

@@ -20,6 +20,7 @@
 //! `fold.rs` the element folds they call.
 
 mod fold;
+mod pool;
 pub(crate) mod process;
 mod stream;
 
@@ -162,6 +163,8 @@ struct HostPlan {
     events: Vec<HostEvent>,
     /// One allocation per Slots / HostSlots / Exposed buffer, by buffer index.
     scratch: Vec<Option<Scratch>>,
+    /// Where the pool can run the plan: each rank's program cut at its barriers (module `pool`).
+    phases: Option<pool::Phases>,
 }
 
 /// A buffer of the caller's, as the executor sees it: a base address and a length in bytes.
@@ -360,6 +363,8 @@ pub(crate) struct HostExecutor {
     calls: u64,
     /// Calls started and not yet waited for, oldest first.
     in_flight: VecDeque<InFlight>,
+    /// The pool's helper threads (module `pool`), started by its first call.
+    helpers: Vec<(Sender<Arc<pool::Job>>, JoinHandle<()>)>,
 }
 
 impl HostExecutor {
@@ -386,6 +391,7 @@ impl HostExecutor {
             cache: PlanCache::new(CACHED_PLANS),
             calls: 0,
             in_flight: VecDeque::new(),
+            helpers: Vec::new(),
         })
     }
 
@@ -417,6 +423,7 @@ impl HostExecutor {
             waiters: plan.remote_waiters(),
             events: plan.events.iter().map(|_| HostEvent::default()).collect(),
             scratch,
+            phases: pool::phases(&plan),
             plan,
         });
         // A call in flight holds its plan (and the plan's staging) alive: evicting is safe.
@@ -505,6 +512,12 @@ impl HostExecutor {
             arrived: Condvar::new(),
             shared: None,
         });
+        // A blocking call behind nothing, whose plan the pool can run, runs there; schedule
+        // shaking (`delay_seed`) is for the rank threads' interleavings.
+        let pooled = call.prepared.phases.is_some() && call.delay_seed.is_none();
+        if wait_complete && pooled && self.in_flight.is_empty() {
+            return self.run_pooled(call);
+        }
         for (tx, _) in &self.ranks {
             if tx.send(call.clone()).is_err() {
                 call.fail(Error::Closed);
@@ -516,6 +529,40 @@ impl HostExecutor {
         } else {
             Ok(())
         }
+    }
+
+    /// Runs `call` on the pool: the caller and up to as many helpers as make one worker per
+    /// core (no more than one per rank), and returns once every worker is done with it.
+    fn run_pooled(&mut self, call: Arc<HostCall>) -> Result<()> {
+        let workers = self.world.min(fold::cores());
+        while self.helpers.len() + 1 < workers {
+            let (tx, rx) = crossbeam_channel::unbounded::<Arc<pool::Job>>();
+            let handle = std::thread::Builder::new()
+                .name(format!("ringreduce-pool-{}", self.helpers.len() + 1))
+                .spawn(move || {
+                    while let Some(job) = super::spin_recv(&rx) {
+                        job.work();
+                    }
+                })
+                .map_err(|e| Error::Resource {
+                    what: format!("cannot start a pool thread: {e}"),
+                })?;
+            self.helpers.push((tx, handle));
+        }
+        let job = Arc::new(pool::Job::new(call));
+        for (tx, _) in &self.helpers[..workers - 1] {
+            // A helper that is gone takes no units: the others run them.
+            let _ = tx.send(job.clone());
+        }
+        job.work();
+        job.wait_all();
+        let failure = job
+            .call
+            .failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        failure.map_or(Ok(()), Err)
     }
 
     /// Waits for every call started so far, oldest first, and returns the first one's error.
@@ -622,6 +669,11 @@ impl Drop for HostExecutor {
         for (tx, handle) in self.ranks.drain(..) {
             drop(tx);
             // A rank thread only ends by its channel closing; a panic inside it was caught.
+            let _ = handle.join();
+        }
+        for (tx, handle) in self.helpers.drain(..) {
+            drop(tx);
+            // Between calls a helper only waits on its channel; a panic in a unit was caught.
             let _ = handle.join();
         }
     }

@@ -290,6 +290,8 @@ impl ProcessRank {
             waiters: plan.remote_waiters(),
             events: plan.events.iter().map(|_| HostEvent::default()).collect(),
             scratch: plan.buffers.iter().map(|_| None).collect(),
+            // A rank of its own process meets its peers in shared memory, never in the pool.
+            phases: None,
             plan,
         });
         self.plans_made += 1;

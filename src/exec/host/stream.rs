@@ -139,26 +139,43 @@ impl Stream {
                 if call.delay_seed.is_some() && self.rng.next() % 4 == 0 {
                     std::thread::sleep(Duration::from_micros(self.rng.next() % 100));
                 }
-                let instr = call.prepared.plan.ranks[rank][index];
-                call.running.fetch_add(1, Ordering::AcqRel);
-                let outcome = catch_unwind(AssertUnwindSafe(|| run_op(call, rank, index, &instr)));
-                let err = match outcome {
-                    Ok(Ok(())) => None,
-                    Ok(Err(err)) => Some(err),
-                    Err(payload) => Some(Error::RankFailed {
-                        rank,
-                        during: instr.tag.to_string(),
-                        message: format!("panic: {}", panic_message(&*payload)),
-                    }),
-                };
-                // Fail before leaving `running`, so no wait blames a victim in between.
-                if let Some(err) = err {
-                    call.fail(err);
-                }
-                call.running.fetch_sub(1, Ordering::AcqRel);
+                run_data(call, rank, index, Meetings::OnThreads);
             }
         }
     }
+}
+
+/// How a meeting (`PeerReduce`) meets its peers.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Meetings {
+    /// At its barriers, on the rank threads (every rank runs at once).
+    OnThreads,
+    /// Not at all: the pool's phases order it (module `pool`).
+    Phased,
+}
+
+/// Runs data operation `index` of `rank`'s program, and fails the call with its error, or its
+/// panic as [`Error::RankFailed`].
+pub(super) fn run_data(call: &HostCall, rank: usize, index: usize, meetings: Meetings) {
+    let instr = call.prepared.plan.ranks[rank][index];
+    call.running.fetch_add(1, Ordering::AcqRel);
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        run_op(call, rank, index, &instr, meetings)
+    }));
+    let err = match outcome {
+        Ok(Ok(())) => None,
+        Ok(Err(err)) => Some(err),
+        Err(payload) => Some(Error::RankFailed {
+            rank,
+            during: instr.tag.to_string(),
+            message: format!("panic: {}", panic_message(&*payload)),
+        }),
+    };
+    // Fail before leaving `running`, so no wait blames a victim in between.
+    if let Some(err) = err {
+        call.fail(err);
+    }
+    call.running.fetch_sub(1, Ordering::AcqRel);
 }
 
 /// Blocks a stream until `event` reaches `target`, the call aborts, or the deadline passes.
@@ -231,7 +248,13 @@ fn stall_until(
 }
 
 /// Executes one data operation.
-fn run_op(call: &HostCall, rank: usize, index: usize, instr: &Instr) -> Result<()> {
+fn run_op(
+    call: &HostCall,
+    rank: usize,
+    index: usize,
+    instr: &Instr,
+    meetings: Meetings,
+) -> Result<()> {
     if let Some(fault) = call.fault {
         let len = call.prepared.plan.ranks[rank].len();
         if fault.rank == rank && len > 0 && fault.instr % len == index {
@@ -293,7 +316,8 @@ fn run_op(call: &HostCall, rank: usize, index: usize, instr: &Instr) -> Result<(
                 program.get(index + 1).map(|i| i.op),
                 Some(Op::PeerReduce { fused: true, .. })
             );
-            if !fused {
+            let on_threads = meetings == Meetings::OnThreads;
+            if !fused && on_threads {
                 meet(call, rank, index, 2 * meeting + 1, "start")?;
             }
             let plan = &call.prepared.plan;
@@ -320,7 +344,7 @@ fn run_op(call: &HostCall, rank: usize, index: usize, instr: &Instr) -> Result<(
                         .fold(call.op.combine_op(), &destinations, &sources, dst.count)
                 }
             }
-            if !fused_next {
+            if !fused_next && on_threads {
                 meet(call, rank, index, 2 * meeting + 2, "end")?;
             }
         }
