@@ -265,7 +265,7 @@ fn run_host(args: &RunArgs) -> Result<(), String> {
         config.slots
     );
     let comm = Communicator::host_with(world, config).map_err(|e| e.to_string())?;
-    out!("# all-reduce on {world} host ranks (one thread per rank; Send, Recv and Reduce streams on workers), f32 sum");
+    out!("# all-reduce on {world} host ranks (blocking calls of the one- and two-shot on a thread per core; the ring on a thread per rank and stream), f32 sum");
     out!("# {knobs}");
     out!("# busbw = algbw * 2(n-1)/n; GB = 1e9 bytes; time is the median over the iterations");
     print_table(args, 8 << 20, world, |count, in_place| {

@@ -127,7 +127,8 @@ pub struct Communicator {
 
 impl Communicator {
     /// A communicator of `world` ranks on host threads (one thread per rank, which runs its Main
-    /// stream; a worker per other stream).
+    /// stream, and a worker per other stream; blocking calls of the one- and two-shot run on at
+    /// most one thread per core instead).
     pub fn host(world: usize) -> Result<Communicator> {
         Communicator::host_with(world, HostConfig::default())
     }

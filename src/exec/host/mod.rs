@@ -15,9 +15,14 @@
 //! never hangs a caller: the first error aborts the call, every thread drains, and the caller gets
 //! the root cause, naming the rank and what it was waiting for.
 //!
+//! A blocking call whose plan keeps every rank on its Main stream without events (the one-shot
+//! and the two-shot) runs instead on a pool of at most one thread per core, phase by phase
+//! between the plan's barriers (`pool.rs`): the same operations, without a thread per rank
+//! taking turns on few cores.
+//!
 //! This file holds the executor, its per-call state (`HostCall`) and the rank threads;
-//! `stream.rs` the stream workers that run the operations (events, barriers, faults), and
-//! `fold.rs` the element folds they call.
+//! `stream.rs` the stream workers that run the operations (events, barriers, faults), `pool.rs`
+//! the pool, and `fold.rs` the element folds they call.
 
 mod fold;
 mod pool;
@@ -354,7 +359,7 @@ enum Cmd {
 }
 
 /// The host executor of one communicator: a thread per rank (which runs its Main stream), a worker
-/// per other stream.
+/// per other stream, and the pool's helpers (module `pool`).
 pub(crate) struct HostExecutor {
     world: usize,
     config: HostConfig,
