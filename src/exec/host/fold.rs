@@ -31,7 +31,7 @@ impl HostFolds {
             reduce_fn: reduce_raw::<T>,
             fold_fn: fold_raw::<T>,
             scale_fn: scale_raw::<T>,
-            parallel_min: if world < cores() {
+            parallel_min: if world < super::cores() {
                 PARALLEL_MIN
             } else {
                 usize::MAX
@@ -78,12 +78,6 @@ impl HostFolds {
         // SAFETY: the caller's contract.
         unsafe { (self.scale_fn)(x, count, world) }
     }
-}
-
-/// The cores this process may run on (1 where the OS does not say).
-pub(super) fn cores() -> usize {
-    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// A pairwise operator as a type: each fold below is compiled once per operator, so its inner

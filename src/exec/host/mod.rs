@@ -158,6 +158,12 @@ impl Drop for Scratch {
     }
 }
 
+/// The cores this process may run on (1 where the OS does not say).
+fn cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
 /// Plans kept per communicator (each holds its staging memory); beyond this one is dropped.
 const CACHED_PLANS: usize = 16;
 
@@ -539,7 +545,7 @@ impl HostExecutor {
     /// Runs `call` on the pool: the caller and up to as many helpers as make one worker per
     /// core (no more than one per rank), and returns once every worker is done with it.
     fn run_pooled(&mut self, call: Arc<HostCall>) -> Result<()> {
-        let workers = self.world.min(fold::cores());
+        let workers = self.world.min(cores());
         while self.helpers.len() + 1 < workers {
             let (tx, rx) = crossbeam_channel::unbounded::<Arc<pool::Job>>();
             let handle = std::thread::Builder::new()

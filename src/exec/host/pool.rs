@@ -66,6 +66,16 @@ pub(super) fn phases(plan: &Plan) -> Option<Phases> {
     phases.iter().all(|p| p.len() == count).then_some(phases)
 }
 
+/// Returns once `done` holds: looked for for a while, then every 50 µs.
+fn wait_for(done: impl Fn() -> bool) {
+    if crate::exec::spin_until(&done) {
+        return;
+    }
+    while !done() {
+        std::thread::sleep(Duration::from_micros(50));
+    }
+}
+
 /// One call as the pool runs it: the next unit to hand out and the units finished.
 pub(super) struct Job {
     pub(super) call: Arc<HostCall>,
@@ -116,24 +126,12 @@ impl Job {
     /// Waits until `units` units have finished or the call is aborted (an operation still
     /// running then finishes by the call's deadline).
     fn wait_finished(&self, units: usize) {
-        let done = || self.finished.load(Ordering::Acquire) >= units || self.call.aborted();
-        if crate::exec::spin_until(done) {
-            return;
-        }
-        while !done() {
-            std::thread::sleep(Duration::from_micros(50));
-        }
+        wait_for(|| self.finished.load(Ordering::Acquire) >= units || self.call.aborted());
     }
 
     /// Waits until every unit has finished: then no worker touches the call's buffers.
     pub(super) fn wait_all(&self) {
-        let done = || self.finished.load(Ordering::Acquire) >= self.units;
-        if crate::exec::spin_until(done) {
-            return;
-        }
-        while !done() {
-            std::thread::sleep(Duration::from_micros(50));
-        }
+        wait_for(|| self.finished.load(Ordering::Acquire) >= self.units);
     }
 }
 
