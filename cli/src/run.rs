@@ -226,9 +226,10 @@ fn run_host(args: &RunArgs) -> Result<(), String> {
     // memory, with the library's rule for them (`Algorithm::choose_staged`); else the host
     // ranks' rule (`Algorithm::choose_host`: the pushed two-shot for `auto`).
     let staged = args.transport == Transport::Staged;
-    let algorithm = match staged {
-        true => args.algorithm,
-        false => args.algorithm.choose_host(world, false),
+    let algorithm = if staged {
+        args.algorithm
+    } else {
+        args.algorithm.choose_host(world, false)
     };
     let config = HostConfig {
         chunk_elems: (chunk_bytes / 4).max(1),

@@ -17,7 +17,7 @@
 //! names the same rank and instruction; a worker that finds the call aborted skips its units,
 //! and an injected stall ends at the call's deadline, as on threads.
 
-use super::stream::{run_data, Meetings};
+use super::stream::{meeting_barriers, run_data, Meetings};
 use super::HostCall;
 use crate::plan::{Op, Plan, StreamKind};
 use std::ops::Range;
@@ -43,16 +43,13 @@ pub(super) fn phases(plan: &Plan) -> Option<Phases> {
                 {
                     return None;
                 }
-                if let Op::PeerReduce { fused, .. } = instr.op {
-                    if !fused {
+                if let Op::PeerReduce { .. } = instr.op {
+                    let (start_barrier, end_barrier) = meeting_barriers(program, i);
+                    if start_barrier {
                         cuts.push(start..i);
                         start = i;
                     }
-                    let fused_next = matches!(
-                        program.get(i + 1).map(|next| next.op),
-                        Some(Op::PeerReduce { fused: true, .. })
-                    );
-                    if !fused_next {
+                    if end_barrier {
                         cuts.push(start..i + 1);
                         start = i + 1;
                     }

@@ -178,6 +178,20 @@ pub(super) fn run_data(call: &HostCall, rank: usize, index: usize, meetings: Mee
     call.running.fetch_sub(1, Ordering::AcqRel);
 }
 
+/// Which barriers surround meeting `index` (a `PeerReduce`) of `program`: (one before it, one
+/// after it). A fused meeting has no start barrier, and the meeting before it no end barrier (the
+/// checker proved that they order nothing): the run's meetings overlap across ranks, as in a GPU
+/// kernel that runs them all.
+pub(super) fn meeting_barriers(program: &[Instr], index: usize) -> (bool, bool) {
+    let fused = |i: usize| {
+        matches!(
+            program.get(i).map(|instr| instr.op),
+            Some(Op::PeerReduce { fused: true, .. })
+        )
+    };
+    (!fused(index), !fused(index + 1))
+}
+
 /// Blocks a stream until `event` reaches `target`, the call aborts, or the deadline passes.
 fn wait_event(
     call: &HostCall,
@@ -303,21 +317,15 @@ fn run_op(
                     .scale(call.ptr(region), region.count, call.prepared.plan.world)
             }
         }
-        op @ Op::PeerReduce { dst, fused, .. } => {
+        op @ Op::PeerReduce { dst, .. } => {
             let program = &call.prepared.plan.ranks[rank];
             let meeting = program[..index]
                 .iter()
                 .filter(|i| matches!(i.op, Op::PeerReduce { .. }))
                 .count() as u64;
-            // A fused meeting has no start barrier, and the meeting before it no end barrier
-            // (the checker proved that they order nothing): the run's meetings overlap across
-            // ranks, as in a GPU kernel that runs them all.
-            let fused_next = matches!(
-                program.get(index + 1).map(|i| i.op),
-                Some(Op::PeerReduce { fused: true, .. })
-            );
+            let (start_barrier, end_barrier) = meeting_barriers(program, index);
             let on_threads = meetings == Meetings::OnThreads;
-            if !fused && on_threads {
+            if start_barrier && on_threads {
                 meet(call, rank, index, 2 * meeting + 1, "start")?;
             }
             let plan = &call.prepared.plan;
@@ -344,7 +352,7 @@ fn run_op(
                         .fold(call.op.combine_op(), &destinations, &sources, dst.count)
                 }
             }
-            if !fused_next && on_threads {
+            if end_barrier && on_threads {
                 meet(call, rank, index, 2 * meeting + 2, "end")?;
             }
         }
