@@ -1,0 +1,389 @@
+//! NCCL's collectives on ringreduce: each call becomes one `Call` (module doc of the crate: every
+//! call runs out of place), enqueued on the caller's stream.
+
+use crate::*;
+
+/// ringreduce's element type for NCCL's.
+pub(crate) fn dtype_of(datatype: ncclDataType_t) -> Result<DType, Failure> {
+    DATA_TYPES
+        .iter()
+        .find(|(code, _)| *code == datatype)
+        .map(|(_, dtype)| *dtype)
+        .ok_or_else(|| invalid(format!("unknown data type {datatype}")))
+}
+
+/// ringreduce's operator for NCCL's built-in ones.
+pub(crate) fn op_of(op: ncclRedOp_t) -> Result<ReduceOp, Failure> {
+    OPS.iter()
+        .find(|(code, _)| *code == op)
+        .map(|(_, o)| *o)
+        .ok_or_else(|| {
+            unsupported(format!(
+                "reduction operator {op} (a custom one) is not run by ringreduce-nccl yet"
+            ))
+        })
+}
+
+/// One collective call as NCCL passes it: the send and receive buffers with their lengths in
+/// elements (a side this rank does not pass is null).
+///
+/// Every call runs out of place, NCCL's in-place forms included (the same buffer, the
+/// all-gather's send buffer inside its receive buffer, the reduce-scatter's receive buffer
+/// inside its send buffer): NCCL lets each rank choose in place on its own, and every rank must
+/// run the same plan. That is exact, since a rank's buffers are copied into the memory it shares
+/// before the collective and out of it after: nothing is written to the caller's memory before
+/// everything was read from it.
+pub(crate) struct Call {
+    /// NCCL's name of the call.
+    name: &'static str,
+    collective: Collective,
+    send: (*const c_void, usize),
+    recv: (*mut c_void, usize),
+    dtype: DType,
+    op: ReduceOp,
+}
+
+/// Enqueues `call` on `stream` (module doc).
+///
+/// # Safety
+/// NCCL's contract for the collective: the buffers are device memory of the communicator's GPU
+/// with the lengths given, untouched until the stream passes the call; `stream` is live.
+pub(crate) unsafe fn enqueue(comm: ncclComm_t, call: Call, stream: cudaStream_t) -> ncclResult_t {
+    fallback::log(call.name, "ringreduce");
+    guarded(|| {
+        // SAFETY: our caller's contract.
+        let comm = unsafe { comm_ref(comm) }?;
+        // SAFETY: our caller's contract: a live stream (or 0, the legacy default stream).
+        let stream = unsafe { CallerStream::from_raw(stream.cast()) }?;
+        macro_rules! typed {
+            ($($d:ident => $t:ty),*) => {
+                match call.dtype {
+                    // SAFETY: our caller's contract, passed on.
+                    $(DType::$d => comm.with(|c| unsafe { typed::<$t>(c, comm.device, &call, stream) }),)*
+                }
+            };
+        }
+        typed!(F16 => half::f16, BF16 => half::bf16, F32 => f32, F64 => f64, I8 => i8,
+               U8 => u8, I32 => i32, U32 => u32, I64 => i64, U64 => u64,
+               F8E4M3 => ringreduce::F8E4M3, F8E5M2 => ringreduce::F8E5M2)
+    })
+}
+
+/// [`enqueue`] on elements of `T`.
+///
+/// # Safety
+/// As for [`enqueue`].
+pub(crate) unsafe fn typed<T: Element>(
+    comm: &mut RankCommunicator,
+    device: usize,
+    call: &Call,
+    stream: CallerStream,
+) -> Result<(), Failure> {
+    // SAFETY: our caller's contract: device memory of `device`, of these lengths.
+    let memory = |addr: u64, len: usize| unsafe { DeviceMemory::<T>::new(addr, len, device) };
+    let input = (!call.send.0.is_null()).then(|| memory(call.send.0 as u64, call.send.1));
+    let mut output = (!call.recv.0.is_null()).then(|| memory(call.recv.0 as u64, call.recv.1));
+    // SAFETY: our caller's contract, passed on.
+    unsafe {
+        comm.enqueue_collective_on_raw(
+            &call.collective,
+            input.as_ref(),
+            output.as_mut(),
+            call.op,
+            stream,
+        )
+    }
+    .map_err(Failure::from)
+}
+
+/// The parts of a call every collective checks alike: its type and operator.
+pub(crate) fn types(
+    datatype: ncclDataType_t,
+    op: Option<ncclRedOp_t>,
+) -> Result<(DType, ReduceOp), Failure> {
+    Ok((dtype_of(datatype)?, op.map_or(Ok(ReduceOp::Sum), op_of)?))
+}
+
+/// Runs `body` to build a call, then enqueues it.
+pub(crate) unsafe fn submit(
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    body: impl FnOnce() -> Result<Call, Failure>,
+) -> ncclResult_t {
+    match body() {
+        // SAFETY: our caller's contract, passed on.
+        Ok(call) => unsafe { enqueue(comm, call, stream) },
+        Err(failure) => guarded(|| Err(failure)),
+    }
+}
+
+/// `ncclAllReduce`.
+#[no_mangle]
+pub unsafe extern "C" fn ncclAllReduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    op: ncclRedOp_t,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclAllReduce",
+        fn(
+            *const c_void,
+            *mut c_void,
+            usize,
+            ncclDataType_t,
+            ncclRedOp_t,
+            *mut c_void,
+            cudaStream_t,
+        ),
+        |real| (sendbuff, recvbuff, count, datatype, op, real, stream)
+    );
+    // SAFETY: NCCL's contract for the call, passed on.
+    unsafe {
+        submit(comm, stream, || {
+            let (dtype, op) = types(datatype, Some(op))?;
+            Ok(Call {
+                name: "ncclAllReduce",
+                collective: Collective::AllReduce,
+                send: (sendbuff, count),
+                recv: (recvbuff, count),
+                dtype,
+                op,
+            })
+        })
+    }
+}
+
+/// The rank and world of a communicator, for the calls whose buffers depend on them.
+pub(crate) unsafe fn place(comm: ncclComm_t) -> Result<(usize, usize), Failure> {
+    // SAFETY: our caller's contract.
+    let comm = unsafe { comm_ref(comm) }?;
+    Ok((comm.rank, comm.world))
+}
+
+/// A root as NCCL passes it, checked against the world.
+pub(crate) fn root_of(root: c_int, world: usize) -> Result<usize, Failure> {
+    match usize::try_from(root) {
+        Ok(r) if r < world => Ok(r),
+        _ => Err(invalid(format!("root {root} is not a rank of {world}"))),
+    }
+}
+
+/// `ncclBroadcast`: the root's `sendbuff` into every rank's `recvbuff`.
+#[no_mangle]
+pub unsafe extern "C" fn ncclBroadcast(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclBroadcast",
+        fn(*const c_void, *mut c_void, usize, ncclDataType_t, c_int, *mut c_void, cudaStream_t),
+        |real| (sendbuff, recvbuff, count, datatype, root, real, stream)
+    );
+    // SAFETY: NCCL's contract for the call, passed on.
+    unsafe {
+        submit(comm, stream, || {
+            let (rank, world) = place(comm)?;
+            let root = root_of(root, world)?;
+            let (dtype, op) = types(datatype, None)?;
+            let mine = rank == root;
+            Ok(Call {
+                name: "ncclBroadcast",
+                collective: Collective::Broadcast { root },
+                send: (if mine { sendbuff } else { std::ptr::null() }, count),
+                recv: (recvbuff, count),
+                dtype,
+                op,
+            })
+        })
+    }
+}
+
+/// `ncclBcast`: NCCL's in-place broadcast, `ncclBroadcast(buff, buff, …)` (PyTorch's
+/// `broadcast` calls this one).
+#[no_mangle]
+pub unsafe extern "C" fn ncclBcast(
+    buff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclBcast",
+        fn(*mut c_void, usize, ncclDataType_t, c_int, *mut c_void, cudaStream_t),
+        |real| (buff, count, datatype, root, real, stream)
+    );
+    // SAFETY: NCCL's contract for the call, passed on.
+    unsafe { ncclBroadcast(buff, buff, count, datatype, root, comm, stream) }
+}
+
+/// `ncclReduce`: every rank's `sendbuff` reduced into the root's `recvbuff`.
+#[no_mangle]
+pub unsafe extern "C" fn ncclReduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    op: ncclRedOp_t,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclReduce",
+        fn(
+            *const c_void,
+            *mut c_void,
+            usize,
+            ncclDataType_t,
+            ncclRedOp_t,
+            c_int,
+            *mut c_void,
+            cudaStream_t,
+        ),
+        |real| (sendbuff, recvbuff, count, datatype, op, root, real, stream)
+    );
+    // SAFETY: NCCL's contract for the call, passed on.
+    unsafe {
+        submit(comm, stream, || {
+            let (rank, world) = place(comm)?;
+            let root = root_of(root, world)?;
+            let (dtype, op) = types(datatype, Some(op))?;
+            let mine = rank == root;
+            Ok(Call {
+                name: "ncclReduce",
+                collective: Collective::Reduce { root },
+                send: (sendbuff, count),
+                recv: (if mine { recvbuff } else { std::ptr::null_mut() }, count),
+                dtype,
+                op,
+            })
+        })
+    }
+}
+
+/// `ncclAllGather` (in place when `sendbuff` is this rank's block of `recvbuff`: `Call`).
+#[no_mangle]
+pub unsafe extern "C" fn ncclAllGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: ncclDataType_t,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclAllGather",
+        fn(*const c_void, *mut c_void, usize, ncclDataType_t, *mut c_void, cudaStream_t),
+        |real| (sendbuff, recvbuff, sendcount, datatype, real, stream)
+    );
+    // SAFETY: NCCL's contract for the call, passed on.
+    unsafe {
+        submit(comm, stream, || {
+            let (_, world) = place(comm)?;
+            let (dtype, op) = types(datatype, None)?;
+            Ok(Call {
+                name: "ncclAllGather",
+                collective: Collective::AllGather,
+                send: (sendbuff, sendcount),
+                recv: (recvbuff, sendcount * world),
+                dtype,
+                op,
+            })
+        })
+    }
+}
+
+/// `ncclReduceScatter` (in place when `recvbuff` is this rank's block of `sendbuff`: `Call`).
+#[no_mangle]
+pub unsafe extern "C" fn ncclReduceScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: ncclDataType_t,
+    op: ncclRedOp_t,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclReduceScatter",
+        fn(
+            *const c_void,
+            *mut c_void,
+            usize,
+            ncclDataType_t,
+            ncclRedOp_t,
+            *mut c_void,
+            cudaStream_t,
+        ),
+        |real| (sendbuff, recvbuff, recvcount, datatype, op, real, stream)
+    );
+    // SAFETY: NCCL's contract for the call, passed on.
+    unsafe {
+        submit(comm, stream, || {
+            let (_, world) = place(comm)?;
+            let (dtype, op) = types(datatype, Some(op))?;
+            Ok(Call {
+                name: "ncclReduceScatter",
+                collective: Collective::ReduceScatter,
+                send: (sendbuff, recvcount * world),
+                recv: (recvbuff, recvcount),
+                dtype,
+                op,
+            })
+        })
+    }
+}
+
+/// `ncclAlltoAll`: block j of this rank's `sendbuff` to rank j, block i of `recvbuff` from rank
+/// i (out of place).
+#[no_mangle]
+pub unsafe extern "C" fn ncclAlltoAll(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclAlltoAll",
+        fn(*const c_void, *mut c_void, usize, ncclDataType_t, *mut c_void, cudaStream_t),
+        |real| (sendbuff, recvbuff, count, datatype, real, stream)
+    );
+    // SAFETY: NCCL's contract for the call, passed on.
+    unsafe {
+        submit(comm, stream, || {
+            let (_, world) = place(comm)?;
+            let (dtype, op) = types(datatype, None)?;
+            if sendbuff == recvbuff.cast_const() {
+                return Err(invalid("ncclAlltoAll has no in-place form"));
+            }
+            Ok(Call {
+                name: "ncclAlltoAll",
+                collective: Collective::AllToAll,
+                send: (sendbuff, count * world),
+                recv: (recvbuff, count * world),
+                dtype,
+                op,
+            })
+        })
+    }
+}

@@ -1,0 +1,516 @@
+//! NCCL's point-to-point calls and groups: `ncclSend`/`ncclRecv` (and `ncclGather`/`ncclScatter`,
+//! built of them) are kept until their group ends, then run.
+
+use crate::*;
+
+/// One `ncclSend` or `ncclRecv`, kept until its group ends.
+pub(crate) struct PointToPoint {
+    comm: ncclComm_t,
+    send: bool,
+    address: u64,
+    count: usize,
+    datatype: ncclDataType_t,
+    peer: usize,
+    stream: cudaStream_t,
+}
+
+thread_local! {
+    /// How deep this thread is in `ncclGroupStart`/`ncclGroupEnd` pairs.
+    static GROUP_DEPTH: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    /// The sends and receives of this thread's open group, in call order.
+    static PENDING: std::cell::RefCell<Vec<PointToPoint>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Keeps a send or receive for its group's end (runs it at once outside a group).
+///
+/// # Safety
+/// NCCL's contract for the call.
+pub(crate) unsafe fn point_to_point(op: PointToPoint) -> ncclResult_t {
+    guarded(|| {
+        // SAFETY: our caller's contract.
+        let comm = unsafe { comm_ref(op.comm) }?;
+        if op.peer >= comm.world {
+            return Err(invalid(format!(
+                "peer {} is not a rank of {}",
+                op.peer, comm.world
+            )));
+        }
+        dtype_of(op.datatype)?;
+        PENDING.with(|p| p.borrow_mut().push(op));
+        match GROUP_DEPTH.with(|d| d.get()) {
+            // SAFETY: the kept calls' contracts, passed on.
+            0 => unsafe { flush() },
+            _ => Ok(()),
+        }
+    })
+}
+
+/// `ncclGather`: every rank's `count` elements into block `rank` of the root's `recvbuff`, as
+/// one group of sends and receives.
+#[no_mangle]
+pub unsafe extern "C" fn ncclGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclGather",
+        fn(*const c_void, *mut c_void, usize, ncclDataType_t, c_int, *mut c_void, cudaStream_t),
+        |real| (sendbuff, recvbuff, count, datatype, root, real, stream)
+    );
+    // SAFETY: NCCL's contract for the call, passed on.
+    unsafe {
+        rooted(
+            true, sendbuff, recvbuff, count, datatype, root, comm, stream,
+        )
+    }
+}
+
+/// `ncclScatter`: block `rank` of the root's `sendbuff` (`count` elements) into every rank's
+/// `recvbuff`, as one group of sends and receives.
+#[no_mangle]
+pub unsafe extern "C" fn ncclScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclScatter",
+        fn(*const c_void, *mut c_void, usize, ncclDataType_t, c_int, *mut c_void, cudaStream_t),
+        |real| (sendbuff, recvbuff, count, datatype, root, real, stream)
+    );
+    // SAFETY: NCCL's contract for the call, passed on.
+    unsafe {
+        rooted(
+            false, sendbuff, recvbuff, count, datatype, root, comm, stream,
+        )
+    }
+}
+
+/// Gather (`gather`) or scatter as a group of sends and receives: every rank's block to or from
+/// the root, the root's own block a transfer to itself (a local copy). Inside the caller's group
+/// it joins that group, as NCCL's do.
+///
+/// # Safety
+/// NCCL's contract for `ncclGather` / `ncclScatter`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn rooted(
+    gather: bool,
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    // SAFETY: our caller's contract.
+    let placed = unsafe { place(comm) }.and_then(|(rank, world)| {
+        Ok((
+            rank,
+            world,
+            root_of(root, world)?,
+            dtype_of(datatype)?.size_bytes(),
+        ))
+    });
+    let (rank, world, root, bytes) = match placed {
+        Ok(placed) => placed,
+        Err(failure) => return guarded(|| Err(failure)),
+    };
+    if count.checked_mul(world * bytes).is_none() {
+        return guarded(|| {
+            Err(invalid(format!(
+                "{world} blocks of {count} elements overflow"
+            )))
+        });
+    }
+    let block = |base: u64, r: usize| base + (r * count * bytes) as u64;
+    let mut ops = Vec::new();
+    let end = |send: bool, address: u64, peer: usize| PointToPoint {
+        comm,
+        send,
+        address,
+        count,
+        datatype,
+        peer,
+        stream,
+    };
+    if rank == root {
+        for r in 0..world {
+            ops.push(match gather {
+                true => end(false, block(recvbuff as u64, r), r),
+                false => end(true, block(sendbuff as u64, r), r),
+            });
+        }
+    }
+    ops.push(match gather {
+        true => end(true, sendbuff as u64, root),
+        false => end(false, recvbuff as u64, root),
+    });
+    let started = ncclGroupStart();
+    if started != ncclSuccess {
+        return started;
+    }
+    let mut result = ncclSuccess;
+    for op in ops {
+        // SAFETY: NCCL's contract for the blocks of the caller's buffers, passed on.
+        let r = unsafe { point_to_point(op) };
+        if result == ncclSuccess {
+            result = r;
+        }
+    }
+    // The group closes whatever the calls said; the first failure is returned.
+    match (result, ncclGroupEnd()) {
+        (ncclSuccess, ended) => ended,
+        (failed, _) => failed,
+    }
+}
+
+/// `ncclSend`: `count` elements to `peer`, matched by its `ncclRecv` (module doc: every rank of
+/// the communicator takes part in each group of sends and receives).
+#[no_mangle]
+pub unsafe extern "C" fn ncclSend(
+    sendbuff: *const c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    peer: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclSend",
+        fn(*const c_void, usize, ncclDataType_t, c_int, *mut c_void, cudaStream_t),
+        |real| (sendbuff, count, datatype, peer, real, stream)
+    );
+    // SAFETY: NCCL's contract for the call, passed on.
+    unsafe {
+        point_to_point(PointToPoint {
+            comm,
+            send: true,
+            address: sendbuff as u64,
+            count,
+            datatype,
+            peer: usize::try_from(peer).unwrap_or(usize::MAX),
+            stream,
+        })
+    }
+}
+
+/// `ncclRecv`: `count` elements from `peer`, matched by its `ncclSend`.
+#[no_mangle]
+pub unsafe extern "C" fn ncclRecv(
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    peer: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclRecv",
+        fn(*mut c_void, usize, ncclDataType_t, c_int, *mut c_void, cudaStream_t),
+        |real| (recvbuff, count, datatype, peer, real, stream)
+    );
+    // SAFETY: NCCL's contract for the call, passed on.
+    unsafe {
+        point_to_point(PointToPoint {
+            comm,
+            send: false,
+            address: recvbuff as u64,
+            count,
+            datatype,
+            peer: usize::try_from(peer).unwrap_or(usize::MAX),
+            stream,
+        })
+    }
+}
+
+/// Runs the kept sends and receives, one grouped send/recv per communicator: the ranks exchange
+/// what each sends and receives, every rank builds the same list of transfers from it
+/// ([`matched_transfers`]), and enqueues its ends on the group's stream.
+///
+/// # Safety
+/// The kept calls' contracts: live communicators, device buffers of their lengths, live streams.
+pub(crate) unsafe fn flush() -> Result<(), Failure> {
+    let pending = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
+    let mut comms: Vec<ncclComm_t> = Vec::new();
+    for op in &pending {
+        if !comms.contains(&op.comm) {
+            comms.push(op.comm);
+        }
+    }
+    // In an order every rank shares (each exchange waits for every rank of its communicator).
+    // SAFETY: our caller's contract: live handles (checked for null when kept).
+    comms.sort_by_key(|&c| unsafe { c.as_ref() }.map_or(0, |c| c.job));
+    for handle in comms {
+        let ops: Vec<&PointToPoint> = pending.iter().filter(|op| op.comm == handle).collect();
+        // SAFETY: our caller's contract, passed on.
+        unsafe { flush_one(handle, &ops) }?;
+    }
+    Ok(())
+}
+
+/// [`flush`] for one communicator's `ops`.
+///
+/// # Safety
+/// As for [`flush`].
+pub(crate) unsafe fn flush_one(handle: ncclComm_t, ops: &[&PointToPoint]) -> Result<(), Failure> {
+    fallback::log("ncclSend/ncclRecv", "ringreduce");
+    let (stream, datatype) = (ops[0].stream, ops[0].datatype);
+    // A group this rank cannot run is still exchanged (flagged), so that its peers fail at once
+    // with it instead of waiting for it at the timeout.
+    let uniform = ops
+        .iter()
+        .all(|op| op.stream == stream && op.datatype == datatype);
+    // SAFETY: our caller's contract.
+    let comm = unsafe { comm_ref(handle) }?;
+    let mut words = vec![u64::from(uniform), datatype as u64];
+    words.extend(
+        ops.iter()
+            .flat_map(|op| [u64::from(op.send), op.peer as u64, op.count as u64]),
+    );
+    let mut records = comm.with(|c| c.exchange(&words).map_err(Failure::from))?;
+    if let Some(q) = records.iter().position(|r| r.first() != Some(&1)) {
+        return Err(unsupported(format!(
+            "rank {q}'s group of sends and receives mixes streams or data types on one \
+             communicator, which ringreduce-nccl does not run"
+        )));
+    }
+    if let Some(q) = records
+        .iter()
+        .position(|r| r.get(1) != Some(&(datatype as u64)))
+    {
+        return Err(unsupported(format!(
+            "rank {q} sends or receives another data type in this group"
+        )));
+    }
+    for record in &mut records {
+        record.drain(..2);
+    }
+    let transfers = matched_transfers(&records)?;
+    // SAFETY: our caller's contract: a live stream.
+    let stream = unsafe { CallerStream::from_raw(stream.cast()) }?;
+    let me = comm.rank;
+    // This rank's sends in the list's order are its sends in call order; its receives in the
+    // list's order: the k-th transfer from rank p to this rank is its k-th receive from p.
+    let sends: Vec<(u64, usize)> = ops
+        .iter()
+        .filter(|op| op.send)
+        .map(|op| (op.address, op.count))
+        .collect();
+    let mut taken = vec![0usize; comm.world];
+    let mut recvs = Vec::new();
+    for t in transfers.iter().filter(|t| t.to == me) {
+        let from_p: Vec<&&PointToPoint> = ops
+            .iter()
+            .filter(|op| !op.send && op.peer == t.from)
+            .collect();
+        recvs.push((from_p[taken[t.from]].address, t.count));
+        taken[t.from] += 1;
+    }
+    macro_rules! typed {
+        ($($d:ident => $t:ty),*) => {
+            match dtype_of(datatype)? {
+                // SAFETY: our caller's contract, passed on.
+                $(DType::$d => unsafe {
+                    send_recv::<$t>(comm, &transfers, &sends, &recvs, stream)
+                },)*
+            }
+        };
+    }
+    typed!(F16 => half::f16, BF16 => half::bf16, F32 => f32, F64 => f64, I8 => i8,
+           U8 => u8, I32 => i32, U32 => u32, I64 => i64, U64 => u64,
+               F8E4M3 => ringreduce::F8E4M3, F8E5M2 => ringreduce::F8E5M2)
+}
+
+/// Enqueues this rank's ends of `transfers`: `sends` and `recvs` as (address, count), in the
+/// list's order.
+///
+/// # Safety
+/// As for [`flush`].
+pub(crate) unsafe fn send_recv<T: Element>(
+    comm: &Comm,
+    transfers: &[ringreduce::Transfer],
+    sends: &[(u64, usize)],
+    recvs: &[(u64, usize)],
+    stream: CallerStream,
+) -> Result<(), Failure> {
+    // SAFETY: the kept calls' contracts: device memory of these lengths on this GPU.
+    let mem =
+        |&(addr, len): &(u64, usize)| unsafe { DeviceMemory::<T>::new(addr, len, comm.device) };
+    let send_mem: Vec<DeviceMemory<T>> = sends.iter().map(mem).collect();
+    let mut recv_mem: Vec<DeviceMemory<T>> = recvs.iter().map(mem).collect();
+    let send_refs: Vec<&DeviceMemory<T>> = send_mem.iter().collect();
+    let mut recv_refs: Vec<&mut DeviceMemory<T>> = recv_mem.iter_mut().collect();
+    comm.with(|c| {
+        // SAFETY: our caller's contract, passed on.
+        unsafe { c.enqueue_send_recv_on_raw(transfers, &send_refs, &mut recv_refs, stream) }
+            .map_err(Failure::from)
+    })
+}
+
+/// The transfers of a group of sends and receives, from every rank's record (by rank: triples
+/// of (is a send, peer, count) in call order): every send, by sender and in its call order;
+/// each receive must match the send aimed at it from its peer, in order and by count.
+pub(crate) fn matched_transfers(
+    records: &[Vec<u64>],
+) -> Result<Vec<ringreduce::Transfer>, Failure> {
+    let ops = |rank: usize| {
+        records[rank]
+            .chunks(3)
+            .map(|w| (w[0] == 1, w[1] as usize, w[2] as usize))
+    };
+    let mut transfers = Vec::new();
+    for from in 0..records.len() {
+        for (send, to, count) in ops(from) {
+            if send {
+                transfers.push(ringreduce::Transfer { from, to, count });
+            }
+        }
+    }
+    for to in 0..records.len() {
+        for from in 0..records.len() {
+            let sent: Vec<usize> = transfers
+                .iter()
+                .filter(|t| t.from == from && t.to == to)
+                .map(|t| t.count)
+                .collect();
+            let received: Vec<usize> = ops(to)
+                .filter(|&(send, peer, _)| !send && peer == from)
+                .map(|(_, _, count)| count)
+                .collect();
+            if sent != received {
+                return Err(unsupported(format!(
+                    "rank {from} sends {sent:?} elements to rank {to}, which receives \
+                     {received:?} from it: every send needs its receive, in order and of its \
+                     count"
+                )));
+            }
+        }
+    }
+    Ok(transfers)
+}
+
+/// `ncclGroupStart`: collectives inside a group are enqueued as they are called (one rank per
+/// process: nothing waits for the group's end); sends and receives wait for it.
+#[no_mangle]
+pub extern "C" fn ncclGroupStart() -> ncclResult_t {
+    let started = group_of_nccl(c"ncclGroupStart");
+    if started == ncclSuccess {
+        GROUP_DEPTH.with(|d| d.set(d.get() + 1));
+    }
+    started
+}
+
+/// NCCL's own group call, when NCCL runs communicators of this process (its grouped calls on
+/// them need it); success otherwise.
+pub(crate) fn group_of_nccl(name: &CStr) -> ncclResult_t {
+    if !fallback::made_any() {
+        return ncclSuccess;
+    }
+    type F = unsafe extern "C" fn() -> ncclResult_t;
+    // SAFETY: NCCL's documented signature for both group calls.
+    match unsafe { real::<F>(name) } {
+        // SAFETY: as above.
+        Ok(f) => unsafe { f() },
+        Err(code) => code,
+    }
+}
+
+/// `ncclGroupEnd`.
+#[no_mangle]
+pub extern "C" fn ncclGroupEnd() -> ncclResult_t {
+    // The group closes here whatever NCCL's own end says; the first failure is returned.
+    let nccl = group_of_nccl(c"ncclGroupEnd");
+    let ours = guarded(|| {
+        GROUP_DEPTH.with(|d| match d.get() {
+            0 => Err(Failure::Nccl(
+                ncclInvalidUsage,
+                "ncclGroupEnd without ncclGroupStart".into(),
+            )),
+            1 => {
+                d.set(0);
+                // SAFETY: the kept calls' contracts (NCCL's for each send and receive).
+                unsafe { flush() }
+            }
+            n => {
+                d.set(n - 1);
+                Ok(())
+            }
+        })
+    });
+    match nccl {
+        ncclSuccess => ours,
+        failed => failed,
+    }
+}
+
+/// `ncclGroupSimulateEnd`: ends the group like `ncclGroupEnd` but launches nothing, and fills
+/// in NCCL's estimate of its time — in NCCL's order: the group level closes first, whatever
+/// follows; at the outermost level a null `simInfo` makes it a plain `ncclGroupEnd`. The estimate
+/// is NCCL's to make: with NCCL's communicators only, NCCL answers. With ringreduce's, whose
+/// collectives run when called (a simulated group's collectives have run, and written their
+/// buffers, by the time it ends), the group's kept sends and receives are dropped — a simulation
+/// launches nothing — and the call says it cannot estimate (`ncclInvalidUsage`).
+#[no_mangle]
+pub unsafe extern "C" fn ncclGroupSimulateEnd(sim_info: *mut ncclSimInfo_t) -> ncclResult_t {
+    if sim_info.is_null() {
+        return ncclGroupEnd();
+    }
+    let nccl = if fallback::made_any() {
+        type F = unsafe extern "C" fn(*mut ncclSimInfo_t) -> ncclResult_t;
+        // SAFETY: NCCL's documented signature; the caller's struct.
+        match unsafe { real::<F>(c"ncclGroupSimulateEnd") } {
+            // SAFETY: as above.
+            Ok(f) => unsafe { f(sim_info) },
+            Err(code) => code,
+        }
+    } else {
+        ncclSuccess
+    };
+    let ours = guarded(|| {
+        let outermost = GROUP_DEPTH.with(|d| match d.get() {
+            0 => Err(Failure::Nccl(
+                ncclInvalidUsage,
+                "ncclGroupSimulateEnd without ncclGroupStart".into(),
+            )),
+            n => {
+                d.set(n - 1);
+                Ok(n == 1)
+            }
+        })?;
+        if !outermost {
+            return Ok(());
+        }
+        let kept = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut())).len();
+        // SAFETY: checked non-null above; NCCL's contract: an initialized ncclSimInfo_t.
+        if unsafe { (*sim_info).magic } != NCCL_SIM_INFO_MAGIC {
+            return Err(invalid(
+                "simInfo was not initialized with NCCL_SIM_INFO_INITIALIZER",
+            ));
+        }
+        if kept > 0 || !fallback::made_any() {
+            return Err(unsupported(
+                "ringreduce-nccl cannot estimate a group's time (ncclGroupSimulateEnd): its collectives run when called",
+            ));
+        }
+        Ok(())
+    });
+    match nccl {
+        ncclSuccess => ours,
+        failed => failed,
+    }
+}

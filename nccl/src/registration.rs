@@ -1,0 +1,236 @@
+//! NCCL's memory calls: buffer and window registration, `ncclMemAlloc`/`ncclMemFree`, and the
+//! device API (refused on ringreduce's communicators).
+
+use crate::*;
+
+/// `ncclCommRegister`: accepted, with nothing to do — this library stages every buffer
+/// through memory it shares itself, so registration is a no-op handle.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommRegister(
+    comm: ncclComm_t,
+    buff: *mut c_void,
+    size: usize,
+    handle: *mut *mut c_void,
+) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclCommRegister",
+        fn(*mut c_void, *mut c_void, usize, *mut *mut c_void),
+        |real| (real, buff, size, handle)
+    );
+    guarded(|| {
+        // SAFETY: our caller's contract.
+        unsafe { comm_ref(comm) }?;
+        // SAFETY: null is refused; otherwise a writable pointer.
+        let out = unsafe { handle.as_mut() }.ok_or_else(|| invalid("handle is null"))?;
+        *out = Box::into_raw(Box::new(0u8)).cast();
+        Ok(())
+    })
+}
+
+/// `ncclCommDeregister`: releases a handle from `ncclCommRegister`.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclCommDeregister",
+        fn(*mut c_void, *mut c_void),
+        |real| (real, handle)
+    );
+    guarded(|| {
+        // SAFETY: our caller's contract.
+        unsafe { comm_ref(comm) }?;
+        if handle.is_null() {
+            return Err(invalid("handle is null"));
+        }
+        // SAFETY: a handle from ncclCommRegister, released once (NCCL's contract).
+        drop(unsafe { Box::from_raw(handle.cast::<u8>()) });
+        Ok(())
+    })
+}
+
+/// `ncclCommWindowRegister`: NCCL's collective registration (every rank registers its window
+/// in the same turn) is ringreduce's (`RankCommunicator::register`): the allocation the window
+/// lies in is exported to every peer once, and a later call whose every rank's buffers lie in
+/// registered memory runs on them, without copies — unless a rank's input and output overlap
+/// (NCCL's in-place forms, which run here as out-of-place calls): then it copies. Where ringreduce refuses the memory
+/// (pool memory, `cuMemCreate` memory of another allocator) the window is still accepted, as a
+/// handle that changes nothing (calls on it copy, as before), and `RINGREDUCE_NCCL_LOG=1` says
+/// why; a registration that fails because the job failed returns the error. The flags
+/// (`NCCL_WIN_COLL_SYMMETRIC`) change nothing here.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommWindowRegister(
+    comm: ncclComm_t,
+    buff: *mut c_void,
+    size: usize,
+    win: *mut *mut c_void,
+    win_flags: c_int,
+) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclCommWindowRegister",
+        fn(*mut c_void, *mut c_void, usize, *mut *mut c_void, c_int),
+        |real| (real, buff, size, win, win_flags)
+    );
+    guarded(|| {
+        // SAFETY: our caller's contract.
+        let c = unsafe { comm_ref(comm) }?;
+        // SAFETY: null is refused; otherwise a writable pointer.
+        let out = unsafe { win.as_mut() }.ok_or_else(|| invalid("win is null"))?;
+        if buff.is_null() || size == 0 {
+            return Err(invalid("the window is null or empty"));
+        }
+        // SAFETY: NCCL's contract: `size` bytes of device memory of the communicator's GPU
+        // at `buff`, which registration only looks up and exports (it reads and writes none).
+        let memory = unsafe { DeviceMemory::<u8>::new(buff as u64, size, c.device) };
+        // SAFETY: NCCL's contract for windows: deregistered (every rank's
+        // ncclCommWindowDeregister returned) before the memory is freed.
+        let registered = c.with(|rank| Ok(unsafe { rank.register(&memory) }));
+        let registration = match registered {
+            Ok(Ok(registration)) => {
+                fallback::log("ncclCommWindowRegister", "ringreduce (registered)");
+                Some(registration)
+            }
+            Ok(Err(
+                refused @ (ringreduce::Error::InvalidArgument(_)
+                | ringreduce::Error::WrongDevice { .. }),
+            )) => {
+                fallback::log(
+                    "ncclCommWindowRegister",
+                    &format!("ringreduce (not registered, calls on it copy: {refused})"),
+                );
+                None
+            }
+            Ok(Err(failed)) => return Err(failed.into()),
+            Err(failure) => return Err(failure),
+        };
+        *out = Box::into_raw(Box::new(Window(registration))).cast();
+        Ok(())
+    })
+}
+
+/// A window of `ncclCommWindowRegister`: the registration, or none where ringreduce refused
+/// the memory.
+pub(crate) struct Window(Option<ringreduce::Registration>);
+
+/// `ncclCommWindowDeregister`: collective, as in NCCL — undoes the window's registration on
+/// every rank (each unmaps its peers' memory of it), after which its memory may be freed.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommWindowDeregister(
+    comm: ncclComm_t,
+    win: *mut c_void,
+) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclCommWindowDeregister",
+        fn(*mut c_void, *mut c_void),
+        |real| (real, win)
+    );
+    guarded(|| {
+        // SAFETY: our caller's contract.
+        let c = unsafe { comm_ref(comm) }?;
+        if win.is_null() {
+            return Err(invalid("win is null"));
+        }
+        // SAFETY: a window from ncclCommWindowRegister, released once (NCCL's contract).
+        let window = unsafe { Box::from_raw(win.cast::<Window>()) };
+        match window.0 {
+            Some(registration) => c.with(|rank| Ok(rank.deregister(registration)?)),
+            None => Ok(()),
+        }
+    })
+}
+
+/// Not NCCL's: how many of `comm`'s calls ran on registered memory (its windows) without copies
+/// ([`ringreduce::RankCommunicator::registered_calls`]) — for a Rust program or test that
+/// wants to know whether its windows took effect; `None` for a communicator of the real NCCL
+/// or one that was aborted.
+///
+/// # Safety
+/// `comm` is null or a handle from `ncclCommInitRank*` not yet destroyed.
+pub unsafe fn registered_calls(comm: ncclComm_t) -> Option<u64> {
+    // SAFETY: our caller's contract.
+    let c = unsafe { comm_ref(comm) }.ok()?;
+    c.with(|rank| Ok(rank.registered_calls())).ok()
+}
+
+/// `ncclDevCommCreate`: NCCL's device API (kernels of the caller's that call NCCL on the GPU)
+/// runs on NCCL's communicators only; on ringreduce's it is refused by name.
+#[no_mangle]
+pub unsafe extern "C" fn ncclDevCommCreate(
+    comm: ncclComm_t,
+    reqs: *const c_void,
+    out_dev_comm: *mut c_void,
+) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclDevCommCreate",
+        fn(*mut c_void, *const c_void, *mut c_void),
+        |real| (real, reqs, out_dev_comm)
+    );
+    guarded(|| {
+        // SAFETY: our caller's contract.
+        unsafe { comm_ref(comm) }?;
+        Err(unsupported(
+            "NCCL's device API (ncclDevCommCreate) does not run on a ringreduce communicator",
+        ))
+    })
+}
+
+/// `ncclDevCommDestroy`: as [`ncclDevCommCreate`].
+#[no_mangle]
+pub unsafe extern "C" fn ncclDevCommDestroy(
+    comm: ncclComm_t,
+    dev_comm: *const c_void,
+) -> ncclResult_t {
+    to_nccl!(
+        comm,
+        c"ncclDevCommDestroy",
+        fn(*mut c_void, *const c_void),
+        |real| (real, dev_comm)
+    );
+    guarded(|| {
+        // SAFETY: our caller's contract.
+        unsafe { comm_ref(comm) }?;
+        Err(unsupported(
+            "NCCL's device API (ncclDevCommDestroy) does not run on a ringreduce communicator",
+        ))
+    })
+}
+
+/// `ncclMemAlloc`: device memory of the calling thread's current GPU (`cuMemAlloc`, which the
+/// library shares with its peers by copying through its own memory).
+#[no_mangle]
+pub unsafe extern "C" fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult_t {
+    guarded(|| {
+        // SAFETY: null is refused; otherwise a writable pointer.
+        let out = unsafe { ptr.as_mut() }.ok_or_else(|| invalid("ptr is null"))?;
+        let device = ringreduce::device::current_device()?;
+        let ctx = ringreduce::device::context(device)?;
+        let buffer = ringreduce::device::DeviceBuffer::new(&ctx, size.max(1))?;
+        *out = buffer.ptr() as *mut c_void;
+        ALLOCATIONS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(buffer);
+        Ok(())
+    })
+}
+
+/// `ncclMemFree`: frees what `ncclMemAlloc` gave.
+#[no_mangle]
+pub unsafe extern "C" fn ncclMemFree(ptr: *mut c_void) -> ncclResult_t {
+    guarded(|| {
+        let mut allocations = ALLOCATIONS.lock().unwrap_or_else(|p| p.into_inner());
+        let at = allocations
+            .iter()
+            .position(|b| b.ptr() == ptr as u64)
+            .ok_or_else(|| invalid("the pointer was not allocated by ncclMemAlloc"))?;
+        allocations.swap_remove(at).free()?;
+        Ok(())
+    })
+}
+
+/// What `ncclMemAlloc` gave and `ncclMemFree` has not taken back.
+pub(crate) static ALLOCATIONS: Mutex<Vec<ringreduce::device::DeviceBuffer>> =
+    Mutex::new(Vec::new());
