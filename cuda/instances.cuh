@@ -7,13 +7,14 @@
 
 // ---------------------------------------------------------------------------------------------
 // The exported kernels: 4 operators x 12 types of pairwise reduce, of one-shot, of two-shot and
-// of LL one-shot all-reduce and of the other collectives' one-shot steps, one scale kernel per
-// type, and the two counter kernels (at the end). RR_REDUCE(symbol, op, type),
-// RR_ONESHOT(symbol, op, type), RR_TWOSHOT(symbol, op, type), RR_STEPS(symbol, op, type),
-// RR_LL(symbol, op, type) and RR_SCALE(symbol, type): the symbol is written out in full and must
-// read rr_reduce_<op>_<type> / rr_oneshot_<op>_<type> / rr_twoshot_<op>_<type> /
-// rr_steps_<op>_<type> / rr_ll_<op>_<type> / rr_scale_<type> (checked by the tests in
-// src/exec/cuda/kernels/mod.rs).
+// of LL one-shot all-reduce and of the other collectives' one-shot steps, one scale kernel and
+// one PreMulSum multiply per type, and the two counter kernels (at the end).
+// RR_REDUCE(symbol, op, type), RR_ONESHOT(symbol, op, type), RR_TWOSHOT(symbol, op, type),
+// RR_STEPS(symbol, op, type), RR_LL(symbol, op, type), RR_SCALE(symbol, type) and
+// RR_PREMUL(symbol, type): the symbol is written out in full and must read
+// rr_reduce_<op>_<type> / rr_oneshot_<op>_<type> / rr_twoshot_<op>_<type> /
+// rr_steps_<op>_<type> / rr_ll_<op>_<type> / rr_scale_<type> / rr_premul_<type> (checked by the
+// tests in src/exec/cuda/kernels/mod.rs).
 // ---------------------------------------------------------------------------------------------
 #define RR_REDUCE(symbol, op, type)                                                          \
     extern "C" __global__ void symbol(type::T* dst, const type::T* a, const type::T* b,     \
@@ -25,6 +26,12 @@
     extern "C" __global__ void symbol(type::T* x, unsigned long long count,                  \
                                       unsigned long long world) {                          \
         rr_scale_body<type>(x, count, world);                                              \
+    }
+
+#define RR_PREMUL(symbol, type)                                                              \
+    extern "C" __global__ void symbol(type::T* dst, const type::T* src, unsigned long long count, \
+                                      const type::T* scalar_at, unsigned long long scalar_bits) { \
+        rr_premul_body<type>(dst, src, count, scalar_at, scalar_bits);                       \
     }
 
 #define RR_ONESHOT(symbol, op, type)                                                         \
@@ -124,6 +131,19 @@ RR_SCALE(rr_scale_i64, rr_i64)
 RR_SCALE(rr_scale_u64, rr_u64)
 RR_SCALE(rr_scale_f8e4m3, rr_f8e4m3)
 RR_SCALE(rr_scale_f8e5m2, rr_f8e5m2)
+
+RR_PREMUL(rr_premul_f16, rr_f16)
+RR_PREMUL(rr_premul_bf16, rr_bf16)
+RR_PREMUL(rr_premul_f32, rr_f32)
+RR_PREMUL(rr_premul_f64, rr_f64)
+RR_PREMUL(rr_premul_i8, rr_i8)
+RR_PREMUL(rr_premul_u8, rr_u8)
+RR_PREMUL(rr_premul_i32, rr_i32)
+RR_PREMUL(rr_premul_u32, rr_u32)
+RR_PREMUL(rr_premul_i64, rr_i64)
+RR_PREMUL(rr_premul_u64, rr_u64)
+RR_PREMUL(rr_premul_f8e4m3, rr_f8e4m3)
+RR_PREMUL(rr_premul_f8e5m2, rr_f8e5m2)
 
 RR_ONESHOT(rr_oneshot_sum_f16, sum, rr_f16)
 RR_ONESHOT(rr_oneshot_sum_bf16, sum, rr_bf16)

@@ -98,3 +98,31 @@ static __device__ __forceinline__ void rr_scale_body(typename D::T* x, rr_ull co
         x[i] = D::scale(x[i], factor);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// rr_premul_<type>(T* dst, const T* src, unsigned long long count, const T* scalar_at,
+//                  unsigned long long scalar_bits)
+//
+// Purpose: the first step of NCCL's PreMulSum: dst[i] = src[i] * s for i < count, where s is
+//   one element of the type — read from device memory at scalar_at when it is not null (read
+//   when the kernel runs, so work queued before it on the stream may write it), else held in
+//   the low bytes of scalar_bits (a value the host read when the operator was made). Floats
+//   multiply as prod does (f16/bf16/fp8 in f32, rounded once); integers wrap.
+// Assumptions: src and dst are device addresses aligned to sizeof(T), valid for `count`
+//   elements; they are equal or do not overlap; scalar_at, when set, is a device address of one
+//   element aligned to sizeof(T). Any grid and block size works.
+// Why it is fast: the factor is read once per thread; a grid-stride loop of coalesced element
+//   accesses (memory-bound; src and dst may differ in their 16-byte alignment, so no vectors).
+// ---------------------------------------------------------------------------------------------
+template <class D>
+static __device__ __forceinline__ void rr_premul_body(typename D::T* dst, const typename D::T* src,
+                                                      rr_ull count, const typename D::T* scalar_at,
+                                                      rr_ull scalar_bits) {
+    typedef typename D::T T;
+    const T s = scalar_at != 0 ? *scalar_at : *reinterpret_cast<const T*>(&scalar_bits);
+    const typename D::Mul m = D::mul_param(s);
+    const rr_ull stride = (rr_ull)gridDim.x * blockDim.x;
+    for (rr_ull i = (rr_ull)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride) {
+        dst[i] = D::mul(src[i], m);
+    }
+}

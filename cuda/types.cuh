@@ -156,6 +156,10 @@ struct rr_int {
         return (W)(world < 1 ? 1 : world);
     }
     static __device__ __forceinline__ T scale(T x, Scale divisor) { return (T)((W)x / divisor); }
+    // PreMulSum's factor, an element itself: multiplied as prod is, wrapping.
+    typedef U Mul;
+    static __device__ __forceinline__ Mul mul_param(T s) { return (U)s; }
+    static __device__ __forceinline__ T mul(T x, Mul m) { return (T)(U)((U)x * m); }
 };
 
 // f32 and f64: F is the element type and its compute type.
@@ -174,6 +178,10 @@ struct rr_float {
         return (F)1 / (F)(world < 1 ? 1 : world);
     }
     static __device__ __forceinline__ T scale(T x, Scale inv) { return x * inv; }
+    // PreMulSum's factor, an element itself.
+    typedef F Mul;
+    static __device__ __forceinline__ Mul mul_param(T s) { return s; }
+    static __device__ __forceinline__ T mul(T x, Mul m) { return x * m; }
 };
 
 // f16 and bf16: 16-bit patterns, computed in f32 and rounded back after every operation (a fold
@@ -203,6 +211,10 @@ struct rr_half {
     static __device__ __forceinline__ T scale(T x, Scale inv) {
         return Cvt::from_f32(Cvt::to_f32(x) * inv);
     }
+    // PreMulSum's factor, an element itself, widened to f32 (exactly); the product rounds once.
+    typedef float Mul;
+    static __device__ __forceinline__ Mul mul_param(T s) { return Cvt::to_f32(s); }
+    static __device__ __forceinline__ T mul(T x, Mul m) { return Cvt::from_f32(Cvt::to_f32(x) * m); }
 };
 
 // fp8: 8-bit patterns, each operation computed in f32 and rounded back like rr_half, but a fold

@@ -180,6 +180,7 @@ pub use comm::{ring_allreduce, AbortHandle, Communicator, RankCommunicator, Regi
 pub use device::{device_count, driver_available};
 pub use element::{DType, Element, ReduceOp, F8E4M3, F8E5M2};
 pub use error::{Error, Result};
+pub use exec::cuda::kernels::PreMul;
 pub use exec::cuda::{CudaConfig, EdgeInfo, GpuBuffer, GpuView, GpuViewMut, Transport};
 pub use exec::hierarchy::{InterHost, InterHostFactory};
 pub use exec::host::{Fault, FaultKind, HostConfig};

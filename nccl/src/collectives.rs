@@ -12,16 +12,25 @@ pub(crate) fn dtype_of(datatype: ncclDataType_t) -> Result<DType, Failure> {
         .ok_or_else(|| invalid(format!("unknown data type {datatype}")))
 }
 
-/// ringreduce's operator for NCCL's built-in ones.
-pub(crate) fn op_of(op: ncclRedOp_t) -> Result<ReduceOp, Failure> {
-    OPS.iter()
-        .find(|(code, _)| *code == op)
-        .map(|(_, o)| *o)
-        .ok_or_else(|| {
-            unsupported(format!(
-                "reduction operator {op} (a custom one) is not run by ringreduce-nccl yet"
-            ))
-        })
+/// How a call reduces: one of NCCL's built-in operators, or a PreMulSum made by
+/// `ncclRedOpCreatePreMulSum` (module `redop`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Op {
+    Builtin(ReduceOp),
+    PreMulSum(ringreduce::PreMul),
+}
+
+/// ringreduce's operator for NCCL's `op` on `comm`, for elements of `datatype`: a built-in
+/// one, or one this library made for that communicator and type.
+pub(crate) fn op_of(
+    comm: ncclComm_t,
+    datatype: ncclDataType_t,
+    op: ncclRedOp_t,
+) -> Result<Op, Failure> {
+    match OPS.iter().find(|(code, _)| *code == op) {
+        Some(&(_, builtin)) => Ok(Op::Builtin(builtin)),
+        None => redop::premul_of(comm, datatype, op).map(Op::PreMulSum),
+    }
 }
 
 /// One collective call as NCCL passes it: the send and receive buffers with their lengths in
@@ -40,7 +49,7 @@ pub(crate) struct Call {
     send: (*const c_void, usize),
     recv: (*mut c_void, usize),
     dtype: DType,
-    op: ReduceOp,
+    op: Op,
 }
 
 /// Enqueues `call` on `stream` (module doc).
@@ -83,25 +92,41 @@ pub(crate) unsafe fn typed<T: Element>(
     let memory = |addr: u64, len: usize| unsafe { DeviceMemory::<T>::new(addr, len, device) };
     let input = (!call.send.0.is_null()).then(|| memory(call.send.0 as u64, call.send.1));
     let mut output = (!call.recv.0.is_null()).then(|| memory(call.recv.0 as u64, call.recv.1));
-    // SAFETY: our caller's contract, passed on.
-    unsafe {
-        comm.enqueue_collective_on_raw(
-            &call.collective,
-            input.as_ref(),
-            output.as_mut(),
-            call.op,
-            stream,
-        )
+    match (call.op, &input) {
+        // SAFETY: our caller's contract, passed on.
+        (Op::Builtin(op), _) => unsafe {
+            comm.enqueue_collective_on_raw(
+                &call.collective,
+                input.as_ref(),
+                output.as_mut(),
+                op,
+                stream,
+            )
+        },
+        // SAFETY: as above.
+        (Op::PreMulSum(factor), Some(input)) => unsafe {
+            comm.enqueue_premul_sum_on_raw(&call.collective, input, output.as_mut(), factor, stream)
+        },
+        (Op::PreMulSum(_), None) => Err(ringreduce::Error::InvalidArgument(format!(
+            "{}: sendbuff is null",
+            call.name
+        ))),
     }
     .map_err(Failure::from)
 }
 
-/// The parts of a call every collective checks alike: its type and operator.
+/// The parts of a call every collective checks alike: its type and operator (none: the call
+/// does not reduce).
 pub(crate) fn types(
+    comm: ncclComm_t,
     datatype: ncclDataType_t,
     op: Option<ncclRedOp_t>,
-) -> Result<(DType, ReduceOp), Failure> {
-    Ok((dtype_of(datatype)?, op.map_or(Ok(ReduceOp::Sum), op_of)?))
+) -> Result<(DType, Op), Failure> {
+    let op = match op {
+        Some(op) => op_of(comm, datatype, op)?,
+        None => Op::Builtin(ReduceOp::Sum),
+    };
+    Ok((dtype_of(datatype)?, op))
 }
 
 /// Runs `body` to build a call, then enqueues it.
@@ -145,7 +170,7 @@ pub unsafe extern "C" fn ncclAllReduce(
     // SAFETY: NCCL's contract for the call, passed on.
     unsafe {
         submit(comm, stream, || {
-            let (dtype, op) = types(datatype, Some(op))?;
+            let (dtype, op) = types(comm, datatype, Some(op))?;
             Ok(Call {
                 name: "ncclAllReduce",
                 collective: Collective::AllReduce,
@@ -195,7 +220,7 @@ pub unsafe extern "C" fn ncclBroadcast(
         submit(comm, stream, || {
             let (rank, world) = place(comm)?;
             let root = root_of(root, world)?;
-            let (dtype, op) = types(datatype, None)?;
+            let (dtype, op) = types(comm, datatype, None)?;
             let mine = rank == root;
             Ok(Call {
                 name: "ncclBroadcast",
@@ -262,7 +287,7 @@ pub unsafe extern "C" fn ncclReduce(
         submit(comm, stream, || {
             let (rank, world) = place(comm)?;
             let root = root_of(root, world)?;
-            let (dtype, op) = types(datatype, Some(op))?;
+            let (dtype, op) = types(comm, datatype, Some(op))?;
             let mine = rank == root;
             Ok(Call {
                 name: "ncclReduce",
@@ -296,7 +321,7 @@ pub unsafe extern "C" fn ncclAllGather(
     unsafe {
         submit(comm, stream, || {
             let (_, world) = place(comm)?;
-            let (dtype, op) = types(datatype, None)?;
+            let (dtype, op) = types(comm, datatype, None)?;
             Ok(Call {
                 name: "ncclAllGather",
                 collective: Collective::AllGather,
@@ -338,7 +363,7 @@ pub unsafe extern "C" fn ncclReduceScatter(
     unsafe {
         submit(comm, stream, || {
             let (_, world) = place(comm)?;
-            let (dtype, op) = types(datatype, Some(op))?;
+            let (dtype, op) = types(comm, datatype, Some(op))?;
             Ok(Call {
                 name: "ncclReduceScatter",
                 collective: Collective::ReduceScatter,
@@ -372,7 +397,7 @@ pub unsafe extern "C" fn ncclAlltoAll(
     unsafe {
         submit(comm, stream, || {
             let (_, world) = place(comm)?;
-            let (dtype, op) = types(datatype, None)?;
+            let (dtype, op) = types(comm, datatype, None)?;
             if sendbuff == recvbuff.cast_const() {
                 return Err(invalid("ncclAlltoAll has no in-place form"));
             }

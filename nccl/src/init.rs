@@ -3,6 +3,7 @@
 //! communicator (finalize, destroy, abort) and what it says of itself (count, device, rank).
 
 use crate::*;
+use ringreduce::exec::config::MAX_TIMEOUT;
 
 /// `ncclGetVersion`.
 #[no_mangle]
@@ -117,11 +118,7 @@ pub unsafe extern "C" fn ncclCommInitRankConfig(
         let bytes: Vec<u8> = comm_id.internal.iter().map(|&b| b as u8).collect();
         let id = UniqueId::from_bytes(&bytes)?;
         let device = ringreduce::device::current_device()?;
-        let config = CudaConfig {
-            allow_shared_device: std::env::var("RINGREDUCE_NCCL_ALLOW_SHARED_GPU")
-                .is_ok_and(|v| v == "1"),
-            ..CudaConfig::default()
-        };
+        let config = config_from_env()?;
         let (rank, world) = (rank as usize, nranks as usize);
         let inner = RankCommunicator::gpu(&id, rank, world, device, config)?;
         let job = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
@@ -508,4 +505,58 @@ pub unsafe extern "C" fn ncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) ->
     );
     // SAFETY: our caller's contract, passed on.
     unsafe { answer(comm, rank, "rank", |c| c.rank) }
+}
+
+/// The configuration of every communicator this library makes, from the environment:
+/// `RINGREDUCE_NCCL_ALLOW_SHARED_GPU=1` lets ranks share a GPU; `RINGREDUCE_NCCL_TIMEOUT`
+/// (seconds) gives every call a deadline. Without it there is none (NCCL has none: a peer that
+/// comes an hour late is waited for, and a hung one is the framework's watchdog's to judge, which
+/// ends it with `ncclCommAbort`); a peer whose process is gone is still named at once.
+/// Technically "none" is ringreduce's longest deadline, a week ([`MAX_TIMEOUT`]).
+pub(crate) fn config_from_env() -> Result<CudaConfig, Failure> {
+    let timeout = match std::env::var("RINGREDUCE_NCCL_TIMEOUT") {
+        Err(_) => MAX_TIMEOUT,
+        Ok(text) => timeout_of(&text)?,
+    };
+    Ok(CudaConfig {
+        allow_shared_device: std::env::var("RINGREDUCE_NCCL_ALLOW_SHARED_GPU")
+            .is_ok_and(|v| v == "1"),
+        timeout,
+        ..CudaConfig::default()
+    })
+}
+
+/// `RINGREDUCE_NCCL_TIMEOUT`'s value: seconds, more than zero, at most [`MAX_TIMEOUT`].
+fn timeout_of(text: &str) -> Result<std::time::Duration, Failure> {
+    text.trim()
+        .parse::<f64>()
+        .ok()
+        .and_then(|secs| std::time::Duration::try_from_secs_f64(secs).ok())
+        .filter(|t| !t.is_zero() && *t <= MAX_TIMEOUT)
+        .ok_or_else(|| {
+            invalid(format!(
+                "RINGREDUCE_NCCL_TIMEOUT={text:?}: seconds, more than zero and at most {}",
+                MAX_TIMEOUT.as_secs()
+            ))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_timeout_is_seconds_and_bounded() {
+        assert_eq!(
+            timeout_of("75").ok(),
+            Some(std::time::Duration::from_secs(75))
+        );
+        assert_eq!(
+            timeout_of(" 0.5 ").ok(),
+            Some(std::time::Duration::from_millis(500))
+        );
+        for bad in ["0", "-1", "soon", "", "1e12", "NaN"] {
+            assert!(timeout_of(bad).is_err(), "{bad}");
+        }
+    }
 }

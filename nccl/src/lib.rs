@@ -287,6 +287,22 @@ mod tests {
             ),
             (Error::Internal { what: "x".into() }, ncclInternalError),
             (Error::Resource { what: "x".into() }, ncclSystemError),
+            // A deadline passed: never "remote process exited".
+            (
+                Error::Timeout {
+                    rank: 1,
+                    waiting_on: "its peers".into(),
+                    after: std::time::Duration::from_secs(1),
+                },
+                ncclSystemError,
+            ),
+            (
+                Error::RanksMissing {
+                    missing: vec![1],
+                    after: std::time::Duration::from_secs(1),
+                },
+                ncclSystemError,
+            ),
         ];
         for (err, code) in cases {
             assert_eq!(status::code_of(&err), code, "{err}");

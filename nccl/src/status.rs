@@ -22,11 +22,14 @@ pub fn code_of(err: &Error) -> ncclResult_t {
         }
         Error::Resource { .. } => ncclSystemError,
         Error::Internal { .. } | Error::PlanRejected(_) => ncclInternalError,
-        Error::RankFailed { .. }
-        | Error::RanksMissing { .. }
-        | Error::Timeout { .. }
-        | Error::LaunchBlocked { .. }
-        | Error::Closed => ncclRemoteError,
+        // A peer that failed or is gone: NCCL's "remote process exited or there was a network
+        // error".
+        Error::RankFailed { .. } | Error::Closed => ncclRemoteError,
+        // A deadline the caller chose passed (`RINGREDUCE_NCCL_TIMEOUT`): the peers may be alive
+        // and late, so not `ncclRemoteError`, whose text says a process exited.
+        Error::RanksMissing { .. } | Error::Timeout { .. } | Error::LaunchBlocked { .. } => {
+            ncclSystemError
+        }
         Error::CommunicatorFailed(cause) | Error::Level { source: cause, .. } => code_of(cause),
         // NCCL's own code, where NCCL (between hosts) gave one.
         Error::Nccl { code, .. } if *code > 0 => *code,

@@ -45,6 +45,7 @@ use cudarc::driver::CudaStream;
 use std::sync::{Arc, Mutex, OnceLock, TryLockError};
 
 mod collectives;
+mod premul;
 mod rank;
 mod scope;
 mod validate;

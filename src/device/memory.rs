@@ -445,6 +445,38 @@ pub unsafe fn memcpy_async(dst: u64, src: u64, bytes: usize, stream: &Stream) ->
 // Fills, for the diagnostic commands (`ringreduce p2p`, `sync`).
 // ---------------------------------------------------------------------------------------------
 
+/// `bytes` bytes of stream-ordered device memory on the caller's `stream` (`cuMemAllocAsync`,
+/// from the device's default pool): usable by work queued on the stream after this call until
+/// [`free_async`] on it — scratch memory for one enqueued call, capturable into a CUDA graph.
+/// `ctx` is the stream's context.
+///
+/// # Safety
+/// `stream` is live and belongs to `ctx`.
+pub unsafe fn alloc_async(
+    ctx: &Arc<CudaContext>,
+    bytes: usize,
+    stream: &super::CallerStream,
+) -> Result<u64> {
+    bind(ctx)?;
+    // SAFETY: a live stream of the bound context (our caller's contract).
+    unsafe { result::malloc_async(stream.raw(), bytes.max(1)) }.call("cuMemAllocAsync")
+}
+
+/// Gives back what [`alloc_async`] gave, once the work queued on `stream` before it is done.
+///
+/// # Safety
+/// `ptr` came from [`alloc_async`] and was not freed; `stream` is live and belongs to `ctx`;
+/// nothing queued after this call on any stream uses `ptr`.
+pub unsafe fn free_async(
+    ctx: &Arc<CudaContext>,
+    ptr: u64,
+    stream: &super::CallerStream,
+) -> Result<()> {
+    bind(ctx)?;
+    // SAFETY: our caller's contract.
+    unsafe { result::free_async(ptr, stream.raw()) }.call("cuMemFreeAsync")
+}
+
 /// Queues a fill of `count` 32-bit words at `ptr` with `value` on `stream` (`cuMemsetD32Async`);
 /// binds the stream's context. Returns once queued. Lets a diagnostic "write" a known,
 /// per-iteration value on a GPU without a kernel, and makes a cheap delay (a large fill keeps the

@@ -130,7 +130,10 @@ pub use ipc::{
     map_shared_host, open_handle, shareable_by_serial, shareable_fd, unmap, unmap_shared_host,
     Mapped, Shareable,
 };
-pub use memory::{memcpy_async, memcpy_peer_async, memset_d32_async, DeviceBuffer, PinnedHost};
+pub use memory::{
+    alloc_async, free_async, memcpy_async, memcpy_peer_async, memset_d32_async, DeviceBuffer,
+    PinnedHost,
+};
 pub use module::{compute_capability, load_function, load_module};
 pub use peer::{
     can_access_peer, disable_peer_access, enable_peer_access, grant_pointer_pool_access,

@@ -50,6 +50,7 @@ mod ll;
 mod nvrtc;
 mod peer;
 mod reduce;
+pub use reduce::PreMul;
 mod steps;
 
 pub use error_codes::{
@@ -102,6 +103,8 @@ pub struct KernelModule {
     reduce: Vec<CudaFunction>,
     /// `scale[dtype as usize]`.
     scale: Vec<CudaFunction>,
+    /// `premul[dtype as usize]`.
+    premul: Vec<CudaFunction>,
     /// `oneshot[reduce_index(op, dtype)]`: the same table shape as `reduce`.
     oneshot: Vec<CudaFunction>,
     /// `twoshot[reduce_index(op, dtype)]`: the same table shape as `reduce`.
@@ -132,10 +135,15 @@ impl KernelModule {
                 .collect::<Result<Vec<_>>>()
         };
         let reduce = family(reduce_symbol)?;
-        let scale = DType::ALL
-            .iter()
-            .map(|&dtype| load(scale_symbol(dtype)))
-            .collect::<Result<Vec<_>>>()?;
+        // One function per type.
+        let per_type = |symbol_of: fn(DType) -> String| {
+            DType::ALL
+                .iter()
+                .map(|&dtype| load(symbol_of(dtype)))
+                .collect::<Result<Vec<_>>>()
+        };
+        let scale = per_type(scale_symbol)?;
+        let premul = per_type(premul_symbol)?;
         let oneshot = family(oneshot_symbol)?;
         let twoshot = family(twoshot_symbol)?;
         let steps = family(steps_symbol)?;
@@ -155,6 +163,7 @@ impl KernelModule {
             source,
             reduce,
             scale,
+            premul,
             oneshot,
             twoshot,
             steps,
@@ -213,7 +222,7 @@ impl KernelModule {
         device::bind(&self.ctx)?;
         // SAFETY: the function was loaded into self.ctx, which is current and owns `stream`
         // (check_stream); parameters, grid and memory are the caller's contract.
-        unsafe { device::launch_kernel(function, blocks, threads, stream, params) }
+        unsafe { device::launch_kernel(function, blocks, threads, stream.raw(), params) }
     }
 
     fn check_stream(&self, stream: &Stream) -> Result<()> {
@@ -283,6 +292,10 @@ fn ll_symbol(op: ReduceOp, dtype: DType) -> String {
 
 fn scale_symbol(dtype: DType) -> String {
     format!("rr_scale_{}", dtype.name())
+}
+
+fn premul_symbol(dtype: DType) -> String {
+    format!("rr_premul_{}", dtype.name())
 }
 
 fn check_aligned(dtype: DType, name: &str, address: u64) -> Result<()> {
@@ -366,18 +379,29 @@ mod tests {
 
     #[test]
     fn source_defines_every_scale_kernel() {
+        defines_the_per_type_family("RR_SCALE", "rr_scale", scale_symbol);
+    }
+
+    #[test]
+    fn source_defines_every_premul_kernel() {
+        defines_the_per_type_family("RR_PREMUL", "rr_premul", premul_symbol);
+    }
+
+    /// The source invokes `macro_name(symbol, type)` exactly once for every type, with the
+    /// symbol `symbol_of` names.
+    fn defines_the_per_type_family(macro_name: &str, prefix: &str, symbol_of: fn(DType) -> String) {
         let mut defined = BTreeSet::new();
-        for args in invocations("RR_SCALE") {
+        for args in invocations(macro_name) {
             let [symbol, ty] = args.as_slice() else {
-                panic!("RR_SCALE takes (symbol, type): {args:?}");
+                panic!("{macro_name} takes (symbol, type): {args:?}");
             };
             assert_eq!(
                 *symbol,
-                format!("rr_scale_{}", ty.trim_start_matches("rr_"))
+                format!("{prefix}_{}", ty.trim_start_matches("rr_"))
             );
             assert!(defined.insert(symbol.clone()), "{symbol} defined twice");
         }
-        let wanted: BTreeSet<String> = DType::ALL.into_iter().map(scale_symbol).collect();
+        let wanted: BTreeSet<String> = DType::ALL.into_iter().map(symbol_of).collect();
         assert_eq!(defined, wanted);
     }
 

@@ -11,9 +11,9 @@ use std::ffi::c_void;
 use cudarc::driver::CudaFunction;
 
 use super::{check_aligned, param, reduce_index, KernelModule, BLOCK_THREADS, VECTOR_BYTES};
-use crate::device::Stream;
+use crate::device::{self, CallerStream, Stream};
 use crate::element::{DType, ReduceOp};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 impl KernelModule {
     /// Enqueues `dst[i] = a[i] ⊕ b[i]` for `i < count` on `stream`, where ⊕ is
@@ -99,6 +99,72 @@ impl KernelModule {
         unsafe { self.launch(stream, function, dtype, count, &mut params) }
     }
 
+    /// Enqueues `dst[i] = src[i] × s` for `i < count` on the caller's `stream`: the first step of
+    /// NCCL's PreMulSum (each rank's input multiplied by its factor, then summed). `s` is one
+    /// element of `dtype`: [`PreMul::Host`]'s value, or the one at [`PreMul::Device`]'s address
+    /// as the kernel runs. Floats multiply as `Prod` does (f16, bf16 and fp8 in f32, rounded
+    /// once), integers wrap. `count == 0` enqueues nothing.
+    ///
+    /// # Safety
+    ///
+    /// Until the kernel has run on `stream`: `dst` and `src` are device addresses usable from
+    /// this context, valid for `count` elements of `dtype`, equal or not overlapping; a device
+    /// factor's address is valid for one element; no other stream or thread writes them, nor
+    /// reads `dst`, unless ordered after this kernel. `stream` is live. Misaligned addresses and
+    /// a stream of another context are refused before anything is enqueued.
+    pub unsafe fn premul(
+        &self,
+        stream: &CallerStream,
+        dtype: DType,
+        dst: u64,
+        src: u64,
+        count: usize,
+        factor: PreMul,
+    ) -> Result<()> {
+        if stream.context() != self.ctx.cu_ctx() {
+            return Err(Error::InvalidArgument(format!(
+                "stream of device {} given to the kernels of device {}",
+                stream.device(),
+                self.ctx.ordinal()
+            )));
+        }
+        check_aligned(dtype, "dst", dst)?;
+        check_aligned(dtype, "src", src)?;
+        let (mut at, mut bits) = match factor {
+            PreMul::Host(bits) => (0u64, bits),
+            PreMul::Device(at) => {
+                check_aligned(dtype, "the factor", at)?;
+                (at, 0u64)
+            }
+        };
+        if count == 0 {
+            return Ok(());
+        }
+        let (mut dst, mut src, mut count_arg) = (dst, src, count as u64);
+        let mut params: [*mut c_void; 5] = [
+            param(&mut dst),
+            param(&mut src),
+            param(&mut count_arg),
+            param(&mut at),
+            param(&mut bits),
+        ];
+        let blocks = grid_blocks(dtype, count, self.max_blocks);
+        device::bind(&self.ctx)?;
+        // SAFETY: the function is rr_premul_<dtype>(T*, const T*, unsigned long long, const T*,
+        // unsigned long long), matching the five 8-byte parameters above, which outlive the
+        // call; it was loaded into self.ctx, which is current and owns `stream` (checked); any
+        // grid suits it; the memory contract is the caller's, stated above.
+        unsafe {
+            device::launch_kernel(
+                &self.premul[dtype as usize],
+                blocks,
+                BLOCK_THREADS,
+                stream.raw(),
+                &mut params,
+            )
+        }
+    }
+
     /// Launches `function` over `count` elements of `dtype` with a grid that fills the device
     /// once (each kernel loops over the rest).
     ///
@@ -118,6 +184,15 @@ impl KernelModule {
         // SAFETY: the caller's contract, passed on; any grid suits the reduce and scale kernels.
         unsafe { self.launch_grid(stream, function, blocks, BLOCK_THREADS, params) }
     }
+}
+
+/// PreMulSum's factor ([`KernelModule::premul`]): one element of the call's type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PreMul {
+    /// The element's bytes in the low bytes of the word (little-endian), as the host read it.
+    Host(u64),
+    /// The device address of the element, on the call's GPU, read when the kernel runs.
+    Device(u64),
 }
 
 /// Blocks for `count` elements: one 16-byte vector per thread, at most `max_blocks` (the kernel's
