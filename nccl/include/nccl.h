@@ -137,6 +137,8 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId c
 ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm, int nranks, int myrank, int nId,
                                       ncclUniqueId *commIds, ncclConfig_t *config);
 ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist);
+/* ncclCommSplit's color of a rank that joins no new communicator. */
+#define NCCL_SPLIT_NOCOLOR -1
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
                            ncclConfig_t *config);
 ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeRanksCount,

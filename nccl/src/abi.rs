@@ -28,3 +28,6 @@ pub struct ncclSimInfo_t {
     pub version: c_uint,
     pub estimatedTime: f32,
 }
+
+/// `ncclCommSplit`'s color of a rank that joins no new communicator.
+pub const NCCL_SPLIT_NOCOLOR: c_int = -1;

@@ -105,38 +105,42 @@ pub unsafe extern "C" fn ncclCommInitRankConfig(
                 "rank {rank} of {nranks} ranks: need 0 <= rank < nranks"
             )));
         }
-        // SAFETY: null means no config; otherwise NCCL's contract: an initialized ncclConfig_t.
-        if let Some(config) = unsafe { config.as_ref() } {
-            if config.magic != NCCL_CONFIG_MAGIC
-                || config.size < std::mem::size_of::<ncclConfig_t>()
-            {
-                return Err(invalid(
-                    "the config was not initialized with NCCL_CONFIG_INITIALIZER",
-                ));
-            }
-        }
+        // SAFETY: null or an initialized config (NCCL's contract).
+        unsafe { check_config(config) }?;
         let bytes: Vec<u8> = comm_id.internal.iter().map(|&b| b as u8).collect();
         let id = UniqueId::from_bytes(&bytes)?;
         let device = ringreduce::device::current_device()?;
         let config = config_from_env()?;
         let (rank, world) = (rank as usize, nranks as usize);
         let inner = RankCommunicator::gpu(&id, rank, world, device, config)?;
-        let job = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-        });
-        let handle = Box::new(Comm {
-            rank,
-            world,
-            device,
-            job,
-            backend: {
-                let abort = inner.abort_handle();
-                Backend::Ring(Box::new(Mutex::new(Some(inner))), abort)
-            },
-        });
+        let handle = Comm::ours(inner, device, job_of(&bytes))?;
         // SAFETY: checked non-null above; NCCL's contract: a writable ncclComm_t.
         unsafe { *comm = Box::into_raw(handle) };
         Ok(())
+    })
+}
+
+/// A config as NCCL passes it: null, or initialized with `NCCL_CONFIG_INITIALIZER`.
+///
+/// # Safety
+/// `config` is null or points at an `ncclConfig_t`-sized readable struct.
+unsafe fn check_config(config: *const ncclConfig_t) -> Result<(), Failure> {
+    // SAFETY: our caller's contract.
+    match unsafe { config.as_ref() } {
+        Some(c) if c.magic != NCCL_CONFIG_MAGIC || c.size < std::mem::size_of::<ncclConfig_t>() => {
+            Err(invalid(
+                "the config was not initialized with NCCL_CONFIG_INITIALIZER",
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A number the same on every rank of a communicator, from what they share (its id's bytes):
+/// FNV-1a.
+pub(crate) fn job_of(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     })
 }
 
@@ -259,8 +263,10 @@ pub unsafe extern "C" fn ncclCommInitAll(
     ncclSuccess
 }
 
-/// `ncclCommSplit`: a communicator of the real NCCL is split by NCCL; one of ringreduce's is
-/// refused by name (not run yet).
+/// `ncclCommSplit`: a communicator of the real NCCL is split by NCCL; one of ringreduce's by
+/// ringreduce ([`RankCommunicator::split`]): every rank of `comm` calls it; the ranks of one
+/// `color` get a new communicator ranked by `key` (ties by their rank in `comm`), a rank with
+/// `NCCL_SPLIT_NOCOLOR` gets null. `config` is checked as at creation; its hints are ignored.
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommSplit(
     comm: ncclComm_t,
@@ -292,8 +298,49 @@ pub unsafe extern "C" fn ncclCommSplit(
         // SAFETY: what NCCL just made; the caller's newcomm (NCCL's contract).
         return unsafe { hand_out(made, newcomm) };
     }
-    // SAFETY: our caller's contract.
-    unsafe { refuse_new(comm, newcomm, "ncclCommSplit") }
+    guarded(|| {
+        // SAFETY: null is refused; otherwise NCCL's contract: a writable ncclComm_t.
+        let out = unsafe { newcomm.as_mut() }.ok_or_else(|| invalid("newcomm is null"))?;
+        *out = std::ptr::null_mut();
+        // SAFETY: our caller's contract.
+        let parent = unsafe { comm_ref(comm) }?;
+        let color = match color {
+            NCCL_SPLIT_NOCOLOR => None,
+            c => Some(u32::try_from(c).map_err(|_| {
+                invalid(format!(
+                    "color {c}: a color is at least 0, or NCCL_SPLIT_NOCOLOR"
+                ))
+            })?),
+        };
+        // SAFETY: null or an initialized config (NCCL's contract).
+        unsafe { check_config(config) }?;
+        let made = parent.with(|c| {
+            c.split(color, key, config_from_env()?)
+                .map_err(Failure::from)
+        })?;
+        if let Some(inner) = made {
+            let turn = parent
+                .splits
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            *out = Box::into_raw(Comm::ours(
+                inner,
+                parent.device,
+                job_of(
+                    &[
+                        parent.job.to_le_bytes(),
+                        turn.to_le_bytes(),
+                        u64::from(color.unwrap_or(0)).to_le_bytes(),
+                    ]
+                    .concat(),
+                ),
+            )?);
+        } else {
+            parent
+                .splits
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(())
+    })
 }
 
 /// `ncclCommShrink`: a communicator of the real NCCL is shrunk by NCCL; one of ringreduce's is
@@ -438,8 +485,11 @@ pub unsafe extern "C" fn ncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
         match &comm.backend {
             Backend::Ring(inner, abort) => {
                 // First, without the lock (a call may hold it, waiting for peers): that call
-                // returns at once.
+                // returns at once, as does one waiting on a pair's communicator.
                 abort.abort();
+                if let Some(pairs) = &comm.pairs {
+                    pairs.abort();
+                }
                 let inner = inner.lock().unwrap_or_else(|p| p.into_inner()).take();
                 if let Some(inner) = inner {
                     inner.abort();

@@ -57,6 +57,10 @@ pub struct Comm {
     /// The same number on every rank of the communicator, different for every other: the order
     /// in which a group's communicators are flushed on every rank.
     job: u64,
+    /// How many splits of this communicator were made (each rank counts the same).
+    splits: std::sync::atomic::AtomicU64,
+    /// The communicators of this rank's pairs, for point-to-point (module `pairs`).
+    pairs: Option<pairs::Pairs>,
     backend: Backend,
 }
 
@@ -140,6 +144,8 @@ unsafe fn wrap(real_comm: *mut c_void) -> Result<ncclComm_t, ncclResult_t> {
         world: ask(c"ncclCommCount")?,
         device: ask(c"ncclCommCuDevice")?,
         job: 0,
+        splits: Default::default(),
+        pairs: None,
         backend: Backend::Nccl(NcclComm(real_comm)),
     };
     fallback::mark_made();
@@ -151,6 +157,22 @@ unsafe fn wrap(real_comm: *mut c_void) -> Result<ncclComm_t, ncclResult_t> {
 pub type ncclComm_t = *mut Comm;
 
 impl Comm {
+    /// A handle of ringreduce's communicator `inner` on `device`, with its mailbox open for
+    /// point-to-point (a collective step: every rank of a new communicator makes its handle).
+    fn ours(mut inner: RankCommunicator, device: usize, job: u64) -> Result<Box<Comm>, Failure> {
+        let pairs = pairs::Pairs::open(&mut inner)?;
+        let abort = inner.abort_handle();
+        Ok(Box::new(Comm {
+            rank: inner.rank(),
+            world: inner.world(),
+            device,
+            job,
+            splits: Default::default(),
+            pairs,
+            backend: Backend::Ring(Box::new(Mutex::new(Some(inner))), abort),
+        }))
+    }
+
     fn with<R>(
         &self,
         f: impl FnOnce(&mut RankCommunicator) -> Result<R, Failure>,
@@ -202,6 +224,7 @@ mod collectives;
 mod errors;
 mod init;
 mod p2p;
+mod pairs;
 mod redop;
 mod registration;
 

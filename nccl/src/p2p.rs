@@ -5,13 +5,13 @@ use crate::*;
 
 /// One `ncclSend` or `ncclRecv`, kept until its group ends.
 pub(crate) struct PointToPoint {
-    comm: ncclComm_t,
-    send: bool,
-    address: u64,
-    count: usize,
-    datatype: ncclDataType_t,
-    peer: usize,
-    stream: cudaStream_t,
+    pub(crate) comm: ncclComm_t,
+    pub(crate) send: bool,
+    pub(crate) address: u64,
+    pub(crate) count: usize,
+    pub(crate) datatype: ncclDataType_t,
+    pub(crate) peer: usize,
+    pub(crate) stream: cudaStream_t,
 }
 
 thread_local! {
@@ -238,8 +238,8 @@ pub unsafe extern "C" fn ncclRecv(
     }
 }
 
-/// Runs the kept sends and receives, one grouped send/recv per communicator: the ranks exchange
-/// what each sends and receives, every rank builds the same list of transfers from it
+/// Runs the kept sends and receives, one grouped send/recv per communicator (per pair of ranks on
+/// a communicator of more than two: module `pairs`): the ranks exchange what each sends and receives, every rank builds the same list of transfers from it
 /// ([`matched_transfers`]), and enqueues its ends on the group's stream.
 ///
 /// # Safety
@@ -257,8 +257,14 @@ pub(crate) unsafe fn flush() -> Result<(), Failure> {
     comms.sort_by_key(|&c| unsafe { c.as_ref() }.map_or(0, |c| c.job));
     for handle in comms {
         let ops: Vec<&PointToPoint> = pending.iter().filter(|op| op.comm == handle).collect();
-        // SAFETY: our caller's contract, passed on.
-        unsafe { flush_one(handle, &ops) }?;
+        // SAFETY: our caller's contract: a live handle (checked for null when kept).
+        let comm = unsafe { comm_ref(handle) }?;
+        match &comm.pairs {
+            // SAFETY: our caller's contract, passed on.
+            Some(pairs) => unsafe { pairs::flush_pairs(comm, pairs, &ops) }?,
+            // SAFETY: as above.
+            None => unsafe { flush_one(handle, &ops) }?,
+        }
     }
     Ok(())
 }

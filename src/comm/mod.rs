@@ -48,6 +48,7 @@ mod collectives;
 mod premul;
 mod rank;
 mod scope;
+mod split;
 mod validate;
 
 pub use rank::{AbortHandle, RankCommunicator, Registration};

@@ -441,9 +441,39 @@ pub unsafe fn memcpy_async(dst: u64, src: u64, bytes: usize, stream: &Stream) ->
         .call("cuMemcpyAsync")
 }
 
-// ---------------------------------------------------------------------------------------------
-// Fills, for the diagnostic commands (`ringreduce p2p`, `sync`).
-// ---------------------------------------------------------------------------------------------
+/// [`memcpy_async`] on the caller's `stream`: `bytes` bytes from `src` to `dst`, in the stream's
+/// order, from its context.
+///
+/// # Safety
+/// As for [`memcpy_async`]; `stream` is live.
+pub unsafe fn memcpy_on(
+    dst: u64,
+    src: u64,
+    bytes: usize,
+    stream: &super::CallerStream,
+) -> Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    let saved = super::save_current()?;
+    // SAFETY: the stream's own context, current only for the copy, then restored.
+    let copied = unsafe { sys::cuCtxPushCurrent_v2(stream.context()) }
+        .result()
+        .call("cuCtxPushCurrent")
+        .and_then(|()| {
+            // SAFETY: the ranges, their lifetimes and exclusive use are the caller's contract;
+            // the stream is live and its context is current.
+            let r = unsafe { sys::cuMemcpyAsync(dst, src, bytes, stream.raw()) }
+                .result()
+                .call("cuMemcpyAsync");
+            let mut popped: sys::CUcontext = std::ptr::null_mut();
+            // SAFETY: pops what was pushed just above.
+            let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+            r
+        });
+    saved.restore()?;
+    copied
+}
 
 /// `bytes` bytes of stream-ordered device memory on the caller's `stream` (`cuMemAllocAsync`,
 /// from the device's default pool): usable by work queued on the stream after this call until
@@ -476,6 +506,10 @@ pub unsafe fn free_async(
     // SAFETY: our caller's contract.
     unsafe { result::free_async(ptr, stream.raw()) }.call("cuMemFreeAsync")
 }
+
+// ---------------------------------------------------------------------------------------------
+// Fills, for the diagnostic commands (`ringreduce p2p`, `sync`).
+// ---------------------------------------------------------------------------------------------
 
 /// Queues a fill of `count` 32-bit words at `ptr` with `value` on `stream` (`cuMemsetD32Async`);
 /// binds the stream's context. Returns once queued. Lets a diagnostic "write" a known,

@@ -131,8 +131,8 @@ pub use ipc::{
     Mapped, Shareable,
 };
 pub use memory::{
-    alloc_async, free_async, memcpy_async, memcpy_peer_async, memset_d32_async, DeviceBuffer,
-    PinnedHost,
+    alloc_async, free_async, memcpy_async, memcpy_on, memcpy_peer_async, memset_d32_async,
+    DeviceBuffer, PinnedHost,
 };
 pub use module::{compute_capability, load_function, load_module};
 pub use peer::{

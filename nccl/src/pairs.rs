@@ -1,0 +1,225 @@
+//! Point-to-point as NCCL defines it on a communicator of three ranks or more: a send meets its
+//! receive per (sender, receiver) pair, in call order, and ranks not party to a transfer take
+//! no part — what a pipeline of stages needs (rank 0 sends to 1 while rank 2 computes).
+//!
+//! Each pair of ranks that exchanges anything gets a communicator of its own, of two ranks, made
+//! at its first transfer: the lower rank makes its [`UniqueId`] and hands it to the higher one
+//! through the higher one's *mailbox* (a socket each rank listens on from its communicator's
+//! creation, whose ports the ranks all-gather then); both then join it. A group's transfers run
+//! pair by pair, each pair's as one grouped send/recv on the pair's communicator (`p2p`), in an
+//! order every rank shares — by (lower rank, higher rank) — so that no two ranks wait for each
+//! other in opposite orders. A transfer to the rank itself is a copy on the caller's stream.
+//!
+//! Invariant: a pair's communicator sees exactly the pair's transfers, in each rank's call
+//! order; a mailbox wait ends when the peer's id comes or the parent communicator learns that
+//! the peer is gone (`RankCommunicator::async_error`).
+
+use crate::*;
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::Duration;
+
+/// A rank's mailbox and the pair communicators made so far.
+pub(crate) struct Pairs {
+    mailbox: TcpListener,
+    /// Every rank's mailbox port, by rank.
+    ports: Vec<u16>,
+    /// Ids handed to this rank and not yet used, by the rank that sent them.
+    inbox: Mutex<HashMap<usize, Vec<u8>>>,
+    /// The pair communicators, by peer.
+    made: Mutex<HashMap<usize, Box<Comm>>>,
+}
+
+/// How long a mailbox wait sleeps between looks.
+const POLL: Duration = Duration::from_millis(1);
+
+impl Pairs {
+    /// Opens this rank's mailbox and all-gathers the ports over `inner` (a collective step of
+    /// its creation). `None` where pairs are not needed (two ranks or fewer: the communicator
+    /// is the pair) or not run (ranks on several hosts: their transfers stay job-wide).
+    pub(crate) fn open(inner: &mut RankCommunicator) -> Result<Option<Pairs>, Failure> {
+        if inner.world() <= 2 || inner.hosts().hosts > 1 {
+            return Ok(None);
+        }
+        let mailbox = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .map_err(|e| Failure::Nccl(ncclSystemError, format!("cannot open a mailbox: {e}")))?;
+        let port = mailbox
+            .local_addr()
+            .map_err(|e| Failure::Nccl(ncclSystemError, format!("mailbox address: {e}")))?
+            .port();
+        let ports = inner
+            .exchange(&[u64::from(port)])?
+            .iter()
+            .map(|w| w.first().copied().unwrap_or(0) as u16)
+            .collect();
+        Ok(Some(Pairs {
+            mailbox,
+            ports,
+            inbox: Mutex::new(HashMap::new()),
+            made: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// Aborts every pair communicator (the parent's abort).
+    pub(crate) fn abort(&self) {
+        for pair in self.made.lock().unwrap_or_else(|p| p.into_inner()).values() {
+            if let Backend::Ring(_, abort) = &pair.backend {
+                abort.abort();
+            }
+        }
+    }
+}
+
+/// The communicator of `parent`'s rank with `peer`, made at the first call (module doc).
+fn pair_of<'a>(parent: &'a Comm, pairs: &'a Pairs, peer: usize) -> Result<&'a Comm, Failure> {
+    let mut made = pairs.made.lock().unwrap_or_else(|p| p.into_inner());
+    if !made.contains_key(&peer) {
+        let me = parent.rank;
+        let bytes = match me < peer {
+            true => {
+                let id = UniqueId::new("127.0.0.1:0")?;
+                let bytes = id.to_bytes().to_vec();
+                post(pairs.ports[peer], me, &bytes)?;
+                bytes
+            }
+            false => fetch(parent, pairs, peer)?,
+        };
+        let id = UniqueId::from_bytes(&bytes)?;
+        let inner = RankCommunicator::gpu(
+            &id,
+            usize::from(me > peer),
+            2,
+            parent.device,
+            config_from_env()?,
+        )?;
+        let (low, high) = (me.min(peer) as u64, me.max(peer) as u64);
+        let job = job_of(&[parent.job, low, high].map(u64::to_le_bytes).concat());
+        made.insert(peer, Comm::ours(inner, parent.device, job)?);
+    }
+    let pair: *const Comm = &**made.get(&peer).expect("made above");
+    // SAFETY: the box lives in `made` as long as `parent` (boxes are never removed or moved
+    // out while the parent lives), and `'a` is bounded by `parent`.
+    Ok(unsafe { &*pair })
+}
+
+/// Hands `id` to the rank whose mailbox listens at `port`, as from rank `me`.
+fn post(port: u16, me: usize, id: &[u8]) -> Result<(), Failure> {
+    let mut message = (me as u64).to_le_bytes().to_vec();
+    message.extend_from_slice(id);
+    TcpStream::connect(("127.0.0.1", port))
+        .and_then(|mut s| s.write_all(&message))
+        .map_err(|e| {
+            Failure::Nccl(
+                ncclSystemError,
+                format!("cannot reach a peer's mailbox: {e}"),
+            )
+        })
+}
+
+/// Waits for the id `peer` hands this rank, keeping any other rank's that comes meanwhile.
+fn fetch(parent: &Comm, pairs: &Pairs, peer: usize) -> Result<Vec<u8>, Failure> {
+    loop {
+        if let Some(id) = pairs
+            .inbox
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&peer)
+        {
+            return Ok(id);
+        }
+        match pairs.mailbox.accept() {
+            Ok((mut stream, _)) => {
+                let mut message = vec![0u8; 8 + ringreduce::exec::rendezvous::UNIQUE_ID_BYTES];
+                stream
+                    .set_nonblocking(false)
+                    .and_then(|()| stream.read_exact(&mut message))
+                    .map_err(|e| Failure::Nccl(ncclSystemError, format!("mailbox: {e}")))?;
+                let from = u64::from_le_bytes(message[..8].try_into().expect("8 bytes")) as usize;
+                pairs
+                    .inbox
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(from, message.split_off(8));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if let Some(err) = parent.with(|c| Ok(c.async_error()))? {
+                    return Err(err.into());
+                }
+                std::thread::sleep(POLL);
+            }
+            Err(e) => return Err(Failure::Nccl(ncclSystemError, format!("mailbox: {e}"))),
+        }
+    }
+}
+
+/// Runs one communicator's kept sends and receives pair by pair (module doc).
+///
+/// # Safety
+/// As for `p2p::flush`.
+pub(crate) unsafe fn flush_pairs(
+    parent: &Comm,
+    pairs: &Pairs,
+    ops: &[&PointToPoint],
+) -> Result<(), Failure> {
+    let me = parent.rank;
+    let mut peers: Vec<usize> = ops.iter().map(|op| op.peer).collect();
+    peers.sort_by_key(|&p| (p.min(me), p.max(me)));
+    peers.dedup();
+    for peer in peers {
+        let mine: Vec<&PointToPoint> = ops.iter().copied().filter(|op| op.peer == peer).collect();
+        if peer == me {
+            // SAFETY: our caller's contract, passed on.
+            unsafe { copy_to_self(parent, &mine) }?;
+            continue;
+        }
+        let pair = pair_of(parent, pairs, peer)?;
+        let handle = pair as *const Comm as ncclComm_t;
+        let remapped: Vec<PointToPoint> = mine
+            .iter()
+            .map(|op| PointToPoint {
+                comm: handle,
+                peer: usize::from(peer > me),
+                ..**op
+            })
+            .collect();
+        let refs: Vec<&PointToPoint> = remapped.iter().collect();
+        // SAFETY: our caller's contract, passed on; the pair's handle lives as long as `parent`.
+        unsafe { flush_one(handle, &refs) }?;
+    }
+    Ok(())
+}
+
+/// A rank's sends to itself, each copied into its receive from itself in call order.
+///
+/// # Safety
+/// As for `p2p::flush`.
+unsafe fn copy_to_self(parent: &Comm, ops: &[&PointToPoint]) -> Result<(), Failure> {
+    let sends: Vec<&&PointToPoint> = ops.iter().filter(|op| op.send).collect();
+    let recvs: Vec<&&PointToPoint> = ops.iter().filter(|op| !op.send).collect();
+    let counts = |v: &[&&PointToPoint]| v.iter().map(|op| op.count).collect::<Vec<_>>();
+    if counts(&sends) != counts(&recvs)
+        || sends
+            .iter()
+            .zip(&recvs)
+            .any(|(s, r)| s.datatype != r.datatype)
+    {
+        return Err(invalid(format!(
+            "rank {} sends {:?} elements to itself and receives {:?}: every send needs its \
+             receive, in order, of its count and type",
+            parent.rank,
+            counts(&sends),
+            counts(&recvs)
+        )));
+    }
+    for (send, recv) in sends.iter().zip(&recvs) {
+        let bytes = send.count * dtype_of(send.datatype)?.size_bytes();
+        // SAFETY: our caller's contract: a live stream (or 0).
+        let stream = unsafe { CallerStream::from_raw(recv.stream.cast()) }?;
+        // SAFETY: NCCL's contract for the calls: device buffers of these lengths, untouched
+        // until the stream passes the call.
+        unsafe { ringreduce::device::memcpy_on(recv.address, send.address, bytes, &stream) }?;
+    }
+    Ok(())
+}
