@@ -11,21 +11,23 @@
 //! error on every rank, never a hang. Errors become NCCL's codes with the message kept for
 //! `ncclGetLastError`; a panic never crosses into C.
 //!
-//! Sends and receives are kept until their group ends (run at once outside a group); then the
-//! ranks exchange what each sends and receives and run one grouped send/recv. Every rank of the
-//! communicator must take part in each group: a rank with nothing to send or receive calls
-//! nothing in NCCL, and its peers' group then fails at the timeout, naming it.
+//! Sends and receives are kept until their group ends (run at once outside a group); then they
+//! run as NCCL defines them: a send meets its receive per (sender, receiver) pair, in call order,
+//! and ranks not party to a transfer take no part (module `pairs`; on two ranks the group is one
+//! exchange, module `p2p`). `ncclCommSplit` makes sub-communicators (module `init`) and
+//! `ncclRedOpCreatePreMulSum` operators (module `redop`). No call has a deadline unless
+//! `RINGREDUCE_NCCL_TIMEOUT` gives one (NCCL has none); a peer whose process is gone is named at
+//! once.
 //!
 //! Several ranks in one process (`ncclCommInitAll`) are the real NCCL's to run, when one is found
 //! (module `fallback`): such a communicator, and any split of it, runs every call on NCCL; so
 //! does every communicator with `RINGREDUCE_NCCL_FALLBACK=1`. On ringreduce's communicators what
 //! it does not run yet is refused with `ncclInvalidUsage` and a message saying so — never a
-//! wrong result: `ncclCommSplit`, `ncclCommShrink`, `ncclRedOpCreatePreMulSum`, the device API
-//! (`ncclDevCommCreate`), `ncclGroupSimulateEnd`'s estimate (nccl/README.md has the table of
-//! every function). A job on several hosts runs each collective in two levels, the real NCCL
-//! between hosts (`RankCommunicator::gpu` does that by itself). The fp8 types run with
-//! ringreduce's semantics (src/element.rs: f32 accumulation, saturating rounding).
-//! `RINGREDUCE_NCCL_LOG=1` prints which side ran each kind of call.
+//! wrong result: `ncclCommShrink`, the device API (`ncclDevCommCreate`), `ncclGroupSimulateEnd`'s
+//! estimate (nccl/README.md has the table of every function). A job on several hosts runs each
+//! collective in two levels, the real NCCL between hosts (`RankCommunicator::gpu` does that by
+//! itself). The fp8 types run with ringreduce's semantics (src/element.rs: f32 accumulation,
+//! saturating rounding). `RINGREDUCE_NCCL_LOG=1` prints which side ran each kind of call.
 //!
 //! Ranks that share one GPU (as on a one-GPU test machine) need `RINGREDUCE_NCCL_ALLOW_SHARED_GPU=1`.
 //!

@@ -29,6 +29,8 @@ pub(crate) struct Pairs {
     inbox: Mutex<HashMap<usize, Vec<u8>>>,
     /// The pair communicators, by peer.
     made: Mutex<HashMap<usize, Box<Comm>>>,
+    /// Set by the parent's abort: a mailbox wait ends at once.
+    aborted: std::sync::atomic::AtomicBool,
 }
 
 /// How long a mailbox wait sleeps between looks.
@@ -59,11 +61,15 @@ impl Pairs {
             ports,
             inbox: Mutex::new(HashMap::new()),
             made: Mutex::new(HashMap::new()),
+            aborted: Default::default(),
         }))
     }
 
-    /// Aborts every pair communicator (the parent's abort).
+    /// Aborts every pair communicator (the parent's abort), and ends a mailbox wait first (it
+    /// holds the pairs while it waits).
     pub(crate) fn abort(&self) {
+        self.aborted
+            .store(true, std::sync::atomic::Ordering::Release);
         for pair in self.made.lock().unwrap_or_else(|p| p.into_inner()).values() {
             if let Backend::Ring(_, abort) = &pair.backend {
                 abort.abort();
@@ -144,6 +150,9 @@ fn fetch(parent: &Comm, pairs: &Pairs, peer: usize) -> Result<Vec<u8>, Failure> 
                     .insert(from, message.split_off(8));
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if pairs.aborted.load(std::sync::atomic::Ordering::Acquire) {
+                    return Err(unsupported("the communicator was aborted"));
+                }
                 if let Some(err) = parent.with(|c| Ok(c.async_error()))? {
                     return Err(err.into());
                 }

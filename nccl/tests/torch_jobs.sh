@@ -19,7 +19,7 @@ for n in "${sizes[@]}"; do
     [[ $job == late && $n != "${sizes[0]}" ]] && continue
     for side in nccl ringreduce; do
       port=$((port + 1))
-      run=(timeout 400 python3 -m torch.distributed.run --nproc_per_node "$n" --master-port "$port"
+      run=(timeout "${TORCH_JOBS_TIMEOUT:-400}" python3 -m torch.distributed.run --nproc_per_node "$n" --master-port "$port"
         "$here/torch_jobs.py" "$job" "$out/$n/$side")
       log=$out/$n-$job-$side.log
       start=$(date +%s.%N)
