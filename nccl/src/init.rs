@@ -298,6 +298,7 @@ pub unsafe extern "C" fn ncclCommSplit(
         // SAFETY: what NCCL just made; the caller's newcomm (NCCL's contract).
         return unsafe { hand_out(made, newcomm) };
     }
+    fallback::log("ncclCommSplit", "ringreduce");
     guarded(|| {
         // SAFETY: null is refused; otherwise NCCL's contract: a writable ncclComm_t.
         let out = unsafe { newcomm.as_mut() }.ok_or_else(|| invalid("newcomm is null"))?;

@@ -12,6 +12,7 @@ sizes=("$@")
 [[ ${#sizes[@]} -gt 0 ]] || sizes=(2 3)
 here=$(cd "$(dirname "$0")" && pwd)
 jobs=${TORCH_JOBS:-premul groups ddp fsdp pipeline late}
+mkdir -p "$out"
 failed=0
 port=29600
 for n in "${sizes[@]}"; do
@@ -22,7 +23,7 @@ for n in "${sizes[@]}"; do
       run=(timeout "${TORCH_JOBS_TIMEOUT:-400}" python3 -m torch.distributed.run --nproc_per_node "$n" --master-port "$port"
         "$here/torch_jobs.py" "$job" "$out/$n/$side")
       log=$out/$n-$job-$side.log
-      start=$(date +%s.%N)
+      start=$SECONDS
       if [[ $side == nccl ]]; then
         TORCH_JOBS_REAL_NCCL=1 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NVLS_ENABLE=0 \
           "${run[@]}" > "$log" 2>&1
@@ -31,8 +32,8 @@ for n in "${sizes[@]}"; do
           "${run[@]}" > "$log" 2>&1
       fi
       rc=$?
-      printf '%s processes, %-8s on %-10s rc=%s (%.0f s)\n' "$n" "$job" "$side" "$rc" \
-        "$(echo "$(date +%s.%N) - $start" | bc)"
+      printf '%s processes, %-8s on %-10s rc=%s (%s s)\n' "$n" "$job" "$side" "$rc" \
+        "$((SECONDS - start))"
       if [[ $rc != 0 ]]; then
         failed=1
         grep -E "FAILED|Error|error" "$log" | head -5
