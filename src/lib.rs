@@ -50,8 +50,10 @@
 //! the receiver's memory, pairwise reduces, events; the modules below) and, for all but send/recv,
 //! the one-shot's (every rank reads what it needs straight from the others' buffers between two
 //! barriers, one SM kernel per GPU; [`plan::oneshot`]). [`Algorithm::Auto`] takes the one-shot
-//! for small messages and the ring above ([`Algorithm::choose_for`], the one rule for every
-//! collective); host and GPU communicators run both.
+//! for small messages and the ring above ([`Algorithm::choose_for`]; the all-reduce has its own
+//! rules beside it in [`exec::algorithm`]: [`Algorithm::choose`] on GPUs that reach each other,
+//! [`Algorithm::choose_staged`] where they do not, [`Algorithm::choose_host`] on host ranks);
+//! host and GPU communicators run both.
 //!
 //! - **Reduce-scatter** ([`Communicator::reduce_scatter`], `_in_place`): rank r gets block r of
 //!   the reduction of every rank's world·count input. The ring's first half, on blocks
@@ -142,8 +144,8 @@
 //! injection ([`Fault`], [`FaultKind`]). The layer modules are public on purpose too, for readers
 //! and tools: [`plan`] and [`check`] (build a plan, prove it — the CLI's `plan` command does),
 //! [`topo`] (link classes and the ring order), [`device`] (the driver layer, for programs that
-//! teach it), [`verify`] (exact test data for a job's own checks), [`exec::algorithm`] (the rule
-//! and its thresholds), [`exec::profile`] (a call's host phases) and [`exec::config`] (the limits
+//! teach it), [`verify`] (exact test data for a job's own checks), [`exec::algorithm`] (the rules
+//! and their thresholds), [`exec::profile`] (a call's host phases) and [`exec::config`] (the limits
 //! a configuration is checked against). The raw kernel launchers are not API: the crate's own
 //! GPU tests reach them through a hidden `internal` module, and nothing else should.
 //!

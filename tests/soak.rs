@@ -2,12 +2,15 @@
 //! no thread or memory left behind.
 //!
 //! - `ten_thousand_random_collectives`: communicators of worlds 1..=8 (peer and staged edges,
-//!   chunk sizes from 8 elements to the default, some shaking the schedule with random delays)
-//!   are created up front — ring, one-shot or Auto in turn — then 10 000 calls pick one at random with a
-//!   random length (mostly tiny, some up to ~5000), element type, operator, and in or out of
-//!   place. These lengths lie far below Auto's one-shot limit
-//!   (`ringreduce::exec::ONESHOT_AUTO_MAX_BYTES`), so Auto picks the one-shot here too (the ring
-//!   only on one rank); `auto_alternates_algorithms_by_size` in tests/host.rs covers the switch.
+//!   chunks of 16 to 1000 elements, some shaking the schedule with random delays)
+//!   are created up front — ring, one-shot, two-shot or Auto in turn — then 10 000 calls pick one
+//!   at random with a random length (mostly tiny, some up to ~5000), element type, operator, and
+//!   in or out of place. The Auto communicators fall on staged edges, where these lengths lie
+//!   below the staged one-shot's limit
+//!   (`ringreduce::exec::algorithm::STAGED_ONESHOT_AUTO_MAX_BYTES`), so Auto runs the staged
+//!   one-shot here; `auto_picks_by_edges_and_size` and
+//!   `auto_over_staged_edges_takes_the_staged_oneshot_for_small_messages` in tests/host.rs cover
+//!   Auto's choices and the switch to the ring.
 //! - several communicators driven from several threads at once, and one communicator shared by
 //!   several threads (`Communicator` is `Sync`; its calls serialize);
 //! - creating and dropping a communicator 1000 times leaves the process's resident memory and its

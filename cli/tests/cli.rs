@@ -306,7 +306,7 @@ fn from_json_reads_reports_with_and_without_the_knobs() {
     // A report from before --chunk/--slots (a real one, committed with the docs): still reads.
     let old = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../docs/runs/2026-11-29-s2-eb7e1c9/bench.json"
+        "/../docs/runs/2026-11-29-eb7e1c9/bench.json"
     );
     let old_text = std::fs::read_to_string(old).unwrap();
     assert!(!old_text.contains("chunk_bytes") && !old_text.contains("\"slots\""));

@@ -106,9 +106,12 @@ pub struct CudaConfig {
     /// Time one copy over each edge at creation and flag edges far below their link
     /// ([`EdgeInfo::slow`], module [`probe`](super::probe)). On by default; costs milliseconds.
     pub probe_edges: bool,
-    /// Ring, one-shot, or chosen by message size ([`Algorithm::choose`]). The one-shot needs
-    /// peer access between every pair of GPUs and at most 8 ranks; `Auto` falls back to the ring
-    /// where it cannot run, `OneShot` is then an error at creation.
+    /// Ring, one-shot, two-shot, or chosen by message size (`Auto`: [`Algorithm::choose`], and
+    /// [`Algorithm::choose_staged`] where the GPUs do not all reach each other). The one- and
+    /// two-shot kernels read peer memory: 2 to 8 ranks, peer access between every pair of GPUs.
+    /// On 2 to 8 ranks without it (or with [`Transport::Staged`]) `OneShot` runs the staged
+    /// one-shot, through pinned host memory, and `TwoShot` is an error at creation; on one rank
+    /// or more than 8 both are errors at creation, and `Auto` runs the ring.
     pub algorithm: Algorithm,
     /// Fold every element of a reducing collective (all-reduce, reduce-scatter, reduce) in rank
     /// order on every algorithm and size, so results do not depend on which algorithm runs (see
