@@ -28,3 +28,13 @@ pub struct ncclSimInfo_t {
     pub version: c_uint,
     pub estimatedTime: f32,
 }
+
+/// `ncclWaitSignalDesc_t` (NCCL 2.29, `ncclWaitSignal`): how many signals to wait for from a
+/// peer, on a signal index and context.
+#[repr(C)]
+pub struct ncclWaitSignalDesc_t {
+    pub opCnt: c_int,
+    pub peer: c_int,
+    pub sigIdx: c_int,
+    pub ctx: c_int,
+}
