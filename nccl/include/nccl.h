@@ -4,11 +4,17 @@
  * collectives, group calls, point-to-point calls, user-defined operators, memory and
  * registration), written for this project. Only what the library exports is declared; see
  * nccl/src/lib.rs for what each call does here and which it refuses by name.
+ *
+ * The API is NCCL 2.28's (NCCL_VERSION_CODE, what ncclGetVersion reports). Also declared, so
+ * that programs built against NCCL 2.29 and 2.30 (PyTorch 2.15) load: the calls of 2.29 they
+ * import (grow, suspend and resume, memory statistics, one-sided puts and signals, a window's
+ * pointers) — NCCL's on its communicators, refused on ringreduce's (nccl/README.md).
  */
 #ifndef RINGREDUCE_NCCL_H
 #define RINGREDUCE_NCCL_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <limits.h>
 
 #ifdef __cplusplus
@@ -111,6 +117,28 @@ typedef struct ncclWindow_vidmem *ncclWindow_t;
 #define NCCL_SHRINK_DEFAULT 0x00
 #define NCCL_SHRINK_ABORT 0x01
 
+/* ncclCommRevoke's flags (must be NCCL_REVOKE_DEFAULT). */
+#define NCCL_REVOKE_DEFAULT 0x00
+
+/* ncclCommSuspend's flags (NCCL 2.29). */
+#define NCCL_SUSPEND_MEM 0x01
+
+/* What ncclCommMemStats answers (NCCL 2.29). */
+typedef enum {
+  ncclStatGpuMemSuspend = 0,
+  ncclStatGpuMemSuspended = 1,
+  ncclStatGpuMemPersist = 2,
+  ncclStatGpuMemTotal = 3
+} ncclCommMemStat_t;
+
+/* What ncclWaitSignal waits for (NCCL 2.29). */
+typedef struct {
+  int opCnt;
+  int peer;
+  int sigIdx;
+  int ctx;
+} ncclWaitSignalDesc_t;
+
 /* What ncclGroupSimulateEnd fills in. */
 typedef struct {
   size_t size;
@@ -146,10 +174,22 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeR
 ncclResult_t ncclCommFinalize(ncclComm_t comm);
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
 ncclResult_t ncclCommAbort(ncclComm_t comm);
+ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags);
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError);
 ncclResult_t ncclCommCount(const ncclComm_t comm, int *count);
 ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int *device);
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank);
+/* Deprecated by NCCL ("not supported as part of the NCCL API"); exported for the programs that
+   import it (cudarc). */
+void ncclResetDebugInit(void);
+
+/* NCCL 2.29: growing a communicator, suspending its memory, its memory statistics. */
+ncclResult_t ncclCommGetUniqueId(ncclComm_t comm, ncclUniqueId *uniqueId);
+ncclResult_t ncclCommGrow(ncclComm_t comm, int nRanks, const ncclUniqueId *uniqueId, int rank,
+                          ncclComm_t *newcomm, ncclConfig_t *config);
+ncclResult_t ncclCommSuspend(ncclComm_t comm, int flags);
+ncclResult_t ncclCommResume(ncclComm_t comm);
+ncclResult_t ncclCommMemStats(ncclComm_t comm, ncclCommMemStat_t stat, uint64_t *value);
 
 ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
                            ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
@@ -178,6 +218,15 @@ ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatyp
 ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream);
 
+/* NCCL 2.29: one-sided point-to-point calls (RMA). */
+ncclResult_t ncclPutSignal(const void *localbuff, size_t count, ncclDataType_t datatype, int peer,
+                           ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx,
+                           unsigned int flags, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclSignal(int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm,
+                        cudaStream_t stream);
+ncclResult_t ncclWaitSignal(int nDesc, ncclWaitSignalDesc_t *signalDescs, ncclComm_t comm,
+                            cudaStream_t stream);
+
 ncclResult_t ncclGroupStart(void);
 ncclResult_t ncclGroupEnd(void);
 ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t *simInfo);
@@ -193,10 +242,16 @@ ncclResult_t ncclCommDeregister(const ncclComm_t comm, void *handle);
 ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void *buff, size_t size, ncclWindow_t *win,
                                     int winFlags);
 ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
+/* NCCL 2.29: the pointer a window was registered at. */
+ncclResult_t ncclWinGetUserPtr(ncclComm_t comm, ncclWindow_t win, void **outUserPtr);
 
 ncclResult_t ncclDevCommCreate(ncclComm_t comm, const ncclDevCommRequirements *reqs,
                                ncclDevComm *outDevComm);
 ncclResult_t ncclDevCommDestroy(ncclComm_t comm, const ncclDevComm *devComm);
+/* NCCL 2.29 (nccl_device/core.h): device pointers into a registered window. */
+ncclResult_t ncclGetLsaMultimemDevicePointer(ncclWindow_t window, size_t offset, void **outPtr);
+ncclResult_t ncclGetPeerDevicePointer(ncclWindow_t window, size_t offset, int peer,
+                                      void **outPtr);
 
 #ifdef __cplusplus
 }

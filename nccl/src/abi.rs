@@ -31,3 +31,13 @@ pub struct ncclSimInfo_t {
 
 /// `ncclCommSplit`'s color of a rank that joins no new communicator.
 pub const NCCL_SPLIT_NOCOLOR: c_int = -1;
+
+/// `ncclWaitSignalDesc_t` (NCCL 2.29, `ncclWaitSignal`): how many signals to wait for from a
+/// peer, on a signal index and context.
+#[repr(C)]
+pub struct ncclWaitSignalDesc_t {
+    pub opCnt: c_int,
+    pub peer: c_int,
+    pub sigIdx: c_int,
+    pub ctx: c_int,
+}

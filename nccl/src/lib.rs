@@ -223,19 +223,25 @@ macro_rules! to_nccl {
 }
 
 mod collectives;
+mod device_pointers;
 mod errors;
 mod init;
+mod management;
 mod p2p;
 mod pairs;
 mod redop;
 mod registration;
+mod rma;
 
 pub use collectives::*;
+pub use device_pointers::*;
 pub use errors::*;
 pub use init::*;
+pub use management::*;
 pub use p2p::*;
 pub use redop::*;
 pub use registration::*;
+pub use rma::*;
 
 #[cfg(test)]
 mod tests {

@@ -105,6 +105,7 @@ pub unsafe extern "C" fn ncclCommWindowRegister(
             Err(failure) => return Err(failure),
         };
         *out = Box::into_raw(Box::new(Window(registration))).cast();
+        remember_window(*out, comm, buff);
         Ok(())
     })
 }
@@ -112,6 +113,31 @@ pub unsafe extern "C" fn ncclCommWindowRegister(
 /// A window of `ncclCommWindowRegister`: the registration, or none where ringreduce refused
 /// the memory.
 pub(crate) struct Window(Option<ringreduce::Registration>);
+
+/// The live windows of ringreduce's communicators: (window, its communicator, the pointer it was
+/// registered at) — what `ncclWinGetUserPtr` answers, and how a call that names only a window
+/// (the device API's pointer calls) tells a window of ringreduce's from one of NCCL's.
+static WINDOWS: Mutex<Vec<(usize, usize, usize)>> = Mutex::new(Vec::new());
+
+fn remember_window(win: *mut c_void, comm: ncclComm_t, buff: *mut c_void) {
+    let mut windows = WINDOWS.lock().unwrap_or_else(|p| p.into_inner());
+    windows.push((win as usize, comm as usize, buff as usize));
+}
+
+fn forget_window(win: *mut c_void) {
+    let mut windows = WINDOWS.lock().unwrap_or_else(|p| p.into_inner());
+    windows.retain(|&(w, _, _)| w != win as usize);
+}
+
+/// A live window of one of ringreduce's communicators: its communicator and the pointer it was
+/// registered at; `None` for any other pointer (null, a window of NCCL's, a freed one).
+pub(crate) fn window_of_ours(win: *mut c_void) -> Option<(ncclComm_t, *mut c_void)> {
+    let windows = WINDOWS.lock().unwrap_or_else(|p| p.into_inner());
+    windows
+        .iter()
+        .find(|&&(w, _, _)| w == win as usize && !win.is_null())
+        .map(|&(_, comm, buff)| (comm as ncclComm_t, buff as *mut c_void))
+}
 
 /// `ncclCommWindowDeregister`: collective, as in NCCL — undoes the window's registration on
 /// every rank (each unmaps its peers' memory of it), after which its memory may be freed.
@@ -132,6 +158,7 @@ pub unsafe extern "C" fn ncclCommWindowDeregister(
         if win.is_null() {
             return Err(invalid("win is null"));
         }
+        forget_window(win);
         // SAFETY: a window from ncclCommWindowRegister, released once (NCCL's contract).
         let window = unsafe { Box::from_raw(win.cast::<Window>()) };
         match window.0 {

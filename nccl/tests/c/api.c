@@ -11,6 +11,7 @@
 #include "expect.h"
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -59,6 +60,20 @@ typedef ncclResult_t (*CommWindowRegister)(ncclComm_t, void *, size_t, ncclWindo
 typedef ncclResult_t (*CommWindowDeregister)(ncclComm_t, ncclWindow_t);
 typedef ncclResult_t (*DevCommCreate)(ncclComm_t, const ncclDevCommRequirements *, ncclDevComm *);
 typedef ncclResult_t (*DevCommDestroy)(ncclComm_t, const ncclDevComm *);
+typedef ncclResult_t (*CommRevoke)(ncclComm_t, int);
+typedef void (*ResetDebugInit)(void);
+typedef ncclResult_t (*CommGetUniqueId)(ncclComm_t, ncclUniqueId *);
+typedef ncclResult_t (*CommGrow)(ncclComm_t, int, const ncclUniqueId *, int, ncclComm_t *,
+                                 ncclConfig_t *);
+typedef ncclResult_t (*CommSuspend)(ncclComm_t, int);
+typedef ncclResult_t (*CommMemStats)(ncclComm_t, ncclCommMemStat_t, uint64_t *);
+typedef ncclResult_t (*WinGetUserPtr)(ncclComm_t, ncclWindow_t, void **);
+typedef ncclResult_t (*PutSignal)(const void *, size_t, ncclDataType_t, int, ncclWindow_t, size_t,
+                                  int, int, unsigned int, ncclComm_t, cudaStream_t);
+typedef ncclResult_t (*Signal)(int, int, int, unsigned int, ncclComm_t, cudaStream_t);
+typedef ncclResult_t (*WaitSignal)(int, ncclWaitSignalDesc_t *, ncclComm_t, cudaStream_t);
+typedef ncclResult_t (*GetLsaMultimemDevicePointer)(ncclWindow_t, size_t, void **);
+typedef ncclResult_t (*GetPeerDevicePointer)(ncclWindow_t, size_t, int, void **);
 
 struct Signatures {
   GetVersion get_version; GetUniqueId get_unique_id; GetErrorString get_error_string;
@@ -72,6 +87,10 @@ struct Signatures {
   Bcast bcast; Rooted gather, scatter; CommInitRankScalable init_scalable; CommShrink shrink;
   GroupSimulateEnd simulate_end; CommWindowRegister window_reg; CommWindowDeregister window_dereg;
   DevCommCreate dev_comm_create; DevCommDestroy dev_comm_destroy;
+  CommRevoke revoke; ResetDebugInit reset_debug_init; CommGetUniqueId comm_get_unique_id;
+  CommGrow grow; CommSuspend suspend; CommOne resume; CommMemStats mem_stats;
+  WinGetUserPtr win_get_user_ptr; PutSignal put_signal; Signal signal; WaitSignal wait_signal;
+  GetLsaMultimemDevicePointer lsa_multimem_pointer; GetPeerDevicePointer peer_pointer;
 };
 
 static const struct Signatures signatures = {
@@ -83,6 +102,9 @@ static const struct Signatures signatures = {
   ncclMemAlloc, ncclMemFree, ncclCommRegister, ncclCommDeregister, ncclBcast, ncclGather,
   ncclScatter, ncclCommInitRankScalable, ncclCommShrink, ncclGroupSimulateEnd,
   ncclCommWindowRegister, ncclCommWindowDeregister, ncclDevCommCreate, ncclDevCommDestroy,
+  ncclCommRevoke, ncclResetDebugInit, ncclCommGetUniqueId, ncclCommGrow, ncclCommSuspend,
+  ncclCommResume, ncclCommMemStats, ncclWinGetUserPtr, ncclPutSignal, ncclSignal, ncclWaitSignal,
+  ncclGetLsaMultimemDevicePointer, ncclGetPeerDevicePointer,
 };
 
 
@@ -148,6 +170,39 @@ int main(int argc, char **argv) {
     expect_result("ncclMemAlloc", ncclMemAlloc(&buf, 4096), ncclSuccess, NULL);
     expect_result("ncclAllReduce in place",
                   ncclAllReduce(buf, buf, 1024, ncclFloat32, ncclSum, comm, NULL), ncclSuccess, NULL);
+    /* The calls of NCCL 2.28-2.29 on a ringreduce communicator: answered where the answer is
+       known, refused by name otherwise. */
+    expect_result("ncclCommRevoke", ncclCommRevoke(comm, NCCL_REVOKE_DEFAULT), ncclInvalidUsage,
+                  "ncclCommRevoke");
+    expect_result("ncclCommSuspend", ncclCommSuspend(comm, NCCL_SUSPEND_MEM), ncclInvalidUsage,
+                  "ncclCommSuspend");
+    ncclUniqueId grow;
+    expect_result("ncclCommGetUniqueId", ncclCommGetUniqueId(comm, &grow), ncclInvalidUsage,
+                  "ncclCommGrow");
+    ncclComm_t grown = comm;
+    expect_result("ncclCommGrow", ncclCommGrow(comm, 2, NULL, -1, &grown, NULL), ncclInvalidUsage,
+                  "ncclCommGrow");
+    EXPECT(grown == NULL, "ncclCommGrow leaves no communicator behind a refusal");
+    uint64_t stat = 7;
+    expect_result("ncclCommMemStats(suspendable)",
+                  ncclCommMemStats(comm, ncclStatGpuMemSuspend, &stat), ncclSuccess, NULL);
+    EXPECT(stat == 0, "suspendable memory %llu", (unsigned long long)stat);
+    expect_result("ncclCommMemStats(total)", ncclCommMemStats(comm, ncclStatGpuMemTotal, &stat),
+                  ncclInvalidUsage, "not counted");
+    expect_result("ncclSignal", ncclSignal(0, 0, 0, 0, comm, NULL), ncclInvalidUsage, "one-sided");
+    ncclWindow_t win = NULL;
+    expect_result("ncclCommWindowRegister", ncclCommWindowRegister(comm, buf, 4096, &win,
+                  NCCL_WIN_COLL_SYMMETRIC), ncclSuccess, NULL);
+    void *user = NULL;
+    expect_result("ncclWinGetUserPtr", ncclWinGetUserPtr(comm, win, &user), ncclSuccess, NULL);
+    EXPECT(user == buf, "the window's user pointer %p, registered at %p", user, buf);
+    void *peer = NULL;
+    expect_result("ncclGetPeerDevicePointer", ncclGetPeerDevicePointer(win, 0, 0, &peer),
+                  ncclInvalidUsage, "device API");
+    expect_result("ncclCommWindowDeregister", ncclCommWindowDeregister(comm, win), ncclSuccess,
+                  NULL);
+    expect_result("ncclWinGetUserPtr after deregistration", ncclWinGetUserPtr(comm, win, &user),
+                  ncclInvalidArgument, "not a live window");
     expect_result("ncclCommFinalize", ncclCommFinalize(comm), ncclSuccess, NULL);
     ncclResult_t async = ncclInternalError;
     expect_result("ncclCommGetAsyncError", ncclCommGetAsyncError(comm, &async), ncclSuccess, NULL);
@@ -230,6 +285,44 @@ int main(int argc, char **argv) {
   expect_result("ncclGroupStart", ncclGroupStart(), ncclSuccess, NULL);
   expect_result("ncclGroupEnd", ncclGroupEnd(), ncclSuccess, NULL);
   expect_result("ncclCommDestroy(NULL)", ncclCommDestroy(NULL), ncclInvalidArgument, "null");
+
+  /* NCCL 2.28's ncclCommRevoke and ncclResetDebugInit (cudarc imports them) and the calls of
+     2.29 that PyTorch 2.15 imports: through the signature table, on a null communicator or
+     window. */
+  expect_result("ncclCommRevoke on a null comm", signatures.revoke(NULL, NCCL_REVOKE_DEFAULT),
+                ncclInvalidArgument, "null");
+  signatures.reset_debug_init();
+  ncclUniqueId grow_id;
+  expect_result("ncclCommGetUniqueId on a null comm", signatures.comm_get_unique_id(NULL, &grow_id),
+                ncclInvalidArgument, "null");
+  expect_result("ncclCommGrow of a new rank without an id", signatures.grow(NULL, 2, NULL, 1, NULL, NULL),
+                ncclInvalidArgument, "newcomm is null");
+  expect_result("ncclCommSuspend on a null comm", signatures.suspend(NULL, NCCL_SUSPEND_MEM),
+                ncclInvalidArgument, "null");
+  expect_result("ncclCommResume on a null comm", signatures.resume(NULL), ncclInvalidArgument,
+                "null");
+  uint64_t stat = 7;
+  expect_result("ncclCommMemStats on a null comm",
+                signatures.mem_stats(NULL, ncclStatGpuMemTotal, &stat), ncclInvalidArgument, "null");
+  void *user_ptr = NULL;
+  expect_result("ncclWinGetUserPtr on a null comm", signatures.win_get_user_ptr(NULL, window, &user_ptr),
+                ncclInvalidArgument, "null");
+  expect_result("ncclPutSignal on a null comm",
+                signatures.put_signal(NULL, 4, ncclFloat32, 1, window, 0, 0, 0, 0, NULL, NULL),
+                ncclInvalidArgument, "null");
+  expect_result("ncclSignal on a null comm", signatures.signal(1, 0, 0, 0, NULL, NULL),
+                ncclInvalidArgument, "null");
+  ncclWaitSignalDesc_t wait = {1, 1, 0, 0};
+  expect_result("ncclWaitSignal on a null comm", signatures.wait_signal(1, &wait, NULL, NULL),
+                ncclInvalidArgument, "null");
+  void *device_ptr = NULL;
+  expect_result("ncclGetPeerDevicePointer of a null window",
+                signatures.peer_pointer(NULL, 0, 1, &device_ptr), ncclInvalidArgument, "null");
+  expect_result("ncclGetLsaMultimemDevicePointer of a null window",
+                signatures.lsa_multimem_pointer(NULL, 0, &device_ptr), ncclInvalidArgument, "null");
+  expect_result("ncclGetPeerDevicePointer of no window",
+                signatures.peer_pointer((ncclWindow_t)&wait, 0, 1, &device_ptr), ncclInvalidArgument,
+                "not a live window");
 
   if (failures == 0) {
     printf("c api: every check passed (%s)\n", has_gpu ? "gpu" : "no gpu");

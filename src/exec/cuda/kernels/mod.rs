@@ -177,8 +177,7 @@ impl KernelModule {
     /// choice) and shared by every communicator from then on, as NCCL and cuBLAS keep theirs:
     /// a new communicator then loads nothing, and no module is unloaded while the process lives
     /// (an unload waits for the context's work and, on a communicator made after one was
-    /// abandoned on a stuck GPU, left about 2 MiB of device memory behind each time —
-    /// docs/runs/2026-12-05-s17-013e5e9).
+    /// abandoned on a stuck GPU, left about 2 MiB of device memory behind each time).
     pub fn shared(ctx: &Arc<CudaContext>) -> Result<Arc<KernelModule>> {
         type Key = (usize, Option<String>);
         static LOADED: Mutex<Vec<(Key, Arc<KernelModule>)>> = Mutex::new(Vec::new());
