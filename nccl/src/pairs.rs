@@ -81,33 +81,41 @@ impl Pairs {
 /// The communicator of `parent`'s rank with `peer`, made at the first call (module doc).
 fn pair_of<'a>(parent: &'a Comm, pairs: &'a Pairs, peer: usize) -> Result<&'a Comm, Failure> {
     let mut made = pairs.made.lock().unwrap_or_else(|p| p.into_inner());
-    if !made.contains_key(&peer) {
-        let me = parent.rank;
-        let bytes = match me < peer {
-            true => {
-                let id = UniqueId::new("127.0.0.1:0")?;
-                let bytes = id.to_bytes().to_vec();
-                post(pairs.ports[peer], me, &bytes)?;
-                bytes
-            }
-            false => fetch(parent, pairs, peer)?,
-        };
-        let id = UniqueId::from_bytes(&bytes)?;
-        let inner = RankCommunicator::gpu(
-            &id,
-            usize::from(me > peer),
-            2,
-            parent.device,
-            config_from_env()?,
-        )?;
-        let (low, high) = (me.min(peer) as u64, me.max(peer) as u64);
-        let job = job_of(&[parent.job, low, high].map(u64::to_le_bytes).concat());
-        made.insert(peer, Comm::ours(inner, parent.device, job)?);
-    }
-    let pair: *const Comm = &**made.get(&peer).expect("made above");
+    let pair: *const Comm = match made.entry(peer) {
+        std::collections::hash_map::Entry::Occupied(e) => &**e.get(),
+        std::collections::hash_map::Entry::Vacant(e) => {
+            &**e.insert(make_pair(parent, pairs, peer)?)
+        }
+    };
     // SAFETY: the box lives in `made` as long as `parent` (boxes are never removed or moved
     // out while the parent lives), and `'a` is bounded by `parent`.
     Ok(unsafe { &*pair })
+}
+
+/// Makes the communicator of `parent`'s rank with `peer`: the lower rank makes the id and posts
+/// it, the higher one fetches it; both join.
+fn make_pair(parent: &Comm, pairs: &Pairs, peer: usize) -> Result<Box<Comm>, Failure> {
+    let me = parent.rank;
+    let bytes = match me < peer {
+        true => {
+            let id = UniqueId::new("127.0.0.1:0")?;
+            let bytes = id.to_bytes().to_vec();
+            post(pairs.ports[peer], me, &bytes)?;
+            bytes
+        }
+        false => fetch(parent, pairs, peer)?,
+    };
+    let id = UniqueId::from_bytes(&bytes)?;
+    let inner = RankCommunicator::gpu(
+        &id,
+        usize::from(me > peer),
+        2,
+        parent.device,
+        config_from_env()?,
+    )?;
+    let (low, high) = (me.min(peer) as u64, me.max(peer) as u64);
+    let job = job_of(&[parent.job, low, high].map(u64::to_le_bytes).concat());
+    Comm::ours(inner, parent.device, job)
 }
 
 /// Hands `id` to the rank whose mailbox listens at `port`, as from rank `me`.
