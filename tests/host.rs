@@ -226,9 +226,15 @@ fn auto_picks_by_edges_and_size() {
         Communicator::host_with(world, config).unwrap()
     };
     let peer = auto(4, Transport::Peer);
+    let all_reduce = ringreduce::Collective::AllReduce;
     for bytes in [4, 4 << 10, 4 << 20, 1 << 30] {
         for in_place in [true, false] {
             assert_eq!(peer.algorithm_for(bytes, in_place), Algorithm::TwoShot);
+            // The per-collective answer for the all-reduce is the same one.
+            assert_eq!(
+                peer.algorithm_for_collective(&all_reduce, bytes, in_place),
+                Algorithm::TwoShot
+            );
         }
     }
     for count in [1000, 17, 1 << 16] {
@@ -242,6 +248,10 @@ fn auto_picks_by_edges_and_size() {
     let staged = auto(4, Transport::Staged);
     let big = STAGED_ONESHOT_AUTO_MAX_BYTES / 2 / 4 + 1;
     assert_eq!(staged.algorithm_for(1000 * 4, true), Algorithm::OneShot);
+    assert_eq!(
+        staged.algorithm_for_collective(&all_reduce, 1000 * 4, true),
+        Algorithm::OneShot
+    );
     assert_eq!(staged.algorithm_for(big * 4, false), Algorithm::Ring);
     for count in [1000, big, 17, big, 1000] {
         run_case::<f32>(&staged, count, ReduceOp::Sum, true);

@@ -232,14 +232,18 @@ impl Communicator {
 
     /// The algorithm whose form of `collective` a call of `count_bytes` (NCCL's count times the
     /// element size), in place or not, runs on this communicator: `Ring` or `OneShot` for the
-    /// collectives other than the all-reduce (see [`Algorithm::choose_for`], the one rule);
-    /// for the all-reduce, [`Communicator::algorithm_for`]'s answer. Never waits for a call.
+    /// collectives other than the all-reduce (see [`Algorithm::choose_for`]); for the
+    /// all-reduce, [`Communicator::algorithm_for`]'s answer (its host and staged rules
+    /// included). Never waits for a call.
     pub fn algorithm_for_collective(
         &self,
         collective: &crate::plan::Collective,
         count_bytes: usize,
         in_place: bool,
     ) -> Algorithm {
+        if *collective == crate::plan::Collective::AllReduce {
+            return self.algorithm_for(count_bytes, in_place);
+        }
         let f = &self.facts;
         f.algorithm.choose_for(
             collective,
