@@ -139,25 +139,46 @@ fn collective_spec(c: Collective, ring: &RingSpec) -> CollectiveSpec {
     }
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
-
-    #[test]
-    fn every_collective_plan_is_correct(
-        spec in spec_strategy(),
-        which in 1usize..7,
-        seed in 0usize..1000,
-    ) {
-        let c = collective_spec(collective(which, spec.world, seed), &spec);
-        let plan = c.build().unwrap();
-        // World·count elements cut into one-element chunks over 16 ranks make plans of up to a
-        // million instructions, whose check alone took minutes of CI: such sizes are
-        // `large_count_with_many_chunks`' to cover, once; here they are skipped.
-        prop_assume!(plan.ranks.iter().map(Vec::len).sum::<usize>() <= MAX_RANDOM_PLAN_INSTRS);
-        if let Err(e) = check(&plan) {
-            panic!("{c:?}: {e}");
-        }
-    }
+/// Every collective's plan, drawn at random, passes the checker. Plans above
+/// `MAX_RANDOM_PLAN_INSTRS` instructions are skipped (world·count elements cut into one-element
+/// chunks over 16 ranks make plans of up to a million instructions, whose check alone took
+/// minutes of CI: such sizes are `large_count_with_many_chunks`' to cover, once) — counted, and
+/// the test fails when more than a tenth are, so the skip cannot hollow the property out.
+#[test]
+fn every_collective_plan_is_correct() {
+    use proptest::test_runner::{Config, TestRunner};
+    use std::cell::Cell;
+    let (cases, skipped) = (Cell::new(0usize), Cell::new(0usize));
+    let mut runner = TestRunner::new(Config {
+        cases: 300,
+        // Counted by hand, outside `proptest!`: no source file to keep failing seeds beside.
+        failure_persistence: None,
+        ..Config::default()
+    });
+    runner
+        .run(
+            &(spec_strategy(), 1usize..7, 0usize..1000),
+            |(spec, which, seed)| {
+                cases.set(cases.get() + 1);
+                let c = collective_spec(collective(which, spec.world, seed), &spec);
+                let plan = c.build().unwrap();
+                if plan.ranks.iter().map(Vec::len).sum::<usize>() > MAX_RANDOM_PLAN_INSTRS {
+                    skipped.set(skipped.get() + 1);
+                    return Ok(());
+                }
+                if let Err(e) = check(&plan) {
+                    panic!("{c:?}: {e}");
+                }
+                Ok(())
+            },
+        )
+        .unwrap();
+    let (cases, skipped) = (cases.get(), skipped.get());
+    println!("{cases} plans, {skipped} skipped for size");
+    assert!(
+        skipped * 10 <= cases,
+        "{skipped} of {cases} plans skipped for size"
+    );
 }
 
 #[test]
