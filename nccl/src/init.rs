@@ -344,8 +344,11 @@ pub unsafe extern "C" fn ncclCommSplit(
     })
 }
 
-/// `ncclCommShrink`: a communicator of the real NCCL is shrunk by NCCL; one of ringreduce's is
-/// refused by name (not run yet), as [`ncclCommSplit`].
+/// `ncclCommShrink`: a communicator of the real NCCL is shrunk by NCCL; one of ringreduce's by
+/// ringreduce: the ranks not in `exclude_ranks` — only they call it — get a new communicator, in
+/// their order (module `pairs`: the first of them hands its id to the others' mailboxes).
+/// `shrink_flags` is not read: the parent is left as it is (abort it, or destroy it, as NCCL's
+/// callers do).
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommShrink(
     comm: ncclComm_t,
@@ -388,8 +391,44 @@ pub unsafe extern "C" fn ncclCommShrink(
         // SAFETY: what NCCL just made; the caller's newcomm (NCCL's contract).
         return unsafe { hand_out(made, newcomm) };
     }
-    // SAFETY: our caller's contract.
-    unsafe { refuse_new(comm, newcomm, "ncclCommShrink") }
+    fallback::log("ncclCommShrink", "ringreduce");
+    guarded(|| {
+        // SAFETY: null is refused; otherwise NCCL's contract: a writable ncclComm_t.
+        let out = unsafe { newcomm.as_mut() }.ok_or_else(|| invalid("newcomm is null"))?;
+        *out = std::ptr::null_mut();
+        // SAFETY: our caller's contract.
+        let parent = unsafe { comm_ref(comm) }?;
+        // SAFETY: null or an initialized config (NCCL's contract).
+        unsafe { check_config(config) }?;
+        let excluded: &[c_int] = match (exclude_count, exclude_ranks.is_null()) {
+            (0, _) => &[],
+            (n, false) if n > 0 => {
+                // SAFETY: NCCL's contract: `exclude_count` ranks at `exclude_ranks`.
+                unsafe { std::slice::from_raw_parts(exclude_ranks, n as usize) }
+            }
+            (n, _) => return Err(invalid(format!("{n} excluded ranks at {exclude_ranks:?}"))),
+        };
+        if let Some(&r) = excluded
+            .iter()
+            .find(|&&r| usize::try_from(r).map_or(true, |r| r >= parent.world))
+        {
+            return Err(invalid(format!(
+                "excluded rank {r} is not a rank of {}",
+                parent.world
+            )));
+        }
+        let kept: Vec<usize> = (0..parent.world)
+            .filter(|&r| !excluded.contains(&(r as c_int)))
+            .collect();
+        let Some(pairs) = &parent.pairs else {
+            return Err(unsupported(
+                "ncclCommShrink of a communicator of one rank or across hosts is not run by \
+                 ringreduce-nccl",
+            ));
+        };
+        *out = Box::into_raw(pairs::shrink(parent, pairs, &kept)?);
+        Ok(())
+    })
 }
 
 /// Hands a communicator NCCL made from another (a split, a shrink) to the caller: wrapped, or

@@ -14,7 +14,8 @@
 //! Sends and receives are kept until their group ends (run at once outside a group); then they
 //! run as NCCL defines them: a send meets its receive per (sender, receiver) pair, in call order,
 //! and ranks not party to a transfer take no part (module `pairs`; on two ranks the group is one
-//! exchange, module `p2p`). `ncclCommSplit` makes sub-communicators (module `init`) and
+//! exchange, module `p2p`). `ncclCommSplit` and `ncclCommShrink` make sub-communicators (modules
+//! `init`, `pairs`) and
 //! `ncclRedOpCreatePreMulSum` operators (module `redop`). No call has a deadline unless
 //! `RINGREDUCE_NCCL_TIMEOUT` gives one (NCCL has none); a peer whose process is gone is named at
 //! once.
@@ -23,7 +24,7 @@
 //! (module `fallback`): such a communicator, and any split of it, runs every call on NCCL; so
 //! does every communicator with `RINGREDUCE_NCCL_FALLBACK=1`. On ringreduce's communicators what
 //! it does not run yet is refused with `ncclInvalidUsage` and a message saying so — never a
-//! wrong result: `ncclCommShrink`, the device API (`ncclDevCommCreate`), `ncclGroupSimulateEnd`'s
+//! wrong result: the device API (`ncclDevCommCreate`), `ncclGroupSimulateEnd`'s
 //! estimate (nccl/README.md has the table of every function). A job on several hosts runs each
 //! collective in two levels, the real NCCL between hosts (`RankCommunicator::gpu` does that by
 //! itself). The fp8 types run with ringreduce's semantics (src/element.rs: f32 accumulation,

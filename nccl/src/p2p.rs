@@ -261,9 +261,10 @@ pub(crate) unsafe fn flush() -> Result<(), Failure> {
         let comm = unsafe { comm_ref(handle) }?;
         match &comm.pairs {
             // SAFETY: our caller's contract, passed on.
-            Some(pairs) => unsafe { pairs::flush_pairs(comm, pairs, &ops) }?,
+            Some(pairs) if comm.world > 2 => unsafe { pairs::flush_pairs(comm, pairs, &ops) }?,
+            // Two ranks (the communicator is the pair), or ranks across hosts.
             // SAFETY: as above.
-            None => unsafe { flush_one(handle, &ops) }?,
+            _ => unsafe { flush_one(handle, &ops) }?,
         }
     }
     Ok(())

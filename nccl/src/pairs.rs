@@ -10,9 +10,13 @@
 //! order every rank shares — by (lower rank, higher rank) — so that no two ranks wait for each
 //! other in opposite orders. A transfer to the rank itself is a copy on the caller's stream.
 //!
+//! The mailbox also carries `ncclCommShrink`'s id ([`shrink`]): only the kept ranks call it, so
+//! the first of them posts the new communicator's id to each of the others. Each id says what
+//! it is for ([`Use`]), so a pair's id waiting unread is never taken for a shrink's.
+//!
 //! Invariant: a pair's communicator sees exactly the pair's transfers, in each rank's call
-//! order; a mailbox wait ends when the peer's id comes or the parent communicator learns that
-//! the peer is gone (`RankCommunicator::async_error`).
+//! order; a mailbox wait ends when the id comes, when the parent is aborted, or — a pair's — when
+//! the parent communicator learns that a peer is gone (`RankCommunicator::async_error`).
 
 use crate::*;
 use std::collections::HashMap;
@@ -25,12 +29,21 @@ pub(crate) struct Pairs {
     mailbox: TcpListener,
     /// Every rank's mailbox port, by rank.
     ports: Vec<u16>,
-    /// Ids handed to this rank and not yet used, by the rank that sent them.
-    inbox: Mutex<HashMap<usize, Vec<u8>>>,
+    /// Ids handed to this rank and not yet used, by the rank that sent them and their use.
+    inbox: Mutex<HashMap<(usize, Use), Vec<u8>>>,
     /// The pair communicators, by peer.
     made: Mutex<HashMap<usize, Box<Comm>>>,
     /// Set by the parent's abort: a mailbox wait ends at once.
     aborted: std::sync::atomic::AtomicBool,
+}
+
+/// What an id posted to a mailbox is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Use {
+    /// The communicator of the sender's pair with the receiver.
+    Pair = 0,
+    /// The communicator `ncclCommShrink` makes of the ranks it keeps.
+    Shrink = 1,
 }
 
 /// How long a mailbox wait sleeps between looks.
@@ -38,10 +51,10 @@ const POLL: Duration = Duration::from_millis(1);
 
 impl Pairs {
     /// Opens this rank's mailbox and all-gathers the ports over `inner` (a collective step of
-    /// its creation). `None` where pairs are not needed (two ranks or fewer: the communicator
-    /// is the pair) or not run (ranks on several hosts: their transfers stay job-wide).
+    /// its creation). `None` for one rank (nothing to hand to anyone) and for ranks on several
+    /// hosts (their transfers stay job-wide; shrink is refused there).
     pub(crate) fn open(inner: &mut RankCommunicator) -> Result<Option<Pairs>, Failure> {
-        if inner.world() <= 2 || inner.hosts().hosts > 1 {
+        if inner.world() < 2 || inner.hosts().hosts > 1 {
             return Ok(None);
         }
         let mailbox = TcpListener::bind("127.0.0.1:0")
@@ -100,10 +113,10 @@ fn make_pair(parent: &Comm, pairs: &Pairs, peer: usize) -> Result<Box<Comm>, Fai
         true => {
             let id = UniqueId::new("127.0.0.1:0")?;
             let bytes = id.to_bytes().to_vec();
-            post(pairs.ports[peer], me, &bytes)?;
+            post(pairs.ports[peer], me, Use::Pair, &bytes)?;
             bytes
         }
-        false => fetch(parent, pairs, peer)?,
+        false => fetch(parent, pairs, peer, Use::Pair)?,
     };
     let id = UniqueId::from_bytes(&bytes)?;
     let inner = RankCommunicator::gpu(
@@ -118,9 +131,10 @@ fn make_pair(parent: &Comm, pairs: &Pairs, peer: usize) -> Result<Box<Comm>, Fai
     Comm::ours(inner, parent.device, job)
 }
 
-/// Hands `id` to the rank whose mailbox listens at `port`, as from rank `me`.
-fn post(port: u16, me: usize, id: &[u8]) -> Result<(), Failure> {
+/// Hands `id`, for `what`, to the rank whose mailbox listens at `port`, as from rank `me`.
+fn post(port: u16, me: usize, what: Use, id: &[u8]) -> Result<(), Failure> {
     let mut message = (me as u64).to_le_bytes().to_vec();
+    message.extend_from_slice(&(what as u64).to_le_bytes());
     message.extend_from_slice(id);
     TcpStream::connect(("127.0.0.1", port))
         .and_then(|mut s| s.write_all(&message))
@@ -132,43 +146,79 @@ fn post(port: u16, me: usize, id: &[u8]) -> Result<(), Failure> {
         })
 }
 
-/// Waits for the id `peer` hands this rank, keeping any other rank's that comes meanwhile.
-fn fetch(parent: &Comm, pairs: &Pairs, peer: usize) -> Result<Vec<u8>, Failure> {
+/// Waits for the id `peer` hands this rank for `what`, keeping any other that comes
+/// meanwhile. A pair's wait ends when the parent communicator learns of a failure (a peer
+/// gone); a shrink's does not (its parent has lost ranks by design), only the parent's abort.
+fn fetch(parent: &Comm, pairs: &Pairs, peer: usize, what: Use) -> Result<Vec<u8>, Failure> {
+    let bad = |e: std::io::Error| Failure::Nccl(ncclSystemError, format!("mailbox: {e}"));
     loop {
-        if let Some(id) = pairs
+        let kept = pairs
             .inbox
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&peer)
-        {
+            .remove(&(peer, what));
+        if let Some(id) = kept {
             return Ok(id);
         }
         match pairs.mailbox.accept() {
             Ok((mut stream, _)) => {
-                let mut message = vec![0u8; 8 + ringreduce::exec::rendezvous::UNIQUE_ID_BYTES];
+                let mut message = vec![0u8; 16 + ringreduce::exec::rendezvous::UNIQUE_ID_BYTES];
                 stream
                     .set_nonblocking(false)
                     .and_then(|()| stream.read_exact(&mut message))
-                    .map_err(|e| Failure::Nccl(ncclSystemError, format!("mailbox: {e}")))?;
-                let from = u64::from_le_bytes(message[..8].try_into().expect("8 bytes")) as usize;
+                    .map_err(bad)?;
+                let word = |i: usize| u64::from_le_bytes(message[i..i + 8].try_into().expect("8"));
+                let from = word(0) as usize;
+                let kind = match word(8) {
+                    0 => Use::Pair,
+                    _ => Use::Shrink,
+                };
                 pairs
                     .inbox
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .insert(from, message.split_off(8));
+                    .insert((from, kind), message.split_off(16));
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 if pairs.aborted.load(std::sync::atomic::Ordering::Acquire) {
                     return Err(unsupported("the communicator was aborted"));
                 }
-                if let Some(err) = parent.with(|c| Ok(c.async_error()))? {
-                    return Err(err.into());
+                if what == Use::Pair {
+                    if let Some(err) = parent.with(|c| Ok(c.async_error()))? {
+                        return Err(err.into());
+                    }
                 }
                 std::thread::sleep(POLL);
             }
-            Err(e) => return Err(Failure::Nccl(ncclSystemError, format!("mailbox: {e}"))),
+            Err(e) => return Err(bad(e)),
         }
     }
+}
+
+/// `ncclCommShrink` of `parent` (module doc of `init`): the ranks it keeps, in their order, get
+/// a new communicator; the first of them makes its id and posts it to each other's mailbox.
+/// Only the kept ranks call it (the excluded ones may be gone).
+pub(crate) fn shrink(parent: &Comm, pairs: &Pairs, kept: &[usize]) -> Result<Box<Comm>, Failure> {
+    let me = parent.rank;
+    let rank = kept.iter().position(|&r| r == me).ok_or_else(|| {
+        invalid(format!(
+            "rank {me} is excluded: it does not call ncclCommShrink"
+        ))
+    })?;
+    let bytes = match rank {
+        0 => {
+            let id = UniqueId::new("127.0.0.1:0")?;
+            let bytes = id.to_bytes().to_vec();
+            for &r in &kept[1..] {
+                post(pairs.ports[r], me, Use::Shrink, &bytes)?;
+            }
+            bytes
+        }
+        _ => fetch(parent, pairs, kept[0], Use::Shrink)?,
+    };
+    let id = UniqueId::from_bytes(&bytes)?;
+    let inner = RankCommunicator::gpu(&id, rank, kept.len(), parent.device, config_from_env()?)?;
+    Comm::ours(inner, parent.device, job_of(&bytes))
 }
 
 /// Runs one communicator's kept sends and receives pair by pair (module doc).

@@ -228,9 +228,26 @@ int main(int argc, char **argv) {
   expect_result("ncclAllReduce of an unknown type",
                 ncclAllReduce(NULL, NULL, 4, (ncclDataType_t)12, ncclSum, NULL, NULL),
                 ncclInvalidArgument, "data type");
-  expect_result("ncclAllReduce with a custom op",
-                ncclAllReduce(NULL, NULL, 4, ncclFloat32, ncclNumOps, NULL, NULL),
-                ncclInvalidUsage, "operator");
+  expect_result("ncclAllReduce with an operator never made",
+                ncclAllReduce(NULL, NULL, 4, ncclFloat32, ncclNumOps + 1000, NULL, NULL),
+                ncclInvalidArgument, "operator");
+  {
+    /* A PreMulSum whose creation fails still hands out an operator, one that fails every
+     * call loudly (callers such as PyTorch do not check the creation's result). */
+    ncclRedOp_t op = ncclSum;
+    float half = 0.5f;
+    expect_result("ncclRedOpCreatePreMulSum on a null comm",
+                  ncclRedOpCreatePreMulSum(&op, &half, ncclFloat32, ncclScalarHostImmediate, NULL),
+                  ncclInvalidArgument, "null");
+    EXPECT(op != ncclSum, "a failed PreMulSum left the operator at ncclSum");
+    expect_result("ncclAllReduce with a PreMulSum whose creation failed",
+                  ncclAllReduce(NULL, NULL, 4, ncclFloat32, op, NULL, NULL), ncclInvalidUsage,
+                  "failed");
+    expect_result("ncclRedOpDestroy of it", ncclRedOpDestroy(op, NULL), ncclSuccess, NULL);
+    expect_result("ncclAllReduce after its destruction",
+                  ncclAllReduce(NULL, NULL, 4, ncclFloat32, op, NULL, NULL), ncclInvalidArgument,
+                  "operator");
+  }
   expect_result("ncclSend on a null comm", ncclSend(NULL, 4, ncclFloat32, 1, NULL, NULL),
                 ncclInvalidArgument, "null");
   expect_result("ncclGroupEnd without a start", ncclGroupEnd(), ncclInvalidUsage, "ncclGroupStart");
