@@ -46,12 +46,12 @@ use std::sync::{Arc, Mutex, OnceLock, TryLockError};
 
 mod collectives;
 mod premul;
-mod rank;
+mod rank_communicator;
 mod scope;
 mod split;
 mod validate;
 
-pub use rank::{AbortHandle, RankCommunicator, Registration};
+pub use rank_communicator::{AbortHandle, RankCommunicator, Registration};
 pub use scope::Scope;
 
 // Boxed: the two executors differ in size by hundreds of bytes.
