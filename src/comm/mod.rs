@@ -45,10 +45,8 @@ use cudarc::driver::CudaStream;
 use std::sync::{Arc, Mutex, OnceLock, TryLockError};
 
 mod collectives;
-mod premul;
 mod rank_communicator;
 mod scope;
-mod split;
 mod validate;
 
 pub use rank_communicator::{AbortHandle, RankCommunicator, Registration};

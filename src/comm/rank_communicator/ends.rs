@@ -216,7 +216,7 @@ impl RankCommunicator {
 
     /// A buffer is where this rank's calls take it: host memory for a host rank, its GPU for a
     /// GPU rank.
-    pub(in crate::comm) fn placed<T: Element, B: Buffer<T> + ?Sized>(&self, buf: &B) -> Result<()> {
+    pub(super) fn placed<T: Element, B: Buffer<T> + ?Sized>(&self, buf: &B) -> Result<()> {
         match (&self.inner, buf.placement(), self.device()) {
             (Inner::Host(_) | Inner::Hosts(_), Placement::Host, _) => Ok(()),
             (_, Placement::Device(d), Some(device)) if d == device => Ok(()),

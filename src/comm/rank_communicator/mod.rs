@@ -23,8 +23,8 @@
 //! Where each part lives: how a rank joins its job (`join.rs`); the calls that block until
 //! complete (`blocking.rs`) and those ordered on the caller's stream (`enqueue_on.rs`); what
 //! every call checks of this rank's buffers, and how it hands them on (`ends.rs`); registered
-//! buffers (`registration.rs`); errors met between calls, closing and giving up (`abort.rs`).
-//! Sub-communicators and NCCL's PreMulSum are `comm/split.rs` and `comm/premul.rs`.
+//! buffers (`registration.rs`); errors met between calls, closing and giving up (`abort.rs`);
+//! sub-communicators (`split.rs`) and NCCL's PreMulSum (`premul.rs`).
 
 use crate::error::{Error, Result};
 use crate::exec::cuda::executor::CudaExecutor;
@@ -38,7 +38,9 @@ mod blocking;
 mod ends;
 mod enqueue_on;
 mod join;
+mod premul;
 mod registration;
+mod split;
 
 pub use abort::AbortHandle;
 pub use registration::Registration;
