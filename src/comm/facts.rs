@@ -1,0 +1,84 @@
+//! What a [`Communicator`] is, fixed when it is made and read without waiting for a running
+//! call: its world, its GPUs and edges, the algorithm a call of a given size runs, and each
+//! rank's Main stream.
+
+use super::{Communicator, Executor};
+use crate::exec::cuda::executor::EdgeInfo;
+use crate::exec::Algorithm;
+
+impl Communicator {
+    /// The GPUs of a GPU communicator, by rank; empty for a host communicator.
+    /// Fixed at creation: never waits for a running call.
+    pub fn devices(&self) -> Vec<usize> {
+        self.facts.devices.clone()
+    }
+
+    /// How each ring edge moves data and why (GPU communicators; empty otherwise).
+    /// Fixed at creation: never waits for a running call.
+    pub fn edges(&self) -> Vec<EdgeInfo> {
+        self.facts.edges.clone()
+    }
+
+    /// The algorithm a call of `bytes_per_rank` bytes, in place or not, runs on this
+    /// communicator: the ring, the one-shot or the two-shot (see [`Algorithm`]; with `Auto` it
+    /// depends on the size and, for the one-shot and the two-shot, on `in_place`).
+    /// The rule is [`Algorithm::choose`]'s ([`Algorithm::choose_staged`]'s where edges are
+    /// staged, [`Algorithm::choose_host`]'s on host ranks); this never waits for a running call.
+    pub fn algorithm_for(&self, bytes_per_rank: usize, in_place: bool) -> Algorithm {
+        let f = &self.facts;
+        if f.staged {
+            return f
+                .algorithm
+                .choose_staged(bytes_per_rank, self.world, f.deterministic);
+        }
+        if f.host {
+            return f.algorithm.choose_host(self.world, f.deterministic);
+        }
+        f.algorithm.choose(
+            bytes_per_rank,
+            self.world,
+            in_place,
+            f.peers_ok,
+            f.deterministic,
+        )
+    }
+
+    /// The algorithm whose form of `collective` a call of `count_bytes` (NCCL's count times the
+    /// element size), in place or not, runs on this communicator: `Ring` or `OneShot` for the
+    /// collectives other than the all-reduce (see [`Algorithm::choose_for`]); for the
+    /// all-reduce, [`Communicator::algorithm_for`]'s answer (its host and staged rules
+    /// included). Never waits for a call.
+    pub fn algorithm_for_collective(
+        &self,
+        collective: &crate::plan::Collective,
+        count_bytes: usize,
+        in_place: bool,
+    ) -> Algorithm {
+        if *collective == crate::plan::Collective::AllReduce {
+            return self.algorithm_for(count_bytes, in_place);
+        }
+        let f = &self.facts;
+        f.algorithm.choose_for(
+            collective,
+            count_bytes,
+            self.world,
+            in_place,
+            f.peers_ok,
+            f.deterministic,
+        )
+    }
+
+    /// The raw CUDA stream on which rank `rank`'s collectives start and end (GPU communicators):
+    /// work the caller enqueues there after a call runs after that call.
+    pub fn main_stream(&self, rank: usize) -> Option<cudarc::driver::sys::CUstream> {
+        match &self.state.lock().unwrap_or_else(|p| p.into_inner()).exec {
+            Some(Executor::Cuda(exec)) => exec.main_stream(rank),
+            _ => None,
+        }
+    }
+
+    /// Number of ranks.
+    pub fn world(&self) -> usize {
+        self.world
+    }
+}
