@@ -156,7 +156,11 @@ pub unsafe extern "C" fn ncclRedOpDestroy(op: ncclRedOp_t, comm: ncclComm_t) -> 
         fn(ncclRedOp_t, *mut c_void),
         |real| (op, real)
     );
-    guarded(|| forget(op, comm as usize))
+    guarded(|| {
+        // SAFETY: our caller's contract.
+        unsafe { comm_ref(comm) }?;
+        forget(op, comm as usize)
+    })
 }
 
 /// Ends operator `op` of communicator `comm` (its slot freed for the next one made).

@@ -5,29 +5,10 @@
 //! symbols are exactly the functions the header declares; and what the library does not run
 //! reaches "the real NCCL" — a test double (`tests/c/fake_nccl.c`) — at `RINGREDUCE_NCCL_PATH`.
 
+mod common;
+use common::{library_dir, sources};
 use std::path::PathBuf;
 use std::process::Command;
-
-/// The folder cargo put this package's cdylib in (beside this test's executable, or one up).
-fn library_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test's path");
-    let deps = exe.parent().expect("the test's folder").to_path_buf();
-    [
-        deps.clone(),
-        deps.parent().expect("the profile folder").to_path_buf(),
-    ]
-    .into_iter()
-    .find(|dir| dir.join("libringreduce_nccl.so").is_file())
-    .expect("cargo builds libringreduce_nccl.so before the tests")
-}
-
-/// This package's folder: where it was built, or `RINGREDUCE_NCCL_SOURCES` (a test executable
-/// carried to another machine).
-fn sources() -> PathBuf {
-    std::env::var_os("RINGREDUCE_NCCL_SOURCES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
-}
 
 /// A fresh folder (named after `test`) holding a link `libnccl.so.2` to this library: the
 /// folder, and the link.

@@ -13,35 +13,14 @@
 //! version of the API the header declares (NCCL's encoding for ≥ 2.9: major·10000 + minor·100 +
 //! patch). Then the child checks that the library cudarc loaded is this one.
 
-use std::path::PathBuf;
+mod common;
+use common::{library_dir, sources};
 use std::process::Command;
 
 /// Set in the child's environment: run the cudarc half.
 const CHILD: &str = "RINGREDUCE_NCCL_CUDARC_CHILD";
 /// What the child prints when every check passed.
 const PASSED: &str = "cudarc ran on ringreduce-nccl";
-
-/// The folder cargo put this package's cdylib in (beside this test's executable, or one up) —
-/// found as `tests/c_api.rs` finds it.
-fn library_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test's path");
-    let deps = exe.parent().expect("the test's folder").to_path_buf();
-    [
-        deps.clone(),
-        deps.parent().expect("the profile folder").to_path_buf(),
-    ]
-    .into_iter()
-    .find(|dir| dir.join("libringreduce_nccl.so").is_file())
-    .expect("cargo builds libringreduce_nccl.so before the tests")
-}
-
-/// This package's folder: where it was built, or `RINGREDUCE_NCCL_SOURCES` (a test executable
-/// carried to another machine).
-fn sources() -> PathBuf {
-    std::env::var_os("RINGREDUCE_NCCL_SOURCES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
-}
 
 /// The version `include/nccl.h` declares, in NCCL's encoding (`NCCL_VERSION_CODE` for ≥ 2.9).
 fn header_version() -> i32 {
