@@ -10,7 +10,7 @@
 
 use super::edges::{self, apply_probes, edges_from_records, probe_own, probe_target, reach_peers};
 use super::enqueue::gpu_rank_thread;
-use super::peer::{allocate_peer_words, connect_peer_words, peer_kernels_fit, PeerKernel};
+use super::peer_words::{allocate_peer_words, connect_peer_words, peer_kernels_fit, PeerKernel};
 use super::rank::RankExecutor;
 use super::{launch, registered, CudaConfig, CudaExecutor, CACHED_PLANS};
 use crate::device;

@@ -39,7 +39,10 @@
 //! - `enqueue`: the enqueue of one rank's instructions on its streams, for every path (copies,
 //!   reduce and scale kernels, events, counter signals and waits, peer kernel launches), the
 //!   rank threads, the wait for completion and the diagnosis of a stalled call;
-//! - `peer`: each rank's peer-kernel words, their launch, and what the error words report;
+//! - `peer_words`: each rank's peer-kernel words, and which peer kernel a call launches;
+//! - `peer_enqueue`: a peer call's opening, and the launch of each peer kernel from a plan;
+//! - `error_words`: what the codes in the ranks' error words report, and the check that turns
+//!   them into errors;
 //! - `exposure`: a rank's one region that its in-place one-shot plans' exposed buffers live in,
 //!   so that a new message size allocates nothing;
 //! - `layout`: the checks that tie a one-shot, two-shot or steps plan to its kernel;
@@ -53,8 +56,8 @@
 //!
 //! Invariant: a failed enqueue never leaves a GPU waiting forever (every wait between ranks and
 //! every peer kernel gives up within three quarters of the timeout, leaving a code in its
-//! rank's error word), and teardown never hangs on a stuck GPU (see `enqueue`, `peer`, `launch`
-//! and `teardown` for how each path keeps it).
+//! rank's error word), and teardown never hangs on a stuck GPU (see `enqueue`, `peer_enqueue`,
+//! `launch` and `teardown` for how each path keeps it).
 
 mod callers;
 mod capture;
@@ -63,10 +66,12 @@ mod create;
 mod cuda_config;
 mod edges;
 mod enqueue;
+mod error_words;
 mod exposure;
 mod launch;
 mod layout;
-mod peer;
+mod peer_enqueue;
+mod peer_words;
 mod prepare;
 mod rank;
 mod registered;
@@ -86,7 +91,7 @@ use crate::plan::{EdgeTransport, Op, Plan, StreamKind};
 use crossbeam_channel::Sender;
 use cudarc::driver::CudaStream;
 use layout::StepLayout;
-use peer::PeerKernel;
+use peer_words::PeerKernel;
 use rank::{RankExecutor, RankPlan};
 use std::collections::HashSet;
 use std::sync::atomic::AtomicBool;
@@ -105,7 +110,7 @@ enum Dispatch {
     /// per rank), else from the caller's thread.
     CopyEngines,
     /// The one-shot all-reduce: each rank's one peer reduce is one kernel, `kernel` (the read
-    /// one-shot or the LL one-shot, [`peer::PeerWords::oneshot_kernel`]).
+    /// one-shot or the LL one-shot, [`peer_words::PeerWords::oneshot_kernel`]).
     OneShot { kernel: PeerKernel },
     /// The two-shot all-reduce: each rank's whole program is one fused kernel, which needs each
     /// rank's segment (offset, count) (`twoshot_segments`).

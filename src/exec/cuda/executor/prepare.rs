@@ -7,7 +7,7 @@
 //! shape prepared earlier allocates nothing.
 
 use super::layout::{oneshot_layout, steps_layout, twoshot_segments};
-use super::peer::PeerKernel;
+use super::peer_words::PeerKernel;
 use super::{auto_chunk_bytes, rank, CudaExecutor, Dispatch, Prepared, Schedule, CACHED_PLANS};
 use crate::element::DType;
 use crate::error::{Error, Result};
