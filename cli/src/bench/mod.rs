@@ -23,27 +23,34 @@
 //! # Where each part lives
 //!
 //! This module reads the arguments and runs the passes; [`measure`] times one library over the
-//! sweep, [`nccl`] runs NCCL in its child processes, [`report`] holds the rows, the JSON report
-//! and the printed tables, and [`plot`] draws a report (SVG, or PNG through resvg).
+//! sweep ([`measure_random`] over the random-size workload), [`library`] drives ringreduce and
+//! NCCL through the same calls, [`stats`] holds a row's arithmetic, [`nccl`] runs NCCL in its
+//! child processes, [`report`] holds the rows, the JSON report and the printed tables, and
+//! [`plot`] draws a report (SVG, or PNG through resvg).
 
 mod collective;
 mod compare;
 mod graph;
+mod library;
 mod measure;
+mod measure_random;
 mod memory;
 mod nccl;
 mod plot;
 mod processes;
 mod random;
 mod report;
+mod stats;
 mod torch;
 
-pub use measure::{algbw_gbps, busbw_gbps};
+pub use stats::{algbw_gbps, busbw_gbps};
 
 use crate::{parse_bytes, parse_op, parse_transport, require_gpus, Failure};
 use collective::{parse_collective, BenchCollective};
 use compare::{print_comparison, print_random};
-use measure::{Lib, Memory, Mode, Sweep};
+use library::Lib;
+use measure::{Mode, Sweep};
+use memory::Memory;
 use nccl::run_nccl_only;
 use plot::check_plot_path;
 use report::{Header, Report, Row};

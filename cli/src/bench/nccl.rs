@@ -11,7 +11,9 @@
 //! ([`ChildOutput`]), relabelled with the configuration that produced them.
 
 use super::collective::BenchCollective;
-use super::measure::{Lib, Memory, Mode, Sweep};
+use super::library::Lib;
+use super::measure::{Mode, Sweep};
+use super::memory::Memory;
 use super::random::RandomRun;
 use super::report::{print_row, print_table_header, ChildOutput, Row};
 use super::{BenchArgs, Sizes};

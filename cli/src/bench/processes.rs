@@ -12,7 +12,7 @@
 //! buffer first (and deregisters it after), so the calls run on it in place. Rank 0 prints the table and how many calls
 //! ran without copies; a wrong element fails the command.
 
-use super::measure::{algbw_gbps, busbw_gbps, percentiles};
+use super::stats::{algbw_gbps, busbw_gbps, percentiles};
 use super::BenchArgs;
 use crate::launch::{self, LaunchArgs};
 use crate::Failure;

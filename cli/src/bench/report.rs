@@ -91,13 +91,13 @@ impl HostProfile {
             .into_iter()
             .map(|label| {
                 let mut s = samples.remove(&label).unwrap_or_default();
-                let (_, median, _) = super::measure::percentiles(&mut s);
+                let (_, median, _) = super::stats::percentiles(&mut s);
                 (label, median)
             })
             .chain((!totals.is_empty()).then(|| {
                 (
                     "total".to_string(),
-                    super::measure::percentiles(&mut totals).1,
+                    super::stats::percentiles(&mut totals).1,
                 )
             }))
             .collect()
