@@ -13,13 +13,13 @@
 //! buffers are read or dropped, on the error paths too; ringreduce and NCCL are driven through the
 //! same [`Lib`] calls, so their numbers come from the same procedure.
 
+use super::args::BenchArgs;
 use super::collective::BenchCollective;
 use super::graph;
 use super::library::{arrange, Lib};
 use super::memory::{Expected, Memory, RankMemory};
 use super::report::{print_row, print_table_header, HostProfile, Measure, Row};
 use super::stats::{algbw_gbps, Stats};
-use super::BenchArgs;
 use crate::Failure;
 use cudarc::driver::{CudaGraph, CudaStream};
 use ringreduce::device;
