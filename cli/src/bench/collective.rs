@@ -143,7 +143,7 @@ impl BenchCollective {
         world: usize,
     ) -> Vec<usize> {
         let unit = elem_bytes * self.blocks(world);
-        super::measure::sizes(min, max, factor, unit)
+        super::stats::sizes(min, max, factor, unit)
     }
 
     /// The library's collective over `world` ranks of `count` elements.

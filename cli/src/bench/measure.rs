@@ -7,34 +7,27 @@
 //! p99). With `--graph N` ([`Mode::Graph`]): one eager call of the same shape on the bench's own
 //! streams (checked), N calls captured into one CUDA graph per rank ([`super::graph`]), the graph's
 //! result checked (out of place), and the same three passes over `-w`/`-n` replays, each time
-//! divided by N. And the random-size workload ([`super::random`]).
+//! divided by N. The random-size workload is module [`super::measure_random`]'s.
 //!
 //! Invariant: every enqueue is followed by a synchronize of the streams it used before its
 //! buffers are read or dropped, on the error paths too; ringreduce and NCCL are driven through the
 //! same [`Lib`] calls, so their numbers come from the same procedure.
 
+use super::args::BenchArgs;
 use super::collective::BenchCollective;
 use super::graph;
-pub use super::memory::Memory;
-use super::memory::{Expected, RankMemory};
-use super::random::{random_sizes, RandomRun};
+use super::library::{arrange, Lib};
+use super::memory::{Expected, Memory, RankMemory};
 use super::report::{print_row, print_table_header, HostProfile, Measure, Row};
-use super::BenchArgs;
+use super::stats::{algbw_gbps, Stats};
 use crate::Failure;
 use cudarc::driver::{CudaGraph, CudaStream};
 use ringreduce::device;
 use ringreduce::exec::profile::CallProfile;
-use ringreduce::verify::{make_expected, make_input};
-use ringreduce::{Collective, Communicator, DType, Element, GpuViewMut, ReduceOp};
-use ringreduce_cli::baseline::{BaselineError, NcclAllReduce};
+use ringreduce::{Collective, DType, Element, GpuViewMut, ReduceOp};
+use ringreduce_cli::baseline::BaselineError;
 use std::sync::Arc;
 use std::time::Instant;
-
-/// The library under test, driven the same way.
-pub(super) enum Lib<'a> {
-    Ring(&'a Communicator),
-    Nccl(&'a NcclAllReduce),
-}
 
 /// How the calls are issued.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,122 +38,10 @@ pub enum Mode {
     Graph(usize),
 }
 
-impl Lib<'_> {
-    /// One `collective` of `ins` (in place when `outs` is `None`; the lists as [`arrange`] makes
-    /// them) on the library's own streams, or on `streams` when given. The all-reduce goes
-    /// through each library's all-reduce calls, every other collective through its
-    /// `enqueue_collective`.
-    ///
-    /// # Safety
-    /// The buffers stay allocated and untouched until the streams used have been synchronized.
-    unsafe fn enqueue<T: Element>(
-        &self,
-        collective: &Collective,
-        ins: &mut [GpuViewMut<'_, T>],
-        outs: Option<&mut [GpuViewMut<'_, T>]>,
-        op: ReduceOp,
-        streams: Option<&[Arc<CudaStream>]>,
-    ) -> Result<(), BaselineError> {
-        if *collective != Collective::AllReduce {
-            let none = None::<&[GpuViewMut<'_, T>]>;
-            // SAFETY: the caller's contract is each library's.
-            return unsafe {
-                match (self, outs) {
-                    (Lib::Ring(c), None) => {
-                        Ok(c.enqueue_collective(collective, none, ins, op, streams)?)
-                    }
-                    (Lib::Ring(c), Some(o)) => {
-                        Ok(c.enqueue_collective(collective, Some(&*ins), o, op, streams)?)
-                    }
-                    (Lib::Nccl(n), None) => {
-                        n.enqueue_collective(collective, none, ins, op, streams)
-                    }
-                    (Lib::Nccl(n), Some(o)) => {
-                        n.enqueue_collective(collective, Some(&*ins), o, op, streams)
-                    }
-                }
-            };
-        }
-        // SAFETY: the caller's contract is each library's.
-        unsafe {
-            match (self, outs, streams) {
-                (Lib::Ring(c), None, None) => Ok(c.enqueue_all_reduce_in_place(ins, op)?),
-                (Lib::Ring(c), Some(o), None) => Ok(c.enqueue_all_reduce(ins, o, op)?),
-                (Lib::Ring(c), None, Some(s)) => Ok(c.enqueue_all_reduce_in_place_on(ins, op, s)?),
-                (Lib::Ring(c), Some(o), Some(s)) => Ok(c.enqueue_all_reduce_on(ins, o, op, s)?),
-                (Lib::Nccl(n), None, None) => n.enqueue_all_reduce_in_place(ins, op),
-                (Lib::Nccl(n), Some(o), None) => n.enqueue_all_reduce(ins, o, op),
-                (Lib::Nccl(n), None, Some(s)) => n.enqueue_all_reduce_in_place_on(ins, op, s),
-                (Lib::Nccl(n), Some(o), Some(s)) => n.enqueue_all_reduce_on(ins, o, op, s),
-            }
-        }
-    }
-
-    /// ringreduce's call profiles since the last time (`--profile-host`); empty for NCCL.
-    fn host_profile(&self) -> Vec<CallProfile> {
-        match self {
-            Lib::Ring(comm) => comm.host_profile(),
-            Lib::Nccl(_) => Vec::new(),
-        }
-    }
-
-    fn synchronize(&self) -> ringreduce::Result<()> {
-        match self {
-            Lib::Ring(c) => c.synchronize(),
-            Lib::Nccl(n) => n.synchronize(),
-        }
-    }
-
-    /// Records `event` on rank 0's own stream.
-    fn record(&self, event: &device::Event) -> ringreduce::Result<()> {
-        match self {
-            Lib::Ring(c) => {
-                let stream = c.main_stream(0).ok_or_else(|| {
-                    ringreduce::Error::InvalidArgument("not a GPU communicator".into())
-                })?;
-                // SAFETY: `stream` is rank 0's main stream, live while `c` is, in the primary
-                // context of devices()[0], where `event` was made (see `Sweep::new`).
-                unsafe { device::record_on_raw_stream(event, stream) }
-            }
-            Lib::Nccl(n) => match n.stream(0) {
-                Some(stream) => device::record(event, stream),
-                None => Err(ringreduce::Error::NoBuffers),
-            },
-        }
-    }
-}
-
-/// min, median, mean and p99 of a set of samples (µs).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Stats {
-    pub min: f64,
-    pub median: f64,
-    pub mean: f64,
-    pub p99: f64,
-}
-
-impl Stats {
-    /// The statistics of `samples` (sorted in place); zeros when empty.
-    pub fn of(samples: &mut [f64]) -> Stats {
-        let (min, median, p99) = percentiles(samples);
-        let mean = if samples.is_empty() {
-            0.0
-        } else {
-            samples.iter().sum::<f64>() / samples.len() as f64
-        };
-        Stats {
-            min,
-            median,
-            mean,
-            p99,
-        }
-    }
-}
-
 /// Everything the sweep needs that does not change between sizes.
 pub(super) struct Sweep<'a> {
-    args: &'a BenchArgs,
-    devices: Vec<usize>,
+    pub(super) args: &'a BenchArgs,
+    pub(super) devices: Vec<usize>,
     /// `iters + 1` timing events on rank 0's GPU.
     events: Vec<device::Event>,
     /// The bench's own streams, one per GPU (the caller's streams of `Mode::Graph`).
@@ -530,111 +411,6 @@ impl Sweep<'_> {
             host_profile: None,
         }
     }
-
-    /// The random-size workload for `lib` (eager, out of place or in place): `calls` sizes from
-    /// [`random_sizes`], `-w` warm-up calls at the smallest of them, then every call timed from
-    /// the call to its completion. An error stops the workload and is recorded in the run.
-    pub(super) fn run_random(
-        &self,
-        lib: &Lib,
-        label: &str,
-        memory: Memory,
-        calls: usize,
-        seed: u64,
-        in_place: bool,
-    ) -> RandomRun {
-        macro_rules! typed {
-            ($($d:ident => $t:ty),*) => {
-                match self.args.dtype {
-                    $(DType::$d => {
-                        self.random_typed::<$t>(lib, label, memory, calls, seed, in_place)
-                    })*
-                }
-            };
-        }
-        typed!(F16 => half::f16, BF16 => half::bf16, F32 => f32, F64 => f64, I8 => i8,
-               U8 => u8, I32 => i32, U32 => u32, I64 => i64, U64 => u64,
-               F8E4M3 => ringreduce::F8E4M3, F8E5M2 => ringreduce::F8E5M2)
-    }
-
-    fn random_typed<T: Element>(
-        &self,
-        lib: &Lib,
-        label: &str,
-        memory: Memory,
-        calls: usize,
-        seed: u64,
-        in_place: bool,
-    ) -> RandomRun {
-        let args = self.args;
-        let elem = std::mem::size_of::<T>();
-        let sequence = random_sizes(args.min_bytes, args.max_bytes, calls, elem, seed);
-        let mut run = RandomRun {
-            library: label.to_string(),
-            seed,
-            min_bytes: args.min_bytes as u64,
-            max_bytes: args.max_bytes as u64,
-            in_place,
-            calls: Vec::with_capacity(calls),
-            wrong: 0,
-            error: None,
-        };
-        if let Err(e) = self.random_calls::<T>(lib, memory, &sequence, in_place, &mut run) {
-            run.error = Some(e.to_string());
-        }
-        run
-    }
-
-    /// Out of place, the outputs are zeroed first and checked after the last call (each element
-    /// last written by the largest call covering it, which reduces the same inputs). In place,
-    /// every call reduces the previous one's results, so the check restores the inputs after the
-    /// workload and checks one more call, of the largest size.
-    fn random_calls<T: Element>(
-        &self,
-        lib: &Lib,
-        memory: Memory,
-        sequence: &[usize],
-        in_place: bool,
-        run: &mut RandomRun,
-    ) -> Result<(), BaselineError> {
-        let (args, world, elem) = (self.args, self.devices.len(), std::mem::size_of::<T>());
-        let largest = sequence.iter().max().map_or(0, |b| b / elem);
-        let smallest = sequence.iter().min().map_or(0, |b| b / elem);
-        let mut ins = RankMemory::zeroed(lib, memory, &self.devices, largest)?;
-        let inputs: Vec<Vec<T>> = (0..world)
-            .map(|r| make_input(args.op, r, largest))
-            .collect();
-        ins.write_all(&inputs)?;
-        let mut outs = match in_place {
-            true => None,
-            false => Some(RankMemory::zeroed(lib, memory, &self.devices, largest)?),
-        };
-        let mut one = |ins: &mut RankMemory<'_, T>, count: usize| -> Result<f64, BaselineError> {
-            let mut i = ins.views_mut(count)?;
-            let mut o = outs.as_mut().map(|o| o.views_mut(count)).transpose()?;
-            let t = Instant::now();
-            let all_reduce = &Collective::AllReduce;
-            // SAFETY: `ins`/`outs` hold the memory until after the synchronize, on every path.
-            let call = unsafe { lib.enqueue(all_reduce, &mut i, o.as_deref_mut(), args.op, None) };
-            let synced = lib.synchronize();
-            call.and(synced.map_err(BaselineError::from))?;
-            Ok(t.elapsed().as_secs_f64() * 1e6)
-        };
-        for _ in 0..args.warmup {
-            one(&mut ins, smallest)?;
-        }
-        for &bytes in sequence {
-            let us = one(&mut ins, bytes / elem)?;
-            run.calls.push((bytes as u64, us));
-        }
-        if in_place {
-            ins.write_all(&inputs)?;
-            one(&mut ins, largest)?;
-        }
-        let checked = outs.as_ref().unwrap_or(&ins);
-        run.wrong = checked.count_wrong(&make_expected(args.op, world, largest))?;
-        Ok(())
-    }
 }
 
 /// One measurement's collective and buffers.
@@ -662,114 +438,5 @@ impl Shape {
         let i = ins.views_mut(self.in_len)?;
         let o = outs.map(|o| o.views_mut(self.out_len)).transpose()?;
         Ok(arrange(&self.collective, i, o))
-    }
-}
-
-/// The lists a collective call takes, from one buffer per rank: in place, every rank's; out of
-/// place, the inputs and outputs of the ranks that pass one, in the order of
-/// `Collective::input_ranks` / `output_ranks` (the broadcast's root alone in; the reduce's root alone
-/// out; sendrecv's receive buffer of transfer i is rank i+1's).
-pub(super) fn arrange<B>(
-    collective: &Collective,
-    ins: Vec<B>,
-    outs: Option<Vec<B>>,
-) -> (Vec<B>, Option<Vec<B>>) {
-    let Some(outs) = outs else {
-        return (ins, None);
-    };
-    let world = ins.len();
-    let pick = |list: Vec<B>, ranks: Vec<usize>| -> Vec<B> {
-        let mut slots: Vec<Option<B>> = list.into_iter().map(Some).collect();
-        ranks
-            .iter()
-            .filter_map(|&r| slots.get_mut(r)?.take())
-            .collect()
-    };
-    (
-        pick(ins, collective.input_ranks(world)),
-        Some(pick(outs, collective.output_ranks(world))),
-    )
-}
-
-/// algbw in GB/s (10⁹ B/s): one rank's buffer over the time of one all-reduce.
-pub fn algbw_gbps(bytes: usize, seconds: f64) -> f64 {
-    bytes as f64 / seconds / 1e9
-}
-
-/// busbw = algbw · 2(n−1)/n: in a ring all-reduce each rank sends (and receives) 2(n−1)/n of the
-/// buffer, so this is the bandwidth every link carried; comparable with the link's speed and
-/// across world sizes. For n = 1 nothing moves: 0.
-pub fn busbw_gbps(algbw: f64, world: usize) -> f64 {
-    if world == 0 {
-        return 0.0;
-    }
-    algbw * 2.0 * (world as f64 - 1.0) / world as f64
-}
-
-/// Sizes in bytes: `min` up to `max`, ×`factor` per row (at least ×2), each rounded down to whole
-/// elements of `elem_bytes` and at least one element; duplicates after rounding dropped.
-pub fn sizes(min: usize, max: usize, factor: usize, elem_bytes: usize) -> Vec<usize> {
-    let factor = factor.max(2);
-    let mut out: Vec<usize> = std::iter::successors(Some(min.max(1)), |s| s.checked_mul(factor))
-        .take_while(|&s| s <= max)
-        .map(|s| (s / elem_bytes).max(1) * elem_bytes)
-        .collect();
-    out.dedup();
-    out
-}
-
-/// (min, median, p99) of `samples` (sorted in place); zeros when empty.
-pub fn percentiles(samples: &mut [f64]) -> (f64, f64, f64) {
-    if samples.is_empty() {
-        return (0.0, 0.0, 0.0);
-    }
-    samples.sort_by(f64::total_cmp);
-    let n = samples.len();
-    let median = if n % 2 == 1 {
-        samples[n / 2]
-    } else {
-        (samples[n / 2 - 1] + samples[n / 2]) / 2.0
-    };
-    let p99 = samples[((n as f64 * 0.99).ceil() as usize).clamp(1, n) - 1];
-    (samples[0], median, p99)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::parse_bytes;
-
-    #[test]
-    fn sizes_parse_and_sweep() {
-        assert_eq!(parse_bytes("8").unwrap(), 8);
-        assert_eq!(parse_bytes("64K").unwrap(), 65536);
-        assert_eq!(parse_bytes("256M").unwrap(), 256 << 20);
-        assert_eq!(parse_bytes("1G").unwrap(), 1 << 30);
-        assert!(parse_bytes("1X").is_err());
-        let s = sizes(8, 1 << 30, 2, 4);
-        assert_eq!(s.first(), Some(&8));
-        assert_eq!(s.last(), Some(&(1 << 30)));
-        assert_eq!(s.len(), 28);
-        // Rounded to whole elements, at least one, no duplicates.
-        assert_eq!(sizes(1, 64, 2, 8), vec![8, 16, 32, 64]);
-        assert_eq!(sizes(6, 100, 4, 4), vec![4, 24, 96]);
-    }
-
-    #[test]
-    fn busbw_formula() {
-        assert_eq!(algbw_gbps(1_000_000_000, 1.0), 1.0);
-        assert_eq!(busbw_gbps(100.0, 2), 100.0);
-        assert_eq!(busbw_gbps(100.0, 4), 150.0);
-        assert_eq!(busbw_gbps(100.0, 8), 175.0);
-        assert_eq!(busbw_gbps(100.0, 1), 0.0);
-    }
-
-    #[test]
-    fn percentiles_of_samples() {
-        let mut v: Vec<f64> = (1..=100).rev().map(f64::from).collect();
-        assert_eq!(percentiles(&mut v), (1.0, 50.5, 99.0));
-        assert_eq!(percentiles(&mut [3.0]), (3.0, 3.0, 3.0));
-        assert_eq!(percentiles(&mut [2.0, 1.0, 3.0]), (1.0, 2.0, 3.0));
-        assert_eq!(percentiles(&mut []), (0.0, 0.0, 0.0));
     }
 }

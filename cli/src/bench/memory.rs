@@ -6,7 +6,7 @@
 //! Invariant: the views always start at offset 0 of every rank's buffer, so on symmetric memory
 //! every rank passes the same offset into its window, as NCCL's symmetric kernels require.
 
-use super::measure::Lib;
+use super::library::Lib;
 use ringreduce::verify::compare;
 use ringreduce::{Element, GpuBuffer, GpuViewMut};
 use ringreduce_cli::baseline::{BaselineError, SymmetricBuffers};

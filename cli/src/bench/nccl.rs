@@ -10,11 +10,13 @@
 //! ringreduce's ring knobs; its rows are the last line of its stdout that is JSON
 //! ([`ChildOutput`]), relabelled with the configuration that produced them.
 
+use super::args::{BenchArgs, Sizes};
 use super::collective::BenchCollective;
-use super::measure::{Lib, Memory, Mode, Sweep};
+use super::library::Lib;
+use super::measure::{Mode, Sweep};
+use super::memory::Memory;
 use super::random::RandomRun;
 use super::report::{print_row, print_table_header, ChildOutput, Row};
-use super::{BenchArgs, Sizes};
 use crate::{require_gpus, Failure};
 use ringreduce::Transport;
 use ringreduce_cli::baseline::{self, NcclAllReduce};

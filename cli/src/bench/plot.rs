@@ -1,10 +1,13 @@
 //! Drawing a report: busbw and time against size, one series per library, with plotters' SVG
-//! backend; a `.png` path is rasterised from the same SVG by resvg with the system's fonts.
+//! backend; a `.png` path is rasterised from the same SVG by resvg with the system's fonts. A
+//! report written earlier with `--json` is drawn again by [`plot_from_json`] (`--from-json`).
 //!
 //! Invariant: the PNG is the SVG, rendered — there is one drawing, not two.
 
+use super::args::knobs_suffix;
 use super::collective::BenchCollective;
-use super::report::Row;
+use super::report::{Report, Row};
+use crate::Failure;
 use std::path::{Path, PathBuf};
 
 /// One plot per collective of `collectives` (those with rows), titled `"<collective> <what>"`: at
@@ -30,6 +33,32 @@ pub fn write_plots(
         write_plot(&target, &mine, &format!("{} {what}", c.name()))?;
         out!("# plot: {}", target.display());
     }
+    Ok(())
+}
+
+/// `--from-json`: reads a report written earlier with `--json` and draws it to `plot`; no GPU
+/// needed.
+pub fn plot_from_json(source: &Path, plot: Option<&Path>) -> Result<(), Failure> {
+    let text = std::fs::read_to_string(source)
+        .map_err(|e| Failure::Failed(format!("{}: {e}", source.display())))?;
+    let report: Report = serde_json::from_str(&text)
+        .map_err(|e| Failure::Failed(format!("{}: not a bench report: {e}", source.display())))?;
+    let Some(path) = plot else {
+        return Err(Failure::Failed(
+            "--from-json needs --plot FILE.svg|.png".into(),
+        ));
+    };
+    let when = report
+        .header
+        .iter()
+        .find(|(k, _)| k == "date")
+        .map_or(String::new(), |(_, v)| format!(", {v}"));
+    let what = format!(
+        "{}{when}{}",
+        source.display(),
+        knobs_suffix(report.chunk_bytes, report.slots)
+    );
+    write_plots(path, &report.rows, &report.collectives, &what)?;
     Ok(())
 }
 

@@ -12,8 +12,8 @@
 //! buffer first (and deregisters it after), so the calls run on it in place. Rank 0 prints the table and how many calls
 //! ran without copies; a wrong element fails the command.
 
-use super::measure::{algbw_gbps, busbw_gbps, percentiles};
-use super::BenchArgs;
+use super::args::{cuda_config, BenchArgs};
+use super::stats::{algbw_gbps, busbw_gbps, percentiles};
 use crate::launch::{self, LaunchArgs};
 use crate::Failure;
 use ringreduce::verify::{expected_value, input_value};
@@ -70,7 +70,7 @@ fn run_typed<T: Element>(args: &BenchArgs) -> Result<(), Failure> {
     let shared = gpus < env.local_world;
     let config = CudaConfig {
         allow_shared_device: shared,
-        ..super::cuda_config(args)
+        ..cuda_config(args)
     };
     let mut comm = match shared {
         true => RankCommunicator::gpu(&env.unique_id()?, env.rank, env.world, 0, config)?,

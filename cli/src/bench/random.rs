@@ -97,7 +97,7 @@ pub fn bands(run: &RandomRun, fixed_sizes: &[u64]) -> Vec<Band> {
         if samples.is_empty() {
             continue;
         }
-        let stats = super::measure::Stats::of(&mut samples);
+        let stats = super::stats::Stats::of(&mut samples);
         out.push(Band {
             from_bytes: from,
             calls: samples.len(),

@@ -5,16 +5,14 @@
 //! Invariant: a report written by any version of `bench` still reads — fields added later
 //! (`chunk_bytes`, `slots`) have defaults that say what the older runs did.
 
+use super::args::BenchArgs;
 use super::collective::BenchCollective;
-use super::plot::write_plots;
 use super::random::RandomRun;
 use super::torch::TorchReport;
-use super::{knobs_suffix, BenchArgs};
 use crate::Failure;
 use ringreduce::device;
 use ringreduce::exec::cuda as kernels;
 use serde::{Deserialize, Serialize};
-use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// One placement's numbers for one size. The optional fields are absent in reports written
@@ -91,13 +89,13 @@ impl HostProfile {
             .into_iter()
             .map(|label| {
                 let mut s = samples.remove(&label).unwrap_or_default();
-                let (_, median, _) = super::measure::percentiles(&mut s);
+                let (_, median, _) = super::stats::percentiles(&mut s);
                 (label, median)
             })
             .chain((!totals.is_empty()).then(|| {
                 (
                     "total".to_string(),
-                    super::measure::percentiles(&mut totals).1,
+                    super::stats::percentiles(&mut totals).1,
                 )
             }))
             .collect()
@@ -364,32 +362,6 @@ pub fn machine_header(
     ));
 
     Ok((header, detected))
-}
-
-/// `--from-json`: reads a report written earlier with `--json` and draws it to `plot`; no GPU
-/// needed.
-pub fn plot_from_json(source: &Path, plot: Option<&Path>) -> Result<(), Failure> {
-    let text = std::fs::read_to_string(source)
-        .map_err(|e| Failure::Failed(format!("{}: {e}", source.display())))?;
-    let report: Report = serde_json::from_str(&text)
-        .map_err(|e| Failure::Failed(format!("{}: not a bench report: {e}", source.display())))?;
-    let Some(path) = plot else {
-        return Err(Failure::Failed(
-            "--from-json needs --plot FILE.svg|.png".into(),
-        ));
-    };
-    let when = report
-        .header
-        .iter()
-        .find(|(k, _)| k == "date")
-        .map_or(String::new(), |(_, v)| format!(", {v}"));
-    let what = format!(
-        "{}{when}{}",
-        source.display(),
-        knobs_suffix(report.chunk_bytes, report.slots)
-    );
-    write_plots(path, &report.rows, &report.collectives, &what)?;
-    Ok(())
 }
 
 pub(super) fn print_table_header() {

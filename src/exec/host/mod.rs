@@ -20,99 +20,35 @@
 //! between the plan's barriers (`pool.rs`): the same operations, without a thread per rank
 //! taking turns on few cores.
 //!
-//! This file holds the executor, its per-call state (`HostCall`) and the rank threads;
+//! This file holds the executor and its per-call state (`HostCall`, the reports a call waits for,
+//! the commands its streams are sent); `host_config.rs` its options and the faults it can inject,
+//! `host_plan.rs` a shape's checked plan with its staging, `rank_thread.rs` the rank threads,
 //! `stream.rs` the stream workers that run the operations (events, barriers, faults), `pool.rs`
 //! the pool, and `fold.rs` the element folds they call.
 
 mod fold;
+mod host_config;
+mod host_plan;
 mod pool;
 pub(crate) mod process;
+mod rank_thread;
 mod stream;
 
+pub use host_config::{Fault, FaultKind, HostConfig};
+
 use self::fold::HostFolds;
-use self::stream::{stream_worker, Stream};
-use super::config::Transport;
-use super::{enqueue_rank, panic_message, Algorithm, Enqueue, Handoff, Limits, PlanCache, Shape};
+use self::host_plan::{checked_host_plan, HostPlan};
+use self::rank_thread::{command, host_rank_thread, stream_workers, Worker};
+use super::{Handoff, PlanCache, Shape};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::plan::{BufKind, Collective, Gather, Instr, Op, Plan, Region, StreamKind};
-use crossbeam_channel::{Receiver, Sender};
-use std::alloc::{alloc_zeroed, dealloc, Layout};
+use crate::plan::{Region, StreamKind};
+use crossbeam_channel::Sender;
 use std::collections::VecDeque;
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-/// Tuning and test options of the host executor.
-#[derive(Clone, Debug, PartialEq)]
-pub struct HostConfig {
-    /// Chunk length in elements.
-    pub chunk_elems: usize,
-    /// Staging slots per receiver.
-    pub slots: usize,
-    /// How the ring's edges move data ([`Transport`], shared with [`crate::CudaConfig`]);
-    /// `Staged` exercises the pinned-host plan shape on the CPU.
-    pub transport: Transport,
-    /// How long a collective may take before every caller gets [`Error::Timeout`].
-    pub timeout: Duration,
-    /// Seed for random delays (0–100 µs) before a quarter of all operations; `None` for none.
-    pub delay_seed: Option<u64>,
-    /// A fault to inject, for tests of failure handling.
-    pub fault: Option<Fault>,
-    /// Which all-reduce runs. `Auto` (the default) runs the two-shot with its gather pushed,
-    /// the host ranks' fastest ([`Algorithm::choose_host`]; over `Staged` edges the staged
-    /// rule, [`Algorithm::choose_staged`]); `Ring` and `OneShot` run those plans (a test of the
-    /// ring's chunking sets `Ring`, so that it gets the ring).
-    pub algorithm: Algorithm,
-    /// Fold every element of a reducing collective (all-reduce, reduce-scatter, reduce) in rank
-    /// order on every algorithm and size, so results do not depend on which algorithm runs (see
-    /// [`crate::exec::algorithm::deterministic_needs_peers`] for what it costs and what it
-    /// refuses, and docs/guide/07-other-collectives.md, "Fold order"). Off by default.
-    pub deterministic: bool,
-}
-
-impl Default for HostConfig {
-    fn default() -> Self {
-        HostConfig {
-            chunk_elems: 64 * 1024,
-            slots: 4,
-            transport: Transport::Auto,
-            timeout: Duration::from_secs(60),
-            delay_seed: None,
-            fault: None,
-            algorithm: Algorithm::Auto,
-            deterministic: false,
-        }
-    }
-}
-
-/// A fault injected into the host executor.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Fault {
-    /// The rank whose program the fault hits.
-    pub rank: usize,
-    /// Index of the instruction in the rank's program (taken modulo its length).
-    pub instr: usize,
-    /// What the fault does there.
-    pub kind: FaultKind,
-}
-
-/// What an injected fault does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FaultKind {
-    /// The operation returns an error.
-    Fail,
-    /// The operation panics (the executor catches it).
-    Panic,
-    /// The operation never finishes (until the call is aborted).
-    Stall,
-    /// The operation starts this much later (or fails at the call's deadline, or stops when the
-    /// call is aborted), then runs: a slow rank, whose call completes late but right.
-    Slow(Duration),
-}
 
 /// A CUDA-like event on the host: records enqueued so far, and records completed.
 #[derive(Default)]
@@ -125,39 +61,6 @@ struct HostEvent {
     reached: Condvar,
 }
 
-/// Host memory for the plan's staging slots, zeroed, 64-byte aligned.
-struct Scratch {
-    ptr: NonNull<u8>,
-    layout: Layout,
-}
-
-// SAFETY: Scratch is a plain owned allocation; the executor hands out raw pointers into it only to
-// operations the checker proved race-free, and frees it only when no call is running.
-unsafe impl Send for Scratch {}
-// SAFETY: as above; `&Scratch` only exposes the base address.
-unsafe impl Sync for Scratch {}
-
-impl Scratch {
-    fn new(bytes: usize) -> Result<Scratch> {
-        let layout = Layout::from_size_align(bytes.max(1), 64).map_err(|_| Error::Resource {
-            what: format!("staging of {bytes} bytes is too large"),
-        })?;
-        // SAFETY: the layout has non-zero size.
-        let ptr = unsafe { alloc_zeroed(layout) };
-        let ptr = NonNull::new(ptr).ok_or_else(|| Error::Resource {
-            what: format!("cannot allocate {bytes} bytes of staging"),
-        })?;
-        Ok(Scratch { ptr, layout })
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout, freed once.
-        unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
-    }
-}
-
 /// The cores this process may run on (1 where the OS does not say).
 fn cores() -> usize {
     static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
@@ -166,17 +69,6 @@ fn cores() -> usize {
 
 /// Plans kept per communicator (each holds its staging memory); beyond this one is dropped.
 const CACHED_PLANS: usize = 16;
-
-/// A checked plan with what running it needs, built once per shape and reused.
-struct HostPlan {
-    plan: Plan,
-    waiters: Vec<Vec<usize>>,
-    events: Vec<HostEvent>,
-    /// One allocation per Slots / HostSlots / Exposed buffer, by buffer index.
-    scratch: Vec<Option<Scratch>>,
-    /// Where the pool can run the plan: each rank's program cut at its barriers (module `pool`).
-    phases: Option<pool::Phases>,
-}
 
 /// A buffer of the caller's, as the executor sees it: a base address and a length in bytes.
 #[derive(Clone, Copy)]
@@ -406,42 +298,6 @@ impl HostExecutor {
         })
     }
 
-    fn prepare(&mut self, shape: Shape) -> Result<Arc<HostPlan>> {
-        if let Some(p) = self.cache.get(&shape) {
-            return Ok(p);
-        }
-        let plan = checked_host_plan(&shape, self.world, &self.config, &mut self.cache)?;
-        let scratch = plan
-            .buffers
-            .iter()
-            .map(|decl| match decl.kind {
-                BufKind::Slots
-                | BufKind::HostSlots
-                | BufKind::Exposed
-                | BufKind::HostExposed
-                | BufKind::Scratch => decl
-                    .len
-                    .checked_mul(shape.elem_bytes)
-                    .ok_or(Error::Internal {
-                        what: "staging size overflows".into(),
-                    })
-                    .and_then(Scratch::new)
-                    .map(Some),
-                _ => Ok(None),
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let prepared = Arc::new(HostPlan {
-            waiters: plan.remote_waiters(),
-            events: plan.events.iter().map(|_| HostEvent::default()).collect(),
-            scratch,
-            phases: pool::phases(&plan),
-            plan,
-        });
-        // A call in flight holds its plan (and the plan's staging) alive: evicting is safe.
-        self.cache.insert(shape, prepared.clone());
-        Ok(prepared)
-    }
-
     /// Starts one collective and returns once every rank thread has it; with `wait_complete`,
     /// then waits for it and for every call started before it ([`HostExecutor::synchronize`]).
     /// Without, the call runs on while the caller goes on, as an enqueued GPU call does: the
@@ -604,55 +460,6 @@ impl HostExecutor {
     }
 }
 
-/// The checked plan of `shape` over `world` host ranks, as `config` asks (the algorithm, the
-/// ring's chunk and slots), proven through `cache`'s lemmas where they apply.
-fn checked_host_plan<P>(
-    shape: &Shape,
-    world: usize,
-    config: &HostConfig,
-    cache: &mut PlanCache<P>,
-) -> Result<Plan> {
-    let bytes = shape.count.saturating_mul(shape.elem_bytes);
-    let transports = vec![config.transport.on_host(); world];
-    let (chunk, slots) = (config.chunk_elems, config.slots);
-    if shape.collective != Collective::AllReduce {
-        let algorithm = config.algorithm.choose_for(
-            &shape.collective,
-            bytes,
-            world,
-            shape.in_place,
-            true,
-            config.deterministic,
-        );
-        return if algorithm == Algorithm::OneShot {
-            shape.checked_oneshot_collective_plan(world)
-        } else {
-            shape.checked_collective_plan(chunk, slots, 1, transports)
-        };
-    }
-    // Staged edges: the host runs the plans ranks without peer access would (the staged
-    // one-shot reads only host copies; the ring moves chunks through host slots).
-    if config.transport == Transport::Staged {
-        return match config
-            .algorithm
-            .choose_staged(bytes, world, config.deterministic)
-        {
-            Algorithm::OneShot => shape.checked_staged_oneshot_plan(world),
-            Algorithm::TwoShot => Err(Error::InvalidArgument(
-                "the two-shot reads its peers' buffers: it cannot run over staged edges (use \
-                 the ring, the one-shot or Auto)"
-                    .into(),
-            )),
-            _ => cache.checked_ring_plan(shape, chunk, slots, 1, transports),
-        };
-    }
-    match config.algorithm.choose_host(world, config.deterministic) {
-        Algorithm::OneShot => cache.checked_oneshot_plan(shape, world),
-        Algorithm::TwoShot => shape.checked_twoshot_plan(world, 1, Gather::Push),
-        _ => cache.checked_ring_plan(shape, chunk, slots, 1, transports),
-    }
-}
-
 /// A call the rank threads have, until the caller has seen it end.
 struct InFlight {
     call: Arc<HostCall>,
@@ -688,144 +495,4 @@ impl Drop for HostExecutor {
             let _ = handle.join();
         }
     }
-}
-
-/// A rank's thread: for each call, enqueue the rank's program onto its streams — the Send, Recv
-/// and Reduce workers, and its own list for the Main stream — then run the Main stream itself.
-///
-/// Why running Main here cannot deadlock: a rank's enqueue of a call waits only for other
-/// ranks' enqueues of the same call (the handoffs; the checker proves they never cycle), and
-/// every rank enqueues all of a call before it runs that call's Main stream, whose commands
-/// wait only for work of that call or earlier ones, all enqueued by then.
-fn host_rank_thread(mut handoff: Handoff, calls: Receiver<Arc<HostCall>>) {
-    let rank = handoff.rank;
-    let workers = stream_workers(rank, false).expect("spawning a stream worker thread");
-    let mut main = Stream::new(rank, StreamKind::Main);
-    while let Some(call) = super::spin_recv(&calls) {
-        // Only the streams the rank's program uses take part in the call (a thread woken for
-        // nothing is what makes small calls slow on few cores).
-        let used = call.prepared.plan.streams(rank);
-        let taking_part = || {
-            workers
-                .iter()
-                .zip(StreamKind::ALL)
-                .filter(|(_, s)| used.contains(s))
-                .filter_map(|(worker, _)| worker.as_ref().map(|(tx, _)| tx))
-        };
-        for tx in taking_part() {
-            let _ = tx.send(Cmd::Begin(call.clone()));
-        }
-        let mut backend = HostEnqueue {
-            call: &call,
-            workers: &workers,
-            main: Vec::new(),
-        };
-        let result = catch_unwind(AssertUnwindSafe(|| {
-            enqueue_rank(
-                &call.prepared.plan,
-                &call.prepared.waiters,
-                call.id,
-                &mut handoff,
-                &mut backend,
-                Limits {
-                    deadline: call.deadline,
-                    timeout: call.timeout,
-                    abort: &call.abort,
-                },
-            )
-        }));
-        match result {
-            Ok(Ok(())) => {}
-            Ok(Err(err)) => call.fail(err),
-            Err(payload) => call.fail(Error::RankFailed {
-                rank,
-                during: "enqueue".into(),
-                message: panic_message(&*payload),
-            }),
-        }
-        for tx in taking_part() {
-            let _ = tx.send(Cmd::End);
-        }
-        call.done.report((rank, None));
-        if used.contains(&StreamKind::Main) {
-            main.run(Cmd::Begin(call.clone()));
-            for cmd in backend.main {
-                main.run(cmd);
-            }
-            main.run(Cmd::End);
-        }
-    }
-    for (tx, handle) in workers.into_iter().flatten() {
-        drop(tx);
-        let _ = handle.join();
-    }
-}
-
-/// A worker thread for each stream of rank `rank`, by [`StreamKind::index`], with the channel
-/// that feeds it — but `None` for Main unless `main_worker` (a rank thread runs its Main stream
-/// itself; a rank of its own process, whose calls return before they run, does not).
-fn stream_workers(rank: usize, main_worker: bool) -> Result<Vec<Option<Worker>>> {
-    StreamKind::ALL
-        .iter()
-        .map(|&stream| {
-            if stream == StreamKind::Main && !main_worker {
-                return Ok(None);
-            }
-            let (tx, rx) = crossbeam_channel::unbounded();
-            let handle = std::thread::Builder::new()
-                .name(format!("ringreduce-rank-{rank}-{stream:?}"))
-                .spawn(move || stream_worker(rank, stream, rx))
-                .map_err(|e| Error::Resource {
-                    what: format!("cannot start a stream worker: {e}"),
-                })?;
-            Ok(Some((tx, handle)))
-        })
-        .collect()
-}
-
-/// A stream worker thread and the channel that feeds it.
-type Worker = (Sender<Cmd>, JoinHandle<()>);
-
-/// The rank thread's view of its streams while enqueuing one call: the workers, and the Main
-/// stream's commands, which the rank thread runs once the call is enqueued.
-struct HostEnqueue<'a> {
-    call: &'a HostCall,
-    workers: &'a [Option<Worker>],
-    main: Vec<Cmd>,
-}
-
-impl Enqueue for HostEnqueue<'_> {
-    fn enqueue(&mut self, index: usize, instr: &Instr) -> Result<()> {
-        let Some(cmd) = command(&self.call.prepared.events, index, instr) else {
-            return Ok(());
-        };
-        match &self.workers[instr.stream.index()] {
-            Some((tx, _)) => tx.send(cmd).map_err(|_| Error::Closed),
-            None => {
-                self.main.push(cmd);
-                Ok(())
-            }
-        }
-    }
-}
-
-/// What a stream worker is told to do for instruction `index`, with CUDA's event semantics:
-/// a record takes the event's next generation; a wait captures the latest one enqueued, and a
-/// wait on an event never recorded does nothing (`None`).
-fn command(events: &[HostEvent], index: usize, instr: &Instr) -> Option<Cmd> {
-    Some(match instr.op {
-        Op::Record(e) => Cmd::Record {
-            event: e.0,
-            generation: events[e.0].enqueued.fetch_add(1, Ordering::AcqRel) + 1,
-        },
-        Op::Wait(e) => match events[e.0].enqueued.load(Ordering::Acquire) {
-            0 => return None,
-            target => Cmd::Wait {
-                event: e.0,
-                target,
-                index,
-            },
-        },
-        _ => Cmd::Run { index },
-    })
 }

@@ -1,8 +1,8 @@
 //! The enqueue of a plan on a rank's GPU streams, shared by every path: [`CudaEnqueue`] turns
 //! each instruction into its CUDA work — copies (peer or staged), reduce and scale kernels,
 //! event records and waits on the rank's own streams, event counters between ranks (module
-//! [`super::counters`]), and the peer kernels' launches (module [`super::peer`]). A rank thread
-//! ([`gpu_rank_thread`]), a launcher thread or the caller's thread drives it for one rank
+//! [`super::counters`]), and the peer kernels' launches (module [`super::peer_enqueue`]). A rank
+//! thread ([`gpu_rank_thread`]), a launcher thread or the caller's thread drives it for one rank
 //! (`launch::enqueue_rank`), or the caller's thread for every rank at once, interleaved in the
 //! checker's order (`launch::enqueue_in_order`, for ranks that share a GPU); then the caller polls each rank's completion event
 //! ([`wait_done`]) and, past the deadline, names the rank that stalled ([`stalled`]).
@@ -26,7 +26,7 @@
 
 use super::counters::wait_code;
 use super::launch::enqueue_rank;
-use super::peer::PeerWords;
+use super::peer_words::PeerWords;
 use super::rank::{RankPlan, RankRes};
 use super::{CudaCall, Dispatch};
 use crate::device;

@@ -25,7 +25,7 @@
 //! serial path would have launched nothing.
 
 use super::enqueue::{record_done, wait_done, CudaEnqueue};
-use super::peer::PeerWords;
+use super::peer_words::PeerWords;
 use super::rank::RankRes;
 use super::{CudaCall, CudaExecutor};
 use crate::device;

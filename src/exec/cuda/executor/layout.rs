@@ -1,5 +1,5 @@
 //! The checks that tie a peer plan to the kernel that runs it, made once per plan when it is
-//! prepared; the launches (module `peer`) rely on what they return. A two-shot plan must have
+//! prepared; the launches (module `peer_enqueue`) rely on what they return. A two-shot plan must have
 //! exactly the layout the fused two-shot kernel implements ([`twoshot_segments`], which also
 //! reads each rank's segment out of it); a one-shot all-reduce plan the layout the one-shot
 //! kernels (the read one-shot and the LL one-shot) assume ([`oneshot_layout`]); the one-shot

@@ -3,7 +3,7 @@
 //!
 //! A [`RankExecutor`] owns its rank's context, four streams (Main, Send, Recv, Reduce), kernels,
 //! completion and fence events and error word ([`RankRes`]); the peer kernels' words it owns and
-//! the ones its peers exported (`peer::PeerWords`); its exposure region; and, per prepared
+//! the ones its peers exported (`peer_words::PeerWords`); its exposure region; and, per prepared
 //! message shape, a [`RankPlan`]: its own events, staging buffers and event counters, and the
 //! address of every buffer of the plan it does not own but uses — its peers' staging slots and
 //! exposed copies, their counters' mailboxes — imported from their records. It enqueues only its
@@ -21,7 +21,7 @@
 
 use super::counters::Counters;
 use super::exposure::Exposure;
-use super::peer::PeerWords;
+use super::peer_words::PeerWords;
 use super::Dispatch;
 use crate::device::{self, DeviceBuffer, Event, PinnedHost, Stream};
 use crate::error::Result;
@@ -121,7 +121,7 @@ impl RankRes {
 
 /// Memory a rank owns and exports to its peers: a plan's staging (device slots and scratch, host
 /// slots and host copies), and the peer kernels' flag words (device memory, or pinned host
-/// memory where the GPUs do not reach each other: `peer::allocate_peer_words`).
+/// memory where the GPUs do not reach each other: `peer_words::allocate_peer_words`).
 pub(super) enum Owned {
     Device(DeviceBuffer),
     Host(PinnedHost),

@@ -3,7 +3,7 @@
 //! into the constant `<NAME>` below (the header's comment above it becoming its doc) and lists
 //! them all in [`ERROR_CODES`]; the same part is joined into the source that nvcc and NVRTC
 //! compile. So the kernels and the host cannot disagree on a code, and a new code is one line
-//! there. The host decodes an error word in `executor/peer.rs` (`kernel_failure`), whose test
+//! there. The host decodes an error word in `executor/error_words.rs` (`kernel_failure`), whose test
 //! holds it to [`ERROR_CODES`].
 //!
 //! Invariant (`build.rs` refuses the build otherwise): every code is nonzero — 0 is "no error" —

@@ -13,7 +13,7 @@
 
 use std::ffi::c_void;
 
-use super::peer::{check_not_null, check_word_aligned, check_world_and_rank, span_bytes};
+use super::peer_launch::{check_not_null, check_word_aligned, check_world_and_rank, span_bytes};
 use super::{check_aligned, param, reduce_index, KernelModule, PEER_MAX_RANKS};
 use crate::device::Stream;
 use crate::element::{DType, ReduceOp};

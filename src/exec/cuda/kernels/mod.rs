@@ -3,8 +3,9 @@
 //!
 //! Every ring step on a GPU ends in one kernel, `dst[i] = a[i] ⊕ b[i]` (the received segment
 //! combined with the local partial), and `Avg` ends with one more, `x[i] = x[i] / world`
-//! (module `reduce`). The peer kernels (module `peer`) are one kernel per rank that reads
-//! every rank's memory directly (peer access) and meets the other ranks' kernels at barriers of
+//! (module `reduce`). The peer kernels (modules `oneshot_kernel`, `twoshot_kernel` and `steps`,
+//! launched through module `peer_launch`) are one kernel per rank that reads every rank's
+//! memory directly (peer access) and meets the other ranks' kernels at barriers of
 //! flags written into peer memory: the one-shot all-reduce ([`KernelModule::oneshot`]) folds
 //! every rank's input in rank order into `dst` between a start and an end barrier; the two-shot
 //! ([`KernelModule::twoshot`]), with three barriers, reduces the rank's own segment from every
@@ -48,10 +49,12 @@ mod error_codes;
 mod image;
 mod ll;
 mod nvrtc;
-mod peer;
+mod oneshot_kernel;
+mod peer_launch;
 mod reduce;
 pub use reduce::PreMul;
 mod steps;
+mod twoshot_kernel;
 
 pub use error_codes::{
     COUNTER_ERR_BIT, ERROR_CODES, ERR_PEER_LOST, LL_ERR_WAIT, PEER_ERR_END, PEER_ERR_LAUNCH,
@@ -63,10 +66,10 @@ pub use image::{
 };
 pub use ll::{ll_blocks, ll_fits, ll_recv_bytes, LlArgs, LL_MAX_BYTES};
 pub use nvrtc::{cache_dir as kernel_cache_dir, found as nvrtc_found, version as nvrtc_version};
-pub use peer::{
-    peer_blocks, OneShotArgs, TwoShotArgs, PEER_FLAG_BYTES, PEER_MAX_BLOCKS, PEER_MAX_RANKS,
-};
+pub use oneshot_kernel::OneShotArgs;
+pub use peer_launch::{peer_blocks, PEER_FLAG_BYTES, PEER_MAX_BLOCKS, PEER_MAX_RANKS};
 pub use steps::{PeerStep, StepsArgs};
+pub use twoshot_kernel::TwoShotArgs;
 
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};

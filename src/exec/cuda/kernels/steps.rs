@@ -10,7 +10,7 @@
 
 use std::ffi::c_void;
 
-use super::peer::{
+use super::peer_launch::{
     check_not_null, check_word_aligned, check_world_and_rank, span_bytes, PeerParams,
 };
 use super::{check_aligned, param, reduce_index, KernelModule, PEER_MAX_RANKS};

@@ -1,0 +1,300 @@
+//! Each rank's peer-kernel words on the executor's side: the words the peer kernels share
+//! across ranks ([`PeerWords`], made in two phases around the fabric's all-gather:
+//! [`allocate_peer_words`], [`connect_peer_words`]), which kernel a call launches
+//! ([`PeerKernel`]), and on how many ranks the peer kernels can run ([`peer_kernels_fit`]).
+//! The peer kernels are the one-shot and the two-shot all-reduce and the steps kernel of the
+//! other collectives' one-shot form, one kernel per rank that reads the other ranks' memory
+//! directly (peer access) and meets their kernels at flag barriers, and the LL one-shot, which
+//! pushes each rank's input into its peers' receive buffers instead
+//! ([`crate::exec::cuda::kernels`] launches them; `cuda/peer.cuh` and `cuda/ll.cuh` describe the
+//! protocols). Module `peer_enqueue` launches them from a plan; module `error_words` reads what
+//! they leave in the error words.
+//!
+//! With [`CudaConfig::low_latency`](super::CudaConfig::low_latency) on, a one-shot all-reduce
+//! plan's peer reduce runs the LL kernel when the message fits it
+//! ([`PeerWords::oneshot_kernel`]), else the read one-shot: the plan is the same (the
+//! checker proves its result; both kernels compute it, with the same fold in the same order),
+//! only the executor's way of running the meeting differs.
+//!
+//! Invariant: every rank decides a call's kernel alike (a function of the communicator and
+//! (dtype, count) only), and the grid cap keeps every block of every rank resident at once.
+
+use super::rank::{Owned, RankRes};
+use super::Transport;
+use crate::device::{self, DeviceBuffer};
+use crate::element::DType;
+use crate::error::Result;
+use crate::exec::cuda::fabric::Identity;
+use crate::exec::cuda::fabric::{Exported, Fabric, Fields, Record};
+use crate::exec::cuda::kernels::{
+    ll_blocks, ll_fits, ll_recv_bytes, PEER_FLAG_BYTES, PEER_MAX_RANKS,
+};
+use crate::plan::StreamKind;
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Which peer kernel a call launches; names the kernel in its errors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum PeerKernel {
+    OneShot,
+    TwoShot,
+    /// The one-shot form of a collective other than the all-reduce.
+    Steps,
+    /// The LL one-shot: a one-shot all-reduce plan run by pushed words, no barrier
+    /// ([`PeerWords::oneshot_kernel`] says when).
+    OneShotLl,
+    /// The staged one-shot ([`crate::plan::staged`]): the read one-shot kernel over every
+    /// rank's host copy, its barrier words in pinned host memory, for ranks whose GPUs do not
+    /// reach each other.
+    OneShotStaged,
+}
+
+impl fmt::Display for PeerKernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PeerKernel::OneShot => "one-shot",
+            PeerKernel::TwoShot => "two-shot",
+            PeerKernel::Steps => "one-shot collective",
+            PeerKernel::OneShotLl => "LL one-shot",
+            PeerKernel::OneShotStaged => "staged one-shot",
+        })
+    }
+}
+
+/// One rank's peer-kernel words, made once per communicator: the flag words its peers write at
+/// the barriers (zeroed; device memory reached through peer access, or pinned host memory where
+/// the GPUs do not reach each other) and the LL kernel's receive
+/// buffer (with `low_latency` only) — its own, and every rank's as imported through the fabric;
+/// a kernel that gives up leaves its code in its rank's error word (`RankRes::error`). Calls of
+/// every kernel share the flags and the per-block epochs in them.
+pub(super) struct PeerWords {
+    /// Kept alive for the peers that write into them; reached through `flags_of[rank]`.
+    /// Device memory, or pinned host memory where the GPUs do not reach each other (the
+    /// staged one-shot; the kernels' flag accesses are system-scope either way, `cuda/peer.cuh`).
+    _flags: Owned,
+    _ll_recv: Option<DeviceBuffer>,
+    /// Every rank's flag words, as this rank reaches them (its own among them).
+    pub(super) flags_of: Vec<u64>,
+    /// With [`CudaConfig::low_latency`](super::CudaConfig::low_latency): every rank's
+    /// [`ll_recv_bytes`]`(world)` bytes of receive buffer (layout in `cuda/ll.cuh`), as this rank
+    /// reaches them. `None` otherwise, and then the LL kernel never runs.
+    pub(super) ll_recv_of: Option<Vec<u64>>,
+    /// The smallest SM count of the ranks' GPUs, divided by the ranks sharing each: the grid cap
+    /// that keeps every block of every rank resident.
+    pub(super) max_blocks: u32,
+    /// This rank's resources: its Main stream runs its peer kernels (what the gate waits for).
+    res: Arc<RankRes>,
+    /// The communicator's timeout: a peer kernel gives up within it of its launch.
+    timeout: Duration,
+    /// When the latest call's kernels were launched (under the gate, `device::gate::launching`).
+    last_launch: std::sync::Mutex<Option<Instant>>,
+}
+
+impl device::gate::InFlight for PeerWords {
+    /// Waits for this rank's latest call to complete on Main, or until the latest launch's
+    /// timeout has passed (its kernel has given up by then, or never started).
+    fn settle(&self) {
+        let launched = *self.last_launch.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(launched) = launched else {
+            return;
+        };
+        let deadline = launched + self.timeout;
+        let Ok(saved) = device::save_current() else {
+            return;
+        };
+        let main = self.res.stream(StreamKind::Main);
+        while Instant::now() < deadline && matches!(device::stream_query(main), Ok(false)) {
+            std::thread::sleep(Duration::from_micros(20));
+        }
+        // (Restoring can only fail if the driver does; the blocking call that follows reports it.)
+        let _ = saved.restore();
+    }
+}
+
+impl PeerWords {
+    /// Notes that a call's kernels were launched at `at` (under the gate,
+    /// `device::gate::launching`): what `settle` waits from.
+    pub(super) fn launched_at(&self, at: Instant) {
+        *self.last_launch.lock().unwrap_or_else(|p| p.into_inner()) = Some(at);
+    }
+
+    /// The kernel that runs a one-shot all-reduce plan of `count` elements of `dtype`: the LL
+    /// one-shot when the communicator has its receive buffers (`low_latency`), the message fits
+    /// it ([`ll_fits`]) and its grid fits the grid cap `max_blocks` (every block of every rank
+    /// resident at once, also with ranks sharing a GPU; on an H200 it always does), else the
+    /// read one-shot. A function of the communicator and (dtype, count) only, so every rank
+    /// decides alike: the executor's one rule for it.
+    pub(super) fn oneshot_kernel(&self, dtype: DType, count: usize) -> PeerKernel {
+        oneshot_kernel_for(self.ll_recv_of.is_some(), self.max_blocks, dtype, count)
+    }
+}
+
+/// [`PeerWords::oneshot_kernel`]'s rule, for a communicator with (`low_latency`) or without the
+/// LL receive buffers and the peer kernels' grid cap `max_blocks`.
+fn oneshot_kernel_for(
+    low_latency: bool,
+    max_blocks: u32,
+    dtype: DType,
+    count: usize,
+) -> PeerKernel {
+    // (`ll_fits` first: then the byte count cannot overflow.)
+    if low_latency && ll_fits(dtype, count) && ll_blocks(count * dtype.size_bytes()) <= max_blocks {
+        PeerKernel::OneShotLl
+    } else {
+        PeerKernel::OneShot
+    }
+}
+
+/// Whether the peer kernels can run on `world` ranks with `transport`: 2 to
+/// [`PEER_MAX_RANKS`] ranks, not forced through host staging. (Peer access between every pair
+/// is the other condition, which the in-process fabric checks and enables:
+/// `CudaExecutor::enable_all_peer_access`.)
+pub(super) fn peer_kernels_fit(world: usize, transport: Transport) -> bool {
+    (2..=PEER_MAX_RANKS).contains(&world) && transport != Transport::Staged
+}
+
+/// Phase 1 of one rank's peer words: its flags (in pinned host memory with `host_flags`: the
+/// staged one-shot's, for GPUs that do not reach each other) and (with `low_latency`) its LL
+/// receive buffer, zeroed, and its record (each one's export handle, length first).
+pub(super) fn allocate_peer_words(
+    res: &RankRes,
+    fabric: &dyn Fabric,
+    low_latency: bool,
+    host_flags: bool,
+) -> Result<((Owned, Option<DeviceBuffer>), Record)> {
+    let zeroed = |bytes: usize| -> Result<DeviceBuffer> {
+        let mut buffer = fabric.exportable(&res.ctx, bytes)?;
+        buffer.fill_zero()?;
+        Ok(buffer)
+    };
+    let flags = match host_flags {
+        // Pinned host memory comes zeroed.
+        true => Owned::Host(fabric.exportable_host(&res.ctx, PEER_FLAG_BYTES)?),
+        false => Owned::Device(zeroed(PEER_FLAG_BYTES)?),
+    };
+    let ll_recv = match low_latency {
+        true => Some(zeroed(ll_recv_bytes(fabric.world()))?),
+        false => None,
+    };
+    let mut record = Vec::new();
+    let ll_exported = ll_recv.iter().map(|b| Exported::Device {
+        addr: b.ptr(),
+        bytes: b.len_bytes(),
+    });
+    for exported in std::iter::once(flags.exported()).chain(ll_exported) {
+        let handle = fabric.export(res.rank, exported)?;
+        record.push(handle.len() as u64);
+        record.extend(handle);
+    }
+    Ok(((flags, ll_recv), record))
+}
+
+/// Phase 2: imports every rank's flags and receive buffers from `records` (phase 1's, by rank)
+/// and registers the words with the gate. `identities` are every rank's GPU identity: ranks
+/// that share a GPU (the test-only shared mode) run their kernels side by side on it, and a
+/// block spinning for a partner block that has no SM would wait until the timeout — so the grid
+/// cap is each GPU's SM count divided by the ranks on it (one block fits per SM), the smallest
+/// over the GPUs, which keeps every block of every rank resident at once.
+pub(super) fn connect_peer_words(
+    res: &Arc<RankRes>,
+    fabric: &dyn Fabric,
+    own: (Owned, Option<DeviceBuffer>),
+    records: &[Record],
+    identities: &[Identity],
+    timeout: Duration,
+) -> Result<Arc<PeerWords>> {
+    let (flags, ll_recv) = own;
+    let mut flags_of = Vec::with_capacity(records.len());
+    let mut ll_recv_of = Vec::with_capacity(records.len());
+    for (from, record) in records.iter().enumerate() {
+        let mut fields = Fields::new(from, record);
+        let mut next = || -> Result<u64> {
+            let len = fields.word()? as usize;
+            fabric.import(res.rank, from, fields.take(len)?)
+        };
+        flags_of.push(next()?);
+        if ll_recv.is_some() {
+            ll_recv_of.push(next()?);
+        }
+        fields.finish()?;
+    }
+    let max_blocks = identities
+        .iter()
+        .map(|id| {
+            let sharing = identities.iter().filter(|o| o.uuid == id.uuid).count() as u32;
+            id.sm_count / sharing.max(1)
+        })
+        .min()
+        .unwrap_or(1)
+        .max(1);
+    let words = Arc::new(PeerWords {
+        ll_recv_of: ll_recv.is_some().then_some(ll_recv_of),
+        _flags: flags,
+        _ll_recv: ll_recv,
+        flags_of,
+        max_blocks,
+        res: res.clone(),
+        timeout,
+        last_launch: std::sync::Mutex::new(None),
+    });
+    let weak: std::sync::Weak<dyn device::gate::InFlight> = Arc::downgrade(&words) as _;
+    device::gate::register(weak);
+    Ok(words)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{oneshot_kernel_for, PeerKernel};
+    use crate::element::DType;
+    use crate::exec::cuda::kernels::{ll_blocks, LL_MAX_BYTES};
+
+    #[test]
+    fn the_oneshot_runs_the_ll_kernel_only_when_asked_and_up_to_its_limit() {
+        for dtype in DType::ALL {
+            let most = LL_MAX_BYTES / dtype.size_bytes();
+            for count in [1, 7, most - 1, most, most + 1, 1 << 24] {
+                let fits = count <= most;
+                let want = if fits {
+                    PeerKernel::OneShotLl
+                } else {
+                    PeerKernel::OneShot
+                };
+                // H200: 132 SMs, or 66 with two ranks on it.
+                for max_blocks in [132, 66] {
+                    assert_eq!(oneshot_kernel_for(true, max_blocks, dtype, count), want);
+                    // Off: the read one-shot at every size, as without the LL kernel.
+                    assert_eq!(
+                        oneshot_kernel_for(false, max_blocks, dtype, count),
+                        PeerKernel::OneShot
+                    );
+                }
+            }
+        }
+        // A grid cap below the LL grid (a small GPU shared by several ranks): the read one-shot,
+        // whose grid is capped instead; up to the cap, the LL kernel.
+        let bytes = LL_MAX_BYTES;
+        let blocks = ll_blocks(bytes);
+        assert!(blocks > 1);
+        assert_eq!(
+            oneshot_kernel_for(true, blocks - 1, DType::U8, bytes),
+            PeerKernel::OneShot
+        );
+        assert_eq!(
+            oneshot_kernel_for(true, blocks, DType::U8, bytes),
+            PeerKernel::OneShotLl
+        );
+        assert_eq!(
+            oneshot_kernel_for(true, 1, DType::U8, 4096),
+            PeerKernel::OneShotLl
+        );
+        assert_eq!(
+            oneshot_kernel_for(true, 1, DType::U8, 4097),
+            PeerKernel::OneShot
+        );
+        assert_eq!(
+            oneshot_kernel_for(true, 132, DType::F64, usize::MAX),
+            PeerKernel::OneShot
+        );
+    }
+}

@@ -1,0 +1,211 @@
+//! Preparing a shape: its plan built and proven (or taken from the cache), its way of running
+//! decided once ([`Dispatch`]: the kernel layouts verified against the plan, or the copy
+//! engines), who enqueues it decided once ([`Schedule`]), and every rank's resources of it
+//! allocated, exchanged through the fabric and imported (module `rank`).
+//!
+//! Invariant: a prepared plan is checked before any rank allocates for it, and a call of a
+//! shape prepared earlier allocates nothing.
+
+use super::layout::{oneshot_layout, steps_layout, twoshot_segments};
+use super::peer_words::PeerKernel;
+use super::{auto_chunk_bytes, rank, CudaExecutor, Dispatch, Prepared, Schedule, CACHED_PLANS};
+use crate::element::DType;
+use crate::error::{Error, Result};
+use crate::exec::{Algorithm, Shape};
+use crate::plan::{BufKind, Collective, EdgeTransport, Gather, Op, Plan};
+use std::sync::Arc;
+
+impl CudaExecutor {
+    /// The prepared plan of `shape` (for elements of `dtype`): cached, or built, proven, given
+    /// its way of running ([`Dispatch`]) and prepared on every rank now — each rank allocates
+    /// its resources, the fabric all-gathers their records, each rank imports its peers'.
+    pub(super) fn prepare(&mut self, shape: Shape, dtype: DType) -> Result<Arc<Prepared>> {
+        if let Some(p) = self.prepared(&shape) {
+            return Ok(p);
+        }
+        let n = self.world;
+        let bytes = shape.count.saturating_mul(shape.elem_bytes);
+        let staged = self.staged_oneshot && shape.collective == Collective::AllReduce;
+        let algorithm = match staged {
+            true => self
+                .config
+                .algorithm
+                .choose_staged(bytes, n, self.config.deterministic),
+            false => self.config.algorithm.choose_for(
+                &shape.collective,
+                bytes,
+                n,
+                shape.in_place,
+                self.peers_ok,
+                self.config.deterministic,
+            ),
+        };
+        // 16-byte boundaries keep every chunk and segment vector-aligned for the kernels and
+        // copies.
+        let align_elems = (16 / shape.elem_bytes).max(1);
+        let chunk_elems = || {
+            let chunk_bytes = self.config.chunk_bytes.unwrap_or_else(|| {
+                let staged = self
+                    .edges
+                    .iter()
+                    .any(|e| e.transport == EdgeTransport::Staged);
+                auto_chunk_bytes(shape.chunking_count(n), n, shape.elem_bytes, staged)
+            });
+            (chunk_bytes / shape.elem_bytes).max(1)
+        };
+        let plan = if shape.collective != Collective::AllReduce && algorithm == Algorithm::OneShot {
+            shape.checked_oneshot_collective_plan(n)?
+        } else if shape.collective != Collective::AllReduce {
+            // The ring's form: a copy-engine plan (pushes, pairwise reduces, events).
+            shape.checked_collective_plan(
+                chunk_elems(),
+                self.config.slots,
+                align_elems,
+                self.edge_transports(),
+            )?
+        } else if algorithm == Algorithm::OneShot && staged {
+            shape.checked_staged_oneshot_plan(n)?
+        } else if algorithm == Algorithm::OneShot {
+            self.cache.checked_oneshot_plan(&shape, n)?
+        } else if algorithm == Algorithm::TwoShot {
+            shape.checked_twoshot_plan(n, align_elems, Gather::Pull)?
+        } else {
+            let (chunk, transports) = (chunk_elems(), self.edge_transports());
+            self.cache.checked_ring_plan(
+                &shape,
+                chunk,
+                self.config.slots,
+                align_elems,
+                transports,
+            )?
+        };
+        if !self.in_one_process() {
+            // Peers in other processes: every buffer this plan has a rank touch of another's
+            // must be one its owner exports (`rank::owned`) — or, registered, the caller's.
+            let registered = shape.registered;
+            crate::check::check_exports(&plan, |kind| {
+                rank::owned(kind, !registered) || registered && kind.is_callers()
+            })?;
+        }
+        let plan = Arc::new(plan);
+        let dispatch = Arc::new(self.dispatch(&plan, algorithm, dtype)?);
+        let exposed_bytes = plan
+            .buffers
+            .iter()
+            .filter(|decl| decl.kind == BufKind::Exposed)
+            .map(|decl| decl.len * shape.elem_bytes)
+            .max();
+        if let Some(bytes) = exposed_bytes {
+            for r in &mut self.ranks {
+                r.reserve_exposure(&*self.fabric, bytes)?;
+            }
+        }
+        if self
+            .ranks
+            .iter()
+            .any(|r| r.oldest_owns_gpu_resources(CACHED_PLANS))
+        {
+            // The oldest plan's events and buffers may still be in use by enqueued work. (A
+            // plan without any — the one-shot all-reduce, whose in-place exposed copies live in
+            // the exposure regions — is dropped without waiting.)
+            self.drain()?;
+        }
+        let mut allocated = Vec::with_capacity(n);
+        let mut records = Vec::with_capacity(n);
+        for r in &self.ranks {
+            let (part, record) = r.allocate(
+                &*self.fabric,
+                &plan,
+                &dispatch,
+                shape.elem_bytes,
+                self.peers_ok,
+                self.copy_callers(&shape),
+            )?;
+            allocated.push(part);
+            records.push(record);
+        }
+        let records = self.fabric.all_gather(records)?;
+        let mut ranks = Vec::with_capacity(n);
+        for (r, part) in self.ranks.iter_mut().zip(allocated) {
+            ranks.push(r.connect(&self.fabric, shape.clone(), part, &records, CACHED_PLANS)?);
+        }
+        let crosses = ranks.iter().any(|r| r.counters.is_some());
+        let schedule = match *dispatch {
+            // This process's one rank: enqueued from the caller's thread.
+            _ if self.ranks.len() == 1 => Schedule::RankByRank,
+            Dispatch::CopyEngines if crosses && self.shared_gpu => {
+                Schedule::Checked(crate::check::enqueue_order(&plan)?)
+            }
+            Dispatch::CopyEngines if crosses => Schedule::RankThreads,
+            _ => Schedule::RankByRank,
+        };
+        self.prepared_plans += 1;
+        let prepared = Arc::new(Prepared {
+            plan,
+            dispatch,
+            serial: self.prepared_plans % 0x8000,
+            ranks,
+            schedule,
+        });
+        self.cache.insert(shape, prepared.clone());
+        Ok(prepared)
+    }
+
+    /// How `plan` (of `algorithm`, for elements of `dtype`) runs here: the kernel layouts
+    /// verified against the plan, or the copy engines.
+    fn dispatch(&self, plan: &Plan, algorithm: Algorithm, dtype: DType) -> Result<Dispatch> {
+        let meets = plan
+            .ranks
+            .iter()
+            .flatten()
+            .any(|i| matches!(i.op, Op::PeerReduce { .. }));
+        if !meets {
+            return Ok(Dispatch::CopyEngines);
+        }
+        let Some(peer) = self.ranks.first().and_then(|r| r.peer.as_ref()) else {
+            return Err(Error::Internal {
+                what: "a plan with peer reduces on a communicator without peer kernels".into(),
+            });
+        };
+        let unexpected = || Error::Internal {
+            what: format!("a {algorithm:?} plan with peer reduces but no meetings"),
+        };
+        Ok(match algorithm {
+            Algorithm::TwoShot => Dispatch::TwoShot {
+                segments: twoshot_segments(plan)?.ok_or_else(unexpected)?,
+            },
+            _ if plan.collective != Collective::AllReduce => Dispatch::Steps {
+                steps: steps_layout(plan)?.ok_or_else(unexpected)?,
+            },
+            _ => {
+                oneshot_layout(plan)?;
+                let staged = plan.buffers.iter().any(|d| d.kind == BufKind::HostExposed);
+                Dispatch::OneShot {
+                    kernel: match staged {
+                        true => PeerKernel::OneShotStaged,
+                        false => peer.oneshot_kernel(dtype, plan.count),
+                    },
+                }
+            }
+        })
+    }
+
+    /// The plan prepared for `shape` earlier, if any: cached, or pinned by a capture.
+    pub(super) fn prepared(&self, shape: &Shape) -> Option<Arc<Prepared>> {
+        self.cache.get(shape).or_else(|| {
+            self.pinned
+                .iter()
+                .find(|(s, _)| s == shape)
+                .map(|(_, p)| p.clone())
+        })
+    }
+
+    /// Each ring edge's transport, by sending rank. One rank has no edge (`decide_edges` makes
+    /// none); its plan still names one, which it never uses.
+    fn edge_transports(&self) -> Vec<EdgeTransport> {
+        if self.world == 1 {
+            return vec![EdgeTransport::Peer];
+        }
+        self.edges.iter().map(|e| e.transport).collect()
+    }
+}
