@@ -2,7 +2,7 @@
 // one definition of them. build.rs also turns every define below into a Rust constant of the
 // same name without its `RR_` (RR_LL_ERR_WAIT → LL_ERR_WAIT, in $OUT_DIR/error_codes.rs, included
 // by src/exec/cuda/kernels/error_codes.rs), the comment above it becoming its doc; the host
-// decodes a word in src/exec/cuda/executor/peer.rs (`kernel_failure`).
+// decodes a word in src/exec/cuda/executor/error_words.rs (`kernel_failure`).
 //
 // Joined into one translation unit by build.rs, first of its PARTS, so that every later part
 // sees these. No part includes another: NVRTC compiles the joined text with no include

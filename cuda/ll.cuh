@@ -2,7 +2,7 @@
 // pushes every rank's input into every other rank's receive buffer as self-validating words
 // instead of reading it across NVLink between two barriers. The executor runs it for one-shot
 // all-reduces of at most RR_LL_MAX_BYTES per rank when the communicator asks for it
-// (CudaConfig::low_latency, src/exec/cuda/executor/peer.rs: PeerKernelState::oneshot_kernel).
+// (CudaConfig::low_latency, src/exec/cuda/executor/peer_words.rs: PeerWords::oneshot_kernel).
 //
 // Joined into one translation unit by build.rs, in the order of its PARTS (error_codes.cuh
 // first). No part includes another: NVRTC compiles the joined text with no include paths, so the

@@ -52,7 +52,7 @@
 
 #define RR_PEER_MAX_RANKS 8
 #define RR_PEER_MAX_BLOCKS 128
-// Threads per block the launch uses (src/exec/cuda/kernels/peer.rs: PEER_BLOCK_THREADS).
+// Threads per block the launch uses (src/exec/cuda/kernels/peer_launch.rs: PEER_BLOCK_THREADS).
 #define RR_PEER_THREADS 512
 // 16-byte vectors per source a thread loads before it combines them.
 #define RR_PEER_UNROLL 4
