@@ -150,7 +150,6 @@ fn post(port: u16, me: usize, what: Use, id: &[u8]) -> Result<(), Failure> {
 /// meanwhile. A pair's wait ends when the parent communicator learns of a failure (a peer
 /// gone); a shrink's does not (its parent has lost ranks by design), only the parent's abort.
 fn fetch(parent: &Comm, pairs: &Pairs, peer: usize, what: Use) -> Result<Vec<u8>, Failure> {
-    let bad = |e: std::io::Error| Failure::Nccl(ncclSystemError, format!("mailbox: {e}"));
     loop {
         let kept = pairs
             .inbox
@@ -163,10 +162,15 @@ fn fetch(parent: &Comm, pairs: &Pairs, peer: usize, what: Use) -> Result<Vec<u8>
         match pairs.mailbox.accept() {
             Ok((mut stream, _)) => {
                 let mut message = vec![0u8; 16 + ringreduce::exec::rendezvous::UNIQUE_ID_BYTES];
-                stream
+                // A peer writes its whole message at once; a connection that sends nothing
+                // (a stranger on the port) is dropped after a second, not waited on.
+                let read = stream
                     .set_nonblocking(false)
-                    .and_then(|()| stream.read_exact(&mut message))
-                    .map_err(bad)?;
+                    .and_then(|()| stream.set_read_timeout(Some(Duration::from_secs(1))))
+                    .and_then(|()| stream.read_exact(&mut message));
+                if read.is_err() {
+                    continue;
+                }
                 let word = |i: usize| u64::from_le_bytes(message[i..i + 8].try_into().expect("8"));
                 let from = word(0) as usize;
                 let kind = match word(8) {
@@ -190,7 +194,7 @@ fn fetch(parent: &Comm, pairs: &Pairs, peer: usize, what: Use) -> Result<Vec<u8>
                 }
                 std::thread::sleep(POLL);
             }
-            Err(e) => return Err(bad(e)),
+            Err(e) => return Err(Failure::Nccl(ncclSystemError, format!("mailbox: {e}"))),
         }
     }
 }
