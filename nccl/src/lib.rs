@@ -15,7 +15,7 @@
 //! run as NCCL defines them: a send meets its receive per (sender, receiver) pair, in call order,
 //! and ranks not party to a transfer take no part (module `pairs`; on two ranks the group is one
 //! exchange, module `p2p`). `ncclCommSplit` and `ncclCommShrink` make sub-communicators (modules
-//! `init`, `pairs`) and
+//! `subcomm`, `pairs`) and
 //! `ncclRedOpCreatePreMulSum` operators (module `redop`). No call has a deadline unless
 //! `RINGREDUCE_NCCL_TIMEOUT` gives one (NCCL has none); a peer whose process is gone is named at
 //! once.
@@ -233,6 +233,7 @@ mod pairs;
 mod redop;
 mod registration;
 mod rma;
+mod subcomm;
 
 pub use collectives::*;
 pub use device_pointers::*;
@@ -243,6 +244,7 @@ pub use p2p::*;
 pub use redop::*;
 pub use registration::*;
 pub use rma::*;
+pub use subcomm::*;
 
 #[cfg(test)]
 mod tests {
