@@ -47,7 +47,7 @@ use std::process::{exit, Command};
 use std::sync::OnceLock;
 
 /// The kernel source's parts, in the order they are joined (each opens with what it holds).
-const PARTS: [&str; 8] = [
+const PARTS: [&str; 9] = [
     ERROR_CODES_PART,
     "cuda/types.cuh",
     "cuda/reduce.cuh",
@@ -55,6 +55,7 @@ const PARTS: [&str; 8] = [
     "cuda/peer_kernels.cuh",
     "cuda/ll.cuh",
     "cuda/counters.cuh",
+    "cuda/gate.cuh",
     "cuda/instances.cuh",
 ];
 /// The part that defines the kernels' error codes (first in `PARTS`).

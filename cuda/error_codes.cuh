@@ -30,6 +30,12 @@
 // into the rank's error word; every spinning wait of the rank's kernels gives up on seeing a
 // code there.
 #define RR_ERR_PEER_LOST 6u
+// The call gate (gate.cuh) found a peer's call of the same number different (the rank's
+// control segment's `fault` word names the call and the peer).
+#define RR_GATE_ERR_MISMATCH 7u
+// The call gate gave up waiting for a peer to publish the call: the peer failed, the host gave
+// the call up, or the deadline passed.
+#define RR_GATE_ERR_WAIT 8u
 // The top bit of a captured ring's counter wait that timed out; the low 31 bits are the code the
 // wait was launched with: the plan's pin in bits 16..31, the event in bits 0..16
 // (src/exec/cuda/executor/capture.rs: wait_code, counter_timeout).

@@ -355,3 +355,9 @@ extern "C" __global__ void rr_counter_wait(const unsigned* mailbox, unsigned* se
                                            unsigned code) {
     rr_counter_wait_body(mailbox, seen, timeout_ns, error, code);
 }
+// The call gate of calls across processes (gate.cuh).
+extern "C" __global__ void rr_call_gate(const rr_ull* const* controls, unsigned world,
+                                        unsigned rank, rr_ull seq, rr_gate_layout layout,
+                                        unsigned long long timeout_ns, unsigned* error) {
+    rr_call_gate_body(controls, world, rank, seq, layout, timeout_ns, error);
+}

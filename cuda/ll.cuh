@@ -253,13 +253,21 @@ static __device__ __forceinline__ void rr_ll_kernel(const rr_ll_peers& peers, un
     }
     // The block's epoch, advanced as rr_peer_begin does: the previous kernel on this rank's
     // stream is complete, so its store is visible, and no other block or rank touches the word.
+    // A code already in the error word (the call gate's, gate.cuh): push nothing to the peers.
+    __shared__ unsigned lost;
     if (threadIdx.x == 0) {
-        unsigned* mine = flags + RR_PEER_EPOCH_BASE + blockIdx.x;
-        const unsigned next = rr_epoch_next(*mine);
-        *mine = next;
-        epoch_shared = next;
+        lost = rr_ld_relaxed_sys(error);
+        if (lost == 0u) {
+            unsigned* mine = flags + RR_PEER_EPOCH_BASE + blockIdx.x;
+            const unsigned next = rr_epoch_next(*mine);
+            *mine = next;
+            epoch_shared = next;
+        }
     }
     __syncthreads();
+    if (lost != 0u) {
+        return;
+    }
     const unsigned epoch = epoch_shared;
     const rr_ull deadline = rr_deadline(timeout_ns);
 

@@ -155,7 +155,8 @@ static __device__ __forceinline__ rr_ull rr_deadline(rr_ull timeout_ns) {
 // stored RR_PEER_ERR_LAUNCH into *error, when the launch breaks the kernels' assumptions (world
 // outside 2..=RR_PEER_MAX_RANKS, rank >= world, more than RR_PEER_MAX_BLOCKS blocks, fewer than
 // RR_PEER_MAX_RANKS threads a block): uniform over the grid, so either every block returns then
-// or none does. Otherwise thread 0 copies peers.flags into `flags`, the block's shared array (a
+// or none does. Returns false too when *error already holds a code (read once per block: a
+// block that starts before the host writes one meets its barriers and gives up there). Otherwise thread 0 copies peers.flags into `flags`, the block's shared array (a
 // kernel parameter indexed by a register would be copied to local memory by every thread), and
 // advances the block's epoch in this rank's array into *epoch (shared): the previous kernel on
 // this rank's stream is complete, so its store is visible, and no other block or rank touches
@@ -170,17 +171,24 @@ static __device__ __forceinline__ bool rr_peer_begin(const rr_peers& peers, unsi
         }
         return false;
     }
+    __shared__ unsigned lost;
     if (threadIdx.x == 0) {
+        // A code already in the error word (the call gate's, gate.cuh, or the host's): the call
+        // is lost, and its shape may differ from the peers': touch nothing of theirs.
+        lost = rr_ld_relaxed_sys(error);
+        if (lost == 0u) {
 #pragma unroll
-        for (unsigned r = 0; r < RR_PEER_MAX_RANKS; ++r) {
-            flags[r] = peers.flags[r];
+            for (unsigned r = 0; r < RR_PEER_MAX_RANKS; ++r) {
+                flags[r] = peers.flags[r];
+            }
+            unsigned* mine = peers.flags[rank] + RR_PEER_EPOCH_BASE + blockIdx.x;
+            const unsigned next = rr_epoch_next(*mine);
+            *mine = next;
+            *epoch = next;
         }
-        unsigned* mine = peers.flags[rank] + RR_PEER_EPOCH_BASE + blockIdx.x;
-        const unsigned next = rr_epoch_next(*mine);
-        *mine = next;
-        *epoch = next;
     }
-    return true;
+    __syncthreads();
+    return lost == 0u;
 }
 
 // Barrier `phase` of this block with block blockIdx.x of every other rank; every thread of the

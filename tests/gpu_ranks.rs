@@ -3,7 +3,8 @@
 //! exact against the host reference (two and three processes), their memory crossing through
 //! CUDA IPC handles; calls on each process's own stream and in its CUDA graphs; a killed rank
 //! named; an abort from a watchdog thread releasing a waiting call; a mismatched call named on
-//! every rank; registered buffers (every collective without copies, a mixed call copying, pool
+//! every rank, by the hosts or by the GPUs' call gates; an eager call returning before a late
+//! peer starts it; registered buffers (every collective without copies, a mixed call copying, pool
 //! memory refused); staged rings through pinned host memory the
 //! processes share; two such ranks in one process refused by
 //! name. On a one-GPU machine the ranks share GPU 0
@@ -681,6 +682,83 @@ fn a_mismatched_gpu_call_is_a_named_error_on_every_rank_and_breaks_the_communica
     }
     let ranks = launch(
         "a_mismatched_gpu_call_is_a_named_error_on_every_rank_and_breaks_the_communicator",
+        3,
+        |_| vec![],
+    );
+    expect_success(ranks, Duration::from_secs(120));
+}
+
+#[test]
+fn an_eager_call_returns_before_a_late_peer_starts_it_and_the_gpu_names_a_mismatch() {
+    if let Some(env) = as_rank() {
+        let (rank, world) = (env.rank, env.world);
+        let device = this_gpu(&env);
+        let id = env.unique_id().unwrap();
+        let mut comm =
+            RankCommunicator::gpu(&id, rank, world, device, config(Algorithm::Auto)).unwrap();
+        let ctx = ringreduce::device::context(device).unwrap();
+        let stream = ctx.new_stream().unwrap();
+        // Both shapes prepared, in step, by a first call each (those meet on the hosts).
+        let mut small = GpuBuffer::from_host(device, &[1.0f32; 64]).unwrap();
+        let mut large = GpuBuffer::from_host(device, &[1.0f32; 96]).unwrap();
+        comm.all_reduce_in_place(&mut small, ReduceOp::Sum).unwrap();
+        comm.all_reduce_in_place(&mut large, ReduceOp::Sum).unwrap();
+        // Rank 1 is 2 s late for the next call: the others' calls return once enqueued.
+        if rank == 1 {
+            std::thread::sleep(Duration::from_secs(2));
+        }
+        let started = std::time::Instant::now();
+        // SAFETY: `small` is untouched until the stream is synchronised below.
+        unsafe { comm.enqueue_all_reduce_in_place_on(&mut small, ReduceOp::Sum, &stream) }.unwrap();
+        let enqueued = started.elapsed();
+        assert!(
+            rank == 1 || enqueued < Duration::from_millis(500),
+            "rank {rank} waited {enqueued:?} for a late peer's host"
+        );
+        stream.synchronize().unwrap();
+        comm.synchronize().unwrap();
+        let sum = (world * world) as f32;
+        assert_eq!(small.to_host().unwrap(), vec![sum; 64], "rank {rank}");
+        // Rank 1 calls the other prepared shape: every call is enqueued, and every rank's GPU
+        // finds the difference before touching a peer's memory.
+        let buf = if rank == 1 { &mut large } else { &mut small };
+        let before = buf.to_host().unwrap();
+        // SAFETY: `buf` is untouched until the stream is synchronised below.
+        unsafe { comm.enqueue_all_reduce_in_place_on(buf, ReduceOp::Sum, &stream) }.unwrap();
+        stream.synchronize().unwrap();
+        let err = comm.synchronize().unwrap_err();
+        match &err {
+            ringreduce::Error::CallMismatch {
+                rank: q,
+                theirs,
+                ours,
+                ..
+            } => {
+                assert_eq!(*q, if rank == 1 { 0 } else { 1 }, "{err}");
+                let (mine, other) = if rank == 1 {
+                    ("96", "64")
+                } else {
+                    ("64", "96")
+                };
+                assert!(ours.contains(mine) && theirs.contains(other), "{err}");
+            }
+            other => panic!("rank {rank}: {other}"),
+        }
+        assert_eq!(buf.to_host().unwrap(), before, "rank {rank}: untouched");
+        let again = comm
+            .all_reduce_in_place(&mut small, ReduceOp::Sum)
+            .unwrap_err();
+        assert!(
+            matches!(again, ringreduce::Error::CommunicatorFailed(_)),
+            "{again}"
+        );
+        return;
+    }
+    if two_gpus_or_shared().is_none() {
+        return;
+    }
+    let ranks = launch(
+        "an_eager_call_returns_before_a_late_peer_starts_it_and_the_gpu_names_a_mismatch",
         3,
         |_| vec![],
     );

@@ -384,36 +384,64 @@ pub fn map_shared_host(ctx: &CudaContext, fd: &OwnedFd, len: usize) -> Result<*m
     if ptr == libc::MAP_FAILED {
         return Err(os_error("mmap of shared pinned host memory"));
     }
-    let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
-    // SAFETY: `ptr..ptr + len` is a live mapping of ours.
-    let registered = unsafe { sys::cuMemHostRegister_v2(ptr, len, flags) }
-        .result()
-        .call("cuMemHostRegister");
-    let same = registered.and_then(|()| {
-        let mut device = 0u64;
-        // SAFETY: `device` is a live local; `ptr` was registered just above.
-        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, ptr, 0) }
-            .result()
-            .call("cuMemHostGetDevicePointer")?;
-        match device == ptr as u64 {
-            true => Ok(()),
-            false => Err(crate::error::Error::Resource {
-                what: "this GPU maps registered host memory at another address than the host's \
-                       (no unified addressing for it): shared pinned memory is not supported here"
-                    .into(),
-            }),
-        }
-    });
-    if let Err(err) = same {
-        // SAFETY: our mapping, used by nothing; unregistering memory never registered fails
-        // harmlessly.
-        unsafe {
-            let _ = sys::cuMemHostUnregister(ptr);
-            libc::munmap(ptr, len);
-        }
+    // SAFETY: `ptr..ptr + len` is a fresh mapping of ours, unmapped below only if this fails.
+    if let Err(err) = unsafe { register_host(ctx, ptr.cast(), len) } {
+        // SAFETY: our mapping, used by nothing.
+        unsafe { libc::munmap(ptr, len) };
         return Err(err);
     }
     Ok(ptr.cast())
+}
+
+/// Registers `len` bytes of host memory at `ptr` with the driver (binds `ctx`):
+/// pinned for every context and mapped for the GPUs at the same address (unified addressing;
+/// an error where the GPU would see it elsewhere, and nothing stays registered then). Undone by
+/// `cuMemHostUnregister` ([`unregister_host`]).
+///
+/// # Safety
+/// `ptr..ptr + len` is a live mapping of this process, page-aligned, that stays mapped until it
+/// is unregistered.
+pub(crate) unsafe fn register_host(ctx: &CudaContext, ptr: *mut u8, len: usize) -> Result<()> {
+    bind(ctx)?;
+    let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+    // SAFETY: the caller's contract.
+    unsafe { sys::cuMemHostRegister_v2(ptr.cast(), len, flags) }
+        .result()
+        .call("cuMemHostRegister")?;
+    let mut device = 0u64;
+    // SAFETY: `device` is a live local; `ptr` was registered just above.
+    let same = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, ptr.cast(), 0) }
+        .result()
+        .call("cuMemHostGetDevicePointer")
+        .and_then(|()| match device == ptr as u64 {
+            true => Ok(()),
+            false => Err(crate::error::Error::Resource {
+                what: "this GPU maps registered host memory at another address than the \
+                       host's (no unified addressing for it): shared pinned memory is not \
+                       supported here"
+                    .into(),
+            }),
+        });
+    if same.is_err() {
+        // SAFETY: registered just above, used by nothing yet.
+        unsafe {
+            let _ = sys::cuMemHostUnregister(ptr.cast());
+        }
+    }
+    same
+}
+
+/// Undoes [`register_host`] (binds `ctx`).
+///
+/// # Safety
+/// `ptr` was registered by [`register_host`] in this process, and nothing queued or to be
+/// queued uses it any more.
+pub(crate) unsafe fn unregister_host(ctx: &CudaContext, ptr: *mut u8) -> Result<()> {
+    bind(ctx)?;
+    // SAFETY: the caller's contract.
+    unsafe { sys::cuMemHostUnregister(ptr.cast()) }
+        .result()
+        .call("cuMemHostUnregister")
 }
 
 /// Unregisters and unmaps what [`map_shared_host`] mapped; binds `ctx`. When the driver will

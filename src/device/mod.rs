@@ -130,6 +130,7 @@ pub use ipc::{
     map_shared_host, open_handle, shareable_by_serial, shareable_fd, unmap, unmap_shared_host,
     Mapped, Shareable,
 };
+pub(crate) use ipc::{register_host, unregister_host};
 pub use memory::{
     alloc_async, free_async, memcpy_async, memcpy_on, memcpy_peer_async, memset_d32_async,
     DeviceBuffer, PinnedHost,

@@ -3,12 +3,14 @@
 //! finished last, and an abort word — one small shared-memory segment per rank (module `shm`)
 //! that every peer maps.
 //!
-//! - **Every call starts** by publishing its shape ([`CallShape`]: collective, root or
-//!   transfers, count, type, operator, in place) and the job call number, then waiting until every
-//!   peer has started the same call and comparing shapes: ranks that make different calls all get
-//!   [`Error::CallMismatch`], before anything is enqueued — never a hang or a wrong result. Two
-//!   shape slots, by the call number's parity, suffice: a rank starts call k + 1 only once every
-//!   peer has started call k, so no peer still reads the slot of call k − 1 when it is rewritten.
+//! - **Every call publishes** its number, its shape ([`CallShape`]: collective, root or
+//!   transfers, count, type, operator, in place) and where its buffers lie in a slot of the
+//!   rank's segment, without waiting for anyone (module `calls`). The calls are then compared
+//!   across ranks by the host (`Job::meet`: a rank's first call of a shape, calls on registered
+//!   memory, captures, every call of a host rank) or by the rank's GPU before the call touches
+//!   any peer's memory (the call gate, `cuda/gate.cuh`, reading the segments the GPU driver
+//!   maps): ranks that make different calls all get [`Error::CallMismatch`] — never a hang or
+//!   a wrong result.
 //! - **A failure** sets the rank's abort word to the call's number and the rank blamed; every
 //!   peer sees it in its next poll and fails naming that rank (so does a peer's next call: a rank
 //!   that failed is broken and never starts it).
@@ -18,10 +20,11 @@
 //!   judged by its pid (its pid may even equal one of ours); only its abort word, its sockets'
 //!   ends and the deadlines tell of it ([`Process`]).
 //!
-//! Invariant: each shared word has one writer (its rank); the words only grow, except the shape
-//! slots, written only by their rank between two starts.
+//! Invariant: each shared word has one writer (its rank's host, or for `GATED` and `FAULT` its
+//! GPU); a call's slot is rewritten only once every peer has checked it (module `calls`).
 
 mod call;
+mod calls;
 mod hosts;
 
 use super::rendezvous::{Rendezvous, UniqueId};
@@ -32,6 +35,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub(crate) use call::{BufferRef, CallShape, CallerRefs};
+pub(crate) use calls::GateLayout;
 pub(crate) use hosts::host_layout;
 
 // The words of a rank's control segment.
@@ -40,16 +44,26 @@ pub(crate) use hosts::host_layout;
 const DONE: usize = 0;
 /// `(call << 16) | (blamed rank + 1)` of the last call this rank failed; 0: none.
 const ABORT: usize = 1;
-/// The job call number this rank started last.
-const STARTED: usize = 2;
-/// Two slots of [`SHAPE_WORDS`], by the call number's parity: the shape of that call.
-const SHAPE: usize = 3;
+/// The job call number whose slot this rank published last (module `calls`).
+const PUBLISHED: usize = 2;
+/// The job call number this rank's host checked last against every peer's (module `calls`).
+const MET: usize = 3;
+/// The job call number this rank's GPU checked last against every peer's (the call gate).
+const GATED: usize = 4;
+/// `(call << 16) | (peer + 1)` of the call whose gate found a peer's slot different; 0: none.
+const FAULT: usize = 5;
+/// [`CALL_SLOTS`] slots of [`SLOT_WORDS`], call k's in slot k mod [`CALL_SLOTS`]: the call's
+/// number, its shape, and where the rank's own buffers of it lie in the memory it registered
+/// ([`CallerRefs`]).
+const SLOTS: usize = 6;
 const SHAPE_WORDS: usize = 6;
-/// Two slots of [`REF_WORDS`], by the call number's parity: where the rank's own buffers of that
-/// call lie in the memory it registered ([`CallerRefs`]).
-const REFS: usize = SHAPE + 2 * SHAPE_WORDS;
 const REF_WORDS: usize = 4;
-const CONTROL_WORDS: usize = REFS + 2 * REF_WORDS;
+const SLOT_WORDS: usize = 1 + SHAPE_WORDS + REF_WORDS;
+/// How many calls a rank's host may publish ahead of the slowest peer's check (~22 KiB of slots).
+const CALL_SLOTS: usize = 256;
+const CONTROL_WORDS: usize = SLOTS + CALL_SLOTS * SLOT_WORDS;
+/// A control segment's bytes: whole pages, so that it can be registered with the GPU driver.
+const CONTROL_BYTES: usize = (CONTROL_WORDS * 8).div_ceil(4096) * 4096;
 
 /// How often a wait reads its peers' liveness (a `/proc` read per peer).
 const LIVENESS_EVERY: Duration = Duration::from_millis(5);
@@ -135,9 +149,9 @@ impl Job {
         // The names of the job's segments carry the id and rank 0's pid.
         let prefix = format!("/ringreduce-{}-{}", id.tag(), processes[0].pid);
         let control_name = |q: usize| format!("{prefix}-r{q}-ctl");
-        let own = Segment::create(&control_name(rank), CONTROL_WORDS * 8);
+        let own = Segment::create(&control_name(rank), CONTROL_BYTES);
         let control = share_segments(rendezvous, rank, own.is_ok(), |q| {
-            Segment::open(&control_name(q), CONTROL_WORDS * 8)
+            Segment::open(&control_name(q), CONTROL_BYTES)
         });
         let mut own = own?;
         let control = control?;
@@ -175,101 +189,6 @@ impl Job {
     fn control_word(&self, rank: usize, i: usize) -> &AtomicU64 {
         // SAFETY: every control segment is CONTROL_WORDS words, mapped while `self` lives.
         unsafe { word(self.control[rank].base(), i) }
-    }
-
-    /// Publishes the next call's shape and where this rank's buffers of it lie (`refs`), and
-    /// waits (until `deadline`, `timeout` after the call began) until every peer has started
-    /// the same call, then compares their shapes with it. Returns the call's number; every
-    /// rank's refs of it are [`Job::refs`] until this rank starts its next call.
-    pub(crate) fn start_call(
-        &self,
-        shape: CallShape,
-        refs: CallerRefs,
-        deadline: Instant,
-        timeout: Duration,
-    ) -> Result<u64> {
-        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
-        let rank = self.rank;
-        let slot = SHAPE + (seq % 2) as usize * SHAPE_WORDS;
-        for (i, w) in shape.0.iter().enumerate() {
-            self.control_word(rank, slot + i)
-                .store(*w, Ordering::Relaxed);
-        }
-        let refs_slot = REFS + (seq % 2) as usize * REF_WORDS;
-        for (i, w) in refs.words().iter().enumerate() {
-            self.control_word(rank, refs_slot + i)
-                .store(*w, Ordering::Relaxed);
-        }
-        self.control_word(rank, STARTED)
-            .store(seq, Ordering::Release);
-        let start = Instant::now();
-        let mut next_liveness = start;
-        for q in (0..self.control.len()).filter(|&q| q != rank) {
-            while self.control_word(q, STARTED).load(Ordering::Acquire) < seq {
-                if let Some(aborted) = self.aborted_error() {
-                    return Err(aborted);
-                }
-                if let Err(failure) = peer_failure(
-                    &self.control,
-                    &self.processes,
-                    rank,
-                    seq,
-                    &mut next_liveness,
-                ) {
-                    // A peer that aborted this call had started it: a mismatch with it (or with
-                    // any peer that started) is the cause every rank names alike.
-                    return Err(self.mismatch(seq, shape).unwrap_or(failure));
-                }
-                if Instant::now() >= deadline {
-                    return Err(Error::Timeout {
-                        rank: q,
-                        waiting_on: format!("did not start call {seq} (rank {rank} waited for it)"),
-                        after: timeout,
-                    });
-                }
-                backoff(start.elapsed());
-            }
-        }
-        match self.mismatch(seq, shape) {
-            Some(err) => Err(err),
-            None => Ok(seq),
-        }
-    }
-
-    /// Every rank's refs of call `seq`, by rank: call `seq` is the one this rank started last,
-    /// and [`Job::start_call`] returned it (every peer had published them by then, and none
-    /// rewrites them before this rank starts its next call).
-    pub(crate) fn refs(&self, seq: u64) -> Vec<CallerRefs> {
-        let slot = REFS + (seq % 2) as usize * REF_WORDS;
-        (0..self.control.len())
-            .map(|q| {
-                let mut w = [0u64; REF_WORDS];
-                for (i, x) in w.iter_mut().enumerate() {
-                    *x = self.control_word(q, slot + i).load(Ordering::Relaxed);
-                }
-                CallerRefs::from_words(w)
-            })
-            .collect()
-    }
-
-    /// The first peer that started call `seq` with another shape than `shape`, as the error.
-    fn mismatch(&self, seq: u64, shape: CallShape) -> Option<Error> {
-        let slot = SHAPE + (seq % 2) as usize * SHAPE_WORDS;
-        (0..self.control.len())
-            .filter(|&q| q != self.rank)
-            .filter(|&q| self.control_word(q, STARTED).load(Ordering::Acquire) >= seq)
-            .find_map(|q| {
-                let mut theirs = [0u64; SHAPE_WORDS];
-                for (i, w) in theirs.iter_mut().enumerate() {
-                    *w = self.control_word(q, slot + i).load(Ordering::Relaxed);
-                }
-                (theirs != shape.0).then(|| Error::CallMismatch {
-                    rank: q,
-                    theirs: CallShape(theirs).describe(),
-                    this: self.rank,
-                    ours: shape.describe(),
-                })
-            })
     }
 
     /// This rank's part of call `seq` is done: its process may end now without failing slower
@@ -342,8 +261,8 @@ pub(crate) fn abort_peers(control: &[Segment], rank: usize, seq: u64, err: &Erro
 }
 
 /// A peer's failure that dooms job call `seq`, as the error this rank reports: its abort word
-/// names this call or the one before (a rank that failed the previous call is broken and never
-/// starts this one), or its process is gone before it finished this call (asked of processes
+/// is set (a rank that failed a call is broken and never finishes a later one; a rank's host
+/// may publish calls ahead of its peers, so the failed call may be an earlier one), or its process is gone before it finished this call (asked of processes
 /// whose pid names them here). Liveness is looked at every few milliseconds, when
 /// `next_liveness` has passed.
 pub(crate) fn peer_failure(
@@ -357,7 +276,7 @@ pub(crate) fn peer_failure(
     let read = |q: usize, i: usize| unsafe { word(control[q].base(), i) }.load(Ordering::Acquire);
     for q in (0..control.len()).filter(|&q| q != rank) {
         let abort = read(q, ABORT);
-        if abort != 0 && (abort >> 16) + 1 >= seq {
+        if abort != 0 {
             let blamed = ((abort & 0xffff) as usize).saturating_sub(1);
             return Err(Error::RankFailed {
                 rank: blamed,

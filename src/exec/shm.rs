@@ -136,6 +136,11 @@ impl Segment {
         self.base.as_ptr()
     }
 
+    /// The mapping's length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
     /// Removes the name (the creator, once every peer has mapped it): the memory stays while
     /// mappings do.
     pub(crate) fn unlink(&mut self) {

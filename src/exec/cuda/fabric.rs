@@ -28,7 +28,7 @@ mod joined;
 
 use crate::device::{self, DeviceBuffer, PinnedHost};
 use crate::error::{Error, Result};
-use crate::exec::job::{CallShape, CallerRefs};
+use crate::exec::job::{CallShape, CallerRefs, GateLayout};
 pub(crate) use crate::exec::rendezvous::push_text;
 use crate::exec::rendezvous::text_of;
 use crate::topo;
@@ -53,6 +53,16 @@ pub(crate) enum Exported {
     Host { addr: u64, bytes: usize },
 }
 
+/// The call gate's view of a job's control words from this process's GPU ([`Fabric::gate`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Gate {
+    /// Device memory holding every rank's control segment's address, by rank.
+    pub(crate) controls: u64,
+    pub(crate) world: usize,
+    pub(crate) rank: usize,
+    pub(crate) layout: GateLayout,
+}
+
 /// What ranks exchange (module doc).
 pub(crate) trait Fabric: Send + Sync {
     /// The number of ranks.
@@ -75,20 +85,44 @@ pub(crate) trait Fabric: Send + Sync {
     /// A peer the fabric knows is gone or failed, as the error that names it, if any.
     fn lost_peer(&self) -> Option<Error>;
 
-    /// Starts this process's rank's next call, of `shape`, across the job: every rank's call
-    /// must have the same shape ([`Error::CallMismatch`] otherwise, on every rank), checked by
-    /// `deadline` (`timeout` after the call began). Returns every rank's `refs` (where its
-    /// buffers of the call lie in the memory it registered), by rank. In one process there is
-    /// nothing to do (the driver validates every rank's call, and every rank's buffers are at
-    /// hand): no refs.
-    fn start_call(
+    /// Publishes this process's rank's next call, of `shape`, with where its buffers lie in the
+    /// memory it registered (`refs`), without waiting for the peers (`exec::job::calls`; only
+    /// a host more than a few dozen calls ahead of a peer waits, until `deadline`, `timeout`
+    /// after the call began). Returns the call's number. In one process there is nothing to
+    /// publish (the driver validates every rank's call, and every rank's buffers are at hand).
+    fn publish_call(
         &self,
         _shape: CallShape,
         _refs: CallerRefs,
         _deadline: Instant,
         _timeout: Duration,
+    ) -> Result<u64> {
+        Ok(0)
+    }
+
+    /// Checks published call `seq`, of `shape`, against every peer's on the host: waits until
+    /// every peer has published it ([`Error::CallMismatch`] on every rank if the calls differ).
+    /// Returns every rank's refs of it, by rank. In one process: no refs.
+    fn meet_call(
+        &self,
+        _seq: u64,
+        _shape: CallShape,
+        _deadline: Instant,
+        _timeout: Duration,
     ) -> Result<Vec<CallerRefs>> {
         Ok(Vec::new())
+    }
+
+    /// What the call gate (`kernels::gate`) of this process's rank needs, where its GPU reaches
+    /// every rank's control words: a call may then be checked there instead of by
+    /// [`Fabric::meet_call`]. `None` in one process.
+    fn gate(&self) -> Option<Gate> {
+        None
+    }
+
+    /// The call this rank's gate found different from a peer's, as the error.
+    fn gate_fault(&self) -> Option<Error> {
+        None
     }
 
     /// This process's rank finished its part of its latest call: its process may end without

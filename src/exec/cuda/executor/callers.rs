@@ -7,6 +7,7 @@ use super::{capture, registered, CudaExecutor};
 use crate::device::{self, CallerStream};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
+use crate::exec::cuda::fabric::Gate;
 use crate::exec::job::{BufferRef, CallShape, CallerRefs};
 use crate::exec::Shape;
 use crate::plan::{Collective, StreamKind};
@@ -30,9 +31,17 @@ impl CudaExecutor {
     /// caller's streams are being captured, the collective becomes part of the caller's
     /// graph(s) (module `capture`).
     ///
-    /// Over a fabric between processes, the call first meets its peers' (`Fabric::start_call`:
-    /// the same shape on every rank, or [`Error::CallMismatch`] before anything is enqueued);
-    /// a failure is told to the peers (`Fabric::fail`), and a blocking call's completion too.
+    /// Over a fabric between processes the call is published to the peers
+    /// (`Fabric::publish_call`) and checked against theirs before anything touches their
+    /// memory: on the GPU, by the call gate enqueued first on Main (`Fabric::gate`), when the
+    /// shape was prepared by an earlier call, no memory is registered and the call is not being
+    /// captured — so the call returns once enqueued, whatever the peers' hosts are doing; else
+    /// on the host (`Fabric::meet_call`), which waits for every peer to publish it (a shape's
+    /// first call is prepared with the peers; registered buffers are exchanged; a capture is
+    /// checked once, for every replay). Either way ranks that make different calls all get
+    /// [`Error::CallMismatch`] — from the call itself, or from the communicator's next call,
+    /// `synchronize` or async error when the gate found it. A failure is told to the peers
+    /// (`Fabric::fail`), and a blocking call's completion too.
     pub(crate) unsafe fn run<T: Element>(
         &mut self,
         shape: Shape,
@@ -43,41 +52,84 @@ impl CudaExecutor {
         caller: Option<&[CallerStream]>,
     ) -> Result<()> {
         // Bad streams are this rank's mistake: refused before the peers hear of the call.
-        if let Some(streams) = caller {
-            self.check_caller_streams(streams)?;
-        }
-        let timeout = self.config.timeout;
-        let refs = self.own_refs(&shape, inputs, outputs);
-        let started = self.fabric.start_call(
-            CallShape::of(&shape, T::DTYPE, op),
-            refs,
-            Instant::now() + timeout,
-            timeout,
-        );
-        let result = started.and_then(|all| {
-            if !registered::runs_registered(&all) {
-                // SAFETY: our caller's contract, passed on.
-                return unsafe {
-                    self.run_fenced::<T>(shape, inputs, outputs, op, wait_complete, caller)
-                };
+        let captured = match caller {
+            Some(streams) => {
+                self.check_caller_streams(streams)?;
+                capture::capturing(streams)?
             }
-            // Every rank's buffers are registered: the call runs on them, peers' included.
-            let (inputs, outputs) = self.registered_addresses(&shape, &all, inputs, outputs)?;
-            let shape = Shape {
-                registered: true,
-                ..shape
-            };
-            // SAFETY: our caller's contract for this rank's buffers; a peer's are its caller's
-            // buffers of this same call (it published them for it), in memory it registered and
-            // this rank mapped, valid for the plan's lengths (`Registrations::address`), and
-            // borrowed by its caller until its part of the call is complete — which waits for
-            // every rank's reads and writes of them (the plan's completion rule).
-            let result = unsafe {
-                self.run_fenced::<T>(shape, &inputs, &outputs, op, wait_complete, caller)
-            };
-            self.registered_calls += u64::from(result.is_ok());
-            result
-        });
+            None => false,
+        };
+        let timeout = self.config.timeout;
+        let deadline = Instant::now() + timeout;
+        let call = CallShape::of(&shape, T::DTYPE, op);
+        let refs = self.own_refs(&shape, inputs, outputs);
+        let gate = match captured || !self.registrations.is_empty() {
+            true => None,
+            false => self.prepared(&shape).and_then(|_| self.fabric.gate()),
+        };
+        let result = self
+            .fabric
+            .publish_call(call, refs, deadline, timeout)
+            .and_then(|seq| {
+                let gated = gate.map(|gate| (gate, seq));
+                if gated.is_some() {
+                    // SAFETY: our caller's contract, passed on.
+                    return unsafe {
+                        self.run_fenced::<T>(
+                            shape,
+                            inputs,
+                            outputs,
+                            op,
+                            wait_complete,
+                            caller,
+                            captured,
+                            gated,
+                        )
+                    };
+                }
+                let all = self.fabric.meet_call(seq, call, deadline, timeout)?;
+                if !registered::runs_registered(&all) {
+                    // SAFETY: our caller's contract, passed on.
+                    return unsafe {
+                        self.run_fenced::<T>(
+                            shape,
+                            inputs,
+                            outputs,
+                            op,
+                            wait_complete,
+                            caller,
+                            captured,
+                            None,
+                        )
+                    };
+                }
+                // Every rank's buffers are registered: the call runs on them, peers' included.
+                let (inputs, outputs) = self.registered_addresses(&shape, &all, inputs, outputs)?;
+                let shape = Shape {
+                    registered: true,
+                    ..shape
+                };
+                // SAFETY: our caller's contract for this rank's buffers; a peer's are its
+                // caller's buffers of this same call (it published them for it), in memory it
+                // registered and this rank mapped, valid for the plan's lengths
+                // (`Registrations::address`), and borrowed by its caller until its part of the
+                // call is complete — which waits for every rank's reads and writes of them (the
+                // plan's completion rule).
+                let result = unsafe {
+                    self.run_fenced::<T>(
+                        shape,
+                        &inputs,
+                        &outputs,
+                        op,
+                        wait_complete,
+                        caller,
+                        captured,
+                        None,
+                    )
+                };
+                self.registered_calls += u64::from(result.is_ok());
+                result
+            });
         match &result {
             Err(err) => self.fabric.fail(err),
             Ok(()) if wait_complete => self.fabric.finished(),
@@ -86,10 +138,13 @@ impl CudaExecutor {
         result
     }
 
-    /// [`CudaExecutor::run`] once the call has started across the job.
+    /// [`CudaExecutor::run`] once the call is published (and, without `gated`, checked): the
+    /// caller's streams fenced around Main, and with `gated` (the fabric's gate and the call's
+    /// number) the call gate enqueued on Main before anything of the call.
     ///
     /// # Safety
     /// As for [`CudaExecutor::run`].
+    #[allow(clippy::too_many_arguments)]
     unsafe fn run_fenced<T: Element>(
         &mut self,
         shape: Shape,
@@ -98,30 +153,31 @@ impl CudaExecutor {
         op: ReduceOp,
         wait_complete: bool,
         caller: Option<&[CallerStream]>,
+        captured: bool,
+        gated: Option<(Gate, u64)>,
     ) -> Result<()> {
         let Some(streams) = caller else {
+            self.enqueue_gate(gated)?;
             // SAFETY: our caller's contract, passed on.
             return unsafe {
                 self.run_shape_on_main::<T>(shape, inputs, outputs, op, wait_complete, false)
             };
         };
-        self.check_caller_streams(streams)?;
         // A capture: the plan (prepared by an earlier call) is refused if it cannot be captured
         // before any stream joins the capture, and pinned, since the graph will hold its memory.
-        let captured = capture::capturing(streams)?;
         if captured {
             self.pin_for_capture(shape.clone())?;
         }
         let saved = device::save_current()?;
         for (res, stream) in self.ranks.iter().map(|r| &*r.res).zip(streams) {
-            // SAFETY: the stream is live (borrowed) and of the rank's context (checked above).
+            // SAFETY: the stream is live (borrowed) and of the rank's context (checked by `run`).
             unsafe { device::record_on_raw_stream(&res.fence_in, stream.raw()) }?;
             device::wait(&res.streams[StreamKind::Main.index()], &res.fence_in)?;
         }
         // SAFETY: our caller's contract, passed on.
-        let result = unsafe {
+        let result = self.enqueue_gate(gated).and_then(|()| unsafe {
             self.run_shape_on_main::<T>(shape, inputs, outputs, op, wait_complete, captured)
-        };
+        });
         // Also after a failure: the caller's stream must not run ahead of what was enqueued.
         let fenced = self
             .ranks
@@ -134,6 +190,32 @@ impl CudaExecutor {
                 unsafe { device::wait_on_raw_stream(&res.ctx, stream.raw(), &res.fence_out) }
             });
         result.and(fenced).and(saved.restore())
+    }
+
+    /// Enqueues the call gate of call `seq` on this process's one rank's Main stream, when
+    /// `gated` (module `kernels::gate`): the call's work queued after it touches no peer's
+    /// memory unless every peer published the same call.
+    fn enqueue_gate(&self, gated: Option<(Gate, u64)>) -> Result<()> {
+        let (Some((gate, seq)), [r]) = (gated, &self.ranks[..]) else {
+            return Ok(());
+        };
+        let res = &*r.res;
+        let timeout_ns = u64::try_from(self.config.timeout.as_nanos() / 4 * 3).unwrap_or(u64::MAX);
+        // SAFETY: the fabric's gate: its table lives as long as the fabric, which outlives this
+        // executor's streams' work; this rank's slot of `seq` was published by `run`; the error
+        // word is the rank's host-mapped pinned word.
+        unsafe {
+            res.kernels.call_gate(
+                res.stream(StreamKind::Main),
+                gate.controls,
+                gate.world as u32,
+                gate.rank as u32,
+                seq,
+                gate.layout,
+                timeout_ns,
+                res.error_word(),
+            )
+        }
     }
 
     /// How many calls ran on registered buffers, without copies.

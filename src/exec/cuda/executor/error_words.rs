@@ -1,6 +1,7 @@
 //! What a rank's error word reports, and the check that turns it into an error: a peer kernel
 //! whose peers never arrive, a peer kernel that refuses its launch, a captured ring's counter
-//! wait that timed out, or a peer lost across processes each leave a code (defined once, in
+//! wait that timed out, a peer lost across processes, or a call gate that found a peer's call
+//! different or never published each leave a code (defined once, in
 //! `cuda/error_codes.cuh`); [`KernelFailure`] names them, and `CudaExecutor::check_error_words`
 //! reads every rank's word after every blocking call, before the next call and in `synchronize`,
 //! and returns an error naming the rank, the kernel and where it waited.
@@ -12,8 +13,8 @@ use super::peer_words::PeerKernel;
 use super::CudaExecutor;
 use crate::error::{Error, Result};
 use crate::exec::cuda::kernels::{
-    COUNTER_ERR_BIT, ERR_PEER_LOST, LL_ERR_WAIT, PEER_ERR_END, PEER_ERR_LAUNCH, PEER_ERR_MIDDLE,
-    PEER_ERR_START,
+    COUNTER_ERR_BIT, ERR_PEER_LOST, GATE_ERR_MISMATCH, GATE_ERR_WAIT, LL_ERR_WAIT, PEER_ERR_END,
+    PEER_ERR_LAUNCH, PEER_ERR_MIDDLE, PEER_ERR_START,
 };
 
 impl CudaExecutor {
@@ -36,6 +37,23 @@ impl CudaExecutor {
                         rank,
                         during: "a collective across processes".into(),
                         message: "a peer was lost; this rank gave the call up".into(),
+                    }));
+                }
+                Some(KernelFailure::Mismatch) => {
+                    return Err(self.fabric.gate_fault().unwrap_or(Error::CallMismatch {
+                        rank,
+                        theirs: "another call".into(),
+                        this: rank,
+                        ours: "a call its GPU found different from a peer's".into(),
+                    }));
+                }
+                Some(KernelFailure::GateWait) => {
+                    return Err(self.fabric.lost_peer().unwrap_or(Error::Timeout {
+                        rank,
+                        waiting_on: format!(
+                            "GPU {device}'s call gate gave up: a peer did not start the call"
+                        ),
+                        after: self.config.timeout,
                     }));
                 }
                 Some(KernelFailure::GaveUp { kernel, at }) => {
@@ -83,6 +101,10 @@ enum KernelFailure {
     CounterWait,
     /// The host gave the call up: a peer is lost ([`ERR_PEER_LOST`]).
     PeerLost,
+    /// The call gate found a peer's call different ([`GATE_ERR_MISMATCH`]).
+    Mismatch,
+    /// The call gate gave up waiting for a peer's call ([`GATE_ERR_WAIT`]).
+    GateWait,
     /// A nonzero code no kernel writes.
     Unknown,
 }
@@ -102,6 +124,8 @@ fn kernel_failure(code: u32) -> Option<KernelFailure> {
         ),
         PEER_ERR_LAUNCH => Some(KernelFailure::Launch),
         ERR_PEER_LOST => Some(KernelFailure::PeerLost),
+        GATE_ERR_MISMATCH => Some(KernelFailure::Mismatch),
+        GATE_ERR_WAIT => Some(KernelFailure::GateWait),
         _ => Some(KernelFailure::Unknown),
     }
 }

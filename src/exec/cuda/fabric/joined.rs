@@ -5,12 +5,13 @@
 //! Invariant: another process's allocation is mapped here at most once at a time, and unmapped
 //! once its last import is released (or when the imports are closed).
 
-use super::{Exported, Fabric, Fields, Record};
+use super::{Exported, Fabric, Fields, Gate, Record};
 use crate::device::{self, DeviceBuffer, PinnedHost};
 use crate::error::{Error, Result};
 use crate::exec::fds::FdServer;
 use crate::exec::job::{CallShape, CallerRefs, Job};
 use crate::exec::rendezvous::{Rendezvous, UniqueId};
+use crate::exec::shm::Segment;
 use cudarc::driver::CudaContext;
 use std::collections::HashMap;
 use std::ops::Range;
@@ -35,6 +36,10 @@ use std::time::{Duration, Instant};
 /// communicator launches every local rank's kernels; ranks of one process belong in one
 /// [`Communicator`](crate::Communicator).
 pub(crate) struct Joined {
+    /// Every rank's control words as this GPU reaches them, for the call gate (`None` where the
+    /// driver would not register them: every call then meets its peers on the host). First, so
+    /// that it is unregistered before the job's segments are unmapped.
+    gate_view: Option<GateView>,
     rank: usize,
     world: usize,
     rendezvous: Mutex<Rendezvous>,
@@ -141,7 +146,9 @@ impl Joined {
                 ours.then(|| device::shareable_by_serial(key)).flatten()
             },
         )?;
+        let gate_view = GateView::new(&ctx, job.control()).ok();
         Ok(Joined {
+            gate_view,
             rank: rendezvous.rank(),
             world: rendezvous.world(),
             rendezvous: Mutex::new(rendezvous),
@@ -267,15 +274,38 @@ impl Fabric for Joined {
         self.job.failed_peer()
     }
 
-    fn start_call(
+    fn publish_call(
         &self,
         shape: CallShape,
         refs: CallerRefs,
         deadline: Instant,
         timeout: Duration,
+    ) -> Result<u64> {
+        self.job.publish(shape, refs, deadline, timeout)
+    }
+
+    fn meet_call(
+        &self,
+        seq: u64,
+        shape: CallShape,
+        deadline: Instant,
+        timeout: Duration,
     ) -> Result<Vec<CallerRefs>> {
-        let seq = self.job.start_call(shape, refs, deadline, timeout)?;
+        self.job.meet(seq, shape, deadline, timeout)?;
         Ok(self.job.refs(seq))
+    }
+
+    fn gate(&self) -> Option<Gate> {
+        self.gate_view.as_ref().map(|view| Gate {
+            controls: view.table.ptr(),
+            world: self.world,
+            rank: self.rank,
+            layout: Job::gate_layout(),
+        })
+    }
+
+    fn gate_fault(&self) -> Option<Error> {
+        self.job.gate_fault()
     }
 
     fn finished(&self) {
@@ -415,4 +445,53 @@ impl Joined {
 /// `prefix`.
 fn server_name(prefix: &str, rank: usize) -> String {
     format!("{prefix}-r{rank}-fds")
+}
+
+/// Every rank's control segment registered with the driver in this process, and a table of
+/// their addresses in device memory: what the call gate reads (`kernels::gate`).
+struct GateView {
+    ctx: Arc<CudaContext>,
+    /// The registered mappings (this process's own mapping of each rank's segment).
+    registered: Vec<*mut u8>,
+    table: DeviceBuffer,
+}
+
+// SAFETY: the pointers are addresses of mappings that live as long as the job; they are only
+// passed back to the driver (unregistered) when the view is dropped.
+unsafe impl Send for GateView {}
+// SAFETY: as above; nothing reads through them here.
+unsafe impl Sync for GateView {}
+
+impl GateView {
+    /// Registers every rank's control segment (`control`, by rank) with `ctx`'s driver.
+    fn new(ctx: &Arc<CudaContext>, control: &[Segment]) -> Result<GateView> {
+        let mut view = GateView {
+            ctx: ctx.clone(),
+            registered: Vec::with_capacity(control.len()),
+            table: DeviceBuffer::new(ctx, control.len() * 8)?,
+        };
+        for segment in control {
+            // SAFETY: the job's mapping of the segment, page-aligned, whole pages long, mapped
+            // while the job lives — longer than this view (`Joined` drops it first).
+            unsafe { device::register_host(ctx, segment.base(), segment.len()) }?;
+            view.registered.push(segment.base());
+        }
+        let bytes: Vec<u8> = control
+            .iter()
+            .flat_map(|s| (s.base() as u64).to_le_bytes())
+            .collect();
+        view.table.copy_from_host(&bytes)?;
+        Ok(view)
+    }
+}
+
+impl Drop for GateView {
+    fn drop(&mut self) {
+        for &ptr in &self.registered {
+            // SAFETY: registered by `new`, once; the executor's streams are idle or abandoned
+            // by the time the fabric goes (a stuck gate kernel reading it then is the driver's
+            // to fault, as for any memory of a communicator torn down under a stuck GPU).
+            let _ = unsafe { device::unregister_host(&self.ctx, ptr) };
+        }
+    }
 }

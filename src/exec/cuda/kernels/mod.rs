@@ -38,14 +38,16 @@
 //! The driver API itself is bound at CUDA 12.2's level (cudarc's `cuda-12020` bindings, loaded
 //! at run time), whose entry points every later driver keeps, CUDA 13's included.
 //!
-//! Invariant: a [`KernelModule`] holds all 254 functions (4 operators × 12 types of pairwise
+//! Invariant: a [`KernelModule`] holds all 267 functions (4 operators × 12 types of pairwise
 //! reduce, of one-shot, two-shot and LL one-shot all-reduce and of the steps kernel, one scale
-//! kernel per type, and the two counter kernels of captured rings, module `counters`) resolved in
-//! its context, so a launch is a table index and one `cuLaunchKernel`, with no lookup and no
+//! and one premultiply kernel per type, the two counter kernels of captured rings, module
+//! `counters`, and the call gate of calls across processes, module `gate`) resolved in its
+//! context, so a launch is a table index and one `cuLaunchKernel`, with no lookup and no
 //! allocation.
 
 mod counters;
 mod error_codes;
+mod gate;
 mod image;
 mod ll;
 mod nvrtc;
@@ -57,8 +59,8 @@ mod steps;
 mod twoshot_kernel;
 
 pub use error_codes::{
-    COUNTER_ERR_BIT, ERROR_CODES, ERR_PEER_LOST, LL_ERR_WAIT, PEER_ERR_END, PEER_ERR_LAUNCH,
-    PEER_ERR_MIDDLE, PEER_ERR_START,
+    COUNTER_ERR_BIT, ERROR_CODES, ERR_PEER_LOST, GATE_ERR_MISMATCH, GATE_ERR_WAIT, LL_ERR_WAIT,
+    PEER_ERR_END, PEER_ERR_LAUNCH, PEER_ERR_MIDDLE, PEER_ERR_START,
 };
 pub use image::{
     build_kind, cuda12_code_for, driver_refused_image, fatbin_entries, kernel_choice, CodeEntry,
@@ -118,6 +120,8 @@ pub struct KernelModule {
     ll: Vec<CudaFunction>,
     /// `rr_counter_signal`, `rr_counter_wait`.
     counters: [CudaFunction; 2],
+    /// `rr_call_gate`.
+    gate: CudaFunction,
     /// The grid size that fills the device: SM count × `BLOCKS_PER_SM`.
     max_blocks: u32,
 }
@@ -155,6 +159,7 @@ impl KernelModule {
             load("rr_counter_signal".to_string())?,
             load("rr_counter_wait".to_string())?,
         ];
+        let gate = load("rr_call_gate".to_string())?;
 
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
@@ -172,6 +177,7 @@ impl KernelModule {
             steps,
             ll,
             counters,
+            gate,
             max_blocks,
         })
     }

@@ -1,0 +1,255 @@
+//! A call's slot in its rank's control segment, and the two ways ranks compare calls: every
+//! call is published ([`Job::publish`]: its number, shape and buffers into slot number mod
+//! `CALL_SLOTS`, then the `PUBLISHED` word) without waiting for any peer, and then checked
+//! against every peer's call of the same number — by the host ([`Job::meet`], which waits for
+//! the peers to publish it; the `MET` word) or by the GPU's call gate (`cuda/gate.cuh`, which
+//! reads the same words through the driver's mapping of the segments; the `GATED` word, and
+//! `FAULT` for a call it found different: [`Job::gate_fault`]).
+//!
+//! Invariant: a slot is rewritten only once every peer has checked the call in it (its `MET` or
+//! `GATED` has reached that call): a host may run `CALL_SLOTS` calls ahead of its slowest peer,
+//! and waits in [`Job::publish`] only beyond that.
+
+use super::{
+    backoff, peer_failure, CallShape, CallerRefs, Job, ABORT, CALL_SLOTS, FAULT, GATED, MET,
+    PUBLISHED, REF_WORDS, SHAPE_WORDS, SLOTS, SLOT_WORDS,
+};
+use crate::error::{Error, Result};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// Where the call gate finds a rank's words: indices of 64-bit words in a control segment, as
+/// the gate kernel takes them (`rr_gate_layout` in `cuda/gate.cuh`, field for field).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct GateLayout {
+    pub(crate) published: u32,
+    pub(crate) abort: u32,
+    pub(crate) gated: u32,
+    pub(crate) fault: u32,
+    pub(crate) slots: u32,
+    pub(crate) slot_words: u32,
+    pub(crate) call_slots: u32,
+    /// Words compared: the call number, the shape and the refs.
+    pub(crate) compared: u32,
+}
+
+/// The first word of call `seq`'s slot.
+fn slot(seq: u64) -> usize {
+    SLOTS + (seq % CALL_SLOTS as u64) as usize * SLOT_WORDS
+}
+
+impl Job {
+    /// The layout of every control segment, for the call gate.
+    pub(crate) fn gate_layout() -> GateLayout {
+        GateLayout {
+            published: PUBLISHED as u32,
+            abort: ABORT as u32,
+            gated: GATED as u32,
+            fault: FAULT as u32,
+            slots: SLOTS as u32,
+            slot_words: SLOT_WORDS as u32,
+            call_slots: CALL_SLOTS as u32,
+            compared: (1 + SHAPE_WORDS) as u32,
+        }
+    }
+
+    /// The last call rank `q` checked against its peers, by host or GPU.
+    fn checked(&self, q: usize) -> u64 {
+        let met = self.control_word(q, MET).load(Ordering::Acquire);
+        met.max(self.control_word(q, GATED).load(Ordering::Acquire))
+    }
+
+    /// Publishes this rank's next call — its `shape` and where its buffers lie (`refs`) — and
+    /// returns its number. Waits only while a peer has not yet checked the call published
+    /// `CALL_SLOTS` calls ago (whose slot this one takes), until `deadline` (`timeout` after
+    /// the call began), ending early on this rank's abort or a peer's failure.
+    pub(crate) fn publish(
+        &self,
+        shape: CallShape,
+        refs: CallerRefs,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<u64> {
+        let (seq, rank) = (self.seq() + 1, self.rank);
+        if let Some(previous) = seq.checked_sub(CALL_SLOTS as u64).filter(|&p| p > 0) {
+            self.wait_for(
+                seq,
+                "checked",
+                |q| self.checked(q) >= previous,
+                deadline,
+                timeout,
+            )?;
+        }
+        let at = slot(seq);
+        let refs = refs.words();
+        let words = shape.0.iter().chain(refs.iter());
+        for (i, w) in words.enumerate() {
+            self.control_word(rank, at + 1 + i)
+                .store(*w, Ordering::Relaxed);
+        }
+        self.control_word(rank, at).store(seq, Ordering::Relaxed);
+        self.control_word(rank, PUBLISHED)
+            .store(seq, Ordering::Release);
+        self.seq.store(seq, Ordering::Relaxed);
+        Ok(seq)
+    }
+
+    /// Checks call `seq` (this rank's latest, published) against every peer's call of that
+    /// number on the host: waits (until `deadline`, `timeout` after the call began) until every
+    /// peer has published it, then compares. Ranks that make different calls all get
+    /// [`Error::CallMismatch`].
+    pub(crate) fn meet(
+        &self,
+        seq: u64,
+        shape: CallShape,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<()> {
+        let published = |q| self.control_word(q, PUBLISHED).load(Ordering::Acquire) >= seq;
+        self.wait_for(seq, "started", published, deadline, timeout)
+            .map_err(|failure| self.mismatch(seq, shape).unwrap_or(failure))?;
+        if let Some(err) = self.mismatch(seq, shape) {
+            return Err(err);
+        }
+        self.control_word(self.rank, MET)
+            .fetch_max(seq, Ordering::Release);
+        Ok(())
+    }
+
+    /// [`Job::publish`] then [`Job::meet`]: the call's number.
+    pub(crate) fn start_call(
+        &self,
+        shape: CallShape,
+        refs: CallerRefs,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<u64> {
+        let seq = self.publish(shape, refs, deadline, timeout)?;
+        self.meet(seq, shape, deadline, timeout)?;
+        Ok(seq)
+    }
+
+    /// Waits until `ready(q)` holds for every peer q, for call `seq` (named `what` in a timeout:
+    /// "started", "checked"); ends early on this rank's abort, a peer's failure or `deadline`.
+    fn wait_for(
+        &self,
+        seq: u64,
+        what: &str,
+        ready: impl Fn(usize) -> bool,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<()> {
+        let (rank, start) = (self.rank, Instant::now());
+        let mut next_liveness = start;
+        for q in (0..self.control.len()).filter(|&q| q != rank) {
+            while !ready(q) {
+                if let Some(aborted) = self.aborted_error() {
+                    return Err(aborted);
+                }
+                peer_failure(
+                    &self.control,
+                    &self.processes,
+                    rank,
+                    seq,
+                    &mut next_liveness,
+                )?;
+                if Instant::now() >= deadline {
+                    return Err(Error::Timeout {
+                        rank: q,
+                        waiting_on: format!(
+                            "has not {what} call {seq} (rank {rank} waited for it)"
+                        ),
+                        after: timeout,
+                    });
+                }
+                backoff(start.elapsed());
+            }
+        }
+        Ok(())
+    }
+
+    /// Rank `q`'s call `seq` as it published it, while its slot still holds it.
+    fn published(&self, q: usize, seq: u64) -> Option<(CallShape, CallerRefs)> {
+        let at = slot(seq);
+        let read = |i: usize| self.control_word(q, at + i).load(Ordering::Relaxed);
+        if self.control_word(q, PUBLISHED).load(Ordering::Acquire) < seq || read(0) != seq {
+            return None;
+        }
+        let mut shape = [0u64; SHAPE_WORDS];
+        for (i, w) in shape.iter_mut().enumerate() {
+            *w = read(1 + i);
+        }
+        let mut refs = [0u64; REF_WORDS];
+        for (i, w) in refs.iter_mut().enumerate() {
+            *w = read(1 + SHAPE_WORDS + i);
+        }
+        Some((CallShape(shape), CallerRefs::from_words(refs)))
+    }
+
+    /// Every rank's refs of call `seq`, by rank, once [`Job::meet`] has returned it (every peer
+    /// published it, and none rewrites its slot before this rank has checked it).
+    pub(crate) fn refs(&self, seq: u64) -> Vec<CallerRefs> {
+        (0..self.control.len())
+            .map(|q| {
+                self.published(q, seq)
+                    .map(|(_, refs)| refs)
+                    .unwrap_or_default()
+            })
+            .collect()
+    }
+
+    /// The first peer that published call `seq` with another shape than `shape`, as the error.
+    fn mismatch(&self, seq: u64, shape: CallShape) -> Option<Error> {
+        (0..self.control.len())
+            .filter(|&q| q != self.rank)
+            .find_map(|q| {
+                let (theirs, _) = self.published(q, seq)?;
+                (theirs != shape).then(|| Error::CallMismatch {
+                    rank: q,
+                    theirs: theirs.describe(),
+                    this: self.rank,
+                    ours: shape.describe(),
+                })
+            })
+    }
+
+    /// The call this rank's GPU found different from a peer's (its gate's `FAULT` word), as
+    /// the error: both calls described while their slots still hold them.
+    pub(crate) fn gate_fault(&self) -> Option<Error> {
+        let fault = self.control_word(self.rank, FAULT).load(Ordering::Acquire);
+        if fault == 0 {
+            return None;
+        }
+        let (seq, q) = (fault >> 16, ((fault & 0xffff) as usize).saturating_sub(1));
+        let describe = |rank| {
+            self.published(rank, seq).map_or_else(
+                || format!("call {seq} (no longer at hand)"),
+                |(shape, _)| shape.describe(),
+            )
+        };
+        Some(Error::CallMismatch {
+            rank: q,
+            theirs: describe(q),
+            this: self.rank,
+            ours: describe(self.rank),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_slot_lies_inside_the_segment_and_calls_a_lap_apart_share_one() {
+        let last = slot(CALL_SLOTS as u64 - 1) + SLOT_WORDS;
+        assert!(last <= super::super::CONTROL_WORDS);
+        assert!(super::super::CONTROL_WORDS * 8 <= super::super::CONTROL_BYTES);
+        assert_eq!(slot(3), slot(3 + CALL_SLOTS as u64));
+        assert_ne!(slot(3), slot(4));
+        let layout = Job::gate_layout();
+        assert!(layout.compared as usize <= SLOT_WORDS);
+        assert!([PUBLISHED, ABORT, GATED, FAULT].iter().all(|&w| w < SLOTS));
+    }
+}
