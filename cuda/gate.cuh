@@ -59,8 +59,8 @@ static __device__ __forceinline__ void rr_st_release_sys64(rr_ull* word, rr_ull 
 //   call under that number: spin until each peer's `published` has reached seq, then compare
 //   the first `compared` words of its slot with this rank's. A difference stores the call and
 //   the peer into this rank's `fault` and RR_GATE_ERR_MISMATCH into *error; a peer that failed
-//   (its `abort` set), a code already in *error (the host gave the call up) or the deadline ends
-//   the wait with RR_GATE_ERR_WAIT. With any code in *error the later kernels of the call return
+//   (its `abort` set), this rank's own abort, a code already in *error (the host gave the call
+//   up) or the deadline ends the wait with RR_GATE_ERR_WAIT. With any code in *error the later kernels of the call return
 //   at their start (rr_peer_begin, rr_ll_kernel) without touching a peer's memory. Passing,
 //   stores seq into this rank's `gated`.
 // Assumptions: one thread works (a grid of one block); controls[q] is rank q's control segment
@@ -90,7 +90,8 @@ static __device__ __forceinline__ void rr_call_gate_body(const rr_ull* const* co
         unsigned spins = 0u;
         while (rr_ld_acquire_sys64(theirs + layout.published) < seq) {
             const bool failed = spins % RR_ABORT_POLL == RR_ABORT_POLL - 1u &&
-                                rr_ld_relaxed_sys64(theirs + layout.abort) != 0ull;
+                                (rr_ld_relaxed_sys64(theirs + layout.abort) != 0ull ||
+                                 rr_ld_relaxed_sys64(own + layout.abort) != 0ull);
             if (failed || rr_give_up(deadline, error, spins)) {
                 rr_fail(error, RR_GATE_ERR_WAIT);
                 return;

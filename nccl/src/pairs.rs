@@ -19,7 +19,7 @@
 //! the parent communicator learns that a peer is gone (`RankCommunicator::async_error`).
 
 use crate::*;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
@@ -31,8 +31,10 @@ pub(crate) struct Pairs {
     ports: Vec<u16>,
     /// Ids handed to this rank and not yet used, by the rank that sent them and their use.
     inbox: Mutex<HashMap<(usize, Use), Vec<u8>>>,
-    /// The pair communicators, by peer.
-    made: Mutex<HashMap<usize, Box<Comm>>>,
+    /// The pair communicators, by peer, in ascending order: dropped in that order, so that every
+    /// rank parts from its pairs in one global order, (low, high) — a pair's teardown waits for
+    /// its other rank, and any other order can close a cycle (0 waits for 2, 2 for 1, 1 for 0).
+    made: Mutex<BTreeMap<usize, Box<Comm>>>,
     /// Set by the parent's abort: a mailbox wait ends at once.
     aborted: std::sync::atomic::AtomicBool,
 }
@@ -73,7 +75,7 @@ impl Pairs {
             mailbox,
             ports,
             inbox: Mutex::new(HashMap::new()),
-            made: Mutex::new(HashMap::new()),
+            made: Mutex::new(BTreeMap::new()),
             aborted: Default::default(),
         }))
     }
@@ -95,8 +97,8 @@ impl Pairs {
 fn pair_of<'a>(parent: &'a Comm, pairs: &'a Pairs, peer: usize) -> Result<&'a Comm, Failure> {
     let mut made = pairs.made.lock().unwrap_or_else(|p| p.into_inner());
     let pair: *const Comm = match made.entry(peer) {
-        std::collections::hash_map::Entry::Occupied(e) => &**e.get(),
-        std::collections::hash_map::Entry::Vacant(e) => {
+        std::collections::btree_map::Entry::Occupied(e) => &**e.get(),
+        std::collections::btree_map::Entry::Vacant(e) => {
             &**e.insert(make_pair(parent, pairs, peer)?)
         }
     };

@@ -61,10 +61,14 @@ def main():
         with open(id_file, "rb") as f:
             ctypes.memmove(uid, f.read(), 128)
     comm = ctypes.c_void_p()
-    # ncclUniqueId is passed by value: a struct of 128 bytes.
-    Uid = ctypes.c_char * 128
-    nccl.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, Uid, ctypes.c_int]
-    check("ncclCommInitRank", nccl.ncclCommInitRank(ctypes.byref(comm), world, Uid.from_buffer(uid), rank))
+
+    class UniqueId(ctypes.Structure):  # ncclUniqueId, passed by value
+        _fields_ = [("internal", ctypes.c_byte * 128)]
+
+    unique = UniqueId()
+    ctypes.memmove(ctypes.byref(unique), uid, 128)
+    nccl.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, UniqueId, ctypes.c_int]
+    check("ncclCommInitRank", nccl.ncclCommInitRank(ctypes.byref(comm), world, unique, rank))
     stream = ctypes.c_void_p()
     check("cudaStreamCreate", cuda.cudaStreamCreate(ctypes.byref(stream)))
     buf = ctypes.c_void_p()

@@ -50,7 +50,13 @@ impl CudaExecutor {
 
     /// A peer of another process that is gone or failed, as the error naming it.
     pub(crate) fn lost_peer(&self) -> Option<Error> {
-        self.fabric.lost_peer()
+        let lost = self.fabric.lost_peer();
+        if lost.is_some() {
+            // Kernels waiting for the lost peer (a call gate, a barrier) stop now, not at their
+            // deadline: a blocking call of this process waits for them first (`device::gate`).
+            self.stop_kernels();
+        }
+        lost
     }
 
     /// Stops this executor's kernels where they wait (every rank's error word set: they return
@@ -162,6 +168,9 @@ impl CudaExecutor {
         if self.ranks.is_empty() {
             return Ok(()); // torn down already
         }
+        // A rank that aborted, or whose peer is lost, first stops its kernels that wait (the
+        // gate below waits for them, up to their deadline).
+        let _ = self.lost_peer();
         // Freeing memory and destroying streams may wait for the GPUs: none of it overlaps
         // another communicator's peer kernels (`device::gate`).
         let quiet = device::gate::quiet();
