@@ -28,8 +28,10 @@ use std::time::{Duration, Instant};
 /// carries the address's offset in its allocation, and a peer maps each allocation once (undone
 /// with the communicator). Pinned host memory (staged edges, counters' mailboxes between GPUs
 /// without peer access) is an anonymous file mapped in each process, passed by descriptor the
-/// same way. The ranks share the job's control words (`exec::job`): every call starts with
-/// their shape check, and a peer that failed its call or whose process is gone is lost.
+/// same way. The ranks share the job's control words (`exec::job`): every call is published
+/// there and compared with the peers' — on the host, or by this GPU's call gate, which reads
+/// every rank's words through the driver's mapping of them ([`Fabric::gate`]) — and a peer that
+/// failed its call or whose process is gone is lost.
 ///
 /// Two ranks in one process are refused: this crate's gate (`device::gate`) keeps a process's
 /// blocking CUDA calls from overlapping its own spinning peer kernels, which assumes that one
