@@ -4,9 +4,12 @@
 #   require_gpus        exports RINGREDUCE_REQUIRE_GPUS (the rule: tests/common/waiver.rs) as the
 #                       number of GPUs CUDA will see here, unless the caller set it, and sets
 #                       require_note to a line that says where the number came from
-#   test_counts LOG     prints `passed=P failed=F waived=W` for a libtest log written with
-#                       `--nocapture --test-threads=1`; waived counts the passed tests whose output
-#                       has a `waived:` line (they are among the passed, as libtest counts them)
+#   test_counts LOG     prints `passed=P failed=F waived=W shared=S` for a libtest log written
+#                       with `--nocapture --test-threads=1`, each test counted once: waived, a test
+#                       libtest passed whose output has a `waived:` line (no GPU for it); shared,
+#                       one whose output has the `note: one GPU: two ranks share GPU 0` line (two
+#                       ranks standing in for two GPUs on one: correctness, not a two-GPU pass);
+#                       passed, the others libtest passed
 
 require_gpus() {
   if [[ -n "${RINGREDUCE_REQUIRE_GPUS:-}" ]]; then
@@ -38,20 +41,24 @@ test_counts() {
     # A test opens with `test NAME ... `; its output follows (with --nocapture), then its result
     # alone on a line, or right after the opening when it printed nothing.
     /^test [^ ]+ \.\.\. / {
-      open = 1; waived = 0
+      open = 1; waived = 0; shared = 0
       line = substr($0, index($0, " ... ") + 5)
     }
     !/^test [^ ]+ \.\.\. / { line = $0 }
     open && index(line, "waived:") { waived = 1 }
-    open && line == "ok" { passed++; if (waived) waivers++; open = 0 }
+    open && index(line, "note: one GPU: two ranks share GPU 0") { shared = 1 }
+    open && line == "ok" {
+      if (waived) waivers++; else if (shared) stand_ins++; else passed++
+      open = 0
+    }
     open && line == "FAILED" { failed++; open = 0 }
     open && line ~ /^ignored/ { ignored++; open = 0 }
     /^test result: / { summary = 1; said_passed = $4; said_failed = $6 }
     END {
-      printf "passed=%d failed=%d waived=%d", passed, failed, waivers
+      printf "passed=%d failed=%d waived=%d shared=%d", passed, failed, waivers, stand_ins
       if (ignored) printf " ignored=%d", ignored
       if (!summary) printf " (incomplete: no libtest summary; the binary was stopped or crashed)"
-      else if (said_passed + 0 != passed || said_failed + 0 != failed)
+      else if (said_passed + 0 != passed + waivers + stand_ins || said_failed + 0 != failed)
         printf " (libtest says %d passed, %d failed)", said_passed, said_failed
       printf "\n"
     }

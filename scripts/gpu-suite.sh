@@ -23,7 +23,8 @@
 #             random sizes on the ring, 32–256 MiB
 #
 # Logs go to OUT_DIR/logs (summary.log has one line per step and its exit code; a test binary's
-# line adds its counts of passed, failed and waived tests, and the phase's totals follow), packed
+# line adds its counts of passed, failed, waived and shared-GPU tests (gpu-counts.sh), and the
+# phase's totals follow), packed
 # into OUT_DIR/logs.tgz at the end. NCCL_NVLS_ENABLE=0 always (NVLink multicast stays off).
 # RINGREDUCE_REQUIRE_GPUS is the machine's GPU count (scripts/gpu-counts.sh): a test that needs
 # no more GPUs than that fails where it finds fewer, instead of waiving.
@@ -36,7 +37,7 @@ mkdir -p "$logs"
 export NCCL_NVLS_ENABLE=0
 source "$bin/gpu-counts.sh"
 require_gpus
-totals=(0 0 0)
+totals=(0 0 0 0)
 # One step into its log and one line of summary.log; a test binary's step (test-*, san-*) adds
 # its counts to the line, prints it, and adds them to the phase's totals.
 step() {
@@ -47,9 +48,9 @@ step() {
   if [[ $name == test-* || $name == san-* ]]; then
     line+=" $(test_counts "$logs/$name.log")"
     echo "$line"
-    if [[ $line =~ passed=([0-9]+)\ failed=([0-9]+)\ waived=([0-9]+) ]]; then
+    if [[ $line =~ passed=([0-9]+)\ failed=([0-9]+)\ waived=([0-9]+)\ shared=([0-9]+) ]]; then
       totals=($((totals[0] + BASH_REMATCH[1])) $((totals[1] + BASH_REMATCH[2]))
-        $((totals[2] + BASH_REMATCH[3])))
+        $((totals[2] + BASH_REMATCH[3])) $((totals[3] + BASH_REMATCH[4])))
     fi
   fi
   echo "$line" >> "$logs/summary.log"
@@ -109,7 +110,7 @@ case $phase in
 esac
 case $phase in
   tests|sanitize)
-    echo "$phase total: passed=${totals[0]} failed=${totals[1]} waived=${totals[2]}" \
+    echo "$phase total: passed=${totals[0]} failed=${totals[1]} waived=${totals[2]} shared=${totals[3]}" \
       | tee -a "$logs/summary.log" ;;
 esac
 tar czf "$out/logs.tgz" -C "$out" logs
