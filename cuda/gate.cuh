@@ -97,11 +97,19 @@ static __device__ __forceinline__ void rr_call_gate_body(const rr_ull* const* co
                 return;
             }
         }
+        // A peer that failed after publishing (or this rank's abort) ends the call here, not
+        // at a barrier's deadline.
+        if (rr_ld_relaxed_sys64(theirs + layout.abort) != 0ull ||
+            rr_ld_relaxed_sys64(own + layout.abort) != 0ull) {
+            rr_fail(error, RR_GATE_ERR_WAIT);
+            return;
+        }
         for (unsigned w = 0; w < layout.compared; ++w) {
             if (rr_ld_relaxed_sys64(theirs + at + w) != rr_ld_relaxed_sys64(own + at + w)) {
                 asm volatile("st.relaxed.sys.u64 [%0], %1;" ::"l"(own + layout.fault),
                              "l"((seq << 16) | (rr_ull)(q + 1u))
                              : "memory");
+                __threadfence_system();  // the host that sees the code sees the fault
                 rr_fail(error, RR_GATE_ERR_MISMATCH);
                 return;
             }

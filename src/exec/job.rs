@@ -124,8 +124,10 @@ pub(crate) struct Job {
     control: Arc<Vec<Segment>>,
     /// Every rank's process, by rank.
     processes: Arc<Vec<Process>>,
-    /// The job call number this rank started last, from 1 (its own `STARTED` word).
+    /// The job call number this rank published last, from 1 (its own `PUBLISHED` word).
     seq: AtomicU64,
+    /// The last call this rank left to its GPU's gate (module `calls`).
+    last_gated: AtomicU64,
     /// This rank gives up (`abort`, from any thread): its waits end at once.
     aborted: std::sync::atomic::AtomicBool,
 }
@@ -162,6 +164,7 @@ impl Job {
             control: Arc::new(with_own(control, rank, own)),
             processes: Arc::new(processes),
             seq: AtomicU64::new(0),
+            last_gated: AtomicU64::new(0),
             aborted: std::sync::atomic::AtomicBool::new(false),
         })
     }

@@ -87,13 +87,16 @@ pub(crate) trait Fabric: Send + Sync {
 
     /// Publishes this process's rank's next call, of `shape`, with where its buffers lie in the
     /// memory it registered (`refs`), without waiting for the peers (`exec::job::calls`; only
-    /// a host more than a few dozen calls ahead of a peer waits, until `deadline`, `timeout`
-    /// after the call began). Returns the call's number. In one process there is nothing to
-    /// publish (the driver validates every rank's call, and every rank's buffers are at hand).
+    /// a host `CALL_SLOTS` calls ahead of a rank's check waits, until `deadline`, `timeout`
+    /// after the call began); `gated`: the call is left to the call gate ([`Fabric::gate`]),
+    /// else the caller meets it ([`Fabric::meet_call`]). Returns the call's number. In one
+    /// process there is nothing to publish (the driver validates every rank's call, and every
+    /// rank's buffers are at hand).
     fn publish_call(
         &self,
         _shape: CallShape,
         _refs: CallerRefs,
+        _gated: bool,
         _deadline: Instant,
         _timeout: Duration,
     ) -> Result<u64> {

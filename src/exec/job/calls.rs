@@ -6,9 +6,10 @@
 //! reads the same words through the driver's mapping of the segments; the `GATED` word, and
 //! `FAULT` for a call it found different: [`Job::gate_fault`]).
 //!
-//! Invariant: a slot is rewritten only once every peer has checked the call in it (its `MET` or
-//! `GATED` has reached that call): a host may run `CALL_SLOTS` calls ahead of its slowest peer,
-//! and waits in [`Job::publish`] only beyond that.
+//! Invariant: a slot is rewritten only once every rank, its own GPU's gate included, has checked
+//! the call in it (its `MET` or `GATED` has reached that call, and each says every earlier call
+//! is checked too): a host may run `CALL_SLOTS` calls ahead of the slowest rank's check, and
+//! waits in [`Job::publish`] only beyond that.
 
 use super::{
     backoff, peer_failure, CallShape, CallerRefs, Job, ABORT, CALL_SLOTS, FAULT, GATED, MET,
@@ -54,7 +55,9 @@ impl Job {
         }
     }
 
-    /// The last call rank `q` checked against its peers, by host or GPU.
+    /// The last call rank `q` checked against its peers, by host or GPU — with every call
+    /// before it: `GATED` follows the rank's stream, and `MET` passes a call the gate has not
+    /// reached yet only once it has (`Job::meet`).
     fn checked(&self, q: usize) -> u64 {
         let met = self.control_word(q, MET).load(Ordering::Acquire);
         met.max(self.control_word(q, GATED).load(Ordering::Acquire))
@@ -73,13 +76,9 @@ impl Job {
     ) -> Result<u64> {
         let (seq, rank) = (self.seq() + 1, self.rank);
         if let Some(previous) = seq.checked_sub(CALL_SLOTS as u64).filter(|&p| p > 0) {
-            self.wait_for(
-                seq,
-                "checked",
-                |q| self.checked(q) >= previous,
-                deadline,
-                timeout,
-            )?;
+            // Every rank — this one's own gate among them — is done with the slot.
+            let done = |q| self.checked(q) >= previous;
+            self.wait_for(seq, "checked", true, done, deadline, timeout)?;
         }
         let at = slot(seq);
         let refs = refs.words();
@@ -98,23 +97,37 @@ impl Job {
     /// Checks call `seq` (this rank's latest, published) against every peer's call of that
     /// number on the host: waits (until `deadline`, `timeout` after the call began) until every
     /// peer has published it, then compares. Ranks that make different calls all get
-    /// [`Error::CallMismatch`].
+    /// [`Error::CallMismatch`]. Returns every rank's refs of the call, by rank, read before this
+    /// rank lets the peers reuse its slot.
     pub(crate) fn meet(
         &self,
         seq: u64,
         shape: CallShape,
         deadline: Instant,
         timeout: Duration,
-    ) -> Result<()> {
+    ) -> Result<Vec<CallerRefs>> {
         let published = |q| self.control_word(q, PUBLISHED).load(Ordering::Acquire) >= seq;
-        self.wait_for(seq, "started", published, deadline, timeout)
+        self.wait_for(seq, "started", false, published, deadline, timeout)
             .map_err(|failure| self.mismatch(seq, shape).unwrap_or(failure))?;
         if let Some(err) = self.mismatch(seq, shape) {
             return Err(err);
         }
+        let refs = self.refs(seq);
+        // `MET` says every call up to it is checked: past a call left to the gate only once the
+        // gate has passed it (else a peer could reuse that call's slot before the gate reads it).
+        let gated = self.control_word(self.rank, GATED).load(Ordering::Acquire);
+        let met = match gated >= self.last_gated.load(Ordering::Relaxed) {
+            true => seq,
+            false => gated,
+        };
         self.control_word(self.rank, MET)
-            .fetch_max(seq, Ordering::Release);
-        Ok(())
+            .fetch_max(met, Ordering::Release);
+        Ok(refs)
+    }
+
+    /// Call `seq`, published, is left to this rank's GPU gate (`cuda/gate.cuh`).
+    pub(crate) fn gating(&self, seq: u64) {
+        self.last_gated.fetch_max(seq, Ordering::Relaxed);
     }
 
     /// [`Job::publish`] then [`Job::meet`]: the call's number.
@@ -130,19 +143,21 @@ impl Job {
         Ok(seq)
     }
 
-    /// Waits until `ready(q)` holds for every peer q, for call `seq` (named `what` in a timeout:
-    /// "started", "checked"); ends early on this rank's abort, a peer's failure or `deadline`.
+    /// Waits until `ready(q)` holds for every peer q (and this rank, with `own`), for call `seq`
+    /// (named `what` in a timeout: "started", "checked"); ends early on this rank's abort, a
+    /// peer's failure or `deadline`.
     fn wait_for(
         &self,
         seq: u64,
         what: &str,
+        own: bool,
         ready: impl Fn(usize) -> bool,
         deadline: Instant,
         timeout: Duration,
     ) -> Result<()> {
         let (rank, start) = (self.rank, Instant::now());
         let mut next_liveness = start;
-        for q in (0..self.control.len()).filter(|&q| q != rank) {
+        for q in (0..self.control.len()).filter(|&q| own || q != rank) {
             while !ready(q) {
                 if let Some(aborted) = self.aborted_error() {
                     return Err(aborted);
@@ -187,9 +202,9 @@ impl Job {
         Some((CallShape(shape), CallerRefs::from_words(refs)))
     }
 
-    /// Every rank's refs of call `seq`, by rank, once [`Job::meet`] has returned it (every peer
-    /// published it, and none rewrites its slot before this rank has checked it).
-    pub(crate) fn refs(&self, seq: u64) -> Vec<CallerRefs> {
+    /// Every rank's refs of call `seq`, by rank, as [`Job::meet`] reads them (every peer
+    /// published it, and none rewrites its slot before this rank's `MET` has passed it).
+    fn refs(&self, seq: u64) -> Vec<CallerRefs> {
         (0..self.control.len())
             .map(|q| {
                 self.published(q, seq)
@@ -245,7 +260,7 @@ mod tests {
     fn every_slot_lies_inside_the_segment_and_calls_a_lap_apart_share_one() {
         let last = slot(CALL_SLOTS as u64 - 1) + SLOT_WORDS;
         assert!(last <= super::super::CONTROL_WORDS);
-        assert!(super::super::CONTROL_WORDS * 8 <= super::super::CONTROL_BYTES);
+        const { assert!(super::super::CONTROL_WORDS * 8 <= super::super::CONTROL_BYTES) };
         assert_eq!(slot(3), slot(3 + CALL_SLOTS as u64));
         assert_ne!(slot(3), slot(4));
         let layout = Job::gate_layout();

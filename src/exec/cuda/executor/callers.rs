@@ -3,7 +3,7 @@
 //! the caller's stream: the checker's start and completion rules make every access to a caller's
 //! buffer follow the work queued before the call and precede the work queued after it.
 
-use super::{capture, registered, CudaExecutor};
+use super::{capture, registered, CudaExecutor, Dispatch};
 use crate::device::{self, CallerStream};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
@@ -34,8 +34,9 @@ impl CudaExecutor {
     /// Over a fabric between processes the call is published to the peers
     /// (`Fabric::publish_call`) and checked against theirs before anything touches their
     /// memory: on the GPU, by the call gate enqueued first on Main (`Fabric::gate`), when the
-    /// shape was prepared by an earlier call, no memory is registered and the call is not being
-    /// captured — so the call returns once enqueued, whatever the peers' hosts are doing; else
+    /// shape was prepared by an earlier call as kernels (the peer kernels return at their start
+    /// when the gate failed; copies would not), no memory is registered and the call is not
+    /// being captured — so the call returns once enqueued, whatever the peers' hosts are doing; else
     /// on the host (`Fabric::meet_call`), which waits for every peer to publish it (a shape's
     /// first call is prepared with the peers; registered buffers are exchanged; a capture is
     /// checked once, for every replay). Either way ranks that make different calls all get
@@ -63,13 +64,21 @@ impl CudaExecutor {
         let deadline = Instant::now() + timeout;
         let call = CallShape::of(&shape, T::DTYPE, op);
         let refs = self.own_refs(&shape, inputs, outputs);
+        // The gate stops kernels only: a plan of the copy engines (the ring, send/recv) meets.
         let gate = match captured || !self.registrations.is_empty() {
             true => None,
-            false => self.prepared(&shape).and_then(|_| self.fabric.gate()),
+            false => self
+                .prepared(&shape)
+                .filter(|p| !matches!(*p.dispatch, Dispatch::CopyEngines))
+                .and_then(|_| self.fabric.gate()),
         };
+        // A failure an earlier call's kernels left is reported before this call is published.
+        if !self.in_one_process() {
+            self.check_error_words()?;
+        }
         let result = self
             .fabric
-            .publish_call(call, refs, deadline, timeout)
+            .publish_call(call, refs, gate.is_some(), deadline, timeout)
             .and_then(|seq| {
                 let gated = gate.map(|gate| (gate, seq));
                 if gated.is_some() {

@@ -285,10 +285,15 @@ impl Fabric for Joined {
         &self,
         shape: CallShape,
         refs: CallerRefs,
+        gated: bool,
         deadline: Instant,
         timeout: Duration,
     ) -> Result<u64> {
-        self.job.publish(shape, refs, deadline, timeout)
+        let seq = self.job.publish(shape, refs, deadline, timeout)?;
+        if gated {
+            self.job.gating(seq);
+        }
+        Ok(seq)
     }
 
     fn meet_call(
@@ -298,8 +303,7 @@ impl Fabric for Joined {
         deadline: Instant,
         timeout: Duration,
     ) -> Result<Vec<CallerRefs>> {
-        self.job.meet(seq, shape, deadline, timeout)?;
-        Ok(self.job.refs(seq))
+        self.job.meet(seq, shape, deadline, timeout)
     }
 
     fn gate(&self) -> Option<Gate> {
