@@ -182,6 +182,11 @@ pub(crate) trait Fabric: Send + Sync {
         Ok(())
     }
 
+    /// The communicator's teardown left GPU work running (a stuck kernel): what this fabric
+    /// maps for the GPUs (the call gate's view of the control words) stays mapped when it is
+    /// dropped, as the executor's own memory does.
+    fn keep_mapped(&self) {}
+
     /// Gives this process's rank up, from any thread (NCCL's `ncclCommAbort`): its waits end
     /// at once, its peers' fail naming it, and its teardown says no farewell. Nothing to do in
     /// one process.

@@ -191,6 +191,7 @@ impl CudaExecutor {
                 .all(|s| matches!(device::stream_query(s), Ok(true)))
         });
         if !all_idle {
+            self.fabric.keep_mapped();
             std::mem::forget(std::mem::replace(
                 &mut self.cache,
                 PlanCache::new(CACHED_PLANS),

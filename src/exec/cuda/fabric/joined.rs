@@ -42,6 +42,9 @@ pub(crate) struct Joined {
     /// driver would not register them: every call then meets its peers on the host). First, so
     /// that it is unregistered before the job's segments are unmapped.
     gate_view: Option<GateView>,
+    /// A teardown left GPU work running ([`Fabric::keep_mapped`]): the gate's view and the job's
+    /// segments are not undone when this is dropped.
+    keep_mapped: std::sync::atomic::AtomicBool,
     rank: usize,
     world: usize,
     rendezvous: Mutex<Rendezvous>,
@@ -156,6 +159,7 @@ impl Joined {
             .flatten();
         Ok(Joined {
             gate_view,
+            keep_mapped: Default::default(),
             rank: rendezvous.rank(),
             world: rendezvous.world(),
             rendezvous: Mutex::new(rendezvous),
@@ -339,6 +343,11 @@ impl Fabric for Joined {
         self.job.abort();
     }
 
+    fn keep_mapped(&self) {
+        self.keep_mapped
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
     fn exportable_host(&self, ctx: &Arc<CudaContext>, bytes: usize) -> Result<PinnedHost> {
         PinnedHost::shareable(ctx, bytes)
     }
@@ -456,6 +465,16 @@ impl Joined {
 /// `prefix`.
 fn server_name(prefix: &str, rank: usize) -> String {
     format!("{prefix}-r{rank}-fds")
+}
+
+impl Drop for Joined {
+    fn drop(&mut self) {
+        if self.keep_mapped.load(std::sync::atomic::Ordering::Acquire) {
+            // A stuck gate may still read these: leaked, never unregistered or unmapped.
+            std::mem::forget(self.gate_view.take());
+            std::mem::forget(self.job.control().clone());
+        }
+    }
 }
 
 /// Every rank's control segment registered with the driver in this process, and a table of
