@@ -116,7 +116,7 @@ pub(crate) trait Fabric: Send + Sync {
         Ok(Vec::new())
     }
 
-    /// What the call gate (`kernels::gate`) of this process's rank needs, where its GPU reaches
+    /// What the call gate (`kernels::call_gate`) of this process's rank needs, where its GPU reaches
     /// every rank's control words: a call may then be checked there instead of by
     /// [`Fabric::meet_call`]. `None` in one process.
     fn gate(&self) -> Option<Gate> {

@@ -17,9 +17,9 @@
 //! thread that has the communicator's GPU's context current.
 
 pub mod abi;
-mod library;
+mod loader;
 
-pub use library::Library;
+pub use loader::Library;
 
 use crate::device;
 use crate::element::{DType, ReduceOp};

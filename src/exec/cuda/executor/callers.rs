@@ -202,7 +202,7 @@ impl CudaExecutor {
     }
 
     /// Enqueues the call gate of call `seq` on this process's one rank's Main stream, when
-    /// `gated` (module `kernels::gate`): the call's work queued after it touches no peer's
+    /// `gated` (module `kernels::call_gate`): the call's work queued after it touches no peer's
     /// memory unless every peer published the same call.
     fn enqueue_gate(&self, gated: Option<(Gate, u64)>) -> Result<()> {
         let (Some((gate, seq)), [r]) = (gated, &self.ranks[..]) else {

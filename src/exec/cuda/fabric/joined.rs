@@ -478,7 +478,7 @@ impl Drop for Joined {
 }
 
 /// Every rank's control segment registered with the driver in this process, and a table of
-/// their addresses in device memory: what the call gate reads (`kernels::gate`).
+/// their addresses in device memory: what the call gate reads (`kernels::call_gate`).
 struct GateView {
     ctx: Arc<CudaContext>,
     /// The registered mappings (this process's own mapping of each rank's segment).

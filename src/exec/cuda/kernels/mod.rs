@@ -41,13 +41,13 @@
 //! Invariant: a [`KernelModule`] holds all 267 functions (4 operators × 12 types of pairwise
 //! reduce, of one-shot, two-shot and LL one-shot all-reduce and of the steps kernel, one scale
 //! and one premultiply kernel per type, the two counter kernels of captured rings, module
-//! `counters`, and the call gate of calls across processes, module `gate`) resolved in its
+//! `counters`, and the call gate of calls across processes, module `call_gate`) resolved in its
 //! context, so a launch is a table index and one `cuLaunchKernel`, with no lookup and no
 //! allocation.
 
+mod call_gate;
 mod counters;
 mod error_codes;
-mod gate;
 mod image;
 mod ll;
 mod nvrtc;
