@@ -72,13 +72,18 @@ impl CudaExecutor {
                 .filter(|p| !matches!(*p.dispatch, Dispatch::CopyEngines))
                 .and_then(|_| self.fabric.gate()),
         };
-        // A failure an earlier call's kernels left is reported before this call is published.
-        if !self.in_one_process() {
-            self.check_error_words()?;
-        }
-        let result = self
-            .fabric
-            .publish_call(call, refs, gate.is_some(), deadline, timeout)
+        // A failure an earlier call's kernels left is reported (and told to the peers, below)
+        // before this call is published.
+        let unbroken = match self.in_one_process() {
+            true => Ok(()),
+            false => self.check_error_words(),
+        };
+        let result = unbroken
+            .and_then(|()| {
+                let gated = gate.is_some();
+                self.fabric
+                    .publish_call(call, refs, gated, deadline, timeout)
+            })
             .and_then(|seq| {
                 let gated = gate.map(|gate| (gate, seq));
                 if gated.is_some() {
