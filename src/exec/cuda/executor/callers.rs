@@ -86,22 +86,11 @@ impl CudaExecutor {
             })
             .and_then(|seq| {
                 let gated = gate.map(|gate| (gate, seq));
-                if gated.is_some() {
-                    // SAFETY: our caller's contract, passed on.
-                    return unsafe {
-                        self.run_fenced::<T>(
-                            shape,
-                            inputs,
-                            outputs,
-                            op,
-                            wait_complete,
-                            caller,
-                            captured,
-                            gated,
-                        )
-                    };
-                }
-                let all = self.fabric.meet_call(seq, call, deadline, timeout)?;
+                // A gated call is checked on the GPU, and never runs on registered memory.
+                let all = match gated {
+                    Some(_) => Vec::new(),
+                    None => self.fabric.meet_call(seq, call, deadline, timeout)?,
+                };
                 if !registered::runs_registered(&all) {
                     // SAFETY: our caller's contract, passed on.
                     return unsafe {
@@ -113,7 +102,7 @@ impl CudaExecutor {
                             wait_complete,
                             caller,
                             captured,
-                            None,
+                            gated,
                         )
                     };
                 }
