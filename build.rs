@@ -52,10 +52,10 @@ const PARTS: [&str; 9] = [
     "cuda/types.cuh",
     "cuda/reduce.cuh",
     "cuda/peer.cuh",
+    "cuda/gate.cuh",
     "cuda/peer_kernels.cuh",
     "cuda/ll.cuh",
     "cuda/counters.cuh",
-    "cuda/gate.cuh",
     "cuda/instances.cuh",
 ];
 /// The part that defines the kernels' error codes (first in `PARTS`).

@@ -38,33 +38,35 @@
     extern "C" __global__ void __launch_bounds__(RR_PEER_THREADS, 1)                       \
         symbol(rr_peers peers, unsigned world, unsigned rank, type::T* dst,                  \
                unsigned long long count, unsigned long long timeout_ns, unsigned* error,     \
-               const type::T* expose_from) {                                                 \
+               const type::T* expose_from, rr_call_gate gate) {                              \
         rr_oneshot_kernel<type, rr_op_##op>(peers, world, rank, dst, count, timeout_ns,      \
-                                            error, expose_from);                             \
+                                            error, expose_from, gate);                       \
     }
 
 #define RR_TWOSHOT(symbol, op, type)                                                         \
     extern "C" __global__ void __launch_bounds__(RR_PEER_THREADS, 1)                       \
         symbol(rr_peers peers, rr_twoshot_segs segs, unsigned world, unsigned rank,          \
-               unsigned long long timeout_ns, unsigned* error) {                             \
-        rr_twoshot_kernel<type, rr_op_##op>(peers, segs, world, rank, timeout_ns, error);    \
+               unsigned long long timeout_ns, unsigned* error, rr_call_gate gate) {          \
+        rr_twoshot_kernel<type, rr_op_##op>(peers, segs, world, rank, timeout_ns, error,     \
+                                            gate);                                           \
     }
 
 #define RR_STEPS(symbol, op, type)                                                           \
     extern "C" __global__ void __launch_bounds__(RR_PEER_THREADS, 1)                       \
         symbol(rr_peers peers, rr_steps steps, unsigned world, unsigned rank,                \
-               unsigned long long count, unsigned long long timeout_ns, unsigned* error) {   \
+               unsigned long long count, unsigned long long timeout_ns, unsigned* error,     \
+               rr_call_gate gate) {                                                          \
         rr_steps_kernel<type, rr_op_##op>(peers, steps, world, rank, count, timeout_ns,      \
-                                          error);                                            \
+                                          error, gate);                                      \
     }
 
 #define RR_LL(symbol, op, type)                                                              \
     extern "C" __global__ void __launch_bounds__(RR_LL_THREADS, 1)                         \
         symbol(rr_ll_peers peers, unsigned* flags, unsigned world, unsigned rank,             \
                const type::T* src, type::T* dst, unsigned long long count,                   \
-               unsigned long long timeout_ns, unsigned* error) {                             \
+               unsigned long long timeout_ns, unsigned* error, rr_call_gate gate) {          \
         rr_ll_kernel<type, rr_op_##op>(peers, flags, world, rank, src, dst, count,           \
-                                       timeout_ns, error);                                   \
+                                       timeout_ns, error, gate);                             \
     }
 
 RR_REDUCE(rr_reduce_sum_f16, sum, rr_f16)
@@ -354,10 +356,4 @@ extern "C" __global__ void rr_counter_wait(const unsigned* mailbox, unsigned* se
                                            unsigned long long timeout_ns, unsigned* error,
                                            unsigned code) {
     rr_counter_wait_body(mailbox, seen, timeout_ns, error, code);
-}
-// The call gate of calls across processes (gate.cuh).
-extern "C" __global__ void rr_call_gate(const rr_ull* const* controls, unsigned world,
-                                        unsigned rank, rr_ull seq, rr_gate_layout layout,
-                                        unsigned long long timeout_ns, unsigned* error) {
-    rr_call_gate_body(controls, world, rank, seq, layout, timeout_ns, error);
 }

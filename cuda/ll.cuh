@@ -209,7 +209,7 @@ static __device__ __forceinline__ void rr_ll_write_chunk(T* at, unsigned elems,
 // ---------------------------------------------------------------------------------------------
 // rr_ll_<op>_<type>(rr_ll_peers peers, unsigned* flags, unsigned world, unsigned rank,
 //                   const T* src, T* dst, unsigned long long count,
-//                   unsigned long long timeout_ns, unsigned* error)
+//                   unsigned long long timeout_ns, unsigned* error, rr_call_gate gate)
 //
 // Purpose: the whole all-reduce of a small message in one kernel per rank, without barriers:
 //   dst[i] = src_0[i] ⊕ src_1[i] ⊕ ... ⊕ src_{world-1}[i] for i < count, where src_r is rank
@@ -238,7 +238,8 @@ static __device__ __forceinline__ void rr_ll_kernel(const rr_ll_peers& peers, un
                                                     unsigned world, unsigned rank,
                                                     const typename D::T* src,
                                                     typename D::T* dst, rr_ull count,
-                                                    rr_ull timeout_ns, unsigned* error) {
+                                                    rr_ull timeout_ns, unsigned* error,
+                                                    const rr_call_gate& gate) {
     typedef typename D::T T;
     const unsigned per_chunk = RR_LL_CHUNK_BYTES / sizeof(T);
     __shared__ unsigned epoch_shared;
@@ -253,10 +254,15 @@ static __device__ __forceinline__ void rr_ll_kernel(const rr_ll_peers& peers, un
     }
     // The block's epoch, advanced as rr_peer_begin does: the previous kernel on this rank's
     // stream is complete, so its store is visible, and no other block or rank touches the word.
-    // A code already in the error word (the call gate's, gate.cuh): push nothing to the peers.
+    // A code in the error word (the host's, or the call gate's, gate.cuh, checked first): push
+    // nothing to the peers.
+    const rr_ull deadline = rr_deadline(timeout_ns);
     __shared__ unsigned lost;
     if (threadIdx.x == 0) {
         lost = rr_ld_relaxed_sys(error);
+        if (lost == 0u) {
+            lost = rr_gate_enter(gate, world, rank, deadline, error);
+        }
         if (lost == 0u) {
             unsigned* mine = flags + RR_PEER_EPOCH_BASE + blockIdx.x;
             const unsigned next = rr_epoch_next(*mine);
@@ -269,7 +275,6 @@ static __device__ __forceinline__ void rr_ll_kernel(const rr_ll_peers& peers, un
         return;
     }
     const unsigned epoch = epoch_shared;
-    const rr_ull deadline = rr_deadline(timeout_ns);
 
     const rr_ull first = ((rr_ull)blockIdx.x * RR_LL_THREADS + threadIdx.x) * per_chunk;
     if (first >= count) {

@@ -151,46 +151,6 @@ static __device__ __forceinline__ rr_ull rr_deadline(rr_ull timeout_ns) {
     return timeout_ns > ~0ull - now ? ~0ull : now + timeout_ns;
 }
 
-// The start of both peer kernels, before their first barrier. Returns false, after thread 0 has
-// stored RR_PEER_ERR_LAUNCH into *error, when the launch breaks the kernels' assumptions (world
-// outside 2..=RR_PEER_MAX_RANKS, rank >= world, more than RR_PEER_MAX_BLOCKS blocks, fewer than
-// RR_PEER_MAX_RANKS threads a block): uniform over the grid, so either every block returns then
-// or none does. Returns false too when *error already holds a code (read once per block: a
-// block that starts before the host writes one meets its barriers and gives up there). Otherwise thread 0 copies peers.flags into `flags`, the block's shared array (a
-// kernel parameter indexed by a register would be copied to local memory by every thread), and
-// advances the block's epoch in this rank's array into *epoch (shared): the previous kernel on
-// this rank's stream is complete, so its store is visible, and no other block or rank touches
-// this word. The opening __syncthreads() of the first barrier makes both visible to the block.
-static __device__ __forceinline__ bool rr_peer_begin(const rr_peers& peers, unsigned world,
-                                                     unsigned rank, unsigned* error,
-                                                     unsigned** flags, unsigned* epoch) {
-    if (world < 2 || world > RR_PEER_MAX_RANKS || rank >= world ||
-        gridDim.x > RR_PEER_MAX_BLOCKS || blockDim.x < RR_PEER_MAX_RANKS) {
-        if (threadIdx.x == 0) {
-            rr_st_relaxed_sys(error, RR_PEER_ERR_LAUNCH);
-        }
-        return false;
-    }
-    __shared__ unsigned lost;
-    if (threadIdx.x == 0) {
-        // A code already in the error word (the call gate's, gate.cuh, or the host's): the call
-        // is lost, and its shape may differ from the peers': touch nothing of theirs.
-        lost = rr_ld_relaxed_sys(error);
-        if (lost == 0u) {
-#pragma unroll
-            for (unsigned r = 0; r < RR_PEER_MAX_RANKS; ++r) {
-                flags[r] = peers.flags[r];
-            }
-            unsigned* mine = peers.flags[rank] + RR_PEER_EPOCH_BASE + blockIdx.x;
-            const unsigned next = rr_epoch_next(*mine);
-            *mine = next;
-            *epoch = next;
-        }
-    }
-    __syncthreads();
-    return lost == 0u;
-}
-
 // Barrier `phase` of this block with block blockIdx.x of every other rank; every thread of the
 // block calls it. Thread p (p < world, p != rank) signals rank p and waits for rank p, so all
 // peers are signalled and awaited in parallel. Returns false, after writing `code` into

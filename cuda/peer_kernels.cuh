@@ -6,10 +6,57 @@
 // first). No part includes another: NVRTC compiles the joined text with no include paths, so the
 // kernels include NO header at all.
 
+// The start of every peer kernel here, before its first barrier. Returns false, after thread 0
+// has stored RR_PEER_ERR_LAUNCH into *error, when the launch breaks the kernels' assumptions
+// (world outside 2..=RR_PEER_MAX_RANKS, rank >= world, more than RR_PEER_MAX_BLOCKS blocks,
+// fewer than RR_PEER_MAX_RANKS threads a block): uniform over the grid, so either every block
+// returns then or none does. Returns false too when *error holds a code — read once per block
+// after the call gate (gate.cuh: rr_gate_enter, which waits until the peers published the same
+// call, until `deadline`); a block that starts before the host writes one meets its barriers and
+// gives up there. Otherwise thread 0 copies peers.flags into `flags`, the block's shared array
+// (a kernel parameter indexed by a register would be copied to local memory by every thread),
+// and advances the block's epoch in this rank's array into *epoch (shared): the previous kernel
+// on this rank's stream is complete, so its store is visible, and no other block or rank
+// touches this word. The opening __syncthreads() of the first barrier makes both visible to the
+// block.
+static __device__ __forceinline__ bool rr_peer_begin(const rr_peers& peers, unsigned world,
+                                                     unsigned rank, const rr_call_gate& gate,
+                                                     rr_ull deadline, unsigned* error,
+                                                     unsigned** flags, unsigned* epoch) {
+    if (world < 2 || world > RR_PEER_MAX_RANKS || rank >= world ||
+        gridDim.x > RR_PEER_MAX_BLOCKS || blockDim.x < RR_PEER_MAX_RANKS) {
+        if (threadIdx.x == 0) {
+            rr_st_relaxed_sys(error, RR_PEER_ERR_LAUNCH);
+        }
+        return false;
+    }
+    __shared__ unsigned lost;
+    if (threadIdx.x == 0) {
+        // A code in the error word (the gate's, or the host's): the call is lost, and its shape
+        // may differ from the peers': touch nothing of theirs.
+        lost = rr_ld_relaxed_sys(error);
+        if (lost == 0u) {
+            lost = rr_gate_enter(gate, world, rank, deadline, error);
+        }
+        if (lost == 0u) {
+#pragma unroll
+            for (unsigned r = 0; r < RR_PEER_MAX_RANKS; ++r) {
+                flags[r] = peers.flags[r];
+            }
+            unsigned* mine = peers.flags[rank] + RR_PEER_EPOCH_BASE + blockIdx.x;
+            const unsigned next = rr_epoch_next(*mine);
+            *mine = next;
+            *epoch = next;
+        }
+    }
+    __syncthreads();
+    return lost == 0u;
+}
+
 // ---------------------------------------------------------------------------------------------
 // rr_oneshot_<op>_<type>(rr_peers peers, unsigned world, unsigned rank, T* dst,
 //                        unsigned long long count, unsigned long long timeout_ns,
-//                        unsigned* error, const T* expose_from)
+//                        unsigned* error, const T* expose_from, rr_call_gate gate)
 //
 // Purpose: the whole all-reduce in one kernel per rank, for small and medium messages:
 //   dst[i] = src[0][i] ⊕ src[1][i] ⊕ ... ⊕ src[world - 1][i] for i < count, folded in rank
@@ -55,13 +102,14 @@ static __device__ __forceinline__ void rr_oneshot_kernel(const rr_peers& peers, 
                                                          unsigned rank, typename D::T* dst,
                                                          rr_ull count, rr_ull timeout_ns,
                                                          unsigned* error,
-                                                         const typename D::T* expose_from) {
+                                                         const typename D::T* expose_from,
+                                                         const rr_call_gate& gate) {
     __shared__ unsigned* flags[RR_PEER_MAX_RANKS];
     __shared__ unsigned epoch;
-    if (!rr_peer_begin(peers, world, rank, error, flags, &epoch)) {
+    const rr_ull deadline = rr_deadline(timeout_ns);
+    if (!rr_peer_begin(peers, world, rank, gate, deadline, error, flags, &epoch)) {
         return;
     }
-    const rr_ull deadline = rr_deadline(timeout_ns);
     if (expose_from != nullptr) {
         rr_oneshot_expose<typename D::T>(peers, world, rank, expose_from, count);
     }
@@ -126,15 +174,16 @@ static __device__ __forceinline__ void rr_twoshot_kernel(const rr_peers& peers,
                                                          const rr_twoshot_segs& segs,
                                                          unsigned world, unsigned rank,
                                                          rr_ull timeout_ns,
-                                                         unsigned* error) {
+                                                         unsigned* error,
+                                                         const rr_call_gate& gate) {
     typedef typename D::T T;
     __shared__ unsigned* flags[RR_PEER_MAX_RANKS];
     __shared__ unsigned epoch;
-    if (!rr_peer_begin(peers, world, rank, error, flags, &epoch)) {
+    const rr_ull deadline = rr_deadline(timeout_ns);
+    if (!rr_peer_begin(peers, world, rank, gate, deadline, error, flags, &epoch)) {
         return;
     }
     T* out = static_cast<T*>(segs.out[rank]);
-    const rr_ull deadline = rr_deadline(timeout_ns);
     if (!rr_peer_barrier(flags, world, rank, RR_PHASE_START, RR_PEER_ERR_START, true, &epoch,
                          deadline, error)) {
         return;  // a peer is missing: read nothing of it
@@ -208,7 +257,8 @@ template <class D, class Op>
 static __device__ __forceinline__ void rr_steps_kernel(const rr_peers& peers,
                                                        const rr_steps& steps, unsigned world,
                                                        unsigned rank, rr_ull count,
-                                                       rr_ull timeout_ns, unsigned* error) {
+                                                       rr_ull timeout_ns, unsigned* error,
+                                                       const rr_call_gate& gate) {
     typedef typename D::T T;
     __shared__ unsigned* flags[RR_PEER_MAX_RANKS];
     __shared__ unsigned epoch;
@@ -218,10 +268,10 @@ static __device__ __forceinline__ void rr_steps_kernel(const rr_peers& peers,
         }
         return;
     }
-    if (!rr_peer_begin(peers, world, rank, error, flags, &epoch)) {
+    const rr_ull deadline = rr_deadline(timeout_ns);
+    if (!rr_peer_begin(peers, world, rank, gate, deadline, error, flags, &epoch)) {
         return;
     }
-    const rr_ull deadline = rr_deadline(timeout_ns);
     if (!rr_peer_barrier(flags, world, rank, RR_PHASE_START, RR_PEER_ERR_START, true, &epoch,
                          deadline, error)) {
         return;  // a peer is missing: read nothing of it

@@ -245,7 +245,7 @@ fn twoshot_every_type_and_op() {
 /// launches.)
 #[test]
 fn oneshot_kernel_gives_up_on_a_missing_peer() {
-    use ringreduce::internal::kernels::{KernelModule, OneShotArgs, PEER_FLAG_BYTES};
+    use ringreduce::internal::kernels::{CallGate, KernelModule, OneShotArgs, PEER_FLAG_BYTES};
     let Some(gpus) = two_gpus_or_shared() else {
         return;
     };
@@ -276,6 +276,7 @@ fn oneshot_kernel_gives_up_on_a_missing_peer() {
         error: error.uva_ptr(),
         expose_from: 0,
         max_blocks: 0,
+        gate: CallGate::NONE,
     };
     args.srcs[..2].copy_from_slice(&[src_a.ptr(), src_b.ptr()]);
     args.flags[..2].copy_from_slice(&[flags_a.ptr(), flags_b.ptr()]);
@@ -469,7 +470,7 @@ fn ll_back_to_back_with_the_other_peer_kernels() {
 #[test]
 fn ll_kernel_gives_up_on_a_missing_peer() {
     use ringreduce::internal::kernels::{
-        ll_recv_bytes, KernelModule, LlArgs, LL_ERR_WAIT, PEER_FLAG_BYTES,
+        ll_recv_bytes, CallGate, KernelModule, LlArgs, LL_ERR_WAIT, PEER_FLAG_BYTES,
     };
     let Some(gpus) = two_gpus_or_shared() else {
         return;
@@ -504,6 +505,7 @@ fn ll_kernel_gives_up_on_a_missing_peer() {
         count: count as u64,
         timeout_ns: 200_000_000,
         error: error.uva_ptr(),
+        gate: CallGate::NONE,
     };
     args.recvs[..2].copy_from_slice(&[recv_a.ptr(), recv_b.ptr()]);
     let start = std::time::Instant::now();

@@ -7,7 +7,9 @@
 //! (`common::waiver`) and passes where there is no GPU.
 
 use ringreduce::device::{self, DeviceBuffer, PinnedHost, Stream};
-use ringreduce::internal::kernels::{ll_recv_bytes, KernelModule, LlArgs, PEER_FLAG_BYTES};
+use ringreduce::internal::kernels::{
+    ll_recv_bytes, CallGate, KernelModule, LlArgs, PEER_FLAG_BYTES,
+};
 use ringreduce::{DType, ReduceOp};
 
 mod common;
@@ -71,6 +73,7 @@ fn ll_protocol_back_to_back_on_one_gpu() {
                     count: count as u64,
                     timeout_ns: 5_000_000_000,
                     error: error.uva_ptr(),
+                    gate: CallGate::NONE,
                 };
                 args.recvs[0] = recv[0].ptr();
                 args.recvs[1] = recv[1].ptr();

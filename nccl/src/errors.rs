@@ -72,6 +72,7 @@ pub unsafe extern "C" fn ncclCommGetAsyncError(
         *out = match found {
             None => ncclSuccess,
             Some(err) => {
+                fallback::log("ncclCommGetAsyncError", &err.to_string());
                 status::remember(&format!("ringreduce-nccl: {err}"));
                 status::code_of(&err)
             }

@@ -376,7 +376,10 @@ pub unsafe extern "C" fn ncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) ->
 }
 
 /// The configuration of every communicator this library makes, from the environment:
-/// `RINGREDUCE_NCCL_ALLOW_SHARED_GPU=1` lets ranks share a GPU; `RINGREDUCE_NCCL_TIMEOUT`
+/// `RINGREDUCE_NCCL_ALLOW_SHARED_GPU=1` lets ranks share a GPU; the LL one-shot
+/// ([`CudaConfig::low_latency`]) runs all-reduces up to 64 KiB a rank, as NCCL's LL protocol
+/// runs small messages — one launch a call, no copy of the caller's buffers
+/// (`RINGREDUCE_NCCL_LL=0`: the read one-shot, which copies them); `RINGREDUCE_NCCL_TIMEOUT`
 /// (seconds) gives every call a deadline. Without it there is none (NCCL has none: a peer that
 /// comes an hour late is waited for, and a hung one is the framework's watchdog's to judge, which
 /// ends it with `ncclCommAbort`); a peer whose process is gone is still named at once.
@@ -390,6 +393,7 @@ pub(crate) fn config_from_env() -> Result<CudaConfig, Failure> {
         allow_shared_device: std::env::var("RINGREDUCE_NCCL_ALLOW_SHARED_GPU")
             .is_ok_and(|v| v == "1"),
         timeout,
+        low_latency: std::env::var("RINGREDUCE_NCCL_LL").map_or(true, |v| v != "0"),
         ..CudaConfig::default()
     })
 }

@@ -58,8 +58,6 @@ pub(crate) enum Exported {
 pub(crate) struct Gate {
     /// Device memory holding every rank's control segment's address, by rank.
     pub(crate) controls: u64,
-    pub(crate) world: usize,
-    pub(crate) rank: usize,
     pub(crate) layout: GateLayout,
 }
 
@@ -116,7 +114,7 @@ pub(crate) trait Fabric: Send + Sync {
         Ok(Vec::new())
     }
 
-    /// What the call gate (`kernels::call_gate`) of this process's rank needs, where its GPU reaches
+    /// What the call gate (`kernels::CallGate`) of this process's rank needs, where its GPU reaches
     /// every rank's control words: a call may then be checked there instead of by
     /// [`Fabric::meet_call`]. `None` in one process.
     fn gate(&self) -> Option<Gate> {

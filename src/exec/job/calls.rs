@@ -20,9 +20,9 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// Where the call gate finds a rank's words: indices of 64-bit words in a control segment, as
-/// the gate kernel takes them (`rr_gate_layout` in `cuda/gate.cuh`, field for field).
+/// the peer kernels take them (`rr_gate_layout` in `cuda/gate.cuh`, field for field).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct GateLayout {
     pub(crate) published: u32,
     pub(crate) abort: u32,
@@ -33,6 +33,20 @@ pub(crate) struct GateLayout {
     pub(crate) call_slots: u32,
     /// Words compared: the call number, the shape and the refs.
     pub(crate) compared: u32,
+}
+
+impl GateLayout {
+    /// No words (a kernel without a gate).
+    pub(crate) const ZERO: GateLayout = GateLayout {
+        published: 0,
+        abort: 0,
+        gated: 0,
+        fault: 0,
+        slots: 0,
+        slot_words: 0,
+        call_slots: 0,
+        compared: 0,
+    };
 }
 
 /// The first word of call `seq`'s slot.

@@ -8,6 +8,7 @@ use crate::device::{self, CallerStream};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::cuda::fabric::Gate;
+use crate::exec::cuda::kernels::CallGate;
 use crate::exec::job::{BufferRef, CallShape, CallerRefs};
 use crate::exec::Shape;
 use crate::plan::{Collective, StreamKind};
@@ -33,10 +34,11 @@ impl CudaExecutor {
     ///
     /// Over a fabric between processes the call is published to the peers
     /// (`Fabric::publish_call`) and checked against theirs before anything touches their
-    /// memory: on the GPU, by the call gate enqueued first on Main (`Fabric::gate`), when the
-    /// shape was prepared by an earlier call as kernels (the peer kernels return at their start
-    /// when the gate failed; copies would not), no memory is registered and the call is not
-    /// being captured — so the call returns once enqueued, whatever the peers' hosts are doing; else
+    /// memory: on the GPU, by the call gate at the start of the call's peer kernel
+    /// (`Fabric::gate`, `kernels::CallGate`: the kernel returns before touching a peer's memory
+    /// when the gate fails; copies could not), when the shape was prepared by an earlier call as
+    /// a peer kernel, no memory is registered and the call is not being captured — so the call
+    /// returns once enqueued, one launch, whatever the peers' hosts are doing; else
     /// on the host (`Fabric::meet_call`), which waits for every peer to publish it (a shape's
     /// first call is prepared with the peers; registered buffers are exchanged; a capture is
     /// checked once, for every replay). Either way ranks that make different calls all get
@@ -143,7 +145,7 @@ impl CudaExecutor {
 
     /// [`CudaExecutor::run`] once the call is published (and, without `gated`, checked): the
     /// caller's streams fenced around Main, and with `gated` (the fabric's gate and the call's
-    /// number) the call gate enqueued on Main before anything of the call.
+    /// number) the call gate passed to the call's peer kernel.
     ///
     /// # Safety
     /// As for [`CudaExecutor::run`].
@@ -159,11 +161,11 @@ impl CudaExecutor {
         captured: bool,
         gated: Option<(Gate, u64)>,
     ) -> Result<()> {
+        let gate = self.call_gate(gated);
         let Some(streams) = caller else {
-            self.enqueue_gate(gated)?;
             // SAFETY: our caller's contract, passed on.
             return unsafe {
-                self.run_shape_on_main::<T>(shape, inputs, outputs, op, wait_complete, false)
+                self.run_shape_on_main::<T>(shape, inputs, outputs, op, wait_complete, false, gate)
             };
         };
         // A capture: the plan (prepared by an earlier call) is refused if it cannot be captured
@@ -178,9 +180,9 @@ impl CudaExecutor {
             device::wait(&res.streams[StreamKind::Main.index()], &res.fence_in)?;
         }
         // SAFETY: our caller's contract, passed on.
-        let result = self.enqueue_gate(gated).and_then(|()| unsafe {
-            self.run_shape_on_main::<T>(shape, inputs, outputs, op, wait_complete, captured)
-        });
+        let result = unsafe {
+            self.run_shape_on_main::<T>(shape, inputs, outputs, op, wait_complete, captured, gate)
+        };
         // Also after a failure: the caller's stream must not run ahead of what was enqueued.
         let fenced = self
             .ranks
@@ -195,29 +197,17 @@ impl CudaExecutor {
         result.and(fenced).and(saved.restore())
     }
 
-    /// Enqueues the call gate of call `seq` on this process's one rank's Main stream, when
-    /// `gated` (module `kernels::call_gate`): the call's work queued after it touches no peer's
-    /// memory unless every peer published the same call.
-    fn enqueue_gate(&self, gated: Option<(Gate, u64)>) -> Result<()> {
-        let (Some((gate, seq)), [r]) = (gated, &self.ranks[..]) else {
-            return Ok(());
-        };
-        let res = &*r.res;
-        let timeout_ns = u64::try_from(self.config.timeout.as_nanos() / 4 * 3).unwrap_or(u64::MAX);
-        // SAFETY: the fabric's gate: its table lives as long as the fabric, which outlives this
-        // executor's streams' work; this rank's slot of `seq` was published by `run`; the error
-        // word is the rank's host-mapped pinned word.
-        unsafe {
-            res.kernels.call_gate(
-                res.stream(StreamKind::Main),
-                gate.controls,
-                gate.world as u32,
-                gate.rank as u32,
+    /// The call gate of call `seq` that this process's one rank's peer kernel passes first, when
+    /// `gated` (the fabric's gate and the call's number): the kernel's blocks touch no peer's
+    /// memory unless every peer published the same call (`cuda/gate.cuh`).
+    fn call_gate(&self, gated: Option<(Gate, u64)>) -> CallGate {
+        match (gated, &self.ranks[..]) {
+            (Some((gate, seq)), [_]) => CallGate {
+                controls: gate.controls,
                 seq,
-                gate.layout,
-                timeout_ns,
-                res.error_word(),
-            )
+                layout: gate.layout,
+            },
+            _ => CallGate::NONE,
         }
     }
 

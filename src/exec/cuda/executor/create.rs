@@ -36,7 +36,7 @@ impl CudaExecutor {
     /// Sets up this process's one rank of a job whose ranks met at `rendezvous`, each in a
     /// process of its own, on its GPU `device`: the same executor over
     /// the [`Joined`] fabric. The caller's buffers are staged through memory this rank exports
-    /// (`copy_callers`), since no peer can reach them.
+    /// (`stages_callers`), since no peer can reach them (but the LL one-shot's, which reach none).
     pub(crate) fn for_rank(
         rendezvous: Rendezvous,
         id: &UniqueId,

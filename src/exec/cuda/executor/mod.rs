@@ -82,6 +82,7 @@ pub use cuda_config::CudaConfig;
 pub use edges::{auto_chunk_bytes, EdgeInfo};
 
 use super::fabric::Fabric;
+use super::kernels::CallGate;
 use crate::device;
 use crate::element::{DType, ReduceOp};
 use crate::error::Result;
@@ -181,7 +182,7 @@ struct CudaCall {
     first: usize,
     /// The caller's buffers' base addresses, by plan buffer (0 for the buffers the ranks own).
     callers: Vec<u64>,
-    /// Where the caller's buffers are staged (`CudaExecutor::copy_callers`): the copies this
+    /// Where the caller's buffers are staged (`CudaExecutor::stages_callers`): the copies this
     /// process's rank enqueues on its Main stream before its program, (destination, source,
     /// bytes) — the caller's buffers into the memory it exported for them — and after it, back.
     copies_in: Vec<(u64, u64, usize)>,
@@ -199,6 +200,9 @@ struct CudaCall {
     peer_call: bool,
     /// Captured into a CUDA graph: nothing is recorded for the host to poll.
     captured: bool,
+    /// The call gate this process's rank's peer kernel passes first (a call across processes
+    /// checked on the GPU, `CudaExecutor::run`), else [`CallGate::NONE`].
+    gate: CallGate,
 }
 
 impl CudaCall {
@@ -254,11 +258,15 @@ pub(crate) struct CudaExecutor {
 }
 
 impl CudaExecutor {
-    /// Whether the caller's buffers of a call of `shape` are staged through memory each rank
-    /// exports (copied in before the call, out after): when some ranks live in other processes,
-    /// which cannot reach them unless every rank registered its buffers (`shape.registered`).
-    fn copy_callers(&self, shape: &Shape) -> bool {
-        !self.in_one_process() && !shape.registered
+    /// Whether the caller's buffers of a call run as `dispatch` are staged through memory each
+    /// rank exports (copied in before the call, out after): when some ranks live in other
+    /// processes, which cannot reach them — unless every rank registered its buffers
+    /// (`registered`), or the call runs the LL one-shot, whose peers reach only this rank's
+    /// receive buffer (they are sent its words, `cuda/ll.cuh`), never a buffer of the plan.
+    fn stages_callers(&self, registered: bool, dispatch: &Dispatch) -> bool {
+        !self.in_one_process()
+            && !registered
+            && dispatch.peer_kernel() != Some(PeerKernel::OneShotLl)
     }
 
     /// Whether every rank lives in this process (the in-process fabric).

@@ -116,6 +116,7 @@ impl CudaEnqueue<'_> {
             timeout_ns: call.kernel_timeout_ns(),
             error: self.res.error_word(),
             max_blocks: shared.max_blocks,
+            gate: call.gate,
         };
         for (r, &(offset, count)) in segments.iter().enumerate() {
             args.srcs[r] = base(r, src_kind)?;
@@ -183,6 +184,7 @@ impl CudaEnqueue<'_> {
             timeout_ns: call.kernel_timeout_ns(),
             error: self.res.error_word(),
             max_blocks: shared.max_blocks,
+            gate: call.gate,
         };
         // SAFETY: the plan is a checked one-shot collective plan whose layout `steps_layout`
         // verified (no meeting writes what another reads or writes); every source is a
@@ -244,6 +246,7 @@ impl CudaEnqueue<'_> {
             error: self.res.error_word(),
             expose_from: expose_from.unwrap_or(0),
             max_blocks: shared.max_blocks,
+            gate: call.gate,
         };
         for (r, src) in sources.into_iter().enumerate() {
             args.srcs[r] = self.addr(src);
@@ -284,6 +287,7 @@ impl CudaEnqueue<'_> {
             count: dst.count as u64,
             timeout_ns: call.kernel_timeout_ns(),
             error: self.res.error_word(),
+            gate: call.gate,
         };
         for (r, buffer) in recv.iter().enumerate() {
             args.recvs[r] = *buffer;

@@ -79,16 +79,18 @@ impl CudaExecutor {
                 transports,
             )?
         };
-        if !self.in_one_process() {
+        let dispatch = Arc::new(self.dispatch(&plan, algorithm, dtype)?);
+        let staged_callers = self.stages_callers(shape.registered, &dispatch);
+        if !self.in_one_process() && dispatch.peer_kernel() != Some(PeerKernel::OneShotLl) {
             // Peers in other processes: every buffer this plan has a rank touch of another's
             // must be one its owner exports (`rank::owned`) — or, registered, the caller's.
+            // (The LL one-shot touches no buffer of the plan across ranks: `stages_callers`.)
             let registered = shape.registered;
             crate::check::check_exports(&plan, |kind| {
-                rank::owned(kind, !registered) || registered && kind.is_callers()
+                rank::owned(kind, staged_callers) || registered && kind.is_callers()
             })?;
         }
         let plan = Arc::new(plan);
-        let dispatch = Arc::new(self.dispatch(&plan, algorithm, dtype)?);
         let exposed_bytes = plan
             .buffers
             .iter()
@@ -119,7 +121,7 @@ impl CudaExecutor {
                 &dispatch,
                 shape.elem_bytes,
                 self.peers_ok,
-                self.copy_callers(&shape),
+                staged_callers,
             )?;
             allocated.push(part);
             records.push(record);

@@ -12,6 +12,7 @@ use super::{CudaCall, CudaExecutor, Schedule};
 use crate::device;
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
+use crate::exec::cuda::kernels::CallGate;
 use crate::exec::profile::{self, HostPhase};
 use crate::exec::{caller_address, Shape};
 use crate::plan::Collective;
@@ -23,7 +24,8 @@ impl CudaExecutor {
     /// Runs one call of any collective's plan on the Main streams; `inputs` and `outputs` are
     /// the caller's buffers' addresses as [`crate::exec::caller_address`] lays them out
     /// (`inputs` empty in place); `captured` when the call is being captured into CUDA graphs
-    /// (module `capture`).
+    /// (module `capture`); `gate` the call gate its peer kernel passes first (a call across
+    /// processes checked on the GPU), else [`CallGate::NONE`].
     ///
     /// # Safety
     /// Every caller's buffer the plan of `shape` declares is a device address on its rank's GPU,
@@ -38,9 +40,11 @@ impl CudaExecutor {
         op: ReduceOp,
         wait_complete: bool,
         captured: bool,
+        gate: CallGate,
     ) -> Result<()> {
-        let copy_callers = self.copy_callers(&shape);
+        let registered = shape.registered;
         let prepared = self.prepare(shape, T::DTYPE)?;
+        let copy_callers = self.stages_callers(registered, &prepared.dispatch);
         profile::mark(HostPhase::Plan);
         let peer_kernel = prepared.dispatch.peer_kernel();
         if let Some(kernel) = peer_kernel {
@@ -120,6 +124,7 @@ impl CudaExecutor {
             done: done_tx,
             peer_call: peer_kernel.is_some(),
             captured,
+            gate,
         });
         profile::mark(HostPhase::Open);
         if let Some(launching) = launching {

@@ -103,16 +103,11 @@ impl CudaExecutor {
             .flat_map(|(rank, r)| (0..r.res.streams.len()).map(move |s| (rank, s)))
             .collect();
         let mut first_error: Option<Error> = None;
-        let mut next_watch = start;
+        let mut watch = super::enqueue::PeerWatch::new(start);
         loop {
             // A lost peer of another process: give the calls up, as `wait_done` does.
-            if Instant::now() >= next_watch {
-                next_watch = Instant::now() + super::enqueue::WATCH_EVERY;
-                if self.fabric.lost_peer().is_some() {
-                    for r in &self.ranks {
-                        r.res.give_up(crate::exec::cuda::kernels::ERR_PEER_LOST);
-                    }
-                }
+            if watch.gives_up(&*self.fabric, Instant::now()) {
+                self.stop_kernels();
             }
             busy.retain(|&(rank, s)| {
                 match device::stream_query(&self.ranks[rank].res.streams[s]) {

@@ -313,8 +313,6 @@ impl Fabric for Joined {
     fn gate(&self) -> Option<Gate> {
         self.gate_view.as_ref().map(|view| Gate {
             controls: view.table.ptr(),
-            world: self.world,
-            rank: self.rank,
             layout: Job::gate_layout(),
         })
     }
@@ -478,7 +476,7 @@ impl Drop for Joined {
 }
 
 /// Every rank's control segment registered with the driver in this process, and a table of
-/// their addresses in device memory: what the call gate reads (`kernels::call_gate`).
+/// their addresses in device memory: what the call gate reads (`kernels::CallGate`).
 struct GateView {
     ctx: Arc<CudaContext>,
     /// The registered mappings (this process's own mapping of each rank's segment).

@@ -13,7 +13,9 @@
 
 use std::ffi::c_void;
 
-use super::peer_launch::{check_not_null, check_word_aligned, check_world_and_rank, span_bytes};
+use super::peer_launch::{
+    check_not_null, check_word_aligned, check_world_and_rank, span_bytes, ArgName, CallGate,
+};
 use super::{check_aligned, param, reduce_index, KernelModule, PEER_MAX_RANKS};
 use crate::device::Stream;
 use crate::element::{DType, ReduceOp};
@@ -127,8 +129,8 @@ impl KernelModule {
         peers.recv[..world].copy_from_slice(&args.recvs[..world]);
         let (mut flags, mut world_param, mut rank) = (args.flags, args.world, args.rank);
         let (mut src, mut dst, mut count) = (args.src, args.dst, args.count);
-        let (mut timeout_ns, mut error) = (args.timeout_ns, args.error);
-        let mut params: [*mut c_void; 9] = [
+        let (mut timeout_ns, mut error, mut gate) = (args.timeout_ns, args.error, args.gate);
+        let mut params: [*mut c_void; 10] = [
             param(&mut peers),
             param(&mut flags),
             param(&mut world_param),
@@ -138,15 +140,17 @@ impl KernelModule {
             param(&mut count),
             param(&mut timeout_ns),
             param(&mut error),
+            param(&mut gate),
         ];
         // Validated: count × size ≤ LL_MAX_BYTES, so this fits and is at most LL_MAX_BLOCKS.
         let blocks = ll_blocks(args.count as usize * dtype.size_bytes());
         debug_assert!((1..=LL_MAX_BLOCKS).contains(&blocks));
         let function = &self.ll[reduce_index(op, dtype)];
         // SAFETY: the function is rr_ll_<op>_<dtype>(rr_ll_peers, unsigned*, unsigned, unsigned,
-        // const T*, T*, unsigned long long, unsigned long long, unsigned*): `peers` is the
-        // #[repr(C)] mirror of rr_ll_peers (8 pointers, 64 bytes), then u64, u32, u32, u64, u64,
-        // u64, u64, u64 in parameter order, all outliving the call (the driver copies them at
+        // const T*, T*, unsigned long long, unsigned long long, unsigned*, rr_call_gate):
+        // `peers` is the #[repr(C)] mirror of rr_ll_peers (8 pointers, 64 bytes), then u64,
+        // u32, u32, u64, u64, u64, u64, u64, and `gate` the mirror of rr_call_gate (48 bytes),
+        // in parameter order, all outliving the call (the driver copies them at
         // launch); the grid is the one the kernel checks (ll_blocks of the bytes, 512 threads);
         // the memory and the other ranks' calls are the caller's contract.
         unsafe { self.launch_grid(stream, function, blocks, LL_BLOCK_THREADS, &mut params) }
@@ -177,6 +181,8 @@ pub struct LlArgs {
     /// Where the kernel stores a nonzero code on failure ([`LL_ERR_WAIT`](super::LL_ERR_WAIT),
     /// or [`PEER_ERR_LAUNCH`](super::PEER_ERR_LAUNCH): a launch it cannot accept).
     pub error: u64,
+    /// The call gate the kernel passes before it pushes anything ([`CallGate::NONE`]: none).
+    pub gate: CallGate,
 }
 
 /// The kernel parameter `rr_ll_peers` of `cuda/ll.cuh`, byte for byte: `RR_PEER_MAX_RANKS`
@@ -218,8 +224,8 @@ fn validate_ll(dtype: DType, args: &LlArgs) -> Result<()> {
         args.count,
         named
             .into_iter()
-            .map(|(name, address)| (name.to_string(), address))
-            .chain((0..world).map(|r| (format!("recvs[{r}]"), args.recvs[r]))),
+            .map(|(name, address)| (ArgName::plain(name), address))
+            .chain((0..world).map(|r| (ArgName::at("recvs", r), args.recvs[r]))),
     )?;
     let bytes = span_bytes(dtype, args.count)?;
     if bytes > LL_MAX_BYTES as u64 {
@@ -368,6 +374,7 @@ mod tests {
             count: 1000,
             timeout_ns: 1_000_000_000,
             error: base + (1 << 35),
+            gate: CallGate::NONE,
         }
     }
 

@@ -38,14 +38,13 @@
 //! The driver API itself is bound at CUDA 12.2's level (cudarc's `cuda-12020` bindings, loaded
 //! at run time), whose entry points every later driver keeps, CUDA 13's included.
 //!
-//! Invariant: a [`KernelModule`] holds all 267 functions (4 operators × 12 types of pairwise
+//! Invariant: a [`KernelModule`] holds all 266 functions (4 operators × 12 types of pairwise
 //! reduce, of one-shot, two-shot and LL one-shot all-reduce and of the steps kernel, one scale
-//! and one premultiply kernel per type, the two counter kernels of captured rings, module
-//! `counters`, and the call gate of calls across processes, module `call_gate`) resolved in its
-//! context, so a launch is a table index and one `cuLaunchKernel`, with no lookup and no
+//! and one premultiply kernel per type, and the two counter kernels of captured rings, module
+//! `counters`) resolved in its context — the peer kernels with the call gate of calls across
+//! processes at their start ([`CallGate`]) — so a launch is a table index and one `cuLaunchKernel`, with no lookup and no
 //! allocation.
 
-mod call_gate;
 mod counters;
 mod error_codes;
 mod image;
@@ -69,7 +68,7 @@ pub use image::{
 pub use ll::{ll_blocks, ll_fits, ll_recv_bytes, LlArgs, LL_MAX_BYTES};
 pub use nvrtc::{cache_dir as kernel_cache_dir, found as nvrtc_found, version as nvrtc_version};
 pub use oneshot_kernel::OneShotArgs;
-pub use peer_launch::{peer_blocks, PEER_FLAG_BYTES, PEER_MAX_BLOCKS, PEER_MAX_RANKS};
+pub use peer_launch::{peer_blocks, CallGate, PEER_FLAG_BYTES, PEER_MAX_BLOCKS, PEER_MAX_RANKS};
 pub use steps::{PeerStep, StepsArgs};
 pub use twoshot_kernel::TwoShotArgs;
 
@@ -120,8 +119,6 @@ pub struct KernelModule {
     ll: Vec<CudaFunction>,
     /// `rr_counter_signal`, `rr_counter_wait`.
     counters: [CudaFunction; 2],
-    /// `rr_call_gate`.
-    gate: CudaFunction,
     /// The grid size that fills the device: SM count × `BLOCKS_PER_SM`.
     max_blocks: u32,
 }
@@ -159,7 +156,6 @@ impl KernelModule {
             load("rr_counter_signal".to_string())?,
             load("rr_counter_wait".to_string())?,
         ];
-        let gate = load("rr_call_gate".to_string())?;
 
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
@@ -177,7 +173,6 @@ impl KernelModule {
             steps,
             ll,
             counters,
-            gate,
             max_blocks,
         })
     }
@@ -306,7 +301,7 @@ fn premul_symbol(dtype: DType) -> String {
     format!("rr_premul_{}", dtype.name())
 }
 
-fn check_aligned(dtype: DType, name: &str, address: u64) -> Result<()> {
+fn check_aligned(dtype: DType, name: impl std::fmt::Display, address: u64) -> Result<()> {
     let size = dtype.size_bytes() as u64;
     if address % size == 0 {
         Ok(())

@@ -11,7 +11,8 @@
 use std::ffi::c_void;
 
 use super::peer_launch::{
-    check_not_null, check_word_aligned, check_world_and_rank, span_bytes, PeerParams,
+    check_not_null, check_word_aligned, check_world_and_rank, span_bytes, ArgName, CallGate,
+    PeerParams,
 };
 use super::{check_aligned, param, reduce_index, KernelModule, PEER_MAX_RANKS};
 use crate::device::Stream;
@@ -98,7 +99,8 @@ impl KernelModule {
             args.error,
         );
         let (mut dst, mut count, mut expose_from) = (args.dst, args.count, args.expose_from);
-        let mut params: [*mut c_void; 8] = [
+        let mut gate = args.gate;
+        let mut params: [*mut c_void; 9] = [
             param(&mut shared.peers),
             param(&mut shared.world),
             param(&mut shared.rank),
@@ -107,12 +109,14 @@ impl KernelModule {
             param(&mut shared.timeout_ns),
             param(&mut shared.error),
             param(&mut expose_from),
+            param(&mut gate),
         ];
         let function = &self.oneshot[reduce_index(op, dtype)];
         // SAFETY: the function is rr_oneshot_<op>_<dtype>(rr_peers, unsigned, unsigned, T*,
-        // unsigned long long, unsigned long long, unsigned*, const T*): `peers` is the
-        // #[repr(C)] mirror of rr_peers (two arrays of 8 pointers, 128 bytes), then u32, u32,
-        // u64, u64, u64, u64, u64 in parameter order, all outliving the call (the driver
+        // unsigned long long, unsigned long long, unsigned*, const T*, rr_call_gate): `peers`
+        // is the #[repr(C)] mirror of rr_peers (two arrays of 8 pointers, 128 bytes), then
+        // u32, u32, u64, u64, u64, u64, u64, and `gate` the mirror of rr_call_gate (48 bytes),
+        // in parameter order, all outliving the call (the driver
         // copies them at launch); the memory and the other ranks' calls are the caller's
         // contract.
         unsafe {
@@ -161,6 +165,8 @@ pub struct OneShotArgs {
     ///
     /// [`PEER_MAX_BLOCKS`]: super::PEER_MAX_BLOCKS
     pub max_blocks: u32,
+    /// The call gate the kernel passes before its start barrier ([`CallGate::NONE`]: none).
+    pub gate: CallGate,
 }
 
 /// The checks of [`KernelModule::oneshot`] that need no GPU (see there).
@@ -170,8 +176,8 @@ fn validate_oneshot(dtype: DType, args: &OneShotArgs) -> Result<()> {
     check_world_and_rank(KERNEL, args.world, args.rank)?;
     check_aligned(dtype, "dst", args.dst)?;
     for r in 0..world {
-        check_aligned(dtype, &format!("srcs[{r}]"), args.srcs[r])?;
-        check_word_aligned(&format!("flags[{r}]"), args.flags[r])?;
+        check_aligned(dtype, ArgName::at("srcs", r), args.srcs[r])?;
+        check_word_aligned(ArgName::at("flags", r), args.flags[r])?;
     }
     check_word_aligned("error", args.error)?;
     if args.count == 0 {
@@ -184,9 +190,9 @@ fn validate_oneshot(dtype: DType, args: &OneShotArgs) -> Result<()> {
         args.count,
         named
             .into_iter()
-            .map(|(name, address)| (name.to_string(), address))
-            .chain((0..world).map(|r| (format!("srcs[{r}]"), args.srcs[r])))
-            .chain((0..world).map(|r| (format!("flags[{r}]"), args.flags[r]))),
+            .map(|(name, address)| (ArgName::plain(name), address))
+            .chain((0..world).map(|r| (ArgName::at("srcs", r), args.srcs[r])))
+            .chain((0..world).map(|r| (ArgName::at("flags", r), args.flags[r]))),
     )?;
     let bytes = span_bytes(dtype, args.count)?;
     let overlaps = |a: u64, b: u64| a < b.saturating_add(bytes) && b < a.saturating_add(bytes);
@@ -238,6 +244,7 @@ mod tests {
             error: base + (1 << 34),
             expose_from: 0,
             max_blocks: 0,
+            gate: CallGate::NONE,
         }
     }
 

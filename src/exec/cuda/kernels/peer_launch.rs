@@ -95,6 +95,31 @@ impl PeerPointers {
     }
 }
 
+/// The call gate a peer kernel passes before it touches a peer's memory: the kernel parameter
+/// `rr_call_gate` of `cuda/gate.cuh`, byte for byte. Its blocks wait until every peer's host has
+/// published call `seq` alike in its control segment (module `exec::job::calls`), or fail the
+/// call with a code (`GATE_ERR_MISMATCH`, `GATE_ERR_WAIT`). [`CallGate::NONE`] checks nothing:
+/// every rank in one process, or a call checked on the host.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CallGate {
+    /// Device memory holding every rank's control segment's address as this GPU reaches it, by
+    /// rank; 0: no gate.
+    pub(crate) controls: u64,
+    /// The call's number.
+    pub(crate) seq: u64,
+    pub(crate) layout: crate::exec::job::GateLayout,
+}
+
+impl CallGate {
+    /// No gate.
+    pub const NONE: CallGate = CallGate {
+        controls: 0,
+        seq: 0,
+        layout: crate::exec::job::GateLayout::ZERO,
+    };
+}
+
 /// The parameters both peer kernels take, owned so that a launch can point at them: the
 /// [`PeerPointers`] and the scalars `world`, `rank`, `timeout_ns` and `error`.
 pub(super) struct PeerParams {
@@ -154,12 +179,53 @@ pub(super) fn check_world_and_rank(kernel: &str, world: u32, rank: u32) -> Resul
     Ok(())
 }
 
+/// A launch argument's name — `dst`, `srcs[1]`, `steps[0].srcs[1]` — written out only when an
+/// error names it (a launch checks its arguments on every call: no allocation then).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ArgName {
+    /// The step the argument belongs to (the steps kernel's `steps[s]`).
+    pub(super) step: Option<usize>,
+    pub(super) name: &'static str,
+    pub(super) index: Option<usize>,
+}
+
+impl ArgName {
+    pub(super) fn plain(name: &'static str) -> ArgName {
+        ArgName {
+            step: None,
+            name,
+            index: None,
+        }
+    }
+
+    pub(super) fn at(name: &'static str, index: usize) -> ArgName {
+        ArgName {
+            step: None,
+            name,
+            index: Some(index),
+        }
+    }
+}
+
+impl std::fmt::Display for ArgName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(s) = self.step {
+            write!(f, "steps[{s}].")?;
+        }
+        f.write_str(self.name)?;
+        match self.index {
+            Some(i) => write!(f, "[{i}]"),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Refuses the first null address among the `(name, address)` pairs of a launch of `count`
 /// elements (made only when there is something to do).
 pub(super) fn check_not_null(
     kernel: &str,
     count: u64,
-    mut named: impl Iterator<Item = (String, u64)>,
+    mut named: impl Iterator<Item = (ArgName, u64)>,
 ) -> Result<()> {
     match named.find(|&(_, address)| address == 0) {
         Some((name, _)) => Err(Error::InvalidArgument(format!(
@@ -181,7 +247,7 @@ pub(super) fn span_bytes(dtype: DType, count: u64) -> Result<u64> {
         })
 }
 
-pub(super) fn check_word_aligned(name: &str, address: u64) -> Result<()> {
+pub(super) fn check_word_aligned(name: impl std::fmt::Display, address: u64) -> Result<()> {
     if address % 4 == 0 {
         Ok(())
     } else {
@@ -197,6 +263,42 @@ mod tests {
     use super::*;
 
     use super::super::source_define as define;
+
+    /// The fields of the source's struct `name`, in order: each line's last word before `;`.
+    fn struct_fields(name: &str) -> Vec<String> {
+        let source = super::super::SOURCE;
+        let start = source
+            .find(&format!("struct {name} {{"))
+            .unwrap_or_else(|| panic!("struct {name} in the source"));
+        let body = &source[start..start + source[start..].find("};").unwrap()];
+        body.lines()
+            .skip(1)
+            .filter_map(|l| l.split(';').next().filter(|_| l.contains(';')))
+            .map(|decl| decl.split_whitespace().last().unwrap().to_string())
+            .collect()
+    }
+
+    #[test]
+    fn the_call_gate_mirrors_the_source_field_for_field() {
+        assert_eq!(struct_fields("rr_call_gate"), ["controls", "seq", "layout"]);
+        assert_eq!(
+            struct_fields("rr_gate_layout"),
+            [
+                "published",
+                "abort",
+                "gated",
+                "fault",
+                "slots",
+                "slot_words",
+                "call_slots",
+                "compared"
+            ]
+        );
+        // A pointer, a u64, then eight u32: 48 bytes, 8-aligned, as the kernel lays it out.
+        assert_eq!(size_of::<crate::exec::job::GateLayout>(), 8 * 4);
+        assert_eq!(size_of::<CallGate>(), 48);
+        assert_eq!(std::mem::align_of::<CallGate>(), 8);
+    }
 
     #[test]
     fn peer_constants_match_the_source() {

@@ -11,7 +11,8 @@
 use std::ffi::c_void;
 
 use super::peer_launch::{
-    check_not_null, check_word_aligned, check_world_and_rank, span_bytes, PeerParams,
+    check_not_null, check_word_aligned, check_world_and_rank, span_bytes, ArgName, CallGate,
+    PeerParams,
 };
 use super::{check_aligned, param, reduce_index, KernelModule, PEER_MAX_RANKS};
 use crate::device::Stream;
@@ -78,8 +79,8 @@ impl KernelModule {
             steps.dst[s] = step.dst;
             steps.from[s] = step.from.map_or(STEP_FOLD, |q| q as u32);
         }
-        let mut count = args.count;
-        let mut params: [*mut c_void; 7] = [
+        let (mut count, mut gate) = (args.count, args.gate);
+        let mut params: [*mut c_void; 8] = [
             param(&mut shared.peers),
             param(&mut steps),
             param(&mut shared.world),
@@ -87,12 +88,13 @@ impl KernelModule {
             param(&mut count),
             param(&mut shared.timeout_ns),
             param(&mut shared.error),
+            param(&mut gate),
         ];
         let function = &self.steps[reduce_index(op, dtype)];
         // SAFETY: the function is rr_steps_<op>_<dtype>(rr_peers, rr_steps, unsigned, unsigned,
-        // unsigned long long, unsigned long long, unsigned*): `peers` and `steps` are the
-        // #[repr(C)] mirrors of those structs (128 and 616 bytes), then u32, u32, u64, u64, u64
-        // in parameter order, all outliving the call (the driver copies them at launch); the
+        // unsigned long long, unsigned long long, unsigned*, rr_call_gate): `peers` and `steps`
+        // are the #[repr(C)] mirrors of those structs (128 and 616 bytes), then u32, u32, u64,
+        // u64, u64, and `gate` the mirror of rr_call_gate (48 bytes), in parameter order, all outliving the call (the driver copies them at launch); the
         // memory and the other ranks' calls are the caller's contract.
         unsafe {
             self.launch_peer(
@@ -141,6 +143,8 @@ pub struct StepsArgs {
     pub error: u64,
     /// At most this many blocks (0: no cap beyond [`PEER_MAX_BLOCKS`](super::PEER_MAX_BLOCKS)), as for the one-shot.
     pub max_blocks: u32,
+    /// The call gate the kernel passes before its start barrier ([`CallGate::NONE`]: none).
+    pub gate: CallGate,
 }
 
 /// `from` of a fold step in the kernel parameter (`RR_STEP_FOLD`).
@@ -184,13 +188,13 @@ fn validate_steps(dtype: DType, args: &StepsArgs) -> Result<()> {
                 step.from
             ));
         }
-        check_aligned(dtype, &format!("steps[{s}].dst"), step.dst)?;
+        check_aligned(dtype, step_arg(s, "dst", None), step.dst)?;
         for (r, src) in read(step) {
-            check_aligned(dtype, &format!("steps[{s}].srcs[{r}]"), src)?;
+            check_aligned(dtype, step_arg(s, "srcs", Some(r)), src)?;
         }
     }
     for r in 0..world {
-        check_word_aligned(&format!("flags[{r}]"), args.flags[r])?;
+        check_word_aligned(ArgName::at("flags", r), args.flags[r])?;
     }
     check_word_aligned("error", args.error)?;
     if args.count == 0 {
@@ -199,13 +203,13 @@ fn validate_steps(dtype: DType, args: &StepsArgs) -> Result<()> {
     check_not_null(
         KERNEL,
         args.count,
-        std::iter::once(("error".to_string(), args.error))
-            .chain((0..world).map(|r| (format!("flags[{r}]"), args.flags[r])))
+        std::iter::once((ArgName::plain("error"), args.error))
+            .chain((0..world).map(|r| (ArgName::at("flags", r), args.flags[r])))
             .chain(args.steps.iter().enumerate().flat_map(|(s, step)| {
-                std::iter::once((format!("steps[{s}].dst"), step.dst)).chain(
+                std::iter::once((step_arg(s, "dst", None), step.dst)).chain(
                     read(step)
                         .into_iter()
-                        .map(move |(r, a)| (format!("steps[{s}].srcs[{r}]"), a)),
+                        .map(move |(r, a)| (step_arg(s, "srcs", Some(r)), a)),
                 )
             })),
     )?;
@@ -228,6 +232,15 @@ fn validate_steps(dtype: DType, args: &StepsArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Step `s`'s argument `name` (`index`: which rank's).
+fn step_arg(s: usize, name: &'static str, index: Option<usize>) -> ArgName {
+    ArgName {
+        step: Some(s),
+        name,
+        index,
+    }
 }
 
 #[cfg(test)]
@@ -257,6 +270,7 @@ mod tests {
             timeout_ns: 1,
             error: 0x3000,
             max_blocks: 0,
+            gate: CallGate::NONE,
         }
     }
 

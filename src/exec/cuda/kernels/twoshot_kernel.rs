@@ -13,7 +13,8 @@
 use std::ffi::c_void;
 
 use super::peer_launch::{
-    check_not_null, check_word_aligned, check_world_and_rank, span_bytes, PeerParams,
+    check_not_null, check_word_aligned, check_world_and_rank, span_bytes, ArgName, CallGate,
+    PeerParams,
 };
 use super::{check_aligned, param, reduce_index, KernelModule, PEER_MAX_RANKS};
 use crate::device::Stream;
@@ -75,20 +76,22 @@ impl KernelModule {
         segs.out[..world].copy_from_slice(&args.outs[..world]);
         segs.off[..world].copy_from_slice(&args.seg_off[..world]);
         segs.len[..world].copy_from_slice(&args.seg_len[..world]);
-        let mut params: [*mut c_void; 6] = [
+        let mut gate = args.gate;
+        let mut params: [*mut c_void; 7] = [
             param(&mut shared.peers),
             param(&mut segs),
             param(&mut shared.world),
             param(&mut shared.rank),
             param(&mut shared.timeout_ns),
             param(&mut shared.error),
+            param(&mut gate),
         ];
         let function = &self.twoshot[reduce_index(op, dtype)];
         let longest = args.seg_len[..world].iter().copied().max().unwrap_or(0);
         // SAFETY: the function is rr_twoshot_<op>_<dtype>(rr_peers, rr_twoshot_segs, unsigned,
-        // unsigned, unsigned long long, unsigned*): `peers` and `segs` are the
-        // #[repr(C)] mirrors of those structs (128 and 192 bytes), then u32, u32, u64, u64
-        // in parameter order, all outliving the call (the driver copies them at launch); the
+        // unsigned, unsigned long long, unsigned*, rr_call_gate): `peers` and `segs` are the
+        // #[repr(C)] mirrors of those structs (128 and 192 bytes), then u32, u32, u64, u64,
+        // and `gate` the mirror of rr_call_gate (48 bytes), in parameter order, all outliving the call (the driver copies them at launch); the
         // memory and the other ranks' calls are the caller's contract.
         unsafe {
             self.launch_peer(
@@ -134,6 +137,8 @@ pub struct TwoShotArgs {
     ///
     /// [`PEER_MAX_BLOCKS`]: super::PEER_MAX_BLOCKS
     pub max_blocks: u32,
+    /// The call gate the kernel passes before its start barrier ([`CallGate::NONE`]: none).
+    pub gate: CallGate,
 }
 
 /// The kernel parameter `rr_twoshot_segs` of `cuda/peer_kernels.cuh`, byte for byte: every rank's
@@ -170,9 +175,9 @@ fn validate_twoshot(dtype: DType, args: &TwoShotArgs) -> Result<()> {
         ));
     }
     for r in 0..world {
-        check_aligned(dtype, &format!("srcs[{r}]"), args.srcs[r])?;
-        check_aligned(dtype, &format!("outs[{r}]"), args.outs[r])?;
-        check_word_aligned(&format!("flags[{r}]"), args.flags[r])?;
+        check_aligned(dtype, ArgName::at("srcs", r), args.srcs[r])?;
+        check_aligned(dtype, ArgName::at("outs", r), args.outs[r])?;
+        check_word_aligned(ArgName::at("flags", r), args.flags[r])?;
     }
     check_word_aligned("error", args.error)?;
     if args.count == 0 {
@@ -181,10 +186,10 @@ fn validate_twoshot(dtype: DType, args: &TwoShotArgs) -> Result<()> {
     check_not_null(
         KERNEL,
         args.count,
-        std::iter::once(("error".to_string(), args.error))
-            .chain((0..world).map(|r| (format!("srcs[{r}]"), args.srcs[r])))
-            .chain((0..world).map(|r| (format!("outs[{r}]"), args.outs[r])))
-            .chain((0..world).map(|r| (format!("flags[{r}]"), args.flags[r]))),
+        std::iter::once((ArgName::plain("error"), args.error))
+            .chain((0..world).map(|r| (ArgName::at("srcs", r), args.srcs[r])))
+            .chain((0..world).map(|r| (ArgName::at("outs", r), args.outs[r])))
+            .chain((0..world).map(|r| (ArgName::at("flags", r), args.flags[r]))),
     )?;
     let bytes = span_bytes(dtype, args.count)?;
     let overlaps = |a: u64, b: u64| a < b.saturating_add(bytes) && b < a.saturating_add(bytes);
@@ -231,6 +236,7 @@ mod tests {
             timeout_ns: 1_000_000,
             error: 0x9000,
             max_blocks: 0,
+            gate: CallGate::NONE,
         };
         args.outs[..2].copy_from_slice(&[0x10_0000, 0x20_0000]);
         let srcs = if in_place {

@@ -1,7 +1,7 @@
 //! The kernels compiled by NVRTC on the GPU host: what a build without nvcc loads, and what a
 //! driver that refuses the embedded fatbin gets.
 //!
-//! The kernel source is large (267 functions; NVRTC 13.0 writes 35 MB of PTX for it), so one
+//! The kernel source is large (266 functions; NVRTC 13.0 writes 35 MB of PTX for it), so one
 //! compilation takes minutes of one CPU core: 78 s to PTX and 146 s to sm_90 machine code on
 //! the 2-core development machine, on top of which a driver given PTX compiles it again at
 //! every load (the optimiser's work is spread over the host's cores where NVRTC can). So the
