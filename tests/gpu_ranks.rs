@@ -3,8 +3,9 @@
 //! exact against the host reference (two and three processes), their memory crossing through
 //! CUDA IPC handles; calls on each process's own stream and in its CUDA graphs; a killed rank
 //! named; an abort from a watchdog thread releasing a waiting call; a mismatched call named on
-//! every rank, by the hosts or by the GPUs' call gates; an eager call returning before a late
-//! peer starts it; registered buffers (every collective without copies, a mixed call copying, pool
+//! every rank, by the hosts or by the GPUs' call gates (read one-shot and LL kernels); an eager
+//! call returning before a late peer starts it; a watchdog thread's health poll beside another
+//! thread's CUDA graph capture; registered buffers (every collective without copies, a mixed call copying, pool
 //! memory refused); staged rings through pinned host memory the
 //! processes share; two such ranks in one process refused by
 //! name. On a one-GPU machine the ranks share GPU 0
@@ -760,6 +761,80 @@ fn an_eager_call_returns_before_a_late_peer_starts_it_and_the_gpu_names_a_mismat
     let ranks = launch(
         "an_eager_call_returns_before_a_late_peer_starts_it_and_the_gpu_names_a_mismatch",
         3,
+        |_| vec![],
+    );
+    expect_success(ranks, Duration::from_secs(120));
+}
+
+#[test]
+fn a_watchdog_polling_health_during_another_threads_graph_capture_breaks_neither() {
+    use cudarc::driver::sys;
+    if let Some(env) = as_rank() {
+        let device = this_gpu(&env);
+        let id = env.unique_id().unwrap();
+        let mut comm =
+            RankCommunicator::gpu(&id, env.rank, env.world, device, config(Algorithm::Auto))
+                .unwrap();
+        let mut buf = GpuBuffer::from_host(device, &[1.0f32; 64]).unwrap();
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap();
+        let ctx = ringreduce::device::context(device).unwrap();
+        let (captured, other) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+        let global = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+        let end = |what: &str| {
+            let ended = captured.end_capture(sys::CUgraphInstantiate_flags(0));
+            assert!(
+                ended.is_ok(),
+                "rank {}: {what}: {:?}",
+                env.rank,
+                ended.err()
+            );
+        };
+        // PyTorch's watchdog asks ncclCommGetAsyncError while the main thread captures a graph
+        // in CUDA's default (global) mode: the poll must neither fail nor break the capture.
+        captured.begin_capture(global).unwrap();
+        let comm = std::sync::Mutex::new(comm);
+        let polled = std::thread::scope(|s| s.spawn(|| comm.lock().unwrap().async_error()).join());
+        end("the capture beside the communicator's poll");
+        assert!(
+            polled.unwrap().is_none(),
+            "rank {}: the poll failed",
+            env.rank
+        );
+        let mut comm = comm.into_inner().unwrap();
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap();
+        assert_eq!(
+            buf.to_host().unwrap(),
+            vec![(env.world * env.world) as f32; 64]
+        );
+        // Why the poll needs its care: the same query made plainly from another thread is
+        // refused while the capture runs (the hazard, seen on this driver).
+        captured.begin_capture(global).unwrap();
+        let raw = other.cu_stream() as usize;
+        let plain = std::thread::scope(|s| {
+            s.spawn(|| {
+                ctx.bind_to_thread().unwrap();
+                // SAFETY: `other` is a live stream of the context bound above.
+                unsafe { sys::cuStreamQuery(raw as sys::CUstream) }
+            })
+            .join()
+            .unwrap()
+        });
+        let _ = captured.end_capture(sys::CUgraphInstantiate_flags(0));
+        assert_ne!(
+            plain,
+            sys::CUresult::CUDA_SUCCESS,
+            "rank {}: a plain cuStreamQuery beside a global capture was allowed: the hazard \
+             `device::capture_relaxed` guards against is not there on this driver",
+            env.rank
+        );
+        return;
+    }
+    if two_gpus_or_shared().is_none() {
+        return;
+    }
+    let ranks = launch(
+        "a_watchdog_polling_health_during_another_threads_graph_capture_breaks_neither",
+        2,
         |_| vec![],
     );
     expect_success(ranks, Duration::from_secs(120));

@@ -141,7 +141,7 @@ pub use peer::{
     grant_pool_access, p2p_attributes, peer_matrix, pointer_allocation, pointer_device,
     pointer_ipc_capable, pointer_is_pool_memory, Allocation, P2pAttributes,
 };
-pub(crate) use stream::launch_kernel;
+pub(crate) use stream::{capture_relaxed, launch_kernel};
 pub use stream::{
     event_elapsed_ms, event_query, event_synchronize, record, record_on_raw_stream, stream_query,
     stream_synchronize, tracking_stream, wait, wait_on_raw_stream, CallerStream, Event, Stream,

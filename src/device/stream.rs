@@ -399,6 +399,28 @@ pub fn stream_query(stream: &Stream) -> Result<bool> {
     }
 }
 
+/// Runs `f` with the calling thread's stream-capture mode relaxed
+/// (`cuThreadExchangeStreamCaptureMode`), then puts the thread's mode back. While any thread
+/// captures a stream in CUDA's default (global) mode, every other thread in global mode is
+/// refused "potentially unsafe" calls — `cuStreamQuery` among them, even of a stream nobody
+/// captures — and the refusal invalidates that capture. A watchdog's poll of this crate's own
+/// streams (`ncclCommGetAsyncError` from PyTorch's watchdog while the main thread captures a CUDA
+/// graph) is safe, and must neither fail nor break the capture.
+pub(crate) fn capture_relaxed<R>(f: impl FnOnce() -> R) -> Result<R> {
+    super::driver_available()?;
+    let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: `mode` is a live local; the call exchanges the calling thread's mode.
+    unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }
+        .result()
+        .call("cuThreadExchangeStreamCaptureMode")?;
+    let result = f();
+    // SAFETY: as above: puts back the mode the thread had.
+    unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }
+        .result()
+        .call("cuThreadExchangeStreamCaptureMode")?;
+    Ok(result)
+}
+
 /// Whether the work captured by `event` has completed, without blocking (`cuEventQuery`):
 /// `CUDA_ERROR_NOT_READY` is `Ok(false)`, other errors (including those of earlier asynchronous
 /// work) are errors. An event never recorded is complete. Binds the event's context.

@@ -32,6 +32,7 @@ impl CudaExecutor {
     /// valid for the declared length; written buffers overlap nothing else in the call; nothing
     /// else touches them (or writes the ones read) until the call is complete — when this returns
     /// if `wait_complete`, else once each rank's Main stream has passed the call.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn run_shape_on_main<T: Element>(
         &mut self,
         shape: Shape,

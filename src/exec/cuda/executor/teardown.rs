@@ -77,9 +77,13 @@ impl CudaExecutor {
     pub(crate) fn poll_health(&self) -> Result<()> {
         self.check_error_words()?;
         let saved = device::save_current()?;
-        let polled = self.ranks.iter().try_fold(true, |idle, r| {
-            device::stream_query(r.res.stream(StreamKind::Main)).map(|done| idle && done)
-        });
+        // (Relaxed: the caller may be a watchdog thread while another thread captures a graph.)
+        let polled = device::capture_relaxed(|| {
+            self.ranks.iter().try_fold(true, |idle, r| {
+                device::stream_query(r.res.stream(StreamKind::Main)).map(|done| idle && done)
+            })
+        })
+        .and_then(|polled| polled);
         saved.restore()?;
         // Every call this process enqueued has completed: its part of the job's latest call is
         // done, and its process may end without its peers taking it for lost.
