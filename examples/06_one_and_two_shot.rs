@@ -7,6 +7,8 @@
 //!
 //! Run: `cargo run --release --example 06_one_and_two_shot`
 
+use ringreduce::exec::algorithm::{select, Reach};
+use ringreduce::plan::Collective;
 use ringreduce::verify::{compare, make_expected, make_input};
 use ringreduce::{device, Algorithm, Communicator, CudaConfig, GpuBuffer, HostConfig, ReduceOp};
 use std::time::Instant;
@@ -19,13 +21,33 @@ fn main() -> ringreduce::Result<()> {
         "{:>8}  {:<24} {:<24}",
         "size", "2 ranks: out / in place", "4 ranks: out / in place"
     );
+    let all_reduce = Collective::AllReduce;
+    let pick = |bytes, world, in_place, reach| {
+        select(
+            Algorithm::Auto,
+            &all_reduce,
+            bytes,
+            world,
+            in_place,
+            reach,
+            false,
+        )
+    };
     for mib in [1, 4, 8, 16, 32, 64] {
-        let pick =
-            |world, in_place| Algorithm::Auto.choose(mib * MIB, world, in_place, true, false);
-        let cell = |world| format!("{:?} / {:?}", pick(world, false), pick(world, true));
+        let cell = |world| {
+            let (out, inp) = (false, true);
+            let at = |p| pick(mib * MIB, world, p, Reach::Peers);
+            format!("{:?} / {:?}", at(out), at(inp))
+        };
         println!("{:>5} MiB  {:<24} {:<24}", mib, cell(2), cell(4));
     }
-    println!("without peer access between every pair, Auto is always the ring");
+    // Without peer access between every pair (2 to 8 GPUs), the staged forms.
+    let staged = |bytes| pick(bytes, 2, false, Reach::Staged);
+    println!(
+        "without peer access, 2 ranks: {:?} at 64 KiB (its staged form), {:?} at 1 MiB",
+        staged(64 << 10),
+        staged(MIB)
+    );
 
     // The host executor runs the same three plans; the one- and two-shot's barriers are on threads.
     let (world, count) = (4, 100_003); // an odd count: uneven segments, a tail

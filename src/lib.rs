@@ -50,10 +50,10 @@
 //! the receiver's memory, pairwise reduces, events; the modules below) and, for all but send/recv,
 //! the one-shot's (every rank reads what it needs straight from the others' buffers between two
 //! barriers, one SM kernel per GPU; [`plan::oneshot`]). [`Algorithm::Auto`] takes the one-shot
-//! for small messages and the ring above ([`Algorithm::choose_for`]; the all-reduce has its own
-//! rules beside it in [`exec::algorithm`]: [`Algorithm::choose`] on GPUs that reach each other,
-//! [`Algorithm::choose_staged`] where they do not, [`Algorithm::choose_host`] on host ranks);
-//! host and GPU communicators run both.
+//! for small messages and the ring above; the all-reduce has its own algorithms — one
+//! selection, [`exec::algorithm::select`], decides for every collective, by size, placement,
+//! world and how the ranks reach each other ([`exec::algorithm::Reach`]); host and GPU
+//! communicators run both forms.
 //!
 //! - **Reduce-scatter** ([`Communicator::reduce_scatter`], `_in_place`): rank r gets block r of
 //!   the reduction of every rank's world·count input. The ring's first half, on blocks

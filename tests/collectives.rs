@@ -535,7 +535,7 @@ fn bad_inputs_get_named_errors() {
 }
 
 /// `Auto` picks each collective's form by the bytes that cross a rank's links (the one rule,
-/// `Algorithm::choose_for`): the one-shot up to the limit, the ring above; send/recv is always
+/// `exec::algorithm::select`): the one-shot up to the limit, the ring above; send/recv is always
 /// the ring's; deterministic mode keeps the reducing collectives on the one-shot with more than
 /// two ranks; a forced algorithm is obeyed (the two-shot, an all-reduce only, means the one-shot).
 #[test]

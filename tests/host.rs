@@ -208,7 +208,7 @@ fn oneshot_and_twoshot_every_world_length_op_and_type() {
 }
 
 /// `Auto` on host ranks runs the pushed two-shot at every size up to its rank limit and the ring
-/// beyond (`Algorithm::choose_host`); over staged edges it picks the staged one-shot for small
+/// beyond (`exec::algorithm::select`, `Reach::Host`); over staged edges it picks the staged one-shot for small
 /// messages and the ring for large ones on one communicator, and calls of both kinds alternate
 /// on the same buffers.
 #[test]

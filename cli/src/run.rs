@@ -33,10 +33,10 @@ pub struct RunArgs {
     /// slots; otherwise peer).
     #[arg(long, default_value = "auto", value_parser = parse_transport)]
     transport: ringreduce::Transport,
-    /// Which all-reduce runs: auto, ring, oneshot or twoshot. On GPUs auto picks by size
-    /// (`Algorithm::choose`); on host ranks auto runs the two-shot, their fastest (its gather
-    /// pushed: docs/PERFORMANCE.md, "Host executor") — over staged edges the library's rule for
-    /// them (`Algorithm::choose_staged`).
+    /// Which all-reduce runs: auto, ring, oneshot or twoshot. On GPUs auto picks by size; on
+    /// host ranks auto runs the two-shot, their fastest (its gather pushed: docs/PERFORMANCE.md,
+    /// "Host executor") — over staged edges the staged one-shot or the ring by size (the
+    /// library's selection, `exec::algorithm::select`).
     #[arg(long, default_value = "auto", value_parser = parse_algorithm)]
     algorithm: ringreduce::Algorithm,
     /// Force host ranks even where GPUs exist.
@@ -223,13 +223,20 @@ fn run_host(args: &RunArgs) -> Result<(), String> {
     // f32 elements; a chunk below one element is one element (as the GPU executor rounds).
     let chunk_bytes = args.chunk.unwrap_or(1 << 20);
     // Staged edges (`--transport staged`): the plans of ranks that cannot read each other's
-    // memory, with the library's rule for them (`Algorithm::choose_staged`); else the host
-    // ranks' rule (`Algorithm::choose_host`: the pushed two-shot for `auto`).
+    // memory, which the library's selection picks per size; else the host ranks' (the pushed
+    // two-shot for `auto`, at every size), asked of the selection here to name it.
     let staged = args.transport == Transport::Staged;
-    let algorithm = if staged {
-        args.algorithm
-    } else {
-        args.algorithm.choose_host(world, false)
+    let algorithm = match staged {
+        true => args.algorithm,
+        false => ringreduce::exec::algorithm::select(
+            args.algorithm,
+            &ringreduce::plan::Collective::AllReduce,
+            0,
+            world,
+            false,
+            ringreduce::exec::algorithm::Reach::Host,
+            false,
+        ),
     };
     let config = HostConfig {
         chunk_elems: (chunk_bytes / 4).max(1),

@@ -3,6 +3,7 @@
 //! rank's Main stream.
 
 use super::{Communicator, Executor};
+use crate::exec::algorithm::select;
 use crate::exec::cuda::executor::EdgeInfo;
 use crate::exec::Algorithm;
 
@@ -21,49 +22,31 @@ impl Communicator {
 
     /// The algorithm a call of `bytes_per_rank` bytes, in place or not, runs on this
     /// communicator: the ring, the one-shot or the two-shot (see [`Algorithm`]; with `Auto` it
-    /// depends on the size and, for the one-shot and the two-shot, on `in_place`).
-    /// The rule is [`Algorithm::choose`]'s ([`Algorithm::choose_staged`]'s where edges are
-    /// staged, [`Algorithm::choose_host`]'s on host ranks); this never waits for a running call.
+    /// depends on the size and, for the one-shot and the two-shot, on `in_place`). The
+    /// selection's answer ([`select`]); this never waits for a running call.
     pub fn algorithm_for(&self, bytes_per_rank: usize, in_place: bool) -> Algorithm {
-        let f = &self.facts;
-        if f.staged {
-            return f
-                .algorithm
-                .choose_staged(bytes_per_rank, self.world, f.deterministic);
-        }
-        if f.host {
-            return f.algorithm.choose_host(self.world, f.deterministic);
-        }
-        f.algorithm.choose(
-            bytes_per_rank,
-            self.world,
-            in_place,
-            f.peers_ok,
-            f.deterministic,
-        )
+        let all_reduce = crate::plan::Collective::AllReduce;
+        self.algorithm_for_collective(&all_reduce, bytes_per_rank, in_place)
     }
 
     /// The algorithm whose form of `collective` a call of `count_bytes` (NCCL's count times the
     /// element size), in place or not, runs on this communicator: `Ring` or `OneShot` for the
-    /// collectives other than the all-reduce (see [`Algorithm::choose_for`]); for the
-    /// all-reduce, [`Communicator::algorithm_for`]'s answer (its host and staged rules
-    /// included). Never waits for a call.
+    /// collectives other than the all-reduce, the all-reduce's algorithm for it — the
+    /// selection's answer ([`select`]). Never waits for a call.
     pub fn algorithm_for_collective(
         &self,
         collective: &crate::plan::Collective,
         count_bytes: usize,
         in_place: bool,
     ) -> Algorithm {
-        if *collective == crate::plan::Collective::AllReduce {
-            return self.algorithm_for(count_bytes, in_place);
-        }
         let f = &self.facts;
-        f.algorithm.choose_for(
+        select(
+            f.algorithm,
             collective,
             count_bytes,
             self.world,
             in_place,
-            f.peers_ok,
+            f.reach,
             f.deterministic,
         )
     }

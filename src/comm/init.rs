@@ -6,6 +6,7 @@
 use super::{check_cuda_config, check_deterministic_if, check_host_config};
 use super::{Communicator, Executor, Facts, State};
 use crate::error::Result;
+use crate::exec::algorithm::Reach;
 use crate::exec::cuda::executor::{CudaConfig, CudaExecutor};
 use crate::exec::host::{HostConfig, HostExecutor};
 use std::sync::{Mutex, OnceLock};
@@ -25,9 +26,10 @@ impl Communicator {
             devices: Vec::new(),
             edges: Vec::new(),
             algorithm: config.algorithm,
-            peers_ok: true,
-            staged: config.transport == crate::Transport::Staged,
-            host: true,
+            reach: match config.transport {
+                crate::Transport::Staged => Reach::HostStaged,
+                _ => Reach::Host,
+            },
             deterministic: config.deterministic,
         };
         Ok(Communicator::from_executor(
@@ -66,9 +68,7 @@ impl Communicator {
             devices: exec.devices(),
             edges: exec.edges().to_vec(),
             algorithm,
-            peers_ok: exec.peers_ok(),
-            staged: exec.staged_oneshot(),
-            host: false,
+            reach: exec.reach(),
             deterministic,
         };
         let mut comm =

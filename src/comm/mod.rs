@@ -93,12 +93,8 @@ struct Facts {
     devices: Vec<usize>,
     edges: Vec<EdgeInfo>,
     algorithm: Algorithm,
-    peers_ok: bool,
-    /// The all-reduce runs the staged algorithms ([`Algorithm::choose_staged`]): host ranks
-    /// with `Transport::Staged`, GPUs that do not all reach each other.
-    staged: bool,
-    /// Host ranks: the all-reduce follows [`Algorithm::choose_host`] where not staged.
-    host: bool,
+    /// How the ranks reach each other, for the selection ([`crate::exec::algorithm::select`]).
+    reach: crate::exec::algorithm::Reach,
     deterministic: bool,
 }
 

@@ -1,7 +1,11 @@
-//! Which algorithm runs a collective: [`Algorithm`], and the one rule ([`Algorithm::choose`])
-//! by which [`Algorithm::Auto`] picks by message size, placement and world size. Every threshold
-//! is defined here once; the measurements that set them are in docs/PERFORMANCE.md ("Choosing
-//! the algorithm"), and everything else links here instead of restating the rule.
+//! Which algorithm runs a collective: [`Algorithm`], and the one selection ([`select`]) by which
+//! a call's algorithm is decided from the communicator's choice, the collective, the message
+//! size, placement, world size and how the ranks reach each other ([`Reach`]). Both executors,
+//! `Communicator::algorithm_for(_collective)` and the CLI ask it and nothing else decides; its
+//! rules by reach (the GPUs', the staged one, the host ranks', the other collectives') are the
+//! private functions below. Every threshold is defined here once; the measurements that set
+//! them are in docs/PERFORMANCE.md ("Choosing the algorithm"), and everything else links here
+//! instead of restating the rule.
 //!
 //! One size rule lives with the GPU kernels instead, because it chooses a kernel, not an
 //! algorithm: with [`crate::CudaConfig::low_latency`] on, a one-shot all-reduce of at most
@@ -12,9 +16,8 @@
 /// Which all-reduce algorithm a communicator runs (module doc of [`crate::plan`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Algorithm {
-    /// On GPUs the one-shot up to a message size, the ring above it (see
-    /// [`Algorithm::choose`], and [`Algorithm::choose_staged`] where edges are staged); on host
-    /// ranks the pushed two-shot ([`Algorithm::choose_host`]).
+    /// On GPUs the one-shot up to a message size, the ring above it (the staged one-shot and
+    /// the ring where edges are staged); on host ranks the pushed two-shot ([`select`]).
     #[default]
     Auto,
     /// Always the ring: reduce-scatter then all-gather over copy engines (SMs stay free).
@@ -60,7 +63,7 @@ pub const TWOSHOT_AUTO_MIN_IN_PLACE_BYTES: usize = 8 << 20;
 /// …, n − 1, whatever the algorithm, message size or placement, so the bits a caller gets do not
 /// depend on the size at which `Auto` switches (batch invariance). The all-reduce is described
 /// here; the reduce-scatter and the reduce keep their one-shot form at every size instead
-/// ([`Algorithm::choose_for`]). The one-shot and the two-shot fold in rank order
+/// ([`select`]). The one-shot and the two-shot fold in rank order
 /// already; the ring folds segment s starting at rank s + 1, which for n ≤ 2 gives the same
 /// bits (a fold of two operands is `a ⊕ b = b ⊕ a`, exactly, for every operator and type) and
 /// for n > 2 does not. So in deterministic mode with more than two ranks `Auto` never picks the
@@ -89,7 +92,7 @@ impl Algorithm {
     /// that the ring does not give ([`deterministic_needs_peers`]); `OneShot` is the staged
     /// one-shot at every size; the rest are themselves (the caller refuses what cannot run
     /// staged).
-    pub fn choose_staged(self, bytes: usize, world: usize, deterministic: bool) -> Algorithm {
+    fn choose_staged(self, bytes: usize, world: usize, deterministic: bool) -> Algorithm {
         match self {
             Algorithm::Auto if world > 1 => {
                 let limit = STAGED_ONESHOT_AUTO_MAX_BYTES.saturating_mul(2) / world;
@@ -110,7 +113,7 @@ impl Algorithm {
     /// not; `peers_ok` says whether the peer-reading algorithms can run at all (every pair of
     /// GPUs reaches each other); `deterministic` asks for rank-order folds (see
     /// [`deterministic_needs_peers`]).
-    pub fn choose(
+    fn choose(
         self,
         bytes: usize,
         world: usize,
@@ -149,7 +152,7 @@ impl Algorithm {
     /// the one-shot where `deterministic` needs rank-order folds ([`deterministic_needs_peers`]).
     /// The GPU's size rule ([`Algorithm::choose`]) does not apply: its thresholds weigh copy
     /// engines against SM kernels, which host ranks do not have. The rest are themselves.
-    pub fn choose_host(self, world: usize, deterministic: bool) -> Algorithm {
+    fn choose_host(self, world: usize, deterministic: bool) -> Algorithm {
         match self {
             Algorithm::Auto if (2..=crate::plan::twoshot::MAX_RANKS).contains(&world) => {
                 Algorithm::TwoShot
@@ -175,15 +178,15 @@ pub const COLLECTIVE_ONESHOT_AUTO_MAX_BYTES: usize = 4 << 20;
 
 impl Algorithm {
     /// The algorithm that runs `collective` for a count of `count_bytes` (NCCL's count times the
-    /// element size) over `world` ranks — the one rule for every collective. The all-reduce
-    /// follows [`Algorithm::choose`]. The others have two forms: the ring's (copy engines,
+    /// element size) over `world` ranks whose peer-reading kernels can run where `peers_ok`. The
+    /// all-reduce follows [`Algorithm::choose`]. The others have two forms: the ring's (copy engines,
     /// [`crate::plan::CollectiveSpec`]) and the one-shot's (SM kernels reading peer memory,
     /// [`crate::plan::OneShotSpec::build_collective`]); the two-shot is an all-reduce only, so
     /// forcing it (or the one-shot) runs the one-shot form. Send/recv has only the ring's form.
     /// `Auto` takes the one-shot up to [`COLLECTIVE_ONESHOT_AUTO_MAX_BYTES`] crossing a rank's
     /// links; in deterministic mode with more than two ranks the reducing collectives always take
     /// the one-shot (it folds in rank order; the ring's reduce-scatter and reduce chain do not).
-    pub fn choose_for(
+    fn choose_for(
         self,
         collective: &crate::plan::Collective,
         count_bytes: usize,
@@ -218,6 +221,65 @@ impl Algorithm {
     }
 }
 
+/// How a communicator's ranks reach each other's memory, as [`select`] weighs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reach {
+    /// GPUs of which every pair reads the other's memory: the peer kernels run.
+    Peers,
+    /// 2 to 8 GPUs that do not all reach each other: the all-reduce takes the staged
+    /// algorithms ([`crate::plan::staged`]: every exchange through pinned host memory), the other
+    /// collectives the ring.
+    Staged,
+    /// GPUs that do not all reach each other, one of them or more than 8: the ring.
+    Apart,
+    /// Host ranks: every rank reads every rank's memory, without SM kernels to weigh against
+    /// copy engines.
+    Host,
+    /// Host ranks over edges forced `Staged`: the all-reduce takes the staged algorithms.
+    HostStaged,
+}
+
+/// The algorithm a call runs — the one selection. `chosen` is the communicator's
+/// [`Algorithm`] (`Auto`, or one forced), `count_bytes` the collective's count times the
+/// element size (the all-reduce's bytes per rank), `in_place` the call's placement, `reach` how
+/// the ranks reach each other, `deterministic` whether rank-order folds are asked for
+/// ([`deterministic_needs_peers`]).
+///
+/// The all-reduce: on GPUs of one reach the one-shot up to [`ONESHOT_AUTO_MAX_BYTES`] (scaled by
+/// `2/n`), the two-shot in place from [`TWOSHOT_AUTO_MIN_IN_PLACE_BYTES`], the ring above; over
+/// staged edges the staged one-shot up to [`STAGED_ONESHOT_AUTO_MAX_BYTES`], the ring above; on
+/// host ranks the pushed two-shot. The other collectives: the one-shot form up to
+/// [`COLLECTIVE_ONESHOT_AUTO_MAX_BYTES`] crossing a rank's links where ranks read each other,
+/// the ring's form otherwise; send/recv the ring's only. A forced algorithm is itself (the
+/// one-shot or two-shot of another collective is its one-shot form), refused at creation where
+/// it cannot run.
+pub fn select(
+    chosen: Algorithm,
+    collective: &crate::plan::Collective,
+    count_bytes: usize,
+    world: usize,
+    in_place: bool,
+    reach: Reach,
+    deterministic: bool,
+) -> Algorithm {
+    use crate::plan::Collective;
+    let (bytes, det) = (count_bytes, deterministic);
+    match (collective, reach) {
+        (Collective::AllReduce, Reach::Staged | Reach::HostStaged) => {
+            chosen.choose_staged(bytes, world, det)
+        }
+        (Collective::AllReduce, Reach::Host) => chosen.choose_host(world, det),
+        (Collective::AllReduce, Reach::Peers) => chosen.choose(bytes, world, in_place, true, det),
+        (Collective::AllReduce, Reach::Apart) => chosen.choose(bytes, world, in_place, false, det),
+        (_, Reach::Peers | Reach::Host | Reach::HostStaged) => {
+            chosen.choose_for(collective, bytes, world, in_place, true, det)
+        }
+        (_, Reach::Staged | Reach::Apart) => {
+            chosen.choose_for(collective, bytes, world, in_place, false, det)
+        }
+    }
+}
+
 /// Whether a communicator of `world` ranks with `algorithm` can keep the deterministic promise:
 /// an error naming why not, for [`crate::Communicator`]'s constructors.
 pub(crate) fn check_deterministic(
@@ -239,4 +301,130 @@ pub(crate) fn check_deterministic(
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::Collective;
+
+    const KIB: usize = 1 << 10;
+    const MIB: usize = 1 << 20;
+
+    fn auto(
+        collective: &Collective,
+        bytes: usize,
+        world: usize,
+        in_place: bool,
+        r: Reach,
+    ) -> Algorithm {
+        select(
+            Algorithm::Auto,
+            collective,
+            bytes,
+            world,
+            in_place,
+            r,
+            false,
+        )
+    }
+
+    #[test]
+    fn the_all_reduce_follows_each_reach_rule() {
+        let ar = Collective::AllReduce;
+        // GPUs that reach each other: the one-shot, the two-shot in place from its limit, the
+        // ring above the one-shot's limit (both scaled by 2/n).
+        assert_eq!(auto(&ar, KIB, 2, false, Reach::Peers), Algorithm::OneShot);
+        assert_eq!(
+            auto(&ar, 16 * MIB, 2, true, Reach::Peers),
+            Algorithm::TwoShot
+        );
+        assert_eq!(
+            auto(&ar, 16 * MIB, 2, false, Reach::Peers),
+            Algorithm::OneShot
+        );
+        assert_eq!(auto(&ar, 64 * MIB, 2, false, Reach::Peers), Algorithm::Ring);
+        assert_eq!(auto(&ar, 20 * MIB, 4, false, Reach::Peers), Algorithm::Ring);
+        // Staged, GPUs or host ranks: the staged one-shot for small messages, the ring above.
+        for staged in [Reach::Staged, Reach::HostStaged] {
+            assert_eq!(auto(&ar, 64 * KIB, 2, false, staged), Algorithm::OneShot);
+            assert_eq!(auto(&ar, MIB, 2, false, staged), Algorithm::Ring);
+        }
+        // GPUs apart without the staged one-shot: the ring at every size.
+        assert_eq!(auto(&ar, 4, 9, false, Reach::Apart), Algorithm::Ring);
+        // Host ranks: the pushed two-shot at every size, the ring above its rank limit.
+        for bytes in [4, MIB, 1 << 30] {
+            assert_eq!(auto(&ar, bytes, 4, true, Reach::Host), Algorithm::TwoShot);
+        }
+        let beyond = crate::plan::twoshot::MAX_RANKS + 1;
+        assert_eq!(auto(&ar, 4, beyond, true, Reach::Host), Algorithm::Ring);
+    }
+
+    #[test]
+    fn the_other_collectives_take_their_one_shot_form_where_ranks_read_each_other() {
+        let rs = Collective::ReduceScatter;
+        for reach in [Reach::Peers, Reach::Host, Reach::HostStaged] {
+            assert_eq!(
+                auto(&rs, KIB, 4, false, reach),
+                Algorithm::OneShot,
+                "{reach:?}"
+            );
+            // Above 4 MiB crossing a rank's links: the ring's form.
+            assert_eq!(
+                auto(&rs, 2 * MIB, 4, false, reach),
+                Algorithm::Ring,
+                "{reach:?}"
+            );
+        }
+        for reach in [Reach::Staged, Reach::Apart] {
+            assert_eq!(
+                auto(&rs, KIB, 4, false, reach),
+                Algorithm::Ring,
+                "{reach:?}"
+            );
+        }
+        let sendrecv = Collective::SendRecv {
+            transfers: Vec::new(),
+        };
+        assert_eq!(
+            auto(&sendrecv, KIB, 2, false, Reach::Peers),
+            Algorithm::Ring
+        );
+        // Forced: itself; the two-shot of another collective is its one-shot form.
+        let forced = |a| {
+            select(
+                a,
+                &Collective::AllGather,
+                KIB,
+                2,
+                false,
+                Reach::Peers,
+                false,
+            )
+        };
+        assert_eq!(forced(Algorithm::Ring), Algorithm::Ring);
+        assert_eq!(forced(Algorithm::TwoShot), Algorithm::OneShot);
+    }
+
+    #[test]
+    fn deterministic_mode_keeps_rank_order_folds_above_two_ranks() {
+        let det =
+            |c: &Collective, bytes, reach| select(Algorithm::Auto, c, bytes, 3, false, reach, true);
+        assert_eq!(
+            det(&Collective::AllReduce, 64 * MIB, Reach::Peers),
+            Algorithm::TwoShot
+        );
+        assert_eq!(
+            det(&Collective::AllReduce, 64 * MIB, Reach::Staged),
+            Algorithm::OneShot
+        );
+        assert_eq!(
+            det(&Collective::ReduceScatter, 64 * MIB, Reach::Peers),
+            Algorithm::OneShot
+        );
+        assert_eq!(
+            det(&Collective::AllGather, 64 * MIB, Reach::Peers),
+            Algorithm::Ring
+        );
+    }
 }

@@ -25,8 +25,8 @@ pub struct HostConfig {
     /// A fault to inject, for tests of failure handling.
     pub fault: Option<Fault>,
     /// Which all-reduce runs. `Auto` (the default) runs the two-shot with its gather pushed,
-    /// the host ranks' fastest ([`Algorithm::choose_host`]; over `Staged` edges the staged
-    /// rule, [`Algorithm::choose_staged`]); `Ring` and `OneShot` run those plans (a test of the
+    /// the host ranks' fastest (the selection, [`crate::exec::algorithm::select`]; over `Staged`
+    /// edges the staged one-shot or the ring by size); `Ring` and `OneShot` run those plans (a test of the
     /// ring's chunking sets `Ring`, so that it gets the ring).
     pub algorithm: Algorithm,
     /// Fold every element of a reducing collective (all-reduce, reduce-scatter, reduce) in rank

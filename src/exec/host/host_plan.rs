@@ -9,6 +9,7 @@
 
 use super::{pool, HostConfig, HostEvent, HostExecutor};
 use crate::error::{Error, Result};
+use crate::exec::algorithm::{select, Reach};
 use crate::exec::config::Transport;
 use crate::exec::{Algorithm, PlanCache, Shape};
 use crate::plan::{BufKind, Collective, Gather, Plan};
@@ -109,40 +110,38 @@ pub(super) fn checked_host_plan<P>(
     let bytes = shape.count.saturating_mul(shape.elem_bytes);
     let transports = vec![config.transport.on_host(); world];
     let (chunk, slots) = (config.chunk_elems, config.slots);
+    // Staged edges: the host runs the plans ranks without peer access would (the staged
+    // one-shot reads only host copies; the ring moves chunks through host slots).
+    let staged = config.transport == Transport::Staged;
+    let reach = match staged {
+        true => Reach::HostStaged,
+        false => Reach::Host,
+    };
+    let algorithm = select(
+        config.algorithm,
+        &shape.collective,
+        bytes,
+        world,
+        shape.in_place,
+        reach,
+        config.deterministic,
+    );
     if shape.collective != Collective::AllReduce {
-        let algorithm = config.algorithm.choose_for(
-            &shape.collective,
-            bytes,
-            world,
-            shape.in_place,
-            true,
-            config.deterministic,
-        );
         return if algorithm == Algorithm::OneShot {
             shape.checked_oneshot_collective_plan(world)
         } else {
             shape.checked_collective_plan(chunk, slots, 1, transports)
         };
     }
-    // Staged edges: the host runs the plans ranks without peer access would (the staged
-    // one-shot reads only host copies; the ring moves chunks through host slots).
-    if config.transport == Transport::Staged {
-        return match config
-            .algorithm
-            .choose_staged(bytes, world, config.deterministic)
-        {
-            Algorithm::OneShot => shape.checked_staged_oneshot_plan(world),
-            Algorithm::TwoShot => Err(Error::InvalidArgument(
-                "the two-shot reads its peers' buffers: it cannot run over staged edges (use \
-                 the ring, the one-shot or Auto)"
-                    .into(),
-            )),
-            _ => cache.checked_ring_plan(shape, chunk, slots, 1, transports),
-        };
-    }
-    match config.algorithm.choose_host(world, config.deterministic) {
-        Algorithm::OneShot => cache.checked_oneshot_plan(shape, world),
-        Algorithm::TwoShot => shape.checked_twoshot_plan(world, 1, Gather::Push),
+    match (algorithm, staged) {
+        (Algorithm::OneShot, true) => shape.checked_staged_oneshot_plan(world),
+        (Algorithm::TwoShot, true) => Err(Error::InvalidArgument(
+            "the two-shot reads its peers' buffers: it cannot run over staged edges (use the \
+             ring, the one-shot or Auto)"
+                .into(),
+        )),
+        (Algorithm::OneShot, false) => cache.checked_oneshot_plan(shape, world),
+        (Algorithm::TwoShot, false) => shape.checked_twoshot_plan(world, 1, Gather::Push),
         _ => cache.checked_ring_plan(shape, chunk, slots, 1, transports),
     }
 }

@@ -34,8 +34,9 @@ pub struct CudaConfig {
     /// [`EdgeInfo::slow`]: super::EdgeInfo::slow
     /// [`probe`]: super::super::probe
     pub probe_edges: bool,
-    /// Ring, one-shot, two-shot, or chosen by message size (`Auto`: [`Algorithm::choose`], and
-    /// [`Algorithm::choose_staged`] where the GPUs do not all reach each other). The one- and
+    /// Ring, one-shot, two-shot, or chosen by message size (`Auto`: the selection,
+    /// [`crate::exec::algorithm::select`], which takes the staged algorithms where the GPUs do
+    /// not all reach each other). The one- and
     /// two-shot kernels read peer memory: 2 to 8 ranks, peer access between every pair of GPUs.
     /// On 2 to 8 ranks without it (or with [`Transport::Staged`]) `OneShot` runs the staged
     /// one-shot, through pinned host memory, and `TwoShot` is an error at creation; on one rank

@@ -86,6 +86,7 @@ use super::kernels::CallGate;
 use crate::device;
 use crate::element::{DType, ReduceOp};
 use crate::error::Result;
+use crate::exec::algorithm::Reach;
 pub use crate::exec::config::Transport;
 use crate::exec::{PlanCache, Shape};
 use crate::plan::{EdgeTransport, Op, Plan, StreamKind};
@@ -234,8 +235,8 @@ pub(crate) struct CudaExecutor {
     /// pair of GPUs reaches the other, and every rank has its peer words.
     peers_ok: bool,
     /// The GPUs do not all reach each other, and the all-reduce takes the staged algorithms
-    /// ([`Algorithm::choose_staged`](crate::exec::Algorithm::choose_staged): the staged
-    /// one-shot for small messages, with its barrier words in host memory).
+    /// ([`Reach::Staged`]: the staged one-shot for small messages, with its barrier words in
+    /// host memory).
     staged_oneshot: bool,
     /// Whether two ranks share a GPU (and so a context, whose streams share the GPU's hardware
     /// queues): then copy-engine calls are enqueued in the checker's order (`Schedule`).
@@ -269,6 +270,16 @@ impl CudaExecutor {
             && dispatch.peer_kernel() != Some(PeerKernel::OneShotLl)
     }
 
+    /// How this communicator's ranks reach each other, for the selection
+    /// ([`crate::exec::algorithm::select`]).
+    pub(crate) fn reach(&self) -> Reach {
+        match (self.peers_ok, self.staged_oneshot) {
+            (true, _) => Reach::Peers,
+            (false, true) => Reach::Staged,
+            (false, false) => Reach::Apart,
+        }
+    }
+
     /// Whether every rank lives in this process (the in-process fabric).
     fn in_one_process(&self) -> bool {
         self.ranks.len() == self.world
@@ -289,11 +300,6 @@ impl CudaExecutor {
     /// Whether the peer kernels can run here (every pair of GPUs reaches the other).
     pub(crate) fn peers_ok(&self) -> bool {
         self.peers_ok
-    }
-
-    /// Whether the all-reduce takes the staged algorithms (`staged_oneshot`'s doc).
-    pub(crate) fn staged_oneshot(&self) -> bool {
-        self.staged_oneshot
     }
 
     pub(crate) fn edges(&self) -> &[EdgeInfo] {

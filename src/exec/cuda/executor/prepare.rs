@@ -11,6 +11,7 @@ use super::peer_words::PeerKernel;
 use super::{auto_chunk_bytes, rank, CudaExecutor, Dispatch, Prepared, Schedule, CACHED_PLANS};
 use crate::element::DType;
 use crate::error::{Error, Result};
+use crate::exec::algorithm::select;
 use crate::exec::{Algorithm, Shape};
 use crate::plan::{BufKind, Collective, EdgeTransport, Gather, Op, Plan};
 use std::sync::Arc;
@@ -26,20 +27,15 @@ impl CudaExecutor {
         let n = self.world;
         let bytes = shape.count.saturating_mul(shape.elem_bytes);
         let staged = self.staged_oneshot && shape.collective == Collective::AllReduce;
-        let algorithm = match staged {
-            true => self
-                .config
-                .algorithm
-                .choose_staged(bytes, n, self.config.deterministic),
-            false => self.config.algorithm.choose_for(
-                &shape.collective,
-                bytes,
-                n,
-                shape.in_place,
-                self.peers_ok,
-                self.config.deterministic,
-            ),
-        };
+        let algorithm = select(
+            self.config.algorithm,
+            &shape.collective,
+            bytes,
+            n,
+            shape.in_place,
+            self.reach(),
+            self.config.deterministic,
+        );
         // 16-byte boundaries keep every chunk and segment vector-aligned for the kernels and
         // copies.
         let align_elems = (16 / shape.elem_bytes).max(1);
