@@ -185,7 +185,10 @@ pub use error::{Error, Result};
 pub use exec::cuda::kernels::PreMul;
 pub use exec::cuda::{CudaConfig, EdgeInfo, GpuBuffer, GpuView, GpuViewMut, Transport};
 pub use exec::hierarchy::{InterHost, InterHostFactory};
-pub use exec::host::{Fault, FaultKind, HostConfig};
+pub use exec::host::HostConfig;
+// Test knobs (`HostConfig::fault`), kept out of the API's docs.
+#[doc(hidden)]
+pub use exec::host::{Fault, FaultKind};
 pub use exec::rendezvous::{LaunchEnv, UniqueId};
 pub use exec::Algorithm;
 pub use plan::{Collective, EdgeTransport, Transfer};

@@ -306,22 +306,6 @@ pub(crate) fn peer_failure(
     Ok(())
 }
 
-/// How long a poll rests after `waited` so far: spinning briefly, then sleeping longer, up to a
-/// millisecond.
-pub(crate) fn backoff(waited: Duration) {
-    if waited < Duration::from_micros(50) {
-        std::hint::spin_loop();
-    } else if waited < Duration::from_millis(2) {
-        std::thread::yield_now();
-    } else {
-        std::thread::sleep(
-            Duration::from_micros(200)
-                .max(waited / 64)
-                .min(Duration::from_millis(1)),
-        );
-    }
-}
-
 /// Every rank's segment, mapped here, with this rank's slot empty for its own: this rank made
 /// its own (`made` says whether that succeeded); the ranks tell each other whether they did,
 /// then map every peer's with `open`, and tell each other again — so a rank that failed is

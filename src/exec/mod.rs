@@ -27,6 +27,7 @@ pub mod hierarchy;
 pub mod host;
 pub(crate) mod job;
 pub mod nccl;
+pub(crate) mod pace;
 pub mod profile;
 pub mod rendezvous;
 pub(crate) mod shm;

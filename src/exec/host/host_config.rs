@@ -20,9 +20,12 @@ pub struct HostConfig {
     ///
     /// [`Error::Timeout`]: crate::Error::Timeout
     pub timeout: Duration,
-    /// Seed for random delays (0–100 µs) before a quarter of all operations; `None` for none.
+    /// Test knob, hidden from the API's docs: seed for random delays (0–100 µs) before a quarter
+    /// of all operations; `None` for none.
+    #[doc(hidden)]
     pub delay_seed: Option<u64>,
-    /// A fault to inject, for tests of failure handling.
+    /// Test knob, hidden from the API's docs: a fault to inject, for tests of failure handling.
+    #[doc(hidden)]
     pub fault: Option<Fault>,
     /// Which all-reduce runs. `Auto` (the default) runs the two-shot with its gather pushed,
     /// the host ranks' fastest (the selection, [`crate::exec::algorithm::select`]; over `Staged`

@@ -36,7 +36,7 @@ use super::{
 };
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::exec::job::{self, backoff, peer_failure, word, CallShape, CallerRefs, Job};
+use crate::exec::job::{self, peer_failure, word, CallShape, CallerRefs, Job};
 use crate::exec::rendezvous::{Rendezvous, UniqueId};
 use crate::exec::shm::Segment;
 use crate::exec::{aborted, PlanCache, Shape};
@@ -161,7 +161,7 @@ impl SharedCall {
                     after: call.timeout,
                 });
             }
-            backoff(now - start);
+            crate::exec::pace::PEERS.rest(now - start);
         }
     }
 }

@@ -12,8 +12,8 @@
 //! waits in [`Job::publish`] only beyond that.
 
 use super::{
-    backoff, peer_failure, CallShape, CallerRefs, Job, ABORT, CALL_SLOTS, FAULT, GATED, MET,
-    PUBLISHED, REF_WORDS, SHAPE_WORDS, SLOTS, SLOT_WORDS,
+    peer_failure, CallShape, CallerRefs, Job, ABORT, CALL_SLOTS, FAULT, GATED, MET, PUBLISHED,
+    REF_WORDS, SHAPE_WORDS, SLOTS, SLOT_WORDS,
 };
 use crate::error::{Error, Result};
 use std::sync::atomic::Ordering;
@@ -192,7 +192,7 @@ impl Job {
                         after: timeout,
                     });
                 }
-                backoff(start.elapsed());
+                crate::exec::pace::PEERS.rest(start.elapsed());
             }
         }
         Ok(())

@@ -130,10 +130,8 @@ impl PeerWatch {
     }
 }
 
-/// Polls the rank's completion event until it fires, the call is aborted or the deadline passes.
-/// Spins for the first 200 µs (small messages finish in tens of µs), then yields the CPU between
-/// polls for up to 20 ms (a 1 GiB call takes ~3 ms: a sleep's timer slack, ~50 µs, would land on
-/// the call's time), then sleeps between polls.
+/// Polls the rank's completion event until it fires, the call is aborted or the deadline passes,
+/// resting between polls as [`crate::exec::pace::COMPLETION`] says.
 ///
 /// Every few milliseconds it also asks the fabric for a lost peer (a rank of another process
 /// that is gone): then it gives the call up (`RankRes::give_up`), and the rank's kernels stop
@@ -157,14 +155,7 @@ pub(super) fn wait_done(res: &RankRes, call: &CudaCall) -> Result<()> {
         if now >= call.deadline {
             return Err(stalled(call, rank, res));
         }
-        let waited = now - start;
-        if waited < Duration::from_micros(200) {
-            std::hint::spin_loop();
-        } else if waited < Duration::from_millis(20) {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(Duration::from_micros(20));
-        }
+        crate::exec::pace::COMPLETION.rest(now - start);
     }
 }
 

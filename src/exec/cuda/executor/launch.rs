@@ -30,6 +30,7 @@ use super::rank::RankRes;
 use super::{CudaCall, CudaExecutor};
 use crate::device;
 use crate::error::{Error, Result};
+use crate::exec::pace::Pace;
 use crate::exec::panic_message;
 use crate::exec::profile::{self, HostPhase};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -149,9 +150,10 @@ impl CudaExecutor {
     /// timeout), so that nothing on a GPU touches the caller's buffers after the call has
     /// returned its error — at most until `deadline`: a stuck stream must not hold the caller.
     pub(super) fn settle_streams(&self, deadline: Instant) {
+        let start = Instant::now();
         for stream in self.ranks.iter().flat_map(|r| &r.res.streams) {
             while matches!(device::stream_query(stream), Ok(false)) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_micros(50));
+                crate::exec::pace::DRAIN.rest(start.elapsed());
             }
         }
     }
@@ -283,6 +285,15 @@ fn enqueue_in_order(
 /// back-to-back calls (a few µs) and a blocking call's completion wait (tens of µs).
 const SPIN: Duration = Duration::from_micros(200);
 
+/// The caller's thread waiting for the launchers to have enqueued a call: spins for [`SPIN`],
+/// then yields (never sleeps: a launch takes microseconds).
+const LAUNCHED: Pace = Pace {
+    spin: SPIN,
+    yield_until: Duration::MAX,
+    sleep_min: Duration::ZERO,
+    sleep_max: Duration::ZERO,
+};
+
 /// One launcher's mailbox.
 struct Slot {
     call: Mutex<Option<Arc<CudaCall>>>,
@@ -376,11 +387,7 @@ impl Launchers {
                             now,
                         );
                     }
-                    if now - start < SPIN {
-                        std::hint::spin_loop();
-                    } else {
-                        std::thread::yield_now();
-                    }
+                    LAUNCHED.rest(now - start);
                 }
                 slot.outcome
                     .lock()

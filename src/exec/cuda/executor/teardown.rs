@@ -140,11 +140,7 @@ impl CudaExecutor {
                     after: within,
                 });
             }
-            if waited < Duration::from_micros(200) {
-                std::hint::spin_loop();
-            } else {
-                std::thread::sleep(Duration::from_micros(50));
-            }
+            crate::exec::pace::DRAIN.rest(waited);
         }
     }
 
