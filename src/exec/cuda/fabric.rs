@@ -26,9 +26,10 @@
 
 mod joined;
 
+use super::kernels::CallGate;
 use crate::device::{self, DeviceBuffer, PinnedHost};
 use crate::error::{Error, Result};
-use crate::exec::job::{CallShape, CallerRefs, GateLayout};
+use crate::exec::job::{CallShape, CallerRefs};
 pub(crate) use crate::exec::rendezvous::push_text;
 use crate::exec::rendezvous::text_of;
 use crate::topo;
@@ -51,14 +52,6 @@ pub(crate) enum Exported {
     /// Pinned host memory the exporting rank allocated (portable, mapped), `bytes` long from
     /// its device address `addr`.
     Host { addr: u64, bytes: usize },
-}
-
-/// The call gate's view of a job's control words from this process's GPU ([`Fabric::gate`]).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Gate {
-    /// Device memory holding every rank's control segment's address, by rank.
-    pub(crate) controls: u64,
-    pub(crate) layout: GateLayout,
 }
 
 /// What ranks exchange (module doc).
@@ -116,8 +109,9 @@ pub(crate) trait Fabric: Send + Sync {
 
     /// What the call gate (`kernels::CallGate`) of this process's rank needs, where its GPU reaches
     /// every rank's control words: a call may then be checked there instead of by
-    /// [`Fabric::meet_call`]. `None` in one process.
-    fn gate(&self) -> Option<Gate> {
+    /// [`Fabric::meet_call`] (its call number `seq` left 0, for the call to set). `None` in
+    /// one process.
+    fn gate(&self) -> Option<CallGate> {
         None
     }
 

@@ -7,7 +7,6 @@ use super::{capture, registered, CudaExecutor, Dispatch};
 use crate::device::{self, CallerStream};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::exec::cuda::fabric::Gate;
 use crate::exec::cuda::kernels::CallGate;
 use crate::exec::job::{BufferRef, CallShape, CallerRefs};
 use crate::exec::Shape;
@@ -87,7 +86,7 @@ impl CudaExecutor {
                     .publish_call(call, refs, gated, deadline, timeout)
             })
             .and_then(|seq| {
-                let gated = gate.map(|gate| (gate, seq));
+                let gated = gate.map(|gate| CallGate { seq, ..gate });
                 // A gated call is checked on the GPU, and never runs on registered memory.
                 let all = match gated {
                     Some(_) => Vec::new(),
@@ -144,7 +143,7 @@ impl CudaExecutor {
     }
 
     /// [`CudaExecutor::run`] once the call is published (and, without `gated`, checked): the
-    /// caller's streams fenced around Main, and with `gated` (the fabric's gate and the call's
+    /// caller's streams fenced around Main, and with `gated` (the fabric's gate with the call's
     /// number) the call gate passed to the call's peer kernel.
     ///
     /// # Safety
@@ -159,7 +158,7 @@ impl CudaExecutor {
         wait_complete: bool,
         caller: Option<&[CallerStream]>,
         captured: bool,
-        gated: Option<(Gate, u64)>,
+        gated: Option<CallGate>,
     ) -> Result<()> {
         let gate = self.call_gate(gated);
         let Some(streams) = caller else {
@@ -197,16 +196,12 @@ impl CudaExecutor {
         result.and(fenced).and(saved.restore())
     }
 
-    /// The call gate of call `seq` that this process's one rank's peer kernel passes first, when
-    /// `gated` (the fabric's gate and the call's number): the kernel's blocks touch no peer's
+    /// The call gate that this process's one rank's peer kernel passes first, when `gated` (the
+    /// fabric's gate with the call's number): the kernel's blocks touch no peer's
     /// memory unless every peer published the same call (`cuda/gate.cuh`).
-    fn call_gate(&self, gated: Option<(Gate, u64)>) -> CallGate {
+    fn call_gate(&self, gated: Option<CallGate>) -> CallGate {
         match (gated, &self.ranks[..]) {
-            (Some((gate, seq)), [_]) => CallGate {
-                controls: gate.controls,
-                seq,
-                layout: gate.layout,
-            },
+            (Some(gate), [_]) => gate,
             _ => CallGate::NONE,
         }
     }

@@ -5,9 +5,10 @@
 //! Invariant: another process's allocation is mapped here at most once at a time, and unmapped
 //! once its last import is released (or when the imports are closed).
 
-use super::{Exported, Fabric, Fields, Gate, Record};
+use super::{Exported, Fabric, Fields, Record};
 use crate::device::{self, DeviceBuffer, PinnedHost};
 use crate::error::{Error, Result};
+use crate::exec::cuda::kernels::CallGate;
 use crate::exec::fds::FdServer;
 use crate::exec::job::{CallShape, CallerRefs, Job};
 use crate::exec::rendezvous::{Rendezvous, UniqueId};
@@ -310,9 +311,10 @@ impl Fabric for Joined {
         self.job.meet(seq, shape, deadline, timeout)
     }
 
-    fn gate(&self) -> Option<Gate> {
-        self.gate_view.as_ref().map(|view| Gate {
+    fn gate(&self) -> Option<CallGate> {
+        self.gate_view.as_ref().map(|view| CallGate {
             controls: view.table.ptr(),
+            seq: 0,
             layout: Job::gate_layout(),
         })
     }
