@@ -154,3 +154,32 @@ static __device__ __forceinline__ unsigned rr_gate_enter(const rr_call_gate& gat
     }
     return rr_ld_relaxed_sys(error);
 }
+
+// ---------------------------------------------------------------------------------------------
+// rr_block_enter: thread 0 of every block of a peer kernel (rr_peer_begin, peer_kernels.cuh;
+//   rr_ll_kernel, ll.cuh), once, before the block touches a peer's memory.
+// Purpose: decide whether the block goes on — no code in *error (the host's, or an earlier
+//   block's), then the call gate passed (rr_gate_enter) — and if it does, advance the block's
+//   epoch (*epoch_word, this rank's word RR_PEER_EPOCH_BASE + block; peer.cuh) and return the
+//   new one in *epoch. Returns 0 to go on, else the code that ends the call.
+// Assumptions: the previous kernel on this rank's stream is complete, so its store of
+//   *epoch_word is visible, and no other block or rank writes the word.
+// Why not inlined: one copy serves every peer kernel instance (one per collective, operator and
+//   type); inlined into each, the gate added about a quarter to the kernels' build time. It runs
+//   once per block, so the call costs nothing measurable.
+// ---------------------------------------------------------------------------------------------
+static __device__ __noinline__ unsigned rr_block_enter(const rr_call_gate gate, unsigned world,
+                                                      unsigned rank, rr_ull deadline,
+                                                      unsigned* error, unsigned* epoch_word,
+                                                      unsigned* epoch) {
+    unsigned lost = rr_ld_relaxed_sys(error);
+    if (lost == 0u) {
+        lost = rr_gate_enter(gate, world, rank, deadline, error);
+    }
+    if (lost == 0u) {
+        const unsigned next = rr_epoch_next(*epoch_word);
+        *epoch_word = next;
+        *epoch = next;
+    }
+    return lost;
+}

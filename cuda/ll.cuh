@@ -252,23 +252,13 @@ static __device__ __forceinline__ void rr_ll_kernel(const rr_ll_peers& peers, un
         }
         return;
     }
-    // The block's epoch, advanced as rr_peer_begin does: the previous kernel on this rank's
-    // stream is complete, so its store is visible, and no other block or rank touches the word.
-    // A code in the error word (the host's, or the call gate's, gate.cuh, checked first): push
-    // nothing to the peers.
+    // The block's epoch, advanced by rr_block_enter (gate.cuh) as in rr_peer_begin. A code in
+    // the error word (the host's, or the call gate's): push nothing to the peers.
     const rr_ull deadline = rr_deadline(timeout_ns);
     __shared__ unsigned lost;
     if (threadIdx.x == 0) {
-        lost = rr_ld_relaxed_sys(error);
-        if (lost == 0u) {
-            lost = rr_gate_enter(gate, world, rank, deadline, error);
-        }
-        if (lost == 0u) {
-            unsigned* mine = flags + RR_PEER_EPOCH_BASE + blockIdx.x;
-            const unsigned next = rr_epoch_next(*mine);
-            *mine = next;
-            epoch_shared = next;
-        }
+        lost = rr_block_enter(gate, world, rank, deadline, error,
+                              flags + RR_PEER_EPOCH_BASE + blockIdx.x, &epoch_shared);
     }
     __syncthreads();
     if (lost != 0u) {

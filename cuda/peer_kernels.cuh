@@ -34,19 +34,13 @@ static __device__ __forceinline__ bool rr_peer_begin(const rr_peers& peers, unsi
     if (threadIdx.x == 0) {
         // A code in the error word (the gate's, or the host's): the call is lost, and its shape
         // may differ from the peers': touch nothing of theirs.
-        lost = rr_ld_relaxed_sys(error);
-        if (lost == 0u) {
-            lost = rr_gate_enter(gate, world, rank, deadline, error);
-        }
+        lost = rr_block_enter(gate, world, rank, deadline, error,
+                              peers.flags[rank] + RR_PEER_EPOCH_BASE + blockIdx.x, epoch);
         if (lost == 0u) {
 #pragma unroll
             for (unsigned r = 0; r < RR_PEER_MAX_RANKS; ++r) {
                 flags[r] = peers.flags[r];
             }
-            unsigned* mine = peers.flags[rank] + RR_PEER_EPOCH_BASE + blockIdx.x;
-            const unsigned next = rr_epoch_next(*mine);
-            *mine = next;
-            *epoch = next;
         }
     }
     __syncthreads();
