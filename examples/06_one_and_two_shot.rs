@@ -7,7 +7,7 @@
 //!
 //! Run: `cargo run --release --example 06_one_and_two_shot`
 
-use ringreduce::exec::algorithm::{select, Reach};
+use ringreduce::exec::algorithm::{select, Ask, Reach};
 use ringreduce::plan::Collective;
 use ringreduce::verify::{compare, make_expected, make_input};
 use ringreduce::{device, Algorithm, Communicator, CudaConfig, GpuBuffer, HostConfig, ReduceOp};
@@ -23,15 +23,17 @@ fn main() -> ringreduce::Result<()> {
     );
     let all_reduce = Collective::AllReduce;
     let pick = |bytes, world, in_place, reach| {
-        select(
-            Algorithm::Auto,
-            &all_reduce,
-            bytes,
+        let ask = Ask {
+            chosen: Algorithm::Auto,
+            collective: &all_reduce,
+            count_bytes: bytes,
             world,
             in_place,
             reach,
-            false,
-        )
+            deterministic: false,
+            ll_grid: None,
+        };
+        select(&ask).algorithm
     };
     for mib in [1, 4, 8, 16, 32, 64] {
         let cell = |world| {

@@ -187,6 +187,7 @@ pub use exec::cuda::{CudaConfig, EdgeInfo, GpuBuffer, GpuView, GpuViewMut, Trans
 pub use exec::hierarchy::{InterHost, InterHostFactory};
 pub use exec::host::HostConfig;
 // Test knobs (`HostConfig::fault`), kept out of the API's docs.
+pub use exec::algorithm::{Form, Ran};
 #[doc(hidden)]
 pub use exec::host::{Fault, FaultKind};
 pub use exec::rendezvous::{LaunchEnv, UniqueId};

@@ -581,6 +581,28 @@ fn auto_picks_each_collectives_form_by_size() {
         c.algorithm_for_collective(&pipeline, 16, false),
         Algorithm::Ring
     );
+    // What ran, as the executor says: each collective's one-shot form at the limit, the ring's
+    // one element above; send/recv the ring's.
+    let ran = |c: &Communicator| c.last_ran().map(|r| (r.algorithm, r.form));
+    let host = ringreduce::Form::HostThreads;
+    let at_limit = per_rank / 4;
+    for (count, want) in [
+        (at_limit, Algorithm::OneShot),
+        (at_limit + 1, Algorithm::Ring),
+    ] {
+        reduce_scatter::<f32>(&c, ReduceOp::Sum, count, false);
+        assert_eq!(ran(&c), Some((want, host)), "reduce-scatter of {count}");
+        all_gather::<f32>(&c, count, true);
+        assert_eq!(ran(&c), Some((want, host)), "all-gather of {count}");
+        broadcast::<f32>(&c, 1, count, false);
+        assert_eq!(ran(&c), Some((want, host)), "broadcast of {count}");
+        reduce::<f32>(&c, ReduceOp::Max, 2, count, false);
+        assert_eq!(ran(&c), Some((want, host)), "reduce of {count}");
+        all_to_all::<f32>(&c, count);
+        assert_eq!(ran(&c), Some((want, host)), "all-to-all of {count}");
+    }
+    send_recv::<f32>(&c, 4);
+    assert_eq!(ran(&c), Some((Algorithm::Ring, host)));
     let d = auto(3, true);
     assert_eq!(
         d.algorithm_for_collective(&Collective::ReduceScatter, 1 << 30, true),

@@ -11,7 +11,9 @@ use half::{bf16, f16};
 use ringreduce::device;
 use ringreduce::exec::cuda::probe;
 use ringreduce::verify::{compare, make_expected, make_input};
-use ringreduce::{Algorithm, Communicator, CudaConfig, Element, GpuBuffer, ReduceOp, Transport};
+use ringreduce::{
+    Algorithm, Communicator, CudaConfig, Element, Form, GpuBuffer, ReduceOp, Transport,
+};
 use std::sync::{Arc, Condvar, Mutex};
 
 use common::two_gpus_or_shared;
@@ -387,6 +389,17 @@ fn ll_back_to_back_with_the_other_peer_kernels() {
         comm.algorithm_for_collective(&ringreduce::Collective::AllGather, gather * 4, true),
         Algorithm::OneShot
     );
+    // What ran, as the executor says: the LL kernel up to 64 KiB per rank, the read one-shot
+    // above it, the two-shot in place from its limit.
+    for (count, form) in [
+        (16384, Form::LlKernel),
+        (16385, Form::OneShotKernel),
+        (read, Form::OneShotKernel),
+        (twoshot, Form::TwoShotKernel),
+    ] {
+        check_case::<f32>(&comm, count, ReduceOp::Sum, true, 0);
+        assert_eq!(comm.last_ran().map(|r| r.form), Some(form), "{count}");
+    }
     let mut calls = Vec::new();
     for call in 0..120 {
         calls.push(Call::AllReduce(ll[call % ll.len()]));
@@ -545,6 +558,11 @@ fn forcing_the_oneshot_where_it_cannot_run_is_an_error() {
     let auto = Communicator::with_config(&gpus, CudaConfig::default()).unwrap();
     assert_eq!(auto.algorithm_for(4096, false), Algorithm::Ring);
     check_case::<f32>(&auto, 1000, ReduceOp::Sum, true, 0);
+    let ran = auto.last_ran().expect("a call ran");
+    assert_eq!(
+        (ran.algorithm, ran.form),
+        (Algorithm::Ring, Form::CopyEngines)
+    );
 }
 
 /// Over staged edges (`Transport::Staged`: the GPUs treated as not reaching each other) the
@@ -576,6 +594,13 @@ fn the_staged_oneshot_runs_where_gpus_do_not_reach_each_other() {
     assert_eq!(auto.algorithm_for(limit + 4, true), Algorithm::Ring);
     for count in [limit / 4, limit / 4 + 1, 7, (limit / 4) * 3, 1000] {
         check_case::<f32>(&auto, count, ReduceOp::Sum, true, 0);
+        // What ran, as the executor says: the staged kernel up to the limit, the ring above.
+        let want = match count * 4 <= limit {
+            true => (Algorithm::OneShot, Form::StagedKernel),
+            false => (Algorithm::Ring, Form::CopyEngines),
+        };
+        let ran = auto.last_ran().expect("a call ran");
+        assert_eq!((ran.algorithm, ran.form), want, "{count}");
         check_case::<f32>(&auto, count, ReduceOp::Avg, false, 1);
     }
     auto.close().unwrap();
@@ -604,7 +629,18 @@ fn auto_switches_algorithms_and_enqueues_both() {
     assert_eq!(comm.algorithm_for(large * 4, false), Algorithm::Ring);
     for count in [small, mid, large / 4, small, mid + 5, large / 4 + 3, mid, 7] {
         check_case::<f32>(&comm, count, ReduceOp::Sum, true, 0);
+        // What ran, as the executor says (two ranks): the ring above 32 MiB, the two-shot in
+        // place from 8 MiB, the one-shot otherwise.
+        let (ring, twoshot) = (count * 4 > 32 << 20, count * 4 >= 8 << 20);
+        let want = |in_place| match (ring, in_place && twoshot) {
+            (true, _) => Algorithm::Ring,
+            (false, true) => Algorithm::TwoShot,
+            (false, false) => Algorithm::OneShot,
+        };
+        let ran = || comm.last_ran().map(|r| r.algorithm);
+        assert_eq!(ran(), Some(want(true)), "{count} in place");
         check_case::<i32>(&comm, count, ReduceOp::Max, false, 1);
+        assert_eq!(ran(), Some(want(false)), "{count} out of place");
     }
     let world = gpus.len();
     let sizes = [small, mid, large, mid, small, large, mid];

@@ -213,6 +213,7 @@ fn oneshot_and_twoshot_every_world_length_op_and_type() {
 /// on the same buffers.
 #[test]
 fn auto_picks_by_edges_and_size() {
+    use ringreduce::exec::algorithm::Reach;
     use ringreduce::exec::algorithm::STAGED_ONESHOT_AUTO_MAX_BYTES;
     use ringreduce::plan::twoshot::MAX_RANKS;
     use ringreduce::{Algorithm, Transport};
@@ -237,13 +238,26 @@ fn auto_picks_by_edges_and_size() {
             );
         }
     }
+    // What ran, as the executor says (algorithm, form, reach, in place).
+    let ran = |c: &Communicator| {
+        let r = c.last_ran().expect("a call ran");
+        (r.algorithm, r.form, r.reach, r.in_place)
+    };
+    let threads = ringreduce::Form::HostThreads;
     for count in [1000, 17, 1 << 16] {
         run_case::<f32>(&peer, count, ReduceOp::Sum, true);
+        let want = (Algorithm::TwoShot, threads, Reach::Host, true);
+        assert_eq!(ran(&peer), want);
         run_case::<f32>(&peer, count, ReduceOp::Max, false);
+        assert_eq!(
+            ran(&peer),
+            (Algorithm::TwoShot, threads, Reach::Host, false)
+        );
     }
     let wide = auto(MAX_RANKS + 1, Transport::Peer);
     assert_eq!(wide.algorithm_for(4, true), Algorithm::Ring);
     run_case::<i32>(&wide, 100, ReduceOp::Sum, true);
+    assert_eq!(ran(&wide), (Algorithm::Ring, threads, Reach::Host, true));
     // Staged at 4 ranks: the limit is half of the two-rank one.
     let staged = auto(4, Transport::Staged);
     let big = STAGED_ONESHOT_AUTO_MAX_BYTES / 2 / 4 + 1;
@@ -255,6 +269,11 @@ fn auto_picks_by_edges_and_size() {
     assert_eq!(staged.algorithm_for(big * 4, false), Algorithm::Ring);
     for count in [1000, big, 17, big, 1000] {
         run_case::<f32>(&staged, count, ReduceOp::Sum, true);
+        let want = match count == big {
+            true => Algorithm::Ring,
+            false => Algorithm::OneShot,
+        };
+        assert_eq!(ran(&staged), (want, threads, Reach::HostStaged, true));
         run_case::<f32>(&staged, count, ReduceOp::Max, false);
     }
 }

@@ -89,6 +89,21 @@ fn every_collective_on_this_rank(env: &LaunchEnv, algorithm: Algorithm, job: usi
             comm.collective(collective, input.as_ref(), output.as_mut(), op)
                 .unwrap_or_else(|e| panic!("{collective:?} {op:?}: {e}"));
             assert_eq!(output, want[rank], "rank {rank}: {collective:?} {op:?}");
+            // What ran, as this rank's executor says: on host ranks `Auto` takes the two-shot
+            // all-reduce and, at this size, the other collectives' one-shot forms; a forced
+            // one- or two-shot of another collective is its one-shot form.
+            let all_reduce = *collective == Collective::AllReduce;
+            let ran_as = match (algorithm, all_reduce) {
+                (Algorithm::Auto, true) => Algorithm::TwoShot,
+                (Algorithm::Auto | Algorithm::TwoShot, false) => Algorithm::OneShot,
+                (forced, _) => forced,
+            };
+            let ran = comm.last_ran().expect("a call ran");
+            assert_eq!(
+                (ran.algorithm, ran.form, ran.in_place),
+                (ran_as, ringreduce::Form::HostThreads, false),
+                "rank {rank}: {collective:?} under {algorithm:?}"
+            );
             // In place: the buffer starts as this rank's input, laid out as the collective's
             // in-place table says.
             if !collective.has_in_place() {

@@ -228,15 +228,19 @@ fn run_host(args: &RunArgs) -> Result<(), String> {
     let staged = args.transport == Transport::Staged;
     let algorithm = match staged {
         true => args.algorithm,
-        false => ringreduce::exec::algorithm::select(
-            args.algorithm,
-            &ringreduce::plan::Collective::AllReduce,
-            0,
-            world,
-            false,
-            ringreduce::exec::algorithm::Reach::Host,
-            false,
-        ),
+        false => {
+            ringreduce::exec::algorithm::select(&ringreduce::exec::algorithm::Ask {
+                chosen: args.algorithm,
+                collective: &ringreduce::plan::Collective::AllReduce,
+                count_bytes: 0,
+                world,
+                in_place: false,
+                reach: ringreduce::exec::algorithm::Reach::Host,
+                deterministic: false,
+                ll_grid: None,
+            })
+            .algorithm
+        }
     };
     let config = HostConfig {
         chunk_elems: (chunk_bytes / 4).max(1),

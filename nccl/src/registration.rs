@@ -168,17 +168,17 @@ pub unsafe extern "C" fn ncclCommWindowDeregister(
     })
 }
 
-/// Not NCCL's: how many of `comm`'s calls ran on registered memory (its windows) without copies
-/// ([`ringreduce::RankCommunicator::registered_calls`]) — for a Rust program or test that
-/// wants to know whether its windows took effect; `None` for a communicator of the real NCCL
-/// or one that was aborted.
+/// Not NCCL's: what `comm`'s latest call ran ([`ringreduce::RankCommunicator::last_ran`]: its
+/// algorithm and form, and whether it ran on registered memory — its windows — without copies)
+/// — for a Rust program or test that wants to know what ran; `None` before the first call, for
+/// a communicator of the real NCCL or one that was aborted.
 ///
 /// # Safety
 /// `comm` is null or a handle from `ncclCommInitRank*` not yet destroyed.
-pub unsafe fn registered_calls(comm: ncclComm_t) -> Option<u64> {
+pub unsafe fn last_ran(comm: ncclComm_t) -> Option<ringreduce::Ran> {
     // SAFETY: our caller's contract.
     let c = unsafe { comm_ref(comm) }.ok()?;
-    c.with(|rank| Ok(rank.registered_calls())).ok()
+    c.with(|rank| Ok(rank.last_ran())).ok().flatten()
 }
 
 /// `ncclDevCommCreate`: NCCL's device API (kernels of the caller's that call NCCL on the GPU)

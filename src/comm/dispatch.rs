@@ -1,13 +1,15 @@
 //! The one way every call of a [`Communicator`] reaches its executor, once its arguments are
 //! checked: `run` takes the state lock, refuses a failed or closed communicator, runs the call
 //! on host threads or GPUs (on the communicator's streams or the caller's), and marks the
-//! communicator failed when the call failed. And the profile of host phases each call leaves
+//! communicator failed when the call failed. And what each call leaves to be asked: what it ran
+//! ([`Communicator::last_ran`]) and the profile of its host phases
 //! ([`Communicator::host_profile`]; module [`crate::exec::profile`]).
 
 use super::{Call, Communicator, Executor, When};
 use crate::buffer::StreamUse;
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
+use crate::exec::algorithm::Ran;
 use crate::exec::cuda::executor::CudaExecutor;
 use crate::exec::profile::{self, CallProfile, HostPhase};
 use crate::exec::Shape;
@@ -27,6 +29,19 @@ impl Communicator {
         self.profile.as_ref().map_or_else(Vec::new, |log| {
             std::mem::take(&mut *log.lock().unwrap_or_else(|p| p.into_inner()))
         })
+    }
+
+    /// What the latest call ran, as the executor that ran it says ([`Ran`]: the algorithm and
+    /// form of its plan, how the ranks reached each other, whether the caller's buffers were
+    /// copied, registered or captured); `None` before the first call. Set once the call's plan
+    /// is prepared, so a call that failed after says what it began to run. Waits for a call
+    /// running on another thread.
+    pub fn last_ran(&self) -> Option<Ran> {
+        match &self.state.lock().unwrap_or_else(|p| p.into_inner()).exec {
+            Some(Executor::Cuda(exec)) => exec.last_ran(),
+            Some(Executor::Host(exec)) => exec.last_ran(),
+            None => None,
+        }
     }
 
     /// Opens the calling thread's phase log for a call, when this communicator profiles.

@@ -3,7 +3,7 @@
 //! rank's Main stream.
 
 use super::{Communicator, Executor};
-use crate::exec::algorithm::select;
+use crate::exec::algorithm::{select, Ask, Selection};
 use crate::exec::cuda::executor::EdgeInfo;
 use crate::exec::Algorithm;
 
@@ -39,16 +39,30 @@ impl Communicator {
         count_bytes: usize,
         in_place: bool,
     ) -> Algorithm {
+        self.selection_for(collective, count_bytes, in_place)
+            .algorithm
+    }
+
+    /// What a call of `collective` of `count_bytes` (NCCL's count times the element size), in
+    /// place or not, runs on this communicator: its algorithm and form, the selection's answer
+    /// ([`select`]) — what [`Communicator::last_ran`] then says it ran. Never waits for a call.
+    pub fn selection_for(
+        &self,
+        collective: &crate::plan::Collective,
+        count_bytes: usize,
+        in_place: bool,
+    ) -> Selection {
         let f = &self.facts;
-        select(
-            f.algorithm,
+        select(&Ask {
+            chosen: f.algorithm,
             collective,
             count_bytes,
-            self.world,
+            world: self.world,
             in_place,
-            f.reach,
-            f.deterministic,
-        )
+            reach: f.reach,
+            deterministic: f.deterministic,
+            ll_grid: f.ll_grid,
+        })
     }
 
     /// The raw CUDA stream on which rank `rank`'s collectives start and end (GPU communicators):

@@ -31,6 +31,7 @@ impl Communicator {
                 _ => Reach::Host,
             },
             deterministic: config.deterministic,
+            ll_grid: None,
         };
         Ok(Communicator::from_executor(
             world,
@@ -70,6 +71,7 @@ impl Communicator {
             algorithm,
             reach: exec.reach(),
             deterministic,
+            ll_grid: exec.ll_grid(),
         };
         let mut comm =
             Communicator::from_executor(devices.len(), facts, Executor::Cuda(Box::new(exec)));

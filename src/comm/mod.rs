@@ -96,6 +96,8 @@ struct Facts {
     /// How the ranks reach each other, for the selection ([`crate::exec::algorithm::select`]).
     reach: crate::exec::algorithm::Reach,
     deterministic: bool,
+    /// The LL one-shot's room, for the selection ([`crate::exec::algorithm::Ask::ll_grid`]).
+    ll_grid: Option<u32>,
 }
 
 /// A set of ranks that run collectives together.

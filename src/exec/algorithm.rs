@@ -239,45 +239,153 @@ pub enum Reach {
     HostStaged,
 }
 
-/// The algorithm a call runs — the one selection. `chosen` is the communicator's
-/// [`Algorithm`] (`Auto`, or one forced), `count_bytes` the collective's count times the
-/// element size (the all-reduce's bytes per rank), `in_place` the call's placement, `reach` how
-/// the ranks reach each other, `deterministic` whether rank-order folds are asked for
-/// ([`deterministic_needs_peers`]).
+/// How a selected algorithm runs: the form its plan takes on the executor. Decided with the
+/// algorithm by [`select`]; what a call actually ran says it again ([`Ran`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Form {
+    /// Copies on the GPUs' copy engines, reduce kernels between them, ordered by events: the
+    /// ring's all-reduce, every other collective's ring form, send/recv, and any call of one
+    /// rank.
+    CopyEngines,
+    /// The read one-shot kernel: one kernel per rank reads every rank's input, barriers around.
+    OneShotKernel,
+    /// The LL one-shot kernel: each rank pushes its input into its peers' receive buffers as
+    /// flagged words, no barrier ([`crate::CudaConfig::low_latency`], up to
+    /// [`LL_MAX_BYTES`](crate::exec::cuda::LL_MAX_BYTES) per rank) — the read one-shot's plan
+    /// and bits.
+    LlKernel,
+    /// The read one-shot kernel over every rank's host copy ([`crate::plan::staged`]), for GPUs
+    /// that do not all reach each other.
+    StagedKernel,
+    /// The two-shot kernel: each rank reduces its segment, then gathers the others'.
+    TwoShotKernel,
+    /// The one-shot form of a collective other than the all-reduce: each rank's steps in one
+    /// kernel between a start and an end barrier.
+    StepsKernel,
+    /// Host ranks: the plan's operations on host threads (every algorithm).
+    HostThreads,
+}
+
+/// What [`select`] decides for a call: the algorithm and the form it runs in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Selection {
+    /// Never `Auto`: the algorithm that runs (for a collective other than the all-reduce, `Ring`
+    /// or `OneShot`: which of its two forms).
+    pub algorithm: Algorithm,
+    /// The form it runs in.
+    pub form: Form,
+}
+
+/// What [`select`] decides from: the call and the communicator.
+#[derive(Clone, Copy, Debug)]
+pub struct Ask<'a> {
+    /// The communicator's [`Algorithm`]: `Auto`, or one forced.
+    pub chosen: Algorithm,
+    /// The call's collective.
+    pub collective: &'a crate::plan::Collective,
+    /// The collective's count times the element size (the all-reduce's bytes per rank).
+    pub count_bytes: usize,
+    /// The number of ranks.
+    pub world: usize,
+    /// The call's placement.
+    pub in_place: bool,
+    /// How the ranks reach each other.
+    pub reach: Reach,
+    /// Whether rank-order folds are asked for ([`deterministic_needs_peers`]).
+    pub deterministic: bool,
+    /// With the LL one-shot's receive buffers ([`crate::CudaConfig::low_latency`]): the peer
+    /// kernels' grid cap, which the LL kernel's grid must fit (every block of every rank
+    /// resident at once); `None` without them.
+    pub ll_grid: Option<u32>,
+}
+
+/// What a call runs — the one selection: its algorithm, and the form that algorithm takes.
 ///
-/// The all-reduce: on GPUs of one reach the one-shot up to [`ONESHOT_AUTO_MAX_BYTES`] (scaled by
-/// `2/n`), the two-shot in place from [`TWOSHOT_AUTO_MIN_IN_PLACE_BYTES`], the ring above; over
-/// staged edges the staged one-shot up to [`STAGED_ONESHOT_AUTO_MAX_BYTES`], the ring above; on
-/// host ranks the pushed two-shot. The other collectives: the one-shot form up to
-/// [`COLLECTIVE_ONESHOT_AUTO_MAX_BYTES`] crossing a rank's links where ranks read each other,
-/// the ring's form otherwise; send/recv the ring's only. A forced algorithm is itself (the
-/// one-shot or two-shot of another collective is its one-shot form), refused at creation where
-/// it cannot run.
-pub fn select(
-    chosen: Algorithm,
-    collective: &crate::plan::Collective,
-    count_bytes: usize,
-    world: usize,
-    in_place: bool,
-    reach: Reach,
-    deterministic: bool,
-) -> Algorithm {
+/// The algorithm. The all-reduce: on GPUs of one reach the one-shot up to
+/// [`ONESHOT_AUTO_MAX_BYTES`] (scaled by `2/n`), the two-shot in place from
+/// [`TWOSHOT_AUTO_MIN_IN_PLACE_BYTES`], the ring above; over staged edges the staged one-shot up
+/// to [`STAGED_ONESHOT_AUTO_MAX_BYTES`], the ring above; on host ranks the pushed two-shot. The
+/// other collectives: the one-shot form up to [`COLLECTIVE_ONESHOT_AUTO_MAX_BYTES`] crossing a
+/// rank's links where ranks read each other, the ring's form otherwise; send/recv the ring's
+/// only. A forced algorithm is itself (the one-shot or two-shot of another collective is its
+/// one-shot form), refused at creation where it cannot run.
+///
+/// The form ([`Form`]): on host ranks their threads; on GPUs the ring's is the copy engines,
+/// the two-shot's its kernel, another collective's one-shot its steps kernel, and the
+/// all-reduce's one-shot the staged kernel over staged reach, else the LL kernel where the
+/// communicator has its buffers (`ll_grid`) and the message fits it (at most
+/// [`LL_MAX_BYTES`](crate::exec::cuda::LL_MAX_BYTES) per rank, its grid within `ll_grid`), else
+/// the read one-shot kernel. A call of one rank copies only.
+///
+/// Every input is the same on every rank of a call, so every rank selects alike.
+pub fn select(ask: &Ask<'_>) -> Selection {
     use crate::plan::Collective;
-    let (bytes, det) = (count_bytes, deterministic);
-    match (collective, reach) {
+    let (bytes, world, det) = (ask.count_bytes, ask.world, ask.deterministic);
+    let chosen = ask.chosen;
+    let algorithm = match (ask.collective, ask.reach) {
         (Collective::AllReduce, Reach::Staged | Reach::HostStaged) => {
             chosen.choose_staged(bytes, world, det)
         }
         (Collective::AllReduce, Reach::Host) => chosen.choose_host(world, det),
-        (Collective::AllReduce, Reach::Peers) => chosen.choose(bytes, world, in_place, true, det),
-        (Collective::AllReduce, Reach::Apart) => chosen.choose(bytes, world, in_place, false, det),
-        (_, Reach::Peers | Reach::Host | Reach::HostStaged) => {
-            chosen.choose_for(collective, bytes, world, in_place, true, det)
+        (Collective::AllReduce, Reach::Peers) => {
+            chosen.choose(bytes, world, ask.in_place, true, det)
         }
-        (_, Reach::Staged | Reach::Apart) => {
-            chosen.choose_for(collective, bytes, world, in_place, false, det)
+        (Collective::AllReduce, Reach::Apart) => {
+            chosen.choose(bytes, world, ask.in_place, false, det)
         }
-    }
+        (c, Reach::Peers | Reach::Host | Reach::HostStaged) => {
+            chosen.choose_for(c, bytes, world, ask.in_place, true, det)
+        }
+        (c, Reach::Staged | Reach::Apart) => {
+            chosen.choose_for(c, bytes, world, ask.in_place, false, det)
+        }
+    };
+    let all_reduce = *ask.collective == Collective::AllReduce;
+    let form = match (algorithm, ask.reach) {
+        (_, Reach::Host | Reach::HostStaged) => Form::HostThreads,
+        _ if world < 2 => Form::CopyEngines,
+        (Algorithm::Ring | Algorithm::Auto, _) => Form::CopyEngines,
+        (_, _) if !all_reduce => Form::StepsKernel,
+        (Algorithm::TwoShot, _) => Form::TwoShotKernel,
+        (Algorithm::OneShot, Reach::Staged) => Form::StagedKernel,
+        (Algorithm::OneShot, _) => match ask.ll_grid {
+            Some(grid) if ll_fits_grid(bytes, grid) => Form::LlKernel,
+            _ => Form::OneShotKernel,
+        },
+    };
+    Selection { algorithm, form }
+}
+
+/// Whether an all-reduce of `bytes` per rank fits the LL one-shot kernel on a grid cap of
+/// `grid` blocks: at most [`LL_MAX_BYTES`](crate::exec::cuda::LL_MAX_BYTES), its grid
+/// ([`ll_blocks`](crate::exec::cuda::kernels::ll_blocks)) within the cap.
+fn ll_fits_grid(bytes: usize, grid: u32) -> bool {
+    use crate::exec::cuda::kernels::{ll_blocks, LL_MAX_BYTES};
+    bytes <= LL_MAX_BYTES && ll_blocks(bytes) <= grid
+}
+
+/// What a call ran, as the executor that ran it says (not predicted): the algorithm and form
+/// of the plan it ran ([`Selection`]), how the ranks reached each other, and how the call met
+/// the caller's buffers and streams. [`crate::Communicator::last_ran`] and
+/// [`crate::RankCommunicator::last_ran`] give the latest call's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ran {
+    /// The algorithm of the plan it ran (never `Auto`).
+    pub algorithm: Algorithm,
+    /// The form the plan ran in, as the executor ran it.
+    pub form: Form,
+    /// How the ranks reached each other's memory.
+    pub reach: Reach,
+    /// The caller's output was also its input.
+    pub in_place: bool,
+    /// The caller's buffers were copied into the library's own before any peer touched them
+    /// (and out after): peers in other processes reach only memory the library exported, or
+    /// registered.
+    pub copied: bool,
+    /// The call ran on the ranks' registered buffers, peers' included, without copies.
+    pub registered: bool,
+    /// The call was captured into the caller's CUDA graph rather than run eagerly.
+    pub captured: bool,
 }
 
 /// Whether a communicator of `world` ranks with `algorithm` can keep the deterministic promise:
@@ -311,6 +419,27 @@ mod tests {
     const KIB: usize = 1 << 10;
     const MIB: usize = 1 << 20;
 
+    /// The selection for `chosen` with no LL buffers and no deterministic folds.
+    fn ask(
+        chosen: Algorithm,
+        collective: &Collective,
+        bytes: usize,
+        world: usize,
+        in_place: bool,
+        reach: Reach,
+    ) -> Selection {
+        select(&Ask {
+            chosen,
+            collective,
+            count_bytes: bytes,
+            world,
+            in_place,
+            reach,
+            deterministic: false,
+            ll_grid: None,
+        })
+    }
+
     fn auto(
         collective: &Collective,
         bytes: usize,
@@ -318,15 +447,7 @@ mod tests {
         in_place: bool,
         r: Reach,
     ) -> Algorithm {
-        select(
-            Algorithm::Auto,
-            collective,
-            bytes,
-            world,
-            in_place,
-            r,
-            false,
-        )
+        ask(Algorithm::Auto, collective, bytes, world, in_place, r).algorithm
     }
 
     #[test]
@@ -391,25 +512,26 @@ mod tests {
             Algorithm::Ring
         );
         // Forced: itself; the two-shot of another collective is its one-shot form.
-        let forced = |a| {
-            select(
-                a,
-                &Collective::AllGather,
-                KIB,
-                2,
-                false,
-                Reach::Peers,
-                false,
-            )
-        };
+        let forced = |a| ask(a, &Collective::AllGather, KIB, 2, false, Reach::Peers).algorithm;
         assert_eq!(forced(Algorithm::Ring), Algorithm::Ring);
         assert_eq!(forced(Algorithm::TwoShot), Algorithm::OneShot);
     }
 
     #[test]
     fn deterministic_mode_keeps_rank_order_folds_above_two_ranks() {
-        let det =
-            |c: &Collective, bytes, reach| select(Algorithm::Auto, c, bytes, 3, false, reach, true);
+        let det = |collective: &Collective, bytes, reach| {
+            let ask = Ask {
+                chosen: Algorithm::Auto,
+                collective,
+                count_bytes: bytes,
+                world: 3,
+                in_place: false,
+                reach,
+                deterministic: true,
+                ll_grid: None,
+            };
+            select(&ask).algorithm
+        };
         assert_eq!(
             det(&Collective::AllReduce, 64 * MIB, Reach::Peers),
             Algorithm::TwoShot
@@ -425,6 +547,78 @@ mod tests {
         assert_eq!(
             det(&Collective::AllGather, 64 * MIB, Reach::Peers),
             Algorithm::Ring
+        );
+    }
+
+    #[test]
+    fn the_form_follows_the_algorithm_the_reach_and_the_ll_buffers() {
+        let ar = Collective::AllReduce;
+        let form = |chosen, collective: &Collective, bytes, world, reach, ll_grid| {
+            let ask = Ask {
+                chosen,
+                collective,
+                count_bytes: bytes,
+                world,
+                in_place: false,
+                reach,
+                deterministic: false,
+                ll_grid,
+            };
+            select(&ask).form
+        };
+        let auto = Algorithm::Auto;
+        // The one-shot all-reduce: LL where the buffers are and the message fits them (its
+        // grid too), the read kernel otherwise; over staged reach the staged kernel.
+        let ll = crate::exec::cuda::LL_MAX_BYTES;
+        assert_eq!(
+            form(auto, &ar, KIB, 2, Reach::Peers, Some(132)),
+            Form::LlKernel
+        );
+        assert_eq!(
+            form(auto, &ar, ll, 2, Reach::Peers, Some(132)),
+            Form::LlKernel
+        );
+        assert_eq!(
+            form(auto, &ar, ll + 4, 2, Reach::Peers, Some(132)),
+            Form::OneShotKernel
+        );
+        assert_eq!(
+            form(auto, &ar, KIB, 2, Reach::Peers, None),
+            Form::OneShotKernel
+        );
+        let blocks = crate::exec::cuda::kernels::ll_blocks(ll);
+        assert_eq!(
+            form(auto, &ar, ll, 2, Reach::Peers, Some(blocks - 1)),
+            Form::OneShotKernel
+        );
+        assert_eq!(
+            form(auto, &ar, KIB, 2, Reach::Staged, Some(132)),
+            Form::StagedKernel
+        );
+        // The ring, the two-shot, the other collectives' forms, host ranks, one rank.
+        assert_eq!(
+            form(auto, &ar, 1 << 30, 2, Reach::Peers, None),
+            Form::CopyEngines
+        );
+        assert_eq!(
+            form(Algorithm::TwoShot, &ar, KIB, 2, Reach::Peers, None),
+            Form::TwoShotKernel
+        );
+        let ag = Collective::AllGather;
+        assert_eq!(
+            form(auto, &ag, KIB, 2, Reach::Peers, Some(132)),
+            Form::StepsKernel
+        );
+        assert_eq!(
+            form(auto, &ag, KIB, 2, Reach::Apart, None),
+            Form::CopyEngines
+        );
+        for reach in [Reach::Host, Reach::HostStaged] {
+            assert_eq!(form(auto, &ar, KIB, 2, reach, None), Form::HostThreads);
+        }
+        assert_eq!(
+            form(Algorithm::OneShot, &ar, KIB, 1, Reach::Peers, Some(132)),
+            Form::CopyEngines
         );
     }
 }

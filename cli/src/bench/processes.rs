@@ -106,7 +106,7 @@ fn run_typed<T: Element>(args: &BenchArgs) -> Result<(), Failure> {
             }
         );
         out!(
-            "#{:>11} {:>11} {:>5} {:>5} | {:>10} {:>10} {:>10} | {:>8} {:>8} {:>6}",
+            "#{:>11} {:>11} {:>5} {:>5} | {:>10} {:>10} {:>10} | {:>8} {:>8} {:>6}  ran",
             "size (B)",
             "count",
             "type",
@@ -156,6 +156,10 @@ fn run_typed<T: Element>(args: &BenchArgs) -> Result<(), Failure> {
             call(&mut buf)?;
             times.push(start.elapsed().as_secs_f64() * 1e6);
         }
+        // What the measured calls ran, as the library says the last one did.
+        let ran = comm
+            .last_ran()
+            .map_or_else(|| "-".to_string(), |r| describe_ran(&r));
         // Every rank's count of wrong elements, summed by the communicator itself.
         let mut wrongs = GpuBuffer::from_host(device, &[wrong])?;
         comm.all_reduce_in_place(&mut wrongs, ringreduce::ReduceOp::Sum)?;
@@ -169,7 +173,7 @@ fn run_typed<T: Element>(args: &BenchArgs) -> Result<(), Failure> {
         let algbw = algbw_gbps(size, median * 1e-6);
         if rank == 0 {
             out!(
-                " {:>11} {:>11} {:>5} {:>5} | {:>10.1} {:>10.1} {:>10.1} | {:>8.2} {:>8.2} {:>6}",
+                " {:>11} {:>11} {:>5} {:>5} | {:>10.1} {:>10.1} {:>10.1} | {:>8.2} {:>8.2} {:>6}  {}",
                 size,
                 count,
                 args.dtype.name(),
@@ -179,7 +183,8 @@ fn run_typed<T: Element>(args: &BenchArgs) -> Result<(), Failure> {
                 p99,
                 algbw,
                 busbw_gbps(algbw, world),
-                wrong_all
+                wrong_all,
+                ran
             );
         }
         bytes = match bytes.checked_mul(args.factor.max(2)) {
@@ -192,11 +197,16 @@ fn run_typed<T: Element>(args: &BenchArgs) -> Result<(), Failure> {
             "{total_wrong} wrong element(s) over every rank"
         )));
     }
-    if rank == 0 {
-        out!(
-            "# calls that ran without copies (registered): {}",
-            comm.registered_calls()
-        );
-    }
     Ok(())
+}
+
+/// A call's [`ringreduce::Ran`] in a word or three: its form, then `registered` (ran on the
+/// registered buffers in place) or `copied` (through the memory this rank exports).
+fn describe_ran(ran: &ringreduce::Ran) -> String {
+    let buffers = match (ran.registered, ran.copied) {
+        (true, _) => " registered",
+        (false, true) => " copied",
+        (false, false) => "",
+    };
+    format!("{:?}{buffers}", ran.form)
 }

@@ -107,6 +107,17 @@ impl RankCommunicator {
         }
     }
 
+    /// What this rank's latest call ran ([`Ran`](crate::Ran)), as
+    /// [`Communicator::last_ran`](crate::Communicator::last_ran) says it; `None` before the
+    /// first call, and for a job on several hosts (whose calls run several plans in stages).
+    pub fn last_ran(&self) -> Option<crate::Ran> {
+        match &self.inner {
+            Inner::Host(rank) => rank.last_ran(),
+            Inner::Gpu { exec, .. } => exec.last_ran(),
+            Inner::Hosts(_) | Inner::GpuHosts(_) => None,
+        }
+    }
+
     /// The GPU this rank runs on; `None` for a host rank.
     pub fn device(&self) -> Option<usize> {
         match &self.inner {

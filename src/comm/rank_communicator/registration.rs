@@ -38,8 +38,8 @@ impl RankCommunicator {
     /// and `cuMemCreate` memory of another allocator, which CUDA cannot share by a handle this
     /// library can pass; a buffer on another GPU or in host memory; host ranks and jobs on
     /// several hosts, which have nothing to register. A refused turn registers nothing and
-    /// leaves the communicator working. [`RankCommunicator::registered_calls`] counts the calls
-    /// that ran without copies.
+    /// leaves the communicator working. [`RankCommunicator::last_ran`] says whether a call ran
+    /// on registered buffers, without copies.
     ///
     /// # Safety
     /// The allocation `buf` lies in is not freed until this registration is deregistered on
@@ -93,15 +93,6 @@ impl RankCommunicator {
             _ => Err(Error::InvalidArgument(
                 "this communicator registers nothing".into(),
             )),
-        }
-    }
-
-    /// How many of this rank's calls ran on registered buffers, without copies
-    /// ([`RankCommunicator::register`]); 0 for a host rank.
-    pub fn registered_calls(&self) -> u64 {
-        match &self.inner {
-            Inner::Gpu { exec, .. } => exec.registered_calls(),
-            _ => 0,
         }
     }
 }

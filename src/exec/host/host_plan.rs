@@ -9,7 +9,7 @@
 
 use super::{pool, HostConfig, HostEvent, HostExecutor};
 use crate::error::{Error, Result};
-use crate::exec::algorithm::{select, Reach};
+use crate::exec::algorithm::{select, Ask, Form, Ran, Reach};
 use crate::exec::config::Transport;
 use crate::exec::{Algorithm, PlanCache, Shape};
 use crate::plan::{BufKind, Collective, Gather, Plan};
@@ -53,6 +53,8 @@ impl Drop for Scratch {
 /// A checked plan with what running it needs, built once per shape and reused.
 pub(super) struct HostPlan {
     pub(super) plan: Plan,
+    /// The selection's algorithm, which the plan is of.
+    pub(super) algorithm: Algorithm,
     pub(super) waiters: Vec<Vec<usize>>,
     pub(super) events: Vec<HostEvent>,
     /// One allocation per Slots / HostSlots / Exposed buffer, by buffer index.
@@ -66,7 +68,8 @@ impl HostExecutor {
         if let Some(p) = self.cache.get(&shape) {
             return Ok(p);
         }
-        let plan = checked_host_plan(&shape, self.world, &self.config, &mut self.cache)?;
+        let (plan, algorithm) =
+            checked_host_plan(&shape, self.world, &self.config, &mut self.cache)?;
         let scratch = plan
             .buffers
             .iter()
@@ -87,6 +90,7 @@ impl HostExecutor {
             })
             .collect::<Result<Vec<_>>>()?;
         let prepared = Arc::new(HostPlan {
+            algorithm,
             waiters: plan.remote_waiters(),
             events: plan.events.iter().map(|_| HostEvent::default()).collect(),
             scratch,
@@ -100,40 +104,41 @@ impl HostExecutor {
 }
 
 /// The checked plan of `shape` over `world` host ranks, as `config` asks (the algorithm, the
-/// ring's chunk and slots), proven through `cache`'s lemmas where they apply.
+/// ring's chunk and slots), proven through `cache`'s lemmas where they apply, and the selected
+/// algorithm it is of.
 pub(super) fn checked_host_plan<P>(
     shape: &Shape,
     world: usize,
     config: &HostConfig,
     cache: &mut PlanCache<P>,
-) -> Result<Plan> {
+) -> Result<(Plan, Algorithm)> {
     let bytes = shape.count.saturating_mul(shape.elem_bytes);
     let transports = vec![config.transport.on_host(); world];
     let (chunk, slots) = (config.chunk_elems, config.slots);
     // Staged edges: the host runs the plans ranks without peer access would (the staged
     // one-shot reads only host copies; the ring moves chunks through host slots).
     let staged = config.transport == Transport::Staged;
-    let reach = match staged {
-        true => Reach::HostStaged,
-        false => Reach::Host,
-    };
-    let algorithm = select(
-        config.algorithm,
-        &shape.collective,
-        bytes,
+    let reach = host_reach(config);
+    let algorithm = select(&Ask {
+        chosen: config.algorithm,
+        collective: &shape.collective,
+        count_bytes: bytes,
         world,
-        shape.in_place,
+        in_place: shape.in_place,
         reach,
-        config.deterministic,
-    );
+        deterministic: config.deterministic,
+        ll_grid: None,
+    })
+    .algorithm;
     if shape.collective != Collective::AllReduce {
-        return if algorithm == Algorithm::OneShot {
+        let plan = if algorithm == Algorithm::OneShot {
             shape.checked_oneshot_collective_plan(world)
         } else {
             shape.checked_collective_plan(chunk, slots, 1, transports)
         };
+        return plan.map(|plan| (plan, algorithm));
     }
-    match (algorithm, staged) {
+    let plan = match (algorithm, staged) {
         (Algorithm::OneShot, true) => shape.checked_staged_oneshot_plan(world),
         (Algorithm::TwoShot, true) => Err(Error::InvalidArgument(
             "the two-shot reads its peers' buffers: it cannot run over staged edges (use the \
@@ -143,5 +148,29 @@ pub(super) fn checked_host_plan<P>(
         (Algorithm::OneShot, false) => cache.checked_oneshot_plan(shape, world),
         (Algorithm::TwoShot, false) => shape.checked_twoshot_plan(world, 1, Gather::Push),
         _ => cache.checked_ring_plan(shape, chunk, slots, 1, transports),
+    };
+    plan.map(|plan| (plan, algorithm))
+}
+
+impl HostPlan {
+    /// What a call of this plan ran, on ranks that reach each other through `reach`.
+    pub(super) fn ran(&self, reach: Reach) -> Ran {
+        Ran {
+            algorithm: self.algorithm,
+            form: Form::HostThreads,
+            reach,
+            in_place: self.plan.in_place,
+            copied: false,
+            registered: false,
+            captured: false,
+        }
+    }
+}
+
+/// How host ranks of `config` reach each other, for the selection.
+pub(super) fn host_reach(config: &HostConfig) -> Reach {
+    match config.transport == Transport::Staged {
+        true => Reach::HostStaged,
+        false => Reach::Host,
     }
 }

@@ -37,8 +37,9 @@ mod stream;
 pub use host_config::{Fault, FaultKind, HostConfig};
 
 use self::fold::HostFolds;
-use self::host_plan::{checked_host_plan, HostPlan};
+use self::host_plan::{checked_host_plan, host_reach, HostPlan};
 use self::rank_thread::{command, host_rank_thread, stream_workers, Worker};
+use super::algorithm::Ran;
 use super::{Handoff, PlanCache, Shape};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
@@ -268,6 +269,8 @@ pub(crate) struct HostExecutor {
     in_flight: VecDeque<InFlight>,
     /// The pool's helper threads (module `pool`), started by its first call.
     helpers: Vec<(Sender<Arc<pool::Job>>, JoinHandle<()>)>,
+    /// What the latest call ran (set once its plan is prepared).
+    last_ran: Option<Ran>,
 }
 
 impl HostExecutor {
@@ -295,6 +298,7 @@ impl HostExecutor {
             calls: 0,
             in_flight: VecDeque::new(),
             helpers: Vec::new(),
+            last_ran: None,
         })
     }
 
@@ -324,6 +328,7 @@ impl HostExecutor {
         let elem_bytes = std::mem::size_of::<T>();
         debug_assert_eq!(shape.elem_bytes, elem_bytes);
         let prepared = self.prepare(shape)?;
+        self.last_ran = Some(prepared.ran(host_reach(&self.config)));
         let bufs = prepared
             .plan
             .buffers
@@ -430,6 +435,11 @@ impl HostExecutor {
             .unwrap_or_else(|p| p.into_inner())
             .take();
         failure.map_or(Ok(()), Err)
+    }
+
+    /// What the latest call ran, once its plan was prepared.
+    pub(crate) fn last_ran(&self) -> Option<Ran> {
+        self.last_ran
     }
 
     /// Waits for every call started so far, oldest first, and returns the first one's error.

@@ -31,11 +31,12 @@
 //! job, and only as the plan the checker proved says; each shared word has one writer.
 
 use super::{
-    checked_host_plan, command, stream_workers, Cmd, HostCall, HostConfig, HostEvent, HostFolds,
-    HostPlan, RawBuf, Reports, Worker,
+    checked_host_plan, command, host_reach, stream_workers, Cmd, HostCall, HostConfig, HostEvent,
+    HostFolds, HostPlan, RawBuf, Reports, Worker,
 };
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
+use crate::exec::algorithm::Ran;
 use crate::exec::job::{self, peer_failure, word, CallShape, CallerRefs, Job};
 use crate::exec::rendezvous::{Rendezvous, UniqueId};
 use crate::exec::shm::Segment;
@@ -211,6 +212,8 @@ pub(crate) struct ProcessRank {
     workers: Vec<Worker>,
     cache: PlanCache<Mutex<ProcessPlan>>,
     plans_made: u64,
+    /// What the latest call ran (set once its plan is prepared).
+    last_ran: Option<Ran>,
 }
 
 /// What every rank's configuration must share, as one number.
@@ -271,7 +274,13 @@ impl ProcessRank {
             workers,
             cache: PlanCache::new(CACHED_PLANS),
             plans_made: 0,
+            last_ran: None,
         })
+    }
+
+    /// What the latest call ran, once its plan was prepared.
+    pub(crate) fn last_ran(&self) -> Option<Ran> {
+        self.last_ran
     }
 
     /// Gives this rank up: its peers' waits fail naming it.
@@ -285,8 +294,10 @@ impl ProcessRank {
         if let Some(p) = self.cache.get(shape) {
             return Ok(p);
         }
-        let plan = checked_host_plan(shape, self.world, &self.config, &mut self.cache)?;
+        let (plan, algorithm) =
+            checked_host_plan(shape, self.world, &self.config, &mut self.cache)?;
         let host = Arc::new(HostPlan {
+            algorithm,
             waiters: plan.remote_waiters(),
             events: plan.events.iter().map(|_| HostEvent::default()).collect(),
             scratch: plan.buffers.iter().map(|_| None).collect(),
@@ -347,6 +358,7 @@ impl ProcessRank {
         )?;
         let prepared = self.prepare(&shape)?;
         let mut prepared = prepared.lock().unwrap_or_else(|p| p.into_inner());
+        self.last_ran = Some(prepared.host.ran(host_reach(&self.config)));
         prepared.calls += 1;
         let rank = self.rank;
         let eb = shape.elem_bytes;

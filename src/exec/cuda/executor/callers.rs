@@ -119,7 +119,7 @@ impl CudaExecutor {
                 // (`Registrations::address`), and borrowed by its caller until its part of the
                 // call is complete — which waits for every rank's reads and writes of them (the
                 // plan's completion rule).
-                let result = unsafe {
+                unsafe {
                     self.run_fenced::<T>(
                         shape,
                         &inputs,
@@ -130,9 +130,7 @@ impl CudaExecutor {
                         captured,
                         None,
                     )
-                };
-                self.registered_calls += u64::from(result.is_ok());
-                result
+                }
             });
         match &result {
             Err(err) => self.fabric.fail(err),
@@ -204,11 +202,6 @@ impl CudaExecutor {
             (Some(gate), [_]) => gate,
             _ => CallGate::NONE,
         }
-    }
-
-    /// How many calls ran on registered buffers, without copies.
-    pub(crate) fn registered_calls(&self) -> u64 {
-        self.registered_calls
     }
 
     /// Where this process's rank's buffers of a call of `shape` lie ([`CallerRefs`]); with

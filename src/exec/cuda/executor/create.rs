@@ -200,7 +200,7 @@ impl CudaExecutor {
             launch_blocked: std::sync::Mutex::new(None),
             launchers,
             registrations: registered::Registrations::default(),
-            registered_calls: 0,
+            last_ran: None,
         })
     }
 }

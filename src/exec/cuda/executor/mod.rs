@@ -86,9 +86,9 @@ use super::kernels::CallGate;
 use crate::device;
 use crate::element::{DType, ReduceOp};
 use crate::error::Result;
-use crate::exec::algorithm::Reach;
+use crate::exec::algorithm::{Form, Ran, Reach};
 pub use crate::exec::config::Transport;
-use crate::exec::{PlanCache, Shape};
+use crate::exec::{Algorithm, PlanCache, Shape};
 use crate::plan::{EdgeTransport, Op, Plan, StreamKind};
 use crossbeam_channel::Sender;
 use cudarc::driver::CudaStream;
@@ -133,12 +133,28 @@ impl Dispatch {
             Dispatch::Steps { .. } => Some(PeerKernel::Steps),
         }
     }
+
+    /// The form this way runs in, as a record of what ran says it ([`Ran`]).
+    fn form(&self) -> Form {
+        match self {
+            Dispatch::CopyEngines => Form::CopyEngines,
+            Dispatch::OneShot { kernel } => match kernel {
+                PeerKernel::OneShotLl => Form::LlKernel,
+                PeerKernel::OneShotStaged => Form::StagedKernel,
+                _ => Form::OneShotKernel,
+            },
+            Dispatch::TwoShot { .. } => Form::TwoShotKernel,
+            Dispatch::Steps { .. } => Form::StepsKernel,
+        }
+    }
 }
 
 /// A prepared shape, as the process sees it: the checked plan, how it runs, and every rank's
 /// resources of it (in this process, every rank is local).
 struct Prepared {
     plan: Arc<Plan>,
+    /// The selection's algorithm, which the plan is of.
+    algorithm: Algorithm,
     dispatch: Arc<Dispatch>,
     /// Names the plan in a counter wait's error code (`counters::wait_code`): a number per plan
     /// prepared by this communicator, modulo 2^15 (every rank numbers alike).
@@ -254,8 +270,8 @@ pub(crate) struct CudaExecutor {
     launchers: Option<Box<launch::Launchers>>,
     /// The caller's allocations registered so far (module `registered`).
     registrations: registered::Registrations,
-    /// Calls that ran on registered buffers, without copies.
-    registered_calls: u64,
+    /// What the latest call ran (set once its plan is prepared).
+    last_ran: Option<Ran>,
 }
 
 impl CudaExecutor {
@@ -278,6 +294,18 @@ impl CudaExecutor {
             (false, true) => Reach::Staged,
             (false, false) => Reach::Apart,
         }
+    }
+
+    /// The LL one-shot kernel's room for the selection ([`crate::exec::algorithm::Ask`]): the
+    /// peer kernels' grid cap where the ranks have the LL receive buffers (`low_latency`).
+    pub(crate) fn ll_grid(&self) -> Option<u32> {
+        let peer = self.ranks.first()?.peer.as_ref()?;
+        peer.ll_grid()
+    }
+
+    /// What the latest call ran, once its plan was prepared ([`Ran`]).
+    pub(crate) fn last_ran(&self) -> Option<Ran> {
+        self.last_ran
     }
 
     /// Whether every rank lives in this process (the in-process fabric).

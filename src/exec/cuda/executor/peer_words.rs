@@ -11,24 +11,20 @@
 //! they leave in the error words.
 //!
 //! With [`CudaConfig::low_latency`](super::CudaConfig::low_latency) on, a one-shot all-reduce
-//! plan's peer reduce runs the LL kernel when the message fits it
-//! ([`PeerWords::oneshot_kernel`]), else the read one-shot: the plan is the same (the
+//! plan's peer reduce runs the LL kernel when the message fits it (the selection's form,
+//! [`crate::exec::algorithm::select`]), else the read one-shot: the plan is the same (the
 //! checker proves its result; both kernels compute it, with the same fold in the same order),
 //! only the executor's way of running the meeting differs.
 //!
-//! Invariant: every rank decides a call's kernel alike (a function of the communicator and
-//! (dtype, count) only), and the grid cap keeps every block of every rank resident at once.
+//! Invariant: the grid cap keeps every block of every rank resident at once.
 
 use super::rank::{Owned, RankRes};
 use super::Transport;
 use crate::device::{self, DeviceBuffer};
-use crate::element::DType;
 use crate::error::Result;
 use crate::exec::cuda::fabric::Identity;
 use crate::exec::cuda::fabric::{Exported, Fabric, Fields, Record};
-use crate::exec::cuda::kernels::{
-    ll_blocks, ll_fits, ll_recv_bytes, PEER_FLAG_BYTES, PEER_MAX_RANKS,
-};
+use crate::exec::cuda::kernels::{ll_recv_bytes, PEER_FLAG_BYTES, PEER_MAX_RANKS};
 use crate::plan::StreamKind;
 use std::fmt;
 use std::sync::Arc;
@@ -41,8 +37,8 @@ pub(super) enum PeerKernel {
     TwoShot,
     /// The one-shot form of a collective other than the all-reduce.
     Steps,
-    /// The LL one-shot: a one-shot all-reduce plan run by pushed words, no barrier
-    /// ([`PeerWords::oneshot_kernel`] says when).
+    /// The LL one-shot: a one-shot all-reduce plan run by pushed words, no barrier (when:
+    /// [`crate::exec::algorithm::Form::LlKernel`]).
     OneShotLl,
     /// The staged one-shot ([`crate::plan::staged`]): the read one-shot kernel over every
     /// rank's host copy, its barrier words in pinned host memory, for ranks whose GPUs do not
@@ -119,30 +115,10 @@ impl PeerWords {
         *self.last_launch.lock().unwrap_or_else(|p| p.into_inner()) = Some(at);
     }
 
-    /// The kernel that runs a one-shot all-reduce plan of `count` elements of `dtype`: the LL
-    /// one-shot when the communicator has its receive buffers (`low_latency`), the message fits
-    /// it ([`ll_fits`]) and its grid fits the grid cap `max_blocks` (every block of every rank
-    /// resident at once, also with ranks sharing a GPU; on an H200 it always does), else the
-    /// read one-shot. A function of the communicator and (dtype, count) only, so every rank
-    /// decides alike: the executor's one rule for it.
-    pub(super) fn oneshot_kernel(&self, dtype: DType, count: usize) -> PeerKernel {
-        oneshot_kernel_for(self.ll_recv_of.is_some(), self.max_blocks, dtype, count)
-    }
-}
-
-/// [`PeerWords::oneshot_kernel`]'s rule, for a communicator with (`low_latency`) or without the
-/// LL receive buffers and the peer kernels' grid cap `max_blocks`.
-fn oneshot_kernel_for(
-    low_latency: bool,
-    max_blocks: u32,
-    dtype: DType,
-    count: usize,
-) -> PeerKernel {
-    // (`ll_fits` first: then the byte count cannot overflow.)
-    if low_latency && ll_fits(dtype, count) && ll_blocks(count * dtype.size_bytes()) <= max_blocks {
-        PeerKernel::OneShotLl
-    } else {
-        PeerKernel::OneShot
+    /// The LL kernel's room, when this rank has its receive buffers (`low_latency`): the grid
+    /// cap its grid must fit — what the selection asks (`exec::algorithm::Ask::ll_grid`).
+    pub(super) fn ll_grid(&self) -> Option<u32> {
+        self.ll_recv_of.as_ref().map(|_| self.max_blocks)
     }
 }
 
@@ -241,60 +217,4 @@ pub(super) fn connect_peer_words(
     let weak: std::sync::Weak<dyn device::gate::InFlight> = Arc::downgrade(&words) as _;
     device::gate::register(weak);
     Ok(words)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{oneshot_kernel_for, PeerKernel};
-    use crate::element::DType;
-    use crate::exec::cuda::kernels::{ll_blocks, LL_MAX_BYTES};
-
-    #[test]
-    fn the_oneshot_runs_the_ll_kernel_only_when_asked_and_up_to_its_limit() {
-        for dtype in DType::ALL {
-            let most = LL_MAX_BYTES / dtype.size_bytes();
-            for count in [1, 7, most - 1, most, most + 1, 1 << 24] {
-                let fits = count <= most;
-                let want = if fits {
-                    PeerKernel::OneShotLl
-                } else {
-                    PeerKernel::OneShot
-                };
-                // H200: 132 SMs, or 66 with two ranks on it.
-                for max_blocks in [132, 66] {
-                    assert_eq!(oneshot_kernel_for(true, max_blocks, dtype, count), want);
-                    // Off: the read one-shot at every size, as without the LL kernel.
-                    assert_eq!(
-                        oneshot_kernel_for(false, max_blocks, dtype, count),
-                        PeerKernel::OneShot
-                    );
-                }
-            }
-        }
-        // A grid cap below the LL grid (a small GPU shared by several ranks): the read one-shot,
-        // whose grid is capped instead; up to the cap, the LL kernel.
-        let bytes = LL_MAX_BYTES;
-        let blocks = ll_blocks(bytes);
-        assert!(blocks > 1);
-        assert_eq!(
-            oneshot_kernel_for(true, blocks - 1, DType::U8, bytes),
-            PeerKernel::OneShot
-        );
-        assert_eq!(
-            oneshot_kernel_for(true, blocks, DType::U8, bytes),
-            PeerKernel::OneShotLl
-        );
-        assert_eq!(
-            oneshot_kernel_for(true, 1, DType::U8, 4096),
-            PeerKernel::OneShotLl
-        );
-        assert_eq!(
-            oneshot_kernel_for(true, 1, DType::U8, 4097),
-            PeerKernel::OneShot
-        );
-        assert_eq!(
-            oneshot_kernel_for(true, 132, DType::F64, usize::MAX),
-            PeerKernel::OneShot
-        );
-    }
 }

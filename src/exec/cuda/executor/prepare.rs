@@ -9,33 +9,33 @@
 use super::layout::{oneshot_layout, steps_layout, twoshot_segments};
 use super::peer_words::PeerKernel;
 use super::{auto_chunk_bytes, rank, CudaExecutor, Dispatch, Prepared, Schedule, CACHED_PLANS};
-use crate::element::DType;
 use crate::error::{Error, Result};
-use crate::exec::algorithm::select;
+use crate::exec::algorithm::{select, Ask, Form, Selection};
 use crate::exec::{Algorithm, Shape};
 use crate::plan::{BufKind, Collective, EdgeTransport, Gather, Op, Plan};
 use std::sync::Arc;
 
 impl CudaExecutor {
-    /// The prepared plan of `shape` (for elements of `dtype`): cached, or built, proven, given
+    /// The prepared plan of `shape`: cached, or built, proven, given
     /// its way of running ([`Dispatch`]) and prepared on every rank now — each rank allocates
     /// its resources, the fabric all-gathers their records, each rank imports its peers'.
-    pub(super) fn prepare(&mut self, shape: Shape, dtype: DType) -> Result<Arc<Prepared>> {
+    pub(super) fn prepare(&mut self, shape: Shape) -> Result<Arc<Prepared>> {
         if let Some(p) = self.prepared(&shape) {
             return Ok(p);
         }
         let n = self.world;
         let bytes = shape.count.saturating_mul(shape.elem_bytes);
-        let staged = self.staged_oneshot && shape.collective == Collective::AllReduce;
-        let algorithm = select(
-            self.config.algorithm,
-            &shape.collective,
-            bytes,
-            n,
-            shape.in_place,
-            self.reach(),
-            self.config.deterministic,
-        );
+        let selection = select(&Ask {
+            chosen: self.config.algorithm,
+            collective: &shape.collective,
+            count_bytes: bytes,
+            world: n,
+            in_place: shape.in_place,
+            reach: self.reach(),
+            deterministic: self.config.deterministic,
+            ll_grid: self.ll_grid(),
+        });
+        let algorithm = selection.algorithm;
         // 16-byte boundaries keep every chunk and segment vector-aligned for the kernels and
         // copies.
         let align_elems = (16 / shape.elem_bytes).max(1);
@@ -59,7 +59,7 @@ impl CudaExecutor {
                 align_elems,
                 self.edge_transports(),
             )?
-        } else if algorithm == Algorithm::OneShot && staged {
+        } else if selection.form == Form::StagedKernel {
             shape.checked_staged_oneshot_plan(n)?
         } else if algorithm == Algorithm::OneShot {
             self.cache.checked_oneshot_plan(&shape, n)?
@@ -75,7 +75,7 @@ impl CudaExecutor {
                 transports,
             )?
         };
-        let dispatch = Arc::new(self.dispatch(&plan, algorithm, dtype)?);
+        let dispatch = Arc::new(self.dispatch(&plan, selection)?);
         let staged_callers = self.stages_callers(shape.registered, &dispatch);
         if !self.in_one_process() && dispatch.peer_kernel() != Some(PeerKernel::OneShotLl) {
             // Peers in other processes: every buffer this plan has a rank touch of another's
@@ -140,6 +140,7 @@ impl CudaExecutor {
         self.prepared_plans += 1;
         let prepared = Arc::new(Prepared {
             plan,
+            algorithm,
             dispatch,
             serial: self.prepared_plans % 0x8000,
             ranks,
@@ -149,9 +150,10 @@ impl CudaExecutor {
         Ok(prepared)
     }
 
-    /// How `plan` (of `algorithm`, for elements of `dtype`) runs here: the kernel layouts
-    /// verified against the plan, or the copy engines.
-    fn dispatch(&self, plan: &Plan, algorithm: Algorithm, dtype: DType) -> Result<Dispatch> {
+    /// How `plan` (of `selection`) runs here: the kernel layouts verified against the plan, or
+    /// the copy engines — as the selection's form says; a plan without peer reduces (one rank's)
+    /// runs on the copy engines whatever it says.
+    fn dispatch(&self, plan: &Plan, selection: Selection) -> Result<Dispatch> {
         let meets = plan
             .ranks
             .iter()
@@ -160,32 +162,32 @@ impl CudaExecutor {
         if !meets {
             return Ok(Dispatch::CopyEngines);
         }
-        let Some(peer) = self.ranks.first().and_then(|r| r.peer.as_ref()) else {
+        let unexpected = || Error::Internal {
+            what: format!("a plan of {selection:?} with peer reduces but no meetings"),
+        };
+        if self.ranks.first().and_then(|r| r.peer.as_ref()).is_none() {
             return Err(Error::Internal {
                 what: "a plan with peer reduces on a communicator without peer kernels".into(),
             });
+        }
+        let oneshot = |kernel| -> Result<Dispatch> {
+            oneshot_layout(plan)?;
+            Ok(Dispatch::OneShot { kernel })
         };
-        let unexpected = || Error::Internal {
-            what: format!("a {algorithm:?} plan with peer reduces but no meetings"),
-        };
-        Ok(match algorithm {
-            Algorithm::TwoShot => Dispatch::TwoShot {
+        match selection.form {
+            Form::TwoShotKernel => Ok(Dispatch::TwoShot {
                 segments: twoshot_segments(plan)?.ok_or_else(unexpected)?,
-            },
-            _ if plan.collective != Collective::AllReduce => Dispatch::Steps {
+            }),
+            Form::StepsKernel => Ok(Dispatch::Steps {
                 steps: steps_layout(plan)?.ok_or_else(unexpected)?,
-            },
-            _ => {
-                oneshot_layout(plan)?;
-                let staged = plan.buffers.iter().any(|d| d.kind == BufKind::HostExposed);
-                Dispatch::OneShot {
-                    kernel: match staged {
-                        true => PeerKernel::OneShotStaged,
-                        false => peer.oneshot_kernel(dtype, plan.count),
-                    },
-                }
-            }
-        })
+            }),
+            Form::OneShotKernel => oneshot(PeerKernel::OneShot),
+            Form::LlKernel => oneshot(PeerKernel::OneShotLl),
+            Form::StagedKernel => oneshot(PeerKernel::OneShotStaged),
+            Form::CopyEngines | Form::HostThreads => Err(Error::Internal {
+                what: format!("a plan with peer reduces selected as {selection:?}"),
+            }),
+        }
     }
 
     /// The plan prepared for `shape` earlier, if any: cached, or pinned by a capture.

@@ -12,6 +12,7 @@ use super::{CudaCall, CudaExecutor, Schedule};
 use crate::device;
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
+use crate::exec::algorithm::Ran;
 use crate::exec::cuda::kernels::CallGate;
 use crate::exec::profile::{self, HostPhase};
 use crate::exec::{caller_address, Shape};
@@ -44,8 +45,17 @@ impl CudaExecutor {
         gate: CallGate,
     ) -> Result<()> {
         let registered = shape.registered;
-        let prepared = self.prepare(shape, T::DTYPE)?;
+        let prepared = self.prepare(shape)?;
         let copy_callers = self.stages_callers(registered, &prepared.dispatch);
+        self.last_ran = Some(Ran {
+            algorithm: prepared.algorithm,
+            form: prepared.dispatch.form(),
+            reach: self.reach(),
+            in_place: prepared.plan.in_place,
+            copied: copy_callers,
+            registered,
+            captured,
+        });
         profile::mark(HostPhase::Plan);
         let peer_kernel = prepared.dispatch.peer_kernel();
         if let Some(kernel) = peer_kernel {
