@@ -1,7 +1,8 @@
 //! Criterion benchmarks of ringreduce's all-reduce, and of NCCL's on the same GPUs beside it.
 //!
-//! Two all-reduce groups, f32 sum throughout (and a group per other collective, `gpu_all_gather`
-//! … `gpu_sendrecv`, in `allreduce/collectives.rs`, on the same GPUs and with the same waivers):
+//! The all-reduce groups, f32 sum throughout (the host executor's two in `allreduce/host.rs`; a
+//! group per other collective, `gpu_all_gather` … `gpu_sendrecv`, in `allreduce/collectives.rs`,
+//! on the same GPUs and with the same waivers):
 //!
 //! - **`host`**: the host executor (one thread per rank), in place, 2 and 4 ranks, 4 KiB to 4 MiB.
 //!   It runs everywhere; on a 2-core machine the whole group takes well under a minute.
@@ -66,22 +67,20 @@
 
 #[path = "allreduce/collectives.rs"]
 mod collectives;
+#[path = "allreduce/host.rs"]
+mod host;
 
-use criterion::measurement::WallTime;
-use criterion::{BenchmarkGroup, BenchmarkId, Criterion, Throughput};
+use criterion::{BenchmarkId, Criterion, Throughput};
 use ringreduce::device;
 use ringreduce::exec::cuda as kernels;
 use ringreduce::verify::{compare, make_expected, make_input};
-use ringreduce::{Communicator, GpuBuffer, HostConfig, ReduceOp, Result};
+use ringreduce::{Communicator, GpuBuffer, ReduceOp, Result};
 use ringreduce_cli::baseline::NcclAllReduce;
 use std::cell::OnceCell;
 use std::time::{Duration, Instant};
 
 const OP: ReduceOp = ReduceOp::Sum;
 const ELEM_BYTES: usize = std::mem::size_of::<f32>();
-
-const HOST_WORLDS: [usize; 2] = [2, 4];
-const HOST_SIZES_BYTES: [usize; 3] = [4 << 10, 256 << 10, 4 << 20];
 
 const GPU_DEVICES: [usize; 2] = [0, 1];
 const GPU_SIZES_BYTES: [usize; 5] = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20];
@@ -93,51 +92,12 @@ fn main() {
         std::env::set_var("NCCL_NVLS_ENABLE", "0");
     }
     let mut criterion = Criterion::default().configure_from_args();
-    bench_host(&mut criterion);
-    bench_host_vs_loop(&mut criterion);
+    host::bench_host(&mut criterion);
+    host::bench_host_vs_loop(&mut criterion);
     bench_plan(&mut criterion);
     bench_first_call(&mut criterion);
     bench_gpu(&mut criterion);
     criterion.final_summary();
-}
-
-// ---------------------------------------------------------------------------------------------
-// Host executor.
-// ---------------------------------------------------------------------------------------------
-
-fn bench_host(c: &mut Criterion) {
-    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-    println!(
-        "# host: ringreduce {} host executor (a thread per rank) on {cpus} CPUs, f32 sum, in \
-         place; thrpt = algbw (GB = 1e9 B); busbw = algbw * 2(n-1)/n",
-        env!("CARGO_PKG_VERSION")
-    );
-    let mut group = c.benchmark_group("host");
-    group
-        .sample_size(10)
-        .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_millis(1500));
-    for world in HOST_WORLDS {
-        let comm = Communicator::host_with(world, HostConfig::default())
-            .unwrap_or_else(|err| panic!("host communicator of {world} ranks: {err}"));
-        for bytes in HOST_SIZES_BYTES {
-            let count = bytes / ELEM_BYTES;
-            let function = format!("world{world}_in_place");
-            let label = size_label(bytes);
-            let what = format!("host/{function}/{label}");
-            group.throughput(Throughput::BytesDecimal(bytes as u64));
-            bench_host_call(
-                &mut group,
-                BenchmarkId::new(function, label),
-                &what,
-                &comm,
-                count,
-            );
-        }
-        comm.close()
-            .unwrap_or_else(|err| panic!("host communicator of {world} ranks: {err}"));
-    }
-    group.finish();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -446,135 +406,6 @@ impl GpuBuffers {
             .collect::<Result<_>>()
             .unwrap_or_else(|err| panic!("{what}: reading the results back: {err}"))
     }
-}
-
-/// Registers `comm`'s in-place all-reduce of `count` f32 per rank as benchmark `id`. The buffers
-/// are made and the result checked on the first call, which only happens when the filter
-/// selects it; the host executor returns when the collective is complete.
-fn bench_host_call(
-    group: &mut BenchmarkGroup<'_, WallTime>,
-    id: BenchmarkId,
-    what: &str,
-    comm: &Communicator,
-    count: usize,
-) {
-    let mut bufs: Option<Vec<Vec<f32>>> = None;
-    group.bench_function(id, |b| {
-        let bufs = bufs.get_or_insert_with(|| {
-            let reference = Reference::new(comm.world(), count);
-            let mut bufs = reference.inputs.clone();
-            comm.all_reduce_in_place(&mut bufs, OP)
-                .unwrap_or_else(|err| panic!("{what}: checked call failed: {err}"));
-            reference.check(what, &bufs);
-            bufs
-        });
-        b.iter(|| {
-            comm.all_reduce_in_place(bufs, OP)
-                .unwrap_or_else(|err| panic!("{what}: {err}"))
-        });
-    });
-}
-
-// ---------------------------------------------------------------------------------------------
-// Host ranks against a rayon loop.
-// ---------------------------------------------------------------------------------------------
-
-const LOOP_WORLDS: [usize; 3] = [2, 4, 8];
-const LOOP_SIZES_BYTES: [usize; 3] = [1 << 20, 4 << 20, 64 << 20];
-/// Elements the loop sums at a time per rayon task.
-const LOOP_BLOCK: usize = 16 * 1024;
-
-/// The all-reduce a user would write without a library: every block of 16 Ki elements summed
-/// across every rank's buffer into an accumulator, then copied back into every buffer, the
-/// blocks spread over rayon's pool.
-fn rayon_loop(bufs: &mut [Vec<f32>]) {
-    use rayon::prelude::*;
-    let count = bufs.first().map_or(0, Vec::len);
-    let mut blocks: Vec<Vec<&mut [f32]>> = (0..count.div_ceil(LOOP_BLOCK))
-        .map(|_| Vec::with_capacity(bufs.len()))
-        .collect();
-    for buf in bufs.iter_mut() {
-        for (block, chunk) in blocks.iter_mut().zip(buf.chunks_mut(LOOP_BLOCK)) {
-            block.push(chunk);
-        }
-    }
-    blocks.into_par_iter().for_each(|mut block| {
-        let Some((first, rest)) = block.split_first_mut() else {
-            return;
-        };
-        let mut acc = first.to_vec();
-        for chunk in rest.iter() {
-            for (a, x) in acc.iter_mut().zip(chunk.iter()) {
-                *a += *x;
-            }
-        }
-        for chunk in block.iter_mut() {
-            chunk.copy_from_slice(&acc);
-        }
-    });
-}
-
-fn bench_host_vs_loop(c: &mut Criterion) {
-    use ringreduce::Algorithm;
-    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-    println!(
-        "# host_vs_loop: ringreduce {} host ranks against a rayon loop on {cpus} CPUs, f32 sum, \
-         in place; compare the times (ratio = loop / ringreduce)",
-        env!("CARGO_PKG_VERSION")
-    );
-    let mut group = c.benchmark_group("host_vs_loop");
-    group
-        .sample_size(10)
-        .warm_up_time(Duration::from_millis(300))
-        .measurement_time(Duration::from_millis(1000));
-    let algorithms = [
-        ("ring", Algorithm::Ring),
-        ("one_shot", Algorithm::OneShot),
-        ("two_shot", Algorithm::TwoShot),
-    ];
-    for world in LOOP_WORLDS {
-        let comms: Vec<(&str, Communicator)> = algorithms
-            .iter()
-            .map(|&(name, algorithm)| {
-                let config = HostConfig {
-                    algorithm,
-                    ..HostConfig::default()
-                };
-                let comm = Communicator::host_with(world, config)
-                    .unwrap_or_else(|err| panic!("host communicator of {world} ranks: {err}"));
-                (name, comm)
-            })
-            .collect();
-        for bytes in LOOP_SIZES_BYTES {
-            let count = bytes / ELEM_BYTES;
-            let label = size_label(bytes);
-            group.throughput(Throughput::BytesDecimal(bytes as u64));
-            let mut bufs: Option<Vec<Vec<f32>>> = None;
-            group.bench_function(
-                BenchmarkId::new(format!("world{world}_loop"), &label),
-                |b| {
-                    let bufs = bufs.get_or_insert_with(|| {
-                        let reference = Reference::new(world, count);
-                        let mut bufs = reference.inputs.clone();
-                        rayon_loop(&mut bufs);
-                        reference.check(&format!("host_vs_loop/world{world}_loop/{label}"), &bufs);
-                        bufs
-                    });
-                    b.iter(|| rayon_loop(bufs));
-                },
-            );
-            for (name, comm) in &comms {
-                let what = format!("host_vs_loop/world{world}_{name}/{label}");
-                let id = BenchmarkId::new(format!("world{world}_{name}"), &label);
-                bench_host_call(&mut group, id, &what, comm, count);
-            }
-        }
-        for (_, comm) in comms {
-            comm.close()
-                .unwrap_or_else(|err| panic!("host communicator of {world} ranks: {err}"));
-        }
-    }
-    group.finish();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -228,6 +228,13 @@ class Communicator:
             self._native.send_recv(transfers, sends, recvs, _dtype_name(dtype))
         return recvs
 
+    def last_ran(self):
+        """What this rank's latest call ran, as the library says: a dict with ``algorithm``,
+        ``form`` and ``reach`` by name (e.g. ``"OneShot"``, ``"LlKernel"``, ``"Peers"``) and
+        ``in_place``, ``copied``, ``registered``, ``captured`` as bools; ``None`` before the
+        first call."""
+        return self._native.last_ran()
+
     def synchronize(self):
         """Waits for every call this rank has enqueued on a stream (a host rank's calls have
         completed when they return)."""

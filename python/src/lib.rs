@@ -17,6 +17,7 @@
 //! Nothing here panics on a caller's input: every refusal is a `ringreduce.ArgumentError`, and
 //! a panic inside the core becomes `ringreduce.InternalError` (never an abort).
 
+mod arguments;
 mod buffer;
 mod communicator;
 mod dtype;

@@ -55,6 +55,14 @@ def every_collective(comm, backend):
             x = make(gen(rank, c))
             assert comm.all_reduce(x, op, dtype=dtype) is x
             check.expect(f"all_reduce({op}) in place", t, x, reduced(op, c))
+        # What ran, as the library says: host ranks run the two-shot on their threads; GPU
+        # ranks one of the GPU forms.
+        ran = comm.last_ran()
+        assert ran["in_place"] and not ran["captured"], ran
+        if comm.device is None:
+            assert (ran["algorithm"], ran["form"]) == ("TwoShot", "HostThreads"), ran
+        else:
+            assert ran["form"] != "HostThreads", ran
         for op in ("sum", "avg"):
             x, out = make(gen(rank, 3 * c)), make([0] * (3 * c))
             assert comm.all_reduce(x, op, out=out, dtype=dtype) is out
