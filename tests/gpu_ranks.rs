@@ -653,6 +653,73 @@ fn a_gpu_rank_killed_mid_job_is_named_well_before_the_timeout() {
     }
 }
 
+/// A call enqueued on a peer that is gone ends on the GPU within a second or so, though nobody
+/// calls into the library while it waits: the survivor only synchronizes its own stream, as a C
+/// program does, and the timeout is far away (10 minutes). The communicator's watcher thread
+/// (`exec/cuda/executor/watch.rs`) sees the peer's process gone and stops the waiting kernel;
+/// the survivor's next call of the communicator names the lost rank.
+#[test]
+fn a_call_gated_on_a_dead_peer_ends_without_a_call_into_the_library() {
+    const VICTIM: usize = 1;
+    if let Some(env) = as_rank() {
+        let device = this_gpu(&env);
+        let id = env.unique_id().unwrap();
+        let config = CudaConfig {
+            timeout: Duration::from_secs(600),
+            ..config(Algorithm::OneShot)
+        };
+        let mut comm = RankCommunicator::gpu(&id, env.rank, env.world, device, config).unwrap();
+        let count = 4096;
+        let mut buf = GpuBuffer::from_host(device, &vec![1.0f32; count]).unwrap();
+        // Prepares the shape with the peer: its next call runs gated, without a meeting.
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap();
+        if env.rank == VICTIM {
+            // Late first (the survivor's call is enqueued and waiting meanwhile), then gone.
+            std::thread::sleep(Duration::from_secs(1));
+            let me = std::process::id().to_string();
+            let _ = std::process::Command::new("kill")
+                .args(["-9", &me])
+                .status();
+            std::thread::sleep(Duration::from_secs(60));
+        }
+        let stream = ringreduce::device::context(device)
+            .unwrap()
+            .new_stream()
+            .unwrap();
+        let started = std::time::Instant::now();
+        // SAFETY: `buf` outlives the call: the stream is synchronized below.
+        unsafe { comm.enqueue_all_reduce_in_place_on(&mut buf, ReduceOp::Sum, &stream) }.unwrap();
+        let enqueued = started.elapsed();
+        stream.synchronize().unwrap();
+        let ended = started.elapsed();
+        assert!(
+            ended < Duration::from_secs(10),
+            "the gated kernel waited {ended:?} for a dead peer"
+        );
+        let err = comm.synchronize().unwrap_err();
+        match &err {
+            ringreduce::Error::RankFailed { rank, .. } => assert_eq!(*rank, VICTIM, "{err}"),
+            other => panic!("not the lost rank: {other}"),
+        }
+        println!(
+            "enqueued in {enqueued:?}; the stream ended {ended:?} after the call began; then: {err}"
+        );
+        return;
+    }
+    if two_gpus_or_shared().is_none() {
+        return;
+    }
+    let mut ranks = launch(
+        "a_call_gated_on_a_dead_peer_ends_without_a_call_into_the_library",
+        2,
+        |_| vec![],
+    );
+    let mut victim = ranks.remove(VICTIM);
+    let status = victim.wait().unwrap();
+    assert!(!status.success(), "the victim killed itself");
+    expect_success(ranks, Duration::from_secs(120));
+}
+
 #[test]
 fn a_mismatched_gpu_call_is_a_named_error_on_every_rank_and_breaks_the_communicator() {
     if let Some(env) = as_rank() {

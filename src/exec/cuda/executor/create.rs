@@ -182,6 +182,14 @@ impl CudaExecutor {
             }
             false => None,
         };
+        // Peers in other processes: a thread stops this process's kernels once one is lost.
+        let watcher = match ranks.len() < world {
+            true => {
+                let own = ranks.iter().map(|r| r.res.clone()).collect();
+                Some(super::watch::Watcher::start(fabric.clone(), own)?)
+            }
+            false => None,
+        };
         Ok(CudaExecutor {
             fabric,
             world,
@@ -201,6 +209,7 @@ impl CudaExecutor {
             launchers,
             registrations: registered::Registrations::default(),
             last_ran: None,
+            watcher,
         })
     }
 }

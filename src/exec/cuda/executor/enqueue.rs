@@ -28,10 +28,10 @@ use super::counters::wait_code;
 use super::launch::enqueue_rank;
 use super::peer_words::PeerWords;
 use super::rank::{RankPlan, RankRes};
+use super::watch::PeerWatch;
 use super::{CudaCall, Dispatch};
 use crate::device;
 use crate::error::{Error, Result};
-use crate::exec::cuda::fabric::Fabric;
 use crate::exec::cuda::kernels::ERR_PEER_LOST;
 use crate::exec::panic_message;
 use crate::plan::{BufId, EventId, Instr, Op, Region, StreamKind, Tag};
@@ -86,48 +86,6 @@ fn next_call(calls: &Receiver<Arc<CudaCall>>) -> Option<Arc<CudaCall>> {
         }
     }
     calls.recv().ok()
-}
-
-/// How often a rank waiting for its call asks the fabric whether a peer is lost.
-pub(super) const WATCH_EVERY: Duration = Duration::from_millis(5);
-
-/// How long a rank waiting for its call lets its GPU go on once a peer is lost, before it gives
-/// the call up: a peer that failed a call because its calls differ from this rank's (its host
-/// or call gate found the mismatch first) has set its abort word by then, and this rank's own
-/// call gate names the mismatch (`cuda/gate.cuh` compares before it looks at aborts) within
-/// microseconds — rather than the give-up's "peer lost".
-const LOST_GRACE: Duration = Duration::from_millis(50);
-
-/// A waiting rank's watch for a lost peer ([`WATCH_EVERY`], [`LOST_GRACE`]).
-pub(super) struct PeerWatch {
-    next: Instant,
-    lost_since: Option<Instant>,
-}
-
-impl PeerWatch {
-    pub(super) fn new(now: Instant) -> PeerWatch {
-        PeerWatch {
-            next: now + WATCH_EVERY,
-            lost_since: None,
-        }
-    }
-
-    /// Whether the waiting rank gives its call up now: a peer has been lost (asked every
-    /// [`WATCH_EVERY`]) for [`LOST_GRACE`].
-    pub(super) fn gives_up(&mut self, fabric: &dyn Fabric, now: Instant) -> bool {
-        if now < self.next {
-            return false;
-        }
-        self.next = now + WATCH_EVERY;
-        match (self.lost_since, fabric.lost_peer().is_some()) {
-            (_, false) => false,
-            (None, true) => {
-                self.lost_since = Some(now);
-                false
-            }
-            (Some(since), true) => now - since >= LOST_GRACE,
-        }
-    }
 }
 
 /// Polls the rank's completion event until it fires, the call is aborted or the deadline passes,

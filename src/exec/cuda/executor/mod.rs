@@ -77,6 +77,7 @@ mod rank;
 mod registered;
 mod run_on_main;
 mod teardown;
+mod watch;
 
 pub use cuda_config::CudaConfig;
 pub use edges::{auto_chunk_bytes, EdgeInfo};
@@ -272,6 +273,9 @@ pub(crate) struct CudaExecutor {
     registrations: registered::Registrations,
     /// What the latest call ran (set once its plan is prepared).
     last_ran: Option<Ran>,
+    /// With peers in other processes: the thread that stops this process's kernels once a peer
+    /// is lost, between calls too (module `watch`).
+    watcher: Option<watch::Watcher>,
 }
 
 impl CudaExecutor {

@@ -107,7 +107,7 @@ impl CudaExecutor {
             .flat_map(|(rank, r)| (0..r.res.streams.len()).map(move |s| (rank, s)))
             .collect();
         let mut first_error: Option<Error> = None;
-        let mut watch = super::enqueue::PeerWatch::new(start);
+        let mut watch = super::watch::PeerWatch::new(start);
         loop {
             // A lost peer of another process: give the calls up, as `wait_done` does.
             if watch.gives_up(&*self.fabric, Instant::now()) {
@@ -154,8 +154,10 @@ impl CudaExecutor {
     }
 
     fn teardown(&mut self) -> Result<()> {
-        // Idle between calls (a call waits for its launchers): stopped and joined at once.
+        // Idle between calls (a call waits for its launchers): stopped and joined at once; so is
+        // the watcher (within its period).
         self.launchers = None;
+        self.watcher = None;
         for (tx, handle) in self.threads.drain(..) {
             drop(tx);
             let _ = handle.join();
