@@ -1,5 +1,5 @@
 //! What a collective reads and writes: [`Buffer`] and [`BufferMut`], implemented for host slices
-//! and vectors here and for GPU memory in [`crate::exec::cuda::buffer`], and the [`Placement`]
+//! and vectors here and for GPU memory in [`crate::exec::cuda::gpu_buffer`], and the [`Placement`]
 //! each one names (host, or the GPU it lives on). Below every module that moves data, so the
 //! plan, the executors and the communicator all speak of buffers the same way.
 

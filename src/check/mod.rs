@@ -60,7 +60,7 @@
 //! [`waited`]).
 
 mod coarse;
-mod enqueue;
+mod enqueue_order;
 mod exports;
 mod fused;
 mod hierarchy;
@@ -71,7 +71,7 @@ mod scaled;
 mod shape;
 
 pub use coarse::coarsen;
-pub use enqueue::enqueue_order;
+pub use enqueue_order::enqueue_order;
 pub use exports::check_exports;
 pub use hierarchy::check_hierarchy;
 pub use races::{check_races, check_sequence};

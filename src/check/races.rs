@@ -17,7 +17,7 @@
 //! many chunks. `check/tests/races.rs` holds it to the pairwise definition on random plans with
 //! planted faults.
 
-use super::enqueue::{check_order, enqueue_order};
+use super::enqueue_order::{check_order, enqueue_order};
 use super::{accesses, describe, reject, Check};
 use crate::plan::{BufId, BufKind, Instr, Op, Plan, StreamKind};
 use std::collections::{BTreeMap, HashMap};

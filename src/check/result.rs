@@ -17,7 +17,7 @@
 //! first offending element, exactly as an element-by-element execution would (the unit tests hold
 //! the two executions to the same answer, message for message).
 
-use super::enqueue::check_order;
+use super::enqueue_order::check_order;
 use super::{describe, peer_destinations, peer_sources, reject, Check, Rejection};
 use crate::plan::{BufKind, Collective, Op, Plan, Region};
 use std::collections::BTreeMap;

@@ -233,7 +233,7 @@ impl PinnedHost {
         let _quiet = super::gate::quiet();
         bind(ctx)?;
         // The pages on the GPU's NUMA node (`numa.rs`).
-        let _near = super::numa::prefer_node(super::numa::gpu_node(ctx.ordinal()));
+        let _near = super::numa_memory::prefer_node(super::numa_memory::gpu_node(ctx.ordinal()));
         let ptr = guard("cuMemHostAlloc", || {
             // SAFETY: `ctx` is current; the returned memory is uninitialized, and we zero it below
             // before anything can read it.
@@ -269,7 +269,7 @@ impl PinnedHost {
         let _quiet = super::gate::quiet();
         bind(ctx)?;
         // The pages (reserved by `posix_fallocate` there) on the GPU's NUMA node (`numa.rs`).
-        let near = super::numa::prefer_node(super::numa::gpu_node(ctx.ordinal()));
+        let near = super::numa_memory::prefer_node(super::numa_memory::gpu_node(ctx.ordinal()));
         let (ptr, fd) = ipc::create_shared_host(ctx, len_bytes)?;
         drop(near);
         ipc::register_fd(ptr as u64, len_bytes, fd);

@@ -117,7 +117,7 @@ pub mod gate;
 pub(crate) mod ipc;
 mod memory;
 mod module;
-pub(crate) mod numa;
+pub(crate) mod numa_memory;
 mod peer;
 mod stream;
 

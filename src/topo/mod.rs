@@ -52,11 +52,11 @@
 
 mod detect;
 mod numa;
-mod ring;
+mod ring_order;
 
 pub use detect::{all_gpus_ring, detect, parse_pci_bus_id, Detected};
 pub use numa::{pci_affinity, pci_numa_node};
-pub use ring::{
+pub use ring_order::{
     choose_ring, ring_for_order, ring_or_index_order, EdgeChoice, RingChoice, Search,
     MAX_EXACT_DEVICES,
 };

@@ -29,10 +29,10 @@
 mod fold;
 mod host_config;
 mod host_plan;
+mod host_streams;
 mod pool;
 pub(crate) mod process;
 mod rank_thread;
-mod stream;
 
 pub use host_config::{Fault, FaultKind, HostConfig};
 

@@ -17,7 +17,7 @@
 //! names the same rank and instruction; a worker that finds the call aborted skips its units,
 //! and an injected stall ends at the call's deadline, as on threads.
 
-use super::stream::{meeting_barriers, run_data, Meetings};
+use super::host_streams::{meeting_barriers, run_data, Meetings};
 use super::HostCall;
 use crate::plan::{Op, Plan, StreamKind};
 use std::ops::Range;

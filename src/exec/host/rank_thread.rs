@@ -1,12 +1,12 @@
 //! The host executor's rank threads: for each call, a rank's thread enqueues its program onto
-//! its streams — the Send, Recv and Reduce workers (module `stream`), and its own list for the
+//! its streams — the Send, Recv and Reduce workers (module `host_streams`), and its own list for the
 //! Main stream — then runs the Main stream itself; [`command`] is what each instruction becomes
 //! for a stream worker, with CUDA's event semantics.
 //!
 //! Invariant: a rank thread enqueues all of a call before it runs that call's Main stream, so
 //! running Main on the rank thread cannot deadlock (`host_rank_thread` says why).
 
-use super::stream::{stream_worker, Stream};
+use super::host_streams::{stream_worker, Stream};
 use super::{Cmd, HostCall, HostEvent};
 use crate::error::{Error, Result};
 use crate::exec::{enqueue_rank, panic_message, spin_recv, Enqueue, Handoff, Limits};

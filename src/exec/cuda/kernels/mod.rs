@@ -3,7 +3,7 @@
 //!
 //! Every ring step on a GPU ends in one kernel, `dst[i] = a[i] ⊕ b[i]` (the received segment
 //! combined with the local partial), and `Avg` ends with one more, `x[i] = x[i] / world`
-//! (module `reduce`). The peer kernels (modules `oneshot_kernel`, `twoshot_kernel` and `steps`,
+//! (module `reduce_kernels`). The peer kernels (modules `oneshot_kernel`, `twoshot_kernel` and `steps`,
 //! launched through module `peer_launch`) are one kernel per rank that reads every rank's
 //! memory directly (peer access) and meets the other ranks' kernels at barriers of
 //! flags written into peer memory: the one-shot all-reduce ([`KernelModule::oneshot`]) folds
@@ -41,19 +41,19 @@
 //! Invariant: a [`KernelModule`] holds all 266 functions (4 operators × 12 types of pairwise
 //! reduce, of one-shot, two-shot and LL one-shot all-reduce and of the steps kernel, one scale
 //! and one premultiply kernel per type, and the two counter kernels of captured rings, module
-//! `counters`) resolved in its context — the peer kernels with the call gate of calls across
+//! `counter_kernels`) resolved in its context — the peer kernels with the call gate of calls across
 //! processes at their start ([`CallGate`]) — so a launch is a table index and one `cuLaunchKernel`, with no lookup and no
 //! allocation.
 
-mod counters;
+mod counter_kernels;
 mod error_codes;
 mod image;
 mod ll;
 mod nvrtc;
 mod oneshot_kernel;
 mod peer_launch;
-mod reduce;
-pub use reduce::PreMul;
+mod reduce_kernels;
+pub use reduce_kernels::PreMul;
 mod steps;
 mod twoshot_kernel;
 
@@ -109,13 +109,13 @@ pub struct KernelModule {
     scale: Vec<CudaFunction>,
     /// `premul[dtype as usize]`.
     premul: Vec<CudaFunction>,
-    /// `oneshot[reduce_index(op, dtype)]`: the same table shape as `reduce`.
+    /// `oneshot[reduce_index(op, dtype)]`: the same table shape as `reduce_kernels`.
     oneshot: Vec<CudaFunction>,
-    /// `twoshot[reduce_index(op, dtype)]`: the same table shape as `reduce`.
+    /// `twoshot[reduce_index(op, dtype)]`: the same table shape as `reduce_kernels`.
     twoshot: Vec<CudaFunction>,
-    /// `steps[reduce_index(op, dtype)]`: the same table shape as `reduce`.
+    /// `steps[reduce_index(op, dtype)]`: the same table shape as `reduce_kernels`.
     steps: Vec<CudaFunction>,
-    /// `ll[reduce_index(op, dtype)]`: the same table shape as `reduce`.
+    /// `ll[reduce_index(op, dtype)]`: the same table shape as `reduce_kernels`.
     ll: Vec<CudaFunction>,
     /// `rr_counter_signal`, `rr_counter_wait`.
     counters: [CudaFunction; 2],
