@@ -11,7 +11,8 @@
 //!   (`ringreduce::exec::algorithm::STAGED_ONESHOT_AUTO_MAX_BYTES`), so Auto runs the staged
 //!   one-shot here; `auto_picks_by_edges_and_size` and
 //!   `auto_over_staged_edges_takes_the_staged_oneshot_for_small_messages` in tests/host.rs cover
-//!   Auto's choices and the switch to the ring.
+//!   Auto's choices and the switch to the ring. The test asserts what ran (`last_ran`): every
+//!   algorithm over every reach it can run on, at every world from 2.
 //! - several communicators driven from several threads at once, and one communicator shared by
 //!   several threads (`Communicator` is `Sync`; its calls serialize);
 //! - creating and dropping a communicator 1000 times leaves the process's resident memory and its
@@ -172,6 +173,8 @@ fn ten_thousand_random_collectives() {
     let (mut calls, mut elements) = (0usize, 0usize);
     let mut per_world = [0usize; 9];
     let mut per_comm = vec![0usize; comms.len()];
+    // What ran, as each call says: (world, algorithm, reach).
+    let mut ran = std::collections::BTreeSet::new();
     for call in 0..10_000 {
         let index = rng.range(0, comms.len() - 1);
         let Soaked {
@@ -186,6 +189,11 @@ fn ten_thousand_random_collectives() {
             )
         };
         elements += random_call(comm, &mut rng, *max_count, &what);
+        let last = comm
+            .last_ran()
+            .unwrap_or_else(|| panic!("{}: nothing ran", what()));
+        let (algorithm, reach) = (format!("{:?}", last.algorithm), format!("{:?}", last.reach));
+        ran.insert((comm.world(), algorithm, reach));
         calls += 1;
         per_world[comm.world()] += 1;
         per_comm[index] += 1;
@@ -196,6 +204,23 @@ fn ten_thousand_random_collectives() {
         per_comm.iter().all(|&n| n >= 50),
         "every communicator is soaked: {per_comm:?}"
     );
+    // And each algorithm ran over each reach it can (the two-shot reads its peers' buffers: not
+    // over staged edges) at every world from 2, as the executors say — not only was asked for.
+    for world in 2..=8 {
+        for (algorithm, reach) in [
+            ("Ring", "Host"),
+            ("Ring", "HostStaged"),
+            ("OneShot", "Host"),
+            ("OneShot", "HostStaged"),
+            ("TwoShot", "Host"),
+        ] {
+            let key = (world, algorithm.to_string(), reach.to_string());
+            assert!(
+                ran.contains(&key),
+                "world {world}: the {algorithm} never ran over {reach}: {ran:?}"
+            );
+        }
+    }
     for Soaked { comm, .. } in comms {
         comm.close().unwrap();
     }
