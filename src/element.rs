@@ -28,6 +28,69 @@
 use half::{bf16, f16};
 use std::fmt;
 
+/// Runs `$body` with `$t` the element type of the runtime [`DType`] `$dtype`: the one place a
+/// runtime type meets the generic calls (the CLI, the C library and the Python package use it).
+///
+/// ```
+/// let bytes = ringreduce::with_element!(ringreduce::DType::BF16, T => std::mem::size_of::<T>());
+/// assert_eq!(bytes, 2);
+/// ```
+#[macro_export]
+macro_rules! with_element {
+    ($dtype:expr, $t:ident => $body:expr) => {
+        match $dtype {
+            $crate::DType::F16 => {
+                type $t = $crate::half::f16;
+                $body
+            }
+            $crate::DType::BF16 => {
+                type $t = $crate::half::bf16;
+                $body
+            }
+            $crate::DType::F32 => {
+                type $t = f32;
+                $body
+            }
+            $crate::DType::F64 => {
+                type $t = f64;
+                $body
+            }
+            $crate::DType::I8 => {
+                type $t = i8;
+                $body
+            }
+            $crate::DType::U8 => {
+                type $t = u8;
+                $body
+            }
+            $crate::DType::I32 => {
+                type $t = i32;
+                $body
+            }
+            $crate::DType::U32 => {
+                type $t = u32;
+                $body
+            }
+            $crate::DType::I64 => {
+                type $t = i64;
+                $body
+            }
+            $crate::DType::U64 => {
+                type $t = u64;
+                $body
+            }
+            $crate::DType::F8E4M3 => {
+                type $t = $crate::F8E4M3;
+                $body
+            }
+            $crate::DType::F8E5M2 => {
+                type $t = $crate::F8E5M2;
+                $body
+            }
+        }
+    };
+}
+
 /// The element types ringreduce reduces, as a runtime tag (used by plans, kernels and the CLI).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {

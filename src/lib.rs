@@ -192,4 +192,7 @@ pub use exec::algorithm::{Form, Ran};
 pub use exec::host::{Fault, FaultKind};
 pub use exec::rendezvous::{LaunchEnv, UniqueId};
 pub use exec::Algorithm;
+/// The crate of the 16-bit float types, for [`with_element!`]'s expansion.
+#[doc(hidden)]
+pub use half;
 pub use plan::{Collective, EdgeTransport, Transfer};

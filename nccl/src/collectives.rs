@@ -64,17 +64,10 @@ pub(crate) unsafe fn enqueue(comm: ncclComm_t, call: Call, stream: cudaStream_t)
         let comm = unsafe { comm_ref(comm) }?;
         // SAFETY: our caller's contract: a live stream (or 0, the legacy default stream).
         let stream = unsafe { CallerStream::from_raw(stream.cast()) }?;
-        macro_rules! typed {
-            ($($d:ident => $t:ty),*) => {
-                match call.dtype {
-                    // SAFETY: our caller's contract, passed on.
-                    $(DType::$d => comm.with(|c| unsafe { typed::<$t>(c, comm.device, &call, stream) }),)*
-                }
-            };
-        }
-        typed!(F16 => half::f16, BF16 => half::bf16, F32 => f32, F64 => f64, I8 => i8,
-               U8 => u8, I32 => i32, U32 => u32, I64 => i64, U64 => u64,
-               F8E4M3 => ringreduce::F8E4M3, F8E5M2 => ringreduce::F8E5M2)
+        // SAFETY: our caller's contract, passed on.
+        ringreduce::with_element!(call.dtype, T => comm.with(|c| unsafe {
+            typed::<T>(c, comm.device, &call, stream)
+        }))
     })
 }
 

@@ -328,19 +328,10 @@ pub(crate) unsafe fn flush_one(handle: ncclComm_t, ops: &[&PointToPoint]) -> Res
         recvs.push((from_p[taken[t.from]].address, t.count));
         taken[t.from] += 1;
     }
-    macro_rules! typed {
-        ($($d:ident => $t:ty),*) => {
-            match dtype_of(datatype)? {
-                // SAFETY: our caller's contract, passed on.
-                $(DType::$d => unsafe {
-                    send_recv::<$t>(comm, &transfers, &sends, &recvs, stream)
-                },)*
-            }
-        };
-    }
-    typed!(F16 => half::f16, BF16 => half::bf16, F32 => f32, F64 => f64, I8 => i8,
-           U8 => u8, I32 => i32, U32 => u32, I64 => i64, U64 => u64,
-               F8E4M3 => ringreduce::F8E4M3, F8E5M2 => ringreduce::F8E5M2)
+    // SAFETY: our caller's contract, passed on.
+    ringreduce::with_element!(dtype_of(datatype)?, T => unsafe {
+        send_recv::<T>(comm, &transfers, &sends, &recvs, stream)
+    })
 }
 
 /// Enqueues this rank's ends of `transfers`: `sends` and `recvs` as (address, count), in the

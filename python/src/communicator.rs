@@ -19,13 +19,14 @@ use crate::arguments::{
     writable,
 };
 use crate::buffer::HostBuffer;
-use crate::dtype::{self, with_element};
+use crate::dtype;
 use crate::errors::{argument, Failure};
 use crate::layout::{self, Layout, Span};
 use crate::unique_id::UniqueId;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use ringreduce::device::CallerStream;
+use ringreduce::with_element;
 use ringreduce::{CudaConfig, DeviceMemory, Error, HostConfig, LaunchEnv, RankCommunicator};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Mutex, PoisonError};

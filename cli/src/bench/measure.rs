@@ -24,7 +24,7 @@ use crate::Failure;
 use cudarc::driver::{CudaGraph, CudaStream};
 use ringreduce::device;
 use ringreduce::exec::profile::CallProfile;
-use ringreduce::{Collective, DType, Element, GpuViewMut, ReduceOp};
+use ringreduce::{Collective, Element, GpuViewMut, ReduceOp};
 use ringreduce_cli::baseline::BaselineError;
 use std::sync::Arc;
 use std::time::Instant;
@@ -73,16 +73,7 @@ impl Sweep<'_> {
         mode: Mode,
         memory: Memory,
     ) -> Result<Vec<Row>, Failure> {
-        macro_rules! typed {
-            ($($d:ident => $t:ty),*) => {
-                match self.args.dtype {
-                    $(DType::$d => self.run_typed::<$t>(lib, label, print, mode, memory),)*
-                }
-            };
-        }
-        typed!(F16 => half::f16, BF16 => half::bf16, F32 => f32, F64 => f64, I8 => i8,
-               U8 => u8, I32 => i32, U32 => u32, I64 => i64, U64 => u64,
-               F8E4M3 => ringreduce::F8E4M3, F8E5M2 => ringreduce::F8E5M2)
+        ringreduce::with_element!(self.args.dtype, T => self.run_typed::<T>(lib, label, print, mode, memory))
     }
 
     fn run_typed<T: Element>(

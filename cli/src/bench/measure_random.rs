@@ -8,7 +8,7 @@ use super::measure::Sweep;
 use super::memory::{Memory, RankMemory};
 use super::random::{random_sizes, RandomRun};
 use ringreduce::verify::{make_expected, make_input};
-use ringreduce::{Collective, DType, Element};
+use ringreduce::{Collective, Element};
 use ringreduce_cli::baseline::BaselineError;
 use std::time::Instant;
 
@@ -25,18 +25,9 @@ impl Sweep<'_> {
         seed: u64,
         in_place: bool,
     ) -> RandomRun {
-        macro_rules! typed {
-            ($($d:ident => $t:ty),*) => {
-                match self.args.dtype {
-                    $(DType::$d => {
-                        self.random_typed::<$t>(lib, label, memory, calls, seed, in_place)
-                    })*
-                }
-            };
-        }
-        typed!(F16 => half::f16, BF16 => half::bf16, F32 => f32, F64 => f64, I8 => i8,
-               U8 => u8, I32 => i32, U32 => u32, I64 => i64, U64 => u64,
-               F8E4M3 => ringreduce::F8E4M3, F8E5M2 => ringreduce::F8E5M2)
+        ringreduce::with_element!(self.args.dtype, T => {
+            self.random_typed::<T>(lib, label, memory, calls, seed, in_place)
+        })
     }
 
     fn random_typed<T: Element>(

@@ -17,7 +17,7 @@ use super::stats::{algbw_gbps, busbw_gbps, percentiles};
 use crate::launch::{self, LaunchArgs};
 use crate::Failure;
 use ringreduce::verify::{expected_value, input_value};
-use ringreduce::{CudaConfig, DType, Element, GpuBuffer, LaunchEnv, RankCommunicator};
+use ringreduce::{CudaConfig, Element, GpuBuffer, LaunchEnv, RankCommunicator};
 use std::time::Instant;
 
 /// Starts `processes` ranks of this command (each with `--rank-process`) under the launcher, or,
@@ -52,16 +52,7 @@ pub fn run(args: &BenchArgs, processes: usize) -> Result<(), Failure> {
 
 /// One rank's part (module doc).
 fn run_rank(args: &BenchArgs) -> Result<(), Failure> {
-    macro_rules! typed {
-        ($($d:ident => $t:ty),*) => {
-            match args.dtype {
-                $(DType::$d => run_typed::<$t>(args),)*
-            }
-        };
-    }
-    typed!(F16 => half::f16, BF16 => half::bf16, F32 => f32, F64 => f64, I8 => i8,
-           U8 => u8, I32 => i32, U32 => u32, I64 => i64, U64 => u64,
-               F8E4M3 => ringreduce::F8E4M3, F8E5M2 => ringreduce::F8E5M2)
+    ringreduce::with_element!(args.dtype, T => run_typed::<T>(args))
 }
 
 fn run_typed<T: Element>(args: &BenchArgs) -> Result<(), Failure> {
