@@ -474,10 +474,11 @@ fn device_buffer_on_a_host_communicator() {
         }
     );
     let ins = inputs::<f32>(ReduceOp::Sum, 3, 6);
+    // (The other outputs of the right length: lengths are checked before placements.)
     let mut outs: Vec<Raw<f32>> = vec![
         Raw::fake(Placement::Device(1), 6),
-        Raw::fake(Placement::Host, 0),
-        Raw::fake(Placement::Host, 0),
+        Raw::fake(Placement::Host, 6),
+        Raw::fake(Placement::Host, 6),
     ];
     let err = comm.all_reduce(&ins, &mut outs, ReduceOp::Sum).unwrap_err();
     assert_eq!(

@@ -1,16 +1,14 @@
 //! The all-reduce on a [`Communicator`]: in place or out of place, blocking or enqueued (on the
-//! communicator's streams or the caller's), all through `submit`, which checks the buffers
-//! (`validate.rs`) and runs the call (`dispatch.rs`); and [`ring_allreduce`], the common case in
-//! one call.
+//! communicator's streams or the caller's), all through the one submit of every collective
+//! (`collectives.rs`: `submit_collective`, which checks the buffers, `validate.rs`, and runs the
+//! call, `dispatch.rs`); and [`ring_allreduce`], the common case in one call.
 
-use super::{Call, Communicator, When};
-use crate::buffer::{Buffer, BufferMut, Placement, StreamUse};
+use super::Communicator;
+use crate::buffer::{Buffer, BufferMut, Placement};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::host::HostConfig;
-use crate::exec::profile::{self, HostPhase};
 use crate::plan::Collective;
-use cudarc::driver::CudaStream;
 use std::sync::Arc;
 
 impl Communicator {
@@ -28,8 +26,10 @@ impl Communicator {
         bufs: &mut [B],
         op: ReduceOp,
     ) -> Result<()> {
-        // SAFETY: the buffers are borrowed until `submit` returns, which waits for completion.
-        unsafe { self.submit(None::<&[B]>, bufs, op, true, None) }
+        // SAFETY: the buffers are borrowed until `submit_collective` returns, which waits for completion.
+        unsafe {
+            self.submit_collective(&Collective::AllReduce, None::<&[B]>, bufs, op, true, None)
+        }
     }
 
     /// [`Communicator::all_reduce_in_place`] that returns once the work is enqueued, without
@@ -47,7 +47,9 @@ impl Communicator {
         op: ReduceOp,
     ) -> Result<()> {
         // SAFETY: the buffers' lifetime until completion is the caller's contract.
-        unsafe { self.submit(None::<&[B]>, bufs, op, false, None) }
+        unsafe {
+            self.submit_collective(&Collective::AllReduce, None::<&[B]>, bufs, op, false, None)
+        }
     }
 
     /// All-reduce out of place: every `outputs[r]` ends holding the reduction of all `inputs`.
@@ -63,8 +65,17 @@ impl Communicator {
         outputs: &mut [O],
         op: ReduceOp,
     ) -> Result<()> {
-        // SAFETY: the buffers are borrowed until `submit` returns, which waits for completion.
-        unsafe { self.submit(Some(inputs), outputs, op, true, None) }
+        // SAFETY: the buffers are borrowed until `submit_collective` returns, which waits for completion.
+        unsafe {
+            self.submit_collective(
+                &Collective::AllReduce,
+                Some(inputs),
+                outputs,
+                op,
+                true,
+                None,
+            )
+        }
     }
 
     /// [`Communicator::all_reduce`] that returns once the work is enqueued (see
@@ -80,7 +91,16 @@ impl Communicator {
         op: ReduceOp,
     ) -> Result<()> {
         // SAFETY: the buffers' lifetime until completion is the caller's contract.
-        unsafe { self.submit(Some(inputs), outputs, op, false, None) }
+        unsafe {
+            self.submit_collective(
+                &Collective::AllReduce,
+                Some(inputs),
+                outputs,
+                op,
+                false,
+                None,
+            )
+        }
     }
 
     /// [`Communicator::enqueue_all_reduce_in_place`] ordered on the caller's streams, one per
@@ -130,7 +150,16 @@ impl Communicator {
         streams: &[Arc<cudarc::driver::CudaStream>],
     ) -> Result<()> {
         // SAFETY: the buffers' lifetime until the streams pass the call is the caller's contract.
-        unsafe { self.submit(None::<&[B]>, bufs, op, false, Some(streams)) }
+        unsafe {
+            self.submit_collective(
+                &Collective::AllReduce,
+                None::<&[B]>,
+                bufs,
+                op,
+                false,
+                Some(streams),
+            )
+        }
     }
 
     /// [`Communicator::enqueue_all_reduce`] ordered on the caller's streams (see
@@ -147,53 +176,14 @@ impl Communicator {
         streams: &[Arc<cudarc::driver::CudaStream>],
     ) -> Result<()> {
         // SAFETY: as above.
-        unsafe { self.submit(Some(inputs), outputs, op, false, Some(streams)) }
-    }
-
-    /// Validates, then runs one collective (in place when `inputs` is `None`).
-    ///
-    /// # Safety
-    /// When `!wait_complete`, the buffers must stay valid and untouched until the collective has
-    /// completed on the GPUs (see [`Communicator::enqueue_all_reduce_in_place`]).
-    pub(super) unsafe fn submit<T: Element, I: Buffer<T>, O: BufferMut<T>>(
-        &self,
-        inputs: Option<&[I]>,
-        outputs: &mut [O],
-        op: ReduceOp,
-        wait_complete: bool,
-        caller: Option<&[Arc<cudarc::driver::CudaStream>]>,
-    ) -> Result<()> {
-        self.begin_profile();
-        let count = self.validate::<T, O>(outputs, inputs)?;
-        let ins: Option<Vec<u64>> = inputs.map(|i| i.iter().map(|b| b.address()).collect());
-        let outs: Vec<u64> = outputs.iter_mut().map(|b| b.address_mut()).collect();
-        profile::mark(HostPhase::Validate);
-        // Buffers that track their own uses (cudarc's) learn of this one on each rank's stream.
-        let mut track = |streams: &[&CudaStream], when: StreamUse| {
-            for (b, s) in inputs.into_iter().flatten().zip(streams) {
-                b.on_stream(s, when);
-            }
-            for (b, s) in outputs.iter_mut().zip(streams) {
-                b.on_stream_mut(s, when);
-            }
-        };
-        let call = Call {
-            collective: Collective::AllReduce,
-            count,
-            in_place: ins.is_none(),
-        };
-        // SAFETY: validated buffers; completion is awaited or is the caller's contract.
         unsafe {
-            self.run::<T>(
-                call,
-                ins.as_deref().unwrap_or(&[]),
-                &outs,
+            self.submit_collective(
+                &Collective::AllReduce,
+                Some(inputs),
+                outputs,
                 op,
-                When {
-                    wait_complete,
-                    caller,
-                },
-                &mut track,
+                false,
+                Some(streams),
             )
         }
     }

@@ -242,7 +242,7 @@ impl Communicator {
     /// # Safety
     /// When `!wait_complete`, the buffers must stay valid and untouched until the collective has
     /// completed (see [`Communicator::enqueue_collective`]).
-    unsafe fn submit_collective<T: Element, I: Buffer<T>, O: BufferMut<T>>(
+    pub(super) unsafe fn submit_collective<T: Element, I: Buffer<T>, O: BufferMut<T>>(
         &self,
         collective: &Collective,
         inputs: Option<&[I]>,
@@ -251,10 +251,6 @@ impl Communicator {
         wait_complete: bool,
         caller: Option<&[Arc<CudaStream>]>,
     ) -> Result<()> {
-        if *collective == Collective::AllReduce {
-            // SAFETY: our caller's contract, passed on.
-            return unsafe { self.submit(inputs, outputs, op, wait_complete, caller) };
-        }
         self.begin_profile();
         let layout = self.validate_collective::<T, I, O>(collective, inputs, outputs)?;
         let mut ins = vec![0u64; layout.input_slots];

@@ -3,11 +3,11 @@
 //! between ranks' outputs, and the byte count. Each failure is its own [`Error`] variant naming
 //! the rank; nothing has been touched when one is returned.
 //!
-//! The all-reduce's checks are `validate` (its outputs may be longer than its inputs); every
-//! other collective's are `validate_collective`: the collective against the world (roots,
-//! transfers: [`Collective::validate`]), how many buffers each list holds, every buffer's exact
-//! length ([`Collective::input_len`] and its siblings are the one home of those rules), and no
-//! buffer the call writes overlapping any other buffer of the call.
+//! One function checks every collective's call, the all-reduce's too: `validate_collective` —
+//! the collective against the world (roots, transfers: [`Collective::validate`]), how many
+//! buffers each list holds, every buffer's length ([`Collective::input_len`] and its siblings
+//! are the one home of those rules; the all-reduce's outputs may be longer than its inputs),
+//! and no buffer the call writes overlapping any other buffer of the call.
 
 use super::Communicator;
 use crate::buffer::{Buffer, Placement};
@@ -16,97 +16,13 @@ use crate::error::{Error, Result};
 use crate::plan::{Collective, Transfer};
 
 impl Communicator {
-    /// Checks the arguments against each other and the communicator; returns the element count.
-    pub(super) fn validate<T: Element, O: Buffer<T>>(
-        &self,
-        outputs: &[O],
-        inputs: Option<&[impl Buffer<T>]>,
-    ) -> Result<usize> {
-        if outputs.is_empty() || inputs.is_some_and(|i| i.is_empty()) {
-            return Err(Error::NoBuffers);
-        }
-        let sizes = |n: usize| {
-            if n == self.world {
-                Ok(())
-            } else {
-                Err(Error::WorldMismatch {
-                    world: self.world,
-                    got: n,
-                })
-            }
-        };
-        sizes(outputs.len())?;
-        if let Some(inputs) = inputs {
-            sizes(inputs.len())?;
-        }
-        let source_len = |r: usize| inputs.map_or(outputs[r].count(), |i| i[r].count());
-        let count = source_len(0);
-        for r in 1..self.world {
-            if source_len(r) != count {
-                return Err(Error::LengthMismatch {
-                    rank: r,
-                    expected: count,
-                    got: source_len(r),
-                });
-            }
-        }
-        // No object exceeds isize::MAX bytes (Rust's and every allocator's limit).
-        count
-            .checked_mul(std::mem::size_of::<T>())
-            .filter(|&bytes| bytes <= isize::MAX as usize)
-            .ok_or(Error::SizeOverflow {
-                count,
-                dtype: T::DTYPE,
-            })?;
-        let devices = self.devices();
-        let placement = |p: Placement, rank: usize| placed(&devices, p, rank);
-        // Byte range of a buffer's first `len` elements (saturating: a bogus address near the
-        // top of the address space must not overflow here).
-        let bytes = |b: &dyn Buffer<T>, len: usize| {
-            let start = b.address();
-            (
-                start,
-                start.saturating_add((len * std::mem::size_of::<T>()) as u64),
-            )
-        };
-        for (rank, out) in outputs.iter().enumerate() {
-            placement(out.placement(), rank)?;
-            let (o0, o1) = bytes(out, count);
-            for (q, other) in outputs[..rank].iter().enumerate() {
-                let (p0, p1) = bytes(other, count);
-                if count > 0 && o0 < p1 && p0 < o1 {
-                    return Err(Error::OutputsOverlap {
-                        first: q,
-                        second: rank,
-                    });
-                }
-            }
-            if let Some(inputs) = inputs {
-                placement(inputs[rank].placement(), rank)?;
-                if out.count() < count {
-                    return Err(Error::OutputTooShort {
-                        rank,
-                        input: count,
-                        output: out.count(),
-                    });
-                }
-                for input in inputs {
-                    let (i0, i1) = bytes(input, count);
-                    if count > 0 && o0 < i1 && i0 < o1 {
-                        return Err(Error::Overlap { rank });
-                    }
-                }
-            }
-        }
-        Ok(count)
-    }
-}
-
-impl Communicator {
-    /// The checks of one call of a collective other than the all-reduce, before anything is
-    /// enqueued: the collective against the world (roots, transfers), the number of buffers in
-    /// each list, every buffer's exact length, placement on its rank, and no written buffer
-    /// overlapping another buffer of the call.
+    /// The checks of one call of a collective, before anything is enqueued: the collective
+    /// against the world (roots, transfers), the number of buffers in each list, every buffer's
+    /// length, placement on its rank, and no written buffer overlapping another buffer of the
+    /// call. The lengths are exact, but for the all-reduce's two rules: every rank's source
+    /// holds the count (the first that differs from rank 0's is [`Error::LengthMismatch`]),
+    /// and an output may be longer than it (only the first `count` elements are written;
+    /// shorter is [`Error::OutputTooShort`]).
     pub(super) fn validate_collective<T: Element, I: Buffer<T>, O: Buffer<T>>(
         &self,
         collective: &Collective,
@@ -134,7 +50,8 @@ impl Communicator {
                 })
             }
         };
-        if outputs.is_empty() && !layout.output_at.is_empty() {
+        let empty_inputs = inputs.is_some_and(|i| i.is_empty()) && !layout.input_at.is_empty();
+        if empty_inputs || outputs.is_empty() && !layout.output_at.is_empty() {
             return Err(Error::NoBuffers);
         }
         if let Some(inputs) = inputs {
@@ -150,9 +67,11 @@ impl Communicator {
             (Collective::ReduceScatter | Collective::AllGather, None) => outputs[0].count() / world,
             (_, None) => outputs[0].count(),
         };
-        // No object exceeds isize::MAX bytes; the longest buffer is world·count elements.
+        // No object exceeds isize::MAX bytes; the longest buffer is world·count elements (the
+        // all-reduce's: count).
+        let all_reduce = *collective == Collective::AllReduce;
         count
-            .checked_mul(world)
+            .checked_mul(if all_reduce { 1 } else { world })
             .and_then(|n| n.checked_mul(std::mem::size_of::<T>()))
             .filter(|&b| b <= isize::MAX as usize)
             .ok_or(Error::SizeOverflow {
@@ -183,8 +102,25 @@ impl Communicator {
                     .enumerate()
                     .map(|(i, x)| (i, x, true)),
             );
-        for (index, ((b, want), &rank), written) in listed {
-            if b.count() != want {
+        let listed: Vec<_> = listed.collect();
+        // Every length first (a wrong one is named whatever else is wrong) ...
+        for &(index, ((b, want), &rank), written) in &listed {
+            let source = !written || in_place;
+            if all_reduce && source && b.count() != want {
+                return Err(Error::LengthMismatch {
+                    rank,
+                    expected: want,
+                    got: b.count(),
+                });
+            }
+            if all_reduce && b.count() < want {
+                return Err(Error::OutputTooShort {
+                    rank,
+                    input: want,
+                    output: b.count(),
+                });
+            }
+            if !all_reduce && b.count() != want {
                 return Err(Error::BufferLength {
                     collective: name,
                     rank,
@@ -193,17 +129,14 @@ impl Communicator {
                     got: b.count(),
                 });
             }
-            placed(&devices, b.placement(), rank)?;
-            let start = b.address();
-            seen.push((
-                rank,
-                start,
-                start.saturating_add(bytes(want)? as u64),
-                written,
-            ));
         }
-        for (i, &(rank, s0, e0, w0)) in seen.iter().enumerate() {
-            for &(other, s1, e1, w1) in &seen[..i] {
+        // ... then, buffer by buffer in list order, its placement and its overlap with every
+        // buffer listed before it.
+        for &(_, ((b, want), &rank), written) in &listed {
+            placed(&devices, b.placement(), rank)?;
+            let (s0, w0) = (b.address(), written);
+            let e0 = s0.saturating_add(bytes(want)? as u64);
+            for &(other, s1, e1, w1) in &seen {
                 if (w0 || w1) && s0 < e1 && s1 < e0 {
                     return Err(match (w0, w1) {
                         (true, true) => Error::OutputsOverlap {
@@ -215,6 +148,7 @@ impl Communicator {
                     });
                 }
             }
+            seen.push((rank, s0, e0, w0));
         }
         Ok(Layout { count, ..layout })
     }
