@@ -8,10 +8,11 @@
 //! make a new communicator to continue.
 //!
 //! Where each part lives: making a communicator, `init.rs`, and what it is once made (its GPUs,
-//! its edges, the algorithm a call runs), `facts.rs`; the all-reduce and [`ring_allreduce`],
-//! `all_reduce.rs`; every other collective — reduce-scatter, all-gather, broadcast, reduce,
-//! all-to-all, grouped send/recv — with its methods and its one generic entry,
-//! [`Communicator::enqueue_collective`], `collectives.rs`; the checks of every call,
+//! its edges, what a call of a size runs), `facts.rs`; the all-reduce's methods and
+//! [`ring_allreduce`], `all_reduce.rs`; every other collective — reduce-scatter, all-gather,
+//! broadcast, reduce, all-to-all, grouped send/recv — with its methods and its one generic
+//! entry, [`Communicator::enqueue_collective`], and the one submit of every call,
+//! `collectives.rs`; the checks of every call,
 //! `validate.rs`, and of a configuration, `config_checks.rs`; the one way every call reaches the
 //! executor, and the profile of host phases it leaves, `dispatch.rs`; waiting, health, abort and
 //! close, `health.rs`; [`Scope`], `scope.rs`. This file holds the communicator's state: the
