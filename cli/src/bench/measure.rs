@@ -123,22 +123,36 @@ impl Sweep<'_> {
     ) -> Result<Row, Failure> {
         let args = self.args;
         let elem = std::mem::size_of::<T>();
+        // What the measured calls ran, as the library says (ringreduce's: `last_ran`).
+        let ran = || match lib {
+            Lib::Ring(comm) => comm
+                .last_ran()
+                .map(|r| format!("{:?}", r.algorithm).to_lowercase()),
+            _ => None,
+        };
         let both = self
             .measure::<T>(lib, which, bytes, false, mode, memory)
             .and_then(|oop| {
-                let ip = if which.has_in_place() {
-                    self.measure::<T>(lib, which, bytes, true, mode, memory)?
+                let oop_ran = ran();
+                let (ip, ip_ran) = if which.has_in_place() {
+                    let ip = self.measure::<T>(lib, which, bytes, true, mode, memory)?;
+                    (ip, ran())
                 } else {
-                    Measure::default()
+                    (Measure::default(), None)
                 };
-                Ok((oop, ip))
+                Ok((oop, ip, [oop_ran, ip_ran]))
             });
-        let (out_of_place, in_place, error) = match both {
-            Ok((oop, ip)) => (oop, ip, None),
+        let (out_of_place, in_place, error, ran) = match both {
+            Ok((oop, ip, ran)) => (oop, ip, None, ran),
             Err(e) if mode == Mode::Eager && which == BenchCollective::AllReduce => {
                 return Err(e.into())
             }
-            Err(e) => (Measure::default(), Measure::default(), Some(e.to_string())),
+            Err(e) => (
+                Measure::default(),
+                Measure::default(),
+                Some(e.to_string()),
+                [None, None],
+            ),
         };
         Ok(Row {
             library: label.to_string(),
@@ -147,24 +161,11 @@ impl Sweep<'_> {
             count: (bytes / elem) as u64,
             dtype: args.dtype.name().into(),
             redop: which.redop_name(args.op).into(),
-            algorithm: match lib {
-                Lib::Ring(comm) => {
-                    let world = self.devices.len();
-                    let count = which.count(bytes, elem, world);
-                    let collective = which.collective(world, count);
-                    let name = |in_place| {
-                        let algorithm =
-                            comm.algorithm_for_collective(&collective, count * elem, in_place);
-                        format!("{algorithm:?}").to_lowercase()
-                    };
-                    let (oop, ip) = (name(false), name(true));
-                    Some(if oop == ip {
-                        oop
-                    } else {
-                        format!("{oop}/{ip}")
-                    })
-                }
-                _ => None,
+            // "oneshot", or "oneshot/twoshot" where the placements ran different algorithms.
+            algorithm: match ran {
+                [Some(oop), Some(ip)] if oop != ip => Some(format!("{oop}/{ip}")),
+                [Some(oop), _] => Some(oop),
+                [None, ip] => ip,
             },
             out_of_place,
             in_place,

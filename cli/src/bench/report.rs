@@ -164,7 +164,8 @@ pub struct Row {
     pub count: u64,
     pub dtype: String,
     pub redop: String,
-    /// ringreduce's algorithm for this size ("ring", "oneshot"); absent for NCCL.
+    /// The algorithm ringreduce ran at this size, as it says (`last_ran`: "ring", "oneshot", or
+    /// "oneshot/twoshot" out of place / in place); absent for NCCL and for a row that failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub algorithm: Option<String>,
     pub out_of_place: Measure,
