@@ -419,7 +419,28 @@ mod tests {
     const KIB: usize = 1 << 10;
     const MIB: usize = 1 << 20;
 
-    /// The selection for `chosen` with no LL buffers and no deterministic folds.
+    /// What `chosen` is asked for a call of `collective`: out of place, no deterministic
+    /// folds, no LL buffers (the tests change a field with `..`).
+    fn asked(
+        chosen: Algorithm,
+        collective: &Collective,
+        bytes: usize,
+        world: usize,
+        reach: Reach,
+    ) -> Ask<'_> {
+        Ask {
+            chosen,
+            collective,
+            count_bytes: bytes,
+            world,
+            in_place: false,
+            reach,
+            deterministic: false,
+            ll_grid: None,
+        }
+    }
+
+    /// The selection for `chosen`, in place or not, as [`asked`] otherwise.
     fn ask(
         chosen: Algorithm,
         collective: &Collective,
@@ -429,14 +450,8 @@ mod tests {
         reach: Reach,
     ) -> Selection {
         select(&Ask {
-            chosen,
-            collective,
-            count_bytes: bytes,
-            world,
             in_place,
-            reach,
-            deterministic: false,
-            ll_grid: None,
+            ..asked(chosen, collective, bytes, world, reach)
         })
     }
 
@@ -521,14 +536,8 @@ mod tests {
     fn deterministic_mode_keeps_rank_order_folds_above_two_ranks() {
         let det = |collective: &Collective, bytes, reach| {
             let ask = Ask {
-                chosen: Algorithm::Auto,
-                collective,
-                count_bytes: bytes,
-                world: 3,
-                in_place: false,
-                reach,
                 deterministic: true,
-                ll_grid: None,
+                ..asked(Algorithm::Auto, collective, bytes, 3, reach)
             };
             select(&ask).algorithm
         };
@@ -555,14 +564,8 @@ mod tests {
         let ar = Collective::AllReduce;
         let form = |chosen, collective: &Collective, bytes, world, reach, ll_grid| {
             let ask = Ask {
-                chosen,
-                collective,
-                count_bytes: bytes,
-                world,
-                in_place: false,
-                reach,
-                deterministic: false,
                 ll_grid,
+                ..asked(chosen, collective, bytes, world, reach)
             };
             select(&ask).form
         };
