@@ -32,6 +32,7 @@ fn main() -> ringreduce::Result<()> {
             reach,
             deterministic: false,
             ll_grid: None,
+            gated: false,
         };
         select(&ask).algorithm
     };

@@ -4,7 +4,8 @@
 //! CUDA IPC handles; calls on each process's own stream and in its CUDA graphs; a killed rank
 //! named; an abort from a watchdog thread releasing a waiting call; a mismatched call named on
 //! every rank, by the hosts or by the GPUs' call gates (read one-shot and LL kernels); an eager
-//! call returning before a late peer starts it; a watchdog thread's health poll beside another
+//! call returning before a late peer starts it (large calls too: kernels, never the copy
+//! engines, across processes); a watchdog thread's health poll beside another
 //! thread's CUDA graph capture; registered buffers (every collective without copies, a mixed call copying, pool
 //! memory refused); staged rings through pinned host memory the
 //! processes share; two such ranks in one process refused by
@@ -842,6 +843,70 @@ fn an_eager_call_returns_before_a_late_peer_starts_it_and_the_gpu_names_a_mismat
         |_| vec![],
     );
     expect_success(ranks, Duration::from_secs(120));
+}
+
+#[test]
+fn large_calls_return_before_a_late_peer_and_run_as_kernels() {
+    use ringreduce::Form;
+    if let Some(env) = as_rank() {
+        let (rank, world) = (env.rank, env.world);
+        let device = this_gpu(&env);
+        let id = env.unique_id().unwrap();
+        let mut comm =
+            RankCommunicator::gpu(&id, rank, world, device, config(Algorithm::Auto)).unwrap();
+        let ctx = ringreduce::device::context(device).unwrap();
+        let stream = ctx.new_stream().unwrap();
+        let op = ReduceOp::Sum;
+        // Above the sizes where Auto ran the ring across processes (the all-reduce's one-shot
+        // limit, 32 MiB × 2/n; the other collectives' 4 MiB crossing a rank's links).
+        let count = (8 << 20) + 5;
+        let per = (2 << 20) + 3;
+        let want_ar: Vec<f32> = (0..count).map(|k| expected_value(op, world, k)).collect();
+        let want_ag: Vec<f32> = (0..world).flat_map(|r| values(op, r, per)).collect();
+        let mut buf = GpuBuffer::from_host(device, &values(op, rank, count)).unwrap();
+        let mine = GpuBuffer::from_host(device, &values(op, rank, per)).unwrap();
+        let mut all = GpuBuffer::<f32>::zeroed(device, world * per).unwrap();
+        // Each shape prepared by a first call, in step (those meet on the hosts).
+        comm.all_reduce_in_place(&mut buf, op).unwrap();
+        comm.collective(&Collective::AllGather, Some(&mine), Some(&mut all), op)
+            .unwrap();
+        assert_eq!(all.to_host().unwrap(), want_ag, "rank {rank} all-gather");
+        let form = |comm: &RankCommunicator| comm.last_ran().map(|r| r.form);
+        assert_eq!(form(&comm), Some(Form::StepsKernel), "rank {rank}");
+        buf.copy_from_host(&values(op, rank, count)).unwrap();
+        all.copy_from_host(&vec![0.0; world * per]).unwrap();
+        // Rank 1 is 2 s late: the others' calls return once enqueued.
+        if rank == 1 {
+            std::thread::sleep(Duration::from_secs(2));
+        }
+        let started = std::time::Instant::now();
+        // SAFETY: `buf`, `mine` and `all` are untouched until the stream is synchronised.
+        unsafe { comm.enqueue_all_reduce_in_place_on(&mut buf, op, &stream) }.unwrap();
+        assert_eq!(form(&comm), Some(Form::TwoShotKernel), "rank {rank}");
+        let ag = Collective::AllGather;
+        // SAFETY: as above.
+        unsafe { comm.enqueue_collective_on(&ag, Some(&mine), Some(&mut all), op, &stream) }
+            .unwrap();
+        let enqueued = started.elapsed();
+        assert!(
+            rank == 1 || enqueued < Duration::from_millis(500),
+            "rank {rank} waited {enqueued:?} for a late peer's host"
+        );
+        stream.synchronize().unwrap();
+        comm.synchronize().unwrap();
+        assert_eq!(buf.to_host().unwrap(), want_ar, "rank {rank} all-reduce");
+        assert_eq!(all.to_host().unwrap(), want_ag, "rank {rank} all-gather");
+        return;
+    }
+    if two_gpus_or_shared().is_none() {
+        return;
+    }
+    let ranks = launch(
+        "large_calls_return_before_a_late_peer_and_run_as_kernels",
+        3,
+        |_| vec![],
+    );
+    expect_success(ranks, Duration::from_secs(180));
 }
 
 #[test]

@@ -238,6 +238,7 @@ fn run_host(args: &RunArgs) -> Result<(), String> {
                 reach: ringreduce::exec::algorithm::Reach::Host,
                 deterministic: false,
                 ll_grid: None,
+                gated: false,
             })
             .algorithm
         }

@@ -62,6 +62,7 @@ impl Communicator {
             reach: f.reach,
             deterministic: f.deterministic,
             ll_grid: f.ll_grid,
+            gated: false,
         })
     }
 

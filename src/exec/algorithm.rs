@@ -17,7 +17,8 @@
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Algorithm {
     /// On GPUs the one-shot up to a message size, the ring above it (the staged one-shot and
-    /// the ring where edges are staged); on host ranks the pushed two-shot ([`select`]).
+    /// the ring where edges are staged; across processes, the two-shot instead of the ring:
+    /// [`Ask::gated`]); on host ranks the pushed two-shot ([`select`]).
     #[default]
     Auto,
     /// Always the ring: reduce-scatter then all-gather over copy engines (SMs stay free).
@@ -120,12 +121,13 @@ impl Algorithm {
         in_place: bool,
         peers_ok: bool,
         deterministic: bool,
+        gated: bool,
     ) -> Algorithm {
         match self {
             Algorithm::Auto if world > 1 && peers_ok => {
                 let scaled = |limit: usize| limit.saturating_mul(2) / world;
                 if bytes > scaled(ONESHOT_AUTO_MAX_BYTES) {
-                    if deterministic && deterministic_needs_peers(world) {
+                    if gated || deterministic && deterministic_needs_peers(world) {
                         Algorithm::TwoShot
                     } else {
                         Algorithm::Ring
@@ -177,28 +179,23 @@ impl Algorithm {
 pub const COLLECTIVE_ONESHOT_AUTO_MAX_BYTES: usize = 4 << 20;
 
 impl Algorithm {
-    /// The algorithm that runs `collective` for a count of `count_bytes` (NCCL's count times the
-    /// element size) over `world` ranks whose peer-reading kernels can run where `peers_ok`. The
+    /// The algorithm that runs the call `ask` describes, on ranks whose peer-reading kernels can
+    /// run where `peers_ok`, whose calls the call gate checks where `gated` ([`Ask::gated`]). The
     /// all-reduce follows [`Algorithm::choose`]. The others have two forms: the ring's (copy engines,
     /// [`crate::plan::CollectiveSpec`]) and the one-shot's (SM kernels reading peer memory,
     /// [`crate::plan::OneShotSpec::build_collective`]); the two-shot is an all-reduce only, so
     /// forcing it (or the one-shot) runs the one-shot form. Send/recv has only the ring's form.
     /// `Auto` takes the one-shot up to [`COLLECTIVE_ONESHOT_AUTO_MAX_BYTES`] crossing a rank's
-    /// links; in deterministic mode with more than two ranks the reducing collectives always take
-    /// the one-shot (it folds in rank order; the ring's reduce-scatter and reduce chain do not).
-    fn choose_for(
-        self,
-        collective: &crate::plan::Collective,
-        count_bytes: usize,
-        world: usize,
-        in_place: bool,
-        peers_ok: bool,
-        deterministic: bool,
-    ) -> Algorithm {
+    /// links, or at every size where `gated`; in deterministic mode with more than two ranks the
+    /// reducing collectives always take the one-shot (it folds in rank order; the ring's
+    /// reduce-scatter and reduce chain do not).
+    fn choose_for(self, ask: &Ask<'_>, peers_ok: bool, gated: bool) -> Algorithm {
         use crate::plan::Collective;
+        let (collective, world) = (ask.collective, ask.world);
         match collective {
             Collective::AllReduce => {
-                return self.choose(count_bytes, world, in_place, peers_ok, deterministic)
+                let (bytes, det) = (ask.count_bytes, ask.deterministic);
+                return self.choose(bytes, world, ask.in_place, peers_ok, det, gated);
             }
             Collective::SendRecv { .. } => return Algorithm::Ring,
             _ => {}
@@ -207,10 +204,10 @@ impl Algorithm {
             Algorithm::Ring => Algorithm::Ring,
             Algorithm::OneShot | Algorithm::TwoShot => Algorithm::OneShot,
             Algorithm::Auto if world > 1 && peers_ok => {
-                let crossing = count_bytes.saturating_mul(world - 1);
+                let crossing = ask.count_bytes.saturating_mul(world - 1);
                 let ordered =
-                    deterministic && deterministic_needs_peers(world) && collective.reduces();
-                if ordered || crossing <= COLLECTIVE_ONESHOT_AUTO_MAX_BYTES {
+                    ask.deterministic && deterministic_needs_peers(world) && collective.reduces();
+                if ordered || gated || crossing <= COLLECTIVE_ONESHOT_AUTO_MAX_BYTES {
                     Algorithm::OneShot
                 } else {
                     Algorithm::Ring
@@ -297,6 +294,15 @@ pub struct Ask<'a> {
     /// kernels' grid cap, which the LL kernel's grid must fit (every block of every rank
     /// resident at once); `None` without them.
     pub ll_grid: Option<u32>,
+    /// Whether the ranks' calls are checked on their GPUs by the call gate (ranks in several
+    /// processes whose GPUs reach every rank's control words: `Fabric::gate`). Only a kernel
+    /// obeys the gate — copies would run whatever it found — so a call of the copy engines'
+    /// form meets the peers' hosts instead. Where every pair of GPUs reaches the other,
+    /// `Auto` then takes a kernel form at every size: the all-reduce the two-shot above the
+    /// one-shot's limit (~10 % slower than the ring at 64–128 MiB on 2×H200, in one process:
+    /// docs/PERFORMANCE.md, "Choosing the algorithm"), the other collectives their one-shot
+    /// form. Send/recv has no kernel form: it still meets.
+    pub gated: bool,
 }
 
 /// What a call runs — the one selection: its algorithm, and the form that algorithm takes.
@@ -307,8 +313,12 @@ pub struct Ask<'a> {
 /// to [`STAGED_ONESHOT_AUTO_MAX_BYTES`], the ring above; on host ranks the pushed two-shot. The
 /// other collectives: the one-shot form up to [`COLLECTIVE_ONESHOT_AUTO_MAX_BYTES`] crossing a
 /// rank's links where ranks read each other, the ring's form otherwise; send/recv the ring's
-/// only. A forced algorithm is itself (the one-shot or two-shot of another collective is its
-/// one-shot form), refused at creation where it cannot run.
+/// only. Where the call gate checks the calls ([`Ask::gated`]: ranks in several processes) and
+/// every pair of GPUs reaches the other, `Auto` keeps a kernel form at every size: the two-shot
+/// instead of the ring above the one-shot's limit, the other collectives' one-shot form instead
+/// of their ring's — so that no call of theirs meets the peers' hosts. A forced algorithm is
+/// itself (the one-shot or two-shot of another collective is its one-shot form), refused at
+/// creation where it cannot run.
 ///
 /// The form ([`Form`]): on host ranks their threads; on GPUs the ring's is the copy engines,
 /// the two-shot's its kernel, another collective's one-shot its steps kernel, and the
@@ -320,7 +330,7 @@ pub struct Ask<'a> {
 /// Every input is the same on every rank of a call, so every rank selects alike.
 pub fn select(ask: &Ask<'_>) -> Selection {
     use crate::plan::Collective;
-    let (bytes, world, det) = (ask.count_bytes, ask.world, ask.deterministic);
+    let (bytes, world, det, gated) = (ask.count_bytes, ask.world, ask.deterministic, ask.gated);
     let chosen = ask.chosen;
     let algorithm = match (ask.collective, ask.reach) {
         (Collective::AllReduce, Reach::Staged | Reach::HostStaged) => {
@@ -328,17 +338,14 @@ pub fn select(ask: &Ask<'_>) -> Selection {
         }
         (Collective::AllReduce, Reach::Host) => chosen.choose_host(world, det),
         (Collective::AllReduce, Reach::Peers) => {
-            chosen.choose(bytes, world, ask.in_place, true, det)
+            chosen.choose(bytes, world, ask.in_place, true, det, gated)
         }
         (Collective::AllReduce, Reach::Apart) => {
-            chosen.choose(bytes, world, ask.in_place, false, det)
+            chosen.choose(bytes, world, ask.in_place, false, det, false)
         }
-        (c, Reach::Peers | Reach::Host | Reach::HostStaged) => {
-            chosen.choose_for(c, bytes, world, ask.in_place, true, det)
-        }
-        (c, Reach::Staged | Reach::Apart) => {
-            chosen.choose_for(c, bytes, world, ask.in_place, false, det)
-        }
+        (_, Reach::Peers) => chosen.choose_for(ask, true, gated),
+        (_, Reach::Host | Reach::HostStaged) => chosen.choose_for(ask, true, false),
+        (_, Reach::Staged | Reach::Apart) => chosen.choose_for(ask, false, false),
     };
     let all_reduce = *ask.collective == Collective::AllReduce;
     let form = match (algorithm, ask.reach) {
@@ -437,6 +444,7 @@ mod tests {
             reach,
             deterministic: false,
             ll_grid: None,
+            gated: false,
         }
     }
 
@@ -557,6 +565,87 @@ mod tests {
             det(&Collective::AllGather, 64 * MIB, Reach::Peers),
             Algorithm::Ring
         );
+    }
+
+    #[test]
+    fn gated_calls_keep_a_kernel_form_at_every_size_where_gpus_reach_each_other() {
+        let ar = Collective::AllReduce;
+        let gated = |collective, bytes, world, in_place, reach, chosen| {
+            select(&Ask {
+                in_place,
+                gated: true,
+                ..asked(chosen, collective, bytes, world, reach)
+            })
+        };
+        let auto = Algorithm::Auto;
+        let sel = |algorithm, form| Selection { algorithm, form };
+        // Above the one-shot's limit the two-shot, in place or not, where the ring ran.
+        for world in [2, 3, 8] {
+            for in_place in [false, true] {
+                let big = 256 * MIB;
+                assert_eq!(
+                    ask(auto, &ar, big, world, in_place, Reach::Peers).form,
+                    Form::CopyEngines
+                );
+                assert_eq!(
+                    gated(&ar, big, world, in_place, Reach::Peers, auto),
+                    sel(Algorithm::TwoShot, Form::TwoShotKernel),
+                    "{world} ranks, in place {in_place}"
+                );
+            }
+        }
+        // Below it, what an ungated call selects.
+        for bytes in [KIB, MIB, 8 * MIB] {
+            for in_place in [false, true] {
+                assert_eq!(
+                    gated(&ar, bytes, 2, in_place, Reach::Peers, auto),
+                    ask(auto, &ar, bytes, 2, in_place, Reach::Peers)
+                );
+            }
+        }
+        // Every other collective its one-shot form (the steps kernel) at any size.
+        let root = Collective::Broadcast { root: 1 };
+        let others = [
+            Collective::AllGather,
+            Collective::ReduceScatter,
+            Collective::AllToAll,
+            root,
+            Collective::Reduce { root: 0 },
+        ];
+        for c in &others {
+            assert_eq!(
+                ask(auto, c, 64 * MIB, 3, false, Reach::Peers).form,
+                Form::CopyEngines,
+                "{c:?}"
+            );
+            assert_eq!(
+                gated(c, 64 * MIB, 3, false, Reach::Peers, auto),
+                sel(Algorithm::OneShot, Form::StepsKernel),
+                "{c:?}"
+            );
+        }
+        // Send/recv has no kernel form; a forced ring stays the ring; GPUs that do not all
+        // reach each other keep their rules.
+        let p2p = Collective::SendRecv {
+            transfers: Vec::new(),
+        };
+        assert_eq!(
+            gated(&p2p, 64 * MIB, 2, false, Reach::Peers, auto).form,
+            Form::CopyEngines
+        );
+        assert_eq!(
+            gated(&ar, 256 * MIB, 2, false, Reach::Peers, Algorithm::Ring),
+            sel(Algorithm::Ring, Form::CopyEngines)
+        );
+        for reach in [Reach::Staged, Reach::Apart] {
+            for c in [&ar, &Collective::AllGather] {
+                assert_eq!(
+                    gated(c, 256 * MIB, 2, false, reach, auto),
+                    ask(auto, c, 256 * MIB, 2, false, reach),
+                    "{reach:?} {c:?}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -128,6 +128,7 @@ pub(super) fn checked_host_plan<P>(
         reach,
         deterministic: config.deterministic,
         ll_grid: None,
+        gated: false,
     })
     .algorithm;
     if shape.collective != Collective::AllReduce {

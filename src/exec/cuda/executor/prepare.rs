@@ -34,6 +34,7 @@ impl CudaExecutor {
             reach: self.reach(),
             deterministic: self.config.deterministic,
             ll_grid: self.ll_grid(),
+            gated: self.fabric.gate().is_some(),
         });
         let algorithm = selection.algorithm;
         // 16-byte boundaries keep every chunk and segment vector-aligned for the kernels and
