@@ -846,7 +846,7 @@ fn an_eager_call_returns_before_a_late_peer_starts_it_and_the_gpu_names_a_mismat
 }
 
 #[test]
-fn large_calls_return_before_a_late_peer_and_run_as_kernels() {
+fn large_calls_and_sends_return_before_a_late_peer_and_run_as_kernels() {
     use ringreduce::Form;
     if let Some(env) = as_rank() {
         let (rank, world) = (env.rank, env.world);
@@ -866,6 +866,16 @@ fn large_calls_return_before_a_late_peer_and_run_as_kernels() {
         let mut buf = GpuBuffer::from_host(device, &values(op, rank, count)).unwrap();
         let mine = GpuBuffer::from_host(device, &values(op, rank, per)).unwrap();
         let mut all = GpuBuffer::<f32>::zeroed(device, world * per).unwrap();
+        // A pipeline's ring of sends: rank r to r + 1, of one count each.
+        let ring: Vec<Transfer> = (0..world)
+            .map(|from| Transfer {
+                from,
+                to: (from + 1) % world,
+                count: per,
+            })
+            .collect();
+        let before = (rank + world - 1) % world;
+        let mut got = GpuBuffer::<f32>::zeroed(device, per).unwrap();
         // Each shape prepared by a first call, in step (those meet on the hosts).
         comm.all_reduce_in_place(&mut buf, op).unwrap();
         comm.collective(&Collective::AllGather, Some(&mine), Some(&mut all), op)
@@ -873,20 +883,40 @@ fn large_calls_return_before_a_late_peer_and_run_as_kernels() {
         assert_eq!(all.to_host().unwrap(), want_ag, "rank {rank} all-gather");
         let form = |comm: &RankCommunicator| comm.last_ran().map(|r| r.form);
         assert_eq!(form(&comm), Some(Form::StepsKernel), "rank {rank}");
+        comm.send_recv(&ring, &[&mine], &mut [&mut got]).unwrap();
+        assert_eq!(
+            got.to_host().unwrap(),
+            values(op, before, per),
+            "rank {rank}"
+        );
+        assert_eq!(
+            form(&comm),
+            Some(Form::StepsKernel),
+            "rank {rank} send/recv"
+        );
         buf.copy_from_host(&values(op, rank, count)).unwrap();
         all.copy_from_host(&vec![0.0; world * per]).unwrap();
+        got.copy_from_host(&vec![0.0; per]).unwrap();
         // Rank 1 is 2 s late: the others' calls return once enqueued.
         if rank == 1 {
             std::thread::sleep(Duration::from_secs(2));
         }
         let started = std::time::Instant::now();
-        // SAFETY: `buf`, `mine` and `all` are untouched until the stream is synchronised.
+        // SAFETY: `buf`, `mine`, `all` and `got` are untouched until the stream is synchronised.
         unsafe { comm.enqueue_all_reduce_in_place_on(&mut buf, op, &stream) }.unwrap();
         assert_eq!(form(&comm), Some(Form::TwoShotKernel), "rank {rank}");
         let ag = Collective::AllGather;
         // SAFETY: as above.
         unsafe { comm.enqueue_collective_on(&ag, Some(&mine), Some(&mut all), op, &stream) }
             .unwrap();
+        let raw = ringreduce::device::CallerStream::of(&stream);
+        // SAFETY: as above (`got` too).
+        unsafe { comm.enqueue_send_recv_on_raw(&ring, &[&mine], &mut [&mut got], raw) }.unwrap();
+        assert_eq!(
+            form(&comm),
+            Some(Form::StepsKernel),
+            "rank {rank} send/recv"
+        );
         let enqueued = started.elapsed();
         assert!(
             rank == 1 || enqueued < Duration::from_millis(500),
@@ -896,13 +926,18 @@ fn large_calls_return_before_a_late_peer_and_run_as_kernels() {
         comm.synchronize().unwrap();
         assert_eq!(buf.to_host().unwrap(), want_ar, "rank {rank} all-reduce");
         assert_eq!(all.to_host().unwrap(), want_ag, "rank {rank} all-gather");
+        assert_eq!(
+            got.to_host().unwrap(),
+            values(op, before, per),
+            "rank {rank} send/recv"
+        );
         return;
     }
     if two_gpus_or_shared().is_none() {
         return;
     }
     let ranks = launch(
-        "large_calls_return_before_a_late_peer_and_run_as_kernels",
+        "large_calls_and_sends_return_before_a_late_peer_and_run_as_kernels",
         3,
         |_| vec![],
     );

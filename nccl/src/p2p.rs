@@ -239,8 +239,10 @@ pub unsafe extern "C" fn ncclRecv(
 }
 
 /// Runs the kept sends and receives, one grouped send/recv per communicator (per pair of ranks on
-/// a communicator of more than two: module `pairs`): the ranks exchange what each sends and receives, every rank builds the same list of transfers from it
-/// ([`matched_transfers`]), and enqueues its ends on the group's stream.
+/// a communicator of more than two: module `pairs`), enqueued on the group's stream. On two
+/// ranks of one host each rank builds the list of transfers alone ([`flush_two`]); across
+/// hosts the ranks exchange what each sends and receives, and every rank builds the same list
+/// from it ([`matched_transfers`]).
 ///
 /// # Safety
 /// The kept calls' contracts: live communicators, device buffers of their lengths, live streams.
@@ -276,14 +278,18 @@ pub(crate) unsafe fn flush() -> Result<(), Failure> {
 /// As for [`flush`].
 pub(crate) unsafe fn flush_one(handle: ncclComm_t, ops: &[&PointToPoint]) -> Result<(), Failure> {
     fallback::log("ncclSend/ncclRecv", "ringreduce");
+    // SAFETY: our caller's contract.
+    let comm = unsafe { comm_ref(handle) }?;
+    if comm.world == 2 && comm.with(|c| Ok(c.hosts().hosts == 1))? {
+        // SAFETY: our caller's contract, passed on.
+        return unsafe { flush_two(comm, ops) };
+    }
     let (stream, datatype) = (ops[0].stream, ops[0].datatype);
     // A group this rank cannot run is still exchanged (flagged), so that its peers fail at once
     // with it instead of waiting for it at the timeout.
     let uniform = ops
         .iter()
         .all(|op| op.stream == stream && op.datatype == datatype);
-    // SAFETY: our caller's contract.
-    let comm = unsafe { comm_ref(handle) }?;
     let mut words = vec![u64::from(uniform), datatype as u64];
     words.extend(
         ops.iter()
@@ -331,6 +337,70 @@ pub(crate) unsafe fn flush_one(handle: ncclComm_t, ops: &[&PointToPoint]) -> Res
     // SAFETY: our caller's contract, passed on.
     ringreduce::with_element!(dtype_of(datatype)?, T => unsafe {
         send_recv::<T>(comm, &transfers, &sends, &recvs, stream)
+    })
+}
+
+/// [`flush_one`] on a communicator of two ranks on one host (a pair's, or one of two), without
+/// asking the peer: each rank knows the whole list — its own sends, and its receives, which name
+/// the counts of its peer's sends to it (NCCL's contract) — so both build the same list, by
+/// sender and in each sender's call order, and the call returns once enqueued. The list is the
+/// call's shape: a peer whose sends or receives differ is named by the call gate on the GPU
+/// (`CallMismatch`), before either touches the other's memory. Sends to the rank itself are
+/// copies on its stream. A group this library cannot run (streams or data types mixed) is
+/// refused and gives the communicator up, so that the peer, which does not know, is not left
+/// waiting for it.
+///
+/// # Safety
+/// As for [`flush`].
+unsafe fn flush_two(comm: &Comm, ops: &[&PointToPoint]) -> Result<(), Failure> {
+    let me = comm.rank;
+    let (own, cross): (Vec<&PointToPoint>, Vec<&PointToPoint>) =
+        ops.iter().copied().partition(|op| op.peer == me);
+    if !own.is_empty() {
+        // SAFETY: our caller's contract, passed on.
+        unsafe { pairs::copy_to_self(comm, &own) }?;
+    }
+    let Some(first) = cross.first() else {
+        return Ok(());
+    };
+    let (stream, datatype) = (first.stream, first.datatype);
+    if !cross
+        .iter()
+        .all(|op| op.stream == stream && op.datatype == datatype)
+    {
+        if let Backend::Ring(_, abort) = &comm.backend {
+            abort.abort();
+        }
+        return Err(unsupported(format!(
+            "rank {me}'s group of sends and receives mixes streams or data types on one \
+             communicator, which ringreduce-nccl does not run; the communicator is given up so \
+             that its peer does not wait for the group"
+        )));
+    }
+    let peer = 1 - me;
+    let mut transfers = Vec::new();
+    for from in [0, 1] {
+        for op in cross.iter().filter(|op| op.send == (from == me)) {
+            let to = if from == me { peer } else { me };
+            transfers.push(ringreduce::Transfer {
+                from,
+                to,
+                count: op.count,
+            });
+        }
+    }
+    let ends = |send: bool| -> Vec<(u64, usize)> {
+        cross
+            .iter()
+            .filter(|op| op.send == send)
+            .map(|op| (op.address, op.count))
+            .collect()
+    };
+    // SAFETY: our caller's contract: a live stream.
+    let stream = unsafe { CallerStream::from_raw(stream.cast()) }?;
+    // SAFETY: our caller's contract, passed on.
+    ringreduce::with_element!(dtype_of(datatype)?, T => unsafe {
+        send_recv::<T>(comm, &transfers, &ends(true), &ends(false), stream)
     })
 }
 

@@ -268,7 +268,7 @@ pub(crate) unsafe fn flush_pairs(
 ///
 /// # Safety
 /// As for `p2p::flush`.
-unsafe fn copy_to_self(parent: &Comm, ops: &[&PointToPoint]) -> Result<(), Failure> {
+pub(crate) unsafe fn copy_to_self(parent: &Comm, ops: &[&PointToPoint]) -> Result<(), Failure> {
     let sends: Vec<&&PointToPoint> = ops.iter().filter(|op| op.send).collect();
     let recvs: Vec<&&PointToPoint> = ops.iter().filter(|op| !op.send).collect();
     let counts = |v: &[&&PointToPoint]| v.iter().map(|op| op.count).collect::<Vec<_>>();

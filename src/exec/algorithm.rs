@@ -184,7 +184,8 @@ impl Algorithm {
     /// all-reduce follows [`Algorithm::choose`]. The others have two forms: the ring's (copy engines,
     /// [`crate::plan::CollectiveSpec`]) and the one-shot's (SM kernels reading peer memory,
     /// [`crate::plan::OneShotSpec::build_collective`]); the two-shot is an all-reduce only, so
-    /// forcing it (or the one-shot) runs the one-shot form. Send/recv has only the ring's form.
+    /// forcing it (or the one-shot) runs the one-shot form. Send/recv runs the ring's form, or
+    /// where `gated` under `Auto` its one-shot form where it has one ([`sendrecv_kernel_fits`]).
     /// `Auto` takes the one-shot up to [`COLLECTIVE_ONESHOT_AUTO_MAX_BYTES`] crossing a rank's
     /// links, or at every size where `gated`; in deterministic mode with more than two ranks the
     /// reducing collectives always take the one-shot (it folds in rank order; the ring's
@@ -197,7 +198,13 @@ impl Algorithm {
                 let (bytes, det) = (ask.count_bytes, ask.deterministic);
                 return self.choose(bytes, world, ask.in_place, peers_ok, det, gated);
             }
-            Collective::SendRecv { .. } => return Algorithm::Ring,
+            Collective::SendRecv { transfers } => {
+                let pulled = self == Algorithm::Auto && peers_ok && gated;
+                return match pulled && sendrecv_kernel_fits(transfers, world) {
+                    true => Algorithm::OneShot,
+                    false => Algorithm::Ring,
+                };
+            }
             _ => {}
         }
         match self {
@@ -216,6 +223,16 @@ impl Algorithm {
             Algorithm::Auto => Algorithm::Ring,
         }
     }
+}
+
+/// Whether a send/recv of `transfers` over `world` ranks runs as the steps kernel: the list has a
+/// one-shot form ([`crate::plan::sendrecv::oneshot_count`]: every rank party to a transfer, one
+/// count for all) and no rank receives more transfers than the kernel runs steps.
+fn sendrecv_kernel_fits(transfers: &[crate::plan::Transfer], world: usize) -> bool {
+    use crate::exec::cuda::kernels::PEER_MAX_RANKS;
+    let receives = |r: usize| transfers.iter().filter(|t| t.to == r).count();
+    crate::plan::sendrecv::oneshot_count(transfers, world).is_some_and(|count| count > 0)
+        && (0..world).all(|r| receives(r) <= PEER_MAX_RANKS)
 }
 
 /// How a communicator's ranks reach each other's memory, as [`select`] weighs it.
@@ -301,7 +318,9 @@ pub struct Ask<'a> {
     /// `Auto` then takes a kernel form at every size: the all-reduce the two-shot above the
     /// one-shot's limit (~10 % slower than the ring at 64–128 MiB on 2×H200, in one process:
     /// docs/PERFORMANCE.md, "Choosing the algorithm"), the other collectives their one-shot
-    /// form. Send/recv has no kernel form: it still meets.
+    /// form, and a send/recv its one-shot form (each receiver pulls) where every rank takes
+    /// part and every transfer moves one count — NCCL's pipelines' case; other send/recv lists
+    /// still meet.
     pub gated: bool,
 }
 
@@ -312,11 +331,12 @@ pub struct Ask<'a> {
 /// [`TWOSHOT_AUTO_MIN_IN_PLACE_BYTES`], the ring above; over staged edges the staged one-shot up
 /// to [`STAGED_ONESHOT_AUTO_MAX_BYTES`], the ring above; on host ranks the pushed two-shot. The
 /// other collectives: the one-shot form up to [`COLLECTIVE_ONESHOT_AUTO_MAX_BYTES`] crossing a
-/// rank's links where ranks read each other, the ring's form otherwise; send/recv the ring's
-/// only. Where the call gate checks the calls ([`Ask::gated`]: ranks in several processes) and
+/// rank's links where ranks read each other, the ring's form otherwise; send/recv the ring's.
+/// Where the call gate checks the calls ([`Ask::gated`]: ranks in several processes) and
 /// every pair of GPUs reaches the other, `Auto` keeps a kernel form at every size: the two-shot
 /// instead of the ring above the one-shot's limit, the other collectives' one-shot form instead
-/// of their ring's — so that no call of theirs meets the peers' hosts. A forced algorithm is
+/// of their ring's, a send/recv its one-shot form where it has one — so that no call of theirs
+/// meets the peers' hosts. A forced algorithm is
 /// itself (the one-shot or two-shot of another collective is its one-shot form), refused at
 /// creation where it cannot run.
 ///
@@ -624,14 +644,52 @@ mod tests {
                 "{c:?}"
             );
         }
-        // Send/recv has no kernel form; a forced ring stays the ring; GPUs that do not all
-        // reach each other keep their rules.
-        let p2p = Collective::SendRecv {
-            transfers: Vec::new(),
+        // A send/recv pulled by its receivers where every rank takes part with one count
+        // (a pipeline's pair, an exchange), else the copy engines; a forced ring stays the
+        // ring; GPUs that do not all reach each other keep their rules.
+        let p2p = |transfers: &[(usize, usize, usize)]| Collective::SendRecv {
+            transfers: transfers
+                .iter()
+                .map(|&(from, to, count)| crate::plan::Transfer { from, to, count })
+                .collect(),
         };
+        let pulled = [
+            (p2p(&[(0, 1, 1 << 20)]), 2, true),
+            (p2p(&[(0, 1, 64), (1, 0, 64)]), 2, true),
+            (p2p(&[(0, 1, 64), (1, 2, 64), (2, 0, 64)]), 3, true),
+            (p2p(&[(0, 1, 64), (1, 0, 65)]), 2, false),
+            (p2p(&[(0, 1, 64)]), 3, false),
+            (p2p(&[(0, 1, 0)]), 2, false),
+            (p2p(&[]), 2, false),
+        ];
+        for (c, world, kernel) in &pulled {
+            let want = match kernel {
+                true => sel(Algorithm::OneShot, Form::StepsKernel),
+                false => sel(Algorithm::Ring, Form::CopyEngines),
+            };
+            assert_eq!(
+                gated(c, MIB, *world, false, Reach::Peers, auto),
+                want,
+                "{c:?}"
+            );
+            assert_eq!(
+                ask(auto, c, MIB, *world, false, Reach::Peers),
+                sel(Algorithm::Ring, Form::CopyEngines)
+            );
+        }
+        let nine: Vec<_> = (1..10).map(|from| (from, 0, 8)).collect();
+        let mut fan_in = p2p(&nine);
+        if let Collective::SendRecv { transfers } = &mut fan_in {
+            transfers.push(crate::plan::Transfer {
+                from: 0,
+                to: 1,
+                count: 8,
+            });
+        }
         assert_eq!(
-            gated(&p2p, 64 * MIB, 2, false, Reach::Peers, auto).form,
-            Form::CopyEngines
+            gated(&fan_in, MIB, 10, false, Reach::Peers, auto).form,
+            Form::CopyEngines,
+            "more receives than the steps kernel runs"
         );
         assert_eq!(
             gated(&ar, 256 * MIB, 2, false, Reach::Peers, Algorithm::Ring),

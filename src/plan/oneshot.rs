@@ -191,7 +191,8 @@ pub fn gather_from(rank: usize, k: usize, world: usize) -> usize {
 impl OneShotSpec {
     /// Compiles the one-shot form of `collective` (the table in the module doc; `count` is the
     /// collective's count). World 1 is a copy out of place and nothing in place; count 0 is an
-    /// empty plan. Send/recv has no one-shot form (its ranks do not all take part).
+    /// empty plan. Send/recv has one where every rank takes part and every transfer moves the
+    /// same count ([`super::sendrecv::build_oneshot`]).
     pub fn build_collective(&self, collective: &Collective) -> Result<Plan> {
         if *collective == Collective::AllReduce {
             return self.build();
@@ -203,6 +204,9 @@ impl OneShotSpec {
             )));
         }
         collective.validate(n)?;
+        if let (Collective::SendRecv { transfers }, false) = (collective, in_place) {
+            return super::sendrecv::build_oneshot(n, transfers);
+        }
         if matches!(collective, Collective::SendRecv { .. })
             || in_place && !collective.has_in_place()
         {
@@ -360,7 +364,7 @@ fn local_copy(plan: &Plan, rank: usize) -> Vec<Op> {
 }
 
 /// A rank's program: `ops` in order on its Main stream.
-fn on_main(ops: Vec<Op>) -> Vec<Instr> {
+pub(super) fn on_main(ops: Vec<Op>) -> Vec<Instr> {
     ops.into_iter()
         .map(|op| Instr {
             stream: StreamKind::Main,

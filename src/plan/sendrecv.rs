@@ -20,11 +20,29 @@
 //!
 //! Invariant: each receive buffer is written by exactly one transfer, each send buffer only read.
 //! [`chunks_of`] is the chunk count; a unit test checks it.
+//!
+//! # The one-shot form
+//!
+//! Where every rank is party to a transfer and every transfer moves the same count
+//! ([`oneshot_count`]), the list also has a one-shot form ([`build_oneshot`], module
+//! [`super::oneshot`]): each receiver *pulls* — one [`Op::PeerReduce`] per receive copies the
+//! sender's send buffer straight into its receive buffer, all of a rank's receives between one
+//! start and one end barrier; a rank that only sends joins the barriers (its buffer is ready
+//! before the start one, no longer read after the end one). On GPUs that is one kernel per rank,
+//! which the call gate can stop — what lets a send/recv across processes return once enqueued.
+//!
+//! | transfer i | pulled by | from buffer (rank `from`) | into |
+//! |------------|-----------|---------------------------|------|
+//! | i          | `to`      | `SendBuf(i)`              | `to`'s `RecvBuf(i)` |
 
+use super::oneshot::on_main;
 use super::push::{chunk_for, region, Landing, Pusher};
 use super::ring::chunk_range;
-use super::{BufKind, BufferDecl, Collective, Phase, Plan, RingSpec, StreamKind, Tag, Transfer};
-use crate::error::Result;
+use super::{
+    BufKind, BufferDecl, Collective, Op, Phase, Plan, Ranks, Region, RingSpec, StreamKind, Tag,
+    Transfer,
+};
+use crate::error::{Error, Result};
 
 /// Chunks a transfer of `count` elements is cut into.
 pub fn chunks_of(count: usize, chunk: usize) -> usize {
@@ -78,9 +96,126 @@ pub(super) fn build(spec: &RingSpec, transfers: &[Transfer]) -> Result<Plan> {
     Ok(p.finish())
 }
 
+/// The count every transfer of `transfers` moves, where the list has a one-shot form over
+/// `world` ranks: not empty, every transfer of that count, every rank party to one.
+pub fn oneshot_count(transfers: &[Transfer], world: usize) -> Option<usize> {
+    let count = transfers.first()?.count;
+    let party = |r: usize| transfers.iter().any(|t| t.from == r || t.to == r);
+    (transfers.iter().all(|t| t.count == count) && (0..world).all(party)).then_some(count)
+}
+
+/// Compiles the one-shot form of a grouped send/recv of `transfers` over `world` ranks (module
+/// doc): each receive a pull of the sender's send buffer, a rank's receives fused between one
+/// pair of barriers, a rank that only sends joining them. An error where the list has no
+/// one-shot form ([`oneshot_count`]).
+pub(super) fn build_oneshot(world: usize, transfers: &[Transfer]) -> Result<Plan> {
+    let Some(count) = oneshot_count(transfers, world) else {
+        return Err(Error::InvalidArgument(
+            "a send/recv has a one-shot form only where every rank takes part and every \
+             transfer moves the same count"
+                .into(),
+        ));
+    };
+    let mut plan = Plan {
+        collective: Collective::SendRecv {
+            transfers: transfers.to_vec(),
+        },
+        world,
+        count,
+        in_place: false,
+        average: false,
+        buffers: Vec::new(),
+        events: Vec::new(),
+        ranks: vec![Vec::new(); world],
+    };
+    for (i, t) in transfers.iter().enumerate() {
+        for (rank, kind) in [(t.from, BufKind::SendBuf(i)), (t.to, BufKind::RecvBuf(i))] {
+            plan.buffers.push(BufferDecl {
+                rank,
+                kind,
+                len: t.count,
+            });
+        }
+    }
+    for rank in 0..world {
+        let buf = |kind| plan.buffer(rank, kind).expect("declared");
+        let mut ops = Vec::new();
+        for (i, t) in transfers.iter().enumerate().filter(|(_, t)| t.to == rank) {
+            ops.push(Op::PeerReduce {
+                dst: Region {
+                    buf: buf(BufKind::RecvBuf(i)),
+                    offset: 0,
+                    count,
+                },
+                src: BufKind::SendBuf(i),
+                offset: 0,
+                count,
+                ranks: Ranks::only(t.from),
+                fused: !ops.is_empty(),
+                push: Ranks::NONE,
+            });
+        }
+        if ops.is_empty() && count > 0 {
+            // Only sends: a meeting that moves nothing, zero elements of its first send buffer.
+            let i = transfers
+                .iter()
+                .position(|t| t.from == rank)
+                .expect("a party");
+            ops.push(Op::PeerReduce {
+                dst: Region {
+                    buf: buf(BufKind::SendBuf(i)),
+                    offset: 0,
+                    count: 0,
+                },
+                src: BufKind::SendBuf(i),
+                offset: 0,
+                count: 0,
+                ranks: Ranks::only(rank),
+                fused: false,
+                push: Ranks::NONE,
+            });
+        }
+        if count == 0 {
+            ops.clear();
+        }
+        plan.ranks[rank] = on_main(ops);
+    }
+    Ok(plan)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn t(from: usize, to: usize, count: usize) -> Transfer {
+        Transfer { from, to, count }
+    }
+
+    #[test]
+    fn the_one_shot_form_needs_every_rank_and_one_count() {
+        assert_eq!(oneshot_count(&[t(0, 1, 5)], 2), Some(5));
+        assert_eq!(oneshot_count(&[t(0, 1, 5), t(1, 0, 5)], 2), Some(5));
+        assert_eq!(oneshot_count(&[t(0, 1, 5), t(1, 0, 6)], 2), None);
+        assert_eq!(oneshot_count(&[t(0, 1, 5)], 3), None);
+        assert_eq!(oneshot_count(&[], 2), None);
+        assert!(build_oneshot(3, &[t(0, 1, 5)]).is_err());
+    }
+
+    #[test]
+    fn one_shot_send_recv_plans_pass_the_checker() {
+        let lists: [&[Transfer]; 5] = [
+            &[t(0, 1, 7)],
+            &[t(1, 0, 7), t(0, 1, 7)],
+            &[t(0, 1, 3), t(1, 2, 3), t(2, 0, 3)],
+            &[t(0, 0, 4), t(0, 1, 4)],
+            &[t(0, 1, 0), t(1, 0, 0)],
+        ];
+        for transfers in lists {
+            let world = 1 + transfers.iter().map(|t| t.from.max(t.to)).max().unwrap();
+            let plan = build_oneshot(world, transfers).unwrap();
+            crate::check::check(&plan).unwrap_or_else(|e| panic!("{transfers:?}: {e}"));
+        }
+    }
 
     #[test]
     fn chunks_cover_a_transfer() {
