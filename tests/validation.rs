@@ -494,6 +494,33 @@ fn device_buffer_on_a_host_communicator() {
 }
 
 #[test]
+fn a_rank_communicator_places_buffers_by_the_same_rule() {
+    // One placement rule for both communicators: a host rank's device buffer is the same
+    // `WrongPlacement` a host `Communicator` gives.
+    let id = ringreduce::UniqueId::new("127.0.0.1:0").unwrap();
+    let mut comm = ringreduce::RankCommunicator::host(&id, 0, 1, HostConfig::default()).unwrap();
+    let mut host = vec![1.0f32; 6];
+    let mut device = Raw::<f32>::fake(Placement::Device(0), 6);
+    let err = comm
+        .all_reduce_in_place(&mut device, ReduceOp::Sum)
+        .unwrap_err();
+    let expected = "host memory (this is a host communicator)";
+    let want = Error::WrongPlacement {
+        rank: 0,
+        got: Placement::Device(0),
+        expected,
+    };
+    assert_eq!(err, want);
+    let input = Raw::<f32>::fake(Placement::Device(0), 6);
+    let err = comm
+        .all_reduce(&input, &mut host, ReduceOp::Sum)
+        .unwrap_err();
+    assert_eq!(err, want);
+    comm.all_reduce_in_place(&mut host, ReduceOp::Sum).unwrap();
+    assert_eq!(host, vec![1.0f32; 6]);
+}
+
+#[test]
 fn zero_length_is_a_no_op() {
     for world in 1..=8 {
         let comm = Communicator::host(world).unwrap();

@@ -133,7 +133,7 @@ impl Communicator {
         // ... then, buffer by buffer in list order, its placement and its overlap with every
         // buffer listed before it.
         for &(_, ((b, want), &rank), written) in &listed {
-            placed(&devices, b.placement(), rank)?;
+            placed(devices.get(rank).copied(), b.placement(), rank)?;
             let (s0, w0) = (b.address(), written);
             let e0 = s0.saturating_add(bytes(want)? as u64);
             for &(other, s1, e1, w1) in &seen {
@@ -262,11 +262,12 @@ impl Layout {
     }
 }
 
-/// Whether a buffer of rank `rank` is where this communicator needs it: host memory for a host
-/// communicator (`devices` empty), the rank's own GPU otherwise.
-pub(super) fn placed(devices: &[usize], p: Placement, rank: usize) -> Result<()> {
-    match (p, devices.get(rank)) {
-        (Placement::Host, None) if devices.is_empty() => Ok(()),
+/// Whether a buffer of rank `rank` is where its communicator needs it: host memory for a host
+/// rank (`device` none), the rank's own GPU otherwise — the one placement rule of both
+/// communicators ([`Communicator`]'s calls and a [`crate::RankCommunicator`]'s).
+pub(crate) fn placed(device: Option<usize>, p: Placement, rank: usize) -> Result<()> {
+    match (p, device) {
+        (Placement::Host, None) => Ok(()),
         (Placement::Device(_), None) => Err(Error::WrongPlacement {
             rank,
             got: p,
@@ -277,7 +278,7 @@ pub(super) fn placed(devices: &[usize], p: Placement, rank: usize) -> Result<()>
             got: p,
             expected: "device memory (this is a GPU communicator)",
         }),
-        (Placement::Device(device), Some(&expected)) if device != expected => {
+        (Placement::Device(device), Some(expected)) if device != expected => {
             Err(Error::WrongDevice {
                 rank,
                 device,

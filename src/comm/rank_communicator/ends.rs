@@ -4,8 +4,8 @@
 //! rank's buffers by the plan's kind, which a host rank reads as slices (`host_slices`) and a
 //! GPU rank passes by address (`addresses`).
 
-use super::{Inner, RankCommunicator};
-use crate::buffer::{Buffer, BufferMut, Placement};
+use super::RankCommunicator;
+use crate::buffer::{Buffer, BufferMut};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::Shape;
@@ -217,23 +217,7 @@ impl RankCommunicator {
     /// A buffer is where this rank's calls take it: host memory for a host rank, its GPU for a
     /// GPU rank.
     pub(super) fn placed<T: Element, B: Buffer<T> + ?Sized>(&self, buf: &B) -> Result<()> {
-        match (&self.inner, buf.placement(), self.device()) {
-            (Inner::Host(_) | Inner::Hosts(_), Placement::Host, _) => Ok(()),
-            (_, Placement::Device(d), Some(device)) if d == device => Ok(()),
-            (_, Placement::Device(d), Some(device)) => Err(Error::WrongDevice {
-                rank: self.rank,
-                device: d,
-                expected: device,
-            }),
-            (_, Placement::Device(_), None) => Err(Error::InvalidArgument(format!(
-                "rank {}'s buffer is on a GPU, and this is a host rank",
-                self.rank
-            ))),
-            (_, Placement::Host, _) => Err(Error::InvalidArgument(format!(
-                "rank {}'s buffer is in host memory, and this rank is on a GPU",
-                self.rank
-            ))),
-        }
+        crate::comm::validate::placed(self.device(), buf.placement(), self.rank)
     }
 
     /// The collective's count from this rank's buffers' lengths, each checked against the
