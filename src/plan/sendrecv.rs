@@ -24,7 +24,7 @@
 //! # The one-shot form
 //!
 //! Where every rank is party to a transfer and every transfer moves the same count
-//! ([`oneshot_count`]), the list also has a one-shot form ([`build_oneshot`], module
+//! ([`oneshot_count`]), the list also has a one-shot form (`build_oneshot`, module
 //! [`super::oneshot`]): each receiver *pulls* — one [`Op::PeerReduce`] per receive copies the
 //! sender's send buffer straight into its receive buffer, all of a rank's receives between one
 //! start and one end barrier; a rank that only sends joins the barriers (its buffer is ready
