@@ -38,7 +38,8 @@
 //!
 //! Every check is invariant under multiplying all of a plan's ranges by one factor, which
 //! `scaled.rs` turns into a shortcut: a plan that is a proven plan scaled is proven (the one-shot
-//! is checked once per world and placement, at one element, and compared for every other count).
+//! form of every collective but send/recv is checked once per collective, world and placement,
+//! at one element, and compared for every other count).
 //! More generally each check is invariant under the lengths of the cells a plan's ranges cut its
 //! buffers into, which `coarse.rs` turns into the cell lemma: a plan is proven when its coarse form
 //! (every cell one element) is, and the ring's plans of one family of counts share a handful of
@@ -52,7 +53,7 @@
 //! each a collective of one level or a local copy, compose into the job's collective.
 //!
 //! Where each check lives: the shape in `shape.rs` (the fusion lemmas in `fused.rs`), the enqueue simulation (and the rule for
-//! laying out an order that the later checks read) in `enqueue.rs`, the vector-clock race check
+//! laying out an order that the later checks read) in `enqueue_order.rs`, the vector-clock race check
 //! in `races.rs`, the symbolic execution in `result.rs`, the hierarchical proof in
 //! `hierarchy.rs`; their unit tests in `tests/`. This file
 //! holds what they share: [`Rejection`], the regions an instruction touches ([`peer_sources`] for

@@ -10,10 +10,15 @@
 //! the race check finds the same pairs; (4) the symbolic execution gives every element of a cell
 //! the value its unit element had, with source shifts multiplied by `f` — zero iff zero, and the
 //! all-reduce expects zero everywhere. Each check is invariant under the scaling, so its verdict
-//! on the scaled plan is its verdict on the unit plan. The lemma is stated for all-reduce plans
-//! (other collectives carry counts in their [`Collective`] too); a check added later that is not
-//! invariant under uniform scaling (an alignment rule, say) would break it, and so belongs to
-//! the builder, not the checker.
+//! on the scaled plan is its verdict on the unit plan. The same holds for the other collectives
+//! whose [`Collective`] carries no count — reduce-scatter, all-gather, broadcast, reduce,
+//! all-to-all (their one-shot plans, [`crate::plan::OneShotSpec::build_collective`]): every
+//! range and shift they are expected to end with is the count times a number of blocks (block
+//! `j` at `j·count`: `check::result`'s expectations), so at `count·f` each is the unit's times
+//! `f`, as the scaled plan's are. A send/recv carries its counts in its transfers, which scaling
+//! does not touch: it is not covered. A check added later that is not invariant under uniform
+//! scaling (an alignment rule, say) would break the lemma, and so belongs to the builder, not the
+//! checker.
 
 use crate::plan::{BufferDecl, Collective, Instr, Op, Plan, Region};
 
@@ -83,10 +88,11 @@ pub fn scale_plan(plan: &Plan, factor: usize) -> Plan {
     }
 }
 
-/// The factor by which `plan` is `unit` scaled, if it is exactly that (an all-reduce plan,
-/// `unit.count ≥ 1`). When `unit` passed [`crate::check::check`], so does `plan` (module doc).
+/// The factor by which `plan` is `unit` scaled, if it is exactly that (a plan of any collective
+/// but send/recv, `unit.count ≥ 1`). When `unit` passed [`crate::check::check`], so does `plan`
+/// (module doc).
 pub fn scaled_from(unit: &Plan, plan: &Plan) -> Option<usize> {
-    if unit.collective != Collective::AllReduce
+    if matches!(unit.collective, Collective::SendRecv { .. })
         || unit.count == 0
         || plan.count % unit.count != 0
         || plan.count == 0
@@ -131,6 +137,76 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Every collective's one-shot plan but send/recv, built at each count, is its one-element
+    /// plan scaled — and (the lemma's claim, checked directly on these) passes the checker; a
+    /// broken unit plan stays broken scaled.
+    #[test]
+    fn every_collectives_one_shot_plans_are_their_one_element_plan_scaled() {
+        let build = |c: &Collective, world, count, in_place| {
+            OneShotSpec {
+                world,
+                count,
+                in_place,
+                op: ReduceOp::Avg,
+            }
+            .build_collective(c)
+            .unwrap()
+        };
+        let mut covered = 0;
+        for world in 1..=5 {
+            let collectives = [
+                Collective::ReduceScatter,
+                Collective::AllGather,
+                Collective::Broadcast { root: world - 1 },
+                Collective::Reduce { root: 0 },
+                Collective::AllToAll,
+            ];
+            for c in &collectives {
+                for in_place in [false, true] {
+                    if in_place && !c.has_in_place() {
+                        continue;
+                    }
+                    let unit = build(c, world, 1, in_place);
+                    check(&unit).unwrap_or_else(|e| panic!("{c:?} {world}: {e}"));
+                    for count in [2, 7, 1000] {
+                        let plan = build(c, world, count, in_place);
+                        assert_eq!(
+                            scaled_from(&unit, &plan),
+                            Some(count),
+                            "{c:?} {world} in place {in_place} {count}"
+                        );
+                        check(&plan).unwrap_or_else(|e| panic!("{c:?} {world} x{count}: {e}"));
+                        covered += 1;
+                    }
+                    // A fault in the unit plan (its first meeting reads one element too few)
+                    // is one in every scaling of it.
+                    let mut broken = unit.clone();
+                    let meeting = find_instr(&broken, |_, i| {
+                        matches!(i.op, Op::PeerReduce { count: 1, .. })
+                    });
+                    if let Some((rank, index)) = meeting {
+                        if let Op::PeerReduce { count, dst, .. } = &mut broken.ranks[rank][index].op
+                        {
+                            *count = 0;
+                            dst.count = 0;
+                        }
+                        assert!(check(&broken).is_err(), "{c:?} {world}");
+                        assert!(check(&scale_plan(&broken, 7)).is_err(), "{c:?} {world}");
+                    }
+                }
+            }
+        }
+        assert!(covered >= 5 * 5 * 3, "{covered} plans compared");
+        // Send/recv is not covered: its transfers carry their counts.
+        let transfers = vec![crate::plan::Transfer {
+            from: 0,
+            to: 1,
+            count: 1,
+        }];
+        let p2p = build(&Collective::SendRecv { transfers }, 2, 1, false);
+        assert_eq!(scaled_from(&p2p, &p2p), None);
     }
 
     #[test]

@@ -143,16 +143,6 @@ impl Shape {
         Ok(plan)
     }
 
-    /// Builds the one-shot plan of a collective other than the all-reduce over `world` ranks
-    /// ([`OneShotSpec::build_collective`]) and proves it with the checker.
-    pub(crate) fn checked_oneshot_collective_plan(&self, world: usize) -> Result<Plan> {
-        let plan = self
-            .oneshot_spec(world, self.count)
-            .build_collective(&self.collective)?;
-        crate::check::check(&plan)?;
-        Ok(plan)
-    }
-
     /// Builds the staged one-shot all-reduce for this shape over `world` ranks
     /// ([`crate::plan::staged`]) and proves it with the checker, reach included: it runs on
     /// ranks without peer access.
@@ -184,9 +174,11 @@ impl Shape {
         Ok(plan)
     }
 
-    /// The one-shot plan for this shape over `world` ranks, built (not yet proven).
+    /// The one-shot plan for this shape over `world` ranks, of `count` elements, built (not yet
+    /// proven).
     fn oneshot_plan(&self, world: usize, count: usize) -> Result<Plan> {
-        self.oneshot_spec(world, count).build()
+        self.oneshot_spec(world, count)
+            .build_collective(&self.collective)
     }
 
     /// The one-shot spec of this shape over `world` ranks of `count` elements.
@@ -219,7 +211,8 @@ pub(crate) fn caller_address(decl: &BufferDecl, inputs: &[u64], outputs: &[u64])
 }
 
 /// Prepared plans by shape, oldest first, at most `capacity` of them; the one-element one-shot
-/// plans proven so far, by (world, in place, `Avg`), which prove every other count's one-shot by
+/// plans proven so far, by (collective, world, in place, `Avg`), which prove every other count's
+/// one-shot by
 /// the scaling lemma ([`crate::check::scaled_from`]); and the coarse forms of the ring plans
 /// proven so far, which prove every ring plan of the same coarse form by the cell lemma
 /// ([`crate::check::coarsen`]) — a message size never seen before costs a plan build and a
@@ -227,7 +220,7 @@ pub(crate) fn caller_address(decl: &BufferDecl, inputs: &[u64], outputs: &[u64])
 pub(crate) struct PlanCache<P> {
     capacity: usize,
     entries: VecDeque<(Shape, Arc<P>)>,
-    units: HashMap<(usize, bool, bool), Plan>,
+    units: HashMap<(Collective, usize, bool, bool), Plan>,
     coarse: VecDeque<Plan>,
 }
 
@@ -274,16 +267,23 @@ impl<P> PlanCache<P> {
         Ok(plan)
     }
 
-    /// The one-shot plan of `shape` over `world` ranks, proven: by the checker at zero elements
-    /// (and for the one-element plan, once per world and placement), by the scaling lemma
-    /// against that one-element plan otherwise (the full check if the comparison ever fails).
+    /// The one-shot plan of `shape` over `world` ranks — of any collective
+    /// ([`OneShotSpec::build_collective`]) — proven: by the checker at zero elements and for a
+    /// send/recv (its transfers carry their counts), and for the one-element plan once per
+    /// collective, world and placement; by the scaling lemma against that one-element plan
+    /// otherwise (the full check if the comparison ever fails).
     pub(crate) fn checked_oneshot_plan(&mut self, shape: &Shape, world: usize) -> Result<Plan> {
         let plan = shape.oneshot_plan(world, shape.count)?;
-        if shape.count == 0 {
+        if shape.count == 0 || matches!(shape.collective, Collective::SendRecv { .. }) {
             crate::check::check(&plan)?;
             return Ok(plan);
         }
-        let key = (world, shape.in_place, shape.average);
+        let key = (
+            shape.collective.clone(),
+            world,
+            shape.in_place,
+            shape.average,
+        );
         let unit = match self.units.entry(key) {
             Entry::Occupied(e) => e.into_mut(),
             Entry::Vacant(e) => {

@@ -133,7 +133,7 @@ pub(super) fn checked_host_plan<P>(
     .algorithm;
     if shape.collective != Collective::AllReduce {
         let plan = if algorithm == Algorithm::OneShot {
-            shape.checked_oneshot_collective_plan(world)
+            cache.checked_oneshot_plan(shape, world)
         } else {
             shape.checked_collective_plan(chunk, slots, 1, transports)
         };

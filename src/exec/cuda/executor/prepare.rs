@@ -51,7 +51,7 @@ impl CudaExecutor {
             (chunk_bytes / shape.elem_bytes).max(1)
         };
         let plan = if shape.collective != Collective::AllReduce && algorithm == Algorithm::OneShot {
-            shape.checked_oneshot_collective_plan(n)?
+            self.cache.checked_oneshot_plan(&shape, n)?
         } else if shape.collective != Collective::AllReduce {
             // The ring's form: a copy-engine plan (pushes, pairwise reduces, events).
             shape.checked_collective_plan(
