@@ -302,6 +302,33 @@ mod tests {
     }
 
     #[test]
+    fn two_ranks_build_one_list_of_transfers_from_their_own_calls_alone() {
+        let list = |me: usize, ops: &[(bool, usize)]| -> Vec<(usize, usize, usize)> {
+            p2p::transfers_of_two(me, ops)
+                .iter()
+                .map(|t| (t.from, t.to, t.count))
+                .collect()
+        };
+        // Rank 0 sends 10 then 30 and receives 20; rank 1 receives 10, sends 20, receives 30
+        // (any interleaving of a rank's sends and receives).
+        let zero = list(0, &[(true, 10), (false, 20), (true, 30)]);
+        let one = list(1, &[(false, 10), (true, 20), (false, 30)]);
+        assert_eq!(zero, vec![(0, 1, 10), (0, 1, 30), (1, 0, 20)]);
+        assert_eq!(zero, one);
+        // A pipeline's single send and its receive.
+        assert_eq!(list(1, &[(true, 7)]), list(0, &[(false, 7)]));
+        // Receives in another order, or of another count, than the sends: the lists differ
+        // (so do the calls' shapes, which the call gate compares).
+        assert_ne!(zero, list(1, &[(false, 30), (true, 20), (false, 10)]));
+        assert_ne!(zero, list(1, &[(false, 10), (true, 20), (false, 31)]));
+        assert_ne!(
+            list(0, &[(true, 7)]),
+            list(1, &[(true, 7)]),
+            "both send first"
+        );
+    }
+
+    #[test]
     fn errors_map_to_nccls_codes() {
         let cases = [
             (

@@ -377,18 +377,8 @@ unsafe fn flush_two(comm: &Comm, ops: &[&PointToPoint]) -> Result<(), Failure> {
              that its peer does not wait for the group"
         )));
     }
-    let peer = 1 - me;
-    let mut transfers = Vec::new();
-    for from in [0, 1] {
-        for op in cross.iter().filter(|op| op.send == (from == me)) {
-            let to = if from == me { peer } else { me };
-            transfers.push(ringreduce::Transfer {
-                from,
-                to,
-                count: op.count,
-            });
-        }
-    }
+    let own: Vec<(bool, usize)> = cross.iter().map(|op| (op.send, op.count)).collect();
+    let transfers = transfers_of_two(me, &own);
     let ends = |send: bool| -> Vec<(u64, usize)> {
         cross
             .iter()
@@ -402,6 +392,25 @@ unsafe fn flush_two(comm: &Comm, ops: &[&PointToPoint]) -> Result<(), Failure> {
     ringreduce::with_element!(dtype_of(datatype)?, T => unsafe {
         send_recv::<T>(comm, &transfers, &ends(true), &ends(false), stream)
     })
+}
+
+/// The transfers of a group between the two ranks of a communicator of two, as rank `me` builds
+/// them from its own calls alone (`ops`: (is a send, count) in call order, none to itself): every
+/// send, by sender (rank 0's first) and in the sender's call order — its own sends, and its
+/// receives as its peer's sends to it. Two ranks whose calls match build the same list;
+/// otherwise the lists differ, and so do their calls' shapes.
+pub(crate) fn transfers_of_two(me: usize, ops: &[(bool, usize)]) -> Vec<ringreduce::Transfer> {
+    let mut transfers = Vec::new();
+    for from in [0, 1] {
+        for &(_, count) in ops.iter().filter(|&&(send, _)| send == (from == me)) {
+            transfers.push(ringreduce::Transfer {
+                from,
+                to: 1 - from,
+                count,
+            });
+        }
+    }
+    transfers
 }
 
 /// Enqueues this rank's ends of `transfers`: `sends` and `recvs` as (address, count), in the
