@@ -41,6 +41,21 @@ fn this_gpu(env: &LaunchEnv) -> usize {
     }
 }
 
+/// Rank 1 comes 2 s late to `enqueue` (the calls it makes); every other rank's `enqueue` must
+/// return within 500 ms — once enqueued, whatever the late peer's host is doing.
+fn enqueued_before_a_late_peer(rank: usize, enqueue: impl FnOnce()) {
+    if rank == 1 {
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    let started = std::time::Instant::now();
+    enqueue();
+    let enqueued = started.elapsed();
+    assert!(
+        rank == 1 || enqueued < Duration::from_millis(500),
+        "rank {rank} waited {enqueued:?} for a late peer's host"
+    );
+}
+
 fn values(op: ReduceOp, rank: usize, len: usize) -> Vec<f32> {
     (0..len).map(|k| input_value(op, rank, k)).collect()
 }
@@ -784,17 +799,11 @@ fn an_eager_call_returns_before_a_late_peer_starts_it_and_the_gpu_names_a_mismat
         comm.all_reduce_in_place(&mut small, ReduceOp::Sum).unwrap();
         comm.all_reduce_in_place(&mut large, ReduceOp::Sum).unwrap();
         // Rank 1 is 2 s late for the next call: the others' calls return once enqueued.
-        if rank == 1 {
-            std::thread::sleep(Duration::from_secs(2));
-        }
-        let started = std::time::Instant::now();
-        // SAFETY: `small` is untouched until the stream is synchronised below.
-        unsafe { comm.enqueue_all_reduce_in_place_on(&mut small, ReduceOp::Sum, &stream) }.unwrap();
-        let enqueued = started.elapsed();
-        assert!(
-            rank == 1 || enqueued < Duration::from_millis(500),
-            "rank {rank} waited {enqueued:?} for a late peer's host"
-        );
+        enqueued_before_a_late_peer(rank, || {
+            // SAFETY: `small` is untouched until the stream is synchronised below.
+            unsafe { comm.enqueue_all_reduce_in_place_on(&mut small, ReduceOp::Sum, &stream) }
+                .unwrap();
+        });
         stream.synchronize().unwrap();
         comm.synchronize().unwrap();
         let sum = (world * world) as f32;
@@ -898,30 +907,25 @@ fn large_calls_and_sends_return_before_a_late_peer_and_run_as_kernels() {
         all.copy_from_host(&vec![0.0; world * per]).unwrap();
         got.copy_from_host(&vec![0.0; per]).unwrap();
         // Rank 1 is 2 s late: the others' calls return once enqueued.
-        if rank == 1 {
-            std::thread::sleep(Duration::from_secs(2));
-        }
-        let started = std::time::Instant::now();
-        // SAFETY: `buf`, `mine`, `all` and `got` are untouched until the stream is synchronised.
-        unsafe { comm.enqueue_all_reduce_in_place_on(&mut buf, op, &stream) }.unwrap();
-        assert_eq!(form(&comm), Some(Form::TwoShotKernel), "rank {rank}");
-        let ag = Collective::AllGather;
-        // SAFETY: as above.
-        unsafe { comm.enqueue_collective_on(&ag, Some(&mine), Some(&mut all), op, &stream) }
-            .unwrap();
-        let raw = ringreduce::device::CallerStream::of(&stream);
-        // SAFETY: as above (`got` too).
-        unsafe { comm.enqueue_send_recv_on_raw(&ring, &[&mine], &mut [&mut got], raw) }.unwrap();
-        assert_eq!(
-            form(&comm),
-            Some(Form::StepsKernel),
-            "rank {rank} send/recv"
-        );
-        let enqueued = started.elapsed();
-        assert!(
-            rank == 1 || enqueued < Duration::from_millis(500),
-            "rank {rank} waited {enqueued:?} for a late peer's host"
-        );
+        enqueued_before_a_late_peer(rank, || {
+            // SAFETY: `buf`, `mine`, `all` and `got` are untouched until the stream is
+            // synchronised.
+            unsafe { comm.enqueue_all_reduce_in_place_on(&mut buf, op, &stream) }.unwrap();
+            assert_eq!(form(&comm), Some(Form::TwoShotKernel), "rank {rank}");
+            let ag = Collective::AllGather;
+            // SAFETY: as above.
+            unsafe { comm.enqueue_collective_on(&ag, Some(&mine), Some(&mut all), op, &stream) }
+                .unwrap();
+            let raw = ringreduce::device::CallerStream::of(&stream);
+            // SAFETY: as above (`got` too).
+            unsafe { comm.enqueue_send_recv_on_raw(&ring, &[&mine], &mut [&mut got], raw) }
+                .unwrap();
+            assert_eq!(
+                form(&comm),
+                Some(Form::StepsKernel),
+                "rank {rank} send/recv"
+            );
+        });
         stream.synchronize().unwrap();
         comm.synchronize().unwrap();
         assert_eq!(buf.to_host().unwrap(), want_ar, "rank {rank} all-reduce");

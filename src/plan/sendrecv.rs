@@ -137,7 +137,8 @@ pub(super) fn build_oneshot(world: usize, transfers: &[Transfer]) -> Result<Plan
             });
         }
     }
-    for rank in 0..world {
+    // Zero elements: nothing to move, nobody meets.
+    for rank in (0..world).filter(|_| count > 0) {
         let buf = |kind| plan.buffer(rank, kind).expect("declared");
         let mut ops = Vec::new();
         for (i, t) in transfers.iter().enumerate().filter(|(_, t)| t.to == rank) {
@@ -155,7 +156,7 @@ pub(super) fn build_oneshot(world: usize, transfers: &[Transfer]) -> Result<Plan
                 push: Ranks::NONE,
             });
         }
-        if ops.is_empty() && count > 0 {
+        if ops.is_empty() {
             // Only sends: a meeting that moves nothing, zero elements of its first send buffer.
             let i = transfers
                 .iter()
@@ -174,9 +175,6 @@ pub(super) fn build_oneshot(world: usize, transfers: &[Transfer]) -> Result<Plan
                 fused: false,
                 push: Ranks::NONE,
             });
-        }
-        if count == 0 {
-            ops.clear();
         }
         plan.ranks[rank] = on_main(ops);
     }
