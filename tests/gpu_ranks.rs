@@ -7,7 +7,8 @@
 //! call returning before a late peer starts it (large calls too: kernels, never the copy
 //! engines, across processes); a watchdog thread's health poll beside another
 //! thread's CUDA graph capture; registered buffers (every collective without copies, a mixed call copying, pool
-//! memory refused); staged rings through pinned host memory the
+//! memory refused; symmetric registrations used without a meeting, a rank at another offset
+//! named by the GPUs); staged rings through pinned host memory the
 //! processes share; two such ranks in one process refused by
 //! name. On a one-GPU machine the ranks share GPU 0
 //! (`allow_shared_device`). A machine without a GPU waives them.
@@ -946,6 +947,111 @@ fn large_calls_and_sends_return_before_a_late_peer_and_run_as_kernels() {
         |_| vec![],
     );
     expect_success(ranks, Duration::from_secs(180));
+}
+
+#[test]
+fn symmetric_registrations_run_without_a_meeting_and_the_gpus_check_the_offsets() {
+    if let Some(env) = as_rank() {
+        let (rank, world) = (env.rank, env.world);
+        let device = this_gpu(&env);
+        let id = env.unique_id().unwrap();
+        let mut comm =
+            RankCommunicator::gpu(&id, rank, world, device, config(Algorithm::Auto)).unwrap();
+        let ctx = ringreduce::device::context(device).unwrap();
+        let stream = ctx.new_stream().unwrap();
+        let op = ReduceOp::Sum;
+        let (space, count, at) = (1 << 16, 1000, 256);
+        let mut win = GpuBuffer::<f32>::zeroed(device, space).unwrap();
+        // SAFETY: the communicator is closed below, before `win` is dropped.
+        let registration = unsafe { comm.register_symmetric(&win) }.unwrap();
+        let want: Vec<f32> = (0..count).map(|k| expected_value(op, world, k)).collect();
+        let mine = values(op, rank, count);
+        let fill = |win: &mut GpuBuffer<f32>, from: usize| {
+            let mut all = vec![0.0f32; space];
+            all[from..from + count].copy_from_slice(&mine);
+            win.copy_from_host(&all).unwrap();
+        };
+        let ran = |comm: &RankCommunicator| comm.last_ran().map(|r| (r.registered, r.copied));
+        let on_registration = Some((true, false));
+        // The shape's first call is prepared with the peers (met on the hosts).
+        fill(&mut win, at);
+        comm.all_reduce_in_place(&mut win.view_mut(at, count).unwrap(), op)
+            .unwrap();
+        assert_eq!(
+            win.to_host().unwrap()[at..at + count],
+            want[..],
+            "rank {rank}"
+        );
+        assert_eq!(ran(&comm), on_registration, "rank {rank}");
+        // Rank 1 is 2 s late: each other rank decides alone that the call runs on the
+        // registration (its peers' buffers at its own offset) and returns once enqueued.
+        fill(&mut win, at);
+        if rank == 1 {
+            std::thread::sleep(Duration::from_secs(2));
+        }
+        let started = std::time::Instant::now();
+        {
+            let mut buf = win.view_mut(at, count).unwrap();
+            // SAFETY: `win` is untouched until the stream is synchronised below.
+            unsafe { comm.enqueue_all_reduce_in_place_on(&mut buf, op, &stream) }.unwrap();
+        }
+        let enqueued = started.elapsed();
+        assert!(
+            rank == 1 || enqueued < Duration::from_millis(500),
+            "rank {rank} waited {enqueued:?} for a late peer's host"
+        );
+        assert_eq!(ran(&comm), on_registration, "rank {rank}: decided alone");
+        stream.synchronize().unwrap();
+        comm.synchronize().unwrap();
+        assert_eq!(
+            win.to_host().unwrap()[at..at + count],
+            want[..],
+            "rank {rank}"
+        );
+        // Rank 1 passes its buffer at another offset: every rank's GPU names the difference
+        // before touching a peer's memory.
+        let from = if rank == 1 { at + 64 } else { at };
+        fill(&mut win, from);
+        let before = win.to_host().unwrap();
+        {
+            let mut buf = win.view_mut(from, count).unwrap();
+            // SAFETY: as above.
+            unsafe { comm.enqueue_all_reduce_in_place_on(&mut buf, op, &stream) }.unwrap();
+        }
+        stream.synchronize().unwrap();
+        let err = comm.synchronize().unwrap_err();
+        match &err {
+            ringreduce::Error::CallMismatch {
+                rank: q,
+                theirs,
+                ours,
+                ..
+            } => {
+                assert_eq!(*q, if rank == 1 { 0 } else { 1 }, "{err}");
+                let (offset, other) = match rank {
+                    1 => ("1280", "1024"),
+                    _ => ("1024", "1280"),
+                };
+                assert!(ours.contains(offset) && theirs.contains(other), "{err}");
+            }
+            other => panic!("rank {rank}: {other}"),
+        }
+        assert_eq!(win.to_host().unwrap(), before, "rank {rank}: untouched");
+        // The communicator closes (and with it the registration) before `win` is freed.
+        drop(registration);
+        drop(comm);
+        drop(win);
+        return;
+    }
+    if two_gpus_or_shared().is_none() {
+        return;
+    }
+    let ranks = launch(
+        "symmetric_registrations_run_without_a_meeting_and_the_gpus_check_the_offsets",
+        3,
+        |_| vec![],
+    );
+    expect_success(ranks, Duration::from_secs(120));
 }
 
 #[test]

@@ -32,6 +32,9 @@ pub struct ncclSimInfo_t {
 /// `ncclCommSplit`'s color of a rank that joins no new communicator.
 pub const NCCL_SPLIT_NOCOLOR: c_int = -1;
 
+/// `ncclCommWindowRegister`'s flag: every rank's buffers in the window lie at the same offsets.
+pub const NCCL_WIN_COLL_SYMMETRIC: c_int = 0x01;
+
 /// `ncclWaitSignalDesc_t` (NCCL 2.29, `ncclWaitSignal`): how many signals to wait for from a
 /// peer, on a signal index and context.
 #[repr(C)]

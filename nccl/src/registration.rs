@@ -56,8 +56,12 @@ pub unsafe extern "C" fn ncclCommDeregister(comm: ncclComm_t, handle: *mut c_voi
 /// (NCCL's in-place forms, which run here as out-of-place calls): then it copies. Where ringreduce refuses the memory
 /// (pool memory, `cuMemCreate` memory of another allocator) the window is still accepted, as a
 /// handle that changes nothing (calls on it copy, as before), and `RINGREDUCE_NCCL_LOG=1` says
-/// why; a registration that fails because the job failed returns the error. The flags
-/// (`NCCL_WIN_COLL_SYMMETRIC`) change nothing here.
+/// why; a registration that fails because the job failed returns the error. With
+/// `NCCL_WIN_COLL_SYMMETRIC` the window is registered symmetric
+/// (`RankCommunicator::register_symmetric`): where every rank's window lies at the same offset
+/// into its allocation, a call on it is decided by each rank alone and returns once enqueued
+/// (the call gate checks that every rank's buffers lie at the same offsets); otherwise, and
+/// without the flag, each call on it meets the peers' processes to learn where theirs lie.
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommWindowRegister(
     comm: ncclComm_t,
@@ -83,9 +87,14 @@ pub unsafe extern "C" fn ncclCommWindowRegister(
         // SAFETY: NCCL's contract: `size` bytes of device memory of the communicator's GPU
         // at `buff`, which registration only looks up and exports (it reads and writes none).
         let memory = unsafe { DeviceMemory::<u8>::new(buff as u64, size, c.device) };
-        // SAFETY: NCCL's contract for windows: deregistered (every rank's
-        // ncclCommWindowDeregister returned) before the memory is freed.
-        let registered = c.with(|rank| Ok(unsafe { rank.register(&memory) }));
+        let symmetric = win_flags & NCCL_WIN_COLL_SYMMETRIC != 0;
+        let registered = c.with(|rank| match symmetric {
+            // SAFETY: NCCL's contract for windows: deregistered (every rank's
+            // ncclCommWindowDeregister returned) before the memory is freed.
+            false => Ok(unsafe { rank.register(&memory) }),
+            // SAFETY: as above.
+            true => Ok(unsafe { rank.register_symmetric(&memory) }),
+        });
         let registration = match registered {
             Ok(Ok(registration)) => {
                 fallback::log("ncclCommWindowRegister", "ringreduce (registered)");

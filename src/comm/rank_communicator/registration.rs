@@ -58,6 +58,41 @@ impl RankCommunicator {
         &mut self,
         buf: &B,
     ) -> Result<Registration> {
+        // SAFETY: our caller's contract, passed on.
+        unsafe { self.register_as(buf, false) }
+    }
+
+    /// [`RankCommunicator::register`], with the caller's promise that the registration is used
+    /// symmetrically (NCCL's `NCCL_WIN_COLL_SYMMETRIC`): every rank registers its allocation in
+    /// the same turn, and a call on buffers inside it passes, on every rank, buffers at the same
+    /// offsets into that turn's allocations. Every rank then decides alone that a call runs on
+    /// the registered buffers (its peers' at its own offsets), and the call returns once
+    /// enqueued, whatever the peers' hosts are doing — no meeting, as for an unregistered call.
+    /// The promise is checked, never trusted: the call gate on the GPU compares where every
+    /// rank's buffers lie before any peer's memory is touched, so a rank whose buffers lie
+    /// elsewhere (another offset, or unregistered memory) is an [`Error::CallMismatch`] on every
+    /// rank, and nothing runs. Every rank registers a turn alike (symmetric or not), else the
+    /// turn is refused.
+    ///
+    /// # Safety
+    /// As for [`RankCommunicator::register`].
+    pub unsafe fn register_symmetric<T: Element, B: Buffer<T> + ?Sized>(
+        &mut self,
+        buf: &B,
+    ) -> Result<Registration> {
+        // SAFETY: our caller's contract, passed on.
+        unsafe { self.register_as(buf, true) }
+    }
+
+    /// [`RankCommunicator::register`] or, `symmetric`, [`RankCommunicator::register_symmetric`].
+    ///
+    /// # Safety
+    /// As for [`RankCommunicator::register`].
+    unsafe fn register_as<T: Element, B: Buffer<T> + ?Sized>(
+        &mut self,
+        buf: &B,
+        symmetric: bool,
+    ) -> Result<Registration> {
         broken(&self.broken)?;
         // A bad buffer is refused in the turn, on every rank alike (not before it, which would
         // leave the peers waiting).
@@ -65,7 +100,7 @@ impl RankCommunicator {
         match &mut self.inner {
             Inner::Gpu { exec, .. } => {
                 // A refused turn leaves the communicator working; a failed job breaks it.
-                let index = guarded(&mut self.broken, || exec.register(own))??;
+                let index = guarded(&mut self.broken, || exec.register(own, symmetric))??;
                 Ok(Registration { index })
             }
             Inner::GpuHosts(_) => Err(Error::InvalidArgument(

@@ -171,6 +171,19 @@ impl CallerRefs {
         }
     }
 
+    /// Where the buffers lie, for messages: "input none, output registration 0 at offset
+    /// 4096".
+    pub(crate) fn describe(&self) -> String {
+        let one = |at: BufferRef| match at {
+            BufferRef::Absent => "none".to_string(),
+            BufferRef::Unregistered => "unregistered".to_string(),
+            BufferRef::Registered { index, offset } => {
+                format!("registration {index} at offset {offset}")
+            }
+        };
+        format!("input {}, output {}", one(self.input), one(self.output))
+    }
+
     /// Whether every rank of `all` passes only buffers its peers reach: then the call runs on
     /// them directly, with no copies through the ranks' own memory.
     pub(crate) fn all_reachable(all: &[CallerRefs]) -> bool {

@@ -65,7 +65,7 @@ impl Job {
             slots: SLOTS as u32,
             slot_words: SLOT_WORDS as u32,
             call_slots: CALL_SLOTS as u32,
-            compared: (1 + SHAPE_WORDS) as u32,
+            compared: SLOT_WORDS as u32,
         }
     }
 
@@ -251,17 +251,23 @@ impl Job {
             return None;
         }
         let (seq, q) = (fault >> 16, ((fault & 0xffff) as usize).saturating_sub(1));
-        let describe = |rank| {
-            self.published(rank, seq).map_or_else(
+        // Calls alike but for where their buffers lie (symmetric registrations) say where.
+        let calls = [q, self.rank].map(|rank| self.published(rank, seq));
+        let refs_differ = matches!(&calls, [Some((a, _)), Some((b, _))] if a == b);
+        let describe = |call: &Option<(CallShape, CallerRefs)>| {
+            call.map_or_else(
                 || format!("call {seq} (no longer at hand)"),
-                |(shape, _)| shape.describe(),
+                |(shape, refs)| match refs_differ {
+                    true => format!("{}, {}", shape.describe(), refs.describe()),
+                    false => shape.describe(),
+                },
             )
         };
         Some(Error::CallMismatch {
             rank: q,
-            theirs: describe(q),
+            theirs: describe(&calls[0]),
             this: self.rank,
-            ours: describe(self.rank),
+            ours: describe(&calls[1]),
         })
     }
 }

@@ -36,8 +36,9 @@ impl CudaExecutor {
     /// memory: on the GPU, by the call gate at the start of the call's peer kernel
     /// (`Fabric::gate`, `kernels::CallGate`: the kernel returns before touching a peer's memory
     /// when the gate fails; copies could not), when the shape was prepared by an earlier call as
-    /// a peer kernel, no memory is registered and the call is not being captured — so the call
-    /// returns once enqueued, one launch, whatever the peers' hosts are doing; else
+    /// a peer kernel, every registration is symmetric and the call is not being captured — so
+    /// the call returns once enqueued, one launch, whatever the peers' hosts are doing (on
+    /// symmetric registrations it runs on them, the gate comparing every rank's refs); else
     /// on the host (`Fabric::meet_call`), which waits for every peer to publish it (a shape's
     /// first call is prepared with the peers; registered buffers are exchanged; a capture is
     /// checked once, for every replay). Either way ranks that make different calls all get
@@ -65,13 +66,37 @@ impl CudaExecutor {
         let deadline = Instant::now() + timeout;
         let call = CallShape::of(&shape, T::DTYPE, op);
         let refs = self.own_refs(&shape, inputs, outputs);
-        // The gate stops kernels only: a plan of the copy engines (the ring, send/recv) meets.
-        let gate = match captured || !self.registrations.is_empty() {
+        // On symmetric registrations this rank decides alone that the call runs on them (its
+        // peers' buffers at its own offsets: `Registrations::symmetric_call`); the gate then
+        // compares the refs too.
+        let symmetric = self.registrations.all_symmetric()
+            && !matches!(
+                shape.collective,
+                Collective::Broadcast { .. } | Collective::Reduce { .. }
+            )
+            && self.registrations.symmetric_call(&refs);
+        let gated_shape = Shape {
+            registered: symmetric,
+            ..shape.clone()
+        };
+        // The gate stops kernels only: a plan of the copy engines (the ring, send/recv) meets,
+        // as does every call while a registration is not symmetric (the peers' refs are read).
+        let gate = match captured || !self.registrations.all_symmetric() {
             true => None,
             false => self
-                .prepared(&shape)
+                .prepared(&gated_shape)
                 .filter(|p| !matches!(*p.dispatch, Dispatch::CopyEngines))
                 .and_then(|_| self.fabric.gate()),
+        };
+        // A gated call publishes refs every rank's gate compares: its registered buffers', or
+        // "unregistered" for every buffer (a call that copies needs no peer to know where its
+        // buffers lie; a peer that meets instead reads that it copies).
+        let refs = match (&gate, symmetric) {
+            (Some(_), false) => CallerRefs {
+                input: BufferRef::Unregistered,
+                output: BufferRef::Unregistered,
+            },
+            _ => refs,
         };
         // A failure an earlier call's kernels left is reported (and told to the peers, below)
         // before this call is published.
@@ -87,8 +112,10 @@ impl CudaExecutor {
             })
             .and_then(|seq| {
                 let gated = gate.map(|gate| CallGate { seq, ..gate });
-                // A gated call is checked on the GPU, and never runs on registered memory.
+                // A gated call is checked on the GPU; on registered memory, every rank's
+                // buffers lie where this rank's do (the gate compares the refs).
                 let all = match gated {
+                    Some(_) if symmetric => vec![refs; self.world],
                     Some(_) => Vec::new(),
                     None => self.fabric.meet_call(seq, call, deadline, timeout)?,
                 };
@@ -114,8 +141,9 @@ impl CudaExecutor {
                     ..shape
                 };
                 // SAFETY: our caller's contract for this rank's buffers; a peer's are its
-                // caller's buffers of this same call (it published them for it), in memory it
-                // registered and this rank mapped, valid for the plan's lengths
+                // caller's buffers of this same call (it published them for it — met, or, gated,
+                // at refs the gate finds equal to this rank's before the kernel touches any), in
+                // memory it registered and this rank mapped, valid for the plan's lengths
                 // (`Registrations::address`), and borrowed by its caller until its part of the
                 // call is complete — which waits for every rank's reads and writes of them (the
                 // plan's completion rule).
@@ -128,7 +156,7 @@ impl CudaExecutor {
                         wait_complete,
                         caller,
                         captured,
-                        None,
+                        gated,
                     )
                 }
             });

@@ -9,7 +9,14 @@
 //! lie ([`CallerRefs`]: a registration number and an offset, or "unregistered"); the call runs
 //! without copies only when every rank's buffers are registered (the decision is the same on
 //! every rank, since every rank reads the same words), and otherwise through the copies, as
-//! before. Stream-ordered pool memory (`cuMemAllocAsync`, cudarc's default) cannot be shared
+//! before — a meeting of the ranks' hosts at every call. A turn registered *symmetric*
+//! (`RankCommunicator::register_symmetric`, NCCL's `NCCL_WIN_COLL_SYMMETRIC`: every rank's
+//! buffer at the same offset into its allocation, checked at the turn) needs none: a rank whose
+//! buffers of a call all lie in symmetric registrations decides alone that the call runs on
+//! them, its peers' buffers at its own registration numbers and offsets
+//! ([`Registrations::symmetric_call`]), and publishes those refs; the call gate on the GPU
+//! compares every rank's refs with the shape, so a rank whose buffers lie elsewhere is a
+//! mismatch named before any peer's memory is touched. Stream-ordered pool memory (`cuMemAllocAsync`, cudarc's default) cannot be shared
 //! between processes and is refused by name. Deregistration is collective too: every rank
 //! waits for its queued work and unmaps its peers' allocations of that turn before any owner
 //! frees its own (CUDA leaves freeing memory another process maps undefined, which is why
@@ -38,6 +45,10 @@ pub(super) struct Registration {
     pub(super) imports: Vec<(usize, Record)>,
     /// Not yet deregistered.
     pub(super) live: bool,
+    /// Registered symmetric (`RankCommunicator::register_symmetric`): every call on it passes
+    /// the same registration and offsets on every rank, so a rank decides alone that a call
+    /// runs on it, and the call gate checks that the peers' agree.
+    pub(super) symmetric: bool,
 }
 
 /// A rank's registrations, by number.
@@ -53,6 +64,30 @@ impl Registrations {
 
     pub(super) fn is_empty(&self) -> bool {
         self.list.iter().all(|r| !r.live)
+    }
+
+    /// Whether every live registration is symmetric (none is): calls need not meet to learn
+    /// where the peers' buffers lie.
+    pub(super) fn all_symmetric(&self) -> bool {
+        self.list.iter().all(|r| !r.live || r.symmetric)
+    }
+
+    /// Whether a call's `refs` (this rank's) run on registered memory by this rank's decision
+    /// alone: every buffer it passes lies in a live symmetric registration, and it passes one.
+    /// Every rank assumes its peers' buffers lie at the same registrations and offsets; the
+    /// call gate compares the refs, so a peer whose buffers lie elsewhere is a mismatch.
+    pub(super) fn symmetric_call(&self, refs: &CallerRefs) -> bool {
+        let symmetric = |at: BufferRef| match at {
+            BufferRef::Absent => None,
+            BufferRef::Registered { index, .. } => {
+                Some(self.list.get(index).is_some_and(|r| r.live && r.symmetric))
+            }
+            BufferRef::Unregistered => Some(false),
+        };
+        match (symmetric(refs.input), symmetric(refs.output)) {
+            (None, None) => false,
+            (a, b) => a.unwrap_or(true) && b.unwrap_or(true),
+        }
     }
 
     /// The number the next registration gets.
@@ -184,7 +219,7 @@ impl CudaExecutor {
     /// refuses fails the turn on every rank (each learns which rank) and nothing is registered:
     /// the inner error, after which the communicator still works. The outer error is the job's
     /// (a lost peer, a timeout), which breaks it.
-    pub(crate) fn register(&mut self, own: Result<u64>) -> Result<Result<usize>> {
+    pub(crate) fn register(&mut self, own: Result<u64>, symmetric: bool) -> Result<Result<usize>> {
         let [r] = &self.ranks[..] else {
             return Ok(Err(Error::InvalidArgument(
                 "registration serves a rank in a process of its own".into(),
@@ -192,6 +227,7 @@ impl CudaExecutor {
         };
         let rank = r.rank();
         let _quiet = device::gate::quiet();
+        let at = *own.as_ref().unwrap_or(&0);
         // Phase 1: the rank's allocation and its export (refused: a record of [0]).
         let exported = own
             .and_then(|addr| {
@@ -246,10 +282,29 @@ impl CudaExecutor {
                 }
             }
         }
-        let flags = self
-            .fabric
-            .all_gather(vec![vec![u64::from(failed.is_none())]])?;
-        if let Some(q) = flags.iter().position(|f| f.first() != Some(&1)) {
+        // The turn's use (symmetric or not) must be every rank's, and it is symmetric in
+        // effect only where every rank's buffer lies at the same offset into its allocation
+        // (NCCL's symmetric windows promise offsets into the window).
+        let flags = self.fabric.all_gather(vec![vec![
+            u64::from(failed.is_none()),
+            u64::from(symmetric),
+            at - allocation.base,
+        ]])?;
+        let aligned = flags
+            .iter()
+            .all(|f| f.get(2) == Some(&(at - allocation.base)));
+        let unlike = flags
+            .iter()
+            .position(|f| f.get(1) != Some(&u64::from(symmetric)));
+        if let (Some(q), true) = (unlike, failed.is_none()) {
+            failed = Some(Error::InvalidArgument(format!(
+                "rank {q} registered this turn {} where rank {rank} did not (every rank registers \
+                 alike); no rank registered this turn",
+                if symmetric { "asymmetric" } else { "symmetric" }
+            )));
+        }
+        let failing = flags.iter().position(|f| f.first() != Some(&1));
+        if let Some(q) = failing.or(unlike) {
             for (from, handle) in imports {
                 // Nothing ran on these mappings: they go at once.
                 let _ = self.fabric.release(from, &handle);
@@ -264,6 +319,7 @@ impl CudaExecutor {
             mapped,
             imports,
             live: true,
+            symmetric: symmetric && aligned,
         });
         Ok(Ok(index))
     }
@@ -313,7 +369,8 @@ mod tests {
         Allocation { base, size, id }
     }
 
-    /// Two turns: rank 0 (this one) registered allocations A then B; rank 1 its own two.
+    /// Two turns: rank 0 (this one) registered allocations A (symmetric) then B; rank 1 its own
+    /// two.
     fn two_turns() -> Registrations {
         let mut r = Registrations::default();
         let a = allocation(0x1000_0000, 1 << 20, 7);
@@ -323,14 +380,38 @@ mod tests {
             mapped: vec![(a.base, a.size), (0x7000_0000, 1 << 20)],
             imports: Vec::new(),
             live: true,
+            symmetric: true,
         });
         r.push(Registration {
             own: b,
             mapped: vec![(b.base, b.size), (0x7100_0000, 8192)],
             imports: Vec::new(),
             live: true,
+            symmetric: false,
         });
         r
+    }
+
+    #[test]
+    fn a_call_is_decided_alone_only_on_symmetric_registrations() {
+        let mut r = two_turns();
+        let at = |index| BufferRef::Registered { index, offset: 64 };
+        let refs = |input, output| CallerRefs { input, output };
+        let (absent, unregistered) = (BufferRef::Absent, BufferRef::Unregistered);
+        assert!(!r.all_symmetric());
+        assert!(r.symmetric_call(&refs(absent, at(0))));
+        assert!(r.symmetric_call(&refs(at(0), at(0))));
+        assert!(
+            !r.symmetric_call(&refs(at(0), at(1))),
+            "turn 1 is not symmetric"
+        );
+        assert!(!r.symmetric_call(&refs(at(0), unregistered)));
+        assert!(!r.symmetric_call(&refs(absent, absent)), "nothing passed");
+        assert!(!r.symmetric_call(&refs(absent, at(2))), "no such turn");
+        r.list[1].live = false;
+        assert!(r.all_symmetric());
+        r.list[0].live = false;
+        assert!(!r.symmetric_call(&refs(absent, at(0))), "deregistered");
     }
 
     #[test]
