@@ -72,7 +72,9 @@ impl RankCommunicator {
     /// rank's buffers lie before any peer's memory is touched, so a rank whose buffers lie
     /// elsewhere (another offset, or unregistered memory) is an [`Error::CallMismatch`] on every
     /// rank, and nothing runs. Every rank registers a turn alike (symmetric or not), else the
-    /// turn is refused.
+    /// turn is refused; where the ranks' buffers lie at different offsets into their
+    /// allocations the turn counts as [`RankCommunicator::register`]'s (every call then meets
+    /// its peers, as there). A broadcast or a reduce, whose ranks pass different buffers, copies.
     ///
     /// # Safety
     /// As for [`RankCommunicator::register`].

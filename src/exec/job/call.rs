@@ -48,7 +48,9 @@ impl CallShape {
                 .position(|&d| d == dtype)
                 .map_or(u64::MAX, |i| i as u64),
             if reduces { op as u64 + 1 } else { 0 },
-            u64::from(shape.in_place),
+            // In place, and (bit 1) run on symmetric registrations as this rank decided alone:
+            // ranks that decide differently make different calls.
+            u64::from(shape.in_place) | u64::from(shape.registered) << 1,
         ])
     }
 
@@ -78,7 +80,7 @@ impl CallShape {
     }
 
     /// The call in words, for messages.
-    pub(super) fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let w = &self.0;
         let name = match w[0] {
             1 => "all-reduce",
@@ -105,8 +107,12 @@ impl CallShape {
                 0 => String::new(),
                 op => format!(", operator {}", op - 1),
             },
-            if w[5] == 1 { ", in place" } else { "" }
-        )
+            if w[5] & 1 == 1 { ", in place" } else { "" },
+        ) + if w[5] & 2 == 2 {
+            ", on symmetric registrations"
+        } else {
+            ""
+        }
     }
 }
 
@@ -197,6 +203,46 @@ impl CallerRefs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_call_decided_on_symmetric_registrations_differs_from_one_that_copies() {
+        let shape = Shape::collective::<f32>(Collective::AllReduce, 64, true, ReduceOp::Sum);
+        let registered = Shape {
+            registered: true,
+            ..shape.clone()
+        };
+        let (copies, on_them) = (
+            CallShape::of(&shape, DType::F32, ReduceOp::Sum),
+            CallShape::of(&registered, DType::F32, ReduceOp::Sum),
+        );
+        assert_ne!(copies, on_them);
+        assert!(
+            copies.describe().ends_with(", in place"),
+            "{}",
+            copies.describe()
+        );
+        assert!(
+            on_them
+                .describe()
+                .ends_with(", in place, on symmetric registrations"),
+            "{}",
+            on_them.describe()
+        );
+        let err = on_them
+            .compare(&[copies.words().to_vec(), on_them.words().to_vec()], 1)
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::CallMismatch {
+                    rank: 0,
+                    this: 1,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
 
     #[test]
     fn caller_refs_survive_their_words_and_fresh_words_read_as_absent() {

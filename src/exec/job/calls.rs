@@ -31,11 +31,22 @@ pub(crate) struct GateLayout {
     pub(crate) slots: u32,
     pub(crate) slot_words: u32,
     pub(crate) call_slots: u32,
-    /// Words compared: the call number, the shape and the refs.
+    /// Words compared: the call number and the shape ([`Job::gate_layout`]), and for a call on
+    /// symmetric registrations the refs too ([`GateLayout::with_refs`]).
     pub(crate) compared: u32,
 }
 
 impl GateLayout {
+    /// This layout comparing the whole slot: the call number, the shape and where every rank's
+    /// buffers lie (a call on symmetric registrations, whose peers' buffers each rank takes to
+    /// lie where its own do).
+    pub(crate) fn with_refs(self) -> GateLayout {
+        GateLayout {
+            compared: SLOT_WORDS as u32,
+            ..self
+        }
+    }
+
     /// No words (a kernel without a gate).
     pub(crate) const ZERO: GateLayout = GateLayout {
         published: 0,
@@ -65,7 +76,7 @@ impl Job {
             slots: SLOTS as u32,
             slot_words: SLOT_WORDS as u32,
             call_slots: CALL_SLOTS as u32,
-            compared: SLOT_WORDS as u32,
+            compared: (1 + SHAPE_WORDS) as u32,
         }
     }
 

@@ -64,11 +64,13 @@ impl CudaExecutor {
         };
         let timeout = self.config.timeout;
         let deadline = Instant::now() + timeout;
-        let call = CallShape::of(&shape, T::DTYPE, op);
         let refs = self.own_refs(&shape, inputs, outputs);
         // On symmetric registrations this rank decides alone that the call runs on them (its
-        // peers' buffers at its own offsets: `Registrations::symmetric_call`); the gate then
-        // compares the refs too.
+        // peers' buffers at its own offsets: `Registrations::symmetric_call`). The decision is
+        // part of the call's shape, so ranks that decide differently make different calls
+        // (named by the meeting or the gate, before anything is prepared or touched), and the
+        // gate then compares the refs too. (A broadcast's or reduce's ranks pass different
+        // buffers: they copy.)
         let symmetric = self.registrations.all_symmetric()
             && !matches!(
                 shape.collective,
@@ -79,6 +81,7 @@ impl CudaExecutor {
             registered: symmetric,
             ..shape.clone()
         };
+        let call = CallShape::of(&gated_shape, T::DTYPE, op);
         // The gate stops kernels only: a plan of the copy engines (the ring, send/recv) meets,
         // as does every call while a registration is not symmetric (the peers' refs are read).
         let gate = match captured || !self.registrations.all_symmetric() {
@@ -111,13 +114,23 @@ impl CudaExecutor {
                     .publish_call(call, refs, gated, deadline, timeout)
             })
             .and_then(|seq| {
-                let gated = gate.map(|gate| CallGate { seq, ..gate });
+                let gated = gate.map(|gate| CallGate {
+                    seq,
+                    layout: match symmetric {
+                        true => gate.layout.with_refs(),
+                        false => gate.layout,
+                    },
+                    ..gate
+                });
                 // A gated call is checked on the GPU; on registered memory, every rank's
                 // buffers lie where this rank's do (the gate compares the refs).
                 let all = match gated {
                     Some(_) if symmetric => vec![refs; self.world],
                     Some(_) => Vec::new(),
-                    None => self.fabric.meet_call(seq, call, deadline, timeout)?,
+                    None => {
+                        let all = self.fabric.meet_call(seq, call, deadline, timeout)?;
+                        self.symmetric_refs(all, refs, symmetric, call)?
+                    }
                 };
                 if !registered::runs_registered(&all) {
                     // SAFETY: our caller's contract, passed on.
@@ -229,6 +242,35 @@ impl CudaExecutor {
         match (gated, &self.ranks[..]) {
             (Some(gate), [_]) => gate,
             _ => CallGate::NONE,
+        }
+    }
+
+    /// The refs a met call runs by: every rank's as published, while a registration is not
+    /// symmetric; under symmetric registrations (every rank's decision alike: the shapes the
+    /// meeting compared carry it) none where the call copies, and where it runs on them, every
+    /// rank's — which must be this rank's `refs`, as the gate would demand of a later call
+    /// (else [`Error::CallMismatch`], naming the first rank that differs).
+    fn symmetric_refs(
+        &self,
+        all: Vec<CallerRefs>,
+        refs: CallerRefs,
+        symmetric: bool,
+        call: CallShape,
+    ) -> Result<Vec<CallerRefs>> {
+        if !self.registrations.all_symmetric() {
+            return Ok(all);
+        }
+        if !symmetric {
+            return Ok(Vec::new());
+        }
+        match all.iter().position(|r| *r != refs) {
+            None => Ok(all),
+            Some(q) => Err(Error::CallMismatch {
+                rank: q,
+                theirs: format!("{}, {}", call.describe(), all[q].describe()),
+                this: self.ranks[0].rank(),
+                ours: format!("{}, {}", call.describe(), refs.describe()),
+            }),
         }
     }
 
