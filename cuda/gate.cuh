@@ -35,7 +35,7 @@ struct rr_gate_layout {
     unsigned slots;
     unsigned slot_words;
     unsigned call_slots;
-    unsigned compared;  // the words of a slot every rank must have alike: number, shape, refs
+    unsigned compared;  // the slot words every rank must have alike: number, shape (+ refs: symmetric)
 };
 
 static __device__ __forceinline__ rr_ull rr_ld_acquire_sys64(const rr_ull* word) {
