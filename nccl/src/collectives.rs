@@ -52,29 +52,10 @@ pub(crate) struct Call {
     op: Op,
 }
 
-/// Enqueues `call` on `stream` (module doc).
+/// [`submit`]'s call on elements of `T`.
 ///
 /// # Safety
-/// NCCL's contract for the collective: the buffers are device memory of the communicator's GPU
-/// with the lengths given, untouched until the stream passes the call; `stream` is live.
-pub(crate) unsafe fn enqueue(comm: ncclComm_t, call: Call, stream: cudaStream_t) -> ncclResult_t {
-    fallback::log(call.name, "ringreduce");
-    guarded(|| {
-        // SAFETY: our caller's contract.
-        let comm = unsafe { comm_ref(comm) }?;
-        // SAFETY: our caller's contract: a live stream (or 0, the legacy default stream).
-        let stream = unsafe { CallerStream::from_raw(stream.cast()) }?;
-        // SAFETY: our caller's contract, passed on.
-        ringreduce::with_element!(call.dtype, T => comm.with(|c| unsafe {
-            typed::<T>(c, comm.device, &call, stream)
-        }))
-    })
-}
-
-/// [`enqueue`] on elements of `T`.
-///
-/// # Safety
-/// As for [`enqueue`].
+/// As for [`submit`].
 pub(crate) unsafe fn typed<T: Element>(
     comm: &mut RankCommunicator,
     device: usize,
@@ -122,17 +103,28 @@ pub(crate) fn types(
     Ok((dtype_of(datatype)?, op))
 }
 
-/// Runs `body` to build a call, then enqueues it.
+/// Runs `body` to build a call, then enqueues it on `stream` (module doc).
+///
+/// # Safety
+/// NCCL's contract for the collective: the buffers are device memory of the communicator's GPU
+/// with the lengths given, untouched until the stream passes the call; `stream` is live.
 pub(crate) unsafe fn submit(
     comm: ncclComm_t,
     stream: cudaStream_t,
     body: impl FnOnce() -> Result<Call, Failure>,
 ) -> ncclResult_t {
-    match body() {
+    guarded(|| {
+        let call = body()?;
+        fallback::log(call.name, "ringreduce");
+        // SAFETY: our caller's contract.
+        let comm = unsafe { comm_ref(comm) }?;
+        // SAFETY: our caller's contract: a live stream (or 0, the legacy default stream).
+        let stream = unsafe { CallerStream::from_raw(stream.cast()) }?;
         // SAFETY: our caller's contract, passed on.
-        Ok(call) => unsafe { enqueue(comm, call, stream) },
-        Err(failure) => guarded(|| Err(failure)),
-    }
+        ringreduce::with_element!(call.dtype, T => comm.with(|c| unsafe {
+            typed::<T>(c, comm.device, &call, stream)
+        }))
+    })
 }
 
 /// `ncclAllReduce`.

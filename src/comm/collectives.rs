@@ -21,11 +21,10 @@
 //! The count comes from the buffers; every length is then checked exactly (all-reduce's outputs
 //! alone may be longer), with errors that name the rank, the buffer, and what was expected.
 
-use super::{Call, Communicator, When};
-use crate::buffer::{Buffer, BufferMut, StreamUse};
+use super::Communicator;
+use crate::buffer::{Buffer, BufferMut};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::exec::profile::{self, HostPhase};
 use crate::plan::{Collective, Transfer};
 use cudarc::driver::CudaStream;
 use std::sync::Arc;
@@ -236,52 +235,5 @@ impl Communicator {
             .collect();
         let c = Collective::SendRecv { transfers };
         self.collective(&c, Some(sends), recvs, ReduceOp::Sum)
-    }
-
-    /// Validates, then runs one collective (in place when `inputs` is `None`); the all-reduce
-    /// goes through its own path (whose outputs may be longer than its inputs).
-    ///
-    /// # Safety
-    /// When `!wait_complete`, the buffers must stay valid and untouched until the collective has
-    /// completed (see [`Communicator::enqueue_collective`]).
-    pub(super) unsafe fn submit_collective<T: Element, I: Buffer<T>, O: BufferMut<T>>(
-        &self,
-        collective: &Collective,
-        inputs: Option<&[I]>,
-        outputs: &mut [O],
-        op: ReduceOp,
-        wait_complete: bool,
-        caller: Option<&[Arc<CudaStream>]>,
-    ) -> Result<()> {
-        self.begin_profile();
-        let layout = self.validate_collective::<T, I, O>(collective, inputs, outputs)?;
-        let mut ins = vec![0u64; layout.input_slots];
-        for (b, &slot) in inputs.into_iter().flatten().zip(&layout.input_at) {
-            ins[slot] = b.address();
-        }
-        let mut outs = vec![0u64; layout.output_slots];
-        for (b, &slot) in outputs.iter_mut().zip(&layout.output_at) {
-            outs[slot] = b.address_mut();
-        }
-        let mut track = |streams: &[&CudaStream], when: StreamUse| {
-            for (b, &rank) in inputs.into_iter().flatten().zip(&layout.input_rank) {
-                b.on_stream(streams[rank], when);
-            }
-            for (b, &rank) in outputs.iter_mut().zip(&layout.output_rank) {
-                b.on_stream_mut(streams[rank], when);
-            }
-        };
-        let call = Call {
-            collective: collective.clone(),
-            count: layout.count,
-            in_place: inputs.is_none(),
-        };
-        profile::mark(HostPhase::Validate);
-        let when = When {
-            wait_complete,
-            caller,
-        };
-        // SAFETY: validated buffers; completion is awaited or is the caller's contract.
-        unsafe { self.run::<T>(call, &ins, &outs, op, when, &mut track) }
     }
 }

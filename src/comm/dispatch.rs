@@ -1,12 +1,13 @@
-//! The one way every call of a [`Communicator`] reaches its executor, once its arguments are
-//! checked: `run` takes the state lock, refuses a failed or closed communicator, runs the call
+//! The one way every call of a [`Communicator`] reaches its executor: `submit_collective`
+//! validates its arguments, takes the state lock, refuses a failed or closed communicator, runs the call
 //! on host threads or GPUs (on the communicator's streams or the caller's), and marks the
 //! communicator failed when the call failed. And what each call leaves to be asked: what it ran
 //! ([`Communicator::last_ran`]) and the profile of its host phases
 //! ([`Communicator::host_profile`]; module [`crate::exec::profile`]).
 
-use super::{Call, Communicator, Executor, When};
-use crate::buffer::StreamUse;
+use super::{Communicator, Executor};
+use crate::buffer::{Buffer, BufferMut, StreamUse};
+use crate::device::CallerStream;
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::algorithm::Ran;
@@ -15,6 +16,7 @@ use crate::exec::profile::{self, CallProfile, HostPhase};
 use crate::exec::Shape;
 use crate::plan::Collective;
 use cudarc::driver::CudaStream;
+use std::sync::Arc;
 
 /// The most call profiles a communicator keeps until [`Communicator::host_profile`] takes
 /// them (a few hundred bytes each), so that a profiled communicator nobody asks does not grow.
@@ -64,30 +66,28 @@ impl Communicator {
         }
     }
 
-    /// Runs one validated call; `inputs` and `outputs` are the buffers' addresses as
-    /// [`crate::exec::caller_address`] lays them out (`inputs` empty in place).
+    /// Validates, then runs one collective (in place when `inputs` is `None`): takes the state
+    /// lock, refuses a failed or closed communicator, runs the call on host threads or GPUs (on
+    /// the communicator's streams or the caller's), and marks the communicator failed when the
+    /// call failed (refusals that enqueued nothing excepted).
     ///
     /// # Safety
-    /// The buffers passed validation; they stay valid and untouched by others until the call is
-    /// complete (until this returns when `wait_complete`).
-    pub(super) unsafe fn run<T: Element>(
+    /// When `!wait_complete`, the buffers must stay valid and untouched until the collective has
+    /// completed (see [`Communicator::enqueue_collective`]).
+    pub(super) unsafe fn submit_collective<T: Element, I: Buffer<T>, O: BufferMut<T>>(
         &self,
-        call: Call,
-        inputs: &[u64],
-        outputs: &[u64],
+        collective: &Collective,
+        inputs: Option<&[I]>,
+        outputs: &mut [O],
         op: ReduceOp,
-        when: When<'_>,
-        track: &mut dyn FnMut(&[&CudaStream], StreamUse),
+        wait_complete: bool,
+        caller: Option<&[Arc<CudaStream>]>,
     ) -> Result<()> {
-        let Call {
-            collective,
-            count,
-            in_place,
-        } = call;
-        let When {
-            wait_complete,
-            caller,
-        } = when;
+        self.begin_profile();
+        let layout = self.validate_collective::<T, I, O>(collective, inputs, outputs)?;
+        let (ins, outs) = layout.addresses(inputs, outputs);
+        let shape = Shape::collective::<T>(collective.clone(), layout.count, inputs.is_none(), op);
+        profile::mark(HostPhase::Validate);
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         profile::mark(HostPhase::Lock);
         if let Some(err) = self.failed.get() {
@@ -99,57 +99,45 @@ impl Communicator {
                 "a host communicator has no streams: the caller's streams need a GPU communicator"
                     .into(),
             )),
-            Some(Executor::Host(exec)) => {
-                let shape = Shape::collective::<T>(collective, count, in_place, op);
-                // SAFETY: validation checked every buffer is host memory of the length the
-                // collective needs and that no written buffer overlaps another buffer; each
-                // written buffer is a distinct `&mut` borrow held by our caller until this
-                // returns, and with `wait_complete` `run` returns only once every thread is done
-                // with the buffers; without, their lifetime until completion is our caller's
-                // contract.
-                unsafe { exec.run::<T>(shape, inputs, outputs, op, wait_complete) }
-            }
+            // SAFETY: validation checked every buffer is host memory of the length the
+            // collective needs and that no written buffer overlaps another buffer; each written
+            // buffer is a distinct `&mut` borrow held by our caller until this returns, and with
+            // `wait_complete` `run` returns only once every thread is done with the buffers;
+            // without, their lifetime until completion is our caller's contract.
+            Some(Executor::Host(exec)) => unsafe {
+                exec.run::<T>(shape, &ins, &outs, op, wait_complete)
+            },
             Some(Executor::Cuda(exec)) => {
-                let callers: Option<Vec<crate::device::CallerStream>> = caller.map(|streams| {
-                    streams
-                        .iter()
-                        .map(|s| crate::device::CallerStream::of(s))
-                        .collect()
-                });
-                // Bad streams are the caller's mistake: refused without failing the communicator.
-                if let Some(streams) = &callers {
-                    exec.check_caller_streams(streams)?;
-                }
-                if collective == Collective::AllReduce {
-                    exec.prepare_buffers(outputs)?;
-                }
-                let shape = Shape::collective::<T>(collective, count, in_place, op);
-                // The stream each rank's work starts and ends on: the caller's, or Main.
-                let on =
-                    |exec: &CudaExecutor,
-                     when: StreamUse,
-                     track: &mut dyn FnMut(&[&CudaStream], StreamUse)| {
-                        let streams: Vec<&CudaStream> = match caller {
-                            Some(streams) => streams.iter().map(|s| &**s).collect(),
-                            None => exec.main_streams(),
-                        };
-                        track(&streams, when);
-                    };
-                on(exec, StreamUse::Before, track);
-                // SAFETY: validation checked every buffer is on its rank's GPU with the length the
-                // collective needs and that no written buffer overlaps another; lifetimes are our
-                // caller's contract.
-                let result = unsafe {
-                    exec.run::<T>(
-                        shape,
-                        inputs,
-                        outputs,
-                        op,
-                        wait_complete,
-                        callers.as_deref(),
-                    )
+                let raw: Option<Vec<CallerStream>> =
+                    caller.map(|streams| streams.iter().map(|s| CallerStream::of(s)).collect());
+                // Bad streams are the caller's mistake: refused without failing the
+                // communicator, before any buffer is touched.
+                let callers = match raw.as_deref().map(|s| exec.check_caller_streams(s)) {
+                    Some(Err(err)) => return Err(err),
+                    checked => checked.transpose().expect("an error returned above"),
                 };
-                on(exec, StreamUse::After, track);
+                if *collective == Collective::AllReduce {
+                    exec.prepare_buffers(&outs)?;
+                }
+                // Each buffer records its use on the stream its rank's work starts and ends on
+                // (cudarc's event tracking).
+                layout.track(
+                    inputs,
+                    outputs,
+                    &call_streams(exec, caller),
+                    StreamUse::Before,
+                );
+                // SAFETY: validation checked every buffer is on its rank's GPU with the length
+                // the collective needs and that no written buffer overlaps another; lifetimes are
+                // our caller's contract.
+                let result =
+                    unsafe { exec.run::<T>(shape, &ins, &outs, op, wait_complete, callers) };
+                layout.track(
+                    inputs,
+                    outputs,
+                    &call_streams(exec, caller),
+                    StreamUse::After,
+                );
                 result
             }
         };
@@ -162,5 +150,16 @@ impl Communicator {
         drop(state);
         self.end_profile("collective");
         result
+    }
+}
+
+/// The stream each rank's work of a call starts and ends on: the caller's, or Main.
+fn call_streams<'a>(
+    exec: &'a CudaExecutor,
+    caller: Option<&'a [Arc<CudaStream>]>,
+) -> Vec<&'a CudaStream> {
+    match caller {
+        Some(streams) => streams.iter().map(|s| &**s).collect(),
+        None => exec.main_streams(),
     }
 }

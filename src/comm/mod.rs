@@ -45,9 +45,7 @@ use crate::exec::cuda::executor::{CudaExecutor, EdgeInfo};
 use crate::exec::host::HostExecutor;
 use crate::exec::profile::CallProfile;
 use crate::exec::Algorithm;
-use crate::plan::Collective;
-use cudarc::driver::CudaStream;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock};
 
 mod all_reduce;
 mod collectives;
@@ -74,19 +72,6 @@ enum Executor {
 
 struct State {
     exec: Option<Executor>,
-}
-
-/// What a call computes, beside its buffers.
-struct Call {
-    collective: Collective,
-    count: usize,
-    in_place: bool,
-}
-
-/// How a call completes: blocking or not, on the communicator's streams or the caller's.
-struct When<'a> {
-    wait_complete: bool,
-    caller: Option<&'a [Arc<CudaStream>]>,
 }
 
 /// What a communicator is, fixed when it is made: read without waiting for a running call.

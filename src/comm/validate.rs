@@ -10,10 +10,11 @@
 //! and no buffer the call writes overlapping any other buffer of the call.
 
 use super::Communicator;
-use crate::buffer::{Buffer, Placement};
+use crate::buffer::{Buffer, BufferMut, Placement, StreamUse};
 use crate::element::Element;
 use crate::error::{Error, Result};
 use crate::plan::{Collective, Transfer};
+use cudarc::driver::CudaStream;
 
 impl Communicator {
     /// The checks of one call of a collective, before anything is enqueued: the collective
@@ -217,6 +218,41 @@ impl Layout {
             _ => {}
         }
         Ok(l)
+    }
+
+    /// Every buffer's address in the lists the executors read (by rank, or by transfer; 0 where
+    /// a list has no buffer): inputs (empty in place), outputs.
+    pub(super) fn addresses<T: Element, I: Buffer<T>, O: BufferMut<T>>(
+        &self,
+        inputs: Option<&[I]>,
+        outputs: &mut [O],
+    ) -> (Vec<u64>, Vec<u64>) {
+        let mut ins = vec![0u64; self.input_slots];
+        for (b, &slot) in inputs.into_iter().flatten().zip(&self.input_at) {
+            ins[slot] = b.address();
+        }
+        let mut outs = vec![0u64; self.output_slots];
+        for (b, &slot) in outputs.iter_mut().zip(&self.output_at) {
+            outs[slot] = b.address_mut();
+        }
+        (ins, outs)
+    }
+
+    /// Records each buffer's use by the call on its rank's stream in `streams` (by rank), `when`
+    /// before or after it: cudarc's event tracking of its slices.
+    pub(super) fn track<T: Element, I: Buffer<T>, O: BufferMut<T>>(
+        &self,
+        inputs: Option<&[I]>,
+        outputs: &mut [O],
+        streams: &[&CudaStream],
+        when: StreamUse,
+    ) {
+        for (b, &rank) in inputs.into_iter().flatten().zip(&self.input_rank) {
+            b.on_stream(streams[rank], when);
+        }
+        for (b, &rank) in outputs.iter_mut().zip(&self.output_rank) {
+            b.on_stream_mut(streams[rank], when);
+        }
     }
 
     /// The exact length of each buffer in the input and output lists.

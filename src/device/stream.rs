@@ -469,23 +469,26 @@ pub fn event_elapsed_ms(start: &Event, end: &Event) -> Result<f32> {
 }
 
 /// Enqueues `function` on the stream `raw` (one of ours, [`Stream::raw`], or a caller's,
-/// [`CallerStream::raw`]): `blocks` blocks of `threads` threads, no dynamic shared memory
-/// (`cuLaunchKernel`). The one launch of the crate: every kernel goes through here.
+/// [`CallerStream::raw`]) with `ctx` current (bound here): `blocks` blocks of `threads` threads,
+/// no dynamic shared memory (`cuLaunchKernel`). The one launch of the crate: every kernel goes
+/// through here.
 ///
 /// # Safety
-/// `function` was loaded into the context of `raw`, a live stream, and that context is current
-/// on this thread;
+/// `function` was loaded into `ctx`, the context of `raw`, a live stream;
 /// `params` holds one pointer per kernel parameter, each to a value of the parameter's type that
 /// lives until this returns; the grid is one the kernel accepts; and the memory the kernel
 /// touches is valid and unaliased as the kernel's own contract says, until it completes.
 pub(crate) unsafe fn launch_kernel(
+    ctx: &CudaContext,
     function: &cudarc::driver::CudaFunction,
     blocks: u32,
     threads: u32,
     raw: sys::CUstream,
     params: &mut [*mut std::ffi::c_void],
 ) -> Result<()> {
-    // SAFETY: our caller's contract, passed on.
+    bind(ctx)?;
+    // SAFETY: our caller's contract, passed on; `ctx`, the function's and the stream's, is
+    // current.
     unsafe {
         cudarc::driver::result::launch_kernel(
             function.cu_function(),

@@ -153,12 +153,18 @@ impl RankCommunicator {
         broken(&self.broken)?;
         let (inputs, outputs) = self.addresses(&shape, &ends);
         match &mut self.inner {
-            Inner::Gpu { exec, .. } => guarded(&mut self.broken, || {
-                // SAFETY: every address is this rank's buffer on its GPU, valid for the length
-                // the plan declares; its lifetime until `stream` passes the call is our caller's
-                // contract.
-                unsafe { exec.run::<T>(shape, &inputs, &outputs, op, false, Some(&[stream])) }
-            }),
+            Inner::Gpu { exec, .. } => {
+                let streams = [stream];
+                // Bad streams are the caller's mistake: refused without breaking the
+                // communicator.
+                let streams = exec.check_caller_streams(&streams)?;
+                guarded(&mut self.broken, || {
+                    // SAFETY: every address is this rank's buffer on its GPU, valid for the
+                    // length the plan declares; its lifetime until `stream` passes the call is
+                    // our caller's contract.
+                    unsafe { exec.run::<T>(shape, &inputs, &outputs, op, false, Some(streams)) }
+                })
+            }
             // SAFETY: as above.
             Inner::GpuHosts(inner) => guarded(&mut self.broken, || unsafe {
                 inner.run::<T>(shape, &inputs, &outputs, op, false, Some(stream))

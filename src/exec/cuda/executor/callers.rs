@@ -11,7 +11,25 @@ use crate::exec::cuda::kernels::CallGate;
 use crate::exec::job::{BufferRef, CallShape, CallerRefs};
 use crate::exec::Shape;
 use crate::plan::{Collective, StreamKind};
+use std::borrow::Cow;
 use std::time::Instant;
+
+/// A call's streams of the caller, one per rank of the executor, each of its rank's GPU and
+/// context: made only by [`CudaExecutor::check_caller_streams`], so that a call's streams are
+/// checked once, by whoever begins the call.
+#[derive(Clone, Copy)]
+pub(crate) struct CallerStreams<'a>(&'a [CallerStream]);
+
+/// A call published and checked ([`CudaExecutor::run`]'s first step): the shape it runs
+/// (registered where every rank's buffers are), every buffer's address as this rank reaches it
+/// (laid out as [`crate::exec::caller_address`] lays them out), and the gate its peer kernel
+/// passes first ([`CallGate::NONE`] where nothing is checked on the GPU).
+pub(super) struct Checked<'a> {
+    pub(super) shape: Shape,
+    pub(super) inputs: Cow<'a, [u64]>,
+    pub(super) outputs: Cow<'a, [u64]>,
+    pub(super) gate: CallGate,
+}
 
 impl CudaExecutor {
     /// Runs one collective of `shape` over device buffers (addresses laid out as
@@ -45,6 +63,10 @@ impl CudaExecutor {
     /// [`Error::CallMismatch`] — from the call itself, or from the communicator's next call,
     /// `synchronize` or async error when the gate found it. A failure is told to the peers
     /// (`Fabric::fail`), and a blocking call's completion too.
+    ///
+    /// The call in three steps, each a function: `checked_call` (published and checked),
+    /// `ready_call` (its plan prepared, its buffers laid out: module `run_on_main`), then the
+    /// launch — `run_inline` (from this thread: module `launch`) or `run_on_rank_threads`.
     pub(crate) unsafe fn run<T: Element>(
         &mut self,
         shape: Shape,
@@ -52,16 +74,69 @@ impl CudaExecutor {
         outputs: &[u64],
         op: ReduceOp,
         wait_complete: bool,
-        caller: Option<&[CallerStream]>,
+        caller: Option<CallerStreams<'_>>,
     ) -> Result<()> {
-        // Bad streams are this rank's mistake: refused before the peers hear of the call.
+        let caller = caller.map(|streams| streams.0);
         let captured = match caller {
-            Some(streams) => {
-                self.check_caller_streams(streams)?;
-                capture::capturing(streams)?
-            }
+            Some(streams) => capture::capturing(streams)?,
             None => false,
         };
+        let result = self
+            .checked_call::<T>(shape, inputs, outputs, op, captured)
+            .and_then(|checked| {
+                // A capture: the plan (prepared by an earlier call) is refused if it cannot be
+                // captured before any stream joins the capture, and pinned, since the graph
+                // will hold its memory.
+                if captured {
+                    self.pin_for_capture(checked.shape.clone())?;
+                }
+                let saved = caller.map(|_| device::save_current()).transpose()?;
+                let launched = caller
+                    .map_or(Ok(()), |streams| self.fence_in(streams))
+                    // SAFETY: our caller's contract for this rank's buffers; a registered call's
+                    // peer buffers as `checked_call` says.
+                    .and_then(|()| unsafe {
+                        self.ready_call::<T>(checked, op, wait_complete, captured)
+                    })
+                    .and_then(|ready| match ready.launching {
+                        Some(launching) => {
+                            self.run_inline(&ready.call, launching, &ready.prepared.schedule)
+                        }
+                        None => self.run_on_rank_threads(&ready.call, &ready.done),
+                    });
+                // Also after a failure: the caller's stream must not run ahead of what was
+                // enqueued.
+                let fenced = caller.map_or(Ok(()), |streams| self.fence_out(streams));
+                launched
+                    .and(fenced)
+                    .and(saved.map_or(Ok(()), |saved| saved.restore()))
+            });
+        match &result {
+            Err(err) => self.fabric.fail(err),
+            Ok(()) if wait_complete => self.fabric.finished(),
+            Ok(()) => {}
+        }
+        result
+    }
+
+    /// The first step of [`CudaExecutor::run`]: the call published to the peers and checked —
+    /// gated (the GPU checks it: the returned gate) or met on the host — and, where every rank's
+    /// buffers are registered, the shape and addresses it runs on them with.
+    ///
+    /// The peers' buffers in the returned addresses are their callers' buffers of this same call
+    /// (published for it — met, or, gated, at refs the gate finds equal to this rank's before the
+    /// kernel touches any), in memory they registered and this rank mapped, valid for the plan's
+    /// lengths (`Registrations::address`), and borrowed by their callers until their part of the
+    /// call is complete — which waits for every rank's reads and writes of them (the plan's
+    /// completion rule).
+    fn checked_call<'a, T: Element>(
+        &mut self,
+        shape: Shape,
+        inputs: &'a [u64],
+        outputs: &'a [u64],
+        op: ReduceOp,
+        captured: bool,
+    ) -> Result<Checked<'a>> {
         let timeout = self.config.timeout;
         let deadline = Instant::now() + timeout;
         let refs = self.own_refs(&shape, inputs, outputs);
@@ -101,138 +176,72 @@ impl CudaExecutor {
             },
             _ => refs,
         };
-        // A failure an earlier call's kernels left is reported (and told to the peers, below)
-        // before this call is published.
-        let unbroken = match self.in_one_process() {
-            true => Ok(()),
-            false => self.check_error_words(),
-        };
-        let result = unbroken
-            .and_then(|()| {
-                let gated = gate.is_some();
-                self.fabric
-                    .publish_call(call, refs, gated, deadline, timeout)
-            })
-            .and_then(|seq| {
-                let gated = gate.map(|gate| CallGate {
-                    seq,
-                    layout: match symmetric {
-                        true => gate.layout.with_refs(),
-                        false => gate.layout,
-                    },
-                    ..gate
-                });
-                // A gated call is checked on the GPU; on registered memory, every rank's
-                // buffers lie where this rank's do (the gate compares the refs).
-                let all = match gated {
-                    Some(_) if symmetric => vec![refs; self.world],
-                    Some(_) => Vec::new(),
-                    None => {
-                        let all = self.fabric.meet_call(seq, call, deadline, timeout)?;
-                        self.symmetric_refs(all, refs, symmetric, call)?
-                    }
-                };
-                if !registered::runs_registered(&all) {
-                    // SAFETY: our caller's contract, passed on.
-                    return unsafe {
-                        self.run_fenced::<T>(
-                            shape,
-                            inputs,
-                            outputs,
-                            op,
-                            wait_complete,
-                            caller,
-                            captured,
-                            gated,
-                        )
-                    };
-                }
-                // Every rank's buffers are registered: the call runs on them, peers' included.
-                let (inputs, outputs) = self.registered_addresses(&shape, &all, inputs, outputs)?;
-                let shape = Shape {
-                    registered: true,
-                    ..shape
-                };
-                // SAFETY: our caller's contract for this rank's buffers; a peer's are its
-                // caller's buffers of this same call (it published them for it — met, or, gated,
-                // at refs the gate finds equal to this rank's before the kernel touches any), in
-                // memory it registered and this rank mapped, valid for the plan's lengths
-                // (`Registrations::address`), and borrowed by its caller until its part of the
-                // call is complete — which waits for every rank's reads and writes of them (the
-                // plan's completion rule).
-                unsafe {
-                    self.run_fenced::<T>(
-                        shape,
-                        &inputs,
-                        &outputs,
-                        op,
-                        wait_complete,
-                        caller,
-                        captured,
-                        gated,
-                    )
-                }
-            });
-        match &result {
-            Err(err) => self.fabric.fail(err),
-            Ok(()) if wait_complete => self.fabric.finished(),
-            Ok(()) => {}
+        // A failure an earlier call's kernels left is reported (and told to the peers, by
+        // `run`) before this call is published.
+        if !self.in_one_process() {
+            self.check_error_words()?;
         }
-        result
+        let seq = self
+            .fabric
+            .publish_call(call, refs, gate.is_some(), deadline, timeout)?;
+        let gated = gate.map(|gate| CallGate {
+            seq,
+            layout: match symmetric {
+                true => gate.layout.with_refs(),
+                false => gate.layout,
+            },
+            ..gate
+        });
+        // A gated call is checked on the GPU; on registered memory, every rank's buffers lie
+        // where this rank's do (the gate compares the refs).
+        let all = match gated {
+            Some(_) if symmetric => vec![refs; self.world],
+            Some(_) => Vec::new(),
+            None => {
+                let all = self.fabric.meet_call(seq, call, deadline, timeout)?;
+                self.symmetric_refs(all, refs, symmetric, call)?
+            }
+        };
+        let gate = self.call_gate(gated);
+        if !registered::runs_registered(&all) {
+            return Ok(Checked {
+                shape,
+                inputs: Cow::Borrowed(inputs),
+                outputs: Cow::Borrowed(outputs),
+                gate,
+            });
+        }
+        // Every rank's buffers are registered: the call runs on them, peers' included.
+        let (inputs, outputs) = self.registered_addresses(&shape, &all, inputs, outputs)?;
+        Ok(Checked {
+            shape: Shape {
+                registered: true,
+                ..shape
+            },
+            inputs: Cow::Owned(inputs),
+            outputs: Cow::Owned(outputs),
+            gate,
+        })
     }
 
-    /// [`CudaExecutor::run`] once the call is published (and, without `gated`, checked): the
-    /// caller's streams fenced around Main, and with `gated` (the fabric's gate with the call's
-    /// number) the call gate passed to the call's peer kernel.
-    ///
-    /// # Safety
-    /// As for [`CudaExecutor::run`].
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn run_fenced<T: Element>(
-        &mut self,
-        shape: Shape,
-        inputs: &[u64],
-        outputs: &[u64],
-        op: ReduceOp,
-        wait_complete: bool,
-        caller: Option<&[CallerStream]>,
-        captured: bool,
-        gated: Option<CallGate>,
-    ) -> Result<()> {
-        let gate = self.call_gate(gated);
-        let Some(streams) = caller else {
-            // SAFETY: our caller's contract, passed on.
-            return unsafe {
-                self.run_shape_on_main::<T>(shape, inputs, outputs, op, wait_complete, false, gate)
-            };
-        };
-        // A capture: the plan (prepared by an earlier call) is refused if it cannot be captured
-        // before any stream joins the capture, and pinned, since the graph will hold its memory.
-        if captured {
-            self.pin_for_capture(shape.clone())?;
-        }
-        let saved = device::save_current()?;
+    /// Orders each rank's Main stream after the work queued on the caller's stream so far.
+    fn fence_in(&self, streams: &[CallerStream]) -> Result<()> {
         for (res, stream) in self.ranks.iter().map(|r| &*r.res).zip(streams) {
             // SAFETY: the stream is live (borrowed) and of the rank's context (checked by `run`).
             unsafe { device::record_on_raw_stream(&res.fence_in, stream.raw()) }?;
             device::wait(&res.streams[StreamKind::Main.index()], &res.fence_in)?;
         }
-        // SAFETY: our caller's contract, passed on.
-        let result = unsafe {
-            self.run_shape_on_main::<T>(shape, inputs, outputs, op, wait_complete, captured, gate)
-        };
-        // Also after a failure: the caller's stream must not run ahead of what was enqueued.
-        let fenced = self
-            .ranks
-            .iter()
-            .map(|r| &*r.res)
-            .zip(streams)
-            .try_for_each(|(res, stream)| {
-                device::record(&res.fence_out, &res.streams[StreamKind::Main.index()])?;
-                // SAFETY: as above.
-                unsafe { device::wait_on_raw_stream(&res.ctx, stream.raw(), &res.fence_out) }
-            });
-        result.and(fenced).and(saved.restore())
+        Ok(())
+    }
+
+    /// Orders the work queued on each caller's stream from now on after the rank's Main stream.
+    fn fence_out(&self, streams: &[CallerStream]) -> Result<()> {
+        for (res, stream) in self.ranks.iter().map(|r| &*r.res).zip(streams) {
+            device::record(&res.fence_out, &res.streams[StreamKind::Main.index()])?;
+            // SAFETY: as in `fence_in`.
+            unsafe { device::wait_on_raw_stream(&res.ctx, stream.raw(), &res.fence_out) }?;
+        }
+        Ok(())
     }
 
     /// The call gate that this process's one rank's peer kernel passes first, when `gated` (the
@@ -350,8 +359,13 @@ impl CudaExecutor {
     }
 
     /// Each caller's stream belongs to its rank's GPU, in the context ringreduce uses there (the
-    /// device's primary context, as cudarc's `CudaContext::new` gives).
-    pub(crate) fn check_caller_streams(&self, streams: &[CallerStream]) -> Result<()> {
+    /// device's primary context, as cudarc's `CudaContext::new` gives): the streams, checked, for
+    /// [`CudaExecutor::run`]. Bad streams are the caller's mistake: refused before the peers hear
+    /// of the call.
+    pub(crate) fn check_caller_streams<'a>(
+        &self,
+        streams: &'a [CallerStream],
+    ) -> Result<CallerStreams<'a>> {
         if streams.len() != self.ranks.len() {
             return Err(Error::WorldMismatch {
                 world: self.ranks.len(),
@@ -373,6 +387,6 @@ impl CudaExecutor {
                 )));
             }
         }
-        Ok(())
+        Ok(CallerStreams(streams))
     }
 }

@@ -26,17 +26,15 @@
 
 use super::counters::wait_code;
 use super::launch::enqueue_rank;
-use super::peer_words::PeerWords;
+use super::peer_words::{PeerKernel, PeerWords};
 use super::rank::{RankPlan, RankRes};
 use super::watch::PeerWatch;
 use super::{CudaCall, Dispatch};
 use crate::device;
 use crate::error::{Error, Result};
 use crate::exec::cuda::kernels::ERR_PEER_LOST;
-use crate::exec::panic_message;
 use crate::plan::{BufId, EventId, Instr, Op, Region, StreamKind, Tag};
 use crossbeam_channel::Receiver;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -50,17 +48,7 @@ pub(super) fn gpu_rank_thread(
 ) {
     let rank = res.rank;
     while let Some(call) = next_call(&calls) {
-        let outcome = catch_unwind(AssertUnwindSafe(|| {
-            enqueue_rank(&res, peer.as_deref(), &call)
-        }));
-        let result = match outcome {
-            Ok(r) => r,
-            Err(payload) => Err(Error::RankFailed {
-                rank,
-                during: "enqueue".into(),
-                message: panic_message(&*payload),
-            }),
-        };
+        let result = enqueue_rank(&res, peer.as_deref(), &call);
         if result.is_err() {
             call.abort.store(true, Ordering::Release);
         }
@@ -225,33 +213,23 @@ impl CudaEnqueue<'_> {
 
 impl CudaEnqueue<'_> {
     /// Enqueues the rank's next instruction; an exposure before a one-shot meeting is held
-    /// back for that meeting's kernel ([`Op::Expose`] says what an executor may do with it).
+    /// back for that meeting's kernel ([`Op::Expose`] says what an executor may do with it),
+    /// whose launch fuses it (`expose_from`).
     pub(super) fn enqueue(&mut self, instr: &Instr) -> Result<()> {
-        match (instr.op, &*self.plan.dispatch) {
-            (Op::Expose { src, .. }, Dispatch::OneShot { .. }) => {
-                self.expose_from = Some(self.addr(src));
-                Ok(())
-            }
-            (op, _) => {
-                let expose_from = self.expose_from.take();
-                if expose_from.is_some() && !matches!(op, Op::PeerReduce { .. }) {
-                    return Err(Error::Internal {
-                        what: format!(
-                            "rank {}'s exposure is not followed by its meeting",
-                            self.rank
-                        ),
-                    });
-                }
-                self.enqueue_now(instr, expose_from)
-            }
+        if let (Op::Expose { src, .. }, Dispatch::OneShot { .. }) = (instr.op, &*self.plan.dispatch)
+        {
+            self.expose_from = Some(self.addr(src));
+            return Ok(());
         }
-    }
-}
-
-impl CudaEnqueue<'_> {
-    /// Enqueues one instruction; `expose_from` is the held-back exposure's source for a one-shot
-    /// meeting (see `expose_from`).
-    fn enqueue_now(&mut self, instr: &Instr, expose_from: Option<u64>) -> Result<()> {
+        let expose_from = self.expose_from.take();
+        if expose_from.is_some() && !matches!(instr.op, Op::PeerReduce { .. }) {
+            return Err(Error::Internal {
+                what: format!(
+                    "rank {}'s exposure is not followed by its meeting",
+                    self.rank
+                ),
+            });
+        }
         let call = self.call;
         let plan = &*self.plan.plan;
         let stream = self.res.stream(instr.stream);
@@ -321,6 +299,9 @@ impl CudaEnqueue<'_> {
                     self.kernel_launched = true;
                     self.launch_steps(self.rank, &steps[self.rank])
                 }
+                Dispatch::OneShot {
+                    kernel: PeerKernel::OneShotLl,
+                } => self.launch_ll(op, dst, expose_from, stream),
                 Dispatch::OneShot { kernel } => {
                     self.launch_oneshot(*kernel, op, dst, expose_from, stream)
                 }

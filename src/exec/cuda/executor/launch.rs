@@ -27,7 +27,7 @@
 use super::enqueue::{record_done, wait_done, CudaEnqueue};
 use super::peer_words::PeerWords;
 use super::rank::RankRes;
-use super::{CudaCall, CudaExecutor};
+use super::{CudaCall, CudaExecutor, Schedule};
 use crate::device;
 use crate::error::{Error, Result};
 use crate::exec::pace::Pace;
@@ -55,15 +55,19 @@ impl CudaExecutor {
     /// until every rank is enqueued, so that no blocking CUDA call of this crate falls between
     /// the ranks' launches.
     ///
-    /// With `order` (the checker's enqueue order of the call's plan, `Schedule::Checked`), every
+    /// With `Schedule::Checked(order)` (the checker's enqueue order of the call's plan), every
     /// rank's instructions are enqueued interleaved in that order instead, so that every counter
     /// wait is enqueued after the signal it consumes.
     pub(super) fn run_inline(
         &mut self,
         call: &Arc<CudaCall>,
         launching: std::sync::RwLockReadGuard<'static, ()>,
-        order: Option<&[(usize, usize)]>,
+        schedule: &Schedule,
     ) -> Result<()> {
+        let order = match schedule {
+            Schedule::Checked(order) => Some(&order[..]),
+            Schedule::RankByRank | Schedule::RankThreads => None,
+        };
         let saved = device::save_current()?;
         let started = Instant::now();
         if call.peer_call {
@@ -93,18 +97,22 @@ impl CudaExecutor {
             }
             (None, Some(launchers)) => {
                 displaced = launchers.post(call);
-                launched.push(self.enqueue_rank_caught(0, call));
+                let first = &self.ranks[0];
+                launched.push((
+                    enqueue_rank(&first.res, first.peer.as_deref(), call),
+                    Instant::now(),
+                ));
                 profile::mark(HostPhase::Launch);
                 let launchers = self.launchers.as_ref().expect("posted above");
                 launched.extend(launchers.wait(call.deadline));
                 profile::mark(HostPhase::Launch);
             }
             (None, None) => {
-                for rank in 0..self.ranks.len() {
-                    let outcome = self.enqueue_rank_caught(rank, call);
+                for rank in &self.ranks {
+                    let result = enqueue_rank(&rank.res, rank.peer.as_deref(), call);
                     profile::mark(HostPhase::Launch);
-                    let failed = outcome.0.is_err();
-                    launched.push(outcome);
+                    let failed = result.is_err();
+                    launched.push((result, Instant::now()));
                     if failed {
                         break;
                     }
@@ -138,7 +146,9 @@ impl CudaExecutor {
                     wait_done(&rank.res, call).map_err(|err| self.name_blocked_launch(err))
                 });
                 profile::mark(HostPhase::Wait);
-                waited
+                let checked = waited.and_then(|()| self.check_error_words());
+                profile::mark(HostPhase::Check);
+                checked
             }
             None => Ok(()),
         };
@@ -156,23 +166,6 @@ impl CudaExecutor {
                 crate::exec::pace::DRAIN.rest(start.elapsed());
             }
         }
-    }
-
-    /// [`enqueue_rank`] for rank `rank` from the calling thread, a panic caught as an error;
-    /// with the time its launch ended.
-    fn enqueue_rank_caught(&self, rank: usize, call: &CudaCall) -> (Result<()>, Instant) {
-        let executor = &self.ranks[rank];
-        let result = catch_unwind(AssertUnwindSafe(|| {
-            enqueue_rank(&executor.res, executor.peer.as_deref(), call)
-        }))
-        .unwrap_or_else(|payload| {
-            Err(Error::RankFailed {
-                rank,
-                during: "enqueue".into(),
-                message: panic_message(&*payload),
-            })
-        });
-        (result, Instant::now())
     }
 
     /// A timeout of a peer call whose launches were held up between ranks is that, by name:
@@ -213,32 +206,42 @@ impl CudaExecutor {
 /// Enqueues rank `rank`'s whole program of a call on its own streams (binding its context),
 /// then its completion record: what the calling thread, a launcher thread or a rank thread
 /// does for one rank. Gives up between instructions once the call is aborted (another rank
-/// failed).
+/// failed). A panic is caught and returned as [`Error::RankFailed`].
 pub(super) fn enqueue_rank(res: &RankRes, peer: Option<&PeerWords>, call: &CudaCall) -> Result<()> {
     let rank = res.rank;
-    device::bind(&res.ctx)?;
-    let plan = call.plan_of(rank);
-    let main = res.stream(crate::plan::StreamKind::Main);
-    for &(dst, src, bytes) in &call.copies_in {
-        // SAFETY: the caller's buffer (validated, kept untouched until the call completes) into
-        // the memory this rank exported for it, which no peer touches before this rank's
-        // program signals or meets (the checked plan orders every access after Main's start).
-        unsafe { device::memcpy_async(dst, src, bytes, main)? };
-    }
-    let mut backend = CudaEnqueue::new(res, peer, plan, call);
-    for instr in &plan.plan.ranks[rank] {
-        if call.abort.load(Ordering::Acquire) {
-            return Err(crate::exec::aborted(rank));
+    catch_unwind(AssertUnwindSafe(|| {
+        device::bind(&res.ctx)?;
+        let plan = call.plan_of(rank);
+        let main = res.stream(crate::plan::StreamKind::Main);
+        for &(dst, src, bytes) in &call.copies_in {
+            // SAFETY: the caller's buffer (validated, kept untouched until the call completes)
+            // into the memory this rank exported for it, which no peer touches before this
+            // rank's program signals or meets (the checked plan orders every access after
+            // Main's start).
+            unsafe { device::memcpy_async(dst, src, bytes, main)? };
         }
-        backend.enqueue(instr)?;
-    }
-    backend.finish()?;
-    for &(dst, src, bytes) in &call.copies_out {
-        // SAFETY: as above, back: the checker proved that every access to a rank's caller
-        // buffers, by any rank, comes before its last Main instruction.
-        unsafe { device::memcpy_async(dst, src, bytes, main)? };
-    }
-    record_done(res, call)
+        let mut backend = CudaEnqueue::new(res, peer, plan, call);
+        for instr in &plan.plan.ranks[rank] {
+            if call.abort.load(Ordering::Acquire) {
+                return Err(crate::exec::aborted(rank));
+            }
+            backend.enqueue(instr)?;
+        }
+        backend.finish()?;
+        for &(dst, src, bytes) in &call.copies_out {
+            // SAFETY: as above, back: the checker proved that every access to a rank's caller
+            // buffers, by any rank, comes before its last Main instruction.
+            unsafe { device::memcpy_async(dst, src, bytes, main)? };
+        }
+        record_done(res, call)
+    }))
+    .unwrap_or_else(|payload| {
+        Err(Error::RankFailed {
+            rank,
+            during: "enqueue".into(),
+            message: panic_message(&*payload),
+        })
+    })
 }
 
 /// Enqueues every rank's program of `call` from this thread, interleaved in `order` (the
@@ -418,7 +421,6 @@ impl Drop for Launchers {
 
 /// A launcher's life: wait for a job (spin, then park), enqueue its rank's program, report.
 fn launcher(res: &RankRes, peer: Option<&PeerWords>, slot: &Slot) {
-    let rank = res.rank;
     let _ = device::bind(&res.ctx);
     let mut seen = 0;
     let mut idle_since = Instant::now();
@@ -440,14 +442,7 @@ fn launcher(res: &RankRes, peer: Option<&PeerWords>, slot: &Slot) {
         // which waits for the launch gate that the caller holds until this job is done.
         let call = slot.call.lock().unwrap_or_else(|p| p.into_inner()).take();
         let result = match &call {
-            Some(call) => catch_unwind(AssertUnwindSafe(|| enqueue_rank(res, peer, call)))
-                .unwrap_or_else(|payload| {
-                    Err(Error::RankFailed {
-                        rank,
-                        during: "enqueue".into(),
-                        message: panic_message(&*payload),
-                    })
-                }),
+            Some(call) => enqueue_rank(res, peer, call),
             None => Ok(()),
         };
         *slot.outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some((result, Instant::now()));

@@ -31,8 +31,10 @@
 //!   peer words made, rank threads and launchers started;
 //! - `prepare`: a shape's plan built and checked, its `Dispatch` and `Schedule` decided, and
 //!   its resources prepared on every rank;
-//! - `run_on_main`: `run_shape_on_main`, which hands a call to the rank threads or enqueues it
-//!   inline;
+//! - `callers`: `CudaExecutor::run`, the entry of every call — published and checked
+//!   (`checked_call`), the caller's streams fenced around Main, made ready, launched;
+//! - `run_on_main`: `ready_call` (the call's plan prepared and its buffers laid out) and
+//!   `run_on_rank_threads`;
 //! - `rank`: one rank's executor — its resources, and the two phases of preparing a plan;
 //! - `counters`: the event counters, how one rank waits for another's event;
 //! - `edges`: how each ring edge moves data ([`EdgeInfo`]), its probe, and the chunk size rule;
@@ -49,7 +51,6 @@
 //! - `launch`: the enqueue of a call from the caller's thread (rank by rank, or interleaved in
 //!   the checker's order) or the launcher threads, and the one function that enqueues one
 //!   rank's program;
-//! - `callers`: the entry point of every call, which fences the caller's streams around Main;
 //! - `capture`: collectives captured into CUDA graphs (what is refused, the pinned plans);
 //! - `teardown`: waiting for idle streams, `synchronize`, `close`, `Drop`, and the deliberate
 //!   leak of what a stuck GPU may still touch.

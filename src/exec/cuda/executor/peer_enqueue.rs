@@ -203,11 +203,10 @@ impl CudaEnqueue<'_> {
     }
 
     /// Launches this rank's one-shot kernel for the peer reduce `op` into `dst` (a plan whose
-    /// layout `oneshot_layout` verified): `kernel`, the LL one-shot or the read one-shot
-    /// ([`PeerWords::oneshot_kernel`] chose it when the plan was prepared), or the staged
-    /// one-shot (the read kernel over host copies, its flags in host memory). `expose_from`
-    /// is the fused exposure copy's source (see `CudaEnqueue::held`): the in-place buffer, or
-    /// for the staged one-shot also the input out of place.
+    /// layout `oneshot_layout` verified): `kernel`, the read one-shot or the staged one-shot (the
+    /// read kernel over host copies, its flags in host memory). `expose_from` is the fused
+    /// exposure copy's source (see `CudaEnqueue::held`): the in-place buffer, or for the staged
+    /// one-shot also the input out of place.
     pub(super) fn launch_oneshot(
         &self,
         kernel: PeerKernel,
@@ -216,25 +215,17 @@ impl CudaEnqueue<'_> {
         expose_from: Option<u64>,
         stream: &Stream,
     ) -> Result<()> {
+        if kernel == PeerKernel::OneShotLl {
+            return Err(Error::Internal {
+                what: "the LL one-shot launched as the read one-shot (`launch_ll` launches it)"
+                    .into(),
+            });
+        }
         let call = self.call;
         let plan = &*self.plan.plan;
         let shared = self.peer_words(kernel)?;
         let rank = plan.decl(dst.buf).rank;
         let sources = crate::check::peer_sources(plan, &op);
-        if kernel == PeerKernel::OneShotLl {
-            // This rank's input: out of place, its Input; in place with the exposure copy fused
-            // (`expose_from`, the in-place buffer itself), that buffer, and the copy is dropped:
-            // the plan's Exposed buffer exists only for peers to read in the read one-shot, and
-            // the LL kernel's peers never read this rank's memory (they are sent its words), so
-            // the copy has no reader. The kernel reads each chunk of the in-place buffer before
-            // the same thread overwrites it with the result. In place with the copy enqueued on
-            // its own (not fused), the Exposed buffer holds the input by then, on this stream.
-            let src = match expose_from {
-                Some(in_place) => in_place,
-                None => self.addr(sources[rank]),
-            };
-            return self.launch_ll(shared, rank, src, dst, stream);
-        }
         let mut args = OneShotArgs {
             srcs: [0; PEER_MAX_RANKS],
             flags: [0; PEER_MAX_RANKS],
@@ -263,16 +254,30 @@ impl CudaEnqueue<'_> {
         unsafe { self.res.kernels.oneshot(call.dtype, call.op, &args, stream) }
     }
 
-    /// Launches this rank's LL one-shot kernel: this rank's input `src` (device memory of this
-    /// rank, `dst.count` elements) folded with every peer's into `dst`.
-    fn launch_ll(
+    /// Launches this rank's LL one-shot kernel for the peer reduce `op` into `dst`: this rank's
+    /// input folded with every peer's, which the kernel pushes to and receives from the peers'
+    /// LL buffers.
+    ///
+    /// This rank's input: out of place, its Input; in place with the exposure copy fused
+    /// (`expose_from`, the in-place buffer itself), that buffer, and the copy is dropped: the
+    /// plan's Exposed buffer exists only for peers to read in the read one-shot, and the LL
+    /// kernel's peers never read this rank's memory (they are sent its words), so the copy has
+    /// no reader. The kernel reads each chunk of the in-place buffer before the same thread
+    /// overwrites it with the result. In place with the copy enqueued on its own (not fused),
+    /// the Exposed buffer holds the input by then, on this stream.
+    pub(super) fn launch_ll(
         &self,
-        shared: &PeerWords,
-        rank: usize,
-        src: u64,
+        op: Op,
         dst: Region,
+        expose_from: Option<u64>,
         stream: &Stream,
     ) -> Result<()> {
+        let shared = self.peer_words(PeerKernel::OneShotLl)?;
+        let rank = self.plan.plan.decl(dst.buf).rank;
+        let src = match expose_from {
+            Some(in_place) => in_place,
+            None => self.addr(crate::check::peer_sources(&self.plan.plan, &op)[rank]),
+        };
         let call = self.call;
         let recv = shared.ll_recv_of.as_ref().ok_or_else(|| Error::Internal {
             what: "an LL one-shot launch on a communicator without low_latency".into(),

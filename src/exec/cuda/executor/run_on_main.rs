@@ -1,49 +1,62 @@
-//! One call of a prepared plan on the ranks' Main streams (`run_shape_on_main`): its plan
-//! prepared (module `prepare`), the peer kernels' buffers opened, the caller's buffers laid out
-//! as the plan's (or staged, across processes), and the call enqueued from the caller's thread
-//! (module `launch`) or handed to the rank threads (module `enqueue`), then, if asked, waited for.
+//! A call made ready on the ranks' Main streams (`ready_call`): its plan prepared (module
+//! `prepare`), the peer kernels' buffers opened, the caller's buffers laid out as the plan's (or
+//! staged, across processes) and who launches it decided — the caller's thread (module
+//! `launch`) or the rank threads (`run_on_rank_threads`, here).
 //!
 //! Invariant: a call that fails after some of its ranks were enqueued returns only once their
 //! streams have settled (bounded by the call's deadline; here for the rank threads, in module
 //! `launch` for the inline path), so nothing it enqueued touches the caller's buffers afterwards.
 
+use super::callers::Checked;
 use super::enqueue::wait_done;
-use super::{CudaCall, CudaExecutor, Schedule};
+use super::{CudaCall, CudaExecutor, Prepared, Schedule};
 use crate::device;
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::algorithm::Ran;
-use crate::exec::cuda::kernels::CallGate;
+use crate::exec::caller_address;
 use crate::exec::profile::{self, HostPhase};
-use crate::exec::{caller_address, Shape};
 use crate::plan::Collective;
+use crossbeam_channel::Receiver;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
+/// A call ready to launch ([`CudaExecutor::ready_call`]).
+pub(super) struct ReadyCall {
+    pub(super) call: Arc<CudaCall>,
+    pub(super) prepared: Arc<Prepared>,
+    /// The launch side of the gate (module `device::gate`), taken for a call the caller's thread
+    /// enqueues (`Schedule::RankByRank`, `Schedule::Checked`); `None`: the rank threads'.
+    pub(super) launching: Option<RwLockReadGuard<'static, ()>>,
+    /// Where the rank threads report each rank's enqueue (`CudaCall::done`).
+    pub(super) done: Receiver<(usize, Result<()>)>,
+}
+
 impl CudaExecutor {
-    /// Runs one call of any collective's plan on the Main streams; `inputs` and `outputs` are
-    /// the caller's buffers' addresses as [`crate::exec::caller_address`] lays them out
-    /// (`inputs` empty in place); `captured` when the call is being captured into CUDA graphs
-    /// (module `capture`); `gate` the call gate its peer kernel passes first (a call across
-    /// processes checked on the GPU), else [`CallGate::NONE`].
+    /// Makes one call of `checked` (any collective's plan) ready on the Main streams: `captured`
+    /// when the call is being captured into CUDA graphs (module `capture`).
     ///
     /// # Safety
-    /// Every caller's buffer the plan of `shape` declares is a device address on its rank's GPU,
-    /// valid for the declared length; written buffers overlap nothing else in the call; nothing
-    /// else touches them (or writes the ones read) until the call is complete — when this returns
-    /// if `wait_complete`, else once each rank's Main stream has passed the call.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) unsafe fn run_shape_on_main<T: Element>(
+    /// Every caller's buffer the plan of the checked shape declares is a device address on its
+    /// rank's GPU, valid for the declared length; written buffers overlap nothing else in the
+    /// call; nothing else touches them (or writes the ones read) until the call is complete —
+    /// when its launch returns if `wait_complete`, else once each rank's Main stream has passed
+    /// the call.
+    pub(super) unsafe fn ready_call<T: Element>(
         &mut self,
-        shape: Shape,
-        inputs: &[u64],
-        outputs: &[u64],
+        checked: Checked<'_>,
         op: ReduceOp,
         wait_complete: bool,
         captured: bool,
-        gate: CallGate,
-    ) -> Result<()> {
+    ) -> Result<ReadyCall> {
+        let Checked {
+            shape,
+            inputs,
+            outputs,
+            gate,
+        } = checked;
+        let (inputs, outputs) = (&inputs[..], &outputs[..]);
         let registered = shape.registered;
         let prepared = self.prepare(shape)?;
         let copy_callers = self.stages_callers(registered, &prepared.dispatch);
@@ -138,20 +151,22 @@ impl CudaExecutor {
             gate,
         });
         profile::mark(HostPhase::Open);
-        if let Some(launching) = launching {
-            // The caller's thread enqueues every rank itself — a channel round trip per rank
-            // thread saved, ~10 µs of a ~20 µs small call.
-            let order = match &prepared.schedule {
-                Schedule::Checked(order) => Some(&order[..]),
-                _ => None,
-            };
-            self.run_inline(&call, launching, order)?;
-            if wait_complete {
-                self.check_error_words()?;
-                profile::mark(HostPhase::Check);
-            }
-            return Ok(());
-        }
+        Ok(ReadyCall {
+            call,
+            prepared,
+            launching,
+            done: done_rx,
+        })
+    }
+
+    /// Hands `call` to the rank threads (each enqueues its rank's program, all at once, and
+    /// reports on `done`) and waits until each has enqueued it — and, with the call's
+    /// `wait_complete`, until it is complete.
+    pub(super) fn run_on_rank_threads(
+        &mut self,
+        call: &Arc<CudaCall>,
+        done: &Receiver<(usize, Result<()>)>,
+    ) -> Result<()> {
         for (tx, _) in &self.threads {
             tx.send(call.clone()).map_err(|_| Error::Closed)?;
         }
@@ -159,7 +174,7 @@ impl CudaExecutor {
         let mut pending: Vec<usize> = (0..self.ranks.len()).collect();
         let backstop = call.deadline + Duration::from_millis(250);
         while !pending.is_empty() {
-            match done_rx.recv_deadline(backstop) {
+            match done.recv_deadline(backstop) {
                 Ok((rank, result)) => {
                     pending.retain(|&r| r != rank);
                     if let Err(err) = result {
@@ -193,12 +208,12 @@ impl CudaExecutor {
             self.settle_streams(call.deadline);
             return Err(err);
         }
-        if wait_complete {
+        if call.wait_complete {
             // The caller's thread polls completion itself: the rank threads reported as soon as
             // they had enqueued (while the GPUs work), so no thread wake-up sits between the
             // GPUs finishing and this call returning.
             let saved = device::save_current()?;
-            let waited = self.ranks.iter().try_for_each(|r| wait_done(&r.res, &call));
+            let waited = self.ranks.iter().try_for_each(|r| wait_done(&r.res, call));
             waited.and(saved.restore())?;
             profile::mark(HostPhase::Wait);
             self.check_error_words()?;

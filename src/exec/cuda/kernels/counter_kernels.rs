@@ -10,7 +10,7 @@
 use std::ffi::c_void;
 
 use super::{param, KernelModule, COUNTER_ERR_BIT};
-use crate::device::Stream;
+use crate::device::{self, Stream};
 use crate::error::{Error, Result};
 
 /// Threads of a counter kernel's launch: one warp, of which thread 0 works.
@@ -32,7 +32,16 @@ impl KernelModule {
         let mut params: [*mut c_void; 2] = [param(&mut sent), param(&mut mailbox)];
         // SAFETY: rr_counter_signal(unsigned*, unsigned*) takes two pointers, passed as u64
         // device addresses that outlive the launch call; the memory is the caller's contract.
-        unsafe { self.launch_grid(stream, &self.counters[0], 1, COUNTER_THREADS, &mut params) }
+        unsafe {
+            device::launch_kernel(
+                &self.ctx,
+                &self.counters[0],
+                1,
+                COUNTER_THREADS,
+                stream.raw(),
+                &mut params,
+            )
+        }
     }
 
     /// Enqueues one wait on `stream`: the stream's later work starts once `*mailbox` has reached
@@ -71,7 +80,16 @@ impl KernelModule {
         // SAFETY: rr_counter_wait(const unsigned*, unsigned*, unsigned long long, unsigned*,
         // unsigned): u64, u64, u64, u64, u32 in parameter order, outliving the launch call; the
         // memory is the caller's contract.
-        unsafe { self.launch_grid(stream, &self.counters[1], 1, COUNTER_THREADS, &mut params) }
+        unsafe {
+            device::launch_kernel(
+                &self.ctx,
+                &self.counters[1],
+                1,
+                COUNTER_THREADS,
+                stream.raw(),
+                &mut params,
+            )
+        }
     }
 }
 

@@ -17,7 +17,7 @@ use super::peer_launch::{
     check_not_null, check_word_aligned, check_world_and_rank, span_bytes, ArgName, CallGate,
 };
 use super::{check_aligned, param, reduce_index, KernelModule, PEER_MAX_RANKS};
-use crate::device::Stream;
+use crate::device::{self, Stream};
 use crate::element::{DType, ReduceOp};
 use crate::error::{Error, Result};
 
@@ -153,7 +153,16 @@ impl KernelModule {
         // in parameter order, all outliving the call (the driver copies them at
         // launch); the grid is the one the kernel checks (ll_blocks of the bytes, 512 threads);
         // the memory and the other ranks' calls are the caller's contract.
-        unsafe { self.launch_grid(stream, function, blocks, LL_BLOCK_THREADS, &mut params) }
+        unsafe {
+            device::launch_kernel(
+                &self.ctx,
+                function,
+                blocks,
+                LL_BLOCK_THREADS,
+                stream.raw(),
+                &mut params,
+            )
+        }
     }
 }
 

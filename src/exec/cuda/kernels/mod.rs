@@ -209,25 +209,6 @@ impl KernelModule {
         &self.ctx
     }
 
-    /// Launches `function` with `blocks` blocks of `threads` threads on `stream`.
-    ///
-    /// # Safety
-    ///
-    /// As for `launch`, and the grid is one the kernel accepts.
-    unsafe fn launch_grid(
-        &self,
-        stream: &Stream,
-        function: &CudaFunction,
-        blocks: u32,
-        threads: u32,
-        params: &mut [*mut c_void],
-    ) -> Result<()> {
-        device::bind(&self.ctx)?;
-        // SAFETY: the function was loaded into self.ctx, which is current and owns `stream`
-        // (check_stream); parameters, grid and memory are the caller's contract.
-        unsafe { device::launch_kernel(function, blocks, threads, stream.raw(), params) }
-    }
-
     fn check_stream(&self, stream: &Stream) -> Result<()> {
         if stream.context().cu_ctx() == self.ctx.cu_ctx() {
             Ok(())

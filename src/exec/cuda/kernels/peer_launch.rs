@@ -1,6 +1,6 @@
 //! What every peer kernel's launch shares: the limits and the flag layout ([`PEER_MAX_RANKS`],
 //! [`PEER_MAX_BLOCKS`], [`PEER_FLAG_BYTES`]), the grid ([`peer_blocks`]), the parameters every
-//! peer kernel takes (`PeerPointers`, `PeerParams`), the launch itself (`launch_peer`) and the
+//! peer kernel takes (`PeerPointers`, `PeerParams`), the grid (`peer_grid`) and the
 //! address checks made before one. The one-shot (`oneshot_kernel.rs`), the two-shot
 //! (`twoshot_kernel.rs`), the steps kernel (`steps.rs`) and the LL one-shot (`ll.rs`) launch
 //! through these pieces; the protocol (flag layout, epochs, memory order, timeouts) is described
@@ -10,12 +10,6 @@
 //! reads them from the source), and [`PeerPointers`] is a byte-for-byte mirror of the kernel
 //! parameter `rr_peers`.
 
-use std::ffi::c_void;
-
-use cudarc::driver::CudaFunction;
-
-use super::KernelModule;
-use crate::device::Stream;
 use crate::element::DType;
 use crate::error::{Error, Result};
 
@@ -35,40 +29,22 @@ const PEER_EPOCH_BASE: usize = PEER_PHASES * PEER_MAX_BLOCKS as usize * PEER_MAX
 /// launch, and a captured launch replays correctly).
 pub const PEER_FLAG_BYTES: usize = (PEER_EPOCH_BASE + PEER_MAX_BLOCKS as usize) * size_of::<u32>();
 /// Threads per block of the peer kernels (`RR_PEER_THREADS`, their `__launch_bounds__`).
-const PEER_BLOCK_THREADS: u32 = 512;
+pub(super) const PEER_BLOCK_THREADS: u32 = 512;
 /// Bytes of one rank's input per peer-kernel block: a block moves 8 KiB per source per unrolled
 /// load (512 threads × 16 B), 32 KiB per loop iteration (`RR_PEER_UNROLL` = 4).
 const PEER_BYTES_PER_BLOCK: u64 = 32 << 10;
 
-impl KernelModule {
-    /// Launches a peer kernel on `stream` with a grid of [`peer_blocks`]`(dtype, grid_count)`
-    /// blocks (at most `max_blocks` when that is nonzero) of [`PEER_BLOCK_THREADS`] threads.
-    ///
-    /// # Safety
-    ///
-    /// `params` points at one value per parameter of `function`, of its parameter types, and
-    /// the memory and the other ranks' calls satisfy the kernel's contract (see `oneshot` /
-    /// `twoshot`). The grid is within the kernels' limits: at most [`PEER_MAX_BLOCKS`] blocks
-    /// of [`PEER_BLOCK_THREADS`].
-    pub(super) unsafe fn launch_peer(
-        &self,
-        stream: &Stream,
-        function: &CudaFunction,
-        dtype: DType,
-        grid_count: u64,
-        max_blocks: u32,
-        params: &mut [*mut c_void],
-    ) -> Result<()> {
-        let blocks = peer_blocks(dtype, usize::try_from(grid_count).unwrap_or(usize::MAX));
-        let blocks = match max_blocks {
-            0 => blocks,
-            cap => blocks.min(cap),
-        };
-        debug_assert!((1..=PEER_MAX_BLOCKS).contains(&blocks));
-        // SAFETY: the caller's contract, passed on; the grid is at most PEER_MAX_BLOCKS blocks
-        // of PEER_BLOCK_THREADS, the kernels' limits.
-        unsafe { self.launch_grid(stream, function, blocks, PEER_BLOCK_THREADS, params) }
-    }
+/// The grid of a peer kernel over `grid_count` elements of `dtype`: [`peer_blocks`] blocks, at
+/// most `max_blocks` when that is nonzero — within the kernels' limit of [`PEER_MAX_BLOCKS`]
+/// blocks of [`PEER_BLOCK_THREADS`] threads.
+pub(super) fn peer_grid(dtype: DType, grid_count: u64, max_blocks: u32) -> u32 {
+    let blocks = peer_blocks(dtype, usize::try_from(grid_count).unwrap_or(usize::MAX));
+    let blocks = match max_blocks {
+        0 => blocks,
+        cap => blocks.min(cap),
+    };
+    debug_assert!((1..=PEER_MAX_BLOCKS).contains(&blocks));
+    blocks
 }
 
 /// The kernel parameter `rr_peers` of `cuda/peer.cuh`, byte for byte: two arrays of

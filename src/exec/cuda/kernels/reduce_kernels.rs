@@ -8,8 +8,6 @@
 
 use std::ffi::c_void;
 
-use cudarc::driver::CudaFunction;
-
 use super::{check_aligned, param, reduce_index, KernelModule, BLOCK_THREADS, VECTOR_BYTES};
 use crate::device::{self, CallerStream, Stream};
 use crate::element::{DType, ReduceOp};
@@ -62,7 +60,16 @@ impl KernelModule {
         // SAFETY: the function is rr_reduce_<op>_<dtype>(T*, const T*, const T*, unsigned long
         // long), matching the four 8-byte parameters above, which outlive the call (the driver
         // copies them at launch); the pointer contract is the caller's, stated above.
-        unsafe { self.launch(stream, function, dtype, count, &mut params) }
+        unsafe {
+            device::launch_kernel(
+                &self.ctx,
+                function,
+                grid_blocks(dtype, count, self.max_blocks),
+                BLOCK_THREADS,
+                stream.raw(),
+                &mut params,
+            )
+        }
     }
 
     /// Enqueues `x[i] = x[i] / world` for `i < count` on `stream`: the last step of `Avg`, as
@@ -96,7 +103,16 @@ impl KernelModule {
         // SAFETY: the function is rr_scale_<dtype>(T*, unsigned long long, unsigned long long),
         // matching the three 8-byte parameters above, which outlive the call; the pointer
         // contract is the caller's, stated above.
-        unsafe { self.launch(stream, function, dtype, count, &mut params) }
+        unsafe {
+            device::launch_kernel(
+                &self.ctx,
+                function,
+                grid_blocks(dtype, count, self.max_blocks),
+                BLOCK_THREADS,
+                stream.raw(),
+                &mut params,
+            )
+        }
     }
 
     /// Enqueues `dst[i] = src[i] × s` for `i < count` on the caller's `stream`: the first step of
@@ -149,13 +165,13 @@ impl KernelModule {
             param(&mut bits),
         ];
         let blocks = grid_blocks(dtype, count, self.max_blocks);
-        device::bind(&self.ctx)?;
         // SAFETY: the function is rr_premul_<dtype>(T*, const T*, unsigned long long, const T*,
         // unsigned long long), matching the five 8-byte parameters above, which outlive the
         // call; it was loaded into self.ctx, which is current and owns `stream` (checked); any
         // grid suits it; the memory contract is the caller's, stated above.
         unsafe {
             device::launch_kernel(
+                &self.ctx,
                 &self.premul[dtype as usize],
                 blocks,
                 BLOCK_THREADS,
@@ -163,26 +179,6 @@ impl KernelModule {
                 &mut params,
             )
         }
-    }
-
-    /// Launches `function` over `count` elements of `dtype` with a grid that fills the device
-    /// once (each kernel loops over the rest).
-    ///
-    /// # Safety
-    ///
-    /// `params` points at one value per kernel parameter, of the kernel's parameter types, and
-    /// the memory the kernel touches satisfies the kernel's contract (see `reduce` / `scale`).
-    unsafe fn launch(
-        &self,
-        stream: &Stream,
-        function: &CudaFunction,
-        dtype: DType,
-        count: usize,
-        params: &mut [*mut c_void],
-    ) -> Result<()> {
-        let blocks = grid_blocks(dtype, count, self.max_blocks);
-        // SAFETY: the caller's contract, passed on; any grid suits the reduce and scale kernels.
-        unsafe { self.launch_grid(stream, function, blocks, BLOCK_THREADS, params) }
     }
 }
 

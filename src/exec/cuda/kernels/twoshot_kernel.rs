@@ -13,11 +13,11 @@
 use std::ffi::c_void;
 
 use super::peer_launch::{
-    check_not_null, check_word_aligned, check_world_and_rank, span_bytes, ArgName, CallGate,
-    PeerParams,
+    check_not_null, check_word_aligned, check_world_and_rank, peer_grid, span_bytes, ArgName,
+    CallGate, PeerParams, PEER_BLOCK_THREADS,
 };
 use super::{check_aligned, param, reduce_index, KernelModule, PEER_MAX_RANKS};
-use crate::device::Stream;
+use crate::device::{self, Stream};
 use crate::element::{DType, ReduceOp};
 use crate::error::{Error, Result};
 
@@ -94,12 +94,12 @@ impl KernelModule {
         // and `gate` the mirror of rr_call_gate (48 bytes), in parameter order, all outliving the call (the driver copies them at launch); the
         // memory and the other ranks' calls are the caller's contract.
         unsafe {
-            self.launch_peer(
-                stream,
+            device::launch_kernel(
+                &self.ctx,
                 function,
-                dtype,
-                longest,
-                args.max_blocks,
+                peer_grid(dtype, longest, args.max_blocks),
+                PEER_BLOCK_THREADS,
+                stream.raw(),
                 &mut params,
             )
         }

@@ -143,18 +143,21 @@ impl Parts {
                             if let Some(f) = from {
                                 ins[l] = f;
                             }
+                            let streams = [on_stream];
                             // SAFETY: this rank's ranges, ordered on the stream (the executor
                             // waits on it before and makes it wait after).
-                            unsafe {
-                                self.intra.run::<T>(
-                                    shape,
-                                    &ins,
-                                    &outs,
-                                    op,
-                                    false,
-                                    Some(&[on_stream]),
-                                )
-                            }
+                            self.intra
+                                .check_caller_streams(&streams)
+                                .and_then(|streams| unsafe {
+                                    self.intra.run::<T>(
+                                        shape,
+                                        &ins,
+                                        &outs,
+                                        op,
+                                        false,
+                                        Some(streams),
+                                    )
+                                })
                         }
                         // SAFETY: as above, on this GPU's stream.
                         Level::Inter => unsafe {
