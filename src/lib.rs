@@ -133,6 +133,21 @@
 //! | API | [`comm`] | [`Communicator`] and [`ring_allreduce`] |
 //! | tests | [`verify`] | exact rank- and index-dependent test data, shared by tests, CLI and benches |
 //!
+//! ### One all-reduce, from the API to the kernel
+//!
+//! A GPU one-shot all-reduce passes nine functions, each in its layer: `Communicator::
+//! all_reduce_in_place` → `submit_collective` (`comm/dispatch.rs`: validated once, the
+//! executor's lock) → `CudaExecutor::run` (`exec/cuda/executor/callers.rs`: published and
+//! checked, the caller's streams fenced, the plan prepared or cached, the buffers laid out) →
+//! `run_inline` (`launch.rs`: every rank from the caller's thread, or its launchers) →
+//! `enqueue_rank` (one rank's program) → `CudaEnqueue::enqueue` (`enqueue.rs`: one
+//! instruction) → `launch_oneshot` (`peer_enqueue.rs`: the kernel's arguments from the plan) →
+//! `KernelModule::oneshot` (`kernels/oneshot_kernel.rs`: the arguments checked) →
+//! `device::launch_kernel` (the crate's one `cuLaunchKernel`). Under the NCCL API
+//! (ringreduce-nccl), `ncclAllReduce` → `submit` → `typed` → `RankCommunicator::
+//! enqueue_collective_on_raw` → `enqueue_on` reach the same `CudaExecutor::run`; 8 bytes
+//! take `launch_ll` and `KernelModule::ll` instead of the one-shot's pair.
+//!
 //! ## What the API is
 //!
 //! The root's re-exports below are the API a job needs: [`Communicator`] (and [`Scope`],
