@@ -7,6 +7,7 @@
 #   WHEEL=1 scripts/gpu-pack.sh DIR nccl:gpu_ranks   # also the Python wheel (DIR/bin/wheels; needs
 #     maturin: pip install maturin) — with nccl:* for gpu-suite.sh's torch phase
 #   CUDA12=1 scripts/gpu-pack.sh DIR gpu_cuda12   # with the CUDA 12 image (kept out otherwise)
+#   scripts/gpu-pack.sh DIR examples   # tests/examples.rs with the guide's examples (DIR/examples)
 #   scripts/gpu-pack.sh DIR nccl:gpu_ranks nccl:c_api   # ringreduce-nccl's tests (set
 #     RINGREDUCE_NCCL_SOURCES=nccl there for the C test's header and program)
 #
@@ -69,10 +70,22 @@ for line in sys.stdin:
         print(m["executable"])' | tail -1)
   cp "$exe" "$out/bin/test-${t/:/-}"
 done
+# tests/examples.rs runs the examples from ../examples beside its executable's folder (as in
+# target/<profile>/): with the `examples` test, every guide example it runs goes to DIR/examples.
+parts=(bin)
+if [[ " ${tests[*]} " == *" examples "* ]]; then
+  cargo build --release -q --examples
+  rm -rf "$out/examples" && mkdir -p "$out/examples"
+  for e in examples/[01][0-9]_*.rs; do
+    cp "target/release/examples/$(basename "$e" .rs)" "$out/examples/"
+  done
+  strip "$out"/examples/* 2>/dev/null || true
+  parts+=(examples)
+fi
 strip "$out"/bin/ringreduce "$out"/bin/test-* "$out"/bin/*.so 2>/dev/null || true
 rm -f "$out/run.tar.xz"
-tar cJf "$out/run.tar.xz" -C "$out" bin
-rm -rf "$out/bin"
+tar cJf "$out/run.tar.xz" -C "$out" "${parts[@]}"
+rm -rf "$out/bin" "$out/examples"
 ls -la "$out/run.tar.xz"
 # The device tool carries the tracked tree beside the pack, 64 MiB in all.
 tree=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
