@@ -155,8 +155,10 @@
 //! process (with [`UniqueId`] and [`LaunchEnv`], how the processes meet; [`InterHost`] and
 //! [`InterHostFactory`] between hosts), the buffers ([`GpuBuffer`], [`GpuView`], [`GpuViewMut`], host `Vec`s and
 //! slices, cudarc's slices), the element types and operators, [`Error`], the configurations
-//! ([`CudaConfig`], [`HostConfig`], [`Algorithm`], [`Transport`]) and the host executor's fault
-//! injection ([`Fault`], [`FaultKind`]). The layer modules are public on purpose too, for readers
+//! ([`CudaConfig`], [`HostConfig`], [`Algorithm`], [`Transport`]) and what a call ran ([`Ran`],
+//! [`Form`]). The host executor's fault injection (`Fault`, `FaultKind`, `HostConfig`'s `fault`
+//! and `delay_seed`) is a test knob, public for the crate's tests and hidden from these docs.
+//! The layer modules are public on purpose too, for readers
 //! and tools: [`plan`] and [`check`] (build a plan, prove it — the CLI's `plan` command does),
 //! [`topo`] (link classes and the ring order), [`device`] (the driver layer, for programs that
 //! teach it), [`verify`] (exact test data for a job's own checks), [`exec::algorithm`] (the rules
@@ -201,8 +203,8 @@ pub use exec::cuda::kernels::PreMul;
 pub use exec::cuda::{CudaConfig, EdgeInfo, GpuBuffer, GpuView, GpuViewMut, Transport};
 pub use exec::hierarchy::{InterHost, InterHostFactory};
 pub use exec::host::HostConfig;
-// Test knobs (`HostConfig::fault`), kept out of the API's docs.
 pub use exec::algorithm::{Form, Ran};
+// Test knobs (`HostConfig::fault`), kept out of the API's docs.
 #[doc(hidden)]
 pub use exec::host::{Fault, FaultKind};
 pub use exec::rendezvous::{LaunchEnv, UniqueId};
