@@ -199,11 +199,11 @@ pub use comm::{ring_allreduce, AbortHandle, Communicator, RankCommunicator, Regi
 pub use device::{device_count, driver_available};
 pub use element::{DType, Element, ReduceOp, F8E4M3, F8E5M2};
 pub use error::{Error, Result};
+pub use exec::algorithm::{Form, Ran};
 pub use exec::cuda::kernels::PreMul;
 pub use exec::cuda::{CudaConfig, EdgeInfo, GpuBuffer, GpuView, GpuViewMut, Transport};
 pub use exec::hierarchy::{InterHost, InterHostFactory};
 pub use exec::host::HostConfig;
-pub use exec::algorithm::{Form, Ran};
 // Test knobs (`HostConfig::fault`), kept out of the API's docs.
 #[doc(hidden)]
 pub use exec::host::{Fault, FaultKind};

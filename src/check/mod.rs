@@ -45,6 +45,13 @@
 //! (every cell one element) is, and the ring's plans of one family of counts share a handful of
 //! coarse forms, each checked once and compared for every other count ([`coarsen`]).
 //!
+//! Which lemma proves which plan: the scaling lemma, the one-shot form of every collective but
+//! send/recv; the cell lemma, the all-reduce's ring (the other collectives' expectations carry
+//! block offsets in elements, which cells would have to preserve too). Every other plan — the
+//! other collectives' ring forms, send/recv, the two-shot, the staged one-shot — passes the four
+//! checks itself. Both executors take each form through one function, whatever the collective:
+//! `PlanCache::checked_oneshot_plan` and `PlanCache::checked_ring_plan` (`exec/mod.rs`).
+//!
 //! Beside the four, [`check_exports`] proves what a plan needs of memory across processes: a
 //! rank touches another rank's buffers only where that rank exports them; [`check_staged`],
 //! that a plan runs on ranks without peer access (no rank touches another's device memory,

@@ -125,24 +125,6 @@ impl Shape {
         }
     }
 
-    /// Builds the plan of a collective other than the all-reduce (their planners share the ring's
-    /// parameters: see [`CollectiveSpec`]) and proves it with the checker.
-    pub(crate) fn checked_collective_plan(
-        &self,
-        chunk_elems: usize,
-        slots: usize,
-        align_elems: usize,
-        transports: Vec<EdgeTransport>,
-    ) -> Result<Plan> {
-        let spec = CollectiveSpec {
-            collective: self.collective.clone(),
-            ring: self.ring_spec(chunk_elems, slots, align_elems, transports),
-        };
-        let plan = spec.build()?;
-        crate::check::check(&plan)?;
-        Ok(plan)
-    }
-
     /// Builds the staged one-shot all-reduce for this shape over `world` ranks
     /// ([`crate::plan::staged`]) and proves it with the checker, reach included: it runs on
     /// ranks without peer access.
@@ -238,10 +220,12 @@ impl<P> PlanCache<P> {
         }
     }
 
-    /// The ring plan of `shape`, proven: by the cell lemma, when its coarse form is one proven
-    /// before (a comparison) or passes the four checks now (then remembered); by the four checks
-    /// on the plan itself where the lemma declines it. An executor runs no plan the checker has
-    /// not accepted.
+    /// The ring form of `shape`'s collective — any collective: the all-reduce's ring, the
+    /// other collectives' ring-family planners, which share its parameters ([`CollectiveSpec`])
+    /// — proven: by the cell lemma, when its coarse form is one proven before (a comparison) or
+    /// passes the four checks now (then remembered); by the four checks on the plan itself where
+    /// the lemma declines it (every collective but the all-reduce: [`crate::check::coarsen`]).
+    /// An executor runs no plan the checker has not accepted.
     pub(crate) fn checked_ring_plan(
         &mut self,
         shape: &Shape,
@@ -250,9 +234,11 @@ impl<P> PlanCache<P> {
         align_elems: usize,
         transports: Vec<EdgeTransport>,
     ) -> Result<Plan> {
-        let plan = shape
-            .ring_spec(chunk_elems, slots, align_elems, transports)
-            .build()?;
+        let plan = CollectiveSpec {
+            collective: shape.collective.clone(),
+            ring: shape.ring_spec(chunk_elems, slots, align_elems, transports),
+        }
+        .build()?;
         match crate::check::coarsen(&plan) {
             Some(coarse) if self.coarse.contains(&coarse) => {}
             Some(coarse) => {
@@ -535,8 +521,8 @@ mod tests {
         let elems = shape.chunking_count(2);
         assert_eq!(elems, 4 << 20);
         let chunk_elems = auto_chunk_bytes(elems, 2, 4, false) / 4;
-        let plan = shape
-            .checked_collective_plan(chunk_elems, 3, 4, vec![EdgeTransport::Peer; 2])
+        let plan = PlanCache::<()>::new(1)
+            .checked_ring_plan(&shape, chunk_elems, 3, 4, vec![EdgeTransport::Peer; 2])
             .unwrap();
         let copies = plan.ranks[0]
             .iter()

@@ -131,23 +131,20 @@ pub(super) fn checked_host_plan<P>(
         gated: false,
     })
     .algorithm;
-    if shape.collective != Collective::AllReduce {
-        let plan = if algorithm == Algorithm::OneShot {
-            cache.checked_oneshot_plan(shape, world)
-        } else {
-            shape.checked_collective_plan(chunk, slots, 1, transports)
-        };
-        return plan.map(|plan| (plan, algorithm));
-    }
+    // Every collective has a one-shot form and a ring form; the all-reduce also a staged
+    // one-shot and a two-shot.
+    let all_reduce = shape.collective == Collective::AllReduce;
     let plan = match (algorithm, staged) {
-        (Algorithm::OneShot, true) => shape.checked_staged_oneshot_plan(world),
-        (Algorithm::TwoShot, true) => Err(Error::InvalidArgument(
+        (Algorithm::OneShot, true) if all_reduce => shape.checked_staged_oneshot_plan(world),
+        (Algorithm::TwoShot, true) if all_reduce => Err(Error::InvalidArgument(
             "the two-shot reads its peers' buffers: it cannot run over staged edges (use the \
              ring, the one-shot or Auto)"
                 .into(),
         )),
-        (Algorithm::OneShot, false) => cache.checked_oneshot_plan(shape, world),
-        (Algorithm::TwoShot, false) => shape.checked_twoshot_plan(world, 1, Gather::Push),
+        (Algorithm::OneShot, _) => cache.checked_oneshot_plan(shape, world),
+        (Algorithm::TwoShot, false) if all_reduce => {
+            shape.checked_twoshot_plan(world, 1, Gather::Push)
+        }
         _ => cache.checked_ring_plan(shape, chunk, slots, 1, transports),
     };
     plan.map(|plan| (plan, algorithm))

@@ -50,31 +50,28 @@ impl CudaExecutor {
             });
             (chunk_bytes / shape.elem_bytes).max(1)
         };
-        let plan = if shape.collective != Collective::AllReduce && algorithm == Algorithm::OneShot {
-            self.cache.checked_oneshot_plan(&shape, n)?
-        } else if shape.collective != Collective::AllReduce {
+        // Every collective has a one-shot form and a ring form; the all-reduce also a staged
+        // one-shot and a two-shot.
+        let all_reduce = shape.collective == Collective::AllReduce;
+        let plan = match algorithm {
+            _ if all_reduce && selection.form == Form::StagedKernel => {
+                shape.checked_staged_oneshot_plan(n)?
+            }
+            Algorithm::OneShot => self.cache.checked_oneshot_plan(&shape, n)?,
+            Algorithm::TwoShot if all_reduce => {
+                shape.checked_twoshot_plan(n, align_elems, Gather::Pull)?
+            }
             // The ring's form: a copy-engine plan (pushes, pairwise reduces, events).
-            shape.checked_collective_plan(
-                chunk_elems(),
-                self.config.slots,
-                align_elems,
-                self.edge_transports(),
-            )?
-        } else if selection.form == Form::StagedKernel {
-            shape.checked_staged_oneshot_plan(n)?
-        } else if algorithm == Algorithm::OneShot {
-            self.cache.checked_oneshot_plan(&shape, n)?
-        } else if algorithm == Algorithm::TwoShot {
-            shape.checked_twoshot_plan(n, align_elems, Gather::Pull)?
-        } else {
-            let (chunk, transports) = (chunk_elems(), self.edge_transports());
-            self.cache.checked_ring_plan(
-                &shape,
-                chunk,
-                self.config.slots,
-                align_elems,
-                transports,
-            )?
+            _ => {
+                let (chunk, transports) = (chunk_elems(), self.edge_transports());
+                self.cache.checked_ring_plan(
+                    &shape,
+                    chunk,
+                    self.config.slots,
+                    align_elems,
+                    transports,
+                )?
+            }
         };
         let dispatch = Arc::new(self.dispatch(&plan, selection)?);
         let staged_callers = self.stages_callers(shape.registered, &dispatch);
