@@ -145,7 +145,7 @@
 //! `KernelModule::oneshot` (`kernels/oneshot_kernel.rs`: the arguments checked) →
 //! `device::launch_kernel` (the crate's one `cuLaunchKernel`). Under the NCCL API
 //! (ringreduce-nccl), `ncclAllReduce` → `submit` → `typed` → `RankCommunicator::
-//! enqueue_collective_on_raw` → `enqueue_on` reach the same `CudaExecutor::run`; 8 bytes
+//! enqueue_collective` → `enqueue_on` reach the same `CudaExecutor::run`; 8 bytes
 //! take `launch_ll` and `KernelModule::ll` instead of the one-shot's pair.
 //!
 //! ## What the API is

@@ -915,12 +915,11 @@ fn large_calls_and_sends_return_before_a_late_peer_and_run_as_kernels() {
             assert_eq!(form(&comm), Some(Form::TwoShotKernel), "rank {rank}");
             let ag = Collective::AllGather;
             // SAFETY: as above.
-            unsafe { comm.enqueue_collective_on(&ag, Some(&mine), Some(&mut all), op, &stream) }
+            unsafe { comm.enqueue_collective(&ag, Some(&mine), Some(&mut all), op, &stream) }
                 .unwrap();
             let raw = ringreduce::device::CallerStream::of(&stream);
             // SAFETY: as above (`got` too).
-            unsafe { comm.enqueue_send_recv_on_raw(&ring, &[&mine], &mut [&mut got], raw) }
-                .unwrap();
+            unsafe { comm.enqueue_send_recv(&ring, &[&mine], &mut [&mut got], raw) }.unwrap();
             assert_eq!(
                 form(&comm),
                 Some(Form::StepsKernel),
@@ -1229,7 +1228,7 @@ fn streams_and_graphs_on_this_gpu(
     let first = reduced.view(0, block).unwrap();
     // SAFETY: as above.
     unsafe {
-        comm.enqueue_collective_on(
+        comm.enqueue_collective(
             &Collective::AllGather,
             Some(&first),
             Some(&mut gathered),

@@ -69,7 +69,7 @@ pub(crate) unsafe fn typed<T: Element>(
     match (call.op, &input) {
         // SAFETY: our caller's contract, passed on.
         (Op::Builtin(op), _) => unsafe {
-            comm.enqueue_collective_on_raw(
+            comm.enqueue_collective(
                 &call.collective,
                 input.as_ref(),
                 output.as_mut(),
@@ -79,7 +79,7 @@ pub(crate) unsafe fn typed<T: Element>(
         },
         // SAFETY: as above.
         (Op::PreMulSum(factor), Some(input)) => unsafe {
-            comm.enqueue_premul_sum_on_raw(&call.collective, input, output.as_mut(), factor, stream)
+            comm.enqueue_premul_sum(&call.collective, input, output.as_mut(), factor, stream)
         },
         (Op::PreMulSum(_), None) => Err(ringreduce::Error::InvalidArgument(format!(
             "{}: sendbuff is null",

@@ -434,7 +434,7 @@ pub(crate) unsafe fn send_recv<T: Element>(
     let mut recv_refs: Vec<&mut DeviceMemory<T>> = recv_mem.iter_mut().collect();
     comm.with(|c| {
         // SAFETY: our caller's contract, passed on.
-        unsafe { c.enqueue_send_recv_on_raw(transfers, &send_refs, &mut recv_refs, stream) }
+        unsafe { c.enqueue_send_recv(transfers, &send_refs, &mut recv_refs, stream) }
             .map_err(Failure::from)
     })
 }

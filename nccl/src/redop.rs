@@ -1,6 +1,6 @@
 //! NCCL's custom reduction operators: `ncclRedOpCreatePreMulSum` makes one (each rank's input
 //! multiplied by a factor, then summed), a collective of its communicator and type runs it
-//! ([`ringreduce::RankCommunicator::enqueue_premul_sum_on_raw`]), `ncclRedOpDestroy` ends it.
+//! ([`ringreduce::RankCommunicator::enqueue_premul_sum`]), `ncclRedOpDestroy` ends it.
 //!
 //! An operator's handle is `ncclNumOps + i`, `i` its slot in [`MADE`]. Callers do not always
 //! check what creation returns (PyTorch does not), so a creation that fails on a ringreduce

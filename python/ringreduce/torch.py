@@ -3,8 +3,8 @@ places a torch program plugs it in (custom ops, a DDP hook, a tensor-parallel ob
 
 Where it has run (python/README.md says more): on host ranks with real torch (CPU tensors,
 ``torch.compile``, DDP); its GPU side — the core's raw-stream calls
-(``RankCommunicator::enqueue_collective_on_raw`` and ``enqueue_collective_in_place_on_raw``,
-``enqueue_send_recv_on_raw``), which the NCCL-compatible library also uses — has not run on a
+(``RankCommunicator::enqueue_collective`` and ``enqueue_collective_in_place``,
+``enqueue_send_recv``), which the NCCL-compatible library also uses — has not run on a
 GPU yet.
 
 You don't call this module yourself: a :class:`ringreduce.Communicator` made with

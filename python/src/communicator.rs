@@ -410,7 +410,7 @@ impl Communicator {
     ///
     /// For `ringreduce.torch` alone, which passes live CUDA tensors of this rank's GPU and keeps
     /// them allocated until the stream has passed the call (the core's contract for
-    /// `enqueue_collective_on_raw`): nothing here can check an address.
+    /// `enqueue_collective`): nothing here can check an address.
     #[pyo3(signature = (collective, root, x, out, op, dtype, stream))]
     fn enqueue(
         &self,
@@ -448,7 +448,7 @@ impl Communicator {
                     // which is also the core's for the enqueue.
                     unsafe {
                         let mut buf = device_memory::<T>(span, device);
-                        comm.enqueue_collective_in_place_on_raw(&collective, &mut buf, op, stream)
+                        comm.enqueue_collective_in_place(&collective, &mut buf, op, stream)
                     }
                 }
                 Layout::OutOfPlace { input, output } => {
@@ -457,7 +457,7 @@ impl Communicator {
                     unsafe {
                         let input = input.map(|s| device_memory::<T>(s, device));
                         let mut output = output.map(|s| device_memory::<T>(s, device));
-                        comm.enqueue_collective_on_raw(&collective, input.as_ref(), output.as_mut(), op, stream)
+                        comm.enqueue_collective(&collective, input.as_ref(), output.as_mut(), op, stream)
                     }
                 }
             })
@@ -501,7 +501,7 @@ impl Communicator {
                         recv_spans.iter().map(|&s| device_memory(s, device)).collect();
                     let send_refs: Vec<&DeviceMemory<T>> = sends.iter().collect();
                     let mut recv_refs: Vec<&mut DeviceMemory<T>> = recvs.iter_mut().collect();
-                    comm.enqueue_send_recv_on_raw(&transfers, &send_refs, &mut recv_refs, stream)
+                    comm.enqueue_send_recv(&transfers, &send_refs, &mut recv_refs, stream)
                 }
             })
         })

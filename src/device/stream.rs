@@ -70,6 +70,18 @@ unsafe impl Send for CallerStream {}
 // SAFETY: as above.
 unsafe impl Sync for CallerStream {}
 
+impl From<&CudaStream> for CallerStream {
+    fn from(stream: &CudaStream) -> CallerStream {
+        CallerStream::of(stream)
+    }
+}
+
+impl From<&Arc<CudaStream>> for CallerStream {
+    fn from(stream: &Arc<CudaStream>) -> CallerStream {
+        CallerStream::of(stream)
+    }
+}
+
 impl CallerStream {
     /// The caller's cudarc `stream`.
     pub fn of(stream: &CudaStream) -> CallerStream {

@@ -1,6 +1,10 @@
-//! The `enqueue_*_on` calls of a GPU [`RankCommunicator`]: the collective is ordered on the
-//! caller's stream (a cudarc stream, or a raw `cudaStream_t` in the `_raw` forms) and the call
-//! returns once it is enqueued — or captured into the caller's CUDA graph; and
+//! The enqueue calls of a GPU [`RankCommunicator`], shaped like [`crate::Communicator`]'s: the
+//! collective is ordered on the caller's stream — a cudarc stream (`&Arc<CudaStream>`) or a raw
+//! `cudaStream_t` a C caller passed ([`CallerStream::from_raw`]), anything that is
+//! `Into<CallerStream>` — and the call returns once it is enqueued, or captured into the caller's
+//! CUDA graph: [`RankCommunicator::enqueue_collective`] (out of place),
+//! [`RankCommunicator::enqueue_collective_in_place`], [`RankCommunicator::enqueue_send_recv`],
+//! the all-reduce's shorthands (named as `Communicator`'s), and
 //! [`RankCommunicator::synchronize`], which waits for what they enqueued.
 
 use super::ends::Ends;
@@ -11,19 +15,20 @@ use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::Shape;
 use crate::plan::{BufKind, Collective, Transfer};
-use cudarc::driver::CudaStream;
-use std::sync::Arc;
 
 impl RankCommunicator {
     /// [`RankCommunicator::collective`] on a GPU rank, ordered on the caller's `stream`: see
-    /// [`RankCommunicator::enqueue_collective_in_place_on`].
+    /// [`RankCommunicator::enqueue_collective_in_place`]. `input` is this rank's input where the
+    /// collective reads one (a broadcast's root alone), `output` its output where it writes one
+    /// (a reduce's root alone).
     ///
     /// # Safety
     /// `input` and `output` must stay allocated until `stream` has passed the collective, `input`
     /// unwritten and `output` untouched (on any stream or the host) meanwhile, except by work
-    /// queued on `stream` after this call; captured, they must stay allocated, and this
-    /// communicator open, while the graph may be replayed.
-    pub unsafe fn enqueue_collective_on<
+    /// queued on `stream` after this call; `stream` is live until the call has returned;
+    /// captured, the buffers must stay allocated, and this communicator open, while the graph
+    /// may be replayed.
+    pub unsafe fn enqueue_collective<
         T: Element,
         I: Buffer<T> + ?Sized,
         O: BufferMut<T> + ?Sized,
@@ -33,85 +38,11 @@ impl RankCommunicator {
         input: Option<&I>,
         output: Option<&mut O>,
         op: ReduceOp,
-        stream: &Arc<CudaStream>,
-    ) -> Result<()> {
-        // SAFETY: our caller's contract, passed on (a cudarc stream is live while borrowed).
-        unsafe {
-            self.enqueue_collective_on_raw(collective, input, output, op, CallerStream::of(stream))
-        }
-    }
-
-    /// [`RankCommunicator::all_reduce`] ordered on the caller's `stream`: see
-    /// [`RankCommunicator::enqueue_collective_in_place_on`].
-    ///
-    /// # Safety
-    /// As for [`RankCommunicator::enqueue_collective_on`].
-    pub unsafe fn enqueue_all_reduce_on<
-        T: Element,
-        I: Buffer<T> + ?Sized,
-        O: BufferMut<T> + ?Sized,
-    >(
-        &mut self,
-        input: &I,
-        output: &mut O,
-        op: ReduceOp,
-        stream: &Arc<CudaStream>,
-    ) -> Result<()> {
-        // SAFETY: our caller's contract, passed on.
-        unsafe {
-            self.enqueue_collective_on(
-                &Collective::AllReduce,
-                Some(input),
-                Some(output),
-                op,
-                stream,
-            )
-        }
-    }
-
-    /// [`RankCommunicator::enqueue_collective_on`] on a stream named by its raw handle, as C
-    /// callers pass it (`cudaStream_t`; [`CallerStream::from_raw`]).
-    ///
-    /// # Safety
-    /// As for [`RankCommunicator::enqueue_collective_on`], and `stream` stays live until the
-    /// call has returned.
-    pub unsafe fn enqueue_collective_on_raw<
-        T: Element,
-        I: Buffer<T> + ?Sized,
-        O: BufferMut<T> + ?Sized,
-    >(
-        &mut self,
-        collective: &Collective,
-        input: Option<&I>,
-        output: Option<&mut O>,
-        op: ReduceOp,
-        stream: CallerStream,
+        stream: impl Into<CallerStream>,
     ) -> Result<()> {
         let (shape, ends) = self.out_of_place(collective, input, output, op)?;
         // SAFETY: our caller's contract, passed on.
-        unsafe { self.enqueue_on::<T>(shape, ends, op, stream) }
-    }
-
-    /// [`RankCommunicator::enqueue_collective_in_place_on`] on a stream named by its raw handle
-    /// (see [`RankCommunicator::enqueue_collective_on_raw`]).
-    ///
-    /// # Safety
-    /// As for [`RankCommunicator::enqueue_collective_in_place_on`], and `stream` stays live until
-    /// the call has returned.
-    pub unsafe fn enqueue_collective_in_place_on_raw<T: Element, B: BufferMut<T> + ?Sized>(
-        &mut self,
-        collective: &Collective,
-        buf: &mut B,
-        op: ReduceOp,
-        stream: CallerStream,
-    ) -> Result<()> {
-        let shape = self.in_place_shape::<T, B>(collective, buf, op)?;
-        let ends = Ends {
-            reads: Vec::new(),
-            writes: vec![(BufKind::Output, buf.address_mut(), buf.count())],
-        };
-        // SAFETY: our caller's contract, passed on.
-        unsafe { self.enqueue_on::<T>(shape, ends, op, stream) }
+        unsafe { self.enqueue_on::<T>(shape, ends, op, stream.into()) }
     }
 
     /// [`RankCommunicator::collective_in_place`] on a GPU rank, ordered on the caller's `stream`
@@ -123,18 +54,94 @@ impl RankCommunicator {
     /// # Safety
     /// `buf` must stay allocated and untouched (no reads, no writes, on any stream or the host)
     /// until `stream` has passed the collective, except by work queued on `stream` after this
-    /// call; captured, it must stay allocated, and this communicator open, while the graph may
-    /// be replayed.
-    pub unsafe fn enqueue_collective_in_place_on<T: Element, B: BufferMut<T> + ?Sized>(
+    /// call; `stream` is live until the call has returned; captured, `buf` must stay allocated,
+    /// and this communicator open, while the graph may be replayed.
+    pub unsafe fn enqueue_collective_in_place<T: Element, B: BufferMut<T> + ?Sized>(
         &mut self,
         collective: &Collective,
         buf: &mut B,
         op: ReduceOp,
-        stream: &Arc<CudaStream>,
+        stream: impl Into<CallerStream>,
     ) -> Result<()> {
-        // SAFETY: our caller's contract, passed on (a cudarc stream is live while borrowed).
+        let shape = self.in_place_shape::<T, B>(collective, buf, op)?;
+        let ends = Ends {
+            reads: Vec::new(),
+            writes: vec![(BufKind::Output, buf.address_mut(), buf.count())],
+        };
+        // SAFETY: our caller's contract, passed on.
+        unsafe { self.enqueue_on::<T>(shape, ends, op, stream.into()) }
+    }
+
+    /// [`RankCommunicator::all_reduce`] ordered on the caller's `stream`: see
+    /// [`RankCommunicator::enqueue_collective_in_place`].
+    ///
+    /// # Safety
+    /// As for [`RankCommunicator::enqueue_collective`].
+    pub unsafe fn enqueue_all_reduce_on<
+        T: Element,
+        I: Buffer<T> + ?Sized,
+        O: BufferMut<T> + ?Sized,
+    >(
+        &mut self,
+        input: &I,
+        output: &mut O,
+        op: ReduceOp,
+        stream: impl Into<CallerStream>,
+    ) -> Result<()> {
+        // SAFETY: our caller's contract, passed on.
         unsafe {
-            self.enqueue_collective_in_place_on_raw(collective, buf, op, CallerStream::of(stream))
+            self.enqueue_collective(
+                &Collective::AllReduce,
+                Some(input),
+                Some(output),
+                op,
+                stream,
+            )
+        }
+    }
+
+    /// [`RankCommunicator::all_reduce_in_place`] ordered on the caller's `stream`: see
+    /// [`RankCommunicator::enqueue_collective_in_place`].
+    ///
+    /// # Safety
+    /// As for [`RankCommunicator::enqueue_collective_in_place`].
+    pub unsafe fn enqueue_all_reduce_in_place_on<T: Element, B: BufferMut<T> + ?Sized>(
+        &mut self,
+        buf: &mut B,
+        op: ReduceOp,
+        stream: impl Into<CallerStream>,
+    ) -> Result<()> {
+        // SAFETY: our caller's contract, passed on.
+        unsafe { self.enqueue_collective_in_place(&Collective::AllReduce, buf, op, stream) }
+    }
+
+    /// [`RankCommunicator::send_recv`] on a GPU rank, ordered on the caller's `stream` (see
+    /// [`RankCommunicator::enqueue_collective_in_place`]).
+    ///
+    /// # Safety
+    /// Every buffer stays allocated until the stream has passed the call, the sends unwritten
+    /// and the receives untouched meanwhile except by work queued on the stream after this
+    /// call; `stream` stays live until the call has returned.
+    pub unsafe fn enqueue_send_recv<T: Element, I: Buffer<T> + ?Sized, O: BufferMut<T> + ?Sized>(
+        &mut self,
+        transfers: &[Transfer],
+        sends: &[&I],
+        recvs: &mut [&mut O],
+        stream: impl Into<CallerStream>,
+    ) -> Result<()> {
+        let (shape, ends) = self.send_recv_ends(transfers, sends, recvs)?;
+        // SAFETY: our caller's contract, passed on.
+        unsafe { self.enqueue_on::<T>(shape, ends, ReduceOp::Sum, stream.into()) }
+    }
+
+    /// Waits for every collective this rank has enqueued (on a host rank, every call has
+    /// completed already), with the first error they met — a peer lost meanwhile among them.
+    pub fn synchronize(&mut self) -> Result<()> {
+        broken(&self.broken)?;
+        match &mut self.inner {
+            Inner::Host(_) | Inner::Hosts(_) => Ok(()),
+            Inner::Gpu { exec, .. } => guarded(&mut self.broken, || exec.synchronize()),
+            Inner::GpuHosts(inner) => guarded(&mut self.broken, || inner.wait()),
         }
     }
 
@@ -142,7 +149,7 @@ impl RankCommunicator {
     ///
     /// # Safety
     /// The ends are this rank's checked buffers (`placed`, `count_of`), which stay allocated
-    /// and untouched as [`RankCommunicator::enqueue_collective_on`] says.
+    /// and untouched as [`RankCommunicator::enqueue_collective`] says.
     unsafe fn enqueue_on<T: Element>(
         &mut self,
         shape: Shape,
@@ -173,54 +180,5 @@ impl RankCommunicator {
                 "a host rank has no streams: the caller's stream needs a GPU rank".into(),
             )),
         }
-    }
-
-    /// [`RankCommunicator::all_reduce_in_place`] ordered on the caller's `stream`: see
-    /// [`RankCommunicator::enqueue_collective_in_place_on`].
-    ///
-    /// # Safety
-    /// As for [`RankCommunicator::enqueue_collective_in_place_on`].
-    pub unsafe fn enqueue_all_reduce_in_place_on<T: Element, B: BufferMut<T> + ?Sized>(
-        &mut self,
-        buf: &mut B,
-        op: ReduceOp,
-        stream: &Arc<CudaStream>,
-    ) -> Result<()> {
-        // SAFETY: our caller's contract, passed on.
-        unsafe { self.enqueue_collective_in_place_on(&Collective::AllReduce, buf, op, stream) }
-    }
-
-    /// Waits for every collective this rank has enqueued (on a host rank, every call has
-    /// completed already), with the first error they met — a peer lost meanwhile among them.
-    pub fn synchronize(&mut self) -> Result<()> {
-        broken(&self.broken)?;
-        match &mut self.inner {
-            Inner::Host(_) | Inner::Hosts(_) => Ok(()),
-            Inner::Gpu { exec, .. } => guarded(&mut self.broken, || exec.synchronize()),
-            Inner::GpuHosts(inner) => guarded(&mut self.broken, || inner.wait()),
-        }
-    }
-
-    /// [`RankCommunicator::send_recv`] on a GPU rank, ordered on a stream named by its raw
-    /// handle (see [`RankCommunicator::enqueue_collective_on_raw`]).
-    ///
-    /// # Safety
-    /// Every buffer stays allocated until the stream has passed the call, the sends unwritten
-    /// and the receives untouched meanwhile except by work queued on the stream after this
-    /// call; `stream` stays live until the call has returned.
-    pub unsafe fn enqueue_send_recv_on_raw<
-        T: Element,
-        I: Buffer<T> + ?Sized,
-        O: BufferMut<T> + ?Sized,
-    >(
-        &mut self,
-        transfers: &[Transfer],
-        sends: &[&I],
-        recvs: &mut [&mut O],
-        stream: CallerStream,
-    ) -> Result<()> {
-        let (shape, ends) = self.send_recv_ends(transfers, sends, recvs)?;
-        // SAFETY: our caller's contract, passed on.
-        unsafe { self.enqueue_on::<T>(shape, ends, ReduceOp::Sum, stream) }
     }
 }

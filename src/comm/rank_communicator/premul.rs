@@ -1,4 +1,4 @@
-//! NCCL's PreMulSum on a GPU rank ([`RankCommunicator::enqueue_premul_sum_on_raw`]): each rank's
+//! NCCL's PreMulSum on a GPU rank ([`RankCommunicator::enqueue_premul_sum`]): each rank's
 //! input multiplied by a factor of its own, then summed — NCCL's `ncclRedOpCreatePreMulSum`,
 //! which PyTorch uses to divide gradients before they are summed (FSDP's gradient divide factor)
 //! so that low-precision sums do not overflow.
@@ -24,20 +24,21 @@ impl RankCommunicator {
     /// reducing with PreMulSum: `Σ factor × input` over the ranks (module doc). Every rank
     /// passes its own factor (NCCL's contract: the same one on every rank, as PyTorch does; the
     /// sum uses each rank's). The rest is
-    /// [`RankCommunicator::enqueue_collective_on_raw`] with [`ReduceOp::Sum`]: `input` is this
+    /// [`RankCommunicator::enqueue_collective`] with [`ReduceOp::Sum`]: `input` is this
     /// rank's input, `output` its output where the collective writes one. GPU ranks only.
     ///
     /// # Safety
-    /// As for [`RankCommunicator::enqueue_collective_on_raw`]; a [`PreMul::Device`] factor is
+    /// As for [`RankCommunicator::enqueue_collective`]; a [`PreMul::Device`] factor is
     /// one element of `T` in this rank's GPU memory, unwritten until the stream passes the call.
-    pub unsafe fn enqueue_premul_sum_on_raw<T: Element, O: BufferMut<T> + ?Sized>(
+    pub unsafe fn enqueue_premul_sum<T: Element, O: BufferMut<T> + ?Sized>(
         &mut self,
         collective: &Collective,
         input: &DeviceMemory<T>,
         output: Option<&mut O>,
         factor: PreMul,
-        stream: CallerStream,
+        stream: impl Into<CallerStream>,
     ) -> Result<()> {
+        let stream = stream.into();
         if !collective.reduces() {
             return Err(Error::InvalidArgument(format!(
                 "PreMulSum reduces: the {} does not",
@@ -64,7 +65,7 @@ impl RankCommunicator {
                     let scaled = unsafe { DeviceMemory::<T>::new(scratch, count, device) };
                     // SAFETY: the scratch as above; the output is the caller's (our contract).
                     unsafe {
-                        self.enqueue_collective_on_raw(
+                        self.enqueue_collective(
                             collective,
                             Some(&scaled),
                             output,
