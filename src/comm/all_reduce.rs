@@ -1,7 +1,7 @@
 //! The all-reduce on a [`Communicator`]: in place or out of place, blocking or enqueued (on the
 //! communicator's streams or the caller's), all through the one submit of every collective
-//! (`collectives.rs`: `submit_collective`, which checks the buffers, `validate.rs`, and runs the
-//! call, `dispatch.rs`); and [`ring_allreduce`], the common case in one call.
+//! (`dispatch.rs`: `submit_collective`, which checks the buffers, `validate.rs`, and runs the
+//! call); and [`ring_allreduce`], the common case in one call.
 
 use super::Communicator;
 use crate::buffer::{Buffer, BufferMut, Placement};

@@ -1,10 +1,10 @@
-//! Every collective on a [`Communicator`] goes through one submit here (`submit_collective`:
-//! the checks of `validate.rs`, then `dispatch.rs`), the all-reduce's methods (`all_reduce.rs`)
-//! too. The other collectives: one generic entry, [`Communicator::enqueue_collective`] (and its
-//! blocking twin [`Communicator::collective`]), which takes the [`Collective`], the buffers and
-//! optionally the caller's streams, and named blocking methods on top (`reduce_scatter`,
-//! `all_gather`, `broadcast`, `reduce`, `all_to_all`, `send_recv`, each with its in-place form
-//! where NCCL has one).
+//! Every collective on a [`Communicator`] goes through one submit (`submit_collective`, in
+//! `dispatch.rs`: the checks of `validate.rs`, then the executor), the all-reduce's methods
+//! (`all_reduce.rs`) too. The other collectives: one generic entry,
+//! [`Communicator::enqueue_collective`] (and its blocking twin [`Communicator::collective`]),
+//! which takes the [`Collective`], the buffers and optionally the caller's streams, and named
+//! blocking methods on top (`reduce_scatter`, `all_gather`, `broadcast`, `reduce`,
+//! `all_to_all`, `send_recv`, each with its in-place form where NCCL has one).
 //!
 //! Which buffers a call passes (the lengths are in [`crate::plan::Collective`]'s table):
 //!

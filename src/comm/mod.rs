@@ -11,10 +11,10 @@
 //! its edges, what a call of a size runs), `facts.rs`; the all-reduce's methods and
 //! [`ring_allreduce`], `all_reduce.rs`; every other collective — reduce-scatter, all-gather,
 //! broadcast, reduce, all-to-all, grouped send/recv — with its methods and its one generic
-//! entry, [`Communicator::enqueue_collective`], and the one submit of every call,
-//! `collectives.rs`; the checks of every call,
-//! `validate.rs`, and of a configuration, `config_checks.rs`; the one way every call reaches the
-//! executor, and the profile of host phases it leaves, `dispatch.rs`; waiting, health, abort and
+//! entry, [`Communicator::enqueue_collective`], `collectives.rs`; the checks of every call,
+//! `validate.rs`, and of a configuration, `config_checks.rs`; the one submit of every call
+//! (`submit_collective`: the way every call reaches the executor) and the profile of host
+//! phases it leaves, `dispatch.rs`; waiting, health, abort and
 //! close, `health.rs`; [`Scope`], `scope.rs`. This file holds the communicator's state: the
 //! [`Communicator`] and what its calls pass between those files. One rank per process, NCCL's
 //! `ncclCommInitRank` model, is [`RankCommunicator`], in `rank_communicator/`.

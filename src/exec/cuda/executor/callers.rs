@@ -227,7 +227,8 @@ impl CudaExecutor {
     /// Orders each rank's Main stream after the work queued on the caller's stream so far.
     fn fence_in(&self, streams: &[CallerStream]) -> Result<()> {
         for (res, stream) in self.ranks.iter().map(|r| &*r.res).zip(streams) {
-            // SAFETY: the stream is live (borrowed) and of the rank's context (checked by `run`).
+            // SAFETY: the stream is live (borrowed) and of the rank's context (checked by
+            // `check_caller_streams`, the one maker of `CallerStreams`).
             unsafe { device::record_on_raw_stream(&res.fence_in, stream.raw()) }?;
             device::wait(&res.streams[StreamKind::Main.index()], &res.fence_in)?;
         }

@@ -157,7 +157,7 @@ pub(super) struct CudaEnqueue<'a> {
     pub(super) call: &'a CudaCall,
     /// The source of an [`Op::Expose`] held back for the one-shot meeting right after it (the
     /// checker proved it is next): the read one-shot kernel does the copy before its start
-    /// barrier, the LL one-shot sends this source instead (`launch_oneshot`).
+    /// barrier, the LL one-shot sends this source instead (`launch_ll`).
     expose_from: Option<u64>,
     /// Whether this rank's kernel of the call is launched: a two-shot's or a steps kernel runs
     /// all of the rank's meetings, and its first meeting launches it.

@@ -205,8 +205,8 @@ impl CudaEnqueue<'_> {
     /// Launches this rank's one-shot kernel for the peer reduce `op` into `dst` (a plan whose
     /// layout `oneshot_layout` verified): `kernel`, the read one-shot or the staged one-shot (the
     /// read kernel over host copies, its flags in host memory). `expose_from` is the fused
-    /// exposure copy's source (see `CudaEnqueue::held`): the in-place buffer, or for the staged
-    /// one-shot also the input out of place.
+    /// exposure copy's source (see `CudaEnqueue`'s `expose_from`): the in-place buffer, or for
+    /// the staged one-shot also the input out of place.
     pub(super) fn launch_oneshot(
         &self,
         kernel: PeerKernel,

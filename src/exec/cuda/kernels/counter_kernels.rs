@@ -32,6 +32,7 @@ impl KernelModule {
         let mut params: [*mut c_void; 2] = [param(&mut sent), param(&mut mailbox)];
         // SAFETY: rr_counter_signal(unsigned*, unsigned*) takes two pointers, passed as u64
         // device addresses that outlive the launch call; the memory is the caller's contract.
+        // Launch: the function was loaded into `self.ctx`, the stream's context (`check_stream`).
         unsafe {
             device::launch_kernel(
                 &self.ctx,
@@ -80,6 +81,7 @@ impl KernelModule {
         // SAFETY: rr_counter_wait(const unsigned*, unsigned*, unsigned long long, unsigned*,
         // unsigned): u64, u64, u64, u64, u32 in parameter order, outliving the launch call; the
         // memory is the caller's contract.
+        // Launch: the function was loaded into `self.ctx`, the stream's context (`check_stream`).
         unsafe {
             device::launch_kernel(
                 &self.ctx,

@@ -153,6 +153,7 @@ impl KernelModule {
         // in parameter order, all outliving the call (the driver copies them at
         // launch); the grid is the one the kernel checks (ll_blocks of the bytes, 512 threads);
         // the memory and the other ranks' calls are the caller's contract.
+        // Launch: the function was loaded into `self.ctx`, the stream's context (`check_stream`).
         unsafe {
             device::launch_kernel(
                 &self.ctx,

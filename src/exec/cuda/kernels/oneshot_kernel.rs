@@ -119,6 +119,8 @@ impl KernelModule {
         // in parameter order, all outliving the call (the driver
         // copies them at launch); the memory and the other ranks' calls are the caller's
         // contract.
+        // Launch: the function was loaded into `self.ctx`, the stream's context
+        // (`check_stream`), and the grid is `peer_grid`'s (at most PEER_MAX_BLOCKS blocks).
         unsafe {
             device::launch_kernel(
                 &self.ctx,

@@ -60,6 +60,7 @@ impl KernelModule {
         // SAFETY: the function is rr_reduce_<op>_<dtype>(T*, const T*, const T*, unsigned long
         // long), matching the four 8-byte parameters above, which outlive the call (the driver
         // copies them at launch); the pointer contract is the caller's, stated above.
+        // Launch: the function was loaded into `self.ctx`, the stream's context (`check_stream`).
         unsafe {
             device::launch_kernel(
                 &self.ctx,
@@ -103,6 +104,7 @@ impl KernelModule {
         // SAFETY: the function is rr_scale_<dtype>(T*, unsigned long long, unsigned long long),
         // matching the three 8-byte parameters above, which outlive the call; the pointer
         // contract is the caller's, stated above.
+        // Launch: the function was loaded into `self.ctx`, the stream's context (`check_stream`).
         unsafe {
             device::launch_kernel(
                 &self.ctx,
@@ -167,8 +169,9 @@ impl KernelModule {
         let blocks = grid_blocks(dtype, count, self.max_blocks);
         // SAFETY: the function is rr_premul_<dtype>(T*, const T*, unsigned long long, const T*,
         // unsigned long long), matching the five 8-byte parameters above, which outlive the
-        // call; it was loaded into self.ctx, which is current and owns `stream` (checked); any
-        // grid suits it; the memory contract is the caller's, stated above.
+        // call; it was loaded into self.ctx, which owns `stream` (checked above) and which
+        // `launch_kernel` binds; any grid suits it; the memory contract is the caller's, stated
+        // above.
         unsafe {
             device::launch_kernel(
                 &self.ctx,

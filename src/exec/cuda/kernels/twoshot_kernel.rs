@@ -93,6 +93,8 @@ impl KernelModule {
         // #[repr(C)] mirrors of those structs (128 and 192 bytes), then u32, u32, u64, u64,
         // and `gate` the mirror of rr_call_gate (48 bytes), in parameter order, all outliving the call (the driver copies them at launch); the
         // memory and the other ranks' calls are the caller's contract.
+        // Launch: the function was loaded into `self.ctx`, the stream's context
+        // (`check_stream`), and the grid is `peer_grid`'s (at most PEER_MAX_BLOCKS blocks).
         unsafe {
             device::launch_kernel(
                 &self.ctx,
