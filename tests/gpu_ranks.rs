@@ -15,11 +15,13 @@
 
 use common::launch::{as_rank, expect_success, launch};
 use common::two_gpus_or_shared;
+use cudarc::driver::CudaStream;
 use ringreduce::plan::Collective;
 use ringreduce::verify::{expected_value, input_value};
 use ringreduce::{
     Algorithm, CudaConfig, GpuBuffer, LaunchEnv, RankCommunicator, ReduceOp, Transfer, UniqueId,
 };
+use std::sync::Arc;
 use std::time::Duration;
 
 mod common;
@@ -40,6 +42,20 @@ fn this_gpu(env: &LaunchEnv) -> usize {
         true => env.rank,
         false => 0,
     }
+}
+
+/// This process's rank of the job in `env` under `Algorithm::Auto` on its GPU, with a stream of
+/// its own there: (rank, world, device, communicator, stream).
+fn auto_rank_with_stream(
+    env: &LaunchEnv,
+) -> (usize, usize, usize, RankCommunicator, Arc<CudaStream>) {
+    let (rank, world) = (env.rank, env.world);
+    let device = this_gpu(env);
+    let id = env.unique_id().unwrap();
+    let comm = RankCommunicator::gpu(&id, rank, world, device, config(Algorithm::Auto)).unwrap();
+    let ctx = ringreduce::device::context(device).unwrap();
+    let stream = ctx.new_stream().unwrap();
+    (rank, world, device, comm, stream)
 }
 
 /// Rank 1 comes 2 s late to `enqueue` (the calls it makes); every other rank's `enqueue` must
@@ -787,13 +803,7 @@ fn a_mismatched_gpu_call_is_a_named_error_on_every_rank_and_breaks_the_communica
 #[test]
 fn an_eager_call_returns_before_a_late_peer_starts_it_and_the_gpu_names_a_mismatch() {
     if let Some(env) = as_rank() {
-        let (rank, world) = (env.rank, env.world);
-        let device = this_gpu(&env);
-        let id = env.unique_id().unwrap();
-        let mut comm =
-            RankCommunicator::gpu(&id, rank, world, device, config(Algorithm::Auto)).unwrap();
-        let ctx = ringreduce::device::context(device).unwrap();
-        let stream = ctx.new_stream().unwrap();
+        let (rank, world, device, mut comm, stream) = auto_rank_with_stream(&env);
         // Both shapes prepared, in step, by a first call each (those meet on the hosts).
         let mut small = GpuBuffer::from_host(device, &[1.0f32; 64]).unwrap();
         let mut large = GpuBuffer::from_host(device, &[1.0f32; 96]).unwrap();
@@ -859,13 +869,7 @@ fn an_eager_call_returns_before_a_late_peer_starts_it_and_the_gpu_names_a_mismat
 fn large_calls_and_sends_return_before_a_late_peer_and_run_as_kernels() {
     use ringreduce::Form;
     if let Some(env) = as_rank() {
-        let (rank, world) = (env.rank, env.world);
-        let device = this_gpu(&env);
-        let id = env.unique_id().unwrap();
-        let mut comm =
-            RankCommunicator::gpu(&id, rank, world, device, config(Algorithm::Auto)).unwrap();
-        let ctx = ringreduce::device::context(device).unwrap();
-        let stream = ctx.new_stream().unwrap();
+        let (rank, world, device, mut comm, stream) = auto_rank_with_stream(&env);
         let op = ReduceOp::Sum;
         // Above the sizes where Auto ran the ring across processes (the all-reduce's one-shot
         // limit, 32 MiB × 2/n; the other collectives' 4 MiB crossing a rank's links).
@@ -951,13 +955,7 @@ fn large_calls_and_sends_return_before_a_late_peer_and_run_as_kernels() {
 #[test]
 fn symmetric_registrations_run_without_a_meeting_and_the_gpus_check_the_offsets() {
     if let Some(env) = as_rank() {
-        let (rank, world) = (env.rank, env.world);
-        let device = this_gpu(&env);
-        let id = env.unique_id().unwrap();
-        let mut comm =
-            RankCommunicator::gpu(&id, rank, world, device, config(Algorithm::Auto)).unwrap();
-        let ctx = ringreduce::device::context(device).unwrap();
-        let stream = ctx.new_stream().unwrap();
+        let (rank, world, device, mut comm, stream) = auto_rank_with_stream(&env);
         let op = ReduceOp::Sum;
         let (space, count, at) = (1 << 16, 1000, 256);
         let mut win = GpuBuffer::<f32>::zeroed(device, space).unwrap();

@@ -8,6 +8,9 @@
 
 use std::ffi::c_void;
 
+use cudarc::driver::sys::CUstream;
+use cudarc::driver::CudaFunction;
+
 use super::{check_aligned, param, reduce_index, KernelModule, BLOCK_THREADS, VECTOR_BYTES};
 use crate::device::{self, CallerStream, Stream};
 use crate::element::{DType, ReduceOp};
@@ -59,18 +62,9 @@ impl KernelModule {
         let function = &self.reduce[reduce_index(op, dtype)];
         // SAFETY: the function is rr_reduce_<op>_<dtype>(T*, const T*, const T*, unsigned long
         // long), matching the four 8-byte parameters above, which outlive the call (the driver
-        // copies them at launch); the pointer contract is the caller's, stated above.
-        // Launch: the function was loaded into `self.ctx`, the stream's context (`check_stream`).
-        unsafe {
-            device::launch_kernel(
-                &self.ctx,
-                function,
-                grid_blocks(dtype, count, self.max_blocks),
-                BLOCK_THREADS,
-                stream.raw(),
-                &mut params,
-            )
-        }
+        // copies them at launch); the pointer contract is the caller's, stated above; the stream
+        // is of self.ctx (`check_stream`).
+        unsafe { self.launch(function, dtype, count, stream.raw(), &mut params) }
     }
 
     /// Enqueues `x[i] = x[i] / world` for `i < count` on `stream`: the last step of `Avg`, as
@@ -103,18 +97,8 @@ impl KernelModule {
         let function = &self.scale[dtype as usize];
         // SAFETY: the function is rr_scale_<dtype>(T*, unsigned long long, unsigned long long),
         // matching the three 8-byte parameters above, which outlive the call; the pointer
-        // contract is the caller's, stated above.
-        // Launch: the function was loaded into `self.ctx`, the stream's context (`check_stream`).
-        unsafe {
-            device::launch_kernel(
-                &self.ctx,
-                function,
-                grid_blocks(dtype, count, self.max_blocks),
-                BLOCK_THREADS,
-                stream.raw(),
-                &mut params,
-            )
-        }
+        // contract is the caller's, stated above; the stream is of self.ctx (`check_stream`).
+        unsafe { self.launch(function, dtype, count, stream.raw(), &mut params) }
     }
 
     /// Enqueues `dst[i] = src[i] × s` for `i < count` on the caller's `stream`: the first step of
@@ -166,22 +150,34 @@ impl KernelModule {
             param(&mut at),
             param(&mut bits),
         ];
-        let blocks = grid_blocks(dtype, count, self.max_blocks);
+        let function = &self.premul[dtype as usize];
         // SAFETY: the function is rr_premul_<dtype>(T*, const T*, unsigned long long, const T*,
         // unsigned long long), matching the five 8-byte parameters above, which outlive the
-        // call; it was loaded into self.ctx, which owns `stream` (checked above) and which
-        // `launch_kernel` binds; any grid suits it; the memory contract is the caller's, stated
-        // above.
-        unsafe {
-            device::launch_kernel(
-                &self.ctx,
-                &self.premul[dtype as usize],
-                blocks,
-                BLOCK_THREADS,
-                stream.raw(),
-                &mut params,
-            )
-        }
+        // call; the stream is of self.ctx (checked above); the memory contract is the caller's,
+        // stated above.
+        unsafe { self.launch(function, dtype, count, stream.raw(), &mut params) }
+    }
+
+    /// Launches `function` (one of this module's, loaded into `self.ctx`) over `count` elements
+    /// of `dtype` on the stream `raw`, with a grid that fills the device once (each kernel loops
+    /// over the rest; any grid suits them).
+    ///
+    /// # Safety
+    /// `raw` is a live stream of `self.ctx`; `params` points at one value per kernel parameter,
+    /// of the kernel's parameter types; the memory the kernel touches satisfies its contract
+    /// (see `reduce`, `scale`, `premul`).
+    unsafe fn launch(
+        &self,
+        function: &CudaFunction,
+        dtype: DType,
+        count: usize,
+        raw: CUstream,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        let blocks = grid_blocks(dtype, count, self.max_blocks);
+        // SAFETY: the function was loaded into self.ctx, the stream's context; the rest is our
+        // caller's contract, passed on.
+        unsafe { device::launch_kernel(&self.ctx, function, blocks, BLOCK_THREADS, raw, params) }
     }
 }
 
