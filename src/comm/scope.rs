@@ -66,7 +66,7 @@ impl Communicator {
 /// for its collective. Each misuse below is refused at compile time.
 ///
 /// A buffer made inside the scope cannot be handed to it (it would be freed before the wait):
-/// ```compile_fail
+/// ```compile_fail,E0597
 /// # use ringreduce::{Communicator, ReduceOp};
 /// let comm = Communicator::host(2)?;
 /// comm.scope(|s| {
@@ -76,7 +76,7 @@ impl Communicator {
 /// # Ok::<(), ringreduce::Error>(())
 /// ```
 /// nor dropped, moved or touched while its collective may run:
-/// ```compile_fail
+/// ```compile_fail,E0505,E0597
 /// # use ringreduce::{Communicator, ReduceOp};
 /// let comm = Communicator::host(2)?;
 /// let mut grads = vec![vec![1.0f32; 4]; 2];
@@ -87,7 +87,7 @@ impl Communicator {
 /// })??;
 /// # Ok::<(), ringreduce::Error>(())
 /// ```
-/// ```compile_fail
+/// ```compile_fail,E0505,E0597
 /// # use ringreduce::{Communicator, ReduceOp};
 /// let comm = Communicator::host(2)?;
 /// let mut grads = vec![vec![1.0f32; 4]; 2];
@@ -98,7 +98,7 @@ impl Communicator {
 /// })??;
 /// # Ok::<(), ringreduce::Error>(())
 /// ```
-/// ```compile_fail
+/// ```compile_fail,E0499
 /// # use ringreduce::{Communicator, ReduceOp};
 /// let comm = Communicator::host(2)?;
 /// let mut grads = vec![vec![1.0f32; 4]; 2];
@@ -109,7 +109,7 @@ impl Communicator {
 /// })??;
 /// # Ok::<(), ringreduce::Error>(())
 /// ```
-/// ```compile_fail
+/// ```compile_fail,E0502
 /// # use ringreduce::{Communicator, ReduceOp};
 /// let comm = Communicator::host(2)?;
 /// let mut grads = vec![vec![1.0f32; 4]; 2];
@@ -121,7 +121,7 @@ impl Communicator {
 /// ```
 /// The same holds for [`Scope::all_reduce`]'s outputs (and its inputs cannot be written, or
 /// dropped):
-/// ```compile_fail
+/// ```compile_fail,E0597
 /// # use ringreduce::{Communicator, ReduceOp};
 /// let comm = Communicator::host(2)?;
 /// let inputs = vec![vec![1i32; 4]; 2];
@@ -131,7 +131,7 @@ impl Communicator {
 /// })??;
 /// # Ok::<(), ringreduce::Error>(())
 /// ```
-/// ```compile_fail
+/// ```compile_fail,E0499
 /// # use ringreduce::{Communicator, ReduceOp};
 /// let comm = Communicator::host(2)?;
 /// let inputs = vec![vec![1i32; 4]; 2];
@@ -143,7 +143,7 @@ impl Communicator {
 /// })??;
 /// # Ok::<(), ringreduce::Error>(())
 /// ```
-/// ```compile_fail
+/// ```compile_fail,E0502
 /// # use ringreduce::{Communicator, ReduceOp};
 /// let comm = Communicator::host(2)?;
 /// let mut inputs = vec![vec![1i32; 4]; 2];
@@ -155,7 +155,7 @@ impl Communicator {
 /// })??;
 /// # Ok::<(), ringreduce::Error>(())
 /// ```
-/// ```compile_fail
+/// ```compile_fail,E0505,E0597
 /// # use ringreduce::{Communicator, ReduceOp};
 /// let comm = Communicator::host(2)?;
 /// let inputs = vec![vec![1i32; 4]; 2];
@@ -168,7 +168,7 @@ impl Communicator {
 /// # Ok::<(), ringreduce::Error>(())
 /// ```
 /// and for [`Scope::collective`]'s buffers:
-/// ```compile_fail
+/// ```compile_fail,E0499
 /// # use ringreduce::{Communicator, ReduceOp};
 /// # use ringreduce::plan::Collective;
 /// let comm = Communicator::host(2)?;
@@ -180,7 +180,7 @@ impl Communicator {
 /// })??;
 /// # Ok::<(), ringreduce::Error>(())
 /// ```
-/// ```compile_fail
+/// ```compile_fail,E0597
 /// # use ringreduce::{Communicator, ReduceOp};
 /// # use ringreduce::plan::Collective;
 /// let comm = Communicator::host(2)?;
@@ -195,7 +195,7 @@ impl Communicator {
 /// ```compile_fail
 /// # use ringreduce::Communicator;
 /// let comm = Communicator::host(2)?;
-/// let escaped = comm.scope(|s| s)?;
+/// let escaped = comm.scope(|s| s)?; // error: lifetime may not live long enough
 /// # Ok::<(), ringreduce::Error>(())
 /// ```
 /// Each of those is the misuse alone: the same calls with the buffers used after the scope

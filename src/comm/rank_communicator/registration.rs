@@ -49,9 +49,9 @@ impl RankCommunicator {
     ///
     /// Hence `unsafe`: safe code cannot register.
     ///
-    /// ```compile_fail
+    /// ```compile_fail,E0133
     /// # fn f(comm: &mut ringreduce::RankCommunicator, buf: &ringreduce::GpuBuffer<f32>) {
-    /// let registration = comm.register(buf); // error: call to unsafe function
+    /// let registration = comm.register(buf); // E0133: call to unsafe function
     /// # }
     /// ```
     pub unsafe fn register<T: Element, B: Buffer<T> + ?Sized>(

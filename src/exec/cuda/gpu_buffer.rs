@@ -20,7 +20,7 @@ use std::marker::PhantomData;
 /// The borrow rules keep the memory alive and unaliased while a collective uses it. Views
 /// ([`GpuBuffer::view`], shared) and mutable views ([`GpuBuffer::view_mut`], exclusive) borrow
 /// the buffer, so it cannot be freed or dropped under them:
-/// ```compile_fail
+/// ```compile_fail,E0505
 /// # use ringreduce::GpuBuffer;
 /// let buf = GpuBuffer::<f32>::zeroed(0, 8)?;
 /// let view = buf.view(0, 4)?;
@@ -28,7 +28,7 @@ use std::marker::PhantomData;
 /// # let _ = view;
 /// # Ok::<(), ringreduce::Error>(())
 /// ```
-/// ```compile_fail
+/// ```compile_fail,E0597
 /// # use ringreduce::GpuBuffer;
 /// let view = {
 ///     let buf = GpuBuffer::<f32>::zeroed(0, 8)?;
@@ -39,7 +39,7 @@ use std::marker::PhantomData;
 /// ```
 /// a mutable view (written by collectives) excludes every other use, views and mutable views
 /// alike:
-/// ```compile_fail
+/// ```compile_fail,E0502
 /// # use ringreduce::GpuBuffer;
 /// let mut buf = GpuBuffer::<f32>::zeroed(0, 8)?;
 /// let view = buf.view(0, 4)?;
@@ -47,7 +47,7 @@ use std::marker::PhantomData;
 /// # let _ = (view, view_mut);
 /// # Ok::<(), ringreduce::Error>(())
 /// ```
-/// ```compile_fail
+/// ```compile_fail,E0499
 /// # use ringreduce::GpuBuffer;
 /// let mut buf = GpuBuffer::<f32>::zeroed(0, 8)?;
 /// let low = buf.view_mut(0, 4)?;
@@ -56,7 +56,7 @@ use std::marker::PhantomData;
 /// # Ok::<(), ringreduce::Error>(())
 /// ```
 /// and a mutable view cannot be duplicated (it is neither `Clone` nor `Copy`):
-/// ```compile_fail
+/// ```compile_fail,E0599
 /// # use ringreduce::GpuBuffer;
 /// let mut buf = GpuBuffer::<f32>::zeroed(0, 8)?;
 /// let view_mut = buf.view_mut(0, 4)?;
@@ -66,7 +66,7 @@ use std::marker::PhantomData;
 /// ```
 /// A call that returns before its collective completes is `unsafe` — its contract is the
 /// caller's (the safe overlap is [`crate::Communicator::scope`]):
-/// ```compile_fail
+/// ```compile_fail,E0133
 /// # use ringreduce::{Communicator, GpuBuffer, ReduceOp};
 /// let comm = Communicator::new(&[0, 1])?;
 /// let mut bufs = vec![GpuBuffer::<f32>::zeroed(0, 8)?, GpuBuffer::zeroed(1, 8)?];
