@@ -135,18 +135,19 @@
 //!
 //! ### One all-reduce, from the API to the kernel
 //!
-//! A GPU one-shot all-reduce passes nine functions, each in its layer: `Communicator::
+//! A GPU one-shot all-reduce passes eight functions, each in its layer: `Communicator::
 //! all_reduce_in_place` → `submit_collective` (`comm/dispatch.rs`: validated once, the
 //! executor's lock) → `CudaExecutor::run` (`exec/cuda/executor/callers.rs`: published and
 //! checked, the caller's streams fenced, the plan prepared or cached, the buffers laid out) →
 //! `run_inline` (`launch.rs`: every rank from the caller's thread, or its launchers) →
 //! `enqueue_rank` (one rank's program) → `CudaEnqueue::enqueue` (`enqueue.rs`: one
-//! instruction) → `launch_oneshot` (`peer_enqueue.rs`: the kernel's arguments from the plan) →
+//! instruction; the kernel's arguments from the plan, `oneshot_args` in `peer_enqueue.rs`) →
 //! `KernelModule::oneshot` (`kernels/oneshot_kernel.rs`: the arguments checked) →
 //! `device::launch_kernel` (the crate's one `cuLaunchKernel`). Under the NCCL API
-//! (ringreduce-nccl), `ncclAllReduce` → `submit` → `typed` → `RankCommunicator::
-//! enqueue_collective` → `enqueue_on` reach the same `CudaExecutor::run`; 8 bytes
-//! take `launch_ll` and `KernelModule::ll` instead of the one-shot's pair.
+//! (ringreduce-nccl), `ncclAllReduce` → `submit` (the call checked by `RankCommunicator::
+//! checked_collective`, which returns) → `RankCommunicator::enqueue` reach the same
+//! `CudaExecutor::run`, nine functions in all; 8 bytes take `KernelModule::ll` (its arguments
+//! from `ll_args`) instead of `KernelModule::oneshot`.
 //!
 //! ## What the API is
 //!
@@ -195,7 +196,9 @@ pub mod verify;
 pub mod internal;
 
 pub use buffer::{Buffer, BufferMut, DeviceMemory, Placement, StreamUse};
-pub use comm::{ring_allreduce, AbortHandle, Communicator, RankCommunicator, Registration, Scope};
+pub use comm::{
+    ring_allreduce, AbortHandle, Communicator, RankCall, RankCommunicator, Registration, Scope,
+};
 pub use device::{device_count, driver_available};
 pub use element::{DType, Element, ReduceOp, F8E4M3, F8E5M2};
 pub use error::{Error, Result};

@@ -52,43 +52,6 @@ pub(crate) struct Call {
     op: Op,
 }
 
-/// [`submit`]'s call on elements of `T`.
-///
-/// # Safety
-/// As for [`submit`].
-pub(crate) unsafe fn typed<T: Element>(
-    comm: &mut RankCommunicator,
-    device: usize,
-    call: &Call,
-    stream: CallerStream,
-) -> Result<(), Failure> {
-    // SAFETY: our caller's contract: device memory of `device`, of these lengths.
-    let memory = |addr: u64, len: usize| unsafe { DeviceMemory::<T>::new(addr, len, device) };
-    let input = (!call.send.0.is_null()).then(|| memory(call.send.0 as u64, call.send.1));
-    let mut output = (!call.recv.0.is_null()).then(|| memory(call.recv.0 as u64, call.recv.1));
-    match (call.op, &input) {
-        // SAFETY: our caller's contract, passed on.
-        (Op::Builtin(op), _) => unsafe {
-            comm.enqueue_collective(
-                &call.collective,
-                input.as_ref(),
-                output.as_mut(),
-                op,
-                stream,
-            )
-        },
-        // SAFETY: as above.
-        (Op::PreMulSum(factor), Some(input)) => unsafe {
-            comm.enqueue_premul_sum(&call.collective, input, output.as_mut(), factor, stream)
-        },
-        (Op::PreMulSum(_), None) => Err(ringreduce::Error::InvalidArgument(format!(
-            "{}: sendbuff is null",
-            call.name
-        ))),
-    }
-    .map_err(Failure::from)
-}
-
 /// The parts of a call every collective checks alike: its type and operator (none: the call
 /// does not reduce).
 pub(crate) fn types(
@@ -103,7 +66,9 @@ pub(crate) fn types(
     Ok((dtype_of(datatype)?, op))
 }
 
-/// Runs `body` to build a call, then enqueues it on `stream` (module doc).
+/// Runs `body` to build a call, then enqueues it on `stream` (module doc): checked
+/// (`RankCommunicator::checked_collective`, on elements of the call's type), then enqueued. A
+/// PreMulSum call takes `RankCommunicator::enqueue_premul_sum`, which scales the input first.
 ///
 /// # Safety
 /// NCCL's contract for the collective: the buffers are device memory of the communicator's GPU
@@ -120,9 +85,28 @@ pub(crate) unsafe fn submit(
         let comm = unsafe { comm_ref(comm) }?;
         // SAFETY: our caller's contract: a live stream (or 0, the legacy default stream).
         let stream = unsafe { CallerStream::from_raw(stream.cast()) }?;
-        // SAFETY: our caller's contract, passed on.
-        ringreduce::with_element!(call.dtype, T => comm.with(|c| unsafe {
-            typed::<T>(c, comm.device, &call, stream)
+        let device = comm.device;
+        ringreduce::with_element!(call.dtype, T => comm.with(|c| {
+            // SAFETY: our caller's contract: device memory of `device`, of these lengths.
+            let memory = |addr: u64, len: usize| unsafe { DeviceMemory::<T>::new(addr, len, device) };
+            let input = (!call.send.0.is_null()).then(|| memory(call.send.0 as u64, call.send.1));
+            let mut output =
+                (!call.recv.0.is_null()).then(|| memory(call.recv.0 as u64, call.recv.1));
+            match (call.op, &input) {
+                (Op::Builtin(op), _) => c
+                    .checked_collective(&call.collective, input.as_ref(), output.as_mut(), op)
+                    // SAFETY: our caller's contract, passed on.
+                    .and_then(|checked| unsafe { c.enqueue(checked, stream) }),
+                // SAFETY: as above.
+                (Op::PreMulSum(factor), Some(input)) => unsafe {
+                    c.enqueue_premul_sum(&call.collective, input, output.as_mut(), factor, stream)
+                },
+                (Op::PreMulSum(_), None) => Err(ringreduce::Error::InvalidArgument(format!(
+                    "{}: sendbuff is null",
+                    call.name
+                ))),
+            }
+            .map_err(Failure::from)
         }))
     })
 }

@@ -6,6 +6,10 @@
 //! [`RankCommunicator::enqueue_collective_in_place`], [`RankCommunicator::enqueue_send_recv`],
 //! the all-reduce's shorthands (named as `Communicator`'s), and
 //! [`RankCommunicator::synchronize`], which waits for what they enqueued.
+//!
+//! Each is two steps, which a caller may also take apart: the call checked against this rank's
+//! buffers ([`RankCommunicator::checked_collective`], `checked_in_place`, `checked_send_recv`:
+//! a [`RankCall`]), then [`RankCommunicator::enqueue`]. The NCCL API takes them so.
 
 use super::ends::Ends;
 use super::{broken, guarded, Inner, RankCommunicator};
@@ -15,8 +19,74 @@ use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::exec::Shape;
 use crate::plan::{BufKind, Collective, Transfer};
+use std::marker::PhantomData;
+
+/// One call of a rank, checked against its communicator and buffers: the collective's shape and
+/// this rank's buffers, borrowed for `'a` (out of the caller's reach until the call is enqueued
+/// by [`RankCommunicator::enqueue`]).
+pub struct RankCall<'a, T: Element> {
+    shape: Shape,
+    ends: Ends,
+    op: ReduceOp,
+    /// The rank and world it was checked for.
+    rank: (usize, usize),
+    buffers: PhantomData<&'a mut [T]>,
+}
 
 impl RankCommunicator {
+    /// The call of `collective` out of place, checked: the collective against the world, each
+    /// buffer's length against [`Collective`]'s table, its placement. `input` is this rank's
+    /// input where the collective reads one (a broadcast's root alone), `output` its output where
+    /// it writes one (a reduce's root alone).
+    pub fn checked_collective<'a, T: Element, I: Buffer<T> + ?Sized, O: BufferMut<T> + ?Sized>(
+        &self,
+        collective: &Collective,
+        input: Option<&'a I>,
+        output: Option<&'a mut O>,
+        op: ReduceOp,
+    ) -> Result<RankCall<'a, T>> {
+        let (shape, ends) = self.out_of_place(collective, input, output, op)?;
+        Ok(self.call_of(shape, ends, op))
+    }
+
+    /// The call of `collective` in place on `buf`, checked (as
+    /// [`RankCommunicator::checked_collective`]).
+    pub fn checked_in_place<'a, T: Element, B: BufferMut<T> + ?Sized>(
+        &self,
+        collective: &Collective,
+        buf: &'a mut B,
+        op: ReduceOp,
+    ) -> Result<RankCall<'a, T>> {
+        let shape = self.in_place_shape::<T, B>(collective, buf, op)?;
+        let ends = Ends {
+            reads: Vec::new(),
+            writes: vec![(BufKind::Output, buf.address_mut(), buf.count())],
+        };
+        Ok(self.call_of(shape, ends, op))
+    }
+
+    /// The group of sends and receives `transfers`, checked: this rank's `sends` and `recvs`, in
+    /// the order of its transfers.
+    pub fn checked_send_recv<'a, T: Element, I: Buffer<T> + ?Sized, O: BufferMut<T> + ?Sized>(
+        &self,
+        transfers: &[Transfer],
+        sends: &[&'a I],
+        recvs: &'a mut [&mut O],
+    ) -> Result<RankCall<'a, T>> {
+        let (shape, ends) = self.send_recv_ends(transfers, sends, recvs)?;
+        Ok(self.call_of(shape, ends, ReduceOp::Sum))
+    }
+
+    fn call_of<'a, T: Element>(&self, shape: Shape, ends: Ends, op: ReduceOp) -> RankCall<'a, T> {
+        RankCall {
+            shape,
+            ends,
+            op,
+            rank: (self.rank, self.world),
+            buffers: PhantomData,
+        }
+    }
+
     /// [`RankCommunicator::collective`] on a GPU rank, ordered on the caller's `stream`: see
     /// [`RankCommunicator::enqueue_collective_in_place`]. `input` is this rank's input where the
     /// collective reads one (a broadcast's root alone), `output` its output where it writes one
@@ -40,9 +110,9 @@ impl RankCommunicator {
         op: ReduceOp,
         stream: impl Into<CallerStream>,
     ) -> Result<()> {
-        let (shape, ends) = self.out_of_place(collective, input, output, op)?;
+        let call = self.checked_collective(collective, input, output, op)?;
         // SAFETY: our caller's contract, passed on.
-        unsafe { self.enqueue_on::<T>(shape, ends, op, stream.into()) }
+        unsafe { self.enqueue(call, stream) }
     }
 
     /// [`RankCommunicator::collective_in_place`] on a GPU rank, ordered on the caller's `stream`
@@ -63,13 +133,9 @@ impl RankCommunicator {
         op: ReduceOp,
         stream: impl Into<CallerStream>,
     ) -> Result<()> {
-        let shape = self.in_place_shape::<T, B>(collective, buf, op)?;
-        let ends = Ends {
-            reads: Vec::new(),
-            writes: vec![(BufKind::Output, buf.address_mut(), buf.count())],
-        };
+        let call = self.checked_in_place(collective, buf, op)?;
         // SAFETY: our caller's contract, passed on.
-        unsafe { self.enqueue_on::<T>(shape, ends, op, stream.into()) }
+        unsafe { self.enqueue(call, stream) }
     }
 
     /// [`RankCommunicator::all_reduce`] ordered on the caller's `stream`: see
@@ -129,9 +195,9 @@ impl RankCommunicator {
         recvs: &mut [&mut O],
         stream: impl Into<CallerStream>,
     ) -> Result<()> {
-        let (shape, ends) = self.send_recv_ends(transfers, sends, recvs)?;
+        let call = self.checked_send_recv(transfers, sends, recvs)?;
         // SAFETY: our caller's contract, passed on.
-        unsafe { self.enqueue_on::<T>(shape, ends, ReduceOp::Sum, stream.into()) }
+        unsafe { self.enqueue(call, stream) }
     }
 
     /// Waits for every collective this rank has enqueued (on a host rank, every call has
@@ -145,20 +211,28 @@ impl RankCommunicator {
         }
     }
 
-    /// Enqueues the call of `shape` on this GPU rank's `ends`, ordered on `stream`.
+    /// Enqueues `call` on this GPU rank, ordered on the caller's `stream` (see
+    /// [`RankCommunicator::enqueue_collective_in_place`]).
     ///
     /// # Safety
-    /// The ends are this rank's checked buffers (`placed`, `count_of`), which stay allocated
-    /// and untouched as [`RankCommunicator::enqueue_collective`] says.
-    unsafe fn enqueue_on<T: Element>(
+    /// The call's buffers stay allocated until `stream` has passed the call, its inputs unwritten
+    /// and its outputs untouched (on any stream or the host) meanwhile, except by work queued on
+    /// `stream` after this call; `stream` is live until the call has returned; captured, the
+    /// buffers must stay allocated, and this communicator open, while the graph may be replayed.
+    pub unsafe fn enqueue<T: Element>(
         &mut self,
-        shape: Shape,
-        ends: Ends,
-        op: ReduceOp,
-        stream: CallerStream,
+        call: RankCall<'_, T>,
+        stream: impl Into<CallerStream>,
     ) -> Result<()> {
         broken(&self.broken)?;
-        let (inputs, outputs) = self.addresses(&shape, &ends);
+        if call.rank != (self.rank, self.world) {
+            return Err(Error::InvalidArgument(format!(
+                "a call checked for rank {} of {} enqueued on rank {} of {}",
+                call.rank.0, call.rank.1, self.rank, self.world
+            )));
+        }
+        let (shape, op, stream) = (call.shape, call.op, stream.into());
+        let (inputs, outputs) = self.addresses(&shape, &call.ends);
         match &mut self.inner {
             Inner::Gpu { exec, .. } => {
                 let streams = [stream];
@@ -166,9 +240,9 @@ impl RankCommunicator {
                 // communicator.
                 let streams = exec.check_caller_streams(&streams)?;
                 guarded(&mut self.broken, || {
-                    // SAFETY: every address is this rank's buffer on its GPU, valid for the
-                    // length the plan declares; its lifetime until `stream` passes the call is
-                    // our caller's contract.
+                    // SAFETY: every address is this rank's buffer on its GPU (checked when the
+                    // call was), valid for the length the plan declares; its lifetime until
+                    // `stream` passes the call is our caller's contract.
                     unsafe { exec.run::<T>(shape, &inputs, &outputs, op, false, Some(streams)) }
                 })
             }

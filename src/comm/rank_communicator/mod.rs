@@ -43,6 +43,7 @@ mod registration;
 mod split;
 
 pub use abort::AbortHandle;
+pub use enqueue_on::RankCall;
 pub use registration::Registration;
 
 /// One rank of a job whose ranks each have a communicator (module doc). Its calls block until

@@ -157,7 +157,7 @@ pub(super) struct CudaEnqueue<'a> {
     pub(super) call: &'a CudaCall,
     /// The source of an [`Op::Expose`] held back for the one-shot meeting right after it (the
     /// checker proved it is next): the read one-shot kernel does the copy before its start
-    /// barrier, the LL one-shot sends this source instead (`launch_ll`).
+    /// barrier, the LL one-shot sends this source instead (`ll_args`).
     expose_from: Option<u64>,
     /// Whether this rank's kernel of the call is launched: a two-shot's or a steps kernel runs
     /// all of the rank's meetings, and its first meeting launches it.
@@ -301,9 +301,32 @@ impl CudaEnqueue<'_> {
                 }
                 Dispatch::OneShot {
                     kernel: PeerKernel::OneShotLl,
-                } => self.launch_ll(op, dst, expose_from, stream),
+                } => {
+                    let args = self.ll_args(op, dst, expose_from)?;
+                    // SAFETY: `src` is this rank's input (the caller's validated input, its
+                    // in-place buffer, or our exposed copy of it, filled earlier on this stream)
+                    // and `dst` its output, both on this GPU, equal (in place) or disjoint
+                    // (validated buffers); the receive buffers are ours (ll_recv_bytes(world),
+                    // zeroed at creation, reached over the peer access enabled between all pairs,
+                    // or on this GPU when ranks share it) and the flags this rank's, both used
+                    // only by this communicator's peer kernels, all on Main; every rank launches
+                    // with the same dtype, op and count (`oneshot_kernel` decides alike on every
+                    // rank), so the grids and epochs match, and the grid fits the cap that keeps
+                    // every rank's blocks resident; all outlive the communicator's streams.
+                    unsafe { self.res.kernels.ll(call.dtype, call.op, &args, stream) }
+                }
                 Dispatch::OneShot { kernel } => {
-                    self.launch_oneshot(*kernel, op, dst, expose_from, stream)
+                    let args = self.oneshot_args(*kernel, op, dst, expose_from)?;
+                    // SAFETY: every source lies in a buffer of its rank (checked plan; the
+                    // caller's validated inputs or our exposed copies), reachable from this GPU —
+                    // on its rank's GPU over the peer access enabled between all pairs at
+                    // creation (pool access granted per input), or, staged, in pinned host
+                    // memory every GPU maps (`check_staged` proved the plan reads nothing else of
+                    // another rank, and the flags are host memory too); `dst` is this rank's
+                    // output, disjoint from every source; every rank launches the same grid
+                    // (`peer_blocks` of dtype and count), so the barriers meet; the flags outlive
+                    // the communicator's streams.
+                    unsafe { self.res.kernels.oneshot(call.dtype, call.op, &args, stream) }
                 }
                 Dispatch::CopyEngines => Err(Error::Internal {
                     what: "a peer reduce in a plan prepared for the copy engines".into(),

@@ -1,9 +1,9 @@
 //! A peer call on the executor's side: its opening (`CudaExecutor::open_peer_call`: codes an
-//! earlier call left reported, pool memory opened to the GPUs that read it) and the launch of
-//! each peer kernel from a plan's peer reduce — the two-shot, the steps kernel, and the read,
-//! staged or LL one-shot — (whose layout module `layout` verified; module `launch` enqueues a
-//! call's ranks), with the time its kernels wait at their barriers
-//! (`CudaCall::kernel_timeout_ns`). The words the kernels share are module `peer_words`'.
+//! earlier call left reported, pool memory opened to the GPUs that read it), the launch of the
+//! two-shot and the steps kernel from a plan's peer reduce, and the arguments of the read, staged
+//! or LL one-shot, which `CudaEnqueue::enqueue` launches (their layout verified by module
+//! `layout`; module `launch` enqueues a call's ranks), with the time its kernels wait at their
+//! barriers (`CudaCall::kernel_timeout_ns`). The words the kernels share are module `peer_words`'.
 //!
 //! A failed call never leaves a kernel reading the caller's buffers after it returns: a kernel
 //! whose peers never arrive gives up after three quarters of the call's timeout and leaves a code
@@ -25,7 +25,6 @@ use super::enqueue::CudaEnqueue;
 use super::layout::StepLayout;
 use super::peer_words::{PeerKernel, PeerWords};
 use super::{CudaCall, CudaExecutor};
-use crate::device::Stream;
 use crate::error::{Error, Result};
 use crate::exec::cuda::kernels::{
     LlArgs, OneShotArgs, PeerStep, StepsArgs, TwoShotArgs, PEER_MAX_RANKS,
@@ -202,23 +201,22 @@ impl CudaEnqueue<'_> {
         }
     }
 
-    /// Launches this rank's one-shot kernel for the peer reduce `op` into `dst` (a plan whose
-    /// layout `oneshot_layout` verified): `kernel`, the read one-shot or the staged one-shot (the
-    /// read kernel over host copies, its flags in host memory). `expose_from` is the fused
-    /// exposure copy's source (see `CudaEnqueue`'s `expose_from`): the in-place buffer, or for
-    /// the staged one-shot also the input out of place.
-    pub(super) fn launch_oneshot(
+    /// This rank's arguments of the one-shot kernel for the peer reduce `op` into `dst` (a plan
+    /// whose layout `oneshot_layout` verified): `kernel`, the read one-shot or the staged
+    /// one-shot (the read kernel over host copies, its flags in host memory). `expose_from` is
+    /// the fused exposure copy's source (see `CudaEnqueue`'s `expose_from`): the in-place buffer,
+    /// or for the staged one-shot also the input out of place. `CudaEnqueue::enqueue` launches
+    /// the kernel with them.
+    pub(super) fn oneshot_args(
         &self,
         kernel: PeerKernel,
         op: Op,
         dst: Region,
         expose_from: Option<u64>,
-        stream: &Stream,
-    ) -> Result<()> {
+    ) -> Result<OneShotArgs> {
         if kernel == PeerKernel::OneShotLl {
             return Err(Error::Internal {
-                what: "the LL one-shot launched as the read one-shot (`launch_ll` launches it)"
-                    .into(),
+                what: "the LL one-shot launched as the read one-shot (`ll_args` is its)".into(),
             });
         }
         let call = self.call;
@@ -243,20 +241,12 @@ impl CudaEnqueue<'_> {
             args.srcs[r] = self.addr(src);
             args.flags[r] = shared.flags_of[r];
         }
-        // SAFETY: every source lies in a buffer of its rank (checked plan; the caller's validated
-        // inputs or our exposed copies), reachable from this GPU — on its rank's GPU over the
-        // peer access enabled between all pairs at creation (pool access granted per input),
-        // or, staged, in pinned host memory every GPU maps (`check_staged` proved the plan
-        // reads nothing else of another rank, and the flags are host memory too); `dst` is
-        // this rank's output, disjoint from every source; every rank launches the same grid
-        // (`peer_blocks` of dtype and count), so the barriers meet; the flags outlive the
-        // communicator's streams.
-        unsafe { self.res.kernels.oneshot(call.dtype, call.op, &args, stream) }
+        Ok(args)
     }
 
-    /// Launches this rank's LL one-shot kernel for the peer reduce `op` into `dst`: this rank's
-    /// input folded with every peer's, which the kernel pushes to and receives from the peers'
-    /// LL buffers.
+    /// This rank's arguments of the LL one-shot kernel for the peer reduce `op` into `dst`: this
+    /// rank's input folded with every peer's, which the kernel pushes to and receives from the
+    /// peers' LL buffers.
     ///
     /// This rank's input: out of place, its Input; in place with the exposure copy fused
     /// (`expose_from`, the in-place buffer itself), that buffer, and the copy is dropped: the
@@ -265,13 +255,7 @@ impl CudaEnqueue<'_> {
     /// no reader. The kernel reads each chunk of the in-place buffer before the same thread
     /// overwrites it with the result. In place with the copy enqueued on its own (not fused),
     /// the Exposed buffer holds the input by then, on this stream.
-    pub(super) fn launch_ll(
-        &self,
-        op: Op,
-        dst: Region,
-        expose_from: Option<u64>,
-        stream: &Stream,
-    ) -> Result<()> {
+    pub(super) fn ll_args(&self, op: Op, dst: Region, expose_from: Option<u64>) -> Result<LlArgs> {
         let shared = self.peer_words(PeerKernel::OneShotLl)?;
         let rank = self.plan.plan.decl(dst.buf).rank;
         let src = match expose_from {
@@ -297,15 +281,6 @@ impl CudaEnqueue<'_> {
         for (r, buffer) in recv.iter().enumerate() {
             args.recvs[r] = *buffer;
         }
-        // SAFETY: `src` is this rank's input (the caller's validated input, its in-place buffer,
-        // or our exposed copy of it, filled earlier on this stream) and `dst` its output, both on
-        // this GPU, equal (in place) or disjoint (validated buffers); the receive buffers are
-        // ours (ll_recv_bytes(world), zeroed at creation, reached over the peer access enabled
-        // between all pairs, or on this GPU when ranks share it) and the flags this rank's, both
-        // used only by this communicator's peer kernels, all on Main; every rank launches with
-        // the same dtype, op and count (`oneshot_kernel` decides alike on every rank), so the
-        // grids and epochs match, and the grid fits the cap that keeps every rank's blocks
-        // resident; all outlive the communicator's streams.
-        unsafe { self.res.kernels.ll(call.dtype, call.op, &args, stream) }
+        Ok(args)
     }
 }
