@@ -18,7 +18,7 @@
 //!   executors do (`ring_build_coarse_*`: `check::coarsen` and a comparison). Runs everywhere, no
 //!   GPU.
 //! - **`gpu`**: GPUs 0 and 1, 4 KiB to 256 MiB, out of place and in place: ringreduce's
-//!   copy-engine ring (`ringreduce_*`) and, where libnccl loads, NCCL through cudarc (`nccl_*`),
+//!   copy-engine ring (`ringreduce_*`) and, where libnccl loads, NCCL (`nccl_*`),
 //!   so each size shows both side by side. Needs ≥ 2 GPUs; otherwise it prints
 //!   `waived: gpu benches need ≥ 2 GPUs` and registers nothing. Without NCCL it prints a
 //!   `waived: nccl benches …` line and runs ringreduce's alone.
@@ -57,13 +57,12 @@
 //! # NCCL
 //!
 //! Through [`ringreduce_cli::baseline::NcclAllReduce`], the same NCCL driver `ringreduce bench` uses
-//! (`ncclCommInitAll`, one grouped `ncclAllReduce` per GPU, our own streams and `GpuBuffer`s; see
-//! that module for why not cudarc's safe `Comm`). Loaded at run time through cudarc; cudarc looks
-//! for libnccl under its own list of names, which has `libnccl.so` but not `libnccl.so.2`: on a
-//! host with only the runtime package, put a link named `libnccl.so` to it in a folder on
-//! `LD_LIBRARY_PATH` (the waiver line says so when it applies; docs/BENCH.md). `NCCL_NVLS_ENABLE`
-//! is set to 0 when unset (NVLink multicast must stay off on the shared test machines, and NCCL's
-//! anchor figures were measured so); set it yourself to override.
+//! (`ncclCommInitAll`, one grouped `ncclAllReduce` per GPU, our own streams and `GpuBuffer`s).
+//! Loaded at run time as the library finds NCCL: `RINGREDUCE_NCCL_PATH` (the file), else a
+//! `libnccl.so.2` on `LD_LIBRARY_PATH` or in the system folders; without one the waiver line says
+//! how to name it (docs/BENCH.md). `NCCL_NVLS_ENABLE` is set to 0 when unset (NVLink multicast
+//! must stay off on the shared test machines, and NCCL's anchor figures were measured so); set it
+//! yourself to override.
 
 #[path = "allreduce/collectives.rs"]
 mod collectives;

@@ -8,6 +8,7 @@
 #     maturin: pip install maturin) — with nccl:* for gpu-suite.sh's torch phase
 #   CUDA12=1 scripts/gpu-pack.sh DIR gpu_cuda12   # with the CUDA 12 image (kept out otherwise)
 #   scripts/gpu-pack.sh DIR examples   # tests/examples.rs with the guide's examples (DIR/examples)
+#   scripts/gpu-pack.sh DIR cli:baseline_one_gpu   # the CLI crate's tests (cli/tests/NAME.rs)
 #   scripts/gpu-pack.sh DIR nccl:gpu_ranks nccl:c_api   # ringreduce-nccl's tests (set
 #     RINGREDUCE_NCCL_SOURCES=nccl there for the C test's header and program)
 #
@@ -62,6 +63,8 @@ for t in "${tests[@]}"; do
     cargo build --release -q -p ringreduce-nccl
     cp target/release/libringreduce_nccl.so "$out/bin/"
   fi
+  # cli:NAME is the CLI crate's test NAME (packed as test-cli-NAME).
+  [[ $t == cli:* ]] && target=(-p ringreduce-cli --test "${t#cli:}")
   exe=$(cargo test --release -q --no-run "${target[@]}" --message-format=json \
     | python3 -c 'import json,sys
 for line in sys.stdin:

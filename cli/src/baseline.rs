@@ -15,22 +15,21 @@
 //!
 //! # Layers
 //!
-//! NCCL's C API through cudarc (`nccl-02028`, `dynamic-loading`): its `sys` and `result` layers,
-//! not its safe `Comm`, which works on `CudaSlice`s (with cudarc's event tracking recording events
-//! around every use — time NCCL itself does not spend), keeps its handle private, and panics in
-//! `Drop`. cudarc's `NcclError` prints only "NcclError" and is not `std::error::Error`, so every
-//! NCCL status becomes a [`BaselineError::Nccl`] with NCCL's own text in one function,
-//! `nccl_error`. The baseline's other errors are ringreduce's ([`BaselineError::Ring`]): the
-//! library itself never calls NCCL, so its [`Error`] has no NCCL variant.
+//! NCCL's C API through the library's own loader ([`ringreduce::exec::nccl::Library`]) in
+//! `api.rs`: the signatures NCCL documents as function-pointer types, each looked up by name once
+//! (a function an older libnccl lacks is [`Error::NoGpu`] naming it when called, never a panic),
+//! and every NCCL status turned into a [`BaselineError::Nccl`] with NCCL's own text in one
+//! function (`Api::check`). NCCL's C types and the element-type and operator codes are the
+//! library's (`exec::nccl::abi`). The baseline's other errors are ringreduce's
+//! ([`BaselineError::Ring`]).
 //!
 //! # Finding libnccl
 //!
-//! cudarc 0.19.10 loads NCCL with `dlopen` on a fixed list of names
-//! ([`nccl_library_candidates`]: `libnccl.so`, `libnccl.so.13`, `.12`, `.11`, `.10`, `.9`, `.1`,
-//! ...) and takes neither a path nor an environment variable. A host with only NCCL's runtime
-//! package has `libnccl.so.2`, which is not on the list: put a link named `libnccl.so` to it in a
-//! folder and put that folder on `LD_LIBRARY_PATH` (`ringreduce bench` does this by itself for its
-//! NCCL child processes: see [`find_libnccl_so2`]).
+//! Exactly as the library finds it ([`ringreduce::exec::nccl`]'s module doc has the order):
+//! `RINGREDUCE_NCCL_PATH` (the file), else a `libnccl.so.2` the process has already loaded, else
+//! the first `libnccl.so.2` on `LD_LIBRARY_PATH` or in the usual system folders. One process loads
+//! one NCCL, shared with the library's own NCCL use. [`nccl_present`] says whether there is one;
+//! [`nccl_missing`] says how to name it when there is not.
 //!
 //! # Environment
 //!
@@ -39,39 +38,37 @@
 //! `NCCL_NVLS_ENABLE` must stay 0 on the shared test machines (no NVLink multicast), and NCCL's
 //! anchor figures were measured so.
 
+use api::{cudaStream_t, ncclComm_t, Api};
 use cudarc::driver::CudaStream;
-use cudarc::nccl::{result as nccl, sys as nccl_sys};
 use ringreduce::device;
+use ringreduce::exec::nccl::abi::{nccl_op, nccl_type};
+use ringreduce::exec::nccl::Library;
 use ringreduce::{Buffer, BufferMut, Placement};
 use ringreduce::{DType, Element, ReduceOp};
 use ringreduce::{Error, Result};
-use std::ffi::{c_int, c_void, CStr};
-use std::panic::{self, AssertUnwindSafe};
-use std::path::PathBuf;
+use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
+mod api;
 mod collectives;
 mod error;
 mod symmetric;
 pub use error::BaselineError;
 pub use symmetric::SymmetricBuffers;
 
-/// The names cudarc tries, in order, when it loads libnccl.
-pub fn nccl_library_candidates() -> Vec<String> {
-    cudarc::get_lib_name_candidates("nccl")
-}
-
-/// Whether cudarc's loader finds libnccl under one of [`nccl_library_candidates`]. Never panics.
+/// Whether this process finds NCCL, as the library does (the module doc). Never panics.
 pub fn nccl_present() -> bool {
-    // SAFETY: is_culib_present only tries `dlopen` on cudarc's candidate names and closes what it
-    // opened; it has no precondition and is cudarc's way to ask before its loader would panic.
-    panic::catch_unwind(|| unsafe { nccl_sys::is_culib_present() }).unwrap_or(false)
+    Library::get().is_some()
 }
 
-/// Where `libnccl.so.2` lies, when cudarc's loader would not find it under its own names: the
-/// folders of `LD_LIBRARY_PATH`, then the usual system folders. `None` when it is in none of them.
-pub fn find_libnccl_so2() -> Option<PathBuf> {
-    device::library_files("libnccl.so.2").next()
+/// Why this process finds no NCCL and how to name one, in the library's words
+/// ([`Library::require`]); `None` when it finds one.
+pub fn nccl_missing() -> Option<String> {
+    match Library::require("the NCCL baseline") {
+        Ok(_) => None,
+        Err(Error::Resource { what }) => Some(what),
+        Err(other) => Some(other.to_string()),
+    }
 }
 
 /// NCCL's version code as "major.minor.patch" (NCCL ≥ 2.9 encodes 2.28.3 as 22803).
@@ -79,52 +76,22 @@ pub fn format_nccl_version(code: c_int) -> String {
     format!("{}.{}.{}", code / 10000, code % 10000 / 100, code % 100)
 }
 
-/// NCCL's data type for an element type (every [`DType`] has one).
-pub fn nccl_data_type(dtype: DType) -> nccl_sys::ncclDataType_t {
-    use nccl_sys::ncclDataType_t::*;
-    match dtype {
-        DType::F16 => ncclFloat16,
-        DType::BF16 => ncclBfloat16,
-        DType::F32 => ncclFloat32,
-        DType::F64 => ncclFloat64,
-        DType::I8 => ncclInt8,
-        DType::U8 => ncclUint8,
-        DType::I32 => ncclInt32,
-        DType::U32 => ncclUint32,
-        DType::I64 => ncclInt64,
-        DType::U64 => ncclUint64,
-        DType::F8E4M3 => ncclFloat8e4m3,
-        DType::F8E5M2 => ncclFloat8e5m2,
-    }
-}
-
-/// NCCL's operator for a [`ReduceOp`] (every one has one; `Avg` is `ncclAvg`, NCCL ≥ 2.10).
-pub fn nccl_red_op(op: ReduceOp) -> nccl_sys::ncclRedOp_t {
-    use nccl_sys::ncclRedOp_t::*;
-    match op {
-        ReduceOp::Sum => ncclSum,
-        ReduceOp::Prod => ncclProd,
-        ReduceOp::Min => ncclMin,
-        ReduceOp::Max => ncclMax,
-        ReduceOp::Avg => ncclAvg,
-    }
-}
-
 /// One NCCL communicator per GPU, all made in this process and driven from this thread, with one
 /// non-blocking stream per GPU. Rank `r` is GPU `devices[r]`.
 ///
 /// Holds raw NCCL handles, so it is neither `Send` nor `Sync`: one thread issues every group.
 pub struct NcclAllReduce {
+    api: &'static Api,
     devices: Vec<usize>,
     /// Empty only after `release`.
-    comms: Vec<nccl_sys::ncclComm_t>,
+    comms: Vec<ncclComm_t>,
     streams: Vec<device::Stream>,
     version: String,
 }
 
 impl NcclAllReduce {
     /// The communicators over `devices` (rank r is GPU `devices[r]`). [`Error::NoGpu`] when there
-    /// is no usable GPU or libnccl cannot be loaded (the reason says what cudarc looked for),
+    /// is no usable GPU or no NCCL is found (the reason says how to name one, [`nccl_missing`]),
     /// [`Error::InvalidArgument`] for an empty or repeated device list (each inside
     /// [`BaselineError::Ring`]), [`BaselineError::Nccl`] when NCCL fails.
     pub fn new(devices: &[usize]) -> Result<NcclAllReduce, BaselineError> {
@@ -142,22 +109,7 @@ impl NcclAllReduce {
             }
         }
         device::driver_available()?;
-        if !nccl_present() {
-            let hint = match find_libnccl_so2() {
-                Some(path) => format!(
-                    "; {} exists: link it as libnccl.so in a folder on LD_LIBRARY_PATH",
-                    path.display()
-                ),
-                None => String::new(),
-            };
-            return Err(Error::NoGpu {
-                reason: format!(
-                    "libnccl not found: cudarc looks for {:?} on the loader path{hint}",
-                    nccl_library_candidates()
-                ),
-            }
-            .into());
-        }
+        let api = Api::get()?;
         let version = nccl_version()?;
         let streams = devices
             .iter()
@@ -173,16 +125,10 @@ impl NcclAllReduce {
         let mut comms = vec![std::ptr::null_mut(); devices.len()];
         // SAFETY: `comms` has room for `ndev` handles and `ordinals` holds `ndev` distinct device
         // ordinals (checked above against the driver by `device::context`), both live for the
-        // call; NCCL writes one communicator per device into `comms`. A cudarc loader panic
-        // (a symbol missing from an old libnccl) is caught.
-        let init = panic::catch_unwind(AssertUnwindSafe(|| unsafe {
-            nccl::comm_init_all(comms.as_mut_ptr(), ndev, ordinals.as_ptr())
-        }))
-        .map_err(|_| Error::NoGpu {
-            reason: "libnccl loaded but ncclCommInitAll could not be called".into(),
-        })?;
-        init.map_err(nccl_error("ncclCommInitAll"))?;
+        // call; NCCL writes one communicator per device into `comms`.
+        unsafe { api.comm_init_all(comms.as_mut_ptr(), ndev, ordinals.as_ptr()) }?;
         Ok(NcclAllReduce {
+            api,
             devices: devices.to_vec(),
             comms,
             streams,
@@ -331,15 +277,15 @@ impl NcclAllReduce {
     }
 
     /// Our own streams, as NCCL takes them.
-    fn own_streams(&self) -> Vec<nccl_sys::cudaStream_t> {
+    fn own_streams(&self) -> Vec<cudaStream_t> {
         self.streams
             .iter()
-            .map(|s| s.raw() as nccl_sys::cudaStream_t)
+            .map(|s| s.raw() as cudaStream_t)
             .collect()
     }
 
     /// One caller stream per rank, each on the rank's GPU; their handles, as NCCL takes them.
-    fn check_streams(&self, streams: &[Arc<CudaStream>]) -> Result<Vec<nccl_sys::cudaStream_t>> {
+    fn check_streams(&self, streams: &[Arc<CudaStream>]) -> Result<Vec<cudaStream_t>> {
         if streams.len() != self.devices.len() {
             return Err(Error::InvalidArgument(format!(
                 "{} streams for {} ranks: one stream per rank",
@@ -357,7 +303,7 @@ impl NcclAllReduce {
         }
         Ok(streams
             .iter()
-            .map(|s| s.cu_stream() as nccl_sys::cudaStream_t)
+            .map(|s| s.cu_stream() as cudaStream_t)
             .collect())
     }
 
@@ -404,11 +350,11 @@ impl NcclAllReduce {
         count: usize,
         dtype: DType,
         op: ReduceOp,
-        streams: &[nccl_sys::cudaStream_t],
+        streams: &[cudaStream_t],
     ) -> Result<(), BaselineError> {
         debug_assert!(sends.len() == self.comms.len() && recvs.len() == self.comms.len());
         debug_assert!(streams.len() == self.comms.len());
-        nccl::group_start().map_err(nccl_error("ncclGroupStart"))?;
+        self.api.group_start()?;
         let mut queued = Ok(());
         for (rank, comm) in self.comms.iter().enumerate() {
             // SAFETY: the addresses, their lifetime and the streams are our caller's contract;
@@ -416,24 +362,24 @@ impl NcclAllReduce {
             // only in `release`), and `streams[rank]` is a live stream in that GPU's primary
             // context, the context NCCL works in. Inside a group the call only queues work.
             let call = unsafe {
-                nccl::all_reduce(
+                self.api.all_reduce(
                     sends[rank] as *const c_void,
                     recvs[rank] as *mut c_void,
                     count,
-                    nccl_data_type(dtype),
-                    nccl_red_op(op),
+                    nccl_type(dtype),
+                    nccl_op(op),
                     *comm,
                     streams[rank],
                 )
             };
             if let Err(err) = call {
-                queued = Err(nccl_error("ncclAllReduce")(err));
+                queued = Err(err);
                 break;
             }
         }
         // Always close the group, even after a failed call, so the thread is not left inside it.
-        let ended = nccl::group_end().map_err(nccl_error("ncclGroupEnd"));
-        queued.and(ended.map(|_| ()))
+        let ended = self.api.group_end();
+        queued.and(ended)
     }
 
     /// Waits for all work queued on the streams.
@@ -455,22 +401,22 @@ impl NcclAllReduce {
         let mut first_error = self.synchronize().err().map(BaselineError::from);
         // Finalizing is collective over the clique: one thread finalizes all in one group, then
         // each is destroyed on its own.
-        if let Err(err) = nccl::group_start() {
-            first_error.get_or_insert(nccl_error("ncclGroupStart")(err));
+        if let Err(err) = self.api.group_start() {
+            first_error.get_or_insert(err);
         }
         for &comm in &comms {
             // SAFETY: `comm` is a live communicator from ncclCommInitAll, finalized once here.
-            if let Err(err) = unsafe { nccl::comm_finalize(comm) } {
-                first_error.get_or_insert(nccl_error("ncclCommFinalize")(err));
+            if let Err(err) = unsafe { self.api.comm_finalize(comm) } {
+                first_error.get_or_insert(err);
             }
         }
-        if let Err(err) = nccl::group_end() {
-            first_error.get_or_insert(nccl_error("ncclGroupEnd")(err));
+        if let Err(err) = self.api.group_end() {
+            first_error.get_or_insert(err);
         }
         for comm in comms {
             // SAFETY: `comm` is live and destroyed exactly once: `self.comms` was emptied above.
-            if let Err(err) = unsafe { nccl::comm_destroy(comm) } {
-                first_error.get_or_insert(nccl_error("ncclCommDestroy")(err));
+            if let Err(err) = unsafe { self.api.comm_destroy(comm) } {
+                first_error.get_or_insert(err);
             }
         }
         first_error.map_or(Ok(()), Err)
@@ -479,48 +425,18 @@ impl NcclAllReduce {
 
 impl Drop for NcclAllReduce {
     fn drop(&mut self) {
-        // `close` returns these errors; `Drop` drops them, and never panics (cudarc's loader can).
-        let _ = panic::catch_unwind(AssertUnwindSafe(|| self.release()));
+        // `close` returns these errors; `Drop` drops them.
+        let _ = self.release();
     }
 }
 
-/// NCCL's version ("2.28.3"), or why it cannot be asked. Loads libnccl; never panics.
+/// NCCL's version ("2.28.3"), or why it cannot be asked ([`Error::NoGpu`] without NCCL, the
+/// reason [`nccl_missing`]'s). Loads libnccl; never panics.
 pub fn nccl_version() -> Result<String, BaselineError> {
-    if !nccl_present() {
-        return Err(Error::NoGpu {
-            reason: format!(
-                "libnccl not found under cudarc's names {:?}",
-                nccl_library_candidates()
-            ),
-        }
-        .into());
-    }
-    panic::catch_unwind(nccl::get_nccl_version)
-        .map_err(|_| Error::NoGpu {
-            reason: "libnccl loaded but ncclGetVersion could not be called".into(),
-        })?
-        .map_err(nccl_error("ncclGetVersion"))
-        .map(format_nccl_version)
-}
-
-/// Converts a cudarc `NcclError` from `call` into [`BaselineError::Nccl`] with NCCL's own words:
-/// the code's name and description, and NCCL's last error message. The one place an NCCL status
-/// becomes an error.
-fn nccl_error(call: &'static str) -> impl FnOnce(nccl::NcclError) -> BaselineError {
-    move |err| {
-        let code = err.0;
-        // SAFETY: ncclGetErrorString takes any result code and returns a static NUL-terminated
-        // string (or null, checked); the library is loaded, since it produced `code`.
-        let text = c_text(unsafe { nccl_sys::ncclGetErrorString(code) });
-        // SAFETY: ncclGetLastError ignores its argument and returns NCCL's last error message,
-        // NUL-terminated (or null, checked); it is copied before any other NCCL call.
-        let last = c_text(unsafe { nccl_sys::ncclGetLastError(std::ptr::null_mut()) });
-        BaselineError::Nccl {
-            call,
-            code: format!("{code:?}"),
-            message: format!("{text}; NCCL's last error: {last}"),
-        }
-    }
+    let mut code = 0;
+    // SAFETY: `code` is a live int for NCCL to write.
+    unsafe { Api::get()?.get_version(&mut code) }?;
+    Ok(format_nccl_version(code))
 }
 
 /// Converts a cudarc `DriverError` from `call` (the calls this crate makes through cudarc's driver
@@ -535,18 +451,6 @@ pub fn cuda_error(call: &'static str) -> impl FnOnce(cudarc::driver::DriverError
             .map(|m| m.to_string_lossy().into_owned())
             .unwrap_or_else(|_| "(the driver has no message for this code)".into()),
     }
-}
-
-/// The text of a C string from NCCL, or "(none)" for null.
-fn c_text(ptr: *const std::ffi::c_char) -> String {
-    if ptr.is_null() {
-        return "(none)".to_string();
-    }
-    // SAFETY: non-null, and our callers pass pointers NCCL documents as NUL-terminated strings
-    // that stay valid until the next NCCL call on this thread.
-    unsafe { CStr::from_ptr(ptr) }
-        .to_string_lossy()
-        .into_owned()
 }
 
 /// Rank `rank`'s buffer must be device memory of GPU `expected` (NCCL works on GPU buffers): the
@@ -572,20 +476,90 @@ mod tests {
     use super::*;
 
     #[test]
-    fn versions_and_type_maps() {
+    fn versions() {
         assert_eq!(format_nccl_version(22803), "2.28.3");
         assert_eq!(format_nccl_version(21903), "2.19.3");
-        let types: std::collections::HashSet<u32> = DType::ALL
-            .iter()
-            .map(|&d| nccl_data_type(d) as u32)
-            .collect();
-        assert_eq!(types.len(), DType::ALL.len(), "one NCCL type per DType");
-        let ops: std::collections::HashSet<u32> = ReduceOp::ALL
-            .iter()
-            .map(|&o| nccl_red_op(o) as u32)
-            .collect();
-        assert_eq!(ops.len(), ReduceOp::ALL.len());
-        assert!(nccl_library_candidates().contains(&"libnccl.so".to_string()));
+    }
+
+    /// Which case of `finds_nccl_as_the_library_does` a child process runs.
+    const CHILD: &str = "RINGREDUCE_CLI_BASELINE_TEST_CHILD";
+
+    /// The file of the C library this process runs on: a shared library without NCCL's functions.
+    fn libc_file() -> std::path::PathBuf {
+        // SAFETY: an all-zero Dl_info is a valid value to be overwritten.
+        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+        // SAFETY: `malloc`'s address is in the C library; `info` is writable.
+        let found = unsafe { libc::dladdr(libc::malloc as *const c_void, &mut info) };
+        assert!(found != 0 && !info.dli_fname.is_null(), "dladdr(malloc)");
+        // SAFETY: dladdr set a NUL-terminated file name.
+        let name = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
+        std::path::PathBuf::from(name.to_str().expect("a UTF-8 path"))
+    }
+
+    /// The baseline finds NCCL where the library does: `RINGREDUCE_NCCL_PATH` names the file —
+    /// here the C library, which is no NCCL, so every call is an error naming the function it
+    /// lacks, not a panic — and a name that does not open is no NCCL, the reason saying how to
+    /// name one. Each case runs in a child process of this test binary (the loader looks once per
+    /// process).
+    #[test]
+    fn finds_nccl_as_the_library_does() {
+        let named = std::env::var_os("RINGREDUCE_NCCL_PATH").map(std::path::PathBuf::from);
+        match std::env::var(CHILD).as_deref() {
+            Ok("not-nccl") => {
+                let named = named.expect("the parent names the file");
+                assert!(nccl_present());
+                assert_eq!(Library::get().map(|l| &l.path), Some(&named));
+                assert_eq!(nccl_missing(), None);
+                let reason = |err| match err {
+                    Err(BaselineError::Ring(Error::NoGpu { reason })) => reason,
+                    other => panic!("not a missing function's error: {other:?}"),
+                };
+                let version = reason(nccl_version().map(|_| ()));
+                assert_eq!(
+                    version,
+                    format!(
+                        "{} has no ncclGetVersion (too old an NCCL?)",
+                        named.display()
+                    )
+                );
+                let api = Api::get().expect("loaded");
+                assert!(reason(api.group_start()).contains("has no ncclGroupStart"));
+                return;
+            }
+            Ok("absent") => {
+                assert!(!nccl_present());
+                let why = nccl_missing().expect("no NCCL, so a reason");
+                assert!(why.contains("RINGREDUCE_NCCL_PATH"), "{why}");
+                assert_eq!(
+                    nccl_version(),
+                    Err(BaselineError::Ring(Error::NoGpu { reason: why }))
+                );
+                return;
+            }
+            _ => {}
+        }
+        let name = "baseline::tests::finds_nccl_as_the_library_does";
+        for (case, file) in [
+            ("not-nccl", libc_file()),
+            ("absent", "/nonexistent/libnccl.so.2".into()),
+        ] {
+            let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+                .args(["--exact", name, "--test-threads=1", "--nocapture"])
+                .env(CHILD, case)
+                .env("RINGREDUCE_NCCL_PATH", &file)
+                .output()
+                .expect("the child runs");
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(out.status.success(), "{case}: {text}");
+            assert!(
+                text.contains("1 passed"),
+                "{case}: the child ran no test: {text}"
+            );
+        }
     }
 
     /// Without a GPU (or NCCL), `new` fails cleanly; argument errors come first.

@@ -15,7 +15,7 @@
 //! 4. **Links**, as `nvidia-smi topo -m` shows them (`NV#`, `PIX`, `PXB`, `PHB`, `NODE`, `SYS`), from
 //!    NVML loaded at run time ([`ringreduce::topo::detect`]); without NVML the links are marked
 //!    unknown, never guessed.
-//! 5. **Versions**: driver (NVML), CUDA driver API, NCCL (if cudarc can load it).
+//! 5. **Versions**: driver (NVML), CUDA driver API, NCCL (where the library finds it).
 //! 6. **The ring order** [`ringreduce::topo::choose_ring`] picks for these links and this peer matrix,
 //!    with its reason.
 //!
@@ -110,27 +110,14 @@ pub fn gather() -> Result<TopoReport, Failure> {
     })
 }
 
-/// The NCCL version as cudarc finds it, or why not ([`ringreduce_cli::baseline`] does the looking).
-/// cudarc looks for `libnccl.so`, `libnccl.so.<CUDA major>` and a few others — not `libnccl.so.2`,
-/// the name NCCL packages install — so a present NCCL can be "not found" here; we say where
-/// `libnccl.so.2` is when we see it.
+/// The NCCL version, or why there is none: NCCL found as the library finds it
+/// ([`ringreduce_cli::baseline`] does the looking, `RINGREDUCE_NCCL_PATH` first).
 pub fn nccl_version() -> String {
-    use ringreduce_cli::baseline::{find_libnccl_so2, format_nccl_version, nccl_present};
-    if nccl_present() {
-        return match std::panic::catch_unwind(cudarc::nccl::result::get_nccl_version) {
-            Ok(Ok(code)) => format_nccl_version(code),
-            Ok(Err(e)) => format!("loaded, but ncclGetVersion failed ({e:?})"),
-            Err(_) => "loaded, but ncclGetVersion panicked".to_string(),
-        };
+    use ringreduce_cli::baseline;
+    if let Some(why) = baseline::nccl_missing() {
+        return format!("not found ({why})");
     }
-    match find_libnccl_so2() {
-        Some(path) => format!(
-            "not found by cudarc (it does not look for libnccl.so.2); {} exists: link it as \
-             libnccl.so on LD_LIBRARY_PATH to use it in this process (`ringreduce bench` does)",
-            path.display()
-        ),
-        None => "not found (no libnccl on the loader path)".to_string(),
-    }
+    baseline::nccl_version().unwrap_or_else(|e| format!("loaded, but ncclGetVersion failed ({e})"))
 }
 
 fn gib(bytes: usize) -> f64 {

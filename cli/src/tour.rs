@@ -11,9 +11,9 @@
 //! 4. **All-reduce against NCCL**: ringreduce's ring on all GPUs at 1 MiB, 64 MiB and 256 MiB,
 //!    every element checked (FAIL on any wrong one), timed as `ringreduce run` times it; then NCCL
 //!    at the same sizes through [`ringreduce_cli::baseline::NcclAllReduce`], timed the same way, when
-//!    this process can load libnccl (cudarc does not load the name `libnccl.so.2`; the step then says
-//!    so and points to `ringreduce bench`, which sweeps sizes and links the library itself). The
-//!    verdict judges ringreduce; NCCL's figures are the yardstick.
+//!    this process finds NCCL as the library does (otherwise the step says how to name it:
+//!    `RINGREDUCE_NCCL_PATH`, or its folder on `LD_LIBRARY_PATH`). The verdict judges ringreduce;
+//!    NCCL's figures are the yardstick.
 //!
 //! The steps reuse those commands' functions: no measurement is written twice. A step that errors
 //! is a FAIL and the tour goes on; the exit code is 1 when any step failed, 3 without a GPU.
@@ -252,22 +252,16 @@ fn all_reduce(_args: &TourArgs) -> Result<(Verdict, String), Failure> {
     }
 }
 
-/// NCCL at the same sizes through [`ringreduce_cli::baseline::NcclAllReduce`], when this process can
-/// load it; otherwise why not. One line for the verdict; the table rows are printed here. NCCL's
+/// NCCL at the same sizes through [`ringreduce_cli::baseline::NcclAllReduce`], when this process
+/// finds it; otherwise why not. One line for the verdict; the table rows are printed here. NCCL's
 /// own failures are reported, not judged: the step judges ringreduce.
 fn nccl_comparison(devices: &[usize], world: usize) -> String {
     use ringreduce_cli::baseline::{self, NcclAllReduce};
     if world < 2 || devices.windows(2).any(|w| w[0] == w[1]) {
         return "NCCL comparison needs two GPUs".to_string();
     }
-    if !baseline::nccl_present() {
-        let hint = baseline::find_libnccl_so2().map_or_else(String::new, |p| {
-            format!(
-                " ({} exists, but cudarc does not load that name; `ringreduce bench` links it)",
-                p.display()
-            )
-        });
-        return format!("NCCL not loadable in this process{hint}: compare with `ringreduce bench`");
+    if let Some(why) = baseline::nccl_missing() {
+        return format!("NCCL not loadable in this process: {why}");
     }
     let nccl = match NcclAllReduce::new(devices) {
         Ok(nccl) => nccl,

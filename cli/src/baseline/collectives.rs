@@ -22,13 +22,12 @@
 //! [`Collective::input_len`] / [`Collective::output_len`] / [`Collective::in_place_len`]) before
 //! the group starts; a group that started is always ended.
 
-use super::{nccl, nccl_data_type, nccl_error, nccl_red_op, BaselineError, NcclAllReduce};
+use super::{BaselineError, NcclAllReduce};
 use cudarc::driver::CudaStream;
+use ringreduce::exec::nccl::abi::{nccl_op, nccl_type};
 use ringreduce::{Buffer, BufferMut, Collective, Element, Error, Placement, ReduceOp, Result};
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
-
-type NcclResult = std::result::Result<nccl::NcclStatus, nccl::NcclError>;
 
 /// Blocks per rank's buffer in the list that sets the count: the count is that buffer's length
 /// over this.
@@ -136,19 +135,19 @@ impl NcclAllReduce {
                 *r = r.map(|a| a + output_at);
             }
         }
-        let dtype = nccl_data_type(T::DTYPE);
-        let red = nccl_red_op(op);
+        let dtype = nccl_type(T::DTYPE);
+        let red = nccl_op(op);
         let block_bytes = count as u64 * elem;
         let peer = |p: usize| c_int::try_from(p).unwrap_or(c_int::MAX);
         let root = peer(collective.root().unwrap_or(0));
         let ptr = |a: Option<u64>| a.unwrap_or(0) as *mut c_void;
-        nccl::group_start().map_err(nccl_error("ncclGroupStart"))?;
+        let api = self.api;
+        api.group_start()?;
         let mut queued = Ok(());
-        let mut call = |what: &'static str, f: &mut dyn FnMut() -> NcclResult| {
+        // Each call's status is checked by the call itself (`Api::check`); the first error stays.
+        let mut call = |f: &mut dyn FnMut() -> Result<(), BaselineError>| {
             if queued.is_ok() {
-                if let Err(e) = f() {
-                    queued = Err(nccl_error(what)(e));
-                }
+                queued = f();
             }
         };
         // Why every call below is sound: the addresses were checked above to be buffers of the
@@ -161,8 +160,8 @@ impl NcclAllReduce {
             Collective::SendRecv { transfers } => {
                 for (i, t) in transfers.iter().enumerate() {
                     // SAFETY: as stated above the `match` ("why every call below is sound").
-                    call("ncclSend", &mut || unsafe {
-                        nccl::send(
+                    call(&mut || unsafe {
+                        api.send(
                             send_at[i] as *const c_void,
                             t.count,
                             dtype,
@@ -172,8 +171,8 @@ impl NcclAllReduce {
                         )
                     });
                     // SAFETY: as stated above the `match` ("why every call below is sound").
-                    call("ncclRecv", &mut || unsafe {
-                        nccl::recv(
+                    call(&mut || unsafe {
+                        api.recv(
                             recv_at[i] as *mut c_void,
                             t.count,
                             dtype,
@@ -189,36 +188,36 @@ impl NcclAllReduce {
                     let (s, r, stream) = (ptr(sends[rank]), ptr(recvs[rank]), raw_streams[rank]);
                     match collective {
                         // SAFETY: as stated above the `match` ("why every call below is sound").
-                        Collective::AllReduce => call("ncclAllReduce", &mut || unsafe {
-                            nccl::all_reduce(s, r, count, dtype, red, comm, stream)
+                        Collective::AllReduce => call(&mut || unsafe {
+                            api.all_reduce(s, r, count, dtype, red, comm, stream)
                         }),
                         // SAFETY: as stated above the `match` ("why every call below is sound").
-                        Collective::ReduceScatter => call("ncclReduceScatter", &mut || unsafe {
-                            nccl::reduce_scatter(s, r, count, dtype, red, comm, stream)
+                        Collective::ReduceScatter => call(&mut || unsafe {
+                            api.reduce_scatter(s, r, count, dtype, red, comm, stream)
                         }),
                         // SAFETY: as stated above the `match` ("why every call below is sound").
-                        Collective::AllGather => call("ncclAllGather", &mut || unsafe {
-                            nccl::all_gather(s, r, count, dtype, comm, stream)
+                        Collective::AllGather => call(&mut || unsafe {
+                            api.all_gather(s, r, count, dtype, comm, stream)
                         }),
                         // SAFETY: as stated above the `match` ("why every call below is sound").
-                        Collective::Broadcast { .. } => call("ncclBroadcast", &mut || unsafe {
-                            nccl::broadcast(s, r, count, dtype, root, comm, stream)
+                        Collective::Broadcast { .. } => call(&mut || unsafe {
+                            api.broadcast(s, r, count, dtype, root, comm, stream)
                         }),
                         // SAFETY: as stated above the `match` ("why every call below is sound").
-                        Collective::Reduce { .. } => call("ncclReduce", &mut || unsafe {
-                            nccl::reduce(s, r, count, dtype, red, root, comm, stream)
+                        Collective::Reduce { .. } => call(&mut || unsafe {
+                            api.reduce(s, r, count, dtype, red, root, comm, stream)
                         }),
                         Collective::AllToAll => {
                             for p in 0..world {
                                 let at = p as u64 * block_bytes;
                                 let (s, r) = (sends[rank].map(|a| a + at), recvs[rank]);
                                 // SAFETY: as stated above the `match` ("why every call below is sound").
-                                call("ncclSend", &mut || unsafe {
-                                    nccl::send(ptr(s), count, dtype, peer(p), comm, stream)
+                                call(&mut || unsafe {
+                                    api.send(ptr(s), count, dtype, peer(p), comm, stream)
                                 });
                                 // SAFETY: as stated above the `match` ("why every call below is sound").
-                                call("ncclRecv", &mut || unsafe {
-                                    nccl::recv(
+                                call(&mut || unsafe {
+                                    api.recv(
                                         ptr(r.map(|a| a + at)),
                                         count,
                                         dtype,
@@ -235,8 +234,8 @@ impl NcclAllReduce {
             }
         }
         // Always close the group, even after a failed call, so the thread is not left inside it.
-        let ended = nccl::group_end().map_err(nccl_error("ncclGroupEnd"));
-        queued.and(ended.map(|_| ()))
+        let ended = api.group_end();
+        queued.and(ended)
     }
 
     /// One buffer of a collective: on rank `rank`'s GPU, of exactly `want` elements (`None`: the

@@ -1,6 +1,7 @@
 //! What the NCCL baseline's calls return: ringreduce's own [`ringreduce::Error`] for what the
-//! baseline shares with the library (argument checks, CUDA calls, no GPU), or a failed NCCL call.
-//! NCCL errors belong to this crate, not to the library, which never calls NCCL.
+//! baseline shares with the library (argument checks, CUDA calls, no GPU or no NCCL, a function
+//! an older NCCL lacks), or a failed NCCL call. The baseline's NCCL errors belong to this crate;
+//! the library's own NCCL use (between hosts) has its own `Error::Nccl`.
 
 /// An error of the NCCL baseline.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -7,8 +7,7 @@
 //! int winFlags)`, `ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win)`. Registration
 //! is collective over the communicator's ranks; with every rank's communicator in this thread
 //! (`ncclCommInitAll`), each registration and each deregistration is one group over all ranks.
-//! cudarc's `nccl-02028` bindings have all four; an older libnccl lacks the window calls, and
-//! cudarc's loader panics on a missing symbol: the panic is caught and becomes [`Error::NoGpu`]
+//! An older libnccl lacks the window calls (or `ncclMemAlloc`): calling one is [`Error::NoGpu`]
 //! naming the call and NCCL's version. Only the calls that reach NCCL (making and freeing the
 //! buffers) return a [`BaselineError`]; the others fail with ringreduce's [`Error`] alone.
 //!
@@ -16,12 +15,12 @@
 //! communicator at offset 0 on every rank (symmetric); it is deregistered (one group) before it
 //! is freed, in `free` or, with errors dropped, in `Drop`.
 
-use super::{cuda_error, nccl, nccl_error, nccl_sys, BaselineError, NcclAllReduce};
+use super::api::ncclWindow_t;
+use super::{cuda_error, BaselineError, NcclAllReduce};
 use ringreduce::device;
 use ringreduce::{Element, Error, GpuViewMut, Result};
 use std::ffi::c_void;
 use std::marker::PhantomData;
-use std::panic::{self, AssertUnwindSafe};
 
 /// `NCCL_WIN_COLL_SYMMETRIC` from NCCL's `nccl.h`: every rank passes the same offset into its
 /// window to a collective.
@@ -34,7 +33,7 @@ pub struct SymmetricBuffers<'a, T: Element> {
     /// Device addresses by rank; empty after `release`.
     ptrs: Vec<u64>,
     /// Windows by rank (null where registration did not happen).
-    windows: Vec<nccl_sys::ncclWindow_t>,
+    windows: Vec<ncclWindow_t>,
     count: usize,
     _elements: PhantomData<T>,
 }
@@ -67,37 +66,27 @@ impl NcclAllReduce {
             let mut ptr: *mut c_void = std::ptr::null_mut();
             // SAFETY: `ptr` is a live out-parameter; ncclMemAlloc allocates `bytes` on the current
             // device (GPU d: its primary context is bound on this thread just above).
-            let alloc = guard_symbol(self, "ncclMemAlloc", || unsafe {
-                nccl_sys::ncclMemAlloc(&mut ptr, bytes).result()
-            })?;
-            alloc.map_err(nccl_error("ncclMemAlloc"))?;
+            unsafe { self.api.mem_alloc(&mut ptr, bytes) }.map_err(needs_2_27(self))?;
             bufs.ptrs.push(ptr as u64);
         }
-        nccl::group_start().map_err(nccl_error("ncclGroupStart"))?;
+        self.api.group_start()?;
         let mut registered = Ok(());
         for (rank, &comm) in self.comms.iter().enumerate() {
             let ptr = bufs.ptrs[rank] as *mut c_void;
-            let win: *mut nccl_sys::ncclWindow_t = &mut bufs.windows[rank];
+            let win: *mut ncclWindow_t = &mut bufs.windows[rank];
             // SAFETY: `comm` is rank's live communicator, `ptr` rank's `bytes` from ncclMemAlloc on
             // the same GPU, and `win` a live out-parameter filled by the group's end; every rank
             // registers in this one group (the call is collective).
-            let call = guard_symbol(self, "ncclCommWindowRegister", || unsafe {
-                nccl_sys::ncclCommWindowRegister(comm, ptr, bytes, win, NCCL_WIN_COLL_SYMMETRIC)
-                    .result()
-            });
-            match call {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => {
-                    registered = Err(nccl_error("ncclCommWindowRegister")(e));
-                    break;
-                }
-                Err(e) => {
-                    registered = Err(e.into());
-                    break;
-                }
+            let call = unsafe {
+                self.api
+                    .comm_window_register(comm, ptr, bytes, win, NCCL_WIN_COLL_SYMMETRIC)
+            };
+            if let Err(e) = call {
+                registered = Err(needs_2_27(self)(e));
+                break;
             }
         }
-        let ended = nccl::group_end().map_err(nccl_error("ncclGroupEnd"));
+        let ended = self.api.group_end();
         registered?;
         ended?;
         Ok(bufs)
@@ -178,8 +167,9 @@ impl<T: Element> SymmetricBuffers<'_, T> {
             return Ok(());
         }
         let mut first = self.nccl.synchronize().err().map(BaselineError::from);
-        if let Err(e) = nccl::group_start() {
-            first.get_or_insert(nccl_error("ncclGroupStart")(e));
+        let api = self.nccl.api;
+        if let Err(e) = api.group_start() {
+            first.get_or_insert(e);
         }
         for (&comm, &win) in self.nccl.comms.iter().zip(&self.windows) {
             if win.is_null() {
@@ -187,19 +177,18 @@ impl<T: Element> SymmetricBuffers<'_, T> {
             }
             // SAFETY: `win` was registered with `comm` by `symmetric_buffers` and is deregistered
             // once: `self.ptrs` is emptied above, so `release` does nothing the second time.
-            let call = unsafe { nccl_sys::ncclCommWindowDeregister(comm, win) }.result();
-            if let Err(e) = call {
-                first.get_or_insert(nccl_error("ncclCommWindowDeregister")(e));
+            if let Err(e) = unsafe { api.comm_window_deregister(comm, win) } {
+                first.get_or_insert(e);
             }
         }
-        if let Err(e) = nccl::group_end() {
-            first.get_or_insert(nccl_error("ncclGroupEnd")(e));
+        if let Err(e) = api.group_end() {
+            first.get_or_insert(e);
         }
         for p in ptrs {
             // SAFETY: `p` came from ncclMemAlloc, its window is deregistered above, and it is
             // freed once (the list was taken).
-            if let Err(e) = unsafe { nccl_sys::ncclMemFree(p as *mut c_void) }.result() {
-                first.get_or_insert(nccl_error("ncclMemFree")(e));
+            if let Err(e) = unsafe { api.mem_free(p as *mut c_void) } {
+                first.get_or_insert(e);
             }
         }
         first.map_or(Ok(()), Err)
@@ -208,20 +197,24 @@ impl<T: Element> SymmetricBuffers<'_, T> {
 
 impl<T: Element> Drop for SymmetricBuffers<'_, T> {
     fn drop(&mut self) {
-        // `free` returns these errors; `Drop` drops them and never panics (cudarc's loader can).
-        let _ = panic::catch_unwind(AssertUnwindSafe(|| self.release()));
+        // `free` returns these errors; `Drop` drops them.
+        let _ = self.release();
     }
 }
 
-/// Runs an NCCL call whose symbol an older libnccl lacks: cudarc's loader panics then, which
-/// becomes [`Error::NoGpu`] naming the call and the version.
-fn guard_symbol<R>(nccl: &NcclAllReduce, call: &str, f: impl FnOnce() -> R) -> Result<R> {
-    panic::catch_unwind(AssertUnwindSafe(f)).map_err(|_| Error::NoGpu {
-        reason: format!(
-            "NCCL {} has no {call} (symmetric registration needs NCCL >= 2.27)",
-            nccl.version()
-        ),
-    })
+/// A function this libnccl lacks ([`Error::NoGpu`]) named with NCCL's version and what the
+/// symmetric calls need; NCCL's own errors unchanged.
+fn needs_2_27(nccl: &NcclAllReduce) -> impl FnOnce(BaselineError) -> BaselineError + '_ {
+    move |err| match err {
+        BaselineError::Ring(Error::NoGpu { reason }) => Error::NoGpu {
+            reason: format!(
+                "NCCL {}: {reason}; symmetric registration needs NCCL >= 2.27",
+                nccl.version()
+            ),
+        }
+        .into(),
+        other => other,
+    }
 }
 
 /// Binds GPU `device`'s primary context on this thread (for the copies).

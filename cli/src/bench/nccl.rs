@@ -4,7 +4,11 @@
 //! (`ncclMemAlloc` + `ncclCommWindowRegister`, nccl-tests' `-R 2`) and, with `--graph N`, the
 //! defaults and symmetric registration again with N all-reduces captured per CUDA graph; with
 //! staged transport the first two (and the graph) with `NCCL_P2P_DISABLE=1`.
-//! `NCCL_NVLS_ENABLE` is 0 unless the parent's environment says otherwise.
+//! `NCCL_NVLS_ENABLE` is 0 unless the parent's environment says otherwise. The children inherit
+//! the rest of the environment and find NCCL as the library does (`RINGREDUCE_NCCL_PATH`, else a
+//! `libnccl.so.2` on `LD_LIBRARY_PATH` or in the system folders: `ringreduce_cli::baseline`);
+//! without one, each run is listed as not measured with the loader's reason, which says to set
+//! `RINGREDUCE_NCCL_PATH` or put NCCL's folder on `LD_LIBRARY_PATH`.
 //!
 //! Invariant: the child runs the same sweep (sizes, type, op, iterations) as the parent and never
 //! ringreduce's ring knobs; its rows are the last line of its stdout that is JSON
@@ -19,8 +23,7 @@ use super::random::RandomRun;
 use super::report::{print_row, print_table_header, ChildOutput, Row};
 use crate::{require_gpus, Failure};
 use ringreduce::Transport;
-use ringreduce_cli::baseline::{self, NcclAllReduce};
-use std::path::{Path, PathBuf};
+use ringreduce_cli::baseline::NcclAllReduce;
 
 /// One NCCL configuration run in its own process.
 #[derive(Clone, Debug, PartialEq)]
@@ -139,11 +142,7 @@ pub fn child_args(args: &BenchArgs, run: &NcclRun) -> Vec<String> {
 }
 
 /// Runs one NCCL configuration in a child process; its rows, or why there are none.
-fn run_child(
-    args: &BenchArgs,
-    run: &NcclRun,
-    lib_dir: Option<&Path>,
-) -> Result<ChildOutput, String> {
+fn run_child(args: &BenchArgs, run: &NcclRun) -> Result<ChildOutput, String> {
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
     let mut cmd = std::process::Command::new(exe);
     cmd.args(child_args(args, run));
@@ -152,15 +151,6 @@ fn run_child(
     }
     for k in &run.remove {
         cmd.env_remove(k);
-    }
-    if let Some(dir) = lib_dir {
-        let mut paths = vec![dir.to_path_buf()];
-        if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
-            paths.extend(std::env::split_paths(&old));
-        }
-        if let Ok(joined) = std::env::join_paths(paths) {
-            cmd.env("LD_LIBRARY_PATH", joined);
-        }
     }
     let output = cmd
         .stderr(std::process::Stdio::piped())
@@ -202,33 +192,6 @@ fn run_child(
     Ok(child)
 }
 
-/// cudarc does not look for `libnccl.so.2`: when NCCL is not found under its names but
-/// `libnccl.so.2` exists, a private folder with a `libnccl.so` link to it, for the children's
-/// `LD_LIBRARY_PATH`. `Ok(None)` when no link is needed (or there is nothing to link to).
-fn nccl_link_dir() -> Result<Option<PathBuf>, String> {
-    if baseline::nccl_present() {
-        return Ok(None);
-    }
-    let Some(target) = baseline::find_libnccl_so2() else {
-        return Ok(None);
-    };
-    let dir = std::env::temp_dir().join(format!("ringreduce-nccl-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let link = dir.join("libnccl.so");
-    let _ = std::fs::remove_file(&link);
-    #[cfg(unix)]
-    std::os::unix::fs::symlink(&target, &link)
-        .map_err(|e| format!("linking {}: {e}", link.display()))?;
-    out!(
-        "# libnccl: cudarc looks for {:?}, not libnccl.so.2; for the NCCL runs, {} -> {} is put \
-         first on LD_LIBRARY_PATH (by hand: the same link in a folder on LD_LIBRARY_PATH)",
-        baseline::nccl_library_candidates(),
-        link.display(),
-        target.display()
-    );
-    Ok(Some(dir))
-}
-
 /// The NCCL runs that match `args`' pass, each in a child process: their rows appended to `rows`,
 /// their random-size workloads to `random`, their versions to `header`, and the ones that could
 /// not run to `not_measured` with why. Returns the labels of the runs measured, for the
@@ -244,13 +207,9 @@ pub fn measure_nccl(
     if args.no_nccl {
         not_measured.push(("NCCL".to_string(), "--no-nccl".to_string()));
     } else {
-        let lib_dir = nccl_link_dir().unwrap_or_else(|why| {
-            out!("# libnccl link folder could not be made: {why}");
-            None
-        });
         let nvls = std::env::var("NCCL_NVLS_ENABLE").ok();
         for nrun in nccl_runs(args.transport, nvls.as_deref(), args.graph) {
-            match run_child(args, &nrun, lib_dir.as_deref()) {
+            match run_child(args, &nrun) {
                 Ok(child) => {
                     out!("#");
                     out!(
@@ -278,9 +237,6 @@ pub fn measure_nccl(
                     not_measured.push((nrun.label.clone(), why));
                 }
             }
-        }
-        if let Some(dir) = lib_dir {
-            let _ = std::fs::remove_dir_all(dir);
         }
     }
     against
