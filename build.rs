@@ -21,7 +21,10 @@
 //!   `RINGREDUCE_REQUIRE_NVCC=1` (CI sets it) a missing nvcc fails the build.
 //! - The CUDA 12 image, for CUDA 12 drivers (`build/cuda12.rs`): built where `NVRTC_CUDA12` names
 //!   an NVRTC 12, announced by `cfg(ringreduce_cuda12)`; `RINGREDUCE_REQUIRE_CUDA12=1` (CI sets
-//!   it) fails the build without one.
+//!   it) fails the build without one. `RINGREDUCE_CUDA12_PTX_ONLY=1` (CI sets it) builds its PTX
+//!   piece alone: NVRTC 12 still compiles the whole source (a kernel it refuses fails the build),
+//!   the machine code is left out (ptxas's work, which nvcc's build does for the same
+//!   architectures), and a CUDA 12 driver compiles the PTX for its GPU at load.
 //! - Compiling the source takes minutes of CPU (nvcc ~4 min, NVRTC 12 ~6 min on one core), so
 //!   the compilations run on threads at once, and every result is kept in a build cache,
 //!   `target/ringreduce-kernels/`, keyed by the compiler, its options and the source: the debug
@@ -94,6 +97,7 @@ fn main() {
         "RINGREDUCE_REQUIRE_NVCC",
         "NVRTC_CUDA12",
         "RINGREDUCE_REQUIRE_CUDA12",
+        "RINGREDUCE_CUDA12_PTX_ONLY",
     ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
@@ -121,9 +125,9 @@ fn main() {
     // The CUDA 12 image's pieces compile on threads while nvcc runs below.
     std::thread::scope(|scope| {
         let pieces = nvrtc12.as_ref().map(|nvrtc| {
-            let handles: Vec<_> = cuda12::PIECES
-                .iter()
-                .map(|&piece| {
+            let handles: Vec<_> = cuda12::pieces()
+                .into_iter()
+                .map(|piece| {
                     let (text, out_dir) = (&text, &out_dir);
                     scope.spawn(move || cuda12::build_piece(nvrtc, text, piece, out_dir))
                 })

@@ -25,6 +25,16 @@ pub const PIECES: [(&str, Output); 3] = [
     ("compute_80", Output::Ptx),
 ];
 
+/// The pieces this build makes: [`PIECES`], or with `RINGREDUCE_CUDA12_PTX_ONLY=1` the PTX alone
+/// (build.rs's module doc says why CI builds so).
+pub fn pieces() -> Vec<(&'static str, Output)> {
+    let ptx_only = std::env::var("RINGREDUCE_CUDA12_PTX_ONLY").is_ok_and(|v| v == "1");
+    PIECES
+        .into_iter()
+        .filter(|(_, output)| !ptx_only || matches!(output, Output::Ptx))
+        .collect()
+}
+
 /// NVRTC's options beside the architecture: the same IEEE behaviour as nvcc's build (no flush to
 /// zero, correctly rounded division, no contraction), as the library's NVRTC path uses.
 const OPTIONS: [&str; 3] = ["--ftz=false", "--prec-div=true", "--fmad=false"];
@@ -100,11 +110,18 @@ pub fn rust_table(nvrtc: &Nvrtc, files: &[PathBuf]) -> String {
     );
     let _ = writeln!(
         rust,
+        "/// Whether the image is its PTX alone (`RINGREDUCE_CUDA12_PTX_ONLY=1`).\n\
+         #[allow(dead_code)]\n\
+         pub(super) const CUDA12_PTX_ONLY: bool = {};\n",
+        pieces().len() == 1
+    );
+    let _ = writeln!(
+        rust,
         "/// The CUDA 12 image's pieces, each deflate-compressed.\n\
          pub(super) static CUDA12_CODE: [(CodeEntry, &[u8]); {}] = [",
         files.len()
     );
-    for ((architecture, output), file) in PIECES.iter().zip(files) {
+    for ((architecture, output), file) in pieces().iter().zip(files) {
         let number = architecture.trim_start_matches(|c: char| !c.is_ascii_digit());
         let entry = match output {
             Output::Cubin => format!("CodeEntry::Sass({number})"),
