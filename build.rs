@@ -22,9 +22,11 @@
 //! - The CUDA 12 image, for CUDA 12 drivers (`build/cuda12.rs`): built where `NVRTC_CUDA12` names
 //!   an NVRTC 12, announced by `cfg(ringreduce_cuda12)`; `RINGREDUCE_REQUIRE_CUDA12=1` (CI sets
 //!   it) fails the build without one. `RINGREDUCE_CUDA12_PTX_ONLY=1` (CI sets it) builds its PTX
-//!   piece alone: NVRTC 12 still compiles the whole source (a kernel it refuses fails the build),
-//!   the machine code is left out (ptxas's work, which nvcc's build does for the same
-//!   architectures), and a CUDA 12 driver compiles the PTX for its GPU at load.
+//!   piece alone: NVRTC 12 still compiles the whole source (a kernel it refuses fails the build)
+//!   and the machine code is left out (ptxas's work, which nvcc's build does for the same
+//!   architectures). Such an image loads only on drivers that read its PTX (CUDA 12.9 and
+//!   later: `build/cuda12.rs`), not on the older CUDA 12 drivers the machine code serves — a
+//!   build for CI, never one to ship (`scripts/gpu-pack.sh` and `scripts/stage.sh` unset it).
 //! - Compiling the source takes minutes of CPU (nvcc ~4 min, NVRTC 12 ~6 min on one core), so
 //!   the compilations run on threads at once, and every result is kept in a build cache,
 //!   `target/ringreduce-kernels/`, keyed by the compiler, its options and the source: the debug

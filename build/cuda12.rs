@@ -10,7 +10,8 @@
 //! deflate-compressed (the sm_90 code is 14 MB, compressed ~1.5 MB), and the library picks the
 //! piece for the GPU (`src/exec/cuda/kernels/mod.rs`, `cuda12_code_for`).
 //!
-//! The three compilations run on threads beside nvcc's (NVRTC compiles distinct programs on
+//! The compilations (three; one with `RINGREDUCE_CUDA12_PTX_ONLY=1`, build.rs's module doc) run on
+//! threads beside nvcc's (NVRTC compiles distinct programs on
 //! several threads at once) and are kept in the build cache (`compile_cached`).
 
 use super::nvrtc_library::{Nvrtc, Output};

@@ -31,6 +31,8 @@ cd "$root"
 # CUDA12=1 — for tests/gpu_cuda12.rs; the GPU host's CUDA 13 driver loads the fatbin.
 if [[ "${CUDA12:-0}" == 1 ]]; then
   export NVRTC_CUDA12 RINGREDUCE_REQUIRE_CUDA12=1
+  # Its machine code too (CI builds the PTX alone: build.rs).
+  unset RINGREDUCE_CUDA12_PTX_ONLY
 else
   unset NVRTC_CUDA12
   export RINGREDUCE_REQUIRE_CUDA12=0

@@ -24,6 +24,8 @@ if [[ -z ${RINGREDUCE_COMMIT:-} ]]; then
   git diff --quiet HEAD 2>/dev/null || RINGREDUCE_COMMIT+="+uncommitted"
 fi
 export RINGREDUCE_COMMIT
+# A build to run on GPUs: the CUDA 12 image whole, its machine code too (CI builds its PTX alone).
+unset RINGREDUCE_CUDA12_PTX_ONLY
 rm -rf .gpu/bin && mkdir -p .gpu/bin
 {
   cargo build --release --bins --examples --message-format=json

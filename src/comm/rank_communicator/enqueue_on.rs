@@ -28,8 +28,9 @@ pub struct RankCall<'a, T: Element> {
     shape: Shape,
     ends: Ends,
     op: ReduceOp,
-    /// The rank and world it was checked for.
-    rank: (usize, usize),
+    /// The rank, world and device (`None`: a host rank) it was checked for: the placement of its
+    /// buffers was checked against that device.
+    whose: Whose,
     buffers: PhantomData<&'a mut [T]>,
 }
 
@@ -77,12 +78,17 @@ impl RankCommunicator {
         Ok(self.call_of(shape, ends, ReduceOp::Sum))
     }
 
+    /// This communicator as a checked call names it: rank, world, device.
+    fn whose(&self) -> Whose {
+        (self.rank, self.world, self.device())
+    }
+
     fn call_of<'a, T: Element>(&self, shape: Shape, ends: Ends, op: ReduceOp) -> RankCall<'a, T> {
         RankCall {
             shape,
             ends,
             op,
-            rank: (self.rank, self.world),
+            whose: self.whose(),
             buffers: PhantomData,
         }
     }
@@ -212,7 +218,9 @@ impl RankCommunicator {
     }
 
     /// Enqueues `call` on this GPU rank, ordered on the caller's `stream` (see
-    /// [`RankCommunicator::enqueue_collective_in_place`]).
+    /// [`RankCommunicator::enqueue_collective_in_place`]). A call checked for another rank, world
+    /// or device (another communicator's, whose buffers were placed for its GPU) is
+    /// [`Error::InvalidArgument`].
     ///
     /// # Safety
     /// The call's buffers stay allocated until `stream` has passed the call, its inputs unwritten
@@ -225,12 +233,7 @@ impl RankCommunicator {
         stream: impl Into<CallerStream>,
     ) -> Result<()> {
         broken(&self.broken)?;
-        if call.rank != (self.rank, self.world) {
-            return Err(Error::InvalidArgument(format!(
-                "a call checked for rank {} of {} enqueued on rank {} of {}",
-                call.rank.0, call.rank.1, self.rank, self.world
-            )));
-        }
+        same_communicator(call.whose, self.whose())?;
         let (shape, op, stream) = (call.shape, call.op, stream.into());
         let (inputs, outputs) = self.addresses(&shape, &call.ends);
         match &mut self.inner {
@@ -240,9 +243,10 @@ impl RankCommunicator {
                 // communicator.
                 let streams = exec.check_caller_streams(&streams)?;
                 guarded(&mut self.broken, || {
-                    // SAFETY: every address is this rank's buffer on its GPU (checked when the
-                    // call was), valid for the length the plan declares; its lifetime until
-                    // `stream` passes the call is our caller's contract.
+                    // SAFETY: every address is this rank's buffer on its GPU (placed when the
+                    // call was checked, for this rank, world and device: compared above), valid
+                    // for the length the plan declares; its lifetime until `stream` passes the
+                    // call is our caller's contract.
                     unsafe { exec.run::<T>(shape, &inputs, &outputs, op, false, Some(streams)) }
                 })
             }
@@ -253,6 +257,54 @@ impl RankCommunicator {
             Inner::Host(_) | Inner::Hosts(_) => Err(Error::InvalidArgument(
                 "a host rank has no streams: the caller's stream needs a GPU rank".into(),
             )),
+        }
+    }
+}
+
+/// A rank as a checked call names it: rank, world, device (`None`: a host rank).
+type Whose = (usize, usize, Option<usize>);
+
+/// `Ok` where a call checked for `checked` is enqueued on the same rank, world and device `here`;
+/// else [`Error::InvalidArgument`] naming both.
+fn same_communicator(checked: Whose, here: Whose) -> Result<()> {
+    if checked == here {
+        return Ok(());
+    }
+    let name = |(rank, world, device): Whose| match device {
+        Some(d) => format!("rank {rank} of {world} on GPU {d}"),
+        None => format!("host rank {rank} of {world}"),
+    };
+    Err(Error::InvalidArgument(format!(
+        "a call checked for {} enqueued on {}",
+        name(checked),
+        name(here)
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_checked_call_runs_only_where_it_was_checked() {
+        assert_eq!(same_communicator((0, 2, Some(1)), (0, 2, Some(1))), Ok(()));
+        // Same rank and world, another GPU (a split of one process's ranks): its buffers were
+        // placed for GPU 0.
+        assert_eq!(
+            same_communicator((0, 2, Some(0)), (0, 2, Some(1))),
+            Err(Error::InvalidArgument(
+                "a call checked for rank 0 of 2 on GPU 0 enqueued on rank 0 of 2 on GPU 1".into()
+            ))
+        );
+        for (checked, here) in [
+            ((0, 1, None), (0, 1, Some(0))),
+            ((0, 2, Some(0)), (1, 2, Some(0))),
+            ((0, 2, Some(0)), (0, 3, Some(0))),
+        ] {
+            assert!(
+                same_communicator(checked, here).is_err(),
+                "{checked:?} {here:?}"
+            );
         }
     }
 }

@@ -303,9 +303,9 @@ impl CudaEnqueue<'_> {
                     kernel: PeerKernel::OneShotLl,
                 } => {
                     let args = self.ll_args(op, dst, expose_from)?;
-                    // SAFETY: `src` is this rank's input (the caller's validated input, its
+                    // SAFETY: `args.src` is this rank's input (the caller's validated input, its
                     // in-place buffer, or our exposed copy of it, filled earlier on this stream)
-                    // and `dst` its output, both on this GPU, equal (in place) or disjoint
+                    // and `args.dst` its output, both on this GPU, equal (in place) or disjoint
                     // (validated buffers); the receive buffers are ours (ll_recv_bytes(world),
                     // zeroed at creation, reached over the peer access enabled between all pairs,
                     // or on this GPU when ranks share it) and the flags this rank's, both used

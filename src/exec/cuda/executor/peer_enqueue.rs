@@ -216,7 +216,8 @@ impl CudaEnqueue<'_> {
     ) -> Result<OneShotArgs> {
         if kernel == PeerKernel::OneShotLl {
             return Err(Error::Internal {
-                what: "the LL one-shot launched as the read one-shot (`ll_args` is its)".into(),
+                what: "the read one-shot's arguments asked for the LL one-shot (`ll_args` builds those)"
+                    .into(),
             });
         }
         let call = self.call;
