@@ -14,7 +14,7 @@
 //! stream since (FastTrack's argument, [`Seen`]); a new access is checked against those alone.
 //! So the check costs the accesses times the runs each covers — linear in the plan for the
 //! ring's chunks — where every pair of overlapping accesses grew with the square of a plan with
-//! many chunks. `check/tests/races.rs` holds it to the pairwise definition on random plans with
+//! many chunks. `check/tests/race_check_oracle.rs` holds it to the pairwise definition on random plans with
 //! planted faults.
 
 use super::enqueue_order::{check_order, enqueue_order};

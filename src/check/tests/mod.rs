@@ -3,8 +3,8 @@
 //!
 //! `symbolic` holds the run-by-run symbolic execution to an element-by-element reference.
 
-mod hierarchy;
-mod races;
+mod hierarchical_plans;
+mod race_check_oracle;
 mod symbolic;
 
 use super::*;
