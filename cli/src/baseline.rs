@@ -15,12 +15,13 @@
 //!
 //! # Layers
 //!
-//! NCCL's C API as the library calls it ([`ringreduce::exec::nccl::Api`], on the library's
-//! loader): the signatures NCCL documents, each looked up by name once (a function an older
-//! libnccl lacks is an [`Error::Nccl`] of code −1 naming it when called, never a panic), and every
-//! NCCL status turned into an [`Error::Nccl`] with NCCL's own text in one function
-//! (`Api::check`). NCCL's C types and the element-type and operator codes are the library's
-//! (`exec::nccl::abi`). Every error is ringreduce's [`Error`].
+//! NCCL's C API through the library's own loader ([`ringreduce::exec::nccl::Library`]) in
+//! `api.rs`: the signatures NCCL documents as function-pointer types, each looked up by name once
+//! (a function an older libnccl lacks is [`Error::NoGpu`] naming it when called, never a panic),
+//! and every NCCL status turned into a [`BaselineError::Nccl`] with NCCL's own text in one
+//! function (`Api::check`). NCCL's C types and the element-type and operator codes are the
+//! library's (`exec::nccl::abi`). The baseline's other errors are ringreduce's
+//! ([`BaselineError::Ring`]).
 //!
 //! # Finding libnccl
 //!
@@ -37,18 +38,22 @@
 //! `NCCL_NVLS_ENABLE` must stay 0 on the shared test machines (no NVLink multicast), and NCCL's
 //! anchor figures were measured so.
 
+use api::{cudaStream_t, ncclComm_t, Api};
 use cudarc::driver::CudaStream;
 use ringreduce::device;
 use ringreduce::exec::nccl::abi::{nccl_op, nccl_type};
-use ringreduce::exec::nccl::{cudaStream_t, ncclComm_t, Api, Library};
+use ringreduce::exec::nccl::Library;
 use ringreduce::{Buffer, BufferMut, Placement};
 use ringreduce::{DType, Element, ReduceOp};
 use ringreduce::{Error, Result};
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
+mod api;
 mod collectives;
+mod error;
 mod symmetric;
+pub use error::BaselineError;
 pub use symmetric::SymmetricBuffers;
 
 /// Whether this process finds NCCL, as the library does (the module doc). Never panics.
@@ -64,13 +69,6 @@ pub fn nccl_missing() -> Option<String> {
         Err(Error::Resource { what }) => Some(what),
         Err(other) => Some(other.to_string()),
     }
-}
-
-/// NCCL's functions ([`Api`]), or [`Error::NoGpu`] saying how to name NCCL ([`nccl_missing`]).
-fn api() -> Result<&'static Api> {
-    Api::get().ok_or_else(|| Error::NoGpu {
-        reason: nccl_missing().unwrap_or_default(),
-    })
 }
 
 /// NCCL's version code as "major.minor.patch" (NCCL ≥ 2.9 encodes 2.28.3 as 22803).
@@ -94,13 +92,11 @@ pub struct NcclAllReduce {
 impl NcclAllReduce {
     /// The communicators over `devices` (rank r is GPU `devices[r]`). [`Error::NoGpu`] when there
     /// is no usable GPU or no NCCL is found (the reason says how to name one, [`nccl_missing`]),
-    /// [`Error::InvalidArgument`] for an empty or repeated device list, [`Error::Nccl`] when
-    /// NCCL fails.
-    pub fn new(devices: &[usize]) -> Result<NcclAllReduce, Error> {
+    /// [`Error::InvalidArgument`] for an empty or repeated device list (each inside
+    /// [`BaselineError::Ring`]), [`BaselineError::Nccl`] when NCCL fails.
+    pub fn new(devices: &[usize]) -> Result<NcclAllReduce, BaselineError> {
         if devices.is_empty() {
-            return Err(Error::InvalidArgument(
-                "NCCL needs at least one device".into(),
-            ));
+            return Err(Error::InvalidArgument("NCCL needs at least one device".into()).into());
         }
         for (second, d) in devices.iter().enumerate() {
             if let Some(first) = devices[..second].iter().position(|e| e == d) {
@@ -108,11 +104,12 @@ impl NcclAllReduce {
                     device: *d,
                     first,
                     second,
-                });
+                }
+                .into());
             }
         }
         device::driver_available()?;
-        let api = api()?;
+        let api = Api::get()?;
         let version = nccl_version()?;
         let streams = devices
             .iter()
@@ -165,7 +162,7 @@ impl NcclAllReduce {
         inputs: &[I],
         outputs: &mut [O],
         op: ReduceOp,
-    ) -> Result<(), Error> {
+    ) -> Result<(), BaselineError> {
         let count = self.check_buffers(inputs)?;
         self.check_buffers(outputs)?;
         if let Some(rank) = outputs.iter().position(|b| b.count() < count) {
@@ -173,7 +170,8 @@ impl NcclAllReduce {
                 rank,
                 input: count,
                 output: outputs[rank].count(),
-            });
+            }
+            .into());
         }
         let bytes = count * std::mem::size_of::<T>();
         let sends: Vec<u64> = inputs.iter().map(Buffer::address).collect();
@@ -183,7 +181,7 @@ impl NcclAllReduce {
                 .iter()
                 .any(|&s| count > 0 && r < s + bytes as u64 && s < r + bytes as u64)
             {
-                return Err(Error::Overlap { rank });
+                return Err(Error::Overlap { rank }.into());
             }
         }
         // SAFETY: checked above: one buffer per rank on that rank's GPU, each of at least `count`
@@ -200,7 +198,7 @@ impl NcclAllReduce {
         &self,
         bufs: &mut [B],
         op: ReduceOp,
-    ) -> Result<(), Error> {
+    ) -> Result<(), BaselineError> {
         let count = self.check_buffers(bufs)?;
         let addresses: Vec<u64> = bufs.iter_mut().map(BufferMut::address_mut).collect();
         // SAFETY: checked above; send and receive are the same range, which NCCL documents as in
@@ -231,7 +229,7 @@ impl NcclAllReduce {
         outputs: &mut [O],
         op: ReduceOp,
         streams: &[Arc<CudaStream>],
-    ) -> Result<(), Error> {
+    ) -> Result<(), BaselineError> {
         let raw = self.check_streams(streams)?;
         let count = self.check_buffers(inputs)?;
         self.check_buffers(outputs)?;
@@ -240,7 +238,8 @@ impl NcclAllReduce {
                 rank,
                 input: count,
                 output: outputs[rank].count(),
-            });
+            }
+            .into());
         }
         let bytes = (count * std::mem::size_of::<T>()) as u64;
         let sends: Vec<u64> = inputs.iter().map(Buffer::address).collect();
@@ -250,7 +249,7 @@ impl NcclAllReduce {
                 .iter()
                 .any(|&s| count > 0 && r < s + bytes && s < r + bytes)
             {
-                return Err(Error::Overlap { rank });
+                return Err(Error::Overlap { rank }.into());
             }
         }
         // SAFETY: as in `enqueue_all_reduce`; `raw[r]` is a live stream of GPU devices[r]
@@ -269,7 +268,7 @@ impl NcclAllReduce {
         bufs: &mut [B],
         op: ReduceOp,
         streams: &[Arc<CudaStream>],
-    ) -> Result<(), Error> {
+    ) -> Result<(), BaselineError> {
         let raw = self.check_streams(streams)?;
         let count = self.check_buffers(bufs)?;
         let addresses: Vec<u64> = bufs.iter_mut().map(BufferMut::address_mut).collect();
@@ -352,7 +351,7 @@ impl NcclAllReduce {
         dtype: DType,
         op: ReduceOp,
         streams: &[cudaStream_t],
-    ) -> Result<(), Error> {
+    ) -> Result<(), BaselineError> {
         debug_assert!(sends.len() == self.comms.len() && recvs.len() == self.comms.len());
         debug_assert!(streams.len() == self.comms.len());
         self.api.group_start()?;
@@ -390,16 +389,16 @@ impl NcclAllReduce {
 
     /// Waits for queued work, then finalizes and destroys the communicators; returns the first
     /// error (`Drop` does the same and drops it).
-    pub fn close(mut self) -> Result<(), Error> {
+    pub fn close(mut self) -> Result<(), BaselineError> {
         self.release()
     }
 
-    fn release(&mut self) -> Result<(), Error> {
+    fn release(&mut self) -> Result<(), BaselineError> {
         let comms = std::mem::take(&mut self.comms);
         if comms.is_empty() {
             return Ok(());
         }
-        let mut first_error = self.synchronize().err();
+        let mut first_error = self.synchronize().err().map(BaselineError::from);
         // Finalizing is collective over the clique: one thread finalizes all in one group, then
         // each is destroyed on its own.
         if let Err(err) = self.api.group_start() {
@@ -433,10 +432,10 @@ impl Drop for NcclAllReduce {
 
 /// NCCL's version ("2.28.3"), or why it cannot be asked ([`Error::NoGpu`] without NCCL, the
 /// reason [`nccl_missing`]'s). Loads libnccl; never panics.
-pub fn nccl_version() -> Result<String, Error> {
+pub fn nccl_version() -> Result<String, BaselineError> {
     let mut code = 0;
     // SAFETY: `code` is a live int for NCCL to write.
-    unsafe { api()?.get_version(&mut code) }?;
+    unsafe { Api::get()?.get_version(&mut code) }?;
     Ok(format_nccl_version(code))
 }
 
@@ -512,9 +511,7 @@ mod tests {
                 assert_eq!(Library::get().map(|l| &l.path), Some(&named));
                 assert_eq!(nccl_missing(), None);
                 let reason = |err| match err {
-                    Err(Error::Nccl {
-                        code: -1, message, ..
-                    }) => message,
+                    Err(BaselineError::Ring(Error::NoGpu { reason })) => reason,
                     other => panic!("not a missing function's error: {other:?}"),
                 };
                 let version = reason(nccl_version().map(|_| ()));
@@ -533,7 +530,10 @@ mod tests {
                 assert!(!nccl_present());
                 let why = nccl_missing().expect("no NCCL, so a reason");
                 assert!(why.contains("RINGREDUCE_NCCL_PATH"), "{why}");
-                assert_eq!(nccl_version(), Err(Error::NoGpu { reason: why }));
+                assert_eq!(
+                    nccl_version(),
+                    Err(BaselineError::Ring(Error::NoGpu { reason: why }))
+                );
                 return;
             }
             _ => {}
@@ -567,14 +567,17 @@ mod tests {
     fn new_fails_cleanly() {
         assert!(matches!(
             NcclAllReduce::new(&[]),
-            Err(Error::InvalidArgument(_))
+            Err(BaselineError::Ring(Error::InvalidArgument(_)))
         ));
         assert!(matches!(
             NcclAllReduce::new(&[0, 0]),
-            Err(Error::DuplicateDevice { .. })
+            Err(BaselineError::Ring(Error::DuplicateDevice { .. }))
         ));
         if device::driver_available().is_err() {
-            assert!(matches!(NcclAllReduce::new(&[0]), Err(Error::NoGpu { .. })));
+            assert!(matches!(
+                NcclAllReduce::new(&[0]),
+                Err(BaselineError::Ring(Error::NoGpu { .. }))
+            ));
         }
     }
 }

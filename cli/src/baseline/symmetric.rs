@@ -8,15 +8,16 @@
 //! is collective over the communicator's ranks; with every rank's communicator in this thread
 //! (`ncclCommInitAll`), each registration and each deregistration is one group over all ranks.
 //! An older libnccl lacks the window calls (or `ncclMemAlloc`): calling one is [`Error::NoGpu`]
-//! naming the call and NCCL's version.
+//! naming the call and NCCL's version. Only the calls that reach NCCL (making and freeing the
+//! buffers) return a [`BaselineError`]; the others fail with ringreduce's [`Error`] alone.
 //!
 //! Invariant: while a [`SymmetricBuffers`] lives, rank r's memory is registered with rank r's
 //! communicator at offset 0 on every rank (symmetric); it is deregistered (one group) before it
 //! is freed, in `free` or, with errors dropped, in `Drop`.
 
-use super::{cuda_error, NcclAllReduce};
+use super::api::ncclWindow_t;
+use super::{cuda_error, BaselineError, NcclAllReduce};
 use ringreduce::device;
-use ringreduce::exec::nccl::{ncclWindow_t, Api};
 use ringreduce::{Element, Error, GpuViewMut, Result};
 use std::ffi::c_void;
 use std::marker::PhantomData;
@@ -40,11 +41,11 @@ pub struct SymmetricBuffers<'a, T: Element> {
 impl NcclAllReduce {
     /// `count` elements of `T` per rank in NCCL's symmetric memory (see the module doc).
     /// [`Error::NoGpu`] when this libnccl lacks `ncclMemAlloc` or the window calls (NCCL < 2.27),
-    /// [`Error::Nccl`] when NCCL refuses.
+    /// [`BaselineError::Nccl`] when NCCL refuses.
     pub fn symmetric_buffers<T: Element>(
         &self,
         count: usize,
-    ) -> Result<SymmetricBuffers<'_, T>, Error> {
+    ) -> Result<SymmetricBuffers<'_, T>, BaselineError> {
         let bytes =
             count
                 .max(1)
@@ -156,16 +157,16 @@ impl<T: Element> SymmetricBuffers<'_, T> {
 
     /// Deregisters (one group) and frees; returns the first error. `Drop` does the same and
     /// drops it. The caller has waited for every collective on the buffers.
-    pub fn free(mut self) -> Result<(), Error> {
+    pub fn free(mut self) -> Result<(), BaselineError> {
         self.release()
     }
 
-    fn release(&mut self) -> Result<(), Error> {
+    fn release(&mut self) -> Result<(), BaselineError> {
         let ptrs = std::mem::take(&mut self.ptrs);
         if ptrs.is_empty() {
             return Ok(());
         }
-        let mut first = self.nccl.synchronize().err();
+        let mut first = self.nccl.synchronize().err().map(BaselineError::from);
         let api = self.nccl.api;
         if let Err(e) = api.group_start() {
             first.get_or_insert(e);
@@ -201,17 +202,18 @@ impl<T: Element> Drop for SymmetricBuffers<'_, T> {
     }
 }
 
-/// A function this libnccl lacks ([`Api::is_missing`]) as [`Error::NoGpu`], named with NCCL's
-/// version and what the symmetric calls need; NCCL's own errors unchanged.
-fn needs_2_27(nccl: &NcclAllReduce) -> impl FnOnce(Error) -> Error + '_ {
-    move |err| match Api::is_missing(&err) {
-        true => Error::NoGpu {
+/// A function this libnccl lacks ([`Error::NoGpu`]) named with NCCL's version and what the
+/// symmetric calls need; NCCL's own errors unchanged.
+fn needs_2_27(nccl: &NcclAllReduce) -> impl FnOnce(BaselineError) -> BaselineError + '_ {
+    move |err| match err {
+        BaselineError::Ring(Error::NoGpu { reason }) => Error::NoGpu {
             reason: format!(
-                "NCCL {}: {err}; symmetric registration needs NCCL >= 2.27",
+                "NCCL {}: {reason}; symmetric registration needs NCCL >= 2.27",
                 nccl.version()
             ),
-        },
-        false => err,
+        }
+        .into(),
+        other => other,
     }
 }
 

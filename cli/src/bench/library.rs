@@ -6,9 +6,8 @@
 use cudarc::driver::CudaStream;
 use ringreduce::device;
 use ringreduce::exec::profile::CallProfile;
-use ringreduce::Error;
 use ringreduce::{Collective, Communicator, Element, GpuViewMut, ReduceOp};
-use ringreduce_cli::baseline::NcclAllReduce;
+use ringreduce_cli::baseline::{BaselineError, NcclAllReduce};
 use std::sync::Arc;
 
 /// The library under test, driven the same way.
@@ -32,7 +31,7 @@ impl Lib<'_> {
         outs: Option<&mut [GpuViewMut<'_, T>]>,
         op: ReduceOp,
         streams: Option<&[Arc<CudaStream>]>,
-    ) -> Result<(), Error> {
+    ) -> Result<(), BaselineError> {
         if *collective != Collective::AllReduce {
             let none = None::<&[GpuViewMut<'_, T>]>;
             // SAFETY: the caller's contract is each library's.
