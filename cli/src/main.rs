@@ -99,15 +99,6 @@ impl From<ringreduce::Error> for Failure {
     }
 }
 
-impl From<ringreduce_cli::baseline::BaselineError> for Failure {
-    fn from(err: ringreduce_cli::baseline::BaselineError) -> Failure {
-        match err {
-            ringreduce_cli::baseline::BaselineError::Ring(err) => err.into(),
-            nccl => Failure::Failed(nccl.to_string()),
-        }
-    }
-}
-
 /// The number of visible GPUs, or [`Failure::NoGpu`] (one line saying why) below `min`.
 pub fn require_gpus(min: usize) -> Result<usize, Failure> {
     let n = device::driver_available()
