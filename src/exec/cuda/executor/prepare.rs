@@ -1,7 +1,8 @@
 //! Preparing a shape: its plan built and proven (or taken from the cache), its way of running
 //! decided once ([`Dispatch`]: the kernel layouts verified against the plan, or the copy
 //! engines), who enqueues it decided once ([`Schedule`]), and every rank's resources of it
-//! allocated, exchanged through the fabric and imported (module `rank`).
+//! allocated, exchanged through the fabric and imported (module `rank`) — or, for the LL
+//! one-shot across processes, prepared by each rank alone (`prepares_alone`).
 //!
 //! Invariant: a prepared plan is checked before any rank allocates for it, and a call of a
 //! shape prepared earlier allocates nothing.
@@ -24,18 +25,7 @@ impl CudaExecutor {
             return Ok(p);
         }
         let n = self.world;
-        let bytes = shape.count.saturating_mul(shape.elem_bytes);
-        let selection = select(&Ask {
-            chosen: self.config.algorithm,
-            collective: &shape.collective,
-            count_bytes: bytes,
-            world: n,
-            in_place: shape.in_place,
-            reach: self.reach(),
-            deterministic: self.config.deterministic,
-            ll_grid: self.ll_grid(),
-            gated: self.fabric.gate().is_some(),
-        });
+        let selection = self.selection(&shape);
         let algorithm = selection.algorithm;
         // 16-byte boundaries keep every chunk and segment vector-aligned for the kernels and
         // copies.
@@ -120,10 +110,30 @@ impl CudaExecutor {
             allocated.push(part);
             records.push(record);
         }
-        let records = self.fabric.all_gather(records)?;
+        // The LL one-shot across processes touches no buffer of the plan across ranks
+        // (`stages_callers`): this rank prepares it alone, its peers' records left empty and
+        // nothing of theirs imported — no meeting, so that a shape's first call can be gated.
+        let alone = self.prepares_alone(&dispatch);
+        let records = match alone {
+            true => {
+                let mut all = vec![Vec::new(); n];
+                for (r, record) in self.ranks.iter().zip(records) {
+                    all[r.rank()] = record;
+                }
+                all
+            }
+            false => self.fabric.all_gather(records)?,
+        };
         let mut ranks = Vec::with_capacity(n);
         for (r, part) in self.ranks.iter_mut().zip(allocated) {
-            ranks.push(r.connect(&self.fabric, shape.clone(), part, &records, CACHED_PLANS)?);
+            ranks.push(r.connect(
+                &self.fabric,
+                shape.clone(),
+                part,
+                &records,
+                CACHED_PLANS,
+                alone,
+            )?);
         }
         let crosses = ranks.iter().any(|r| r.counters.is_some());
         let schedule = match *dispatch {
@@ -146,6 +156,29 @@ impl CudaExecutor {
         });
         self.cache.insert(shape, prepared.clone());
         Ok(prepared)
+    }
+
+    /// What `shape` runs here ([`select`] with this communicator's facts): the same on every
+    /// rank, from the shape and the communicator alone.
+    pub(super) fn selection(&self, shape: &Shape) -> Selection {
+        select(&Ask {
+            chosen: self.config.algorithm,
+            collective: &shape.collective,
+            count_bytes: shape.count.saturating_mul(shape.elem_bytes),
+            world: self.world,
+            in_place: shape.in_place,
+            reach: self.reach(),
+            deterministic: self.config.deterministic,
+            ll_grid: self.ll_grid(),
+            gated: self.fabric.gate().is_some(),
+        })
+    }
+
+    /// Whether a plan of `dispatch` is prepared by each rank alone, exchanging nothing: the LL
+    /// one-shot with peers in other processes (its kernel pushes its words into the LL receive
+    /// buffers exchanged at creation; no rank reads another's buffers of the plan).
+    pub(super) fn prepares_alone(&self, dispatch: &Dispatch) -> bool {
+        !self.in_one_process() && dispatch.peer_kernel() == Some(PeerKernel::OneShotLl)
     }
 
     /// How `plan` (of `selection`) runs here: the kernel layouts verified against the plan, or

@@ -324,6 +324,7 @@ impl RankExecutor {
         allocated: Allocated,
         records: &[Record],
         capacity: usize,
+        alone: bool,
     ) -> Result<Arc<RankPlan>> {
         let rank = self.rank();
         let Allocated {
@@ -343,7 +344,9 @@ impl RankExecutor {
         let mut addrs = vec![0u64; plan.buffers.len()];
         let imported = (|| {
             for (buf, decl) in plan.buffers.iter().enumerate() {
-                if owned(decl.kind, copy_callers) {
+                // Prepared alone (`CudaExecutor::prepares_alone`): only this rank's own buffers,
+                // the peers' are never touched (and their records are empty).
+                if owned(decl.kind, copy_callers) && (!alone || decl.rank == rank) {
                     let f = &mut fields[decl.rank];
                     let len = f.word()? as usize;
                     addrs[buf] = imports.import(rank, decl.rank, f.take(len)?)?;
