@@ -4,7 +4,8 @@
 //! CUDA IPC handles; calls on each process's own stream and in its CUDA graphs; a killed rank
 //! named; an abort from a watchdog thread releasing a waiting call; a mismatched call named on
 //! every rank, by the hosts or by the GPUs' call gates (read one-shot and LL kernels); an eager
-//! call returning before a late peer starts it (large calls too: kernels, never the copy
+//! call returning before a late peer starts it (a small all-reduce's first call too, and
+//! large calls: kernels, never the copy
 //! engines, across processes); a watchdog thread's health poll beside another
 //! thread's CUDA graph capture; registered buffers (every collective without copies, a mixed call copying, pool
 //! memory refused; symmetric registrations used without a meeting, a rank at another offset
@@ -859,6 +860,89 @@ fn an_eager_call_returns_before_a_late_peer_starts_it_and_the_gpu_names_a_mismat
     }
     let ranks = launch(
         "an_eager_call_returns_before_a_late_peer_starts_it_and_the_gpu_names_a_mismatch",
+        3,
+        |_| vec![],
+    );
+    expect_success(ranks, Duration::from_secs(120));
+}
+
+#[test]
+fn a_small_all_reduces_first_call_returns_before_a_late_peer_and_the_gpu_names_a_first_call_mismatch(
+) {
+    use ringreduce::Form;
+    if let Some(env) = as_rank() {
+        let (rank, world) = (env.rank, env.world);
+        let device = this_gpu(&env);
+        let id = env.unique_id().unwrap();
+        // The LL one-shot (up to 64 KiB a rank): each rank prepares its shapes alone, so even a
+        // shape's first call meets no peer.
+        let cfg = CudaConfig {
+            low_latency: true,
+            ..config(Algorithm::Auto)
+        };
+        let mut comm = RankCommunicator::gpu(&id, rank, world, device, cfg).unwrap();
+        let stream = ringreduce::device::context(device)
+            .unwrap()
+            .new_stream()
+            .unwrap();
+        let mut small = GpuBuffer::from_host(device, &[1.0f32; 64]).unwrap();
+        // Rank 1 is 2 s late for the communicator's first call: the others' return once
+        // enqueued.
+        enqueued_before_a_late_peer(rank, || {
+            // SAFETY: `small` is untouched until the stream is synchronised below.
+            unsafe { comm.enqueue_all_reduce_in_place_on(&mut small, ReduceOp::Sum, &stream) }
+                .unwrap();
+        });
+        assert_eq!(
+            comm.last_ran().map(|r| r.form),
+            Some(Form::LlKernel),
+            "rank {rank}"
+        );
+        stream.synchronize().unwrap();
+        comm.synchronize().unwrap();
+        assert_eq!(
+            small.to_host().unwrap(),
+            vec![world as f32; 64],
+            "rank {rank}"
+        );
+        // A first call of two new shapes: rank 1 calls 40 elements, the others 24. Every call
+        // is enqueued, and every rank's GPU finds the difference before touching a peer's
+        // memory.
+        let len = if rank == 1 { 40 } else { 24 };
+        let mut buf = GpuBuffer::from_host(device, &vec![2.0f32; len]).unwrap();
+        // SAFETY: `buf` is untouched until the stream is synchronised below.
+        unsafe { comm.enqueue_all_reduce_in_place_on(&mut buf, ReduceOp::Sum, &stream) }.unwrap();
+        stream.synchronize().unwrap();
+        let err = comm.synchronize().unwrap_err();
+        match &err {
+            ringreduce::Error::CallMismatch {
+                rank: q,
+                theirs,
+                ours,
+                ..
+            } => {
+                assert_eq!(*q, if rank == 1 { 0 } else { 1 }, "{err}");
+                let (mine, other) = if rank == 1 {
+                    ("40", "24")
+                } else {
+                    ("24", "40")
+                };
+                assert!(ours.contains(mine) && theirs.contains(other), "{err}");
+            }
+            other => panic!("rank {rank}: {other}"),
+        }
+        assert_eq!(
+            buf.to_host().unwrap(),
+            vec![2.0; len],
+            "rank {rank}: untouched"
+        );
+        return;
+    }
+    if two_gpus_or_shared().is_none() {
+        return;
+    }
+    let ranks = launch(
+        "a_small_all_reduces_first_call_returns_before_a_late_peer_and_the_gpu_names_a_first_call_mismatch",
         3,
         |_| vec![],
     );
