@@ -885,13 +885,26 @@ fn a_small_all_reduces_first_call_returns_before_a_late_peer_and_the_gpu_names_a
             .unwrap()
             .new_stream()
             .unwrap();
-        let mut small = GpuBuffer::from_host(device, &[1.0f32; 64]).unwrap();
-        // Rank 1 is 2 s late for the communicator's first call: the others' return once
-        // enqueued.
+        let ones = GpuBuffer::from_host(device, &[1.0f32; 64]).unwrap();
+        let mut small = GpuBuffer::<f32>::zeroed(device, 64).unwrap();
+        // Ten more shapes than the plan cache keeps (8): in place, 4 to 40 elements.
+        let mut shapes: Vec<GpuBuffer<f32>> = (1..=10)
+            .map(|k| GpuBuffer::from_host(device, &vec![k as f32; 4 * k]).unwrap())
+            .collect();
+        // Rank 1 is 2 s late for the communicator's first calls: the others' return once
+        // enqueued — an out-of-place call, then ten new shapes in place while it waits (their
+        // in-place home reserved at creation; the plans they push out of the cache owning
+        // nothing a kernel in flight uses, so dropped without waiting for it).
         enqueued_before_a_late_peer(rank, || {
-            // SAFETY: `small` is untouched until the stream is synchronised below.
-            unsafe { comm.enqueue_all_reduce_in_place_on(&mut small, ReduceOp::Sum, &stream) }
+            // SAFETY: `ones`, `small` and `shapes` are untouched until the stream is
+            // synchronised below.
+            unsafe { comm.enqueue_all_reduce_on(&ones, &mut small, ReduceOp::Sum, &stream) }
                 .unwrap();
+            for buf in &mut shapes {
+                // SAFETY: as above.
+                unsafe { comm.enqueue_all_reduce_in_place_on(buf, ReduceOp::Sum, &stream) }
+                    .unwrap();
+            }
         });
         assert_eq!(
             comm.last_ran().map(|r| r.form),
@@ -905,10 +918,19 @@ fn a_small_all_reduces_first_call_returns_before_a_late_peer_and_the_gpu_names_a
             vec![world as f32; 64],
             "rank {rank}"
         );
-        // A first call of two new shapes: rank 1 calls 40 elements, the others 24. Every call
+        for (k, buf) in (1..=10).zip(&shapes) {
+            let want = vec![(k * world) as f32; 4 * k];
+            assert_eq!(
+                buf.to_host().unwrap(),
+                want,
+                "rank {rank}, {} elements",
+                4 * k
+            );
+        }
+        // A first call of two new shapes: rank 1 calls 44 elements, the others 24. Every call
         // is enqueued, and every rank's GPU finds the difference before touching a peer's
         // memory.
-        let len = if rank == 1 { 40 } else { 24 };
+        let len = if rank == 1 { 44 } else { 24 };
         let mut buf = GpuBuffer::from_host(device, &vec![2.0f32; len]).unwrap();
         // SAFETY: `buf` is untouched until the stream is synchronised below.
         unsafe { comm.enqueue_all_reduce_in_place_on(&mut buf, ReduceOp::Sum, &stream) }.unwrap();
@@ -923,9 +945,9 @@ fn a_small_all_reduces_first_call_returns_before_a_late_peer_and_the_gpu_names_a
             } => {
                 assert_eq!(*q, if rank == 1 { 0 } else { 1 }, "{err}");
                 let (mine, other) = if rank == 1 {
-                    ("40", "24")
+                    ("44", "24")
                 } else {
-                    ("24", "40")
+                    ("24", "44")
                 };
                 assert!(ours.contains(mine) && theirs.contains(other), "{err}");
             }

@@ -146,6 +146,15 @@ impl CudaExecutor {
                 )?;
                 r.peer = Some(connected);
             }
+            // Ranks in other processes prepare the LL one-shot's shapes alone
+            // (`CudaExecutor::prepares_alone`), so its exposure region (the in-place input's
+            // home where the copy is not fused) is reserved now, before any kernel runs: an
+            // allocation waits for this rank's kernels in flight, which may wait for a late peer.
+            if config.low_latency && peers_ok && ranks.len() < world {
+                for r in &mut ranks {
+                    r.reserve_exposure(&*fabric, 1)?;
+                }
+            }
         }
         // The one-shot has a staged form (host copies); the two-shot reads its peers' GPUs.
         let runs_staged = staged_oneshot && config.algorithm == Algorithm::OneShot;
