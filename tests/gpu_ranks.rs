@@ -74,6 +74,28 @@ fn enqueued_before_a_late_peer(rank: usize, enqueue: impl FnOnce()) {
     );
 }
 
+/// `err` is the mismatch of rank 1's call (of `rank_1`'s count) with the others' (of
+/// `others`'): rank 1 names rank 0's call, every other rank names rank 1's, each with both counts.
+fn assert_rank_1_mismatch(rank: usize, err: &ringreduce::Error, rank_1: &str, others: &str) {
+    match err {
+        ringreduce::Error::CallMismatch {
+            rank: q,
+            theirs,
+            ours,
+            ..
+        } => {
+            assert_eq!(*q, if rank == 1 { 0 } else { 1 }, "{err}");
+            let (mine, other) = if rank == 1 {
+                (rank_1, others)
+            } else {
+                (others, rank_1)
+            };
+            assert!(ours.contains(mine) && theirs.contains(other), "{err}");
+        }
+        other => panic!("rank {rank}: {other}"),
+    }
+}
+
 fn values(op: ReduceOp, rank: usize, len: usize) -> Vec<f32> {
     (0..len).map(|k| input_value(op, rank, k)).collect()
 }
@@ -828,23 +850,7 @@ fn an_eager_call_returns_before_a_late_peer_starts_it_and_the_gpu_names_a_mismat
         unsafe { comm.enqueue_all_reduce_in_place_on(buf, ReduceOp::Sum, &stream) }.unwrap();
         stream.synchronize().unwrap();
         let err = comm.synchronize().unwrap_err();
-        match &err {
-            ringreduce::Error::CallMismatch {
-                rank: q,
-                theirs,
-                ours,
-                ..
-            } => {
-                assert_eq!(*q, if rank == 1 { 0 } else { 1 }, "{err}");
-                let (mine, other) = if rank == 1 {
-                    ("96", "64")
-                } else {
-                    ("64", "96")
-                };
-                assert!(ours.contains(mine) && theirs.contains(other), "{err}");
-            }
-            other => panic!("rank {rank}: {other}"),
-        }
+        assert_rank_1_mismatch(rank, &err, "96", "64");
         assert_eq!(buf.to_host().unwrap(), before, "rank {rank}: untouched");
         let again = comm
             .all_reduce_in_place(&mut small, ReduceOp::Sum)
@@ -936,23 +942,7 @@ fn a_small_all_reduces_first_call_returns_before_a_late_peer_and_the_gpu_names_a
         unsafe { comm.enqueue_all_reduce_in_place_on(&mut buf, ReduceOp::Sum, &stream) }.unwrap();
         stream.synchronize().unwrap();
         let err = comm.synchronize().unwrap_err();
-        match &err {
-            ringreduce::Error::CallMismatch {
-                rank: q,
-                theirs,
-                ours,
-                ..
-            } => {
-                assert_eq!(*q, if rank == 1 { 0 } else { 1 }, "{err}");
-                let (mine, other) = if rank == 1 {
-                    ("44", "24")
-                } else {
-                    ("24", "44")
-                };
-                assert!(ours.contains(mine) && theirs.contains(other), "{err}");
-            }
-            other => panic!("rank {rank}: {other}"),
-        }
+        assert_rank_1_mismatch(rank, &err, "44", "24");
         assert_eq!(
             buf.to_host().unwrap(),
             vec![2.0; len],
