@@ -893,7 +893,8 @@ fn a_small_all_reduces_first_call_returns_before_a_late_peer_and_the_gpu_names_a
             .unwrap();
         let ones = GpuBuffer::from_host(device, &[1.0f32; 64]).unwrap();
         let mut small = GpuBuffer::<f32>::zeroed(device, 64).unwrap();
-        // Ten more shapes than the plan cache keeps (8): in place, 4 to 40 elements.
+        // Ten shapes in place, 4 to 40 elements: with the out-of-place one, eleven plans
+        // against a cache of 8 — three pushed out.
         let mut shapes: Vec<GpuBuffer<f32>> = (1..=10)
             .map(|k| GpuBuffer::from_host(device, &vec![k as f32; 4 * k]).unwrap())
             .collect();

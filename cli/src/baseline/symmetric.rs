@@ -16,7 +16,7 @@
 
 use super::{cuda_error, NcclAllReduce};
 use ringreduce::device;
-use ringreduce::exec::nccl::{ncclWindow_t, Api};
+use ringreduce::exec::nccl::ncclWindow_t;
 use ringreduce::{Element, Error, GpuViewMut, Result};
 use std::ffi::c_void;
 use std::marker::PhantomData;
@@ -201,17 +201,20 @@ impl<T: Element> Drop for SymmetricBuffers<'_, T> {
     }
 }
 
-/// A function this libnccl lacks ([`Api::is_missing`]) as [`Error::NoGpu`], named with NCCL's
-/// version and what the symmetric calls need; NCCL's own errors unchanged.
+/// A function this libnccl lacks (an [`Error::Nccl`] of code −1, `Api::is_missing`) as
+/// [`Error::NoGpu`], named with NCCL's version and what the symmetric calls need; NCCL's own
+/// errors unchanged.
 fn needs_2_27(nccl: &NcclAllReduce) -> impl FnOnce(Error) -> Error + '_ {
-    move |err| match Api::is_missing(&err) {
-        true => Error::NoGpu {
+    move |err| match err {
+        Error::Nccl {
+            code: -1, message, ..
+        } => Error::NoGpu {
             reason: format!(
-                "NCCL {}: {err}; symmetric registration needs NCCL >= 2.27",
+                "NCCL {}: {message}; symmetric registration needs NCCL >= 2.27",
                 nccl.version()
             ),
         },
-        false => err,
+        other => other,
     }
 }
 

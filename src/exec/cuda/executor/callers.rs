@@ -7,7 +7,6 @@ use super::{capture, registered, CudaExecutor, Dispatch};
 use crate::device::{self, CallerStream};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::exec::algorithm::Form;
 use crate::exec::cuda::kernels::CallGate;
 use crate::exec::job::{BufferRef, CallShape, CallerRefs};
 use crate::exec::Shape;
@@ -170,8 +169,7 @@ impl CudaExecutor {
                 let prepared = match self.prepared(&gated_shape) {
                     Some(prepared) => Some(prepared),
                     None if self.fabric.gate().is_some()
-                        && self.selection(&gated_shape).form == Form::LlKernel
-                        && !self.in_one_process() =>
+                        && self.prepares_alone_at_once(&gated_shape) =>
                     {
                         Some(self.prepare(gated_shape.clone())?)
                     }

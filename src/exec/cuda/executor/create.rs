@@ -148,11 +148,12 @@ impl CudaExecutor {
             }
             // Ranks in other processes prepare the LL one-shot's shapes alone
             // (`CudaExecutor::prepares_alone`), so its exposure region (the in-place input's
-            // home where the copy is not fused) is reserved now, before any kernel runs: an
-            // allocation waits for this rank's kernels in flight, which may wait for a late peer.
+            // home where the copy is not fused; at least 1 MiB) is reserved now, before any
+            // kernel runs: an allocation waits for this rank's kernels in flight, which may wait
+            // for a late peer.
             if config.low_latency && peers_ok && ranks.len() < world {
                 for r in &mut ranks {
-                    r.reserve_exposure(&*fabric, 1)?;
+                    r.reserve_exposure(&*fabric, crate::exec::cuda::LL_MAX_BYTES)?;
                 }
             }
         }

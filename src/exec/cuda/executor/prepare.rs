@@ -158,8 +158,10 @@ impl CudaExecutor {
         Ok(prepared)
     }
 
-    /// What `shape` runs here ([`select`] with this communicator's facts): the same on every
-    /// rank, from the shape and the communicator alone.
+    /// What `shape` runs here ([`select`] with this communicator's facts), from the shape and
+    /// the communicator alone. Every rank's is the same for the LL one-shot; above the
+    /// one-shot's limits it depends on whether this rank's call gate is on (`Ask::gated`),
+    /// which is each process's own.
     pub(super) fn selection(&self, shape: &Shape) -> Selection {
         select(&Ask {
             chosen: self.config.algorithm,
@@ -172,6 +174,23 @@ impl CudaExecutor {
             ll_grid: self.ll_grid(),
             gated: self.fabric.gate().is_some(),
         })
+    }
+
+    /// Whether `shape`'s first call is prepared by each rank alone before it is published
+    /// ([`CudaExecutor::prepares_alone`]) — decided alike on every rank, from what every rank
+    /// has done alike: the selection (the LL one-shot across processes, of at least one
+    /// element — no elements, no kernel), and the plan cache, which moves in step on every
+    /// rank. A prepare that would push out a plan owning GPU memory is not done alone: that
+    /// memory is freed only once the kernels in flight are done, which may wait for a late
+    /// peer — the call meets the peers instead, as every first call did.
+    pub(super) fn prepares_alone_at_once(&self, shape: &Shape) -> bool {
+        !self.in_one_process()
+            && shape.count > 0
+            && self.selection(shape).form == Form::LlKernel
+            && !self
+                .ranks
+                .iter()
+                .any(|r| r.oldest_owns_gpu_resources(CACHED_PLANS))
     }
 
     /// Whether a plan of `dispatch` is prepared by each rank alone, exchanging nothing: the LL
