@@ -900,8 +900,8 @@ fn a_small_all_reduces_first_call_returns_before_a_late_peer_and_the_gpu_names_a
             .collect();
         // Rank 1 is 2 s late for the communicator's first calls: the others' return once
         // enqueued — an out-of-place call, then ten new shapes in place while it waits (their
-        // in-place home reserved at creation; the plans they push out of the cache owning
-        // nothing a kernel in flight uses, so dropped without waiting for it).
+        // in-place copies in the arenas made at creation; the plans they push out of the cache
+        // owning nothing a kernel in flight uses, so dropped without waiting for it).
         enqueued_before_a_late_peer(rank, || {
             // SAFETY: `ones`, `small` and `shapes` are untouched until the stream is
             // synchronised below.
@@ -956,6 +956,120 @@ fn a_small_all_reduces_first_call_returns_before_a_late_peer_and_the_gpu_names_a
     }
     let ranks = launch(
         "a_small_all_reduces_first_call_returns_before_a_late_peer_and_the_gpu_names_a_first_call_mismatch",
+        3,
+        |_| vec![],
+    );
+    expect_success(ranks, Duration::from_secs(120));
+}
+
+#[test]
+fn every_kernel_forms_first_call_returns_before_a_late_peer_and_the_gpu_names_a_first_call_mismatch(
+) {
+    use ringreduce::Form;
+    if let Some(env) = as_rank() {
+        let (rank, world, device, mut comm, stream) = auto_rank_with_stream(&env);
+        let op = ReduceOp::Sum;
+        // First calls of shapes of every kernel form: the read one-shot in place and out of
+        // place (1 MiB), the two-shot in place (8 MiB: from 8 MiB × 2/n in place), the steps
+        // kernel's all-gather and ring of sends — each plan's buffers fit the arenas, so each
+        // rank prepares it alone.
+        let (small, large, per) = ((1 << 18) + 3, (2 << 20) + 5, (1 << 16) + 3);
+        let want = |count: usize| -> Vec<f32> {
+            (0..count).map(|k| expected_value(op, world, k)).collect()
+        };
+        let mut in_place = GpuBuffer::from_host(device, &values(op, rank, small)).unwrap();
+        let input = GpuBuffer::from_host(device, &values(op, rank, small)).unwrap();
+        let mut output = GpuBuffer::<f32>::zeroed(device, small).unwrap();
+        let mut two_shot = GpuBuffer::from_host(device, &values(op, rank, large)).unwrap();
+        let mine = GpuBuffer::from_host(device, &values(op, rank, per)).unwrap();
+        let mut all = GpuBuffer::<f32>::zeroed(device, world * per).unwrap();
+        let ring: Vec<Transfer> = (0..world)
+            .map(|from| Transfer {
+                from,
+                to: (from + 1) % world,
+                count: per,
+            })
+            .collect();
+        let mut got = GpuBuffer::<f32>::zeroed(device, per).unwrap();
+        let form = |comm: &RankCommunicator| comm.last_ran().map(|r| r.form);
+        let mut forms = Vec::new();
+        // Rank 1 is 2 s late: the others' first calls return once enqueued.
+        enqueued_before_a_late_peer(rank, || {
+            // SAFETY: every buffer is untouched until the stream is synchronised below.
+            unsafe { comm.enqueue_all_reduce_in_place_on(&mut in_place, op, &stream) }.unwrap();
+            forms.push(form(&comm));
+            // SAFETY: as above.
+            unsafe { comm.enqueue_all_reduce_on(&input, &mut output, op, &stream) }.unwrap();
+            forms.push(form(&comm));
+            // SAFETY: as above.
+            unsafe { comm.enqueue_all_reduce_in_place_on(&mut two_shot, op, &stream) }.unwrap();
+            forms.push(form(&comm));
+            let ag = Collective::AllGather;
+            // SAFETY: as above.
+            unsafe { comm.enqueue_collective(&ag, Some(&mine), Some(&mut all), op, &stream) }
+                .unwrap();
+            forms.push(form(&comm));
+            let raw = ringreduce::device::CallerStream::of(&stream);
+            // SAFETY: as above.
+            unsafe { comm.enqueue_send_recv(&ring, &[&mine], &mut [&mut got], raw) }.unwrap();
+            forms.push(form(&comm));
+        });
+        let kernels = [
+            Form::OneShotKernel,
+            Form::OneShotKernel,
+            Form::TwoShotKernel,
+            Form::StepsKernel,
+            Form::StepsKernel,
+        ];
+        assert_eq!(forms, kernels.map(Some), "rank {rank}");
+        stream.synchronize().unwrap();
+        comm.synchronize().unwrap();
+        assert_eq!(
+            in_place.to_host().unwrap(),
+            want(small),
+            "rank {rank} in place"
+        );
+        assert_eq!(
+            output.to_host().unwrap(),
+            want(small),
+            "rank {rank} out of place"
+        );
+        assert_eq!(
+            two_shot.to_host().unwrap(),
+            want(large),
+            "rank {rank} two-shot"
+        );
+        let want_ag: Vec<f32> = (0..world).flat_map(|r| values(op, r, per)).collect();
+        assert_eq!(all.to_host().unwrap(), want_ag, "rank {rank} all-gather");
+        let before = (rank + world - 1) % world;
+        assert_eq!(
+            got.to_host().unwrap(),
+            values(op, before, per),
+            "rank {rank} send/recv"
+        );
+        // A first call of two new read one-shot shapes: rank 1 calls 44 elements more than a
+        // quarter million, the others 24. Every call is enqueued, and every rank's GPU finds
+        // the difference before touching a peer's memory.
+        let len = (1 << 18) + if rank == 1 { 44 } else { 24 };
+        let mut buf = GpuBuffer::from_host(device, &vec![2.0f32; len]).unwrap();
+        // SAFETY: `buf` is untouched until the stream is synchronised below.
+        unsafe { comm.enqueue_all_reduce_in_place_on(&mut buf, op, &stream) }.unwrap();
+        assert_eq!(form(&comm), Some(Form::OneShotKernel), "rank {rank}");
+        stream.synchronize().unwrap();
+        let err = comm.synchronize().unwrap_err();
+        assert_rank_1_mismatch(rank, &err, "262188", "262168");
+        assert_eq!(
+            buf.to_host().unwrap(),
+            vec![2.0; len],
+            "rank {rank}: untouched"
+        );
+        return;
+    }
+    if two_gpus_or_shared().is_none() {
+        return;
+    }
+    let ranks = launch(
+        "every_kernel_forms_first_call_returns_before_a_late_peer_and_the_gpu_names_a_first_call_mismatch",
         3,
         |_| vec![],
     );

@@ -58,9 +58,9 @@ impl CudaExecutor {
     /// the call returns once enqueued, one launch, whatever the peers' hosts are doing (on
     /// symmetric registrations it runs on them, the gate comparing every rank's refs); else
     /// on the host (`Fabric::meet_call`), which waits for every peer to publish it (a shape's
-    /// first call is prepared with the peers — but the LL one-shot's, which each rank prepares
-    /// alone and gates: `prepares_alone`; registered buffers are exchanged; a capture is checked
-    /// once, for every replay). Either way ranks that make different calls all get
+    /// first call is prepared with the peers — but a kernel plan's that fits the arenas, which
+    /// each rank prepares alone and gates: `prepare_alone`; registered buffers are exchanged; a
+    /// capture is checked once, for every replay). Either way ranks that make different calls all get
     /// [`Error::CallMismatch`] — from the call itself, or from the communicator's next call,
     /// `synchronize` or async error when the gate found it. A failure is told to the peers
     /// (`Fabric::fail`), and a blocking call's completion too.
@@ -163,16 +163,12 @@ impl CudaExecutor {
         let gate = match captured || !self.registrations.all_symmetric() {
             true => None,
             false => {
-                // A shape's first call that every rank prepares alone (the LL one-shot across
-                // processes: `prepares_alone`) is prepared here, before it is published, and
-                // gated like any later call — it meets no peer.
+                // A shape's first call that every rank prepares alone (a kernel plan across
+                // processes that fits the arenas: `prepare_alone`) is prepared here, before it
+                // is published, and gated like any later call — it meets no peer.
                 let prepared = match self.prepared(&gated_shape) {
                     Some(prepared) => Some(prepared),
-                    None if self.fabric.gate().is_some()
-                        && self.prepares_alone_at_once(&gated_shape) =>
-                    {
-                        Some(self.prepare(gated_shape.clone())?)
-                    }
+                    None if self.fabric.gate().is_some() => self.prepare_alone(&gated_shape)?,
                     None => None,
                 };
                 prepared

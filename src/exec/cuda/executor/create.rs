@@ -125,12 +125,17 @@ impl CudaExecutor {
         // words in pinned host memory, as its host copies are.
         let staged_oneshot = !peers_ok && (2..=PEER_MAX_RANKS).contains(&world);
         if peers_ok || staged_oneshot {
+            // Ranks in other processes whose calls are gated each prepare a kernel plan alone
+            // when it fits their arenas (module `prepare`): the arenas are made and exchanged
+            // now, before any kernel runs (an allocation waits for this rank's kernels in
+            // flight, which may wait for a late peer).
+            let arena = peers_ok && ranks.len() < world && fabric.gate().is_some();
             let mut own = Vec::with_capacity(ranks.len());
             let mut records = Vec::with_capacity(ranks.len());
             for r in &ranks {
                 let low_latency = config.low_latency && peers_ok;
                 let (words, record) =
-                    allocate_peer_words(&r.res, &*fabric, low_latency, staged_oneshot)?;
+                    allocate_peer_words(&r.res, &*fabric, low_latency, staged_oneshot, arena)?;
                 own.push(words);
                 records.push(record);
             }
@@ -145,16 +150,6 @@ impl CudaExecutor {
                     config.timeout,
                 )?;
                 r.peer = Some(connected);
-            }
-            // Ranks in other processes prepare the LL one-shot's shapes alone
-            // (`CudaExecutor::prepares_alone`), so its exposure region (the in-place input's
-            // home where the copy is not fused; at least 1 MiB) is reserved now, before any
-            // kernel runs: an allocation waits for this rank's kernels in flight, which may wait
-            // for a late peer.
-            if config.low_latency && peers_ok && ranks.len() < world {
-                for r in &mut ranks {
-                    r.reserve_exposure(&*fabric, crate::exec::cuda::LL_MAX_BYTES)?;
-                }
             }
         }
         // The one-shot has a staged form (host copies); the two-shot reads its peers' GPUs.

@@ -24,6 +24,10 @@
 //! over sequences of different plans models the exposed copies as this one region per rank
 //! (`check::check_sequence`; `tests/plan_check.rs` runs it on random sequences of shapes).
 //!
+//! Across processes, a plan each rank prepares alone has its exposed copies in the arena instead
+//! (`plan::arena`, made with the communicator): the region serves the plans prepared with the
+//! peers.
+//!
 //! Invariant: memory handed out stays allocated until teardown. A region outgrown is retired,
 //! not freed: enqueued calls and captured CUDA graphs may still read it. A region grows to the
 //! next power of two at or above the need, so the retired ones of a rank together are smaller

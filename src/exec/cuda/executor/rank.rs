@@ -198,6 +198,14 @@ pub(super) fn owned(kind: BufKind, copy_callers: bool) -> bool {
     ) || copy_callers && kind.is_callers()
 }
 
+/// Where a plan prepared alone has every rank's owned buffers: at `offsets` (in elements of
+/// `elem_bytes`, by buffer: `plan::arena::arena_layout`) of their owners' arenas (as each rank
+/// reaches them: `peer_words::PeerWords::arena_of`).
+pub(super) struct Placed {
+    pub(super) offsets: Vec<Option<usize>>,
+    pub(super) elem_bytes: usize,
+}
+
 /// A rank's prepared plans by shape, oldest first, moved in step with every other rank's.
 struct RankPlans {
     entries: VecDeque<(Shape, Arc<RankPlan>)>,
@@ -243,7 +251,7 @@ impl RankExecutor {
     /// Phase 1 of preparing `plan`: this rank's events, staging and counters (mailboxes in
     /// device memory when `peer_access` holds between every pair of GPUs), and its record — for
     /// every buffer of the plan it owns, in buffer order, the export handle (length first), then
-    /// its counters' entry.
+    /// its counters' entry. A plan `placed` in the arenas allocates and exports no buffer.
     pub(super) fn allocate(
         &self,
         fabric: &dyn Fabric,
@@ -252,6 +260,7 @@ impl RankExecutor {
         elem_bytes: usize,
         peer_access: bool,
         copy_callers: bool,
+        placed: bool,
     ) -> Result<(Allocated, Record)> {
         let rank = self.rank();
         let res = &self.res;
@@ -268,7 +277,7 @@ impl RankExecutor {
         for decl in plan
             .buffers
             .iter()
-            .filter(|d| d.rank == rank && owned(d.kind, copy_callers))
+            .filter(|d| !placed && d.rank == rank && owned(d.kind, copy_callers))
         {
             let bytes = (decl.len * elem_bytes).max(1);
             let exported = match decl.kind {
@@ -314,9 +323,10 @@ impl RankExecutor {
     }
 
     /// Phase 2 of preparing a plan for `shape`: imports every rank's buffers and mailboxes from
-    /// `records` (every rank's record from phase 1, by rank) and keeps the plan, pushing out
-    /// the oldest beyond `capacity` (the caller waited for idle streams first if that one owns
-    /// GPU resources: [`RankExecutor::oldest_owns_gpu_resources`]).
+    /// `records` (every rank's record from phase 1, by rank) — or, `placed`, finds every
+    /// rank's buffers in its arena, importing nothing — and keeps the plan, pushing out the
+    /// oldest beyond `capacity` (the caller waited for idle streams first if that one owns GPU
+    /// resources: [`RankExecutor::oldest_owns_gpu_resources`]).
     pub(super) fn connect(
         &mut self,
         fabric: &Arc<dyn Fabric>,
@@ -324,7 +334,7 @@ impl RankExecutor {
         allocated: Allocated,
         records: &[Record],
         capacity: usize,
-        alone: bool,
+        placed: Option<&Placed>,
     ) -> Result<Arc<RankPlan>> {
         let rank = self.rank();
         let Allocated {
@@ -344,13 +354,32 @@ impl RankExecutor {
         let mut addrs = vec![0u64; plan.buffers.len()];
         let imported = (|| {
             for (buf, decl) in plan.buffers.iter().enumerate() {
-                // Prepared alone (`CudaExecutor::prepares_alone`): only this rank's own buffers,
-                // the peers' are never touched (and their records are empty).
-                if owned(decl.kind, copy_callers) && (!alone || decl.rank == rank) {
-                    let f = &mut fields[decl.rank];
-                    let len = f.word()? as usize;
-                    addrs[buf] = imports.import(rank, decl.rank, f.take(len)?)?;
+                if !owned(decl.kind, copy_callers) {
+                    continue;
                 }
+                addrs[buf] = match placed {
+                    Some(placed) => {
+                        let arena = self.peer.as_ref().and_then(|p| p.arena_of.as_ref());
+                        let offset = placed.offsets.get(buf).copied().flatten();
+                        match (arena, offset) {
+                            (Some(arena), Some(offset)) => {
+                                arena[decl.rank] + (offset * placed.elem_bytes) as u64
+                            }
+                            _ => {
+                                return Err(crate::error::Error::Internal {
+                                    what: format!(
+                                        "buffer {buf} of a plan placed alone has no arena"
+                                    ),
+                                })
+                            }
+                        }
+                    }
+                    None => {
+                        let f = &mut fields[decl.rank];
+                        let len = f.word()? as usize;
+                        imports.import(rank, decl.rank, f.take(len)?)?
+                    }
+                };
             }
             if let Some(counters) = &mut counters {
                 counters.connect(&self.res, &imports, &mut fields)?;
