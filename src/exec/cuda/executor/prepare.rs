@@ -65,7 +65,8 @@ impl CudaExecutor {
             .ranks
             .iter()
             .any(|r| r.oldest_owns_gpu_resources(CACHED_PLANS));
-        if !arenas || self.in_one_process() || shape.count == 0 || !kernel || evicts_owner {
+        let moves = shape.chunking_count(self.world) > 0;
+        if !arenas || self.in_one_process() || !moves || !kernel || evicts_owner {
             return Ok(None);
         }
         let built = self.build_plan(shape)?;
