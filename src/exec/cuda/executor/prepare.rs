@@ -186,6 +186,10 @@ impl CudaExecutor {
         let mut allocated = Vec::with_capacity(n);
         let mut records = Vec::with_capacity(n);
         for r in &self.ranks {
+            if placed.is_some() {
+                allocated.push(r.allocate_placed(&plan, &dispatch, staged_callers)?);
+                continue;
+            }
             let (part, record) = r.allocate(
                 &*self.fabric,
                 &plan,
@@ -193,7 +197,6 @@ impl CudaExecutor {
                 shape.elem_bytes,
                 self.peers_ok,
                 staged_callers,
-                placed.is_some(),
             )?;
             allocated.push(part);
             records.push(record);

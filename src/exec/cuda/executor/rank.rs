@@ -251,7 +251,7 @@ impl RankExecutor {
     /// Phase 1 of preparing `plan`: this rank's events, staging and counters (mailboxes in
     /// device memory when `peer_access` holds between every pair of GPUs), and its record — for
     /// every buffer of the plan it owns, in buffer order, the export handle (length first), then
-    /// its counters' entry. A plan `placed` in the arenas allocates and exports no buffer.
+    /// its counters' entry.
     pub(super) fn allocate(
         &self,
         fabric: &dyn Fabric,
@@ -260,24 +260,16 @@ impl RankExecutor {
         elem_bytes: usize,
         peer_access: bool,
         copy_callers: bool,
-        placed: bool,
     ) -> Result<(Allocated, Record)> {
         let rank = self.rank();
         let res = &self.res;
-        let events = plan
-            .events
-            .iter()
-            .map(|decl| match decl.rank == rank {
-                true => Event::new(&res.ctx).map(Some),
-                false => Ok(None),
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let events = self.events(plan)?;
         let mut staging = Vec::new();
         let mut record = Vec::new();
         for decl in plan
             .buffers
             .iter()
-            .filter(|d| !placed && d.rank == rank && owned(d.kind, copy_callers))
+            .filter(|d| d.rank == rank && owned(d.kind, copy_callers))
         {
             let bytes = (decl.len * elem_bytes).max(1);
             let exported = match decl.kind {
@@ -320,6 +312,35 @@ impl RankExecutor {
             copy_callers,
         };
         Ok((allocated, record))
+    }
+
+    /// Phase 1 of preparing a kernel plan placed in the arenas (prepared alone: [`Placed`]):
+    /// only its events — its buffers lie in the arenas, and a kernel plan has no counters.
+    pub(super) fn allocate_placed(
+        &self,
+        plan: &Arc<Plan>,
+        dispatch: &Arc<Dispatch>,
+        copy_callers: bool,
+    ) -> Result<Allocated> {
+        Ok(Allocated {
+            plan: plan.clone(),
+            dispatch: dispatch.clone(),
+            events: self.events(plan)?,
+            staging: Vec::new(),
+            counters: None,
+            copy_callers,
+        })
+    }
+
+    /// This rank's events of `plan` (the ones it records), by event.
+    fn events(&self, plan: &Plan) -> Result<Vec<Option<Event>>> {
+        plan.events
+            .iter()
+            .map(|decl| match decl.rank == self.rank() {
+                true => Event::new(&self.res.ctx).map(Some),
+                false => Ok(None),
+            })
+            .collect()
     }
 
     /// Phase 2 of preparing a plan for `shape`: imports every rank's buffers and mailboxes from
