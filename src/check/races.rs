@@ -106,8 +106,8 @@ fn races(
     let allocation = |k: usize, buf: BufId| {
         let decl = plans[k].0.decl(buf);
         let placed = layouts[k].and_then(|offsets| offsets.get(buf.0).copied().flatten());
-        if let Some(at) = placed {
-            (Allocation::Arena(decl.rank), at)
+        if let Some(base) = placed {
+            (Allocation::Arena(decl.rank), base)
         } else if decl.kind.is_callers() {
             (Allocation::Caller(decl.rank, decl.kind), 0)
         } else if decl.kind == BufKind::Exposed {
@@ -212,11 +212,11 @@ fn races(
                     if region.count == 0 {
                         continue;
                     }
-                    let (allocation, at) = allocation(k, region.buf);
+                    let (allocation, base) = allocation(k, region.buf);
                     let mut unordered: Option<Epoch> = None;
                     memory.entry(allocation).or_default().visit(
-                        at + region.offset,
-                        at + region.end(),
+                        base + region.offset,
+                        base + region.end(),
                         |seen| {
                             let conflict = match write {
                                 true => seen.write.iter().chain(&seen.reads).find(|p| !ordered(p)),

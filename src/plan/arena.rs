@@ -14,10 +14,13 @@
 //! [`ARENA_ALIGN_ELEMS`] elements (at least 64 bytes for every element type, so every buffer is
 //! vector-aligned for the kernels), each at least one element long.
 //!
-//! Why plans of different shapes may share one arena is the exposure region's argument (every
-//! peer-kernel call of a rank writes its arena only after its previous call completed, which
-//! waited for every peer's reads at the end barrier): the checker's race check over sequences of
-//! plans models it (`check::check_sequence`).
+//! Why plans of different shapes may share one arena is the exposure region's argument: peers
+//! only read a rank's arena, between a kernel's start and end barriers, and a rank writes its
+//! arena (its staged copies, its exposed copy) only after its previous call completed — which,
+//! for a barrier kernel, waited for every peer's reads at the end barrier (the LL kernel reads
+//! no peer memory at all). The checker's race check over sequences of plans laid out in the
+//! arenas models it ([`crate::check::check_sequence_in_arenas`]; `tests/plan_check.rs` runs it
+//! on random sequences of kernel plans).
 
 use super::{BufKind, Memory, Plan};
 

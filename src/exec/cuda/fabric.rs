@@ -203,8 +203,8 @@ impl Imports {
     }
 
     /// [`Fabric::import`], remembered — but a rank's own buffer, which every fabric hands back
-    /// by its address, mapping nothing: a plan that imported only its own rank's buffers (one
-    /// prepared alone) holds nothing to release, so the plan cache drops it without waiting.
+    /// by its address, mapping nothing: a plan that imported only its own rank's buffers holds
+    /// nothing to release, so the plan cache drops it without waiting.
     pub(crate) fn import(&self, rank: usize, from: usize, handle: &[u64]) -> Result<u64> {
         let at = self.fabric.import(rank, from, handle)?;
         if from != rank {

@@ -1,6 +1,7 @@
 //! The exposure region: the device memory that a rank's [`BufKind::Exposed`](crate::plan::BufKind::Exposed)
-//! buffers of every in-place one-shot all-reduce plan live in, one region per rank (owned by its
-//! rank executor, exported to its peers with each plan), shared by all of its plans.
+//! buffers of the in-place one-shot all-reduce plans prepared with the peers live in, one region
+//! per rank (owned by its rank executor, exported to its peers with each plan), shared by all of
+//! those plans.
 //!
 //! An in-place one-shot rank first copies its buffer into an exposed copy that its peers read,
 //! since it overwrites its own buffer with the result while they may still be reading

@@ -1,5 +1,6 @@
 //! Each rank's peer-kernel words on the executor's side: the words the peer kernels share
-//! across ranks ([`PeerWords`], made in two phases around the fabric's all-gather:
+//! across ranks, and across processes the arenas of the plans each rank prepares alone
+//! ([`PeerWords`], made in two phases around the fabric's all-gather:
 //! [`allocate_peer_words`], [`connect_peer_words`]), which kernel a call launches
 //! ([`PeerKernel`]), and on how many ranks the peer kernels can run ([`peer_kernels_fit`]).
 //! The peer kernels are the one-shot and the two-shot all-reduce and the steps kernel of the
@@ -71,11 +72,14 @@ pub(super) struct PeerWords {
     /// staged one-shot; the kernels' flag accesses are system-scope either way, `cuda/peer.cuh`).
     _flags: Owned,
     _ll_recv: Option<DeviceBuffer>,
-    /// Kept alive for the peers that read and write it; reached through `arena_of[rank]`.
+    /// Kept alive for the peers that read it; reached through `arena_of[rank]`.
     _arena: Option<DeviceBuffer>,
     /// Every rank's arena ([`crate::plan::arena`]), as this rank reaches it: where a plan
     /// prepared alone has every rank's buffers. `None` unless every rank made one.
     pub(super) arena_of: Option<Vec<u64>>,
+    /// Whether every rank's process gates its calls (`Fabric::gate`): what the selection asks
+    /// (`exec::algorithm::Ask::gated`), the same on every rank.
+    pub(super) gated_everywhere: bool,
     /// Every rank's flag words, as this rank reaches them (its own among them).
     pub(super) flags_of: Vec<u64>,
     /// With [`CudaConfig::low_latency`](super::CudaConfig::low_latency): every rank's
@@ -147,7 +151,8 @@ pub(super) fn peer_kernels_fit(world: usize, transport: Transport) -> bool {
 /// Phase 1 of one rank's peer words: its flags (in pinned host memory with `host_flags`: the
 /// staged one-shot's, for GPUs that do not reach each other) and (with `low_latency`) its LL
 /// receive buffer, zeroed, and (with `arena`) its arena of [`ARENA_BYTES`]; and its record (each
-/// one's export handle, length first; the arena's after its size, 0 for none).
+/// one's export handle, length first; then whether its process gates its calls, 1 or 0; the
+/// arena's after its size, 0 for none).
 pub(super) fn allocate_peer_words(
     res: &RankRes,
     fabric: &dyn Fabric,
@@ -179,9 +184,11 @@ pub(super) fn allocate_peer_words(
         record.push(handle.len() as u64);
         record.extend(handle);
     }
+    // Memory too short for an arena is no error: no rank then uses one, and first calls meet.
     let arena = arena
-        .then(|| fabric.exportable(&res.ctx, ARENA_BYTES))
-        .transpose()?;
+        .then(|| fabric.exportable(&res.ctx, ARENA_BYTES).ok())
+        .flatten();
+    record.push(u64::from(fabric.gate().is_some()));
     record.push(arena.as_ref().map_or(0, DeviceBuffer::len_bytes) as u64);
     if let Some(arena) = &arena {
         let handle = fabric.export(
@@ -211,8 +218,8 @@ pub(super) struct OwnWords {
     arena: Option<DeviceBuffer>,
 }
 
-/// Phase 2: imports every rank's flags and receive buffers from `records` (phase 1's, by rank)
-/// and registers the words with the gate. `identities` are every rank's GPU identity: ranks
+/// Phase 2: imports every rank's flags and receive buffers from `records` (phase 1's, by rank),
+/// and their arenas where every rank made one, and registers the words with the gate. `identities` are every rank's GPU identity: ranks
 /// that share a GPU (the test-only shared mode) run their kernels side by side on it, and a
 /// block spinning for a partner block that has no SM would wait until the timeout — so the grid
 /// cap is each GPU's SM count divided by the ranks on it (one block fits per SM), the smallest
@@ -233,6 +240,7 @@ pub(super) fn connect_peer_words(
     let mut flags_of = Vec::with_capacity(records.len());
     let mut ll_recv_of = Vec::with_capacity(records.len());
     let mut arenas = Vec::with_capacity(records.len());
+    let mut gated_everywhere = true;
     for (from, record) in records.iter().enumerate() {
         let mut fields = Fields::new(from, record);
         let next = |fields: &mut Fields<'_>| -> Result<u64> {
@@ -243,6 +251,7 @@ pub(super) fn connect_peer_words(
         if ll_recv.is_some() {
             ll_recv_of.push(next(&mut fields)?);
         }
+        gated_everywhere &= fields.word()? == 1;
         let bytes = fields.word()?;
         let handle = match bytes {
             0 => None,
@@ -259,6 +268,8 @@ pub(super) fn connect_peer_words(
     let every = arenas
         .iter()
         .all(|&(_, bytes, _)| bytes == ARENA_BYTES as u64);
+    // (Unused, this rank's own is freed now.)
+    let arena = arena.filter(|_| every);
     let arena_of = match every {
         true => Some(
             arenas
@@ -283,6 +294,7 @@ pub(super) fn connect_peer_words(
         _ll_recv: ll_recv,
         _arena: arena,
         arena_of,
+        gated_everywhere,
         flags_of,
         max_blocks,
         res: res.clone(),

@@ -240,8 +240,9 @@ impl CudaExecutor {
     }
 
     /// What `shape` runs here ([`select`] with this communicator's facts), from the shape and
-    /// the communicator alone. Above the one-shot's limits it depends on whether this rank's
-    /// call gate is on (`Ask::gated`), which is each process's own.
+    /// the communicator alone — the same on every rank: above the one-shot's limits it depends
+    /// on whether the calls are gated (`Ask::gated`), which counts only where every rank's
+    /// process gates them (`PeerWords::gated_everywhere`).
     pub(super) fn selection(&self, shape: &Shape) -> Selection {
         select(&Ask {
             chosen: self.config.algorithm,
@@ -252,7 +253,11 @@ impl CudaExecutor {
             reach: self.reach(),
             deterministic: self.config.deterministic,
             ll_grid: self.ll_grid(),
-            gated: self.fabric.gate().is_some(),
+            gated: self
+                .ranks
+                .first()
+                .and_then(|r| r.peer.as_ref())
+                .is_some_and(|p| p.gated_everywhere),
         })
     }
 

@@ -12,8 +12,11 @@
 //! Preparing a shape is a collective step in two phases, so that it needs no thread per rank
 //! in one process and no more than one all-gather between processes: [`RankExecutor::allocate`]
 //! makes the rank's own resources and returns its record (its buffers' export handles); the
-//! fabric all-gathers the records; [`RankExecutor::connect`] imports every peer's. Every rank
-//! prepares the same shapes in the same order, so their caches move in step.
+//! fabric all-gathers the records; [`RankExecutor::connect`] imports every peer's. A kernel plan
+//! that each rank prepares alone (across processes, [`Placed`] in the arenas) skips the
+//! exchange: [`RankExecutor::allocate_placed`] makes only its events, and `connect` finds every
+//! rank's buffers at their offsets of their owners' arenas. Every rank prepares the same shapes
+//! in the same order, so their caches move in step.
 //!
 //! Invariant: a `RankPlan` references only memory that outlives it — its own, or a peer's that
 //! the peer keeps for as long as it keeps the same plan (every rank drops a plan only after its
