@@ -4,7 +4,8 @@
 //! CUDA IPC handles; calls on each process's own stream and in its CUDA graphs; a killed rank
 //! named; an abort from a watchdog thread releasing a waiting call; a mismatched call named on
 //! every rank, by the hosts or by the GPUs' call gates (read one-shot and LL kernels); an eager
-//! call returning before a late peer starts it (large calls too: kernels, never the copy
+//! call returning before a late peer starts it (a small all-reduce's first call too, and
+//! large calls: kernels, never the copy
 //! engines, across processes); a watchdog thread's health poll beside another
 //! thread's CUDA graph capture; registered buffers (every collective without copies, a mixed call copying, pool
 //! memory refused; symmetric registrations used without a meeting, a rank at another offset
@@ -71,6 +72,28 @@ fn enqueued_before_a_late_peer(rank: usize, enqueue: impl FnOnce()) {
         rank == 1 || enqueued < Duration::from_millis(500),
         "rank {rank} waited {enqueued:?} for a late peer's host"
     );
+}
+
+/// `err` is the mismatch of rank 1's call (of `rank_1`'s count) with the others' (of
+/// `others`'): rank 1 names rank 0's call, every other rank names rank 1's, each with both counts.
+fn assert_rank_1_mismatch(rank: usize, err: &ringreduce::Error, rank_1: &str, others: &str) {
+    match err {
+        ringreduce::Error::CallMismatch {
+            rank: q,
+            theirs,
+            ours,
+            ..
+        } => {
+            assert_eq!(*q, if rank == 1 { 0 } else { 1 }, "{err}");
+            let (mine, other) = if rank == 1 {
+                (rank_1, others)
+            } else {
+                (others, rank_1)
+            };
+            assert!(ours.contains(mine) && theirs.contains(other), "{err}");
+        }
+        other => panic!("rank {rank}: {other}"),
+    }
 }
 
 fn values(op: ReduceOp, rank: usize, len: usize) -> Vec<f32> {
@@ -827,23 +850,7 @@ fn an_eager_call_returns_before_a_late_peer_starts_it_and_the_gpu_names_a_mismat
         unsafe { comm.enqueue_all_reduce_in_place_on(buf, ReduceOp::Sum, &stream) }.unwrap();
         stream.synchronize().unwrap();
         let err = comm.synchronize().unwrap_err();
-        match &err {
-            ringreduce::Error::CallMismatch {
-                rank: q,
-                theirs,
-                ours,
-                ..
-            } => {
-                assert_eq!(*q, if rank == 1 { 0 } else { 1 }, "{err}");
-                let (mine, other) = if rank == 1 {
-                    ("96", "64")
-                } else {
-                    ("64", "96")
-                };
-                assert!(ours.contains(mine) && theirs.contains(other), "{err}");
-            }
-            other => panic!("rank {rank}: {other}"),
-        }
+        assert_rank_1_mismatch(rank, &err, "96", "64");
         assert_eq!(buf.to_host().unwrap(), before, "rank {rank}: untouched");
         let again = comm
             .all_reduce_in_place(&mut small, ReduceOp::Sum)
@@ -859,6 +866,210 @@ fn an_eager_call_returns_before_a_late_peer_starts_it_and_the_gpu_names_a_mismat
     }
     let ranks = launch(
         "an_eager_call_returns_before_a_late_peer_starts_it_and_the_gpu_names_a_mismatch",
+        3,
+        |_| vec![],
+    );
+    expect_success(ranks, Duration::from_secs(120));
+}
+
+#[test]
+fn a_small_all_reduces_first_call_returns_before_a_late_peer_and_the_gpu_names_a_first_call_mismatch(
+) {
+    use ringreduce::Form;
+    if let Some(env) = as_rank() {
+        let (rank, world) = (env.rank, env.world);
+        let device = this_gpu(&env);
+        let id = env.unique_id().unwrap();
+        // The LL one-shot (up to 64 KiB a rank): each rank prepares its shapes alone, so even a
+        // shape's first call meets no peer.
+        let cfg = CudaConfig {
+            low_latency: true,
+            ..config(Algorithm::Auto)
+        };
+        let mut comm = RankCommunicator::gpu(&id, rank, world, device, cfg).unwrap();
+        let stream = ringreduce::device::context(device)
+            .unwrap()
+            .new_stream()
+            .unwrap();
+        let ones = GpuBuffer::from_host(device, &[1.0f32; 64]).unwrap();
+        let mut small = GpuBuffer::<f32>::zeroed(device, 64).unwrap();
+        // Ten shapes in place, 4 to 40 elements: with the out-of-place one, eleven plans
+        // against a cache of 8 — three pushed out.
+        let mut shapes: Vec<GpuBuffer<f32>> = (1..=10)
+            .map(|k| GpuBuffer::from_host(device, &vec![k as f32; 4 * k]).unwrap())
+            .collect();
+        // Rank 1 is 2 s late for the communicator's first calls: the others' return once
+        // enqueued — an out-of-place call, then ten new shapes in place while it waits (their
+        // in-place copies in the arenas made at creation; the plans they push out of the cache
+        // owning nothing a kernel in flight uses, so dropped without waiting for it).
+        enqueued_before_a_late_peer(rank, || {
+            // SAFETY: `ones`, `small` and `shapes` are untouched until the stream is
+            // synchronised below.
+            unsafe { comm.enqueue_all_reduce_on(&ones, &mut small, ReduceOp::Sum, &stream) }
+                .unwrap();
+            for buf in &mut shapes {
+                // SAFETY: as above.
+                unsafe { comm.enqueue_all_reduce_in_place_on(buf, ReduceOp::Sum, &stream) }
+                    .unwrap();
+            }
+        });
+        assert_eq!(
+            comm.last_ran().map(|r| r.form),
+            Some(Form::LlKernel),
+            "rank {rank}"
+        );
+        stream.synchronize().unwrap();
+        comm.synchronize().unwrap();
+        assert_eq!(
+            small.to_host().unwrap(),
+            vec![world as f32; 64],
+            "rank {rank}"
+        );
+        for (k, buf) in (1..=10).zip(&shapes) {
+            let want = vec![(k * world) as f32; 4 * k];
+            assert_eq!(
+                buf.to_host().unwrap(),
+                want,
+                "rank {rank}, {} elements",
+                4 * k
+            );
+        }
+        // A first call of two new shapes: rank 1 calls 44 elements, the others 24. Every call
+        // is enqueued, and every rank's GPU finds the difference before touching a peer's
+        // memory.
+        let len = if rank == 1 { 44 } else { 24 };
+        let mut buf = GpuBuffer::from_host(device, &vec![2.0f32; len]).unwrap();
+        // SAFETY: `buf` is untouched until the stream is synchronised below.
+        unsafe { comm.enqueue_all_reduce_in_place_on(&mut buf, ReduceOp::Sum, &stream) }.unwrap();
+        stream.synchronize().unwrap();
+        let err = comm.synchronize().unwrap_err();
+        assert_rank_1_mismatch(rank, &err, "44", "24");
+        assert_eq!(
+            buf.to_host().unwrap(),
+            vec![2.0; len],
+            "rank {rank}: untouched"
+        );
+        return;
+    }
+    if two_gpus_or_shared().is_none() {
+        return;
+    }
+    let ranks = launch(
+        "a_small_all_reduces_first_call_returns_before_a_late_peer_and_the_gpu_names_a_first_call_mismatch",
+        3,
+        |_| vec![],
+    );
+    expect_success(ranks, Duration::from_secs(120));
+}
+
+#[test]
+fn every_kernel_forms_first_call_returns_before_a_late_peer_and_the_gpu_names_a_first_call_mismatch(
+) {
+    use ringreduce::Form;
+    if let Some(env) = as_rank() {
+        let (rank, world, device, mut comm, stream) = auto_rank_with_stream(&env);
+        let op = ReduceOp::Sum;
+        // First calls of shapes of every kernel form: the read one-shot in place and out of
+        // place (1 MiB), the two-shot in place (8 MiB: from 8 MiB × 2/n in place), the steps
+        // kernel's all-gather and ring of sends — each plan's buffers fit the arenas, so each
+        // rank prepares it alone.
+        let (small, large, per) = ((1 << 18) + 3, (2 << 20) + 5, (1 << 16) + 3);
+        let want = |count: usize| -> Vec<f32> {
+            (0..count).map(|k| expected_value(op, world, k)).collect()
+        };
+        let mut in_place = GpuBuffer::from_host(device, &values(op, rank, small)).unwrap();
+        let input = GpuBuffer::from_host(device, &values(op, rank, small)).unwrap();
+        let mut output = GpuBuffer::<f32>::zeroed(device, small).unwrap();
+        let mut two_shot = GpuBuffer::from_host(device, &values(op, rank, large)).unwrap();
+        let mine = GpuBuffer::from_host(device, &values(op, rank, per)).unwrap();
+        let mut all = GpuBuffer::<f32>::zeroed(device, world * per).unwrap();
+        let ring: Vec<Transfer> = (0..world)
+            .map(|from| Transfer {
+                from,
+                to: (from + 1) % world,
+                count: per,
+            })
+            .collect();
+        let mut got = GpuBuffer::<f32>::zeroed(device, per).unwrap();
+        let form = |comm: &RankCommunicator| comm.last_ran().map(|r| r.form);
+        let mut forms = Vec::new();
+        // Rank 1 is 2 s late: the others' first calls return once enqueued.
+        enqueued_before_a_late_peer(rank, || {
+            // SAFETY: every buffer is untouched until the stream is synchronised below.
+            unsafe { comm.enqueue_all_reduce_in_place_on(&mut in_place, op, &stream) }.unwrap();
+            forms.push(form(&comm));
+            // SAFETY: as above.
+            unsafe { comm.enqueue_all_reduce_on(&input, &mut output, op, &stream) }.unwrap();
+            forms.push(form(&comm));
+            // SAFETY: as above.
+            unsafe { comm.enqueue_all_reduce_in_place_on(&mut two_shot, op, &stream) }.unwrap();
+            forms.push(form(&comm));
+            let ag = Collective::AllGather;
+            // SAFETY: as above.
+            unsafe { comm.enqueue_collective(&ag, Some(&mine), Some(&mut all), op, &stream) }
+                .unwrap();
+            forms.push(form(&comm));
+            let raw = ringreduce::device::CallerStream::of(&stream);
+            // SAFETY: as above.
+            unsafe { comm.enqueue_send_recv(&ring, &[&mine], &mut [&mut got], raw) }.unwrap();
+            forms.push(form(&comm));
+        });
+        let kernels = [
+            Form::OneShotKernel,
+            Form::OneShotKernel,
+            Form::TwoShotKernel,
+            Form::StepsKernel,
+            Form::StepsKernel,
+        ];
+        assert_eq!(forms, kernels.map(Some), "rank {rank}");
+        stream.synchronize().unwrap();
+        comm.synchronize().unwrap();
+        assert_eq!(
+            in_place.to_host().unwrap(),
+            want(small),
+            "rank {rank} in place"
+        );
+        assert_eq!(
+            output.to_host().unwrap(),
+            want(small),
+            "rank {rank} out of place"
+        );
+        assert_eq!(
+            two_shot.to_host().unwrap(),
+            want(large),
+            "rank {rank} two-shot"
+        );
+        let want_ag: Vec<f32> = (0..world).flat_map(|r| values(op, r, per)).collect();
+        assert_eq!(all.to_host().unwrap(), want_ag, "rank {rank} all-gather");
+        let before = (rank + world - 1) % world;
+        assert_eq!(
+            got.to_host().unwrap(),
+            values(op, before, per),
+            "rank {rank} send/recv"
+        );
+        // A first call of two new read one-shot shapes: rank 1 calls 44 elements more than a
+        // quarter million, the others 24. Every call is enqueued, and every rank's GPU finds
+        // the difference before touching a peer's memory.
+        let len = (1 << 18) + if rank == 1 { 44 } else { 24 };
+        let mut buf = GpuBuffer::from_host(device, &vec![2.0f32; len]).unwrap();
+        // SAFETY: `buf` is untouched until the stream is synchronised below.
+        unsafe { comm.enqueue_all_reduce_in_place_on(&mut buf, op, &stream) }.unwrap();
+        assert_eq!(form(&comm), Some(Form::OneShotKernel), "rank {rank}");
+        stream.synchronize().unwrap();
+        let err = comm.synchronize().unwrap_err();
+        assert_rank_1_mismatch(rank, &err, "262188", "262168");
+        assert_eq!(
+            buf.to_host().unwrap(),
+            vec![2.0; len],
+            "rank {rank}: untouched"
+        );
+        return;
+    }
+    if two_gpus_or_shared().is_none() {
+        return;
+    }
+    let ranks = launch(
+        "every_kernel_forms_first_call_returns_before_a_late_peer_and_the_gpu_names_a_first_call_mismatch",
         3,
         |_| vec![],
     );

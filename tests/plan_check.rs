@@ -354,6 +354,91 @@ fn exposed_copies_are_one_region_for_every_plan() {
     assert!(err.to_string().contains("race"), "{err}");
 }
 
+/// Kernel plans laid out in the ranks' arenas (`ringreduce::plan::arena`), the caller's
+/// buffers staged there too, as the GPU executor does across processes for the plans each rank
+/// prepares alone: any sequence of them is race-free, every plan's buffers sharing one arena per
+/// rank — the barriers that end each kernel's call order it before the next call's writes.
+fn arena_sequence_strategy() -> impl Strategy<Value = (usize, Vec<(usize, bool, usize)>, Vec<usize>)>
+{
+    (
+        2usize..5,
+        proptest::collection::vec((1usize..300, any::<bool>(), 0usize..3), 1..4),
+        proptest::collection::vec(0usize..3, 2..7),
+    )
+}
+
+/// A kernel plan: the one-shot all-reduce (0), the two-shot (1), the one-shot all-gather (2).
+fn kernel_plan(world: usize, count: usize, in_place: bool, kind: usize) -> Plan {
+    let spec = OneShotSpec {
+        world,
+        count,
+        in_place,
+        op: ReduceOp::Sum,
+    };
+    match kind {
+        0 => spec.build().unwrap(),
+        1 => TwoShotSpec {
+            world,
+            count,
+            in_place,
+            op: ReduceOp::Sum,
+            align: 1,
+            gather: Gather::Pull,
+        }
+        .build()
+        .unwrap(),
+        _ => spec
+            .build_collective(&ringreduce::plan::Collective::AllGather)
+            .unwrap(),
+    }
+}
+
+/// What the GPU executor's ranks own of a plan when they stage the caller's buffers.
+fn staged(kind: ringreduce::plan::BufKind) -> bool {
+    use ringreduce::plan::BufKind::*;
+    matches!(kind, Slots | Scratch | Exposed) || kind.is_callers()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 100, ..ProptestConfig::default() })]
+
+    #[test]
+    fn sequences_of_kernel_plans_in_the_arenas_are_race_free(
+        (world, shapes, picks) in arena_sequence_strategy()
+    ) {
+        use ringreduce::plan::arena::arena_layout;
+        let plans: Vec<Plan> = shapes
+            .iter()
+            .map(|&(count, in_place, kind)| kernel_plan(world, count, in_place, kind))
+            .collect();
+        let layouts: Vec<Vec<Option<usize>>> = plans
+            .iter()
+            .map(|p| arena_layout(p, staged, 1 << 20).expect("fits"))
+            .collect();
+        let refs: Vec<&Plan> = plans.iter().collect();
+        let placed: Vec<Option<&[Option<usize>]>> =
+            layouts.iter().map(|l| Some(l.as_slice())).collect();
+        let sequence: Vec<usize> = picks.iter().map(|p| p % plans.len()).collect();
+        if let Err(e) = ringreduce::check::check_sequence_in_arenas(&refs, &placed, &sequence) {
+            panic!("{shapes:?} on {world} ranks in order {sequence:?}: {e}");
+        }
+    }
+}
+
+/// The arena model finds what a wrong layout would do: a rank's staged output laid over its
+/// exposed copy is overwritten by its own reduce while its peers still read the copy.
+#[test]
+fn a_layout_that_overlaps_two_buffers_of_a_rank_races() {
+    use ringreduce::plan::arena::arena_layout;
+    let plan = kernel_plan(2, 100, true, 0);
+    let good = arena_layout(&plan, staged, 1 << 20).unwrap();
+    ringreduce::check::check_sequence_in_arenas(&[&plan], &[Some(&good)], &[0, 0]).unwrap();
+    let overlapping: Vec<Option<usize>> = good.iter().map(|at| at.map(|_| 0)).collect();
+    let err = ringreduce::check::check_sequence_in_arenas(&[&plan], &[Some(&overlapping)], &[0])
+        .expect_err("the output overwrites the exposed copy its peers read");
+    assert!(err.to_string().contains("race"), "{err}");
+}
+
 // The cell lemma (`ringreduce::check::coarsen`): a plan whose coarse form passes the checks passes
 // them itself.
 

@@ -19,7 +19,7 @@ use super::{size_label, time_back_to_back, ELEM_BYTES, GPU_DEVICES, OP};
 use criterion::{BenchmarkId, Criterion, Throughput};
 use ringreduce::verify::{compare, make_expected, make_input};
 use ringreduce::{Collective, Communicator, GpuBuffer, GpuViewMut, Transfer};
-use ringreduce_cli::baseline::{BaselineError, NcclAllReduce};
+use ringreduce_cli::baseline::NcclAllReduce;
 
 const SIZES_BYTES: [usize; 2] = [64 << 10, 16 << 20];
 
@@ -119,7 +119,7 @@ pub fn bench_collectives(c: &mut Criterion, comm: &Communicator, nccl: Option<&N
                 }
                 let mut outs = alloc(out_len);
                 let what = format!("{name}/{lib}/{}", size_label(size));
-                let mut run = |outs: &mut Vec<GpuBuffer<f32>>| -> Result<(), BaselineError> {
+                let mut run = |outs: &mut Vec<GpuBuffer<f32>>| -> Result<(), ringreduce::Error> {
                     let mut i = pick(&mut ins, in_len, &collective.input_ranks(world))?;
                     let mut o = pick(outs, out_len, &collective.output_ranks(world))?;
                     let i = &mut i[..];
@@ -144,7 +144,7 @@ pub fn bench_collectives(c: &mut Criterion, comm: &Communicator, nccl: Option<&N
                     ("nccl", Some(n)) => n.synchronize(),
                     _ => comm.synchronize(),
                 };
-                let checked = run(&mut outs).and_then(|()| Ok(sync()?));
+                let checked = run(&mut outs).and_then(|()| sync());
                 checked.unwrap_or_else(|e| panic!("{what}: checked call failed: {e}"));
                 for (rank, w) in want.iter().enumerate() {
                     let Some(w) = w else { continue };

@@ -15,13 +15,12 @@
 //!
 //! # Layers
 //!
-//! NCCL's C API through the library's own loader ([`ringreduce::exec::nccl::Library`]) in
-//! `api.rs`: the signatures NCCL documents as function-pointer types, each looked up by name once
-//! (a function an older libnccl lacks is [`Error::NoGpu`] naming it when called, never a panic),
-//! and every NCCL status turned into a [`BaselineError::Nccl`] with NCCL's own text in one
-//! function (`Api::check`). NCCL's C types and the element-type and operator codes are the
-//! library's (`exec::nccl::abi`). The baseline's other errors are ringreduce's
-//! ([`BaselineError::Ring`]).
+//! NCCL's C API as the library calls it ([`ringreduce::exec::nccl::Api`], on the library's
+//! loader): the signatures NCCL documents, each looked up by name once (a function an older
+//! libnccl lacks is an [`Error::Nccl`] of code −1 naming it when called, never a panic), and every
+//! NCCL status turned into an [`Error::Nccl`] with NCCL's own text in one function
+//! (`Api::check`). NCCL's C types and the element-type and operator codes are the library's
+//! (`exec::nccl::abi`). Every error is ringreduce's [`Error`].
 //!
 //! # Finding libnccl
 //!
@@ -38,22 +37,18 @@
 //! `NCCL_NVLS_ENABLE` must stay 0 on the shared test machines (no NVLink multicast), and NCCL's
 //! anchor figures were measured so.
 
-use api::{cudaStream_t, ncclComm_t, Api};
 use cudarc::driver::CudaStream;
 use ringreduce::device;
 use ringreduce::exec::nccl::abi::{nccl_op, nccl_type};
-use ringreduce::exec::nccl::Library;
+use ringreduce::exec::nccl::{cudaStream_t, ncclComm_t, Api, Library};
 use ringreduce::{Buffer, BufferMut, Placement};
 use ringreduce::{DType, Element, ReduceOp};
 use ringreduce::{Error, Result};
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
-mod api;
 mod collectives;
-mod error;
 mod symmetric;
-pub use error::BaselineError;
 pub use symmetric::SymmetricBuffers;
 
 /// Whether this process finds NCCL, as the library does (the module doc). Never panics.
@@ -69,6 +64,13 @@ pub fn nccl_missing() -> Option<String> {
         Err(Error::Resource { what }) => Some(what),
         Err(other) => Some(other.to_string()),
     }
+}
+
+/// NCCL's functions ([`Api`]), or [`Error::NoGpu`] saying how to name NCCL ([`nccl_missing`]).
+fn api() -> Result<&'static Api> {
+    Api::get().ok_or_else(|| Error::NoGpu {
+        reason: nccl_missing().unwrap_or_default(),
+    })
 }
 
 /// NCCL's version code as "major.minor.patch" (NCCL ≥ 2.9 encodes 2.28.3 as 22803).
@@ -92,11 +94,13 @@ pub struct NcclAllReduce {
 impl NcclAllReduce {
     /// The communicators over `devices` (rank r is GPU `devices[r]`). [`Error::NoGpu`] when there
     /// is no usable GPU or no NCCL is found (the reason says how to name one, [`nccl_missing`]),
-    /// [`Error::InvalidArgument`] for an empty or repeated device list (each inside
-    /// [`BaselineError::Ring`]), [`BaselineError::Nccl`] when NCCL fails.
-    pub fn new(devices: &[usize]) -> Result<NcclAllReduce, BaselineError> {
+    /// [`Error::InvalidArgument`] for an empty or repeated device list, [`Error::Nccl`] when
+    /// NCCL fails.
+    pub fn new(devices: &[usize]) -> Result<NcclAllReduce, Error> {
         if devices.is_empty() {
-            return Err(Error::InvalidArgument("NCCL needs at least one device".into()).into());
+            return Err(Error::InvalidArgument(
+                "NCCL needs at least one device".into(),
+            ));
         }
         for (second, d) in devices.iter().enumerate() {
             if let Some(first) = devices[..second].iter().position(|e| e == d) {
@@ -104,12 +108,11 @@ impl NcclAllReduce {
                     device: *d,
                     first,
                     second,
-                }
-                .into());
+                });
             }
         }
         device::driver_available()?;
-        let api = Api::get()?;
+        let api = api()?;
         let version = nccl_version()?;
         let streams = devices
             .iter()
@@ -162,7 +165,7 @@ impl NcclAllReduce {
         inputs: &[I],
         outputs: &mut [O],
         op: ReduceOp,
-    ) -> Result<(), BaselineError> {
+    ) -> Result<(), Error> {
         let count = self.check_buffers(inputs)?;
         self.check_buffers(outputs)?;
         if let Some(rank) = outputs.iter().position(|b| b.count() < count) {
@@ -170,8 +173,7 @@ impl NcclAllReduce {
                 rank,
                 input: count,
                 output: outputs[rank].count(),
-            }
-            .into());
+            });
         }
         let bytes = count * std::mem::size_of::<T>();
         let sends: Vec<u64> = inputs.iter().map(Buffer::address).collect();
@@ -181,7 +183,7 @@ impl NcclAllReduce {
                 .iter()
                 .any(|&s| count > 0 && r < s + bytes as u64 && s < r + bytes as u64)
             {
-                return Err(Error::Overlap { rank }.into());
+                return Err(Error::Overlap { rank });
             }
         }
         // SAFETY: checked above: one buffer per rank on that rank's GPU, each of at least `count`
@@ -198,7 +200,7 @@ impl NcclAllReduce {
         &self,
         bufs: &mut [B],
         op: ReduceOp,
-    ) -> Result<(), BaselineError> {
+    ) -> Result<(), Error> {
         let count = self.check_buffers(bufs)?;
         let addresses: Vec<u64> = bufs.iter_mut().map(BufferMut::address_mut).collect();
         // SAFETY: checked above; send and receive are the same range, which NCCL documents as in
@@ -229,7 +231,7 @@ impl NcclAllReduce {
         outputs: &mut [O],
         op: ReduceOp,
         streams: &[Arc<CudaStream>],
-    ) -> Result<(), BaselineError> {
+    ) -> Result<(), Error> {
         let raw = self.check_streams(streams)?;
         let count = self.check_buffers(inputs)?;
         self.check_buffers(outputs)?;
@@ -238,8 +240,7 @@ impl NcclAllReduce {
                 rank,
                 input: count,
                 output: outputs[rank].count(),
-            }
-            .into());
+            });
         }
         let bytes = (count * std::mem::size_of::<T>()) as u64;
         let sends: Vec<u64> = inputs.iter().map(Buffer::address).collect();
@@ -249,7 +250,7 @@ impl NcclAllReduce {
                 .iter()
                 .any(|&s| count > 0 && r < s + bytes && s < r + bytes)
             {
-                return Err(Error::Overlap { rank }.into());
+                return Err(Error::Overlap { rank });
             }
         }
         // SAFETY: as in `enqueue_all_reduce`; `raw[r]` is a live stream of GPU devices[r]
@@ -268,7 +269,7 @@ impl NcclAllReduce {
         bufs: &mut [B],
         op: ReduceOp,
         streams: &[Arc<CudaStream>],
-    ) -> Result<(), BaselineError> {
+    ) -> Result<(), Error> {
         let raw = self.check_streams(streams)?;
         let count = self.check_buffers(bufs)?;
         let addresses: Vec<u64> = bufs.iter_mut().map(BufferMut::address_mut).collect();
@@ -351,7 +352,7 @@ impl NcclAllReduce {
         dtype: DType,
         op: ReduceOp,
         streams: &[cudaStream_t],
-    ) -> Result<(), BaselineError> {
+    ) -> Result<(), Error> {
         debug_assert!(sends.len() == self.comms.len() && recvs.len() == self.comms.len());
         debug_assert!(streams.len() == self.comms.len());
         self.api.group_start()?;
@@ -389,16 +390,16 @@ impl NcclAllReduce {
 
     /// Waits for queued work, then finalizes and destroys the communicators; returns the first
     /// error (`Drop` does the same and drops it).
-    pub fn close(mut self) -> Result<(), BaselineError> {
+    pub fn close(mut self) -> Result<(), Error> {
         self.release()
     }
 
-    fn release(&mut self) -> Result<(), BaselineError> {
+    fn release(&mut self) -> Result<(), Error> {
         let comms = std::mem::take(&mut self.comms);
         if comms.is_empty() {
             return Ok(());
         }
-        let mut first_error = self.synchronize().err().map(BaselineError::from);
+        let mut first_error = self.synchronize().err();
         // Finalizing is collective over the clique: one thread finalizes all in one group, then
         // each is destroyed on its own.
         if let Err(err) = self.api.group_start() {
@@ -432,10 +433,10 @@ impl Drop for NcclAllReduce {
 
 /// NCCL's version ("2.28.3"), or why it cannot be asked ([`Error::NoGpu`] without NCCL, the
 /// reason [`nccl_missing`]'s). Loads libnccl; never panics.
-pub fn nccl_version() -> Result<String, BaselineError> {
+pub fn nccl_version() -> Result<String, Error> {
     let mut code = 0;
     // SAFETY: `code` is a live int for NCCL to write.
-    unsafe { Api::get()?.get_version(&mut code) }?;
+    unsafe { api()?.get_version(&mut code) }?;
     Ok(format_nccl_version(code))
 }
 
@@ -511,7 +512,9 @@ mod tests {
                 assert_eq!(Library::get().map(|l| &l.path), Some(&named));
                 assert_eq!(nccl_missing(), None);
                 let reason = |err| match err {
-                    Err(BaselineError::Ring(Error::NoGpu { reason })) => reason,
+                    Err(Error::Nccl {
+                        code: -1, message, ..
+                    }) => message,
                     other => panic!("not a missing function's error: {other:?}"),
                 };
                 let version = reason(nccl_version().map(|_| ()));
@@ -530,10 +533,7 @@ mod tests {
                 assert!(!nccl_present());
                 let why = nccl_missing().expect("no NCCL, so a reason");
                 assert!(why.contains("RINGREDUCE_NCCL_PATH"), "{why}");
-                assert_eq!(
-                    nccl_version(),
-                    Err(BaselineError::Ring(Error::NoGpu { reason: why }))
-                );
+                assert_eq!(nccl_version(), Err(Error::NoGpu { reason: why }));
                 return;
             }
             _ => {}
@@ -567,17 +567,14 @@ mod tests {
     fn new_fails_cleanly() {
         assert!(matches!(
             NcclAllReduce::new(&[]),
-            Err(BaselineError::Ring(Error::InvalidArgument(_)))
+            Err(Error::InvalidArgument(_))
         ));
         assert!(matches!(
             NcclAllReduce::new(&[0, 0]),
-            Err(BaselineError::Ring(Error::DuplicateDevice { .. }))
+            Err(Error::DuplicateDevice { .. })
         ));
         if device::driver_available().is_err() {
-            assert!(matches!(
-                NcclAllReduce::new(&[0]),
-                Err(BaselineError::Ring(Error::NoGpu { .. }))
-            ));
+            assert!(matches!(NcclAllReduce::new(&[0]), Err(Error::NoGpu { .. })));
         }
     }
 }

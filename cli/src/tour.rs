@@ -302,10 +302,9 @@ fn time_nccl(
     nccl: &ringreduce_cli::baseline::NcclAllReduce,
     devices: &[usize],
     count: usize,
-) -> Result<(std::time::Duration, usize), ringreduce_cli::baseline::BaselineError> {
+) -> Result<(std::time::Duration, usize), ringreduce::Error> {
     use ringreduce::verify::{compare, make_expected, make_input};
-    use ringreduce::{GpuBuffer, ReduceOp};
-    use ringreduce_cli::baseline::BaselineError;
+    use ringreduce::{Error, GpuBuffer, ReduceOp};
     let op = ReduceOp::Sum;
     let ins: Vec<GpuBuffer<f32>> = devices
         .iter()
@@ -317,9 +316,9 @@ fn time_nccl(
         .map(|&d| GpuBuffer::zeroed(d, count))
         .collect::<ringreduce::Result<_>>()?;
     // Every enqueue is followed by a synchronize, also when it failed, before the buffers drop.
-    let settle = |r: Result<(), BaselineError>| -> Result<(), BaselineError> {
+    let settle = |r: Result<(), Error>| -> Result<(), Error> {
         let synced = nccl.synchronize();
-        r.and(synced.map_err(BaselineError::from))
+        r.and(synced)
     };
     // SAFETY: `ins` and `outs` live until the end of this function, after every synchronize
     // below; nothing reads or writes them between an enqueue and the synchronize that follows.
@@ -330,7 +329,7 @@ fn time_nccl(
         wrong += compare(rank, &b.to_host()?, &want, 0).0;
     }
     let iterations = ((1usize << 30) / (count * 4).max(1)).clamp(5, 200);
-    let mut go = |n: usize| -> Result<std::time::Duration, BaselineError> {
+    let mut go = |n: usize| -> Result<std::time::Duration, Error> {
         let start = std::time::Instant::now();
         let mut enqueued = Ok(());
         for _ in 0..n {

@@ -13,7 +13,7 @@
 
 use ringreduce::plan::{Collective, Transfer};
 use ringreduce::{GpuBuffer, ReduceOp};
-use ringreduce_cli::baseline::{nccl_missing, BaselineError, NcclAllReduce};
+use ringreduce_cli::baseline::{nccl_missing, NcclAllReduce};
 
 const COUNT: usize = 1000;
 
@@ -96,7 +96,7 @@ fn every_nccl_call_of_the_baseline_runs_on_one_gpu() {
     // NCCL's symmetric memory: allocated, registered, all-reduced in place, freed (NCCL 2.27 and
     // later; an older NCCL lacks the calls, which the baseline names: that part is waived).
     match nccl.symmetric_buffers::<f32>(COUNT) {
-        Err(BaselineError::Ring(ringreduce::Error::NoGpu { reason })) => {
+        Err(ringreduce::Error::NoGpu { reason }) => {
             println!("waived: NCCL's symmetric memory ({reason})");
         }
         Err(other) => panic!("ncclMemAlloc, ncclCommWindowRegister: {other}"),

@@ -82,7 +82,7 @@ pub use coarse::coarsen;
 pub use enqueue_order::enqueue_order;
 pub use exports::check_exports;
 pub use hierarchy::check_hierarchy;
-pub use races::{check_races, check_sequence};
+pub use races::{check_races, check_sequence, check_sequence_in_arenas};
 pub use result::{check_result, MAX_SYMBOLIC_WORLD};
 pub use scaled::{scale_plan, scaled_from};
 pub use shape::check_shape;

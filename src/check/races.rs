@@ -25,13 +25,15 @@ use std::collections::{BTreeMap, HashMap};
 /// An allocation as the race check identifies it across calls: a caller's buffer (by rank and
 /// kind) is the same memory in every call (the worst case: the caller passes the same buffers
 /// again); an exposed copy (by rank) is the same memory in every call of every plan, as the GPU
-/// executor keeps them all in one region per rank (`exec::cuda::executor::exposure`); other
-/// staging (by plan and buffer) belongs to one prepared plan and is shared only by the calls of
-/// that plan.
+/// executor keeps them all in one region per rank (`exec::cuda::executor::exposure`); a buffer
+/// laid out in its rank's arena ([`crate::plan::arena`]) lies at its offset of the one arena of
+/// that rank, which every plan laid out shares; other staging (by plan and buffer) belongs to
+/// one prepared plan and is shared only by the calls of that plan.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 enum Allocation {
     Caller(usize, BufKind),
     Exposure(usize),
+    Arena(usize),
     Staging(usize, BufId),
 }
 
@@ -39,7 +41,7 @@ enum Allocation {
 /// follows the work queued on its rank's Main stream before the call (a caller's stream can
 /// stand in for Main), and completion on Main covers them all.
 pub fn check_races(plan: &Plan, order: &[(usize, usize)], calls: usize) -> Check {
-    races(&[(plan, order)], &vec![0; calls])
+    races(&[(plan, order)], &[None], &vec![0; calls])
 }
 
 /// Check 3 for a sequence of calls of different plans of one world — what an executor does when
@@ -47,6 +49,26 @@ pub fn check_races(plan: &Plan, order: &[(usize, usize)], calls: usize) -> Check
 /// sizes): streams persist, each plan has its own events and staging but shares the exposed
 /// copies (`Allocation`), and the caller's buffers may be the same in every call.
 pub fn check_sequence(plans: &[&Plan], sequence: &[usize]) -> Check {
+    check_sequence_in_arenas(plans, &vec![None; plans.len()], sequence)
+}
+
+/// [`check_sequence`] where plan k's buffers with an offset in `layouts[k]` (an
+/// [`arena_layout`](crate::plan::arena::arena_layout), in elements) lie in their rank's one
+/// arena at that offset, shared by every plan laid out — what the GPU executor does across
+/// processes for the plans each rank prepares alone. The caller's buffers a layout places are
+/// the executor's staged copies of them (the caller's own are then never touched by a peer).
+pub fn check_sequence_in_arenas(
+    plans: &[&Plan],
+    layouts: &[Option<&[Option<usize>]>],
+    sequence: &[usize],
+) -> Check {
+    if layouts.len() != plans.len() {
+        return reject(format!(
+            "{} layouts for {} plans",
+            layouts.len(),
+            plans.len()
+        ));
+    }
     let orders = plans
         .iter()
         .map(|p| enqueue_order(p))
@@ -56,10 +78,14 @@ pub fn check_sequence(plans: &[&Plan], sequence: &[usize]) -> Check {
         .zip(&orders)
         .map(|(p, o)| (*p, o.as_slice()))
         .collect();
-    races(&with_orders, sequence)
+    races(&with_orders, layouts, sequence)
 }
 
-fn races(plans: &[(&Plan, &[(usize, usize)])], sequence: &[usize]) -> Check {
+fn races(
+    plans: &[(&Plan, &[(usize, usize)])],
+    layouts: &[Option<&[Option<usize>]>],
+    sequence: &[usize],
+) -> Check {
     let Some(&(first, _)) = plans.first() else {
         return Ok(());
     };
@@ -76,14 +102,18 @@ fn races(plans: &[(&Plan, &[(usize, usize)])], sequence: &[usize]) -> Check {
     let streams = world * StreamKind::ALL.len();
     let stream_of =
         |rank: usize, instr: &Instr| rank * StreamKind::ALL.len() + instr.stream.index();
+    // Each buffer's allocation, and the element of it where the buffer starts.
     let allocation = |k: usize, buf: BufId| {
         let decl = plans[k].0.decl(buf);
-        if decl.kind.is_callers() {
-            Allocation::Caller(decl.rank, decl.kind)
+        let placed = layouts[k].and_then(|offsets| offsets.get(buf.0).copied().flatten());
+        if let Some(base) = placed {
+            (Allocation::Arena(decl.rank), base)
+        } else if decl.kind.is_callers() {
+            (Allocation::Caller(decl.rank, decl.kind), 0)
         } else if decl.kind == BufKind::Exposed {
-            Allocation::Exposure(decl.rank)
+            (Allocation::Exposure(decl.rank), 0)
         } else {
-            Allocation::Staging(k, buf)
+            (Allocation::Staging(k, buf), 0)
         }
     };
     // Vector clock of each stream and of each event's latest record, per plan.
@@ -182,11 +212,11 @@ fn races(plans: &[(&Plan, &[(usize, usize)])], sequence: &[usize]) -> Check {
                     if region.count == 0 {
                         continue;
                     }
-                    let allocation = allocation(k, region.buf);
+                    let (allocation, base) = allocation(k, region.buf);
                     let mut unordered: Option<Epoch> = None;
                     memory.entry(allocation).or_default().visit(
-                        region.offset,
-                        region.end(),
+                        base + region.offset,
+                        base + region.end(),
                         |seen| {
                             let conflict = match write {
                                 true => seen.write.iter().chain(&seen.reads).find(|p| !ordered(p)),

@@ -6,8 +6,8 @@
 //! - **Every call publishes** its number, its shape ([`CallShape`]: collective, root or
 //!   transfers, count, type, operator, in place) and where its buffers lie in a slot of the
 //!   rank's segment, without waiting for anyone (module `calls`). The calls are then compared
-//!   across ranks by the host (`Job::meet`: a rank's first call of a shape, calls on registered
-//!   memory, captures, every call of a host rank) or by the rank's GPU before the call touches
+//!   across ranks by the host (`Job::meet`: a rank's first call of a shape it does not prepare
+//!   alone, calls on registered memory, captures, every call of a host rank) or by the rank's GPU before the call touches
 //!   any peer's memory (the call gate, `cuda/gate.cuh`, reading the segments the GPU driver
 //!   maps): ranks that make different calls all get [`Error::CallMismatch`] — never a hang or
 //!   a wrong result.

@@ -100,6 +100,7 @@
 
 pub mod allgather;
 pub mod alltoall;
+pub mod arena;
 pub mod broadcast;
 mod collective;
 pub mod hierarchy;

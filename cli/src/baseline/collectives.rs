@@ -22,7 +22,7 @@
 //! [`Collective::input_len`] / [`Collective::output_len`] / [`Collective::in_place_len`]) before
 //! the group starts; a group that started is always ended.
 
-use super::{BaselineError, NcclAllReduce};
+use super::NcclAllReduce;
 use cudarc::driver::CudaStream;
 use ringreduce::exec::nccl::abi::{nccl_op, nccl_type};
 use ringreduce::{Buffer, BufferMut, Collective, Element, Error, Placement, ReduceOp, Result};
@@ -56,7 +56,7 @@ impl NcclAllReduce {
         outputs: &mut [O],
         op: ReduceOp,
         streams: Option<&[Arc<CudaStream>]>,
-    ) -> Result<(), BaselineError> {
+    ) -> Result<(), Error> {
         let world = self.devices.len();
         collective.validate(world)?;
         let raw_streams = match streams {
@@ -66,7 +66,9 @@ impl NcclAllReduce {
         let name = collective.name();
         let in_place = inputs.is_none();
         if in_place && !collective.has_in_place() {
-            return Err(Error::InvalidArgument(format!("{name} has no in-place form")).into());
+            return Err(Error::InvalidArgument(format!(
+                "{name} has no in-place form"
+            )));
         }
         let in_ranks = if in_place {
             Vec::new()
@@ -145,7 +147,7 @@ impl NcclAllReduce {
         api.group_start()?;
         let mut queued = Ok(());
         // Each call's status is checked by the call itself (`Api::check`); the first error stays.
-        let mut call = |f: &mut dyn FnMut() -> Result<(), BaselineError>| {
+        let mut call = |f: &mut dyn FnMut() -> Result<(), Error>| {
             if queued.is_ok() {
                 queued = f();
             }

@@ -8,16 +8,15 @@
 //! is collective over the communicator's ranks; with every rank's communicator in this thread
 //! (`ncclCommInitAll`), each registration and each deregistration is one group over all ranks.
 //! An older libnccl lacks the window calls (or `ncclMemAlloc`): calling one is [`Error::NoGpu`]
-//! naming the call and NCCL's version. Only the calls that reach NCCL (making and freeing the
-//! buffers) return a [`BaselineError`]; the others fail with ringreduce's [`Error`] alone.
+//! naming the call and NCCL's version.
 //!
 //! Invariant: while a [`SymmetricBuffers`] lives, rank r's memory is registered with rank r's
 //! communicator at offset 0 on every rank (symmetric); it is deregistered (one group) before it
 //! is freed, in `free` or, with errors dropped, in `Drop`.
 
-use super::api::ncclWindow_t;
-use super::{cuda_error, BaselineError, NcclAllReduce};
+use super::{cuda_error, NcclAllReduce};
 use ringreduce::device;
+use ringreduce::exec::nccl::ncclWindow_t;
 use ringreduce::{Element, Error, GpuViewMut, Result};
 use std::ffi::c_void;
 use std::marker::PhantomData;
@@ -41,11 +40,11 @@ pub struct SymmetricBuffers<'a, T: Element> {
 impl NcclAllReduce {
     /// `count` elements of `T` per rank in NCCL's symmetric memory (see the module doc).
     /// [`Error::NoGpu`] when this libnccl lacks `ncclMemAlloc` or the window calls (NCCL < 2.27),
-    /// [`BaselineError::Nccl`] when NCCL refuses.
+    /// [`Error::Nccl`] when NCCL refuses.
     pub fn symmetric_buffers<T: Element>(
         &self,
         count: usize,
-    ) -> Result<SymmetricBuffers<'_, T>, BaselineError> {
+    ) -> Result<SymmetricBuffers<'_, T>, Error> {
         let bytes =
             count
                 .max(1)
@@ -157,16 +156,16 @@ impl<T: Element> SymmetricBuffers<'_, T> {
 
     /// Deregisters (one group) and frees; returns the first error. `Drop` does the same and
     /// drops it. The caller has waited for every collective on the buffers.
-    pub fn free(mut self) -> Result<(), BaselineError> {
+    pub fn free(mut self) -> Result<(), Error> {
         self.release()
     }
 
-    fn release(&mut self) -> Result<(), BaselineError> {
+    fn release(&mut self) -> Result<(), Error> {
         let ptrs = std::mem::take(&mut self.ptrs);
         if ptrs.is_empty() {
             return Ok(());
         }
-        let mut first = self.nccl.synchronize().err().map(BaselineError::from);
+        let mut first = self.nccl.synchronize().err();
         let api = self.nccl.api;
         if let Err(e) = api.group_start() {
             first.get_or_insert(e);
@@ -202,17 +201,19 @@ impl<T: Element> Drop for SymmetricBuffers<'_, T> {
     }
 }
 
-/// A function this libnccl lacks ([`Error::NoGpu`]) named with NCCL's version and what the
-/// symmetric calls need; NCCL's own errors unchanged.
-fn needs_2_27(nccl: &NcclAllReduce) -> impl FnOnce(BaselineError) -> BaselineError + '_ {
+/// A function this libnccl lacks (an [`Error::Nccl`] of code −1, `Api::is_missing`) as
+/// [`Error::NoGpu`], named with NCCL's version and what the symmetric calls need; NCCL's own
+/// errors unchanged.
+fn needs_2_27(nccl: &NcclAllReduce) -> impl FnOnce(Error) -> Error + '_ {
     move |err| match err {
-        BaselineError::Ring(Error::NoGpu { reason }) => Error::NoGpu {
+        Error::Nccl {
+            code: -1, message, ..
+        } => Error::NoGpu {
             reason: format!(
-                "NCCL {}: {reason}; symmetric registration needs NCCL >= 2.27",
+                "NCCL {}: {message}; symmetric registration needs NCCL >= 2.27",
                 nccl.version()
             ),
-        }
-        .into(),
+        },
         other => other,
     }
 }

@@ -6,8 +6,9 @@
 use cudarc::driver::CudaStream;
 use ringreduce::device;
 use ringreduce::exec::profile::CallProfile;
+use ringreduce::Error;
 use ringreduce::{Collective, Communicator, Element, GpuViewMut, ReduceOp};
-use ringreduce_cli::baseline::{BaselineError, NcclAllReduce};
+use ringreduce_cli::baseline::NcclAllReduce;
 use std::sync::Arc;
 
 /// The library under test, driven the same way.
@@ -31,7 +32,7 @@ impl Lib<'_> {
         outs: Option<&mut [GpuViewMut<'_, T>]>,
         op: ReduceOp,
         streams: Option<&[Arc<CudaStream>]>,
-    ) -> Result<(), BaselineError> {
+    ) -> Result<(), Error> {
         if *collective != Collective::AllReduce {
             let none = None::<&[GpuViewMut<'_, T>]>;
             // SAFETY: the caller's contract is each library's.

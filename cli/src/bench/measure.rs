@@ -24,8 +24,8 @@ use crate::Failure;
 use cudarc::driver::{CudaGraph, CudaStream};
 use ringreduce::device;
 use ringreduce::exec::profile::CallProfile;
+use ringreduce::Error;
 use ringreduce::{Collective, Element, GpuViewMut, ReduceOp};
-use ringreduce_cli::baseline::BaselineError;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -183,7 +183,7 @@ impl Sweep<'_> {
         in_place: bool,
         mode: Mode,
         memory: Memory,
-    ) -> Result<Measure, BaselineError> {
+    ) -> Result<Measure, Error> {
         let (args, world) = (self.args, self.devices.len());
         let count = which.count(bytes, std::mem::size_of::<T>(), world);
         let (input, output, one) = which.lengths(world, count);
@@ -222,7 +222,7 @@ impl Sweep<'_> {
         ins: &mut RankMemory<'_, T>,
         mut outs: Option<&mut RankMemory<'_, T>>,
         expect: &[Expected<T>],
-    ) -> Result<Measure, BaselineError> {
+    ) -> Result<Measure, Error> {
         let args = self.args;
         let (c, op) = (&shape.collective, shape.op);
         // Checked call.
@@ -231,7 +231,7 @@ impl Sweep<'_> {
             // SAFETY: the views' memory lives (in `ins`/`outs`) until after the synchronize.
             let call = unsafe { lib.enqueue(c, &mut i, o.as_deref_mut(), op, None) };
             let synced = lib.synchronize();
-            call.and(synced.map_err(BaselineError::from))?;
+            call.and(synced)?;
         }
         let wrong = outs.as_deref().unwrap_or(ins).count_wrong_each(expect)?;
         let (mut i, mut o) = shape.views_mut(ins, outs)?;
@@ -239,10 +239,10 @@ impl Sweep<'_> {
         // (also when a call fails, before the buffers can be dropped).
         let mut queue = |n: usize,
                          between: &mut dyn FnMut(usize) -> ringreduce::Result<()>|
-         -> Result<(), BaselineError> {
+         -> Result<(), Error> {
             let mut result = Ok(());
             for k in 0..=n {
-                result = between(k).map_err(BaselineError::from);
+                result = between(k);
                 if result.is_ok() && k < n {
                     // SAFETY: the memory outlives the synchronize below, on every path.
                     result = unsafe { lib.enqueue(c, &mut i, o.as_deref_mut(), op, None) };
@@ -252,7 +252,7 @@ impl Sweep<'_> {
                 }
             }
             let synced = lib.synchronize();
-            result.and(synced.map_err(BaselineError::from))
+            result.and(synced)
         };
         let n = args.iters.max(1);
         queue(args.warmup, &mut |_| Ok(()))?;
@@ -299,7 +299,7 @@ impl Sweep<'_> {
         mut outs: Option<&mut RankMemory<'_, T>>,
         expect: &[Expected<T>],
         calls: usize,
-    ) -> Result<Measure, BaselineError> {
+    ) -> Result<Measure, Error> {
         let (args, streams) = (self.args, &self.streams[..]);
         let (c, op) = (&shape.collective, shape.op);
         // One eager call of the same shape on the same streams (plans and staging are made outside
@@ -309,7 +309,7 @@ impl Sweep<'_> {
             // SAFETY: the views' memory lives (in `ins`/`outs`) until after the synchronize.
             let call = unsafe { lib.enqueue(c, &mut i, o.as_deref_mut(), op, Some(streams)) };
             let synced = graph::synchronize(streams);
-            call.and(synced.map_err(BaselineError::from))?;
+            call.and(synced)?;
             // SAFETY: captured work runs only in replays, each followed by a synchronize of
             // `streams` while `ins`/`outs` still hold the memory (the graphs are dropped first).
             let captured = graph::capture(streams, calls, || unsafe {

@@ -8,8 +8,8 @@ use super::measure::Sweep;
 use super::memory::{Memory, RankMemory};
 use super::random::{random_sizes, RandomRun};
 use ringreduce::verify::{make_expected, make_input};
+use ringreduce::Error;
 use ringreduce::{Collective, Element};
-use ringreduce_cli::baseline::BaselineError;
 use std::time::Instant;
 
 impl Sweep<'_> {
@@ -69,7 +69,7 @@ impl Sweep<'_> {
         sequence: &[usize],
         in_place: bool,
         run: &mut RandomRun,
-    ) -> Result<(), BaselineError> {
+    ) -> Result<(), Error> {
         let (args, world, elem) = (self.args, self.devices.len(), std::mem::size_of::<T>());
         let largest = sequence.iter().max().map_or(0, |b| b / elem);
         let smallest = sequence.iter().min().map_or(0, |b| b / elem);
@@ -82,7 +82,7 @@ impl Sweep<'_> {
             true => None,
             false => Some(RankMemory::zeroed(lib, memory, &self.devices, largest)?),
         };
-        let mut one = |ins: &mut RankMemory<'_, T>, count: usize| -> Result<f64, BaselineError> {
+        let mut one = |ins: &mut RankMemory<'_, T>, count: usize| -> Result<f64, Error> {
             let mut i = ins.views_mut(count)?;
             let mut o = outs.as_mut().map(|o| o.views_mut(count)).transpose()?;
             let t = Instant::now();
@@ -90,7 +90,7 @@ impl Sweep<'_> {
             // SAFETY: `ins`/`outs` hold the memory until after the synchronize, on every path.
             let call = unsafe { lib.enqueue(all_reduce, &mut i, o.as_deref_mut(), args.op, None) };
             let synced = lib.synchronize();
-            call.and(synced.map_err(BaselineError::from))?;
+            call.and(synced)?;
             Ok(t.elapsed().as_secs_f64() * 1e6)
         };
         for _ in 0..args.warmup {

@@ -8,8 +8,9 @@
 
 use super::library::Lib;
 use ringreduce::verify::compare;
+use ringreduce::Error;
 use ringreduce::{Element, GpuBuffer, GpuViewMut};
-use ringreduce_cli::baseline::{BaselineError, SymmetricBuffers};
+use ringreduce_cli::baseline::SymmetricBuffers;
 
 /// What one rank must hold: `None` (not checked) or the element offset and the values there.
 pub(super) type Expected<T> = Option<(usize, std::rc::Rc<Vec<T>>)>;
@@ -35,7 +36,7 @@ impl<'a, T: Element> RankMemory<'a, T> {
         memory: Memory,
         devices: &[usize],
         count: usize,
-    ) -> Result<Self, BaselineError> {
+    ) -> Result<Self, Error> {
         match (memory, lib) {
             (Memory::Symmetric, Lib::Nccl(n)) => {
                 let mut bufs = n.symmetric_buffers(count)?;
@@ -45,9 +46,9 @@ impl<'a, T: Element> RankMemory<'a, T> {
                 }
                 Ok(RankMemory::Symmetric(bufs))
             }
-            (Memory::Symmetric, Lib::Ring(_)) => {
-                Err(ringreduce::Error::InvalidArgument("symmetric memory is NCCL's".into()).into())
-            }
+            (Memory::Symmetric, Lib::Ring(_)) => Err(ringreduce::Error::InvalidArgument(
+                "symmetric memory is NCCL's".into(),
+            )),
             (Memory::Plain, _) => Ok(RankMemory::Plain(
                 devices
                     .iter()

@@ -49,7 +49,9 @@ pub use registration::Registration;
 /// One rank of a job whose ranks each have a communicator (module doc). Its calls block until
 /// the collective is complete on this rank (the `enqueue_*_on` calls, until enqueued), and
 /// every rank must make the same calls in the same order: each call's shape is compared with
-/// every peer's — by the hosts at a shape's first call, else by the GPU before the call touches
+/// every peer's — by the hosts at the first call of a shape whose buffers do not fit the arenas
+/// made at creation (a kernel's shape that fits, each rank prepares alone), else by the GPU
+/// before the call touches
 /// a peer's memory (then the error comes from the next call, `synchronize` or `async_error`) —
 /// and a rank whose call differs gets [`Error::CallMismatch`], as do its peers. A call refused for its arguments (a length, a placement) changes nothing; one
 /// that failed across ranks (a peer's process gone, a timeout, a mismatch) leaves the

@@ -202,11 +202,15 @@ impl Imports {
         }
     }
 
-    /// [`Fabric::import`], remembered.
+    /// [`Fabric::import`], remembered — but a rank's own buffer, which every fabric hands back
+    /// by its address, mapping nothing: a plan that imported only its own rank's buffers holds
+    /// nothing to release, so the plan cache drops it without waiting.
     pub(crate) fn import(&self, rank: usize, from: usize, handle: &[u64]) -> Result<u64> {
         let at = self.fabric.import(rank, from, handle)?;
-        let mut list = self.list.lock().unwrap_or_else(|p| p.into_inner());
-        list.push((from, handle.to_vec()));
+        if from != rank {
+            let mut list = self.list.lock().unwrap_or_else(|p| p.into_inner());
+            list.push((from, handle.to_vec()));
+        }
         Ok(at)
     }
 

@@ -1,12 +1,10 @@
 //! Finding and opening NCCL ([`Library`], module doc of `exec::nccl`): `RINGREDUCE_NCCL_PATH`,
 //! a `libnccl.so.2` the process loaded, or the first on the library path that is not this
-//! library; its functions looked up by name, each status turned into a `Result` with NCCL's
-//! own text.
+//! library; its functions looked up by name (called through [`super::Api`]).
 
-use super::abi::*;
 use crate::device;
 use crate::error::{Error, Result};
-use std::ffi::{c_char, c_void, CStr, CString};
+use std::ffi::{c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -50,45 +48,6 @@ impl Library {
         let symbol = unsafe { libc::dlsym(self.handle, name.as_ptr()) };
         // SAFETY: a non-null symbol of that name has the type our caller names.
         (!symbol.is_null()).then(|| unsafe { std::mem::transmute_copy::<*mut c_void, F>(&symbol) })
-    }
-
-    /// [`Library::function`], or [`Error::Nccl`] naming the missing symbol.
-    ///
-    /// # Safety
-    /// As for [`Library::function`].
-    pub(super) unsafe fn symbol<F: Copy>(&self, name: &'static CStr) -> Result<F> {
-        // SAFETY: our caller's contract.
-        unsafe { self.function(name) }.ok_or_else(|| Error::Nccl {
-            call: name.to_str().unwrap_or("?"),
-            code: -1,
-            message: format!(
-                "{} has no such function (too old an NCCL?)",
-                self.path.display()
-            ),
-        })
-    }
-
-    /// NCCL's status `code` of `call` as a `Result`, with NCCL's own text (the one place a
-    /// status is compared).
-    pub(super) fn check(&self, call: &'static str, code: ncclResult_t) -> Result<()> {
-        if code == ncclSuccess {
-            return Ok(());
-        }
-        type ErrorString = unsafe extern "C" fn(ncclResult_t) -> *const c_char;
-        // SAFETY: ncclGetErrorString's documented signature.
-        let text = unsafe { self.function::<ErrorString>(c"ncclGetErrorString") };
-        let message = match text {
-            // SAFETY: NCCL returns a static NUL-terminated string for any code.
-            Some(f) => unsafe { CStr::from_ptr(f(code)) }
-                .to_string_lossy()
-                .into_owned(),
-            None => "no message".into(),
-        };
-        Err(Error::Nccl {
-            call,
-            code,
-            message,
-        })
     }
 }
 

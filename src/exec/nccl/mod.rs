@@ -9,16 +9,19 @@
 //! It is opened with `RTLD_DEEPBIND`, so NCCL's calls of its own functions stay inside NCCL.
 //! Nothing is loaded until a job needs it: on one host, never.
 //!
-//! **Layers** (as cudarc's): the C signatures NCCL documents, as function-pointer types looked
-//! up by name ([`Library::function`]); each status to a `Result` in one function (`check`, with
-//! NCCL's own text: [`Error::Nccl`]); `Comm` on top, one communicator of a group.
+//! **Layers** (as cudarc's): the file found and opened ([`Library`]); the C signatures NCCL
+//! documents, each looked up by name once and called with its status turned into a `Result` in
+//! one function ([`Api`], [`Api::check`], with NCCL's own text: [`Error::Nccl`]); `Comm` on
+//! top, one communicator of a group. The CLI's NCCL baseline calls NCCL through [`Api`] too.
 //!
 //! Invariant: a symbol of NCCL is only ever called with the handles NCCL itself made, on the
 //! thread that has the communicator's GPU's context current.
 
 pub mod abi;
+mod api;
 mod loader;
 
+pub use api::{cudaStream_t, ncclComm_t, ncclWindow_t, Api};
 pub use loader::Library;
 
 use crate::device;
@@ -30,84 +33,19 @@ use cudarc::driver::CudaContext;
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::Arc;
 
-/// `ncclComm_t`: NCCL's opaque handle, as this side holds it.
-#[allow(non_camel_case_types)]
-type ncclComm_t = *mut c_void;
-
-// The C signatures NCCL documents, for the calls below.
-type GetUniqueId = unsafe extern "C" fn(*mut ncclUniqueId) -> ncclResult_t;
-type CommInitRank =
-    unsafe extern "C" fn(*mut ncclComm_t, c_int, ncclUniqueId, c_int) -> ncclResult_t;
-type CommOnly = unsafe extern "C" fn(ncclComm_t) -> ncclResult_t;
-type AsyncError = unsafe extern "C" fn(ncclComm_t, *mut ncclResult_t) -> ncclResult_t;
-type Stream = *mut c_void;
-type AllReduce = unsafe extern "C" fn(
-    *const c_void,
-    *mut c_void,
-    usize,
-    ncclDataType_t,
-    ncclRedOp_t,
-    ncclComm_t,
-    Stream,
-) -> ncclResult_t;
-type Broadcast = unsafe extern "C" fn(
-    *const c_void,
-    *mut c_void,
-    usize,
-    ncclDataType_t,
-    c_int,
-    ncclComm_t,
-    Stream,
-) -> ncclResult_t;
-type Reduce = unsafe extern "C" fn(
-    *const c_void,
-    *mut c_void,
-    usize,
-    ncclDataType_t,
-    ncclRedOp_t,
-    c_int,
-    ncclComm_t,
-    Stream,
-) -> ncclResult_t;
-type AllGather = unsafe extern "C" fn(
-    *const c_void,
-    *mut c_void,
-    usize,
-    ncclDataType_t,
-    ncclComm_t,
-    Stream,
-) -> ncclResult_t;
-type ReduceScatter = AllReduce;
-type SendFn = unsafe extern "C" fn(
-    *const c_void,
-    usize,
-    ncclDataType_t,
-    c_int,
-    ncclComm_t,
-    Stream,
-) -> ncclResult_t;
-type RecvFn = unsafe extern "C" fn(
-    *mut c_void,
-    usize,
-    ncclDataType_t,
-    c_int,
-    ncclComm_t,
-    Stream,
-) -> ncclResult_t;
-type Group = unsafe extern "C" fn() -> ncclResult_t;
+type Stream = cudaStream_t;
 
 /// A new unique id for a group's communicator, made on GPU `device` (NCCL's
 /// `ncclGetUniqueId`, by the group's first member).
 pub(crate) fn unique_id(device: usize) -> Result<Vec<u8>> {
-    let nccl = Library::require("a job on several hosts")?;
+    let nccl = Api::require("a job on several hosts")?;
     // Held across the call: the context stays retained while NCCL uses it.
     let _ctx = bind(device)?;
     let mut id = ncclUniqueId {
         internal: [0; NCCL_UNIQUE_ID_BYTES],
     };
-    // SAFETY: the documented signature; `id` is writable for its 128 bytes.
-    let code = unsafe { nccl.symbol::<GetUniqueId>(c"ncclGetUniqueId")?(&mut id) };
-    nccl.check("ncclGetUniqueId", code)?;
+    // SAFETY: `id` is writable for its 128 bytes.
+    unsafe { nccl.get_unique_id(&mut id) }?;
     Ok(id.internal.iter().map(|&b| b as u8).collect())
 }
 
@@ -136,7 +74,7 @@ enum P2p {
 
 /// One NCCL communicator of a group (module doc), on one GPU.
 pub(crate) struct Comm {
-    nccl: &'static Library,
+    nccl: &'static Api,
     comm: ncclComm_t,
     /// The GPU's primary context, retained for the communicator's life and made current
     /// before every call.
@@ -151,7 +89,7 @@ impl Comm {
     /// Joins the group of `id` (from [`unique_id`]) as `rank` of `size`, on GPU `device`; blocks
     /// until every member has joined (NCCL's `ncclCommInitRank`).
     pub(crate) fn join(id: &[u8], rank: usize, size: usize, device: usize) -> Result<Comm> {
-        let nccl = Library::require("a job on several hosts")?;
+        let nccl = Api::require("a job on several hosts")?;
         let mut raw = ncclUniqueId {
             internal: [0; NCCL_UNIQUE_ID_BYTES],
         };
@@ -165,16 +103,8 @@ impl Comm {
         }
         let ctx = bind(device)?;
         let mut comm: ncclComm_t = std::ptr::null_mut();
-        // SAFETY: the documented signature; `comm` is writable, the id is passed by value.
-        let code = unsafe {
-            nccl.symbol::<CommInitRank>(c"ncclCommInitRank")?(
-                &mut comm,
-                size as c_int,
-                raw,
-                rank as c_int,
-            )
-        };
-        nccl.check("ncclCommInitRank", code)?;
+        // SAFETY: `comm` is writable, the id is passed by value.
+        unsafe { nccl.comm_init_rank(&mut comm, size as c_int, raw, rank as c_int) }?;
         Ok(Comm {
             nccl,
             comm,
@@ -255,72 +185,26 @@ impl Comm {
         let eb = dtype.size_bytes() as u64;
         let ptr = |a: u64| a as *mut c_void;
         let mine = buf + (self.rank * count) as u64 * eb;
-        // SAFETY: every call below has NCCL's documented signature; the buffers and the stream
-        // are our caller's contract; the in-place forms are NCCL's (the same buffer, or the
-        // rank's block of the receive buffer as the all-gather's send buffer and the
-        // reduce-scatter's receive buffer).
-        let (call, code) = unsafe {
+        // SAFETY: the buffers and the stream are our caller's contract; the in-place forms are
+        // NCCL's (the same buffer, or the rank's block of the receive buffer as the
+        // all-gather's send buffer and the reduce-scatter's receive buffer).
+        unsafe {
             match *collective {
-                Collective::AllReduce => (
-                    "ncclAllReduce",
-                    nccl.symbol::<AllReduce>(c"ncclAllReduce")?(
-                        ptr(buf),
-                        ptr(buf),
-                        count,
-                        t,
-                        o,
-                        comm,
-                        stream,
-                    ),
-                ),
-                Collective::ReduceScatter => (
-                    "ncclReduceScatter",
-                    nccl.symbol::<ReduceScatter>(c"ncclReduceScatter")?(
-                        ptr(buf),
-                        ptr(mine),
-                        count,
-                        t,
-                        o,
-                        comm,
-                        stream,
-                    ),
-                ),
-                Collective::AllGather => (
-                    "ncclAllGather",
-                    nccl.symbol::<AllGather>(c"ncclAllGather")?(
-                        ptr(mine),
-                        ptr(buf),
-                        count,
-                        t,
-                        comm,
-                        stream,
-                    ),
-                ),
-                Collective::Broadcast { root } => (
-                    "ncclBroadcast",
-                    nccl.symbol::<Broadcast>(c"ncclBroadcast")?(
-                        ptr(buf),
-                        ptr(buf),
-                        count,
-                        t,
-                        root as c_int,
-                        comm,
-                        stream,
-                    ),
-                ),
-                Collective::Reduce { root } => (
-                    "ncclReduce",
-                    nccl.symbol::<Reduce>(c"ncclReduce")?(
-                        ptr(buf),
-                        ptr(buf),
-                        count,
-                        t,
-                        o,
-                        root as c_int,
-                        comm,
-                        stream,
-                    ),
-                ),
+                Collective::AllReduce => {
+                    nccl.all_reduce(ptr(buf), ptr(buf), count, t, o, comm, stream)
+                }
+                Collective::ReduceScatter => {
+                    nccl.reduce_scatter(ptr(buf), ptr(mine), count, t, o, comm, stream)
+                }
+                Collective::AllGather => {
+                    nccl.all_gather(ptr(mine), ptr(buf), count, t, comm, stream)
+                }
+                Collective::Broadcast { root } => {
+                    nccl.broadcast(ptr(buf), ptr(buf), count, t, root as c_int, comm, stream)
+                }
+                Collective::Reduce { root } => {
+                    nccl.reduce(ptr(buf), ptr(buf), count, t, o, root as c_int, comm, stream)
+                }
                 Collective::AllToAll => {
                     let input = input.ok_or_else(|| Error::Internal {
                         what: "an all-to-all across hosts without its input".into(),
@@ -343,16 +227,13 @@ impl Comm {
                             ]
                         })
                         .collect();
-                    return self.p2p_group(&ops, t, stream);
+                    self.p2p_group(&ops, t, stream)
                 }
-                Collective::SendRecv { .. } => {
-                    return Err(Error::Internal {
-                        what: "send/recv is not a stage across hosts".into(),
-                    })
-                }
+                Collective::SendRecv { .. } => Err(Error::Internal {
+                    what: "send/recv is not a stage across hosts".into(),
+                }),
             }
-        };
-        nccl.check(call, code)
+        }
     }
 
     /// Grouped send/recv among the members (`ncclSend` and `ncclRecv` in one group) on
@@ -401,44 +282,28 @@ impl Comm {
     /// As for [`Comm::collective`], for every address in `ops`.
     unsafe fn p2p_group(&mut self, ops: &[P2p], t: ncclDataType_t, stream: Stream) -> Result<()> {
         let (nccl, comm) = (self.nccl, self.comm);
-        // SAFETY: the documented signatures.
-        let (start, end, send, recv) = unsafe {
-            (
-                nccl.symbol::<Group>(c"ncclGroupStart")?,
-                nccl.symbol::<Group>(c"ncclGroupEnd")?,
-                nccl.symbol::<SendFn>(c"ncclSend")?,
-                nccl.symbol::<RecvFn>(c"ncclRecv")?,
-            )
-        };
-        // SAFETY: the documented signatures; the addresses and the stream are our caller's
-        // contract.
-        unsafe {
-            nccl.check("ncclGroupStart", start())?;
-            for op in ops {
-                let code = match *op {
-                    P2p::Send { from, count, peer } => {
-                        send(from as *const c_void, count, t, peer as c_int, comm, stream)
-                    }
-                    P2p::Recv { into, count, peer } => {
-                        recv(into as *mut c_void, count, t, peer as c_int, comm, stream)
-                    }
-                };
-                if code != ncclSuccess {
-                    let _ = end();
-                    return nccl.check("ncclSend/ncclRecv", code);
+        nccl.group_start()?;
+        // SAFETY: the addresses and the stream are our caller's contract.
+        let queued = ops.iter().try_for_each(|op| unsafe {
+            match *op {
+                P2p::Send { from, count, peer } => {
+                    nccl.send(from as *const c_void, count, t, peer as c_int, comm, stream)
+                }
+                P2p::Recv { into, count, peer } => {
+                    nccl.recv(into as *mut c_void, count, t, peer as c_int, comm, stream)
                 }
             }
-            nccl.check("ncclGroupEnd", end())
-        }
+        });
+        // The group is ended whatever happened in it; the first error stays.
+        let ended = nccl.group_end();
+        queued.and(ended)
     }
 
     /// The number of members (NCCL's `ncclCommCount`).
     fn size(&self) -> Result<usize> {
-        type Count = unsafe extern "C" fn(ncclComm_t, *mut c_int) -> ncclResult_t;
         let mut n: c_int = 0;
-        // SAFETY: the documented signature; `n` is writable.
-        let code = unsafe { self.nccl.symbol::<Count>(c"ncclCommCount")?(self.comm, &mut n) };
-        self.nccl.check("ncclCommCount", code)?;
+        // SAFETY: NCCL's live communicator; `n` is writable.
+        unsafe { self.nccl.comm_count(self.comm, &mut n) }?;
         Ok(n as usize)
     }
 
@@ -446,11 +311,8 @@ impl Comm {
     /// `ncclCommGetAsyncError` reports it. Never waits.
     pub(crate) fn async_error(&self) -> Result<()> {
         let mut state: ncclResult_t = ncclSuccess;
-        // SAFETY: the documented signature; `state` is writable.
-        let code = unsafe {
-            self.nccl.symbol::<AsyncError>(c"ncclCommGetAsyncError")?(self.comm, &mut state)
-        };
-        self.nccl.check("ncclCommGetAsyncError", code)?;
+        // SAFETY: NCCL's live communicator; `state` is writable.
+        unsafe { self.nccl.comm_get_async_error(self.comm, &mut state) }?;
         match state == ncclSuccess || state == ncclInProgress {
             true => Ok(()),
             false => self.nccl.check("ncclCommGetAsyncError", state),
@@ -465,11 +327,8 @@ impl Comm {
             return;
         }
         let _ = device::bind(&self.ctx);
-        // SAFETY: the documented signature; `comm` is NCCL's and released exactly once.
-        if let Ok(abort) = unsafe { self.nccl.symbol::<CommOnly>(c"ncclCommAbort") } {
-            // SAFETY: as above.
-            let _ = unsafe { abort(comm) };
-        }
+        // SAFETY: `comm` is NCCL's and released exactly once.
+        let _ = unsafe { self.nccl.comm_abort(comm) };
     }
 
     /// Releases the communicator once its work is done (`ncclCommDestroy`), with NCCL's error.
@@ -479,9 +338,8 @@ impl Comm {
             return Ok(());
         }
         device::bind(&self.ctx)?;
-        // SAFETY: the documented signature; `comm` is NCCL's and released exactly once.
-        let code = unsafe { self.nccl.symbol::<CommOnly>(c"ncclCommDestroy")?(comm) };
-        self.nccl.check("ncclCommDestroy", code)
+        // SAFETY: `comm` is NCCL's and released exactly once.
+        unsafe { self.nccl.comm_destroy(comm) }
     }
 
     /// [`Comm::close`] awaited at most `timeout` on a thread of its own: NCCL's release flushes

@@ -58,8 +58,9 @@ impl CudaExecutor {
     /// the call returns once enqueued, one launch, whatever the peers' hosts are doing (on
     /// symmetric registrations it runs on them, the gate comparing every rank's refs); else
     /// on the host (`Fabric::meet_call`), which waits for every peer to publish it (a shape's
-    /// first call is prepared with the peers; registered buffers are exchanged; a capture is
-    /// checked once, for every replay). Either way ranks that make different calls all get
+    /// first call is prepared with the peers — but a kernel plan's that fits the arenas, which
+    /// each rank prepares alone and gates: `prepare_alone`; registered buffers are exchanged; a
+    /// capture is checked once, for every replay). Either way ranks that make different calls all get
     /// [`Error::CallMismatch`] — from the call itself, or from the communicator's next call,
     /// `synchronize` or async error when the gate found it. A failure is told to the peers
     /// (`Fabric::fail`), and a blocking call's completion too.
@@ -161,10 +162,19 @@ impl CudaExecutor {
         // as does every call while a registration is not symmetric (the peers' refs are read).
         let gate = match captured || !self.registrations.all_symmetric() {
             true => None,
-            false => self
-                .prepared(&gated_shape)
-                .filter(|p| !matches!(*p.dispatch, Dispatch::CopyEngines))
-                .and_then(|_| self.fabric.gate()),
+            false => {
+                // A shape's first call that every rank prepares alone (a kernel plan across
+                // processes that fits the arenas: `prepare_alone`) is prepared here, before it
+                // is published, and gated like any later call — it meets no peer.
+                let prepared = match self.prepared(&gated_shape) {
+                    Some(prepared) => Some(prepared),
+                    None if self.fabric.gate().is_some() => self.prepare_alone(&gated_shape)?,
+                    None => None,
+                };
+                prepared
+                    .filter(|p| !matches!(*p.dispatch, Dispatch::CopyEngines))
+                    .and_then(|_| self.fabric.gate())
+            }
         };
         // A gated call publishes refs every rank's gate compares: its registered buffers', or
         // "unregistered" for every buffer (a call that copies needs no peer to know where its

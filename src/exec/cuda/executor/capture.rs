@@ -13,8 +13,9 @@
 //!   deadline on the waiting rank's stream, over counters made when the plan is prepared
 //!   (module `counters`). Copies are plain copies by address, eager or captured;
 //! - a plan captured once is pinned for the communicator's life (the graph holds its staging
-//!   and counters; an in-place one-shot's exposed copies are in the exposure regions, which
-//!   outlive every plan: module `exposure`), and nothing is recorded for the host to poll: the
+//!   and counters; an in-place one-shot's exposed copies are in the exposure regions, and a plan
+//!   prepared alone has its buffers in the arenas, both of which outlive every plan: modules
+//!   `exposure`, `prepare`), and nothing is recorded for the host to poll: the
 //!   host learns of a failed replay from the kernels' error words (`Communicator::health`, the
 //!   next call, `synchronize`).
 //!

@@ -125,12 +125,17 @@ impl CudaExecutor {
         // words in pinned host memory, as its host copies are.
         let staged_oneshot = !peers_ok && (2..=PEER_MAX_RANKS).contains(&world);
         if peers_ok || staged_oneshot {
+            // Ranks in other processes (one a process) whose calls are gated each prepare a
+            // kernel plan alone when it fits their arenas (module `prepare`): the arenas are
+            // made and exchanged now, before any kernel runs (an allocation waits for this
+            // rank's kernels in flight, which may wait for a late peer).
+            let arena = peers_ok && ranks.len() == 1 && world > 1 && fabric.gate().is_some();
             let mut own = Vec::with_capacity(ranks.len());
             let mut records = Vec::with_capacity(ranks.len());
             for r in &ranks {
                 let low_latency = config.low_latency && peers_ok;
                 let (words, record) =
-                    allocate_peer_words(&r.res, &*fabric, low_latency, staged_oneshot)?;
+                    allocate_peer_words(&r.res, &*fabric, low_latency, staged_oneshot, arena)?;
                 own.push(words);
                 records.push(record);
             }

@@ -1,6 +1,7 @@
 //! The exposure region: the device memory that a rank's [`BufKind::Exposed`](crate::plan::BufKind::Exposed)
-//! buffers of every in-place one-shot all-reduce plan live in, one region per rank (owned by its
-//! rank executor, exported to its peers with each plan), shared by all of its plans.
+//! buffers of the in-place one-shot all-reduce plans prepared with the peers live in, one region
+//! per rank (owned by its rank executor, exported to its peers with each plan), shared by all of
+//! those plans.
 //!
 //! An in-place one-shot rank first copies its buffer into an exposed copy that its peers read,
 //! since it overwrites its own buffer with the result while they may still be reading
@@ -23,6 +24,10 @@
 //! same argument that lets one plan reuse its buffers call after call. The checker's race check
 //! over sequences of different plans models the exposed copies as this one region per rank
 //! (`check::check_sequence`; `tests/plan_check.rs` runs it on random sequences of shapes).
+//!
+//! Across processes, a plan each rank prepares alone has its exposed copies in the arena instead
+//! (`plan::arena`, made with the communicator): the region serves the plans prepared with the
+//! peers.
 //!
 //! Invariant: memory handed out stays allocated until teardown. A region outgrown is retired,
 //! not freed: enqueued calls and captured CUDA graphs may still read it. A region grows to the

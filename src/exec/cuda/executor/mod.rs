@@ -16,7 +16,9 @@
 //! plan, checks it, decides once how it runs (`Dispatch`) and who enqueues it (`Schedule`),
 //! and has every rank prepare it: each allocates its events, staging and event counters, the
 //! fabric all-gathers their export handles, each imports its peers' (the in-place one-shot's
-//! exposed copies live in one region per rank, module `exposure`). Later calls of the same shape
+//! exposed copies live in one region per rank, module `exposure`) — or, across processes, a
+//! kernel plan whose buffers fit each rank's arena, made with the peer words, is prepared by
+//! each rank alone (module `prepare`, [`crate::plan::arena`]). Later calls of the same shape
 //! reuse them. Inside a collective nothing is allocated and no event is created; the host does
 //! not synchronise until the optional final wait for completion.
 //!

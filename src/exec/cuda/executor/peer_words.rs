@@ -1,5 +1,6 @@
 //! Each rank's peer-kernel words on the executor's side: the words the peer kernels share
-//! across ranks ([`PeerWords`], made in two phases around the fabric's all-gather:
+//! across ranks, and across processes the arenas of the plans each rank prepares alone
+//! ([`PeerWords`], made in two phases around the fabric's all-gather:
 //! [`allocate_peer_words`], [`connect_peer_words`]), which kernel a call launches
 //! ([`PeerKernel`]), and on how many ranks the peer kernels can run ([`peer_kernels_fit`]).
 //! The peer kernels are the one-shot and the two-shot all-reduce and the steps kernel of the
@@ -61,15 +62,24 @@ impl fmt::Display for PeerKernel {
 /// One rank's peer-kernel words, made once per communicator: the flag words its peers write at
 /// the barriers (zeroed; device memory reached through peer access, or pinned host memory where
 /// the GPUs do not reach each other) and the LL kernel's receive
-/// buffer (with `low_latency` only) — its own, and every rank's as imported through the fabric;
-/// a kernel that gives up leaves its code in its rank's error word (`RankRes::error`). Calls of
-/// every kernel share the flags and the per-block epochs in them.
+/// buffer (with `low_latency` only) and, across processes, the arena ([`ARENA_BYTES`]) — its own,
+/// and every rank's as imported through the fabric; a kernel that gives up leaves its code in its
+/// rank's error word (`RankRes::error`). Calls of every kernel share the flags and the per-block
+/// epochs in them.
 pub(super) struct PeerWords {
     /// Kept alive for the peers that write into them; reached through `flags_of[rank]`.
     /// Device memory, or pinned host memory where the GPUs do not reach each other (the
     /// staged one-shot; the kernels' flag accesses are system-scope either way, `cuda/peer.cuh`).
     _flags: Owned,
     _ll_recv: Option<DeviceBuffer>,
+    /// Kept alive for the peers that read it; reached through `arena_of[rank]`.
+    _arena: Option<DeviceBuffer>,
+    /// Every rank's arena ([`crate::plan::arena`]), as this rank reaches it: where a plan
+    /// prepared alone has every rank's buffers. `None` unless every rank made one.
+    pub(super) arena_of: Option<Vec<u64>>,
+    /// Whether every rank's process gates its calls (`Fabric::gate`): what the selection asks
+    /// (`exec::algorithm::Ask::gated`), the same on every rank.
+    pub(super) gated_everywhere: bool,
     /// Every rank's flag words, as this rank reaches them (its own among them).
     pub(super) flags_of: Vec<u64>,
     /// With [`CudaConfig::low_latency`](super::CudaConfig::low_latency): every rank's
@@ -122,6 +132,14 @@ impl PeerWords {
     }
 }
 
+/// The size of each rank's arena, where the ranks live in several processes and every one of
+/// them gates its calls: the room of the plans each rank prepares alone (module
+/// `prepare`) — every kernel plan whose buffers a rank owns fit, in place or staged. Enough for
+/// the read one-shot up to Auto's limit out of place (its caller's input and output staged, 2 ×
+/// 32 MiB on two ranks), and the two-shot in place up to 64 MiB a rank; larger plans are
+/// prepared with the peers, their buffers allocated for them.
+pub(super) const ARENA_BYTES: usize = 64 << 20;
+
 /// Whether the peer kernels can run on `world` ranks with `transport`: 2 to
 /// [`PEER_MAX_RANKS`] ranks, not forced through host staging. (Peer access between every pair
 /// is the other condition, which the in-process fabric checks and enables:
@@ -132,13 +150,16 @@ pub(super) fn peer_kernels_fit(world: usize, transport: Transport) -> bool {
 
 /// Phase 1 of one rank's peer words: its flags (in pinned host memory with `host_flags`: the
 /// staged one-shot's, for GPUs that do not reach each other) and (with `low_latency`) its LL
-/// receive buffer, zeroed, and its record (each one's export handle, length first).
+/// receive buffer, zeroed, and (with `arena`) its arena of [`ARENA_BYTES`]; and its record (each
+/// one's export handle, length first; then whether its process gates its calls, 1 or 0; the
+/// arena's after its size, 0 for none).
 pub(super) fn allocate_peer_words(
     res: &RankRes,
     fabric: &dyn Fabric,
     low_latency: bool,
     host_flags: bool,
-) -> Result<((Owned, Option<DeviceBuffer>), Record)> {
+    arena: bool,
+) -> Result<(OwnWords, Record)> {
     let zeroed = |bytes: usize| -> Result<DeviceBuffer> {
         let mut buffer = fabric.exportable(&res.ctx, bytes)?;
         buffer.fill_zero()?;
@@ -163,11 +184,42 @@ pub(super) fn allocate_peer_words(
         record.push(handle.len() as u64);
         record.extend(handle);
     }
-    Ok(((flags, ll_recv), record))
+    // Memory too short for an arena is no error: no rank then uses one, and first calls meet.
+    let arena = arena
+        .then(|| fabric.exportable(&res.ctx, ARENA_BYTES).ok())
+        .flatten();
+    record.push(u64::from(fabric.gate().is_some()));
+    record.push(arena.as_ref().map_or(0, DeviceBuffer::len_bytes) as u64);
+    if let Some(arena) = &arena {
+        let handle = fabric.export(
+            res.rank,
+            Exported::Device {
+                addr: arena.ptr(),
+                bytes: arena.len_bytes(),
+            },
+        )?;
+        record.push(handle.len() as u64);
+        record.extend(handle);
+    }
+    Ok((
+        OwnWords {
+            flags,
+            ll_recv,
+            arena,
+        },
+        record,
+    ))
 }
 
-/// Phase 2: imports every rank's flags and receive buffers from `records` (phase 1's, by rank)
-/// and registers the words with the gate. `identities` are every rank's GPU identity: ranks
+/// A rank's own peer words between [`allocate_peer_words`] and [`connect_peer_words`].
+pub(super) struct OwnWords {
+    flags: Owned,
+    ll_recv: Option<DeviceBuffer>,
+    arena: Option<DeviceBuffer>,
+}
+
+/// Phase 2: imports every rank's flags and receive buffers from `records` (phase 1's, by rank),
+/// and their arenas where every rank made one, and registers the words with the gate. `identities` are every rank's GPU identity: ranks
 /// that share a GPU (the test-only shared mode) run their kernels side by side on it, and a
 /// block spinning for a partner block that has no SM would wait until the timeout — so the grid
 /// cap is each GPU's SM count divided by the ranks on it (one block fits per SM), the smallest
@@ -175,26 +227,58 @@ pub(super) fn allocate_peer_words(
 pub(super) fn connect_peer_words(
     res: &Arc<RankRes>,
     fabric: &dyn Fabric,
-    own: (Owned, Option<DeviceBuffer>),
+    own: OwnWords,
     records: &[Record],
     identities: &[Identity],
     timeout: Duration,
 ) -> Result<Arc<PeerWords>> {
-    let (flags, ll_recv) = own;
+    let OwnWords {
+        flags,
+        ll_recv,
+        arena,
+    } = own;
     let mut flags_of = Vec::with_capacity(records.len());
     let mut ll_recv_of = Vec::with_capacity(records.len());
+    let mut arenas = Vec::with_capacity(records.len());
+    let mut gated_everywhere = true;
     for (from, record) in records.iter().enumerate() {
         let mut fields = Fields::new(from, record);
-        let mut next = || -> Result<u64> {
+        let next = |fields: &mut Fields<'_>| -> Result<u64> {
             let len = fields.word()? as usize;
             fabric.import(res.rank, from, fields.take(len)?)
         };
-        flags_of.push(next()?);
+        flags_of.push(next(&mut fields)?);
         if ll_recv.is_some() {
-            ll_recv_of.push(next()?);
+            ll_recv_of.push(next(&mut fields)?);
         }
+        gated_everywhere &= fields.word()? == 1;
+        let bytes = fields.word()?;
+        let handle = match bytes {
+            0 => None,
+            _ => {
+                let len = fields.word()? as usize;
+                Some(fields.take(len)?)
+            }
+        };
+        arenas.push((from, bytes, handle));
         fields.finish()?;
     }
+    // The arenas are used only where every rank made one of the same size: only then does every
+    // rank prepare alone what the others do.
+    let every = arenas
+        .iter()
+        .all(|&(_, bytes, _)| bytes == ARENA_BYTES as u64);
+    // (Unused, this rank's own is freed now.)
+    let arena = arena.filter(|_| every);
+    let arena_of = match every {
+        true => Some(
+            arenas
+                .iter()
+                .map(|&(from, _, handle)| fabric.import(res.rank, from, handle.unwrap_or_default()))
+                .collect::<Result<Vec<u64>>>()?,
+        ),
+        false => None,
+    };
     let max_blocks = identities
         .iter()
         .map(|id| {
@@ -208,6 +292,9 @@ pub(super) fn connect_peer_words(
         ll_recv_of: ll_recv.is_some().then_some(ll_recv_of),
         _flags: flags,
         _ll_recv: ll_recv,
+        _arena: arena,
+        arena_of,
+        gated_everywhere,
         flags_of,
         max_blocks,
         res: res.clone(),

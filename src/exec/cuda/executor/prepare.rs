@@ -1,41 +1,95 @@
 //! Preparing a shape: its plan built and proven (or taken from the cache), its way of running
 //! decided once ([`Dispatch`]: the kernel layouts verified against the plan, or the copy
 //! engines), who enqueues it decided once ([`Schedule`]), and every rank's resources of it
-//! allocated, exchanged through the fabric and imported (module `rank`).
+//! allocated, exchanged through the fabric and imported (module `rank`) — or, for a kernel plan
+//! across processes that fits the arenas, prepared by each rank alone (`prepare_alone`).
 //!
 //! Invariant: a prepared plan is checked before any rank allocates for it, and a call of a
 //! shape prepared earlier allocates nothing.
 
 use super::layout::{oneshot_layout, steps_layout, twoshot_segments};
-use super::peer_words::PeerKernel;
-use super::{auto_chunk_bytes, rank, CudaExecutor, Dispatch, Prepared, Schedule, CACHED_PLANS};
+use super::peer_words::{PeerKernel, ARENA_BYTES};
+use super::rank::{self, Placed};
+use super::{auto_chunk_bytes, CudaExecutor, Dispatch, Prepared, Schedule, CACHED_PLANS};
 use crate::error::{Error, Result};
 use crate::exec::algorithm::{select, Ask, Form, Selection};
 use crate::exec::{Algorithm, Shape};
+use crate::plan::arena::arena_layout;
 use crate::plan::{BufKind, Collective, EdgeTransport, Gather, Op, Plan};
 use std::sync::Arc;
 
+/// A shape's plan built, proven and given its way of running, before any rank allocates for it.
+struct Built {
+    plan: Arc<Plan>,
+    algorithm: Algorithm,
+    dispatch: Arc<Dispatch>,
+    /// Whether the caller's buffers are staged (`CudaExecutor::stages_callers`).
+    staged_callers: bool,
+}
+
 impl CudaExecutor {
-    /// The prepared plan of `shape`: cached, or built, proven, given
-    /// its way of running ([`Dispatch`]) and prepared on every rank now — each rank allocates
-    /// its resources, the fabric all-gathers their records, each rank imports its peers'.
+    /// The prepared plan of `shape`: cached, or built, proven, given its way of running
+    /// ([`Dispatch`]) and prepared on every rank now with the peers — each rank allocates its
+    /// resources, the fabric all-gathers their records, each rank imports its peers'.
     pub(super) fn prepare(&mut self, shape: Shape) -> Result<Arc<Prepared>> {
         if let Some(p) = self.prepared(&shape) {
             return Ok(p);
         }
+        let built = self.build_plan(&shape)?;
+        self.prepare_built(shape, built, None)
+    }
+
+    /// The prepared plan of `shape`, prepared by this rank alone — `None` where its first call
+    /// meets the peers and [`CudaExecutor::prepare`] prepares it with them. Ranks in several
+    /// processes whose calls are gated prepare alone a kernel plan whose owned buffers fit each
+    /// rank's arena (module `plan::arena`): every rank's buffers are at offsets of the plan
+    /// alone, in arenas exchanged at creation, so nothing is exchanged and the first call is
+    /// gated like any later one.
+    ///
+    /// Decided alike on every rank, from what every rank has alike: the shape, the selection,
+    /// the arenas (made by every rank, or used by none: `peer_words`) and the plan cache, which
+    /// moves in step on every rank. A prepare that would push out a plan owning GPU memory is
+    /// not done alone: that memory is freed only once the kernels in flight are done, which may
+    /// wait for a late peer — the call meets instead. A call of no elements launches no kernel:
+    /// it meets.
+    pub(super) fn prepare_alone(&mut self, shape: &Shape) -> Result<Option<Arc<Prepared>>> {
+        let arenas = self
+            .ranks
+            .iter()
+            .all(|r| r.peer.as_ref().is_some_and(|p| p.arena_of.is_some()));
+        let kernel = matches!(
+            self.selection(shape).form,
+            Form::OneShotKernel | Form::LlKernel | Form::TwoShotKernel | Form::StepsKernel
+        );
+        let evicts_owner = self
+            .ranks
+            .iter()
+            .any(|r| r.oldest_owns_gpu_resources(CACHED_PLANS));
+        let moves = shape.chunking_count(self.world) > 0;
+        if !arenas || self.in_one_process() || !moves || !kernel || evicts_owner {
+            return Ok(None);
+        }
+        let built = self.build_plan(shape)?;
+        if built.dispatch.peer_kernel().is_none() {
+            return Ok(None);
+        }
+        let staged = built.staged_callers;
+        let capacity = ARENA_BYTES / shape.elem_bytes;
+        let Some(offsets) = arena_layout(&built.plan, |k| rank::owned(k, staged), capacity) else {
+            return Ok(None);
+        };
+        let placed = Placed {
+            offsets,
+            elem_bytes: shape.elem_bytes,
+        };
+        self.prepare_built(shape.clone(), built, Some(placed))
+            .map(Some)
+    }
+
+    /// `shape`'s plan, built and proven, and its way of running.
+    fn build_plan(&mut self, shape: &Shape) -> Result<Built> {
         let n = self.world;
-        let bytes = shape.count.saturating_mul(shape.elem_bytes);
-        let selection = select(&Ask {
-            chosen: self.config.algorithm,
-            collective: &shape.collective,
-            count_bytes: bytes,
-            world: n,
-            in_place: shape.in_place,
-            reach: self.reach(),
-            deterministic: self.config.deterministic,
-            ll_grid: self.ll_grid(),
-            gated: self.fabric.gate().is_some(),
-        });
+        let selection = self.selection(shape);
         let algorithm = selection.algorithm;
         // 16-byte boundaries keep every chunk and segment vector-aligned for the kernels and
         // copies.
@@ -57,7 +111,7 @@ impl CudaExecutor {
             _ if all_reduce && selection.form == Form::StagedKernel => {
                 shape.checked_staged_oneshot_plan(n)?
             }
-            Algorithm::OneShot => self.cache.checked_oneshot_plan(&shape, n)?,
+            Algorithm::OneShot => self.cache.checked_oneshot_plan(shape, n)?,
             Algorithm::TwoShot if all_reduce => {
                 shape.checked_twoshot_plan(n, align_elems, Gather::Pull)?
             }
@@ -65,7 +119,7 @@ impl CudaExecutor {
             _ => {
                 let (chunk, transports) = (chunk_elems(), self.edge_transports());
                 self.cache.checked_ring_plan(
-                    &shape,
+                    shape,
                     chunk,
                     self.config.slots,
                     align_elems,
@@ -84,14 +138,37 @@ impl CudaExecutor {
                 rank::owned(kind, staged_callers) || registered && kind.is_callers()
             })?;
         }
-        let plan = Arc::new(plan);
+        Ok(Built {
+            plan: Arc::new(plan),
+            algorithm,
+            dispatch,
+            staged_callers,
+        })
+    }
+
+    /// Prepares `built` on every rank of this process and caches it: with the peers (each
+    /// rank's resources allocated, their records all-gathered, the peers' imported), or, where
+    /// `placed`, alone — every rank's owned buffers in its arena, nothing allocated or exchanged.
+    fn prepare_built(
+        &mut self,
+        shape: Shape,
+        built: Built,
+        placed: Option<Placed>,
+    ) -> Result<Arc<Prepared>> {
+        let n = self.world;
+        let Built {
+            plan,
+            algorithm,
+            dispatch,
+            staged_callers,
+        } = built;
         let exposed_bytes = plan
             .buffers
             .iter()
             .filter(|decl| decl.kind == BufKind::Exposed)
             .map(|decl| decl.len * shape.elem_bytes)
             .max();
-        if let Some(bytes) = exposed_bytes {
+        if let (Some(bytes), None) = (exposed_bytes, &placed) {
             for r in &mut self.ranks {
                 r.reserve_exposure(&*self.fabric, bytes)?;
             }
@@ -103,12 +180,16 @@ impl CudaExecutor {
         {
             // The oldest plan's events and buffers may still be in use by enqueued work. (A
             // plan without any — the one-shot all-reduce, whose in-place exposed copies live in
-            // the exposure regions — is dropped without waiting.)
+            // the exposure regions, or one prepared alone — is dropped without waiting.)
             self.drain()?;
         }
         let mut allocated = Vec::with_capacity(n);
         let mut records = Vec::with_capacity(n);
         for r in &self.ranks {
+            if placed.is_some() {
+                allocated.push(r.allocate_placed(&plan, &dispatch, staged_callers)?);
+                continue;
+            }
             let (part, record) = r.allocate(
                 &*self.fabric,
                 &plan,
@@ -120,10 +201,20 @@ impl CudaExecutor {
             allocated.push(part);
             records.push(record);
         }
-        let records = self.fabric.all_gather(records)?;
+        let records = match placed {
+            Some(_) => vec![Vec::new(); n],
+            None => self.fabric.all_gather(records)?,
+        };
         let mut ranks = Vec::with_capacity(n);
         for (r, part) in self.ranks.iter_mut().zip(allocated) {
-            ranks.push(r.connect(&self.fabric, shape.clone(), part, &records, CACHED_PLANS)?);
+            ranks.push(r.connect(
+                &self.fabric,
+                shape.clone(),
+                part,
+                &records,
+                CACHED_PLANS,
+                placed.as_ref(),
+            )?);
         }
         let crosses = ranks.iter().any(|r| r.counters.is_some());
         let schedule = match *dispatch {
@@ -146,6 +237,28 @@ impl CudaExecutor {
         });
         self.cache.insert(shape, prepared.clone());
         Ok(prepared)
+    }
+
+    /// What `shape` runs here ([`select`] with this communicator's facts), from the shape and
+    /// the communicator alone — the same on every rank: above the one-shot's limits it depends
+    /// on whether the calls are gated (`Ask::gated`), which counts only where every rank's
+    /// process gates them (`PeerWords::gated_everywhere`).
+    pub(super) fn selection(&self, shape: &Shape) -> Selection {
+        select(&Ask {
+            chosen: self.config.algorithm,
+            collective: &shape.collective,
+            count_bytes: shape.count.saturating_mul(shape.elem_bytes),
+            world: self.world,
+            in_place: shape.in_place,
+            reach: self.reach(),
+            deterministic: self.config.deterministic,
+            ll_grid: self.ll_grid(),
+            gated: self
+                .ranks
+                .first()
+                .and_then(|r| r.peer.as_ref())
+                .is_some_and(|p| p.gated_everywhere),
+        })
     }
 
     /// How `plan` (of `selection`) runs here: the kernel layouts verified against the plan, or

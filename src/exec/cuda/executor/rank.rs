@@ -12,8 +12,11 @@
 //! Preparing a shape is a collective step in two phases, so that it needs no thread per rank
 //! in one process and no more than one all-gather between processes: [`RankExecutor::allocate`]
 //! makes the rank's own resources and returns its record (its buffers' export handles); the
-//! fabric all-gathers the records; [`RankExecutor::connect`] imports every peer's. Every rank
-//! prepares the same shapes in the same order, so their caches move in step.
+//! fabric all-gathers the records; [`RankExecutor::connect`] imports every peer's. A kernel plan
+//! that each rank prepares alone (across processes, [`Placed`] in the arenas) skips the
+//! exchange: [`RankExecutor::allocate_placed`] makes only its events, and `connect` finds every
+//! rank's buffers at their offsets of their owners' arenas. Every rank prepares the same shapes
+//! in the same order, so their caches move in step.
 //!
 //! Invariant: a `RankPlan` references only memory that outlives it — its own, or a peer's that
 //! the peer keeps for as long as it keeps the same plan (every rank drops a plan only after its
@@ -198,6 +201,14 @@ pub(super) fn owned(kind: BufKind, copy_callers: bool) -> bool {
     ) || copy_callers && kind.is_callers()
 }
 
+/// Where a plan prepared alone has every rank's owned buffers: at `offsets` (in elements of
+/// `elem_bytes`, by buffer: `plan::arena::arena_layout`) of their owners' arenas (as each rank
+/// reaches them: `peer_words::PeerWords::arena_of`).
+pub(super) struct Placed {
+    pub(super) offsets: Vec<Option<usize>>,
+    pub(super) elem_bytes: usize,
+}
+
 /// A rank's prepared plans by shape, oldest first, moved in step with every other rank's.
 struct RankPlans {
     entries: VecDeque<(Shape, Arc<RankPlan>)>,
@@ -255,14 +266,7 @@ impl RankExecutor {
     ) -> Result<(Allocated, Record)> {
         let rank = self.rank();
         let res = &self.res;
-        let events = plan
-            .events
-            .iter()
-            .map(|decl| match decl.rank == rank {
-                true => Event::new(&res.ctx).map(Some),
-                false => Ok(None),
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let events = self.events(plan)?;
         let mut staging = Vec::new();
         let mut record = Vec::new();
         for decl in plan
@@ -313,10 +317,40 @@ impl RankExecutor {
         Ok((allocated, record))
     }
 
+    /// Phase 1 of preparing a kernel plan placed in the arenas (prepared alone: [`Placed`]):
+    /// only its events — its buffers lie in the arenas, and a kernel plan has no counters.
+    pub(super) fn allocate_placed(
+        &self,
+        plan: &Arc<Plan>,
+        dispatch: &Arc<Dispatch>,
+        copy_callers: bool,
+    ) -> Result<Allocated> {
+        Ok(Allocated {
+            plan: plan.clone(),
+            dispatch: dispatch.clone(),
+            events: self.events(plan)?,
+            staging: Vec::new(),
+            counters: None,
+            copy_callers,
+        })
+    }
+
+    /// This rank's events of `plan` (the ones it records), by event.
+    fn events(&self, plan: &Plan) -> Result<Vec<Option<Event>>> {
+        plan.events
+            .iter()
+            .map(|decl| match decl.rank == self.rank() {
+                true => Event::new(&self.res.ctx).map(Some),
+                false => Ok(None),
+            })
+            .collect()
+    }
+
     /// Phase 2 of preparing a plan for `shape`: imports every rank's buffers and mailboxes from
-    /// `records` (every rank's record from phase 1, by rank) and keeps the plan, pushing out
-    /// the oldest beyond `capacity` (the caller waited for idle streams first if that one owns
-    /// GPU resources: [`RankExecutor::oldest_owns_gpu_resources`]).
+    /// `records` (every rank's record from phase 1, by rank) — or, `placed`, finds every
+    /// rank's buffers in its arena, importing nothing — and keeps the plan, pushing out the
+    /// oldest beyond `capacity` (the caller waited for idle streams first if that one owns GPU
+    /// resources: [`RankExecutor::oldest_owns_gpu_resources`]).
     pub(super) fn connect(
         &mut self,
         fabric: &Arc<dyn Fabric>,
@@ -324,6 +358,7 @@ impl RankExecutor {
         allocated: Allocated,
         records: &[Record],
         capacity: usize,
+        placed: Option<&Placed>,
     ) -> Result<Arc<RankPlan>> {
         let rank = self.rank();
         let Allocated {
@@ -343,11 +378,32 @@ impl RankExecutor {
         let mut addrs = vec![0u64; plan.buffers.len()];
         let imported = (|| {
             for (buf, decl) in plan.buffers.iter().enumerate() {
-                if owned(decl.kind, copy_callers) {
-                    let f = &mut fields[decl.rank];
-                    let len = f.word()? as usize;
-                    addrs[buf] = imports.import(rank, decl.rank, f.take(len)?)?;
+                if !owned(decl.kind, copy_callers) {
+                    continue;
                 }
+                addrs[buf] = match placed {
+                    Some(placed) => {
+                        let arena = self.peer.as_ref().and_then(|p| p.arena_of.as_ref());
+                        let offset = placed.offsets.get(buf).copied().flatten();
+                        match (arena, offset) {
+                            (Some(arena), Some(offset)) => {
+                                arena[decl.rank] + (offset * placed.elem_bytes) as u64
+                            }
+                            _ => {
+                                return Err(crate::error::Error::Internal {
+                                    what: format!(
+                                        "buffer {buf} of a plan placed alone has no arena"
+                                    ),
+                                })
+                            }
+                        }
+                    }
+                    None => {
+                        let f = &mut fields[decl.rank];
+                        let len = f.word()? as usize;
+                        imports.import(rank, decl.rank, f.take(len)?)?
+                    }
+                };
             }
             if let Some(counters) = &mut counters {
                 counters.connect(&self.res, &imports, &mut fields)?;

@@ -1,17 +1,16 @@
-//! NCCL's C API as the baseline calls it, through the library's loader ([`Library`]): the
-//! signatures NCCL documents (`nccl.h`) as function-pointer types; [`Api`], which looks each up
-//! by name once per process and calls it; [`Api::check`], the one place an NCCL status becomes an
-//! error ([`BaselineError::Nccl`], with NCCL's own text). A function this libnccl lacks (an older
-//! NCCL) is [`Error::NoGpu`] naming it and the file when called, never a panic. The C types are
-//! the library's (`exec::nccl::abi`).
+//! NCCL's C API as ringreduce calls it, through the loader ([`Library`]): the signatures NCCL
+//! documents (`nccl.h`) as function-pointer types; [`Api`], which looks each up by name once per
+//! process and calls it; [`Api::check`], the one place an NCCL status becomes an error
+//! ([`Error::Nccl`], with NCCL's own text). A function this libnccl lacks (an older NCCL) is
+//! [`Error::Nccl`] with code −1 naming it and the file when called, never a panic. Its users:
+//! the engine between hosts (`super::Comm`) and the CLI's NCCL baseline.
 
 // The C names, as NCCL's documentation writes them.
 #![allow(non_camel_case_types)]
 
-use super::BaselineError;
-use ringreduce::exec::nccl::abi::*;
-use ringreduce::exec::nccl::Library;
-use ringreduce::Error;
+use super::abi::*;
+use super::Library;
+use crate::error::{Error, Result};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::path::Path;
 use std::sync::OnceLock;
@@ -44,7 +43,7 @@ macro_rules! nccl_api {
         $symbol:ident($($arg:ident: $ty:ty),* $(,)?);)*) => {
         $($(#[$doc])* pub type $Type = unsafe extern "C" fn($($ty),*) -> ncclResult_t;)*
 
-        /// NCCL's functions, looked up once in the library the loader found.
+        /// NCCL's functions, looked up once in the library the loader found (module doc).
         pub struct Api {
             /// The file they come from.
             path: &'static Path,
@@ -70,7 +69,7 @@ macro_rules! nccl_api {
 
             /// None of NCCL's functions, as if `path` had none (the tests' missing symbols).
             #[cfg(test)]
-            pub(super) fn absent(path: &'static Path) -> Api {
+            fn absent(path: &'static Path) -> Api {
                 Api { path, $($method: None,)* error_string: None, last_error: None }
             }
 
@@ -82,7 +81,7 @@ macro_rules! nccl_api {
                 /// NCCL's preconditions for the call: handles NCCL made and has not destroyed,
                 /// pointers valid for what NCCL reads and writes until the stream passes the call.
                 #[allow(clippy::too_many_arguments)] // NCCL's own calls take up to eight.
-                pub $($unsafety)* fn $method(&self, $($arg: $ty),*) -> Result<(), BaselineError> {
+                pub $($unsafety)* fn $method(&self, $($arg: $ty),*) -> Result<()> {
                     let name = stringify!($symbol);
                     let f = self.$method.ok_or_else(|| self.missing(name))?;
                     // SAFETY: NCCL's documented signature (`load`); the arguments meet NCCL's
@@ -97,13 +96,26 @@ macro_rules! nccl_api {
 nccl_api! {
     /// `ncclResult_t ncclGetVersion(int* version)`.
     [unsafe] get_version: GetVersion = ncclGetVersion(version: *mut c_int);
+    /// `ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId)`.
+    [unsafe] get_unique_id: GetUniqueId = ncclGetUniqueId(unique_id: *mut ncclUniqueId);
+    /// `ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId,
+    /// int rank)`.
+    [unsafe] comm_init_rank: CommInitRank = ncclCommInitRank(comm: *mut ncclComm_t,
+        nranks: c_int, comm_id: ncclUniqueId, rank: c_int);
     /// `ncclResult_t ncclCommInitAll(ncclComm_t* comm, int ndev, const int* devlist)`.
     [unsafe] comm_init_all: CommInitAll =
         ncclCommInitAll(comm: *mut ncclComm_t, ndev: c_int, devlist: *const c_int);
+    /// `ncclResult_t ncclCommCount(const ncclComm_t comm, int* count)`.
+    [unsafe] comm_count: CommCount = ncclCommCount(comm: ncclComm_t, count: *mut c_int);
+    /// `ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError)`.
+    [unsafe] comm_get_async_error: CommGetAsyncError =
+        ncclCommGetAsyncError(comm: ncclComm_t, async_error: *mut ncclResult_t);
     /// `ncclResult_t ncclCommFinalize(ncclComm_t comm)`.
     [unsafe] comm_finalize: CommFinalize = ncclCommFinalize(comm: ncclComm_t);
     /// `ncclResult_t ncclCommDestroy(ncclComm_t comm)`.
     [unsafe] comm_destroy: CommDestroy = ncclCommDestroy(comm: ncclComm_t);
+    /// `ncclResult_t ncclCommAbort(ncclComm_t comm)`.
+    [unsafe] comm_abort: CommAbort = ncclCommAbort(comm: ncclComm_t);
     /// `ncclResult_t ncclGroupStart()`.
     [] group_start: GroupStart = ncclGroupStart();
     /// `ncclResult_t ncclGroupEnd()`.
@@ -153,34 +165,38 @@ nccl_api! {
         ncclCommWindowDeregister(comm: ncclComm_t, win: ncclWindow_t);
 }
 
-/// NCCL's result codes by name, for [`BaselineError::Nccl`]'s `code`.
-const RESULTS: [(ncclResult_t, &str); 8] = [
-    (ncclSuccess, "ncclSuccess"),
-    (ncclUnhandledCudaError, "ncclUnhandledCudaError"),
-    (ncclSystemError, "ncclSystemError"),
-    (ncclInternalError, "ncclInternalError"),
-    (ncclInvalidArgument, "ncclInvalidArgument"),
-    (ncclInvalidUsage, "ncclInvalidUsage"),
-    (ncclRemoteError, "ncclRemoteError"),
-    (ncclInProgress, "ncclInProgress"),
+/// NCCL's result codes by name, in code order.
+const RESULTS: [&str; 8] = [
+    "ncclSuccess",
+    "ncclUnhandledCudaError",
+    "ncclSystemError",
+    "ncclInternalError",
+    "ncclInvalidArgument",
+    "ncclInvalidUsage",
+    "ncclRemoteError",
+    "ncclInProgress",
 ];
 
 impl Api {
-    /// The functions of the NCCL the library's loader finds (`exec::nccl`'s module doc), looked
-    /// up on first use; [`Error::NoGpu`] with the loader's words when there is none.
-    pub fn get() -> Result<&'static Api, Error> {
+    /// The functions of the NCCL the loader finds (module doc of `exec::nccl`), looked up on
+    /// first use; `None` when there is none.
+    pub fn get() -> Option<&'static Api> {
         static API: OnceLock<Option<Api>> = OnceLock::new();
-        API.get_or_init(|| Library::get().map(Api::load))
-            .as_ref()
-            .ok_or_else(|| Error::NoGpu {
-                reason: super::nccl_missing().unwrap_or_default(),
-            })
+        API.get_or_init(|| Library::get().map(Api::load)).as_ref()
     }
 
-    /// NCCL's status `code` from `call` as a `Result`: [`BaselineError::Nccl`] with NCCL's own
-    /// words — the code's name, its description and NCCL's last error message. The one place an
-    /// NCCL status becomes an error.
-    pub fn check(&self, call: &'static str, code: ncclResult_t) -> Result<(), BaselineError> {
+    /// [`Api::get`], or the error that says where NCCL was looked for ([`Library::require`]).
+    pub fn require(why: &str) -> Result<&'static Api> {
+        Library::require(why)?;
+        Api::get().ok_or_else(|| Error::Internal {
+            what: "NCCL was found, then not".into(),
+        })
+    }
+
+    /// NCCL's status `code` from `call` as a `Result`: [`Error::Nccl`] with NCCL's own words —
+    /// the code's name, its description and NCCL's last error message. The one place an NCCL
+    /// status becomes an error.
+    pub fn check(&self, call: &'static str, code: ncclResult_t) -> Result<()> {
         if code == ncclSuccess {
             return Ok(());
         }
@@ -194,20 +210,29 @@ impl Api {
             Some(f) => c_text(unsafe { f(std::ptr::null_mut()) }),
             None => "(this NCCL has no ncclGetLastError)".into(),
         };
-        let name = RESULTS.iter().find(|(c, _)| *c == code);
-        Err(BaselineError::Nccl {
+        let name = usize::try_from(code).ok().and_then(|c| RESULTS.get(c));
+        Err(Error::Nccl {
             call,
-            code: name.map_or_else(|| format!("ncclResult_t({code})"), |(_, n)| n.to_string()),
-            message: format!("{text}; NCCL's last error: {last}"),
+            code,
+            message: format!(
+                "{}: {text}; NCCL's last error: {last}",
+                name.map_or("an unknown ncclResult_t", |n| n)
+            ),
         })
     }
 
+    /// Whether the error is [`Api`]'s for a function this NCCL does not have.
+    pub fn is_missing(err: &Error) -> bool {
+        matches!(err, Error::Nccl { code: -1, .. })
+    }
+
     /// The error for a function this NCCL does not have.
-    fn missing(&self, symbol: &str) -> BaselineError {
-        Error::NoGpu {
-            reason: format!("{} has no {symbol} (too old an NCCL?)", self.path.display()),
+    fn missing(&self, symbol: &'static str) -> Error {
+        Error::Nccl {
+            call: symbol,
+            code: -1,
+            message: format!("{} has no {symbol} (too old an NCCL?)", self.path.display()),
         }
-        .into()
     }
 }
 
@@ -227,36 +252,38 @@ fn c_text(ptr: *const c_char) -> String {
 mod tests {
     use super::*;
 
-    /// A status becomes `Ok` or a [`BaselineError::Nccl`] naming the code; a function the
-    /// library lacks is [`Error::NoGpu`] naming it and the file, never a call.
+    /// A status becomes `Ok` or an [`Error::Nccl`] naming the code; a function the library
+    /// lacks is an [`Error::Nccl`] of code −1 naming it and the file, never a call.
     #[test]
     fn statuses_and_missing_functions() {
         let api = Api::absent(Path::new("/old/libnccl.so.2"));
         assert_eq!(api.check("ncclAllReduce", ncclSuccess), Ok(()));
         let failed = |code| match api.check("ncclAllReduce", code) {
-            Err(BaselineError::Nccl {
+            Err(Error::Nccl {
                 call,
-                code,
+                code: c,
                 message,
             }) => {
-                assert_eq!(call, "ncclAllReduce");
+                assert_eq!((call, c), ("ncclAllReduce", code));
                 assert!(message.contains("no ncclGetErrorString"), "{message}");
-                code
+                message.split(':').next().unwrap().to_string()
             }
             other => panic!("{other:?}"),
         };
         assert_eq!(failed(ncclInvalidArgument), "ncclInvalidArgument");
         assert_eq!(failed(ncclRemoteError), "ncclRemoteError");
-        assert_eq!(failed(42), "ncclResult_t(42)");
-        for (i, (code, _)) in RESULTS.iter().enumerate() {
-            assert_eq!(*code as usize, i, "RESULTS in code order");
-        }
-        let missing = |symbol: &str| {
-            Err(BaselineError::Ring(Error::NoGpu {
-                reason: format!("/old/libnccl.so.2 has no {symbol} (too old an NCCL?)"),
-            }))
+        assert_eq!(failed(ncclInProgress), "ncclInProgress");
+        assert_eq!(failed(42), "an unknown ncclResult_t");
+        assert_eq!(RESULTS.len() as ncclResult_t, ncclNumResults);
+        let missing = |symbol: &'static str| {
+            Err(Error::Nccl {
+                call: symbol,
+                code: -1,
+                message: format!("/old/libnccl.so.2 has no {symbol} (too old an NCCL?)"),
+            })
         };
         assert_eq!(api.group_start(), missing("ncclGroupStart"));
+        assert!(Api::is_missing(&api.group_end().unwrap_err()));
         // SAFETY: the function is absent, so nothing is called.
         let version = unsafe { api.get_version(&mut 0) };
         assert_eq!(version, missing("ncclGetVersion"));
