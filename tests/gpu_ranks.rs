@@ -74,6 +74,34 @@ fn enqueued_before_a_late_peer(rank: usize, enqueue: impl FnOnce()) {
     );
 }
 
+/// A first call of two new shapes, an in-place sum of `base + 44` elements on rank 1 and
+/// `base + 24` on the others: every call is enqueued, and every rank's GPU finds the difference
+/// before touching a peer's memory — the mismatch named on every rank, the buffer untouched.
+/// The form the call ran in, read once it was enqueued.
+fn first_call_mismatch_is_named_by_the_gpus(
+    rank: usize,
+    comm: &mut RankCommunicator,
+    stream: &CudaStream,
+    device: usize,
+    base: usize,
+) -> Option<ringreduce::Form> {
+    let (rank_1, others) = (base + 44, base + 24);
+    let len = if rank == 1 { rank_1 } else { others };
+    let mut buf = GpuBuffer::from_host(device, &vec![2.0f32; len]).unwrap();
+    // SAFETY: `buf` is untouched until the stream is synchronised below.
+    unsafe { comm.enqueue_all_reduce_in_place_on(&mut buf, ReduceOp::Sum, stream) }.unwrap();
+    let ran = comm.last_ran().map(|r| r.form);
+    stream.synchronize().unwrap();
+    let err = comm.synchronize().unwrap_err();
+    assert_rank_1_mismatch(rank, &err, &rank_1.to_string(), &others.to_string());
+    assert_eq!(
+        buf.to_host().unwrap(),
+        vec![2.0; len],
+        "rank {rank}: untouched"
+    );
+    ran
+}
+
 /// `err` is the mismatch of rank 1's call (of `rank_1`'s count) with the others' (of
 /// `others`'): rank 1 names rank 0's call, every other rank names rank 1's, each with both counts.
 fn assert_rank_1_mismatch(rank: usize, err: &ringreduce::Error, rank_1: &str, others: &str) {
@@ -934,21 +962,8 @@ fn a_small_all_reduces_first_call_returns_before_a_late_peer_and_the_gpu_names_a
                 4 * k
             );
         }
-        // A first call of two new shapes: rank 1 calls 44 elements, the others 24. Every call
-        // is enqueued, and every rank's GPU finds the difference before touching a peer's
-        // memory.
-        let len = if rank == 1 { 44 } else { 24 };
-        let mut buf = GpuBuffer::from_host(device, &vec![2.0f32; len]).unwrap();
-        // SAFETY: `buf` is untouched until the stream is synchronised below.
-        unsafe { comm.enqueue_all_reduce_in_place_on(&mut buf, ReduceOp::Sum, &stream) }.unwrap();
-        stream.synchronize().unwrap();
-        let err = comm.synchronize().unwrap_err();
-        assert_rank_1_mismatch(rank, &err, "44", "24");
-        assert_eq!(
-            buf.to_host().unwrap(),
-            vec![2.0; len],
-            "rank {rank}: untouched"
-        );
+        // A first call of two new shapes: rank 1 calls 44 elements, the others 24.
+        first_call_mismatch_is_named_by_the_gpus(rank, &mut comm, &stream, device, 0);
         return;
     }
     if two_gpus_or_shared().is_none() {
@@ -1048,21 +1063,10 @@ fn every_kernel_forms_first_call_returns_before_a_late_peer_and_the_gpu_names_a_
             "rank {rank} send/recv"
         );
         // A first call of two new read one-shot shapes: rank 1 calls 44 elements more than a
-        // quarter million, the others 24. Every call is enqueued, and every rank's GPU finds
-        // the difference before touching a peer's memory.
-        let len = (1 << 18) + if rank == 1 { 44 } else { 24 };
-        let mut buf = GpuBuffer::from_host(device, &vec![2.0f32; len]).unwrap();
-        // SAFETY: `buf` is untouched until the stream is synchronised below.
-        unsafe { comm.enqueue_all_reduce_in_place_on(&mut buf, op, &stream) }.unwrap();
-        assert_eq!(form(&comm), Some(Form::OneShotKernel), "rank {rank}");
-        stream.synchronize().unwrap();
-        let err = comm.synchronize().unwrap_err();
-        assert_rank_1_mismatch(rank, &err, "262188", "262168");
-        assert_eq!(
-            buf.to_host().unwrap(),
-            vec![2.0; len],
-            "rank {rank}: untouched"
-        );
+        // quarter million, the others 24.
+        let ran =
+            first_call_mismatch_is_named_by_the_gpus(rank, &mut comm, &stream, device, 1 << 18);
+        assert_eq!(ran, Some(Form::OneShotKernel), "rank {rank}");
         return;
     }
     if two_gpus_or_shared().is_none() {

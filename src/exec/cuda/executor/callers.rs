@@ -164,12 +164,12 @@ impl CudaExecutor {
             true => None,
             false => {
                 // A shape's first call that every rank prepares alone (a kernel plan across
-                // processes that fits the arenas: `prepare_alone`) is prepared here, before it
-                // is published, and gated like any later call — it meets no peer.
+                // processes that fits the arenas, which exist only where every process gates
+                // its calls: `prepare_alone`) is prepared here, before it is published, and
+                // gated like any later call — it meets no peer.
                 let prepared = match self.prepared(&gated_shape) {
                     Some(prepared) => Some(prepared),
-                    None if self.fabric.gate().is_some() => self.prepare_alone(&gated_shape)?,
-                    None => None,
+                    None => self.prepare_alone(&gated_shape)?,
                 };
                 prepared
                     .filter(|p| !matches!(*p.dispatch, Dispatch::CopyEngines))

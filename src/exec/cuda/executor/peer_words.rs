@@ -260,21 +260,22 @@ pub(super) fn connect_peer_words(
                 Some(fields.take(len)?)
             }
         };
-        arenas.push((from, bytes, handle));
+        arenas.push((bytes, handle));
         fields.finish()?;
     }
     // The arenas are used only where every rank made one of the same size: only then does every
     // rank prepare alone what the others do.
-    let every = arenas
-        .iter()
-        .all(|&(_, bytes, _)| bytes == ARENA_BYTES as u64);
+    let every = arenas.iter().all(|&(bytes, _)| bytes == ARENA_BYTES as u64);
     // (Unused, this rank's own is freed now.)
     let arena = arena.filter(|_| every);
     let arena_of = match every {
         true => Some(
             arenas
                 .iter()
-                .map(|&(from, _, handle)| fabric.import(res.rank, from, handle.unwrap_or_default()))
+                .enumerate()
+                .map(|(from, &(_, handle))| {
+                    fabric.import(res.rank, from, handle.unwrap_or_default())
+                })
                 .collect::<Result<Vec<u64>>>()?,
         ),
         false => None,

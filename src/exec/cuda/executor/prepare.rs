@@ -78,10 +78,7 @@ impl CudaExecutor {
         let Some(offsets) = arena_layout(&built.plan, |k| rank::owned(k, staged), capacity) else {
             return Ok(None);
         };
-        let placed = Placed {
-            offsets,
-            elem_bytes: shape.elem_bytes,
-        };
+        let placed = Placed(offsets);
         self.prepare_built(shape.clone(), built, Some(placed))
             .map(Some)
     }

@@ -201,13 +201,10 @@ pub(super) fn owned(kind: BufKind, copy_callers: bool) -> bool {
     ) || copy_callers && kind.is_callers()
 }
 
-/// Where a plan prepared alone has every rank's owned buffers: at `offsets` (in elements of
-/// `elem_bytes`, by buffer: `plan::arena::arena_layout`) of their owners' arenas (as each rank
-/// reaches them: `peer_words::PeerWords::arena_of`).
-pub(super) struct Placed {
-    pub(super) offsets: Vec<Option<usize>>,
-    pub(super) elem_bytes: usize,
-}
+/// Where a plan prepared alone has every rank's owned buffers: at these offsets (in elements of
+/// the shape's type, by buffer: `plan::arena::arena_layout`) of their owners' arenas (as each
+/// rank reaches them: `peer_words::PeerWords::arena_of`).
+pub(super) struct Placed(pub(super) Vec<Option<usize>>);
 
 /// A rank's prepared plans by shape, oldest first, moved in step with every other rank's.
 struct RankPlans {
@@ -384,10 +381,10 @@ impl RankExecutor {
                 addrs[buf] = match placed {
                     Some(placed) => {
                         let arena = self.peer.as_ref().and_then(|p| p.arena_of.as_ref());
-                        let offset = placed.offsets.get(buf).copied().flatten();
+                        let offset = placed.0.get(buf).copied().flatten();
                         match (arena, offset) {
                             (Some(arena), Some(offset)) => {
-                                arena[decl.rank] + (offset * placed.elem_bytes) as u64
+                                arena[decl.rank] + (offset * shape.elem_bytes) as u64
                             }
                             _ => {
                                 return Err(crate::error::Error::Internal {
