@@ -204,16 +204,19 @@ static __device__ __forceinline__ void rr_twoshot_kernel(const rr_peers& peers,
 // ---------------------------------------------------------------------------------------------
 // The one-shot form of every other collective (src/plan/oneshot.rs): a list of steps between one
 // start and one end barrier. A step is a fold (dst = src[0] ⊕ ... ⊕ src[world - 1], in rank
-// order) or a copy (dst = src[from]); every step moves `count` elements.
+// order) or a copy (dst = src[from]) of its own count of elements, at most the kernel's `count`
+// (a send/recv's transfers differ; every other collective's steps move `count`).
 //
 // Kernel parameter: the steps of this rank. src[s][r] is step s's source in rank r's memory (a
-// copy reads src[s][from[s]] only), dst[s] its destination in this rank's memory.
+// copy reads src[s][from[s]] only), dst[s] its destination in this rank's memory, count[s] the
+// elements it moves.
 // At most one step per rank (an all-gather or all-to-all reads every rank once): RR_PEER_MAX_RANKS.
 #define RR_STEPS_MAX 8
 #define RR_STEP_FOLD 0xffffffffu
 struct rr_steps {
     const void* src[RR_STEPS_MAX][RR_PEER_MAX_RANKS];
     void* dst[RR_STEPS_MAX];
+    rr_ull count[RR_STEPS_MAX];
     unsigned from[RR_STEPS_MAX];
     unsigned steps;
 };
@@ -237,7 +240,8 @@ static __device__ __forceinline__ rr_peers rr_peers_all(const rr_peers& peers, c
 //   an in-place broadcast's root) only takes part in the barriers.
 // Assumptions: as rr_oneshot_<op>_<type> for world, rank, the grid (every rank launches the
 //   grid of `count`, whatever its steps), peers.flags, timeout and error; peers.src is unused.
-//   steps.steps <= RR_STEPS_MAX (else RR_PEER_ERR_LAUNCH). No step writes what any step of any rank reads,
+//   steps.steps <= RR_STEPS_MAX and every steps.count[s] <= count (else RR_PEER_ERR_LAUNCH):
+//   `count` sizes the grid, the same on every rank. No step writes what any step of any rank reads,
 //   except a fold whose dst is exactly this rank's own source of that step (read element by
 //   element before it is written, by the same thread): the planner's invariant, verified by
 //   the executor before launch (steps_layout in src/exec/cuda/executor/layout.rs). So the steps
@@ -256,7 +260,11 @@ static __device__ __forceinline__ void rr_steps_kernel(const rr_peers& peers,
     typedef typename D::T T;
     __shared__ unsigned* flags[RR_PEER_MAX_RANKS];
     __shared__ unsigned epoch;
-    if (steps.steps > RR_STEPS_MAX) {
+    bool launchable = steps.steps <= RR_STEPS_MAX;
+    for (unsigned s = 0; launchable && s < steps.steps; ++s) {
+        launchable = steps.count[s] <= count;
+    }
+    if (!launchable) {
         if (threadIdx.x == 0) {
             rr_st_relaxed_sys(error, RR_PEER_ERR_LAUNCH);
         }
@@ -272,17 +280,18 @@ static __device__ __forceinline__ void rr_steps_kernel(const rr_peers& peers,
     }
     for (unsigned s = 0; s < steps.steps; ++s) {
         T* dst = static_cast<T*>(steps.dst[s]);
+        const rr_ull n = steps.count[s];
         if (steps.from[s] == RR_STEP_FOLD) {
             rr_peers sources = peers;
 #pragma unroll
             for (unsigned r = 0; r < RR_PEER_MAX_RANKS; ++r) {
                 sources.src[r] = steps.src[s][r];
             }
-            rr_peer_reduce_body<D, Op>(sources, world, dst, count);
+            rr_peer_reduce_body<D, Op>(sources, world, dst, n);
         } else {
             const T* from = static_cast<const T*>(steps.src[s][steps.from[s]]);
-            const rr_peer_split<T> split(rr_peers_all(peers, from), world, count);
-            rr_split_copy<T>(split, from, dst, count);
+            const rr_peer_split<T> split(rr_peers_all(peers, from), world, n);
+            rr_split_copy<T>(split, from, dst, n);
         }
     }
     rr_peer_barrier(flags, world, rank, RR_STEPS_PHASE_END, RR_PEER_ERR_END, false, &epoch,

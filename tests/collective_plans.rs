@@ -389,14 +389,29 @@ fn every_one_shot_collective_is_proven_up_to_sixteen_ranks() {
 }
 
 #[test]
-fn send_recv_has_no_one_shot_form() {
-    let spec = OneShotSpec {
-        world: 3,
+fn send_recv_has_a_one_shot_form_only_where_every_rank_takes_part() {
+    let spec = |world| OneShotSpec {
+        world,
         count: 0,
         in_place: false,
         op: ReduceOp::Sum,
     };
-    assert!(spec.build_collective(&pipeline(3, 4)).is_err());
+    // A pipeline of mixed counts: rank 0 receives three transfers, ranks 1 and 2 one each.
+    for world in 2..=5 {
+        let plan = spec(world).build_collective(&pipeline(world, 4)).unwrap();
+        assert_eq!(plan.count, 4 + world - 1, "the longest transfer");
+        check(&plan).unwrap_or_else(|e| panic!("pipeline of {world}: {e}"));
+    }
+    // Rank 2 of three takes no part.
+    let pair = Collective::SendRecv {
+        transfers: vec![Transfer {
+            from: 0,
+            to: 1,
+            count: 4,
+        }],
+    };
+    assert!(spec(3).build_collective(&pair).is_err());
+    spec(2).build_collective(&pair).unwrap();
 }
 
 /// Rank `rank`'s `k`-th peer reduce, for planting faults.

@@ -7,7 +7,8 @@
 //! call returning before a late peer starts it (a small all-reduce's first call too, and
 //! large calls: kernels, never the copy
 //! engines, across processes); a watchdog thread's health poll beside another
-//! thread's CUDA graph capture; registered buffers (every collective without copies, a mixed call copying, pool
+//! thread's CUDA graph capture; a call one rank captures and its peer runs eagerly named as a
+//! mismatch; registered buffers (every collective without copies, a mixed call copying, pool
 //! memory refused; symmetric registrations used without a meeting, a rank at another offset
 //! named by the GPUs); staged rings through pinned host memory the
 //! processes share; two such ranks in one process refused by
@@ -986,8 +987,8 @@ fn every_kernel_forms_first_call_returns_before_a_late_peer_and_the_gpu_names_a_
         let op = ReduceOp::Sum;
         // First calls of shapes of every kernel form: the read one-shot in place and out of
         // place (1 MiB), the two-shot in place (8 MiB: from 8 MiB × 2/n in place), the steps
-        // kernel's all-gather and ring of sends — each plan's buffers fit the arenas, so each
-        // rank prepares it alone.
+        // kernel's all-gather, ring of sends and all-to-all of sends of mixed counts — each
+        // plan's buffers fit the arenas, so each rank prepares it alone.
         let (small, large, per) = ((1 << 18) + 3, (2 << 20) + 5, (1 << 16) + 3);
         let want = |count: usize| -> Vec<f32> {
             (0..count).map(|k| expected_value(op, world, k)).collect()
@@ -1006,6 +1007,22 @@ fn every_kernel_forms_first_call_returns_before_a_late_peer_and_the_gpu_names_a_
             })
             .collect();
         let mut got = GpuBuffer::<f32>::zeroed(device, per).unwrap();
+        // Every rank sends to every rank (itself too) `per + 7·from + to` elements.
+        let uneven = |from: usize, to: usize| per + 7 * from + to;
+        let everyone: Vec<Transfer> = (0..world)
+            .flat_map(|from| (0..world).map(move |to| (from, to)))
+            .map(|(from, to)| Transfer {
+                from,
+                to,
+                count: uneven(from, to),
+            })
+            .collect();
+        let to_each: Vec<GpuBuffer<f32>> = (0..world)
+            .map(|to| GpuBuffer::from_host(device, &values(op, rank, uneven(rank, to))).unwrap())
+            .collect();
+        let mut from_each: Vec<GpuBuffer<f32>> = (0..world)
+            .map(|from| GpuBuffer::<f32>::zeroed(device, uneven(from, rank)).unwrap())
+            .collect();
         let form = |comm: &RankCommunicator| comm.last_ran().map(|r| r.form);
         let mut forms = Vec::new();
         // Rank 1 is 2 s late: the others' first calls return once enqueued.
@@ -1028,11 +1045,17 @@ fn every_kernel_forms_first_call_returns_before_a_late_peer_and_the_gpu_names_a_
             // SAFETY: as above.
             unsafe { comm.enqueue_send_recv(&ring, &[&mine], &mut [&mut got], raw) }.unwrap();
             forms.push(form(&comm));
+            let sends: Vec<&GpuBuffer<f32>> = to_each.iter().collect();
+            let mut recvs: Vec<&mut GpuBuffer<f32>> = from_each.iter_mut().collect();
+            // SAFETY: as above.
+            unsafe { comm.enqueue_send_recv(&everyone, &sends, &mut recvs, raw) }.unwrap();
+            forms.push(form(&comm));
         });
         let kernels = [
             Form::OneShotKernel,
             Form::OneShotKernel,
             Form::TwoShotKernel,
+            Form::StepsKernel,
             Form::StepsKernel,
             Form::StepsKernel,
         ];
@@ -1062,6 +1085,13 @@ fn every_kernel_forms_first_call_returns_before_a_late_peer_and_the_gpu_names_a_
             values(op, before, per),
             "rank {rank} send/recv"
         );
+        for (from, buf) in from_each.iter().enumerate() {
+            assert_eq!(
+                buf.to_host().unwrap(),
+                values(op, from, uneven(from, rank)),
+                "rank {rank}'s receive from {from}"
+            );
+        }
         // A first call of two new read one-shot shapes: rank 1 calls 44 elements more than a
         // quarter million, the others 24.
         let ran =
@@ -1325,6 +1355,63 @@ fn a_watchdog_polling_health_during_another_threads_graph_capture_breaks_neither
     }
     let ranks = launch(
         "a_watchdog_polling_health_during_another_threads_graph_capture_breaks_neither",
+        2,
+        |_| vec![],
+    );
+    expect_success(ranks, Duration::from_secs(120));
+}
+
+#[test]
+fn a_call_one_rank_captures_and_its_peer_runs_eagerly_is_a_named_mismatch() {
+    use cudarc::driver::sys;
+    if let Some(env) = as_rank() {
+        let (rank, world, device, mut comm, stream) = auto_rank_with_stream(&env);
+        // A first call of a new shape: rank 0 captures it into a graph, rank 1 runs it — a pair
+        // the library cannot run (replays are not checked against eager calls): named on both,
+        // nothing touched. Both ranks prepare the shape alike (alone, in the arenas).
+        let per = 1000;
+        let mine = GpuBuffer::from_host(device, &values(ReduceOp::Sum, rank, per)).unwrap();
+        let mut all = GpuBuffer::<f32>::zeroed(device, world * per).unwrap();
+        let ag = Collective::AllGather;
+        let sum = ReduceOp::Sum;
+        let err = if rank == 0 {
+            let relaxed = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+            stream.begin_capture(relaxed).unwrap();
+            // SAFETY: the buffers outlive the capture, which is never launched.
+            let called =
+                unsafe { comm.enqueue_collective(&ag, Some(&mine), Some(&mut all), sum, &stream) };
+            let _ = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+            called.unwrap_err()
+        } else {
+            // SAFETY: the buffers are untouched until the stream is synchronised below.
+            unsafe { comm.enqueue_collective(&ag, Some(&mine), Some(&mut all), sum, &stream) }
+                .unwrap();
+            stream.synchronize().unwrap();
+            comm.synchronize().unwrap_err()
+        };
+        match (rank, &err) {
+            (0, ringreduce::Error::CallMismatch { rank: 1, ours, .. }) => {
+                assert!(ours.contains("captured"), "{err}");
+            }
+            (1, ringreduce::Error::CallMismatch { rank: 0, theirs, .. }) => {
+                assert!(theirs.contains("captured"), "{err}");
+            }
+            // Rank 0's failure, told to its peer before the peer's GPU compared the calls.
+            (1, ringreduce::Error::RankFailed { rank: 0, .. }) => {}
+            _ => panic!("rank {rank}: {err}"),
+        }
+        assert_eq!(
+            all.to_host().unwrap(),
+            vec![0.0; world * per],
+            "rank {rank}: untouched"
+        );
+        return;
+    }
+    if two_gpus_or_shared().is_none() {
+        return;
+    }
+    let ranks = launch(
+        "a_call_one_rank_captures_and_its_peer_runs_eagerly_is_a_named_mismatch",
         2,
         |_| vec![],
     );

@@ -99,6 +99,33 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// A send/recv's one-shot form (its receivers pull), for any list in which every rank takes
+    /// part: counts mixed, zero among them, ranks receiving different numbers of transfers.
+    #[test]
+    fn every_one_shot_send_recv_plan_is_correct(
+        world in 1usize..=6,
+        drawn in proptest::collection::vec((0usize..6, 0usize..6, 0usize..40), 0..10),
+        joins in proptest::collection::vec(0usize..6, 6),
+    ) {
+        // Every rank takes part: rank r sends to `joins[r]` besides what was drawn.
+        let transfers: Vec<Transfer> = drawn
+            .iter()
+            .map(|&(from, to, count)| (from % world, to % world, count))
+            .chain((0..world).map(|r| (r, joins[r] % world, 1 + r)))
+            .map(|(from, to, count)| Transfer { from, to, count })
+            .collect();
+        let spec = OneShotSpec { world, count: 0, in_place: false, op: ReduceOp::Sum };
+        let c = Collective::SendRecv { transfers };
+        let plan = spec.build_collective(&c).unwrap();
+        if let Err(e) = check(&plan) {
+            panic!("{c:?} on {world} ranks: {e}");
+        }
+    }
+}
+
 /// The most instructions a randomly drawn plan may have in the property tests (larger ones are
 /// skipped): enough for every world, kind and placement at counts in the thousands.
 const MAX_RANDOM_PLAN_INSTRS: usize = 50_000;
@@ -362,12 +389,14 @@ fn arena_sequence_strategy() -> impl Strategy<Value = (usize, Vec<(usize, bool, 
 {
     (
         2usize..5,
-        proptest::collection::vec((1usize..300, any::<bool>(), 0usize..3), 1..4),
+        proptest::collection::vec((1usize..300, any::<bool>(), 0usize..4), 1..4),
         proptest::collection::vec(0usize..3, 2..7),
     )
 }
 
-/// A kernel plan: the one-shot all-reduce (0), the two-shot (1), the one-shot all-gather (2).
+/// A kernel plan: the one-shot all-reduce (0), the two-shot (1), the one-shot all-gather (2), a
+/// send/recv of mixed counts pulled by its receivers (3: a ring of sends, rank r's of `count +
+/// r`, and rank 1 sending `count / 2` to rank 0 too).
 fn kernel_plan(world: usize, count: usize, in_place: bool, kind: usize) -> Plan {
     let spec = OneShotSpec {
         world,
@@ -387,9 +416,29 @@ fn kernel_plan(world: usize, count: usize, in_place: bool, kind: usize) -> Plan 
         }
         .build()
         .unwrap(),
-        _ => spec
+        2 => spec
             .build_collective(&ringreduce::plan::Collective::AllGather)
             .unwrap(),
+        _ => {
+            let ring = (0..world).map(|r| Transfer {
+                from: r,
+                to: (r + 1) % world,
+                count: count + r,
+            });
+            let back = Transfer {
+                from: 1,
+                to: 0,
+                count: count / 2,
+            };
+            let transfers = ring.chain([back]).collect();
+            let out_of_place = OneShotSpec {
+                in_place: false,
+                ..spec
+            };
+            out_of_place
+                .build_collective(&ringreduce::plan::Collective::SendRecv { transfers })
+                .unwrap()
+        }
     }
 }
 

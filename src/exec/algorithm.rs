@@ -226,8 +226,8 @@ impl Algorithm {
 }
 
 /// Whether a send/recv of `transfers` over `world` ranks runs as the steps kernel: the list has a
-/// one-shot form ([`crate::plan::sendrecv::oneshot_count`]: every rank party to a transfer, one
-/// count for all) and no rank receives more transfers than the kernel runs steps.
+/// one-shot form ([`crate::plan::sendrecv::oneshot_count`]: every rank party to a transfer) that
+/// moves something, and no rank receives more transfers than the kernel runs steps.
 fn sendrecv_kernel_fits(transfers: &[crate::plan::Transfer], world: usize) -> bool {
     use crate::exec::cuda::kernels::PEER_MAX_RANKS;
     let receives = |r: usize| transfers.iter().filter(|t| t.to == r).count();
@@ -319,8 +319,8 @@ pub struct Ask<'a> {
     /// one-shot's limit (~10 % slower than the ring at 64–128 MiB on 2×H200, in one process:
     /// docs/PERFORMANCE.md, "Choosing the algorithm"), the other collectives their one-shot
     /// form, and a send/recv its one-shot form (each receiver pulls) where every rank takes
-    /// part and every transfer moves one count — NCCL's pipelines' case; other send/recv lists
-    /// still meet.
+    /// part, of any counts — NCCL's pipelines' and pairs' case; send/recv lists some rank takes
+    /// no part in still meet.
     pub gated: bool,
 }
 
@@ -644,8 +644,8 @@ mod tests {
                 "{c:?}"
             );
         }
-        // A send/recv pulled by its receivers where every rank takes part with one count
-        // (a pipeline's pair, an exchange), else the copy engines; a forced ring stays the
+        // A send/recv pulled by its receivers where every rank takes part (a pipeline's pair,
+        // an exchange, of any counts) and something moves, else the copy engines; a forced ring stays the
         // ring; GPUs that do not all reach each other keep their rules.
         let p2p = |transfers: &[(usize, usize, usize)]| Collective::SendRecv {
             transfers: transfers
@@ -657,7 +657,8 @@ mod tests {
             (p2p(&[(0, 1, 1 << 20)]), 2, true),
             (p2p(&[(0, 1, 64), (1, 0, 64)]), 2, true),
             (p2p(&[(0, 1, 64), (1, 2, 64), (2, 0, 64)]), 3, true),
-            (p2p(&[(0, 1, 64), (1, 0, 65)]), 2, false),
+            (p2p(&[(0, 1, 64), (1, 0, 65)]), 2, true),
+            (p2p(&[(0, 1, 0), (1, 0, 65), (2, 0, 3), (0, 2, 1)]), 3, true),
             (p2p(&[(0, 1, 64)]), 3, false),
             (p2p(&[(0, 1, 0)]), 2, false),
             (p2p(&[]), 2, false),

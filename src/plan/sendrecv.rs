@@ -23,13 +23,16 @@
 //!
 //! # The one-shot form
 //!
-//! Where every rank is party to a transfer and every transfer moves the same count
-//! ([`oneshot_count`]), the list also has a one-shot form (`build_oneshot`, module
-//! [`super::oneshot`]): each receiver *pulls* — one [`Op::PeerReduce`] per receive copies the
-//! sender's send buffer straight into its receive buffer, all of a rank's receives between one
-//! start and one end barrier; a rank that only sends joins the barriers (its buffer is ready
-//! before the start one, no longer read after the end one). On GPUs that is one kernel per rank,
-//! which the call gate can stop — what lets a send/recv across processes return once enqueued.
+//! Where every rank is party to a transfer ([`oneshot_count`]), the list also has a one-shot
+//! form (`build_oneshot`, module [`super::oneshot`]): each receiver *pulls* — one
+//! [`Op::PeerReduce`] per receive copies the sender's send buffer, of the transfer's own count,
+//! straight into its receive buffer, all of a rank's receives between one start and one end
+//! barrier; a rank that only sends joins the barriers (its buffer is ready before the start one,
+//! no longer read after the end one). Every rank meets as often as the rank with the most
+//! receives: the others pad their meetings with ones that move nothing. The plan's count is the
+//! longest transfer (it sizes the kernels' grid, the same on every rank). On GPUs that is one
+//! kernel per rank, which the call gate can stop — what lets a send/recv across processes
+//! return once enqueued.
 //!
 //! | transfer i | pulled by | from buffer (rank `from`) | into |
 //! |------------|-----------|---------------------------|------|
@@ -96,24 +99,22 @@ pub(super) fn build(spec: &RingSpec, transfers: &[Transfer]) -> Result<Plan> {
     Ok(p.finish())
 }
 
-/// The count every transfer of `transfers` moves, where the list has a one-shot form over
-/// `world` ranks: not empty, every transfer of that count, every rank party to one.
+/// The longest transfer of `transfers`, where the list has a one-shot form over `world` ranks:
+/// not empty, every rank party to a transfer.
 pub fn oneshot_count(transfers: &[Transfer], world: usize) -> Option<usize> {
-    let count = transfers.first()?.count;
+    let longest = transfers.iter().map(|t| t.count).max()?;
     let party = |r: usize| transfers.iter().any(|t| t.from == r || t.to == r);
-    (transfers.iter().all(|t| t.count == count) && (0..world).all(party)).then_some(count)
+    (0..world).all(party).then_some(longest)
 }
 
 /// Compiles the one-shot form of a grouped send/recv of `transfers` over `world` ranks (module
 /// doc): each receive a pull of the sender's send buffer, a rank's receives fused between one
-/// pair of barriers, a rank that only sends joining them. An error where the list has no
-/// one-shot form ([`oneshot_count`]).
+/// pair of barriers, a rank that receives less padding its meetings with empty ones. An error
+/// where the list has no one-shot form ([`oneshot_count`]).
 pub(super) fn build_oneshot(world: usize, transfers: &[Transfer]) -> Result<Plan> {
     let Some(count) = oneshot_count(transfers, world) else {
         return Err(Error::InvalidArgument(
-            "a send/recv has a one-shot form only where every rank takes part and every \
-             transfer moves the same count"
-                .into(),
+            "a send/recv has a one-shot form only where every rank takes part".into(),
         ));
     };
     let mut plan = Plan {
@@ -138,6 +139,8 @@ pub(super) fn build_oneshot(world: usize, transfers: &[Transfer]) -> Result<Plan
         }
     }
     // Zero elements: nothing to move, nobody meets.
+    let receives = |rank: usize| transfers.iter().filter(|t| t.to == rank).count();
+    let meetings = (0..world).map(receives).max().unwrap_or(0).max(1);
     for rank in (0..world).filter(|_| count > 0) {
         let buf = |kind| plan.buffer(rank, kind).expect("declared");
         let mut ops = Vec::new();
@@ -146,33 +149,36 @@ pub(super) fn build_oneshot(world: usize, transfers: &[Transfer]) -> Result<Plan
                 dst: Region {
                     buf: buf(BufKind::RecvBuf(i)),
                     offset: 0,
-                    count,
+                    count: t.count,
                 },
                 src: BufKind::SendBuf(i),
                 offset: 0,
-                count,
+                count: t.count,
                 ranks: Ranks::only(t.from),
                 fused: !ops.is_empty(),
                 push: Ranks::NONE,
             });
         }
-        if ops.is_empty() {
-            // Only sends: a meeting that moves nothing, zero elements of its first send buffer.
-            let i = transfers
-                .iter()
-                .position(|t| t.from == rank)
-                .expect("a party");
+        // Meetings that move nothing — zero elements of a buffer of the rank's own — until the
+        // rank meets as often as every other.
+        let own = transfers.iter().enumerate().find_map(|(i, t)| match () {
+            _ if t.from == rank => Some(BufKind::SendBuf(i)),
+            _ if t.to == rank => Some(BufKind::RecvBuf(i)),
+            _ => None,
+        });
+        let own = own.expect("a party");
+        while ops.len() < meetings {
             ops.push(Op::PeerReduce {
                 dst: Region {
-                    buf: buf(BufKind::SendBuf(i)),
+                    buf: buf(own),
                     offset: 0,
                     count: 0,
                 },
-                src: BufKind::SendBuf(i),
+                src: own,
                 offset: 0,
                 count: 0,
                 ranks: Ranks::only(rank),
-                fused: false,
+                fused: !ops.is_empty(),
                 push: Ranks::NONE,
             });
         }
@@ -190,10 +196,11 @@ mod tests {
     }
 
     #[test]
-    fn the_one_shot_form_needs_every_rank_and_one_count() {
+    fn the_one_shot_form_needs_every_rank_and_counts_the_longest_transfer() {
         assert_eq!(oneshot_count(&[t(0, 1, 5)], 2), Some(5));
         assert_eq!(oneshot_count(&[t(0, 1, 5), t(1, 0, 5)], 2), Some(5));
-        assert_eq!(oneshot_count(&[t(0, 1, 5), t(1, 0, 6)], 2), None);
+        assert_eq!(oneshot_count(&[t(0, 1, 5), t(1, 0, 6)], 2), Some(6));
+        assert_eq!(oneshot_count(&[t(0, 1, 0), t(1, 0, 0)], 2), Some(0));
         assert_eq!(oneshot_count(&[t(0, 1, 5)], 3), None);
         assert_eq!(oneshot_count(&[], 2), None);
         assert!(build_oneshot(3, &[t(0, 1, 5)]).is_err());
@@ -201,12 +208,16 @@ mod tests {
 
     #[test]
     fn one_shot_send_recv_plans_pass_the_checker() {
-        let lists: [&[Transfer]; 5] = [
+        // Mixed counts, and ranks receiving different numbers of transfers (rank 2 of the
+        // fourth list receives three, rank 0 none): every rank meets three times.
+        let lists: [&[Transfer]; 7] = [
             &[t(0, 1, 7)],
             &[t(1, 0, 7), t(0, 1, 7)],
             &[t(0, 1, 3), t(1, 2, 3), t(2, 0, 3)],
+            &[t(0, 2, 5), t(1, 2, 9), t(0, 2, 0), t(2, 1, 2)],
             &[t(0, 0, 4), t(0, 1, 4)],
             &[t(0, 1, 0), t(1, 0, 0)],
+            &[t(1, 0, 3), t(0, 1, 11), t(0, 1, 1)],
         ];
         for transfers in lists {
             let world = 1 + transfers.iter().map(|t| t.from.max(t.to)).max().unwrap();

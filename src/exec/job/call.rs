@@ -54,6 +54,14 @@ impl CallShape {
         ])
     }
 
+    /// The same call, captured into a CUDA graph where `captured` (bit 2 of the flags word):
+    /// a call one rank captures and another runs eagerly is a mismatch, named on both — a
+    /// graph's replays are not checked against eager calls, so the pair could not be run.
+    pub(crate) fn captured(mut self, captured: bool) -> CallShape {
+        self.0[5] |= u64::from(captured) << 2;
+        self
+    }
+
     /// The shape's words, as a rendezvous record carries them.
     pub(crate) fn words(&self) -> &[u64] {
         &self.0
@@ -110,6 +118,10 @@ impl CallShape {
             if w[5] & 1 == 1 { ", in place" } else { "" },
         ) + if w[5] & 2 == 2 {
             ", on symmetric registrations"
+        } else {
+            ""
+        } + if w[5] & 4 == 4 {
+            ", captured into a CUDA graph"
         } else {
             ""
         }
@@ -242,6 +254,23 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_captured_call_differs_from_the_same_call_run_eagerly() {
+        let shape = Shape::collective::<f32>(Collective::AllGather, 64, false, ReduceOp::Sum);
+        let eager = CallShape::of(&shape, DType::F32, ReduceOp::Sum);
+        let captured = eager.captured(true);
+        assert_eq!(eager.captured(false), eager);
+        assert!(
+            captured.describe().ends_with(", captured into a CUDA graph"),
+            "{}",
+            captured.describe()
+        );
+        let err = eager
+            .compare(&[eager.words().to_vec(), captured.words().to_vec()], 0)
+            .unwrap_err();
+        assert!(matches!(err, Error::CallMismatch { rank: 1, .. }), "{err}");
     }
 
     #[test]

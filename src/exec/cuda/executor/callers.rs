@@ -157,22 +157,24 @@ impl CudaExecutor {
             registered: symmetric,
             ..shape.clone()
         };
-        let call = CallShape::of(&gated_shape, T::DTYPE, op);
+        let call = CallShape::of(&gated_shape, T::DTYPE, op).captured(captured);
         // The gate stops kernels only: a plan of the copy engines (the ring, send/recv) meets,
-        // as does every call while a registration is not symmetric (the peers' refs are read).
-        let gate = match captured || !self.registrations.all_symmetric() {
+        // as does every call while a registration is not symmetric (the peers' refs are read),
+        // and a capture (checked once, for every replay).
+        let gate = match !self.registrations.all_symmetric() {
             true => None,
             false => {
                 // A shape's first call that every rank prepares alone (a kernel plan across
                 // processes that fits the arenas, which exist only where every process gates
                 // its calls: `prepare_alone`) is prepared here, before it is published, and
-                // gated like any later call — it meets no peer.
+                // gated like any later call — it meets no peer. A capture is prepared alike,
+                // so the ranks' plan caches move in step whoever captures.
                 let prepared = match self.prepared(&gated_shape) {
                     Some(prepared) => Some(prepared),
                     None => self.prepare_alone(&gated_shape)?,
                 };
                 prepared
-                    .filter(|p| !matches!(*p.dispatch, Dispatch::CopyEngines))
+                    .filter(|p| !captured && !matches!(*p.dispatch, Dispatch::CopyEngines))
                     .and_then(|_| self.fabric.gate())
             }
         };

@@ -24,8 +24,8 @@ use crate::exec::cuda::kernels::PEER_MAX_RANKS;
 use crate::plan::{BufKind, Op, Plan, Ranks, Region, StreamKind};
 
 /// One step of a rank's one-shot collective, read from its plan (`steps_layout`): a fold over
-/// every rank (`from: None`) or a copy from rank `from`, of elements `offset..offset + count` of
-/// each source rank's `src` buffer, into `dst`.
+/// every rank (`from: None`) or a copy from rank `from`, of elements `offset..offset +
+/// dst.count` of each source rank's `src` buffer, into `dst`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct StepLayout {
     pub(super) from: Option<usize>,
@@ -36,8 +36,9 @@ pub(super) struct StepLayout {
 
 /// Each rank's steps for the steps kernel, after verifying that the plan has the layout it
 /// implements: every rank's work is peer reduces on Main (and a final `Scale`), each reading
-/// every rank or exactly one, moving the plan's count or nothing (a rank that only joins), at
-/// most [`PEER_MAX_RANKS`] that move data per rank; and every meeting after a rank's first is
+/// every rank or exactly one, moving at most the plan's count (every collective's plan but
+/// send/recv's moves exactly it; nothing: a rank that only joins) into a destination of that
+/// count, at most [`PEER_MAX_RANKS`] that move data per rank; and every meeting after a rank's first is
 /// fused to the one before, so that one kernel runs them all between a single start and end
 /// barrier (the checker proved those fusions safe). `None` for a plan without meetings (one
 /// rank, or zero elements).
@@ -89,10 +90,11 @@ pub(super) fn steps_layout(plan: &Plan) -> Result<Option<Vec<Vec<StepLayout>>>> 
                             ))
                         }
                     };
-                    if count != 0 && count != plan.count {
+                    if count > plan.count || dst.count != count {
                         return bad(format!(
-                            "rank {rank}'s peer reduce {k} moves {count} elements, not {}",
-                            plan.count
+                            "rank {rank}'s peer reduce {k} moves {count} elements into {}, \
+                             of a plan of {}",
+                            dst.count, plan.count
                         ));
                     }
                     if count > 0 {

@@ -167,6 +167,7 @@ impl CudaEnqueue<'_> {
             steps.push(PeerStep {
                 srcs,
                 dst: self.addr(step.dst),
+                count: step.dst.count as u64,
                 from: step.from,
             });
         }

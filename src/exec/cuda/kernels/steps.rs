@@ -23,7 +23,8 @@ impl KernelModule {
     /// Enqueues this rank's part of a one-shot collective other than the all-reduce on
     /// `stream`: one kernel that waits at a start barrier for every rank's kernel of this call,
     /// runs this rank's steps in order — a fold `dst = src[0] ⊕ … ⊕ src[world − 1]` (rank order;
-    /// `Avg` sums, the caller scales) or a copy `dst = src[from]`, `count` elements each — and
+    /// `Avg` sums, the caller scales) or a copy `dst = src[from]`, each of its own count, at
+    /// most `args.count` (which sizes the grid) — and
     /// ends at an end barrier after which no rank reads this rank's memory any more. A rank
     /// with no steps only takes part in the barriers. The grid is [`peer_blocks`](super::peer_blocks)`(dtype,
     /// count)` on every rank. Barrier timeouts are reported in `*args.error` (`PEER_ERR_START`,
@@ -31,19 +32,20 @@ impl KernelModule {
     ///
     /// Checked before anything is enqueued ([`Error::InvalidArgument`]): `stream` belongs to
     /// this context; world and rank as for [`KernelModule::oneshot`]; at most
-    /// [`PEER_MAX_RANKS`] steps, each copy's `from` below world; every address aligned (the
-    /// sources and destinations to the element, flags and error to 4) and, when `count > 0`,
-    /// not null; no step's destination overlaps another step's destination or any step's source
-    /// — except a fold's destination that is exactly its own rank's source of that step.
+    /// [`PEER_MAX_RANKS`] steps, each copy's `from` below world, each step's count at most
+    /// `args.count`; every address aligned (the sources and destinations to the element, flags
+    /// and error to 4) and, where something moves, not null; no step's destination overlaps
+    /// another step's destination or any step's source — except a fold's destination that is
+    /// exactly its own rank's source of that step.
     ///
     /// # Safety
     ///
     /// As for [`KernelModule::oneshot`] for the flags, error word, timeout, grid and the other
     /// ranks' calls (every rank launches this kernel with the same `dtype`, `op.combine_op()`,
     /// `count` and `flags` for the same call). Every source named by a step is readable from
-    /// this context and valid for `count` elements, written only before its rank's kernel
-    /// starts and not again until every rank's kernel of the call has completed; every `dst` is
-    /// this rank's device memory, valid for `count` elements and touched by no other work
+    /// this context and valid for the step's count of elements, written only before its rank's
+    /// kernel starts and not again until every rank's kernel of the call has completed; every
+    /// `dst` is this rank's device memory, valid for the step's count and touched by no other work
     /// meanwhile; and across ALL ranks' steps of the call, no step writes memory that another
     /// step (of any rank) reads or writes, except a fold writing exactly its own rank's source
     /// (the steps run with no barrier between them).
@@ -70,6 +72,7 @@ impl KernelModule {
         let mut steps = StepsParam {
             src: [[0; PEER_MAX_RANKS]; PEER_MAX_RANKS],
             dst: [0; PEER_MAX_RANKS],
+            count: [0; PEER_MAX_RANKS],
             from: [0; PEER_MAX_RANKS],
             steps: args.steps.len() as u32,
             _pad: 0,
@@ -77,6 +80,7 @@ impl KernelModule {
         for (s, step) in args.steps.iter().enumerate() {
             steps.src[s] = step.srcs;
             steps.dst[s] = step.dst;
+            steps.count[s] = step.count;
             steps.from[s] = step.from.map_or(STEP_FOLD, |q| q as u32);
         }
         let (mut count, mut gate) = (args.count, args.gate);
@@ -93,7 +97,7 @@ impl KernelModule {
         let function = &self.steps[reduce_index(op, dtype)];
         // SAFETY: the function is rr_steps_<op>_<dtype>(rr_peers, rr_steps, unsigned, unsigned,
         // unsigned long long, unsigned long long, unsigned*, rr_call_gate): `peers` and `steps`
-        // are the #[repr(C)] mirrors of those structs (128 and 616 bytes), then u32, u32, u64,
+        // are the #[repr(C)] mirrors of those structs (128 and 680 bytes), then u32, u32, u64,
         // u64, u64, and `gate` the mirror of rr_call_gate (48 bytes), in parameter order, all outliving the call (the driver copies them at launch); the
         // memory and the other ranks' calls are the caller's contract.
         // Launch: the function was loaded into `self.ctx`, the stream's context
@@ -112,7 +116,7 @@ impl KernelModule {
 }
 
 /// One step of a rank's one-shot collective ([`KernelModule::steps`]): a fold over every rank
-/// (`from: None`) or a copy from rank `from`, `StepsArgs::count` elements into `dst`.
+/// (`from: None`) or a copy from rank `from`, `count` elements into `dst`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PeerStep {
     /// The step's source in each rank's memory, by rank (a copy reads `srcs[from]` only; the
@@ -120,6 +124,8 @@ pub struct PeerStep {
     pub srcs: [u64; PEER_MAX_RANKS],
     /// This rank's destination.
     pub dst: u64,
+    /// Elements the step moves, at most [`StepsArgs::count`].
+    pub count: u64,
     /// `None`: fold every rank's source in rank order; `Some(q)`: copy rank q's.
     pub from: Option<usize>,
 }
@@ -136,8 +142,8 @@ pub struct StepsArgs {
     pub world: u32,
     /// This call's rank, `< world`.
     pub rank: u32,
-    /// Elements every step moves: the collective's count, the same on every rank (it sizes the
-    /// grid).
+    /// The most elements a step of any rank moves: the collective's count (a send/recv's
+    /// longest transfer), the same on every rank (it sizes the grid).
     pub count: u64,
     /// How long after its start the kernel gives up waiting at a barrier, in nanoseconds.
     pub timeout_ns: u64,
@@ -153,12 +159,13 @@ pub struct StepsArgs {
 const STEP_FOLD: u32 = u32::MAX;
 
 /// The kernel parameter `rr_steps` of `cuda/peer_kernels.cuh`, byte for byte: the sources by
-/// step and rank, the destinations, each step's `from` and the number of steps.
+/// step and rank, the destinations, each step's count and `from`, and the number of steps.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 struct StepsParam {
     src: [[u64; PEER_MAX_RANKS]; PEER_MAX_RANKS],
     dst: [u64; PEER_MAX_RANKS],
+    count: [u64; PEER_MAX_RANKS],
     from: [u32; PEER_MAX_RANKS],
     steps: u32,
     /// The struct's tail padding (its alignment is 8), zeroed.
@@ -190,6 +197,12 @@ fn validate_steps(dtype: DType, args: &StepsArgs) -> Result<()> {
                 step.from
             ));
         }
+        if step.count > args.count {
+            return bad(format!(
+                "step {s} moves {} elements, more than the kernel's {}",
+                step.count, args.count
+            ));
+        }
         check_aligned(dtype, step_arg(s, "dst", None), step.dst)?;
         for (r, src) in read(step) {
             check_aligned(dtype, step_arg(s, "srcs", Some(r)), src)?;
@@ -206,25 +219,33 @@ fn validate_steps(dtype: DType, args: &StepsArgs) -> Result<()> {
         KERNEL,
         args.count,
         std::iter::once((ArgName::plain("error"), args.error))
-            .chain((0..world).map(|r| (ArgName::at("flags", r), args.flags[r])))
-            .chain(args.steps.iter().enumerate().flat_map(|(s, step)| {
-                std::iter::once((step_arg(s, "dst", None), step.dst)).chain(
-                    read(step)
-                        .into_iter()
-                        .map(move |(r, a)| (step_arg(s, "srcs", Some(r)), a)),
-                )
-            })),
+            .chain((0..world).map(|r| (ArgName::at("flags", r), args.flags[r]))),
     )?;
-    let bytes = span_bytes(dtype, args.count)?;
-    let overlaps = |a: u64, b: u64| a < b.saturating_add(bytes) && b < a.saturating_add(bytes);
+    for (s, step) in args.steps.iter().enumerate().filter(|(_, step)| step.count > 0) {
+        check_not_null(
+            KERNEL,
+            step.count,
+            std::iter::once((step_arg(s, "dst", None), step.dst)).chain(
+                read(step)
+                    .into_iter()
+                    .map(move |(r, a)| (step_arg(s, "srcs", Some(r)), a)),
+            ),
+        )?;
+    }
+    // [a, a + a_bytes) and [b, b + b_bytes) share a byte.
+    let overlaps = |a: u64, a_bytes: u64, b: u64, b_bytes: u64| {
+        a_bytes > 0 && b_bytes > 0 && a < b.saturating_add(b_bytes) && b < a.saturating_add(a_bytes)
+    };
     for (s, step) in args.steps.iter().enumerate() {
+        let bytes = span_bytes(dtype, step.count)?;
         for (t, other) in args.steps.iter().enumerate() {
-            if t != s && overlaps(step.dst, other.dst) {
+            let other_bytes = span_bytes(dtype, other.count)?;
+            if t != s && overlaps(step.dst, bytes, other.dst, other_bytes) {
                 return bad(format!("steps {s} and {t} write overlapping destinations"));
             }
             for (r, src) in read(other) {
                 let own = t == s && step.from.is_none() && r == args.rank as usize;
-                if overlaps(step.dst, src) && !(own && src == step.dst) {
+                if overlaps(step.dst, bytes, src, other_bytes) && !(own && src == step.dst) {
                     return bad(format!(
                         "step {s}'s dst = {:#x} overlaps step {t}'s source in rank {r} = {src:#x}",
                         step.dst
@@ -252,12 +273,13 @@ mod tests {
 
     #[test]
     fn steps_param_is_the_kernel_parameter() {
-        // struct rr_steps { const void* src[8][8]; void* dst[8]; unsigned from[8];
-        // unsigned steps; } (616 bytes with its tail padding to 8).
-        assert_eq!(size_of::<StepsParam>(), 616);
+        // struct rr_steps { const void* src[8][8]; void* dst[8]; unsigned long long count[8];
+        // unsigned from[8]; unsigned steps; } (680 bytes with its tail padding to 8).
+        assert_eq!(size_of::<StepsParam>(), 680);
         assert_eq!(std::mem::offset_of!(StepsParam, dst), 512);
-        assert_eq!(std::mem::offset_of!(StepsParam, from), 576);
-        assert_eq!(std::mem::offset_of!(StepsParam, steps), 608);
+        assert_eq!(std::mem::offset_of!(StepsParam, count), 576);
+        assert_eq!(std::mem::offset_of!(StepsParam, from), 640);
+        assert_eq!(std::mem::offset_of!(StepsParam, steps), 672);
         assert_eq!(define("RR_STEPS_MAX"), 8);
         assert_eq!(u64::from(STEP_FOLD), 0xffff_ffff);
     }
@@ -282,6 +304,7 @@ mod tests {
         PeerStep {
             srcs: all,
             dst,
+            count: 16,
             from,
         }
     }
@@ -314,5 +337,29 @@ mod tests {
         assert!(validate_steps(DType::F32, &steps_args(many)).is_err());
         // A rank with no steps (it only joins the barriers).
         validate_steps(DType::F32, &steps_args(Vec::new())).unwrap();
+    }
+
+    #[test]
+    fn each_step_is_checked_at_its_own_count() {
+        // Send/recv: copies of 8 and 16 elements into adjacent blocks — 8 f32 end where the
+        // next begins; at 9 they overlap, and no step may move more than the kernel's count.
+        let short = PeerStep {
+            count: 8,
+            ..step([0x10_000, 0], 0x30_000, Some(0))
+        };
+        let next = step([0, 0x20_000], 0x30_020, Some(1));
+        validate_steps(DType::F32, &steps_args(vec![short, next])).unwrap();
+        let longer = PeerStep { count: 9, ..short };
+        assert!(validate_steps(DType::F32, &steps_args(vec![longer, next])).is_err());
+        let too_long = PeerStep { count: 17, ..short };
+        assert!(validate_steps(DType::F32, &steps_args(vec![too_long])).is_err());
+        // A step moving nothing may name null addresses; one moving something may not.
+        let empty = PeerStep {
+            count: 0,
+            ..step([0, 0], 0, Some(0))
+        };
+        validate_steps(DType::F32, &steps_args(vec![empty])).unwrap();
+        let null = PeerStep { count: 1, ..empty };
+        assert!(validate_steps(DType::F32, &steps_args(vec![null])).is_err());
     }
 }
