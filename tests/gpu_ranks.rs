@@ -5,8 +5,8 @@
 //! named; an abort from a watchdog thread releasing a waiting call; a mismatched call named on
 //! every rank, by the hosts or by the GPUs' call gates (read one-shot and LL kernels); an eager
 //! call returning before a late peer starts it (a small all-reduce's first call too, and
-//! large calls: kernels, never the copy
-//! engines, across processes); a watchdog thread's health poll beside another
+//! large calls: kernels, never the copy engines, across processes; an all-reduce too large for
+//! the arenas in gated pieces); a watchdog thread's health poll beside another
 //! thread's CUDA graph capture; a call one rank captures and its peer runs eagerly named as a
 //! mismatch; registered buffers (every collective without copies, a mixed call copying, pool
 //! memory refused; symmetric registrations used without a meeting, a rank at another offset
@@ -1198,6 +1198,79 @@ fn large_calls_and_sends_return_before_a_late_peer_and_run_as_kernels() {
 }
 
 #[test]
+fn an_all_reduce_too_large_for_the_arenas_runs_in_gated_pieces_before_a_late_peer() {
+    use ringreduce::Form;
+    if let Some(env) = as_rank() {
+        let (rank, world, device, mut comm, stream) = auto_rank_with_stream(&env);
+        let op = ReduceOp::Sum;
+        // First calls beyond a 64 MiB arena: 160 MiB in place (pieces of 64 MiB), 80 MiB out of
+        // place (pieces of 32 MiB input and output) — each piece prepared alone and gated.
+        let (in_place_count, out_count) = ((40 << 20) + 5, (20 << 20) + 3);
+        let want = |count: usize| -> Vec<f32> {
+            (0..count).map(|k| expected_value(op, world, k)).collect()
+        };
+        let mut buf = GpuBuffer::from_host(device, &values(op, rank, in_place_count)).unwrap();
+        let input = GpuBuffer::from_host(device, &values(op, rank, out_count)).unwrap();
+        let mut output = GpuBuffer::<f32>::zeroed(device, out_count).unwrap();
+        let mut ran = Vec::new();
+        enqueued_before_a_late_peer(rank, || {
+            // SAFETY: the buffers are untouched until the stream is synchronised below.
+            unsafe { comm.enqueue_all_reduce_in_place_on(&mut buf, op, &stream) }.unwrap();
+            ran.push(comm.last_ran().map(|r| (r.form, r.pieces)));
+            // SAFETY: as above.
+            unsafe { comm.enqueue_all_reduce_on(&input, &mut output, op, &stream) }.unwrap();
+            ran.push(comm.last_ran().map(|r| (r.form, r.pieces)));
+        });
+        assert_eq!(
+            ran,
+            [
+                Some((Form::TwoShotKernel, 3)),
+                Some((Form::TwoShotKernel, 3))
+            ],
+            "rank {rank}"
+        );
+        stream.synchronize().unwrap();
+        comm.synchronize().unwrap();
+        assert!(
+            buf.to_host().unwrap() == want(in_place_count),
+            "rank {rank} in place"
+        );
+        assert!(
+            output.to_host().unwrap() == want(out_count),
+            "rank {rank} out of place"
+        );
+        // Whole calls that differ only in their last piece are named at the first, before any
+        // piece touches a buffer: by the call itself where a piece's gate failed before the
+        // next piece was published, else by the next synchronisation.
+        let (rank_1, others) = ((40 << 20) + 44, (40 << 20) + 24);
+        let len = if rank == 1 { rank_1 } else { others };
+        let mut buf = GpuBuffer::from_host(device, &vec![2.0f32; len]).unwrap();
+        // SAFETY: `buf` is untouched until the stream is synchronised below.
+        let called = unsafe { comm.enqueue_all_reduce_in_place_on(&mut buf, op, &stream) };
+        stream.synchronize().unwrap();
+        let err = match called {
+            Err(err) => err,
+            Ok(()) => comm.synchronize().unwrap_err(),
+        };
+        assert_rank_1_mismatch(rank, &err, &rank_1.to_string(), &others.to_string());
+        assert!(
+            buf.to_host().unwrap() == vec![2.0; len],
+            "rank {rank}: untouched"
+        );
+        return;
+    }
+    if two_gpus_or_shared().is_none() {
+        return;
+    }
+    let ranks = launch(
+        "an_all_reduce_too_large_for_the_arenas_runs_in_gated_pieces_before_a_late_peer",
+        3,
+        |_| vec![],
+    );
+    expect_success(ranks, Duration::from_secs(200));
+}
+
+#[test]
 fn symmetric_registrations_run_without_a_meeting_and_the_gpus_check_the_offsets() {
     if let Some(env) = as_rank() {
         let (rank, world, device, mut comm, stream) = auto_rank_with_stream(&env);
@@ -1393,7 +1466,12 @@ fn a_call_one_rank_captures_and_its_peer_runs_eagerly_is_a_named_mismatch() {
             (0, ringreduce::Error::CallMismatch { rank: 1, ours, .. }) => {
                 assert!(ours.contains("captured"), "{err}");
             }
-            (1, ringreduce::Error::CallMismatch { rank: 0, theirs, .. }) => {
+            (
+                1,
+                ringreduce::Error::CallMismatch {
+                    rank: 0, theirs, ..
+                },
+            ) => {
                 assert!(theirs.contains("captured"), "{err}");
             }
             // Rank 0's failure, told to its peer before the peer's GPU compared the calls.

@@ -56,7 +56,7 @@ const FAULT: usize = 5;
 /// number, its shape, and where the rank's own buffers of it lie in the memory it registered
 /// ([`CallerRefs`]).
 const SLOTS: usize = 6;
-const SHAPE_WORDS: usize = 6;
+const SHAPE_WORDS: usize = 7;
 const REF_WORDS: usize = 4;
 const SLOT_WORDS: usize = 1 + SHAPE_WORDS + REF_WORDS;
 /// How many calls a rank's host may publish ahead of the slowest peer's check (~22 KiB of slots).

@@ -161,6 +161,7 @@ impl HostPlan {
             copied: false,
             registered: false,
             captured: false,
+            pieces: 1,
         }
     }
 }

@@ -51,7 +51,17 @@ impl CallShape {
             // In place, and (bit 1) run on symmetric registrations as this rank decided alone:
             // ranks that decide differently make different calls.
             u64::from(shape.in_place) | u64::from(shape.registered) << 1,
+            // The whole call's count where this is a piece of one (`exec::cuda::executor`'s
+            // module `pieces`); 0: a whole call.
+            0,
         ])
+    }
+
+    /// The same call as a piece of a call of `whole` elements (0: a whole call): ranks whose
+    /// whole calls differ differ at their first piece.
+    pub(crate) fn piece_of(mut self, whole: usize) -> CallShape {
+        self.0[6] = whole as u64;
+        self
     }
 
     /// The same call, captured into a CUDA graph where `captured` (bit 2 of the flags word):
@@ -124,6 +134,9 @@ impl CallShape {
             ", captured into a CUDA graph"
         } else {
             ""
+        } + &match w[6] {
+            0 => String::new(),
+            whole => format!(", a piece of an all-reduce of {whole} elements"),
         }
     }
 }
@@ -263,7 +276,9 @@ mod tests {
         let captured = eager.captured(true);
         assert_eq!(eager.captured(false), eager);
         assert!(
-            captured.describe().ends_with(", captured into a CUDA graph"),
+            captured
+                .describe()
+                .ends_with(", captured into a CUDA graph"),
             "{}",
             captured.describe()
         );

@@ -65,6 +65,9 @@ impl CudaExecutor {
     /// `synchronize` or async error when the gate found it. A failure is told to the peers
     /// (`Fabric::fail`), and a blocking call's completion too.
     ///
+    /// An all-reduce too large for the arenas that every rank would otherwise prepare with its
+    /// peers runs as pieces that fit them, each such a call (module `pieces`).
+    ///
     /// The call in three steps, each a function: `checked_call` (published and checked),
     /// `ready_call` (its plan prepared, its buffers laid out: module `run_on_main`), then the
     /// launch — `run_inline` (from this thread: module `launch`) or `run_on_rank_threads`.
@@ -77,13 +80,41 @@ impl CudaExecutor {
         wait_complete: bool,
         caller: Option<CallerStreams<'_>>,
     ) -> Result<()> {
+        match self.arena_piece(&shape, inputs, outputs) {
+            // SAFETY: our caller's contract, passed on.
+            Some(piece) => unsafe {
+                self.run_in_pieces::<T>(shape, piece, inputs, outputs, op, wait_complete, caller)
+            },
+            // SAFETY: as above.
+            None => unsafe {
+                self.run_one::<T>(shape, inputs, outputs, op, wait_complete, caller, 0)
+            },
+        }
+    }
+
+    /// [`CudaExecutor::run`] of one call, whole or (`whole` > 0: the whole call's count) a piece
+    /// of one.
+    ///
+    /// # Safety
+    /// As for [`CudaExecutor::run`].
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn run_one<T: Element>(
+        &mut self,
+        shape: Shape,
+        inputs: &[u64],
+        outputs: &[u64],
+        op: ReduceOp,
+        wait_complete: bool,
+        caller: Option<CallerStreams<'_>>,
+        whole: usize,
+    ) -> Result<()> {
         let caller = caller.map(|streams| streams.0);
         let captured = match caller {
             Some(streams) => capture::capturing(streams)?,
             None => false,
         };
         let result = self
-            .checked_call::<T>(shape, inputs, outputs, op, captured)
+            .checked_call::<T>(shape, inputs, outputs, op, captured, whole)
             .and_then(|checked| {
                 // A capture: the plan (prepared by an earlier call) is refused if it cannot be
                 // captured before any stream joins the capture, and pinned, since the graph
@@ -137,27 +168,19 @@ impl CudaExecutor {
         outputs: &'a [u64],
         op: ReduceOp,
         captured: bool,
+        whole: usize,
     ) -> Result<Checked<'a>> {
         let timeout = self.config.timeout;
         let deadline = Instant::now() + timeout;
         let refs = self.own_refs(&shape, inputs, outputs);
-        // On symmetric registrations this rank decides alone that the call runs on them (its
-        // peers' buffers at its own offsets: `Registrations::symmetric_call`). The decision is
-        // part of the call's shape, so ranks that decide differently make different calls
-        // (named by the meeting or the gate, before anything is prepared or touched), and the
-        // gate then compares the refs too. (A broadcast's or reduce's ranks pass different
-        // buffers: they copy.)
-        let symmetric = self.registrations.all_symmetric()
-            && !matches!(
-                shape.collective,
-                Collective::Broadcast { .. } | Collective::Reduce { .. }
-            )
-            && self.registrations.symmetric_call(&refs);
+        let symmetric = self.symmetric_at(&shape, &refs);
         let gated_shape = Shape {
             registered: symmetric,
             ..shape.clone()
         };
-        let call = CallShape::of(&gated_shape, T::DTYPE, op).captured(captured);
+        let call = CallShape::of(&gated_shape, T::DTYPE, op)
+            .captured(captured)
+            .piece_of(whole);
         // The gate stops kernels only: a plan of the copy engines (the ring, send/recv) meets,
         // as does every call while a registration is not symmetric (the peers' refs are read),
         // and a capture (checked once, for every replay).
@@ -294,6 +317,26 @@ impl CudaExecutor {
                 ours: format!("{}, {}", call.describe(), refs.describe()),
             }),
         }
+    }
+
+    /// Whether a call of `shape` on `inputs` and `outputs` runs on symmetric registrations.
+    pub(super) fn runs_symmetric(&self, shape: &Shape, inputs: &[u64], outputs: &[u64]) -> bool {
+        self.symmetric_at(shape, &self.own_refs(shape, inputs, outputs))
+    }
+
+    /// Whether a call of `shape` whose buffers lie at `refs` runs on symmetric registrations:
+    /// this rank decides alone that it does (its peers' buffers at its own offsets:
+    /// `Registrations::symmetric_call`). The decision is part of the call's shape, so ranks that
+    /// decide differently make different calls (named by the meeting or the gate, before
+    /// anything is prepared or touched), and the gate then compares the refs too. (A
+    /// broadcast's or reduce's ranks pass different buffers: they copy.)
+    fn symmetric_at(&self, shape: &Shape, refs: &CallerRefs) -> bool {
+        self.registrations.all_symmetric()
+            && !matches!(
+                shape.collective,
+                Collective::Broadcast { .. } | Collective::Reduce { .. }
+            )
+            && self.registrations.symmetric_call(refs)
     }
 
     /// Where this process's rank's buffers of a call of `shape` lie ([`CallerRefs`]); with

@@ -75,6 +75,7 @@ mod launch;
 mod layout;
 mod peer_enqueue;
 mod peer_words;
+mod pieces;
 mod prepare;
 mod rank;
 mod registered;

@@ -53,10 +53,7 @@ impl CudaExecutor {
     /// wait for a late peer — the call meets instead. A call of no elements launches no kernel:
     /// it meets.
     pub(super) fn prepare_alone(&mut self, shape: &Shape) -> Result<Option<Arc<Prepared>>> {
-        let arenas = self
-            .ranks
-            .iter()
-            .all(|r| r.peer.as_ref().is_some_and(|p| p.arena_of.is_some()));
+        let arenas = self.arenas_everywhere();
         let kernel = matches!(
             self.selection(shape).form,
             Form::OneShotKernel | Form::LlKernel | Form::TwoShotKernel | Form::StepsKernel
@@ -81,6 +78,13 @@ impl CudaExecutor {
         let placed = Placed(offsets);
         self.prepare_built(shape.clone(), built, Some(placed))
             .map(Some)
+    }
+
+    /// Whether every rank made an arena (made by every rank, or used by none: `peer_words`).
+    pub(super) fn arenas_everywhere(&self) -> bool {
+        self.ranks
+            .iter()
+            .all(|r| r.peer.as_ref().is_some_and(|p| p.arena_of.is_some()))
     }
 
     /// `shape`'s plan, built and proven, and its way of running.

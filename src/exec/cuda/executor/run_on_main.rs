@@ -68,6 +68,7 @@ impl CudaExecutor {
             copied: copy_callers,
             registered,
             captured,
+            pieces: 1,
         });
         profile::mark(HostPhase::Plan);
         let peer_kernel = prepared.dispatch.peer_kernel();

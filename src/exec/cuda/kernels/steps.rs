@@ -221,7 +221,12 @@ fn validate_steps(dtype: DType, args: &StepsArgs) -> Result<()> {
         std::iter::once((ArgName::plain("error"), args.error))
             .chain((0..world).map(|r| (ArgName::at("flags", r), args.flags[r]))),
     )?;
-    for (s, step) in args.steps.iter().enumerate().filter(|(_, step)| step.count > 0) {
+    for (s, step) in args
+        .steps
+        .iter()
+        .enumerate()
+        .filter(|(_, step)| step.count > 0)
+    {
         check_not_null(
             KERNEL,
             step.count,

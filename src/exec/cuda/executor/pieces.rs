@@ -1,0 +1,217 @@
+//! An all-reduce too large for the arenas, across processes, run as pieces that fit them: each
+//! piece a call of its own, prepared by each rank alone and checked by the GPUs' call gate like
+//! any gated call — so a large call also returns once enqueued, whatever the peers' hosts are
+//! doing, instead of meeting them to allocate and exchange buffers of its size.
+//!
+//! ```text
+//!   an in-place all-reduce of 40 M f32 (160 MiB; an arena holds 64 MiB a rank)
+//!   piece 0: elements [0, 16 M)   piece 1: [16 M, 32 M)   piece 2: [32 M, 40 M)
+//!   each: staged into the arena, reduced by the two-shot, copied back — one kernel a rank
+//! ```
+//!
+//! Every piece's published call carries the whole call's count (`CallShape::piece_of`), so
+//! ranks whose whole calls differ are named at the first piece, before any piece touches a
+//! peer's memory or a caller's buffer.
+//!
+//! Invariant: the split depends only on what every rank has alike — the shape, the
+//! communicator's selection and arenas, and whether the call runs on symmetric registrations
+//! (which ranks deciding differently make a named mismatch of) — so every rank cuts a call into
+//! the same pieces.
+
+use super::callers::CallerStreams;
+use super::peer_words::ARENA_BYTES;
+use super::CudaExecutor;
+use crate::element::{Element, ReduceOp};
+use crate::error::Result;
+use crate::exec::algorithm::Form;
+use crate::exec::Shape;
+use crate::plan::Collective;
+
+/// The most elements of `elem_bytes` bytes a piece of an all-reduce holds: its caller's
+/// buffers staged in an arena of `arena_bytes` — one in place, input and output out of place
+/// — in whole blocks of 4096 elements (so that every piece but the last keeps the 16-byte
+/// alignment of the caller's buffers, and the plan's 64-element layout fits).
+pub(super) fn piece_elems(arena_bytes: usize, elem_bytes: usize, in_place: bool) -> usize {
+    let staged = if in_place { 1 } else { 2 };
+    (arena_bytes / elem_bytes / staged) / 4096 * 4096
+}
+
+/// Whether a piece of [`piece_elems`] elements run in `form` fits the arena: the two-shot stages
+/// only the caller's buffers; the read one-shot in place also exposes a copy (twice the piece),
+/// out of place only the two buffers. Any other form is no kernel the gate checks.
+fn piece_fits(form: Form, in_place: bool) -> bool {
+    match form {
+        Form::TwoShotKernel => true,
+        Form::OneShotKernel | Form::LlKernel => !in_place,
+        _ => false,
+    }
+}
+
+/// The pieces of a call of `count` elements, `piece` elements each but the last: (first
+/// element, elements).
+pub(super) fn pieces(count: usize, piece: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..count.div_ceil(piece)).map(move |i| (i * piece, piece.min(count - i * piece)))
+}
+
+impl CudaExecutor {
+    /// How many elements each piece of this call holds, where it runs in pieces (module doc):
+    /// an all-reduce across processes whose ranks all made arenas, on buffers it would stage
+    /// (not on symmetric registrations), larger than a piece — a piece whose form is a kernel
+    /// the gate checks and whose plan fits the arena (`piece_fits`). `None`: it runs whole.
+    pub(super) fn arena_piece(
+        &self,
+        shape: &Shape,
+        inputs: &[u64],
+        outputs: &[u64],
+    ) -> Option<usize> {
+        let piece = piece_elems(ARENA_BYTES, shape.elem_bytes, shape.in_place);
+        if shape.collective != Collective::AllReduce
+            || shape.count <= piece
+            || piece == 0
+            || self.in_one_process()
+            || !self.arenas_everywhere()
+            || !self.registrations.all_symmetric()
+            || self.runs_symmetric(shape, inputs, outputs)
+        {
+            return None;
+        }
+        let piece_shape = Shape {
+            count: piece,
+            ..shape.clone()
+        };
+        piece_fits(self.selection(&piece_shape).form, shape.in_place).then_some(piece)
+    }
+
+    /// Runs `shape` as pieces of `piece` elements (module doc), each through
+    /// [`CudaExecutor::run_one`], stopping at the first that fails; [`crate::Ran::pieces`] says
+    /// how many ran.
+    ///
+    /// # Safety
+    /// As for [`CudaExecutor::run`]: the pieces are parts of the caller's buffers.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn run_in_pieces<T: Element>(
+        &mut self,
+        shape: Shape,
+        piece: usize,
+        inputs: &[u64],
+        outputs: &[u64],
+        op: ReduceOp,
+        wait_complete: bool,
+        caller: Option<CallerStreams<'_>>,
+    ) -> Result<()> {
+        let at = |list: &[u64], first: usize| -> Vec<u64> {
+            let offset = (first * shape.elem_bytes) as u64;
+            list.iter()
+                .map(|&a| if a == 0 { 0 } else { a + offset })
+                .collect()
+        };
+        let mut ran = 0;
+        for (first, count) in pieces(shape.count, piece) {
+            let part = Shape {
+                count,
+                ..shape.clone()
+            };
+            let (part_inputs, part_outputs) = (at(inputs, first), at(outputs, first));
+            // SAFETY: each piece's buffers lie within the caller's (same addresses, offset by the
+            // piece's first element, its count within the whole's): our caller's contract.
+            unsafe {
+                self.run_one::<T>(
+                    part,
+                    &part_inputs,
+                    &part_outputs,
+                    op,
+                    wait_complete,
+                    caller,
+                    shape.count,
+                )
+            }?;
+            ran += 1;
+            if let Some(last) = &mut self.last_ran {
+                last.pieces = ran;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::cuda::executor::rank::owned;
+    use crate::plan::arena::arena_layout;
+    use crate::plan::{Gather, TwoShotSpec};
+
+    #[test]
+    fn pieces_tile_the_call() {
+        let all: Vec<_> = pieces(10, 4).collect();
+        assert_eq!(all, [(0, 4), (4, 4), (8, 2)]);
+        assert_eq!(pieces(8, 4).count(), 2);
+        assert_eq!(pieces(0, 4).count(), 0);
+    }
+
+    /// A piece's plan fits the arena with the caller's buffers staged, for every element size
+    /// and world: the two-shot's (what a gated all-reduce of a piece's size runs) in place and
+    /// out of place, the read one-shot's out of place only (`piece_fits`).
+    #[test]
+    fn a_piece_of_the_two_shot_fits_the_arena() {
+        for elem_bytes in [1, 2, 4, 8] {
+            for in_place in [true, false] {
+                let count = piece_elems(ARENA_BYTES, elem_bytes, in_place);
+                assert_eq!(count % 4096, 0);
+                for world in 2..=8 {
+                    let oneshot = crate::plan::OneShotSpec {
+                        world,
+                        count,
+                        in_place,
+                        op: ReduceOp::Sum,
+                    }
+                    .build()
+                    .unwrap();
+                    let capacity = ARENA_BYTES / elem_bytes;
+                    let fits = arena_layout(&oneshot, |k| owned(k, true), capacity);
+                    // (In place the one-shot also exposes a copy: twice the piece.)
+                    assert_eq!(
+                        fits.is_some(),
+                        !in_place,
+                        "one-shot {elem_bytes} B, {world}"
+                    );
+                    let plan = TwoShotSpec {
+                        world,
+                        count,
+                        in_place,
+                        op: ReduceOp::Sum,
+                        align: (16 / elem_bytes).max(1),
+                        gather: Gather::Pull,
+                    }
+                    .build()
+                    .unwrap();
+                    let capacity = ARENA_BYTES / elem_bytes;
+                    let fits = arena_layout(&plan, |k| owned(k, true), capacity);
+                    assert!(
+                        fits.is_some(),
+                        "{elem_bytes} B, in place {in_place}, {world} ranks"
+                    );
+                    // ... and a piece a block larger would not: the piece is as large as fits.
+                    let larger = TwoShotSpec {
+                        count: count + 4096,
+                        ..TwoShotSpec {
+                            world,
+                            count,
+                            in_place,
+                            op: ReduceOp::Sum,
+                            align: (16 / elem_bytes).max(1),
+                            gather: Gather::Pull,
+                        }
+                    }
+                    .build()
+                    .unwrap();
+                    let over = arena_layout(&larger, |k| owned(k, true), capacity);
+                    assert!(
+                        over.is_none(),
+                        "{elem_bytes} B, in place {in_place}, {world} ranks"
+                    );
+                }
+            }
+        }
+    }
+}
