@@ -136,8 +136,9 @@ impl PeerWords {
 /// them gates its calls: the room of the plans each rank prepares alone (module
 /// `prepare`) — every kernel plan whose buffers a rank owns fit, in place or staged. Enough for
 /// the read one-shot up to Auto's limit out of place (its caller's input and output staged, 2 ×
-/// 32 MiB on two ranks), and the two-shot in place up to 64 MiB a rank; larger plans are
-/// prepared with the peers, their buffers allocated for them.
+/// 32 MiB on two ranks), and the two-shot in place up to 64 MiB a rank. A larger all-reduce
+/// runs as pieces that fit (module `pieces`); other larger plans are prepared with the peers,
+/// their buffers allocated for them.
 pub(super) const ARENA_BYTES: usize = 64 << 20;
 
 /// Whether the peer kernels can run on `world` ranks with `transport`: 2 to

@@ -47,6 +47,15 @@ fn piece_fits(form: Form, in_place: bool) -> bool {
     }
 }
 
+/// Elements a piece of a call of `count` elements holds where a piece holds at most `most` (a
+/// multiple of 4096): the call cut into as few pieces as fit, of about one size (whole blocks of
+/// 4096 elements, the last the rest) — so that every piece runs the form a piece of that size
+/// does, and no small remainder runs another.
+pub(super) fn balanced(count: usize, most: usize) -> usize {
+    let n = count.div_ceil(most).max(1);
+    count.div_ceil(n).div_ceil(4096) * 4096
+}
+
 /// The pieces of a call of `count` elements, `piece` elements each but the last: (first
 /// element, elements).
 pub(super) fn pieces(count: usize, piece: usize) -> impl Iterator<Item = (usize, usize)> {
@@ -64,10 +73,10 @@ impl CudaExecutor {
         inputs: &[u64],
         outputs: &[u64],
     ) -> Option<usize> {
-        let piece = piece_elems(ARENA_BYTES, shape.elem_bytes, shape.in_place);
+        let most = piece_elems(ARENA_BYTES, shape.elem_bytes, shape.in_place);
         if shape.collective != Collective::AllReduce
-            || shape.count <= piece
-            || piece == 0
+            || shape.count <= most
+            || most == 0
             || self.in_one_process()
             || !self.arenas_everywhere()
             || !self.registrations.all_symmetric()
@@ -75,6 +84,7 @@ impl CudaExecutor {
         {
             return None;
         }
+        let piece = balanced(shape.count, most);
         let piece_shape = Shape {
             count: piece,
             ..shape.clone()
@@ -147,6 +157,22 @@ mod tests {
         assert_eq!(all, [(0, 4), (4, 4), (8, 2)]);
         assert_eq!(pieces(8, 4).count(), 2);
         assert_eq!(pieces(0, 4).count(), 0);
+        // As few pieces as fit, of about one size.
+        let most = 4 * 4096;
+        for count in [
+            most + 1,
+            2 * most,
+            2 * most + 1,
+            5 * most - 3,
+            40 * most + 77,
+        ] {
+            let piece = balanced(count, most);
+            let all: Vec<_> = pieces(count, piece).collect();
+            assert!(piece <= most && piece % 4096 == 0, "{count}");
+            assert_eq!(all.len(), count.div_ceil(most), "{count}");
+            let last = all.last().unwrap().1;
+            assert!(last + 4096 * all.len() > piece, "{count}: {all:?}");
+        }
     }
 
     /// A piece's plan fits the arena with the caller's buffers staged, for every element size
