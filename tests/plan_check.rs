@@ -442,10 +442,14 @@ fn kernel_plan(world: usize, count: usize, in_place: bool, kind: usize) -> Plan 
     }
 }
 
-/// What the GPU executor's ranks own of a plan when they stage the caller's buffers.
-fn staged(kind: ringreduce::plan::BufKind) -> bool {
+/// What the GPU executor's ranks own of `plan` when they stage the caller's buffers: their
+/// staging and exposed copies, and the caller's buffers some rank touches of another's.
+fn staged(plan: &Plan) -> impl Fn(ringreduce::plan::BufKind) -> bool {
     use ringreduce::plan::BufKind::*;
-    matches!(kind, Slots | Scratch | Exposed) || kind.is_callers()
+    let touched = ringreduce::check::touched_across_ranks(plan);
+    move |kind| {
+        matches!(kind, Slots | Scratch | Exposed) || kind.is_callers() && touched.contains(&kind)
+    }
 }
 
 proptest! {
@@ -462,7 +466,7 @@ proptest! {
             .collect();
         let layouts: Vec<Vec<Option<usize>>> = plans
             .iter()
-            .map(|p| arena_layout(p, staged, 1 << 20).expect("fits"))
+            .map(|p| arena_layout(p, staged(p), 1 << 20).expect("fits"))
             .collect();
         let refs: Vec<&Plan> = plans.iter().collect();
         let placed: Vec<Option<&[Option<usize>]>> =
@@ -474,17 +478,29 @@ proptest! {
     }
 }
 
-/// The arena model finds what a wrong layout would do: a rank's staged output laid over its
-/// exposed copy is overwritten by its own reduce while its peers still read the copy.
+/// The arena model finds what a wrong layout would do: a two-shot's staged output laid over its
+/// staged input is written by its own reduce while its peers still read the input.
 #[test]
 fn a_layout_that_overlaps_two_buffers_of_a_rank_races() {
     use ringreduce::plan::arena::arena_layout;
-    let plan = kernel_plan(2, 100, true, 0);
-    let good = arena_layout(&plan, staged, 1 << 20).unwrap();
+    let plan = kernel_plan(2, 100, false, 1);
+    let good = arena_layout(&plan, staged(&plan), 1 << 20).unwrap();
     ringreduce::check::check_sequence_in_arenas(&[&plan], &[Some(&good)], &[0, 0]).unwrap();
-    let overlapping: Vec<Option<usize>> = good.iter().map(|at| at.map(|_| 0)).collect();
+    // Each rank's output 32 elements after its input: its reduce of segment 0 writes what the
+    // peer reduces of segment 1 read.
+    use ringreduce::plan::BufKind;
+    let mut overlapping = good.clone();
+    for (buf, decl) in plan.buffers.iter().enumerate() {
+        if decl.kind == BufKind::Output {
+            let input = plan
+                .buffers
+                .iter()
+                .position(|d| d.rank == decl.rank && d.kind == BufKind::Input);
+            overlapping[buf] = good[input.unwrap()].map(|at| at + 32);
+        }
+    }
     let err = ringreduce::check::check_sequence_in_arenas(&[&plan], &[Some(&overlapping)], &[0])
-        .expect_err("the output overwrites the exposed copy its peers read");
+        .expect_err("the output overwrites the input its peers read");
     assert!(err.to_string().contains("race"), "{err}");
 }
 

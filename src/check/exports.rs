@@ -35,6 +35,24 @@ pub fn check_exports(plan: &Plan, exported: impl Fn(BufKind) -> bool) -> Check {
     Ok(())
 }
 
+/// The kinds of buffer some rank of `plan` touches of another rank's (reads or writes): what a
+/// rank must export of its own for the plan to run across processes ([`check_exports`]).
+pub fn touched_across_ranks(plan: &Plan) -> Vec<BufKind> {
+    let mut kinds = Vec::new();
+    for (rank, program) in plan.ranks.iter().enumerate() {
+        for instr in program {
+            let (reads, writes) = accesses(plan, &instr.op);
+            for region in reads.iter().chain(&writes) {
+                let decl = plan.decl(region.buf);
+                if decl.rank != rank && !kinds.contains(&decl.kind) {
+                    kinds.push(decl.kind);
+                }
+            }
+        }
+    }
+    kinds
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -44,6 +62,28 @@ mod tests {
     /// What an executor exports without staging the caller's buffers.
     fn own_memory(kind: BufKind) -> bool {
         !kind.is_callers()
+    }
+
+    #[test]
+    fn what_a_plan_touches_across_ranks_is_what_it_needs_exported() {
+        // The one-shot out of place reads its peers' inputs and writes only its own output; in
+        // place its peers' exposed copies.
+        for (in_place, kinds) in [
+            (false, vec![BufKind::Input]),
+            (true, vec![BufKind::Exposed]),
+        ] {
+            let plan = OneShotSpec {
+                world: 3,
+                count: 10,
+                in_place,
+                op: ReduceOp::Sum,
+            }
+            .build()
+            .unwrap();
+            assert_eq!(touched_across_ranks(&plan), kinds);
+            check_exports(&plan, |k| kinds.contains(&k)).unwrap();
+            assert!(check_exports(&plan, |k| k != kinds[0]).is_err());
+        }
     }
 
     #[test]

@@ -80,7 +80,7 @@ mod shape;
 
 pub use coarse::coarsen;
 pub use enqueue_order::enqueue_order;
-pub use exports::check_exports;
+pub use exports::{check_exports, touched_across_ranks};
 pub use hierarchy::check_hierarchy;
 pub use races::{check_races, check_sequence, check_sequence_in_arenas};
 pub use result::{check_result, MAX_SYMBOLIC_WORLD};

@@ -168,6 +168,8 @@ struct Prepared {
     ranks: Vec<Arc<RankPlan>>,
     /// Who enqueues a call's ranks, and in what order.
     schedule: Schedule,
+    /// The caller's buffers staged (`rank::Staged`).
+    staged: rank::Staged,
 }
 
 /// Who enqueues the ranks of a call, and in what order: decided once per plan, from its

@@ -36,15 +36,14 @@ pub(super) fn piece_elems(arena_bytes: usize, elem_bytes: usize, in_place: bool)
     (arena_bytes / elem_bytes / staged) / 4096 * 4096
 }
 
-/// Whether a piece of [`piece_elems`] elements run in `form` fits the arena: the two-shot stages
-/// only the caller's buffers; the read one-shot in place also exposes a copy (twice the piece),
-/// out of place only the two buffers. Any other form is no kernel the gate checks.
-fn piece_fits(form: Form, in_place: bool) -> bool {
-    match form {
-        Form::TwoShotKernel => true,
-        Form::OneShotKernel | Form::LlKernel => !in_place,
-        _ => false,
-    }
+/// Whether a piece of [`piece_elems`] elements run in `form` fits the arena: a kernel the gate
+/// checks, whose staged and exposed buffers are no more than the caller's (the two-shot stages
+/// them all; the read one-shot its input out of place, an exposed copy in place).
+fn piece_fits(form: Form) -> bool {
+    matches!(
+        form,
+        Form::TwoShotKernel | Form::OneShotKernel | Form::LlKernel
+    )
 }
 
 /// Elements a piece of a call of `count` elements holds where a piece holds at most `most` (a
@@ -89,7 +88,7 @@ impl CudaExecutor {
             count: piece,
             ..shape.clone()
         };
-        piece_fits(self.selection(&piece_shape).form, shape.in_place).then_some(piece)
+        piece_fits(self.selection(&piece_shape).form).then_some(piece)
     }
 
     /// Runs `shape` as pieces of `piece` elements (module doc), each through
@@ -147,7 +146,7 @@ impl CudaExecutor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exec::cuda::executor::rank::owned;
+    use crate::exec::cuda::executor::rank::Staged;
     use crate::plan::arena::arena_layout;
     use crate::plan::{Gather, TwoShotSpec};
 
@@ -175,9 +174,9 @@ mod tests {
         }
     }
 
-    /// A piece's plan fits the arena with the caller's buffers staged, for every element size
-    /// and world: the two-shot's (what a gated all-reduce of a piece's size runs) in place and
-    /// out of place, the read one-shot's out of place only (`piece_fits`).
+    /// A piece's plan fits the arena with the caller's buffers staged, for every element size,
+    /// world and placement: the two-shot's (what a gated all-reduce of a piece's size runs) and
+    /// the read one-shot's (`piece_fits`).
     #[test]
     fn a_piece_of_the_two_shot_fits_the_arena() {
         for elem_bytes in [1, 2, 4, 8] {
@@ -194,13 +193,9 @@ mod tests {
                     .build()
                     .unwrap();
                     let capacity = ARENA_BYTES / elem_bytes;
-                    let fits = arena_layout(&oneshot, |k| owned(k, true), capacity);
-                    // (In place the one-shot also exposes a copy: twice the piece.)
-                    assert_eq!(
-                        fits.is_some(),
-                        !in_place,
-                        "one-shot {elem_bytes} B, {world}"
-                    );
+                    let staged = Staged::touched_by_peers(&oneshot);
+                    let fits = arena_layout(&oneshot, |k| staged.owns(k), capacity);
+                    assert!(fits.is_some(), "one-shot {elem_bytes} B, {world}");
                     let plan = TwoShotSpec {
                         world,
                         count,
@@ -212,7 +207,10 @@ mod tests {
                     .build()
                     .unwrap();
                     let capacity = ARENA_BYTES / elem_bytes;
-                    let fits = arena_layout(&plan, |k| owned(k, true), capacity);
+                    let fits = {
+                        let staged = Staged::touched_by_peers(&plan);
+                        arena_layout(&plan, |k| staged.owns(k), capacity)
+                    };
                     assert!(
                         fits.is_some(),
                         "{elem_bytes} B, in place {in_place}, {world} ranks"
@@ -231,7 +229,10 @@ mod tests {
                     }
                     .build()
                     .unwrap();
-                    let over = arena_layout(&larger, |k| owned(k, true), capacity);
+                    let over = {
+                        let staged = Staged::touched_by_peers(&larger);
+                        arena_layout(&larger, |k| staged.owns(k), capacity)
+                    };
                     assert!(
                         over.is_none(),
                         "{elem_bytes} B, in place {in_place}, {world} ranks"

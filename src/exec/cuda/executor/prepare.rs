@@ -9,7 +9,7 @@
 
 use super::layout::{oneshot_layout, steps_layout, twoshot_segments};
 use super::peer_words::{PeerKernel, ARENA_BYTES};
-use super::rank::{self, Placed};
+use super::rank::{Placed, Staged};
 use super::{auto_chunk_bytes, CudaExecutor, Dispatch, Prepared, Schedule, CACHED_PLANS};
 use crate::error::{Error, Result};
 use crate::exec::algorithm::{select, Ask, Form, Selection};
@@ -23,8 +23,8 @@ struct Built {
     plan: Arc<Plan>,
     algorithm: Algorithm,
     dispatch: Arc<Dispatch>,
-    /// Whether the caller's buffers are staged (`CudaExecutor::stages_callers`).
-    staged_callers: bool,
+    /// The caller's buffers staged (`CudaExecutor::stages_callers`, `Staged`).
+    staged: Staged,
 }
 
 impl CudaExecutor {
@@ -70,9 +70,8 @@ impl CudaExecutor {
         if built.dispatch.peer_kernel().is_none() {
             return Ok(None);
         }
-        let staged = built.staged_callers;
         let capacity = ARENA_BYTES / shape.elem_bytes;
-        let Some(offsets) = arena_layout(&built.plan, |k| rank::owned(k, staged), capacity) else {
+        let Some(offsets) = arena_layout(&built.plan, |k| built.staged.owns(k), capacity) else {
             return Ok(None);
         };
         let placed = Placed(offsets);
@@ -129,21 +128,24 @@ impl CudaExecutor {
             }
         };
         let dispatch = Arc::new(self.dispatch(&plan, selection)?);
-        let staged_callers = self.stages_callers(shape.registered, &dispatch);
+        let staged = match self.stages_callers(shape.registered, &dispatch) {
+            true => Staged::touched_by_peers(&plan),
+            false => Staged::NONE,
+        };
         if !self.in_one_process() && dispatch.peer_kernel() != Some(PeerKernel::OneShotLl) {
             // Peers in other processes: every buffer this plan has a rank touch of another's
-            // must be one its owner exports (`rank::owned`) — or, registered, the caller's.
+            // must be one its owner exports (`Staged::owns`) — or, registered, the caller's.
             // (The LL one-shot touches no buffer of the plan across ranks: `stages_callers`.)
             let registered = shape.registered;
             crate::check::check_exports(&plan, |kind| {
-                rank::owned(kind, staged_callers) || registered && kind.is_callers()
+                staged.owns(kind) || registered && kind.is_callers()
             })?;
         }
         Ok(Built {
             plan: Arc::new(plan),
             algorithm,
             dispatch,
-            staged_callers,
+            staged,
         })
     }
 
@@ -161,7 +163,7 @@ impl CudaExecutor {
             plan,
             algorithm,
             dispatch,
-            staged_callers,
+            staged,
         } = built;
         let exposed_bytes = plan
             .buffers
@@ -188,7 +190,7 @@ impl CudaExecutor {
         let mut records = Vec::with_capacity(n);
         for r in &self.ranks {
             if placed.is_some() {
-                allocated.push(r.allocate_placed(&plan, &dispatch, staged_callers)?);
+                allocated.push(r.allocate_placed(&plan, &dispatch, &staged)?);
                 continue;
             }
             let (part, record) = r.allocate(
@@ -197,7 +199,7 @@ impl CudaExecutor {
                 &dispatch,
                 shape.elem_bytes,
                 self.peers_ok,
-                staged_callers,
+                &staged,
             )?;
             allocated.push(part);
             records.push(record);
@@ -235,6 +237,7 @@ impl CudaExecutor {
             serial: self.prepared_plans % 0x8000,
             ranks,
             schedule,
+            staged,
         });
         self.cache.insert(shape, prepared.clone());
         Ok(prepared)

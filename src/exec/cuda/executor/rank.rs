@@ -183,22 +183,46 @@ pub(super) struct Allocated {
     events: Vec<Option<Event>>,
     staging: Vec<Owned>,
     counters: Option<Counters>,
-    copy_callers: bool,
+    staged: Staged,
 }
 
-/// The kinds of buffer a plan's ranks own: their staging and exposed copies, and — when the
-/// caller's buffers are staged (`copy_callers`: ranks in other processes cannot reach them) —
-/// a copy of each caller's buffer too. The rest are the caller's, by address. What a rank owns
-/// it exports to its peers (`check::check_exports` proves a plan needs no more).
-pub(super) fn owned(kind: BufKind, copy_callers: bool) -> bool {
-    matches!(
-        kind,
-        BufKind::Slots
-            | BufKind::Scratch
-            | BufKind::HostSlots
-            | BufKind::HostExposed
-            | BufKind::Exposed
-    ) || copy_callers && kind.is_callers()
+/// The caller's buffers a plan's ranks stage — copy into memory of their own before the call
+/// (and back after it, if written), since ranks in other processes cannot reach the caller's:
+/// of the kinds some rank touches of another's (`check::touched_across_ranks`), those of the
+/// caller. A buffer only its own rank touches (a one-shot's output, an all-gather's) is not
+/// staged: its kernel reads or writes the caller's buffer in place. [`Staged::NONE`] where
+/// nothing is (ranks in one process, registered buffers, the LL one-shot).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct Staged(Vec<BufKind>);
+
+impl Staged {
+    pub(super) const NONE: Staged = Staged(Vec::new());
+
+    /// The caller's buffers of `plan` that some rank touches of another's.
+    pub(super) fn touched_by_peers(plan: &Plan) -> Staged {
+        let mut kinds = crate::check::touched_across_ranks(plan);
+        kinds.retain(|k| k.is_callers());
+        Staged(kinds)
+    }
+
+    /// Whether any caller's buffer is staged.
+    pub(super) fn any(&self) -> bool {
+        !self.0.is_empty()
+    }
+
+    /// Whether a plan's ranks own their buffers of `kind`: their staging and exposed copies,
+    /// and the caller's buffers they stage. The rest are the caller's, by address. What a rank
+    /// owns it exports to its peers (`check::check_exports` proves a plan needs no more).
+    pub(super) fn owns(&self, kind: BufKind) -> bool {
+        matches!(
+            kind,
+            BufKind::Slots
+                | BufKind::Scratch
+                | BufKind::HostSlots
+                | BufKind::HostExposed
+                | BufKind::Exposed
+        ) || self.0.contains(&kind)
+    }
 }
 
 /// Where a plan prepared alone has every rank's owned buffers: at these offsets (in elements of
@@ -259,7 +283,7 @@ impl RankExecutor {
         dispatch: &Arc<Dispatch>,
         elem_bytes: usize,
         peer_access: bool,
-        copy_callers: bool,
+        staged: &Staged,
     ) -> Result<(Allocated, Record)> {
         let rank = self.rank();
         let res = &self.res;
@@ -269,7 +293,7 @@ impl RankExecutor {
         for decl in plan
             .buffers
             .iter()
-            .filter(|d| d.rank == rank && owned(d.kind, copy_callers))
+            .filter(|d| d.rank == rank && staged.owns(d.kind))
         {
             let bytes = (decl.len * elem_bytes).max(1);
             let exported = match decl.kind {
@@ -309,7 +333,7 @@ impl RankExecutor {
             events,
             staging,
             counters,
-            copy_callers,
+            staged: staged.clone(),
         };
         Ok((allocated, record))
     }
@@ -320,7 +344,7 @@ impl RankExecutor {
         &self,
         plan: &Arc<Plan>,
         dispatch: &Arc<Dispatch>,
-        copy_callers: bool,
+        staged: &Staged,
     ) -> Result<Allocated> {
         Ok(Allocated {
             plan: plan.clone(),
@@ -328,7 +352,7 @@ impl RankExecutor {
             events: self.events(plan)?,
             staging: Vec::new(),
             counters: None,
-            copy_callers,
+            staged: staged.clone(),
         })
     }
 
@@ -364,7 +388,7 @@ impl RankExecutor {
             events,
             staging,
             mut counters,
-            copy_callers,
+            staged,
         } = allocated;
         let mut fields: Vec<Fields<'_>> = records
             .iter()
@@ -375,7 +399,7 @@ impl RankExecutor {
         let mut addrs = vec![0u64; plan.buffers.len()];
         let imported = (|| {
             for (buf, decl) in plan.buffers.iter().enumerate() {
-                if !owned(decl.kind, copy_callers) {
+                if !staged.owns(decl.kind) {
                     continue;
                 }
                 addrs[buf] = match placed {

@@ -59,13 +59,12 @@ impl CudaExecutor {
         let (inputs, outputs) = (&inputs[..], &outputs[..]);
         let registered = shape.registered;
         let prepared = self.prepare(shape)?;
-        let copy_callers = self.stages_callers(registered, &prepared.dispatch);
         self.last_ran = Some(Ran {
             algorithm: prepared.algorithm,
             form: prepared.dispatch.form(),
             reach: self.reach(),
             in_place: prepared.plan.in_place,
-            copied: copy_callers,
+            copied: prepared.staged.any(),
             registered,
             captured,
             pieces: 1,
@@ -84,8 +83,8 @@ impl CudaExecutor {
             self.check_error_words()?;
         }
         // The caller's buffers, as the plan's buffers: in one process every rank's are at hand,
-        // in one address space; staged (`copy_callers`), this rank's are copied into the memory
-        // it exported for them, and back.
+        // in one address space; staged (`Prepared::staged`), this rank's are copied into the
+        // memory it exported for them, and back; the rest its kernels touch where they lie.
         let callers = prepared
             .plan
             .buffers
@@ -93,10 +92,11 @@ impl CudaExecutor {
             .map(|decl| caller_address(decl, inputs, outputs).unwrap_or(0))
             .collect::<Vec<u64>>();
         let (mut copies_in, mut copies_out) = (Vec::new(), Vec::new());
-        if copy_callers {
+        if prepared.staged.any() {
             let (rank, own) = (self.ranks[0].rank(), &prepared.ranks[0]);
             for (buf, decl) in prepared.plan.buffers.iter().enumerate() {
-                if decl.rank != rank || !decl.kind.is_callers() || callers[buf] == 0 {
+                let staged = decl.kind.is_callers() && prepared.staged.owns(decl.kind);
+                if decl.rank != rank || !staged || callers[buf] == 0 {
                     continue;
                 }
                 let (staged, caller) = (own.addrs[buf], callers[buf]);
