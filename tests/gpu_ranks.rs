@@ -1198,7 +1198,7 @@ fn large_calls_and_sends_return_before_a_late_peer_and_run_as_kernels() {
 }
 
 #[test]
-fn an_all_reduce_too_large_for_the_arenas_runs_in_gated_pieces_before_a_late_peer() {
+fn large_first_calls_are_gated_before_a_late_peer_an_all_reduce_in_pieces() {
     use ringreduce::Form;
     if let Some(env) = as_rank() {
         let (rank, world, device, mut comm, stream) = auto_rank_with_stream(&env);
@@ -1212,20 +1212,31 @@ fn an_all_reduce_too_large_for_the_arenas_runs_in_gated_pieces_before_a_late_pee
         let mut buf = GpuBuffer::from_host(device, &values(op, rank, in_place_count)).unwrap();
         let input = GpuBuffer::from_host(device, &values(op, rank, out_count)).unwrap();
         let mut output = GpuBuffer::<f32>::zeroed(device, out_count).unwrap();
+        // An all-gather of 48 MiB a rank into 144 MiB: only its input is copied into the arena
+        // (its peers read nothing else), so it fits whole.
+        let per = (12 << 20) + 1;
+        let mine = GpuBuffer::from_host(device, &values(op, rank, per)).unwrap();
+        let mut all = GpuBuffer::<f32>::zeroed(device, world * per).unwrap();
         let mut ran = Vec::new();
         enqueued_before_a_late_peer(rank, || {
             // SAFETY: the buffers are untouched until the stream is synchronised below.
             unsafe { comm.enqueue_all_reduce_in_place_on(&mut buf, op, &stream) }.unwrap();
-            ran.push(comm.last_ran().map(|r| (r.form, r.pieces)));
+            ran.push(comm.last_ran().map(|r| (r.form, r.pieces, r.copied)));
             // SAFETY: as above.
             unsafe { comm.enqueue_all_reduce_on(&input, &mut output, op, &stream) }.unwrap();
-            ran.push(comm.last_ran().map(|r| (r.form, r.pieces)));
+            ran.push(comm.last_ran().map(|r| (r.form, r.pieces, r.copied)));
+            let ag = Collective::AllGather;
+            // SAFETY: as above.
+            unsafe { comm.enqueue_collective(&ag, Some(&mine), Some(&mut all), op, &stream) }
+                .unwrap();
+            ran.push(comm.last_ran().map(|r| (r.form, r.pieces, r.copied)));
         });
         assert_eq!(
             ran,
             [
-                Some((Form::TwoShotKernel, 3)),
-                Some((Form::TwoShotKernel, 3))
+                Some((Form::TwoShotKernel, 3, true)),
+                Some((Form::TwoShotKernel, 3, true)),
+                Some((Form::StepsKernel, 1, true)),
             ],
             "rank {rank}"
         );
@@ -1239,6 +1250,8 @@ fn an_all_reduce_too_large_for_the_arenas_runs_in_gated_pieces_before_a_late_pee
             output.to_host().unwrap() == want(out_count),
             "rank {rank} out of place"
         );
+        let want_ag: Vec<f32> = (0..world).flat_map(|r| values(op, r, per)).collect();
+        assert!(all.to_host().unwrap() == want_ag, "rank {rank} all-gather");
         // Whole calls that differ only in their last piece are named at the first, before any
         // piece touches a buffer: by the call itself where a piece's gate failed before the
         // next piece was published, else by the next synchronisation.
@@ -1263,7 +1276,7 @@ fn an_all_reduce_too_large_for_the_arenas_runs_in_gated_pieces_before_a_late_pee
         return;
     }
     let ranks = launch(
-        "an_all_reduce_too_large_for_the_arenas_runs_in_gated_pieces_before_a_late_peer",
+        "large_first_calls_are_gated_before_a_late_peer_an_all_reduce_in_pieces",
         3,
         |_| vec![],
     );
