@@ -405,9 +405,9 @@ pub struct Ran {
     pub reach: Reach,
     /// The caller's output was also its input.
     pub in_place: bool,
-    /// The caller's buffers were copied into the library's own before any peer touched them
-    /// (and out after): peers in other processes reach only memory the library exported, or
-    /// registered.
+    /// Some of the caller's buffers — those a peer reads or writes — were copied into the
+    /// library's own before any peer touched them (and out after): peers in other processes
+    /// reach only memory the library exported, or registered.
     pub copied: bool,
     /// The call ran on the ranks' registered buffers, peers' included, without copies.
     pub registered: bool,
