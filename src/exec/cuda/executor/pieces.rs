@@ -179,64 +179,36 @@ mod tests {
     /// the read one-shot's (`piece_fits`).
     #[test]
     fn a_piece_of_the_two_shot_fits_the_arena() {
+        let fits = |plan: &crate::plan::Plan, elem_bytes: usize| {
+            let staged = Staged::touched_by_peers(plan);
+            arena_layout(plan, |k| staged.owns(k), ARENA_BYTES / elem_bytes).is_some()
+        };
         for elem_bytes in [1, 2, 4, 8] {
             for in_place in [true, false] {
                 let count = piece_elems(ARENA_BYTES, elem_bytes, in_place);
                 assert_eq!(count % 4096, 0);
                 for world in 2..=8 {
+                    let at = format!("{elem_bytes} B, in place {in_place}, {world} ranks");
+                    let op = ReduceOp::Sum;
                     let oneshot = crate::plan::OneShotSpec {
                         world,
                         count,
                         in_place,
-                        op: ReduceOp::Sum,
-                    }
-                    .build()
-                    .unwrap();
-                    let capacity = ARENA_BYTES / elem_bytes;
-                    let staged = Staged::touched_by_peers(&oneshot);
-                    let fits = arena_layout(&oneshot, |k| staged.owns(k), capacity);
-                    assert!(fits.is_some(), "one-shot {elem_bytes} B, {world}");
-                    let plan = TwoShotSpec {
+                        op,
+                    };
+                    assert!(fits(&oneshot.build().unwrap(), elem_bytes), "one-shot {at}");
+                    let twoshot = |count| TwoShotSpec {
                         world,
                         count,
                         in_place,
-                        op: ReduceOp::Sum,
+                        op,
                         align: (16 / elem_bytes).max(1),
                         gather: Gather::Pull,
-                    }
-                    .build()
-                    .unwrap();
-                    let capacity = ARENA_BYTES / elem_bytes;
-                    let fits = {
-                        let staged = Staged::touched_by_peers(&plan);
-                        arena_layout(&plan, |k| staged.owns(k), capacity)
                     };
-                    assert!(
-                        fits.is_some(),
-                        "{elem_bytes} B, in place {in_place}, {world} ranks"
-                    );
+                    assert!(fits(&twoshot(count).build().unwrap(), elem_bytes), "{at}");
                     // ... and a piece a block larger would not: the piece is as large as fits.
-                    let larger = TwoShotSpec {
-                        count: count + 4096,
-                        ..TwoShotSpec {
-                            world,
-                            count,
-                            in_place,
-                            op: ReduceOp::Sum,
-                            align: (16 / elem_bytes).max(1),
-                            gather: Gather::Pull,
-                        }
-                    }
-                    .build()
-                    .unwrap();
-                    let over = {
-                        let staged = Staged::touched_by_peers(&larger);
-                        arena_layout(&larger, |k| staged.owns(k), capacity)
-                    };
-                    assert!(
-                        over.is_none(),
-                        "{elem_bytes} B, in place {in_place}, {world} ranks"
-                    );
+                    let larger = twoshot(count + 4096).build().unwrap();
+                    assert!(!fits(&larger, elem_bytes), "{at}");
                 }
             }
         }
