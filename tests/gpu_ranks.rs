@@ -1217,6 +1217,12 @@ fn large_first_calls_are_gated_before_a_late_peer_an_all_reduce_in_pieces() {
         let per = (12 << 20) + 1;
         let mine = GpuBuffer::from_host(device, &values(op, rank, per)).unwrap();
         let mut all = GpuBuffer::<f32>::zeroed(device, world * per).unwrap();
+        // A broadcast from rank 1 out of place and a reduce to rank 2 in place, 80 MiB each: in
+        // two pieces of the steps kernel.
+        let long = (20 << 20) + 7;
+        let source = GpuBuffer::from_host(device, &values(op, rank, long)).unwrap();
+        let mut copy = GpuBuffer::<f32>::zeroed(device, long).unwrap();
+        let mut summed = GpuBuffer::from_host(device, &values(op, rank, long)).unwrap();
         let mut ran = Vec::new();
         enqueued_before_a_late_peer(rank, || {
             // SAFETY: the buffers are untouched until the stream is synchronised below.
@@ -1230,6 +1236,15 @@ fn large_first_calls_are_gated_before_a_late_peer_an_all_reduce_in_pieces() {
             unsafe { comm.enqueue_collective(&ag, Some(&mine), Some(&mut all), op, &stream) }
                 .unwrap();
             ran.push(comm.last_ran().map(|r| (r.form, r.pieces, r.copied)));
+            let bcast = Collective::Broadcast { root: 1 };
+            // SAFETY: as above.
+            unsafe { comm.enqueue_collective(&bcast, Some(&source), Some(&mut copy), op, &stream) }
+                .unwrap();
+            ran.push(comm.last_ran().map(|r| (r.form, r.pieces, r.copied)));
+            let reduce = Collective::Reduce { root: 2 };
+            // SAFETY: as above.
+            unsafe { comm.enqueue_collective_in_place(&reduce, &mut summed, op, &stream) }.unwrap();
+            ran.push(comm.last_ran().map(|r| (r.form, r.pieces, r.copied)));
         });
         assert_eq!(
             ran,
@@ -1237,6 +1252,8 @@ fn large_first_calls_are_gated_before_a_late_peer_an_all_reduce_in_pieces() {
                 Some((Form::TwoShotKernel, 3, true)),
                 Some((Form::TwoShotKernel, 3, true)),
                 Some((Form::StepsKernel, 1, true)),
+                Some((Form::StepsKernel, 2, true)),
+                Some((Form::StepsKernel, 2, true)),
             ],
             "rank {rank}"
         );
@@ -1252,6 +1269,16 @@ fn large_first_calls_are_gated_before_a_late_peer_an_all_reduce_in_pieces() {
         );
         let want_ag: Vec<f32> = (0..world).flat_map(|r| values(op, r, per)).collect();
         assert!(all.to_host().unwrap() == want_ag, "rank {rank} all-gather");
+        assert!(
+            copy.to_host().unwrap() == values(op, 1, long),
+            "rank {rank} broadcast"
+        );
+        if rank == 2 {
+            assert!(
+                summed.to_host().unwrap() == want(long),
+                "rank {rank} reduce"
+            );
+        }
         // Whole calls that differ only in their last piece are named at the first, before any
         // piece touches a buffer: by the call itself where a piece's gate failed before the
         // next piece was published, else by the next synchronisation.

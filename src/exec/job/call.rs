@@ -136,7 +136,7 @@ impl CallShape {
             ""
         } + &match w[6] {
             0 => String::new(),
-            whole => format!(", a piece of an all-reduce of {whole} elements"),
+            whole => format!(", a piece of a call of {whole} elements"),
         }
     }
 }

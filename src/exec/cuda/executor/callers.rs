@@ -65,8 +65,8 @@ impl CudaExecutor {
     /// `synchronize` or async error when the gate found it. A failure is told to the peers
     /// (`Fabric::fail`), and a blocking call's completion too.
     ///
-    /// An all-reduce too large for the arenas that every rank would otherwise prepare with its
-    /// peers runs as pieces that fit them, each such a call (module `pieces`).
+    /// An all-reduce, broadcast or reduce too large for the arenas, which every rank would
+    /// otherwise prepare with its peers, runs as pieces that fit them (module `pieces`).
     ///
     /// The call in three steps, each a function: `checked_call` (published and checked),
     /// `ready_call` (its plan prepared, its buffers laid out: module `run_on_main`), then the

@@ -1,5 +1,7 @@
-//! An all-reduce too large for the arenas, across processes, run as pieces that fit them: each
-//! piece a call of its own, prepared by each rank alone and checked by the GPUs' call gate like
+//! An all-reduce, broadcast or reduce too large for the arenas, across processes, run as pieces
+//! that fit them — each a call of the same collective on a run of the caller's elements, which
+//! needs no more than the buffers' addresses moved on (the other collectives' buffers are
+//! blocks, a piece of which is no run of elements). Each piece a call of its own, prepared by each rank alone and checked by the GPUs' call gate like
 //! any gated call — so a large call also returns once enqueued, whatever the peers' hosts are
 //! doing, instead of meeting them to allocate and exchange buffers of its size.
 //!
@@ -27,22 +29,33 @@ use crate::exec::algorithm::Form;
 use crate::exec::Shape;
 use crate::plan::Collective;
 
-/// The most elements of `elem_bytes` bytes a piece of an all-reduce holds: its caller's
-/// buffers staged in an arena of `arena_bytes` — one in place, input and output out of place
-/// — in whole blocks of 4096 elements (so that every piece but the last keeps the 16-byte
-/// alignment of the caller's buffers, and the plan's 64-element layout fits).
-pub(super) fn piece_elems(arena_bytes: usize, elem_bytes: usize, in_place: bool) -> usize {
-    let staged = if in_place { 1 } else { 2 };
+/// How many buffers of a piece's count a rank places in its arena for a call of `shape`, where
+/// it can run in pieces: an all-reduce out of place two (the two-shot's peers read its input
+/// and its output), in place one; a broadcast or reduce one (the root's buffer its peers read,
+/// or each rank's the root reads). `None`: the collective does not run in pieces.
+fn staged_buffers(shape: &Shape) -> Option<usize> {
+    match shape.collective {
+        Collective::AllReduce if !shape.in_place => Some(2),
+        Collective::AllReduce | Collective::Broadcast { .. } | Collective::Reduce { .. } => Some(1),
+        _ => None,
+    }
+}
+
+/// The most elements of `elem_bytes` bytes a piece holds, `staged` buffers of it in an arena of
+/// `arena_bytes`, in whole blocks of 4096 elements (so that every piece but the last keeps the
+/// 16-byte alignment of the caller's buffers, and the plan's 64-element layout fits).
+pub(super) fn piece_elems(arena_bytes: usize, elem_bytes: usize, staged: usize) -> usize {
     (arena_bytes / elem_bytes / staged) / 4096 * 4096
 }
 
 /// Whether a piece of [`piece_elems`] elements run in `form` fits the arena: a kernel the gate
-/// checks, whose staged and exposed buffers are no more than the caller's (the two-shot stages
-/// them all; the read one-shot its input out of place, an exposed copy in place).
+/// checks, whose staged and exposed buffers are no more than [`staged_buffers`] (the two-shot
+/// stages the caller's buffers; the read one-shot its input out of place, an exposed copy in
+/// place; the steps kernel the buffer the peers read).
 fn piece_fits(form: Form) -> bool {
     matches!(
         form,
-        Form::TwoShotKernel | Form::OneShotKernel | Form::LlKernel
+        Form::TwoShotKernel | Form::OneShotKernel | Form::LlKernel | Form::StepsKernel
     )
 }
 
@@ -63,7 +76,8 @@ pub(super) fn pieces(count: usize, piece: usize) -> impl Iterator<Item = (usize,
 
 impl CudaExecutor {
     /// How many elements each piece of this call holds, where it runs in pieces (module doc):
-    /// an all-reduce across processes whose ranks all made arenas, on buffers it would stage
+    /// an all-reduce, broadcast or reduce across processes whose ranks all made arenas, on
+    /// buffers it would stage
     /// (not on symmetric registrations), larger than a piece — a piece whose form is a kernel
     /// the gate checks and whose plan fits the arena (`piece_fits`). `None`: it runs whole.
     pub(super) fn arena_piece(
@@ -72,9 +86,8 @@ impl CudaExecutor {
         inputs: &[u64],
         outputs: &[u64],
     ) -> Option<usize> {
-        let most = piece_elems(ARENA_BYTES, shape.elem_bytes, shape.in_place);
-        if shape.collective != Collective::AllReduce
-            || shape.count <= most
+        let most = piece_elems(ARENA_BYTES, shape.elem_bytes, staged_buffers(shape)?);
+        if shape.count <= most
             || most == 0
             || self.in_one_process()
             || !self.arenas_everywhere()
@@ -148,7 +161,7 @@ mod tests {
     use super::*;
     use crate::exec::cuda::executor::rank::Staged;
     use crate::plan::arena::arena_layout;
-    use crate::plan::{Gather, TwoShotSpec};
+    use crate::plan::{Gather, OneShotSpec, TwoShotSpec};
 
     #[test]
     fn pieces_tile_the_call() {
@@ -185,18 +198,32 @@ mod tests {
         };
         for elem_bytes in [1, 2, 4, 8] {
             for in_place in [true, false] {
-                let count = piece_elems(ARENA_BYTES, elem_bytes, in_place);
+                let staged = if in_place { 1 } else { 2 };
+                let count = piece_elems(ARENA_BYTES, elem_bytes, staged);
                 assert_eq!(count % 4096, 0);
                 for world in 2..=8 {
                     let at = format!("{elem_bytes} B, in place {in_place}, {world} ranks");
                     let op = ReduceOp::Sum;
-                    let oneshot = crate::plan::OneShotSpec {
+                    let oneshot = OneShotSpec {
                         world,
                         count,
                         in_place,
                         op,
                     };
                     assert!(fits(&oneshot.build().unwrap(), elem_bytes), "one-shot {at}");
+                    // A broadcast's and a reduce's pieces hold as many as an in-place
+                    // all-reduce's.
+                    let one = OneShotSpec {
+                        count: piece_elems(ARENA_BYTES, elem_bytes, 1),
+                        ..oneshot
+                    };
+                    for c in [
+                        Collective::Broadcast { root: 1 },
+                        Collective::Reduce { root: 1 },
+                    ] {
+                        let plan = one.build_collective(&c).unwrap();
+                        assert!(fits(&plan, elem_bytes), "{c:?} {at}");
+                    }
                     let twoshot = |count| TwoShotSpec {
                         world,
                         count,
