@@ -35,8 +35,9 @@ impl CudaExecutor {
 
     /// Sets up this process's one rank of a job whose ranks met at `rendezvous`, each in a
     /// process of its own, on its GPU `device`: the same executor over
-    /// the [`Joined`] fabric. The caller's buffers are staged through memory this rank exports
-    /// (`stages_callers`), since no peer can reach them (but the LL one-shot's, which reach none).
+    /// the [`Joined`] fabric. The caller's buffers a peer touches are staged through memory this
+    /// rank exports (`stages_callers`, `rank::Staged`), since no peer can reach them (but the LL
+    /// one-shot's, which reach none).
     pub(crate) fn for_rank(
         rendezvous: Rendezvous,
         id: &UniqueId,

@@ -206,9 +206,10 @@ struct CudaCall {
     first: usize,
     /// The caller's buffers' base addresses, by plan buffer (0 for the buffers the ranks own).
     callers: Vec<u64>,
-    /// Where the caller's buffers are staged (`CudaExecutor::stages_callers`): the copies this
-    /// process's rank enqueues on its Main stream before its program, (destination, source,
-    /// bytes) — the caller's buffers into the memory it exported for them — and after it, back.
+    /// Where the caller's buffers are staged (`Prepared::staged`): the copies this process's
+    /// rank enqueues on its Main stream before its program, (destination, source, bytes) — the
+    /// caller's buffers into the memory it exported for them — and after it, back (the written
+    /// ones).
     copies_in: Vec<(u64, u64, usize)>,
     copies_out: Vec<(u64, u64, usize)>,
     /// The plan's number (`Prepared::serial`).
@@ -285,9 +286,9 @@ pub(crate) struct CudaExecutor {
 }
 
 impl CudaExecutor {
-    /// Whether the caller's buffers of a call run as `dispatch` are staged through memory each
-    /// rank exports (copied in before the call, out after): when some ranks live in other
-    /// processes, which cannot reach them — unless every rank registered its buffers
+    /// Whether the caller's buffers of a call run as `dispatch` that a peer touches are staged
+    /// through memory each rank exports (copied in before the call, out after: `rank::Staged`):
+    /// when some ranks live in other processes, which cannot reach them — unless every rank registered its buffers
     /// (`registered`), or the call runs the LL one-shot, whose peers reach only this rank's
     /// receive buffer (they are sent its words, `cuda/ll.cuh`), never a buffer of the plan.
     fn stages_callers(&self, registered: bool, dispatch: &Dispatch) -> bool {
