@@ -39,9 +39,10 @@ pub(crate) fn op_of(
 /// Every call runs out of place, NCCL's in-place forms included (the same buffer, the
 /// all-gather's send buffer inside its receive buffer, the reduce-scatter's receive buffer
 /// inside its send buffer): NCCL lets each rank choose in place on its own, and every rank must
-/// run the same plan. That is exact, since a rank's buffers are copied into the memory it shares
-/// before the collective and out of it after: nothing is written to the caller's memory before
-/// everything was read from it.
+/// run the same plan. That is exact, since what a rank's peers read of its buffers is copied
+/// into the memory it shares before the collective, and its own kernel reads its input from
+/// that copy too, or writes only a copy of its output, copied out after everything was read
+/// (`Staged::touched_by_peers` in the library's GPU executor).
 pub(crate) struct Call {
     /// NCCL's name of the call.
     name: &'static str,

@@ -7,9 +7,9 @@
 //! (`exec::host::process`). A GPU rank runs the GPU executor's, for its one GPU, over the
 //! `Joined` fabric: its peers' memory is imported from file descriptors (`cuMemCreate` memory)
 //! or legacy CUDA IPC handles, and the caller's
-//! buffers are staged through memory the rank exports, so any buffer works — unless every rank
-//! registered the allocation its buffers lie in ([`RankCommunicator::register`]): then the call
-//! runs on them in place.
+//! buffers its peers touch are staged through memory the rank exports, so any buffer works —
+//! unless every rank registered the allocation its buffers lie in
+//! ([`RankCommunicator::register`]): then the call runs on them in place.
 //!
 //! ```no_run
 //! use ringreduce::{HostConfig, RankCommunicator, ReduceOp};

@@ -20,6 +20,13 @@ use std::time::Instant;
 #[derive(Clone, Copy)]
 pub(crate) struct CallerStreams<'a>(&'a [CallerStream]);
 
+impl CallerStreams<'_> {
+    /// Whether the caller's streams are being captured into a CUDA graph (module `capture`).
+    pub(super) fn capturing(self) -> Result<bool> {
+        capture::capturing(self.0)
+    }
+}
+
 /// A call published and checked ([`CudaExecutor::run`]'s first step): the shape it runs
 /// (registered where every rank's buffers are), every buffer's address as this rank reaches it
 /// (laid out as [`crate::exec::caller_address`] lays them out), and the gate its peer kernel

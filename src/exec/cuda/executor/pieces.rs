@@ -28,6 +28,7 @@ use crate::error::Result;
 use crate::exec::algorithm::Form;
 use crate::exec::Shape;
 use crate::plan::Collective;
+use std::time::Instant;
 
 /// How many buffers of a piece's count a rank places in its arena for a call of `shape`, where
 /// it can run in pieces: an all-reduce out of place two (the two-shot's peers read its input
@@ -105,8 +106,10 @@ impl CudaExecutor {
     }
 
     /// Runs `shape` as pieces of `piece` elements (module doc), each through
-    /// [`CudaExecutor::run_one`], stopping at the first that fails; [`crate::Ran::pieces`] says
-    /// how many ran.
+    /// [`CudaExecutor::run_one`], stopping at the first that fails — after the pieces enqueued
+    /// before it have settled (as a failed call's own ranks are waited for, module `launch`), so
+    /// that nothing touches the caller's buffers once the call has returned its error;
+    /// [`crate::Ran::pieces`] says how many ran.
     ///
     /// # Safety
     /// As for [`CudaExecutor::run`]: the pieces are parts of the caller's buffers.
@@ -136,7 +139,7 @@ impl CudaExecutor {
             let (part_inputs, part_outputs) = (at(inputs, first), at(outputs, first));
             // SAFETY: each piece's buffers lie within the caller's (same addresses, offset by the
             // piece's first element, its count within the whole's): our caller's contract.
-            unsafe {
+            let result = unsafe {
                 self.run_one::<T>(
                     part,
                     &part_inputs,
@@ -146,7 +149,15 @@ impl CudaExecutor {
                     caller,
                     shape.count,
                 )
-            }?;
+            };
+            if let Err(err) = result {
+                // (A capture's pieces have not run: nothing to wait for.)
+                let captured = caller.map_or(Ok(false), |streams| streams.capturing());
+                if ran > 0 && !captured.unwrap_or(true) {
+                    self.settle_streams(Instant::now() + self.config.timeout);
+                }
+                return Err(err);
+            }
             ran += 1;
             if let Some(last) = &mut self.last_ran {
                 last.pieces = ran;
@@ -193,7 +204,7 @@ mod tests {
     #[test]
     fn a_piece_of_the_two_shot_fits_the_arena() {
         let fits = |plan: &crate::plan::Plan, elem_bytes: usize| {
-            let staged = Staged::touched_by_peers(plan);
+            let staged = Staged::for_plan(plan, true);
             arena_layout(plan, |k| staged.owns(k), ARENA_BYTES / elem_bytes).is_some()
         };
         for elem_bytes in [1, 2, 4, 8] {

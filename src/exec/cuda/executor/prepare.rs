@@ -129,7 +129,7 @@ impl CudaExecutor {
         };
         let dispatch = Arc::new(self.dispatch(&plan, selection)?);
         let staged = match self.stages_callers(shape.registered, &dispatch) {
-            true => Staged::touched_by_peers(&plan),
+            true => Staged::for_plan(&plan, dispatch.peer_kernel().is_some()),
             false => Staged::NONE,
         };
         if !self.in_one_process() && dispatch.peer_kernel() != Some(PeerKernel::OneShotLl) {

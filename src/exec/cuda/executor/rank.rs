@@ -188,9 +188,10 @@ pub(super) struct Allocated {
 
 /// The caller's buffers a plan's ranks stage — copy into memory of their own before the call
 /// (and back after it, if written), since ranks in other processes cannot reach the caller's:
-/// of the kinds some rank touches of another's (`check::touched_across_ranks`), those of the
-/// caller. A buffer only its own rank touches (a one-shot's output, an all-gather's) is not
-/// staged: its kernel reads or writes the caller's buffer in place. [`Staged::NONE`] where
+/// of a peer kernel's plan, the caller's kinds some rank touches of another's
+/// (`check::touched_across_ranks`); a buffer only its own rank touches (a one-shot's output, an
+/// all-gather's, a receive) is not staged — its kernel reads or writes the caller's buffer
+/// where it lies. Of any other plan, every caller's buffer ([`Staged::for_plan`]). [`Staged::NONE`] where
 /// nothing is (ranks in one process, registered buffers, the LL one-shot).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(super) struct Staged(Vec<BufKind>);
@@ -198,10 +199,30 @@ pub(super) struct Staged(Vec<BufKind>);
 impl Staged {
     pub(super) const NONE: Staged = Staged(Vec::new());
 
-    /// The caller's buffers of `plan` that some rank touches of another's.
-    pub(super) fn touched_by_peers(plan: &Plan) -> Staged {
-        let mut kinds = crate::check::touched_across_ranks(plan);
-        kinds.retain(|k| k.is_callers());
+    /// The caller's buffers `plan` stages: of a peer kernel's plan (`kernel`), those some rank
+    /// touches of another's; of the copy engines' or one through host slots (GPUs that do not
+    /// reach each other), every one, as before.
+    ///
+    /// Why that is exact where a caller passes overlapping buffers out of place (NCCL's in-place
+    /// forms, which ringreduce-nccl runs out of place): a peer kernel reads every input it
+    /// reads — its own rank's too — from the staged copy its peers read, and writes unstaged
+    /// memory only where no peer reads; the copy engines' plans read and write the caller's
+    /// buffers in rounds, so they keep every buffer staged.
+    pub(super) fn for_plan(plan: &Plan, kernel: bool) -> Staged {
+        let through_host = plan
+            .buffers
+            .iter()
+            .any(|d| matches!(d.kind, BufKind::HostSlots | BufKind::HostExposed));
+        let candidates = match kernel && !through_host {
+            true => crate::check::touched_across_ranks(plan),
+            false => plan.buffers.iter().map(|d| d.kind).collect(),
+        };
+        let mut kinds = Vec::new();
+        for kind in candidates {
+            if kind.is_callers() && !kinds.contains(&kind) {
+                kinds.push(kind);
+            }
+        }
         Staged(kinds)
     }
 
