@@ -59,6 +59,18 @@ mod tests {
     use crate::element::ReduceOp;
     use crate::plan::{EdgeTransport, OneShotSpec, RingSpec};
 
+    /// The one-shot all-reduce of 10 elements on 3 ranks.
+    fn one_shot(in_place: bool) -> Plan {
+        let op = ReduceOp::Sum;
+        let spec = OneShotSpec {
+            world: 3,
+            count: 10,
+            in_place,
+            op,
+        };
+        spec.build().unwrap()
+    }
+
     /// What an executor exports without staging the caller's buffers.
     fn own_memory(kind: BufKind) -> bool {
         !kind.is_callers()
@@ -72,14 +84,7 @@ mod tests {
             (false, vec![BufKind::Input]),
             (true, vec![BufKind::Exposed]),
         ] {
-            let plan = OneShotSpec {
-                world: 3,
-                count: 10,
-                in_place,
-                op: ReduceOp::Sum,
-            }
-            .build()
-            .unwrap();
+            let plan = one_shot(in_place);
             assert_eq!(touched_across_ranks(&plan), kinds);
             check_exports(&plan, |k| kinds.contains(&k)).unwrap();
             assert!(check_exports(&plan, |k| k != kinds[0]).is_err());
@@ -89,14 +94,7 @@ mod tests {
     #[test]
     fn a_one_shot_reads_its_peers_buffers_so_they_must_be_exported() {
         for in_place in [false, true] {
-            let plan = OneShotSpec {
-                world: 3,
-                count: 10,
-                in_place,
-                op: ReduceOp::Sum,
-            }
-            .build()
-            .unwrap();
+            let plan = one_shot(in_place);
             check_exports(&plan, |_| true).unwrap();
             let verdict = check_exports(&plan, own_memory);
             match in_place {
