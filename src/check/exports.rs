@@ -1,8 +1,9 @@
 //! Memory across processes: a rank whose peers live in other processes reaches a peer's buffer
 //! only if that peer exported it (a file descriptor or an IPC handle its peers map). Which of a
 //! plan's buffers its ranks export is the executor's choice — the staging slots, scratch and
-//! exposed copies always; the caller's buffers only when it stages them through memory of its
-//! own (`copy_callers`), or when they are registered. [`check_exports`] proves that a plan asks
+//! exposed copies always; the caller's buffers only where it stages them through memory of
+//! its own (the GPU executor's `Staged`: those some peer touches, [`touched_across_ranks`]), or
+//! where they are registered. [`check_exports`] proves that a plan asks
 //! for nothing more: every access an instruction of rank r makes to a buffer of rank q ≠ r
 //! goes to a buffer of a kind q exports.
 //!

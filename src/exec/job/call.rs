@@ -269,23 +269,27 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_captured_call_differs_from_the_same_call_run_eagerly() {
+    /// A captured call, or a piece of a call, differs from the same call run whole and eagerly:
+    /// rank 1's call (`other`) is named against rank 0's, described with what differs.
+    fn differs_from_eager(other: impl Fn(CallShape) -> CallShape, tail: &str) {
         let shape = Shape::collective::<f32>(Collective::AllGather, 64, false, ReduceOp::Sum);
         let eager = CallShape::of(&shape, DType::F32, ReduceOp::Sum);
-        let captured = eager.captured(true);
-        assert_eq!(eager.captured(false), eager);
-        assert!(
-            captured
-                .describe()
-                .ends_with(", captured into a CUDA graph"),
-            "{}",
-            captured.describe()
-        );
+        let theirs = other(eager);
+        let description = theirs.describe();
+        assert!(description.ends_with(tail), "{description}");
         let err = eager
-            .compare(&[eager.words().to_vec(), captured.words().to_vec()], 0)
+            .compare(&[eager.words().to_vec(), theirs.words().to_vec()], 0)
             .unwrap_err();
         assert!(matches!(err, Error::CallMismatch { rank: 1, .. }), "{err}");
+    }
+
+    #[test]
+    fn a_captured_call_or_a_piece_differs_from_the_same_call_run_whole_and_eagerly() {
+        differs_from_eager(|c| c.captured(true), ", captured into a CUDA graph");
+        differs_from_eager(|c| c.piece_of(100), ", a piece of a call of 100 elements");
+        let shape = Shape::collective::<f32>(Collective::AllGather, 64, false, ReduceOp::Sum);
+        let eager = CallShape::of(&shape, DType::F32, ReduceOp::Sum);
+        assert_eq!(eager.captured(false).piece_of(0), eager);
     }
 
     #[test]
