@@ -24,8 +24,8 @@
 
 #define RR_SCALE(symbol, type)                                                               \
     extern "C" __global__ void symbol(type::T* x, unsigned long long count,                  \
-                                      unsigned long long world) {                          \
-        rr_scale_body<type>(x, count, world);                                              \
+                                      unsigned long long world, const unsigned* error) {   \
+        rr_scale_body<type>(x, count, world, error);                                       \
     }
 
 #define RR_PREMUL(symbol, type)                                                              \

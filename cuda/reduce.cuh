@@ -59,10 +59,13 @@ static __device__ __forceinline__ void rr_reduce_body(typename D::T* dst, const 
 }
 
 // ---------------------------------------------------------------------------------------------
-// rr_scale_<type>(T* x, unsigned long long count, unsigned long long world)
+// rr_scale_<type>(T* x, unsigned long long count, unsigned long long world,
+//                 const unsigned* error)
 //
 // Purpose: the last step of Avg: x[i] = x[i] / world as src/element.rs defines it (floats times
-//   1/world, integers divided by world, truncating), in place, for i < count.
+//   1/world, integers divided by world, truncating), in place, for i < count — unless `error`
+//   (the rank's error word; null: none) holds a code: the call's peer kernel, before it on the
+//   stream, failed or found the call different from a peer's, and x must stay as it was.
 // Assumptions: x is a device address aligned to sizeof(T), valid for `count` elements, written
 //   by no one else meanwhile. Any grid and block size works; world == 0 acts as 1.
 // Why it is fast: the factor (1/world, or the divisor) is computed once per thread, outside the
@@ -70,8 +73,12 @@ static __device__ __forceinline__ void rr_reduce_body(typename D::T* dst, const 
 //   elements before it and after the last whole vector done one by one.
 // ---------------------------------------------------------------------------------------------
 template <class D>
-static __device__ __forceinline__ void rr_scale_body(typename D::T* x, rr_ull count, rr_ull world) {
+static __device__ __forceinline__ void rr_scale_body(typename D::T* x, rr_ull count, rr_ull world,
+                                                     const unsigned* error) {
     typedef typename D::T T;
+    if (error != nullptr && *(const volatile unsigned*)error != 0) {
+        return;
+    }
     const unsigned per_vec = 16 / sizeof(T);
     const rr_ull first = (rr_ull)blockIdx.x * blockDim.x + threadIdx.x;
     const rr_ull stride = (rr_ull)gridDim.x * blockDim.x;

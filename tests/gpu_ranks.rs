@@ -75,9 +75,10 @@ fn enqueued_before_a_late_peer(rank: usize, enqueue: impl FnOnce()) {
     );
 }
 
-/// A first call of two new shapes, an in-place sum of `base + 44` elements on rank 1 and
+/// A first call of two new shapes, an in-place average of `base + 44` elements on rank 1 and
 /// `base + 24` on the others: every call is enqueued, and every rank's GPU finds the difference
-/// before touching a peer's memory — the mismatch named on every rank, the buffer untouched.
+/// before touching a peer's memory — the mismatch named on every rank, the buffer untouched (the
+/// average's last step, a scale kernel after the peer kernel, skipped too).
 /// The form the call ran in, read once it was enqueued.
 fn first_call_mismatch_is_named_by_the_gpus(
     rank: usize,
@@ -90,7 +91,7 @@ fn first_call_mismatch_is_named_by_the_gpus(
     let len = if rank == 1 { rank_1 } else { others };
     let mut buf = GpuBuffer::from_host(device, &vec![2.0f32; len]).unwrap();
     // SAFETY: `buf` is untouched until the stream is synchronised below.
-    unsafe { comm.enqueue_all_reduce_in_place_on(&mut buf, ReduceOp::Sum, stream) }.unwrap();
+    unsafe { comm.enqueue_all_reduce_in_place_on(&mut buf, ReduceOp::Avg, stream) }.unwrap();
     let ran = comm.last_ran().map(|r| r.form);
     stream.synchronize().unwrap();
     let err = comm.synchronize().unwrap_err();
@@ -254,10 +255,13 @@ fn every_collective_on_this_gpu(
 }
 
 /// One rank's part of the registration test: every collective on views of two registered
-/// allocations (at offsets that differ between ranks) runs without copies and exactly, for
-/// every all-reduce algorithm; a call where one rank's buffer is unregistered copies, on every
-/// rank, and is as exact; stream-ordered pool memory is refused by name and leaves the
-/// communicator working; once deregistered, a call on the same buffer copies, exactly.
+/// allocations (at offsets that differ between ranks: registered, not symmetric) runs exactly,
+/// for every all-reduce algorithm — on the registrations, without copies, where the call meets
+/// the peers' hosts anyway (the ring's copy engines), and copying where it is gated (a kernel:
+/// each rank decides alone, and only symmetric registrations are decided alone); a call where
+/// one rank's buffer is unregistered copies, on every rank, and is as exact; stream-ordered pool
+/// memory is refused by name and leaves the communicator working; once deregistered, a call on
+/// the same buffer copies, exactly.
 fn registered_buffers_on_this_gpu(
     rank: usize,
     world: usize,
@@ -280,9 +284,14 @@ fn registered_buffers_on_this_gpu(
         let registered = unsafe { [comm.register(&a).unwrap(), comm.register(&b).unwrap()] };
         // Offsets differ between ranks: each rank publishes its own.
         let at = 64 * (rank + 1);
-        // What the latest call ran: (on the registered buffers, copied).
-        let ran = |comm: &RankCommunicator| comm.last_ran().map(|r| (r.registered, r.copied));
-        let (on_registered, copied) = (Some((true, false)), Some((false, true)));
+        // The latest call ran on the registered buffers, without copies, where it met the
+        // peers (the copy engines' plans); a kernel's call, gated, ran on copies.
+        let on_registered = |comm: &RankCommunicator, what: &str| {
+            let r = comm.last_ran().unwrap();
+            let meets = r.form == ringreduce::Form::CopyEngines;
+            assert_eq!(r.registered, meets, "{algorithm:?} {what}: {r:?}");
+            assert!(!(meets && r.copied), "{algorithm:?} {what}: {r:?}");
+        };
         for count in [1000, 100_000] {
             let want: Vec<f32> = (0..count).map(|k| expected_value(op, world, k)).collect();
             a.copy_from_host(&[values(op, rank, count), vec![0.0; space - count]].concat())
@@ -293,11 +302,7 @@ fn registered_buffers_on_this_gpu(
                 comm.all_reduce(&input, &mut output, op)
                     .unwrap_or_else(|e| panic!("{algorithm:?} {count}: {e}"));
             }
-            assert_eq!(
-                ran(&comm),
-                on_registered,
-                "{algorithm:?} {count}: without copies"
-            );
+            on_registered(&comm, &count.to_string());
             assert_eq!(
                 b.to_host().unwrap()[at..at + count],
                 want[..],
@@ -313,11 +318,7 @@ fn registered_buffers_on_this_gpu(
                 want[..],
                 "{algorithm:?} in place"
             );
-            assert_eq!(
-                ran(&comm),
-                on_registered,
-                "{algorithm:?}: in place without copies"
-            );
+            on_registered(&comm, &format!("{count} in place"));
         }
         // Rank 0 passes an unregistered output: every rank copies, and the result is the same.
         let count = 1000;
@@ -341,7 +342,27 @@ fn registered_buffers_on_this_gpu(
                 "{algorithm:?} mixed"
             );
         }
-        assert_eq!(ran(&comm), copied, "{algorithm:?}: the mixed call copied");
+        let mixed = comm.last_ran().unwrap();
+        assert!(
+            !mixed.registered,
+            "{algorithm:?}: the mixed call copied: {mixed:?}"
+        );
+        if algorithm == Algorithm::Auto {
+            // A kernel's call while registrations are not symmetric is gated like any other:
+            // enqueued while rank 1 is 2 s late, whatever its buffers lie in.
+            let ctx = cudarc::driver::CudaContext::new(device).unwrap();
+            let stream = ctx.new_stream().unwrap();
+            a.copy_from_host(&[values(op, rank, count), vec![0.0; space - count]].concat())
+                .unwrap();
+            enqueued_before_a_late_peer(rank, || {
+                let mut buf = a.view_mut(0, count).unwrap();
+                // SAFETY: `a` is untouched until the stream is synchronised below.
+                unsafe { comm.enqueue_all_reduce_in_place_on(&mut buf, op, &stream) }.unwrap();
+            });
+            stream.synchronize().unwrap();
+            comm.synchronize().unwrap();
+            assert_eq!(a.to_host().unwrap()[..count], want[..], "late peer");
+        }
         // Every other collective on registered views (the one-shot and ring forms by size),
         // once, with Auto.
         let others: &[usize] = match algorithm {
@@ -363,11 +384,7 @@ fn registered_buffers_on_this_gpu(
                 comm.collective(&Collective::AllGather, Some(&mine), Some(&mut all), op)
                     .unwrap();
             }
-            assert_eq!(
-                ran(&comm),
-                on_registered,
-                "all-gather of {per} without copies"
-            );
+            on_registered(&comm, &format!("all-gather of {per}"));
             let want: Vec<f32> = (0..world)
                 .flat_map(|r| values(op, r, world * per)[..per].to_vec())
                 .collect();
@@ -387,11 +404,7 @@ fn registered_buffers_on_this_gpu(
                 )
                 .unwrap();
             }
-            assert_eq!(
-                ran(&comm),
-                on_registered,
-                "reduce-scatter of {per} without copies"
-            );
+            on_registered(&comm, &format!("reduce-scatter of {per}"));
             let want: Vec<f32> = (0..per)
                 .map(|k| expected_value(op, world, rank * per + k))
                 .collect();
@@ -406,11 +419,7 @@ fn registered_buffers_on_this_gpu(
                 comm.collective_in_place(&Collective::Broadcast { root }, &mut buf, op)
                     .unwrap();
             }
-            assert_eq!(
-                ran(&comm),
-                on_registered,
-                "broadcast of {per} without copies"
-            );
+            on_registered(&comm, &format!("broadcast of {per}"));
             let sent = values(op, root, world * per)[..per].to_vec();
             assert_eq!(a.to_host().unwrap()[..per], sent[..], "broadcast {per}");
             a.copy_from_host(&[values(op, rank, per), vec![0.0; space - per]].concat())
@@ -422,7 +431,7 @@ fn registered_buffers_on_this_gpu(
                 comm.collective(&Collective::Reduce { root }, Some(&input), out, op)
                     .unwrap();
             }
-            assert_eq!(ran(&comm), on_registered, "reduce of {per} without copies");
+            on_registered(&comm, &format!("reduce of {per}"));
             if rank == root {
                 let want: Vec<f32> = (0..per).map(|k| expected_value(op, world, k)).collect();
                 assert_eq!(b.to_host().unwrap()[..per], want[..], "reduce {per}");
@@ -441,11 +450,7 @@ fn registered_buffers_on_this_gpu(
                 comm.collective(&Collective::AllToAll, Some(&input), Some(&mut out), op)
                     .unwrap();
             }
-            assert_eq!(
-                ran(&comm),
-                on_registered,
-                "all-to-all of {per} without copies"
-            );
+            on_registered(&comm, &format!("all-to-all of {per}"));
             let want: Vec<f32> = (0..world)
                 .flat_map(|j| values(op, j, world * per)[rank * per..(rank + 1) * per].to_vec())
                 .collect();
@@ -1315,6 +1320,134 @@ fn large_first_calls_are_gated_before_a_late_peer_an_all_reduce_in_pieces() {
     }
     let ranks = launch(
         "large_first_calls_are_gated_before_a_late_peer_an_all_reduce_in_pieces",
+        3,
+        |_| vec![],
+    );
+    expect_success(ranks, Duration::from_secs(200));
+}
+
+#[test]
+fn large_block_first_calls_run_in_strided_pieces_before_a_late_peer() {
+    use ringreduce::Form;
+    if let Some(env) = as_rank() {
+        let (rank, world, device, mut comm, stream) = auto_rank_with_stream(&env);
+        let op = ReduceOp::Sum;
+        // Reduce-scatters, all-gathers and an all-to-all whose copied buffers exceed a 64 MiB
+        // arena (16 M f32): each runs as pieces of its blocks, every caller's buffer copied in
+        // and out block by block — prepared alone and gated, so enqueued before rank 1 arrives.
+        let (rs, rs_in_place) = ((6 << 20) + 5, (6 << 20) + 3);
+        let (ag, ag_in_place, a2a) = ((17 << 20) + 1, (6 << 20) + 1, (6 << 20) + 9);
+        let rs_input = GpuBuffer::from_host(device, &values(op, rank, world * rs)).unwrap();
+        let mut rs_output = GpuBuffer::<f32>::zeroed(device, rs).unwrap();
+        let mut rs_buf =
+            GpuBuffer::from_host(device, &values(op, rank, world * rs_in_place)).unwrap();
+        let ag_input = GpuBuffer::from_host(device, &values(op, rank, ag)).unwrap();
+        let mut ag_output = GpuBuffer::<f32>::zeroed(device, world * ag).unwrap();
+        let mut own_block = vec![0.0f32; world * ag_in_place];
+        own_block[rank * ag_in_place..(rank + 1) * ag_in_place].copy_from_slice(&values(
+            op,
+            rank,
+            ag_in_place,
+        ));
+        let mut ag_buf = GpuBuffer::from_host(device, &own_block).unwrap();
+        let a2a_input = GpuBuffer::from_host(device, &values(op, rank, world * a2a)).unwrap();
+        let mut a2a_output = GpuBuffer::<f32>::zeroed(device, world * a2a).unwrap();
+        let mut ran = Vec::new();
+        enqueued_before_a_late_peer(rank, || {
+            let (reduce_scatter, all_gather) = (Collective::ReduceScatter, Collective::AllGather);
+            // SAFETY: the buffers are untouched until the stream is synchronised below.
+            unsafe {
+                comm.enqueue_collective(
+                    &reduce_scatter,
+                    Some(&rs_input),
+                    Some(&mut rs_output),
+                    op,
+                    &stream,
+                )
+            }
+            .unwrap();
+            ran.push(comm.last_ran().map(|r| (r.form, r.pieces, r.copied)));
+            // SAFETY: as above.
+            unsafe { comm.enqueue_collective_in_place(&reduce_scatter, &mut rs_buf, op, &stream) }
+                .unwrap();
+            ran.push(comm.last_ran().map(|r| (r.form, r.pieces, r.copied)));
+            // SAFETY: as above.
+            unsafe {
+                comm.enqueue_collective(
+                    &all_gather,
+                    Some(&ag_input),
+                    Some(&mut ag_output),
+                    op,
+                    &stream,
+                )
+            }
+            .unwrap();
+            ran.push(comm.last_ran().map(|r| (r.form, r.pieces, r.copied)));
+            // SAFETY: as above.
+            unsafe { comm.enqueue_collective_in_place(&all_gather, &mut ag_buf, op, &stream) }
+                .unwrap();
+            ran.push(comm.last_ran().map(|r| (r.form, r.pieces, r.copied)));
+            let all_to_all = Collective::AllToAll;
+            // SAFETY: as above.
+            unsafe {
+                comm.enqueue_collective(
+                    &all_to_all,
+                    Some(&a2a_input),
+                    Some(&mut a2a_output),
+                    op,
+                    &stream,
+                )
+            }
+            .unwrap();
+            ran.push(comm.last_ran().map(|r| (r.form, r.pieces, r.copied)));
+        });
+        let steps = |pieces| Some((Form::StepsKernel, pieces, true));
+        assert_eq!(
+            ran,
+            [steps(2), steps(2), steps(5), steps(2), steps(3)],
+            "rank {rank}"
+        );
+        stream.synchronize().unwrap();
+        comm.synchronize().unwrap();
+        let block_of_sum = |count: usize| -> Vec<f32> {
+            (0..count)
+                .map(|k| expected_value(op, world, rank * count + k))
+                .collect()
+        };
+        assert!(
+            rs_output.to_host().unwrap() == block_of_sum(rs),
+            "rank {rank} reduce-scatter"
+        );
+        let in_place = rs_buf.to_host().unwrap();
+        let mine = &in_place[rank * rs_in_place..(rank + 1) * rs_in_place];
+        assert!(
+            mine == block_of_sum(rs_in_place),
+            "rank {rank} reduce-scatter in place"
+        );
+        let gathered =
+            |per: usize| -> Vec<f32> { (0..world).flat_map(|r| values(op, r, per)).collect() };
+        assert!(
+            ag_output.to_host().unwrap() == gathered(ag),
+            "rank {rank} all-gather"
+        );
+        assert!(
+            ag_buf.to_host().unwrap() == gathered(ag_in_place),
+            "rank {rank} all-gather in place"
+        );
+        let exchanged: Vec<f32> = (0..world)
+            .flat_map(|from| (0..a2a).map(move |k| input_value(op, from, rank * a2a + k)))
+            .collect();
+        assert!(
+            a2a_output.to_host().unwrap() == exchanged,
+            "rank {rank} all-to-all"
+        );
+        return;
+    }
+    if two_gpus_or_shared().is_none() {
+        return;
+    }
+    let ranks = launch(
+        "large_block_first_calls_run_in_strided_pieces_before_a_late_peer",
         3,
         |_| vec![],
     );

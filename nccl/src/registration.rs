@@ -61,7 +61,9 @@ pub unsafe extern "C" fn ncclCommDeregister(comm: ncclComm_t, handle: *mut c_voi
 /// (`RankCommunicator::register_symmetric`): where every rank's window lies at the same offset
 /// into its allocation, a call on it is decided by each rank alone and returns once enqueued
 /// (the call gate checks that every rank's buffers lie at the same offsets); otherwise, and
-/// without the flag, each call on it meets the peers' processes to learn where theirs lie.
+/// without the flag, a call on it that runs as a kernel (every collective across processes
+/// whose GPUs reach each other) copies, as on unregistered memory, and returns once enqueued
+/// too — whether a call runs on a window is decided without asking the peers.
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommWindowRegister(
     comm: ncclComm_t,

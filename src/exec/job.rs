@@ -222,6 +222,7 @@ impl Job {
             &mut now,
         )
         .err()
+        .map(|err| self.named_mismatch(None).unwrap_or(err))
     }
 
     /// Gives this rank up, from any thread: its own waits end at once (the start of a call, its

@@ -60,6 +60,11 @@ pub(crate) struct Shape {
     /// directly (GPU ranks, `exec::cuda::executor::registered`); otherwise such ranks copy their
     /// buffers through memory they export. The plans differ, so they are cached apart.
     pub(crate) registered: bool,
+    /// A piece of a call of this many elements (`cuda::executor`'s module `pieces`); 0: a
+    /// whole call. A piece of a reduce-scatter, all-gather or all-to-all finds its blocks of
+    /// the caller's buffers this many elements apart, not `count`, so it stages them
+    /// differently: cached apart.
+    pub(crate) piece_of: usize,
 }
 
 impl Shape {
@@ -77,6 +82,7 @@ impl Shape {
             in_place,
             elem_bytes: std::mem::size_of::<T>(),
             registered: false,
+            piece_of: 0,
         }
     }
 

@@ -119,6 +119,16 @@ impl Collective {
         }
     }
 
+    /// Whether the collective's buffers of `world × count` elements are `world` blocks of
+    /// `count`, block `j` rank `j`'s part: a reduce-scatter's input, an all-gather's output, an
+    /// all-to-all's both (in place, the one buffer).
+    pub fn blocked(&self) -> bool {
+        matches!(
+            self,
+            Collective::ReduceScatter | Collective::AllGather | Collective::AllToAll
+        )
+    }
+
     /// Which rank owns each buffer of an out-of-place call's input list, in list order: every
     /// rank; the root alone for a broadcast; each transfer's sender for send/recv.
     pub fn input_ranks(&self, world: usize) -> Vec<usize> {

@@ -26,12 +26,16 @@ impl RankCommunicator {
     /// memory such as [`GpuBuffer`](crate::GpuBuffer)'s) and maps every peer's, once, until
     /// [`RankCommunicator::deregister`] or the communicator closes.
     ///
-    /// A call runs without copies when every rank's buffers of it lie in memory it registered
-    /// (each rank publishes where, beside the call's shape) and no rank's input and output of an
-    /// out-of-place call overlap (the plan might write the output before it has read the
-    /// input: NCCL's in-place forms, which ringreduce-nccl passes as out-of-place calls);
-    /// otherwise it copies, as an unregistered call does — so registration never changes a
-    /// result, only the copies.
+    /// Whether a call runs on registered memory is decided without asking the peers at call
+    /// time. A call that meets the peers' hosts anyway (the copy engines' plans — a forced ring
+    /// — and a capture, checked once) runs without copies when every rank's buffers of it lie
+    /// in memory it registered (each rank publishes where, beside the call's shape) and no
+    /// rank's input and output of an out-of-place call overlap (the plan might write the
+    /// output before it has read the input: NCCL's in-place forms, which ringreduce-nccl passes
+    /// as out-of-place calls). A kernel's call across processes is gated instead (it returns
+    /// once enqueued) and copies, as an unregistered call does — for kernels without copies,
+    /// register symmetric ([`RankCommunicator::register_symmetric`]). Registration never
+    /// changes a result, only the copies.
     /// Memory freed and allocated again at the same address is not taken for registered (the
     /// driver's allocation id is checked at each call). Refused by name, on every rank alike:
     /// stream-ordered pool memory (`cuMemAllocAsync`, cudarc's default allocation on a stream)
@@ -73,8 +77,9 @@ impl RankCommunicator {
     /// elsewhere (another offset, or unregistered memory) is an [`Error::CallMismatch`] on every
     /// rank, and nothing runs. Every rank registers a turn alike (symmetric or not), else the
     /// turn is refused; where the ranks' buffers lie at different offsets into their
-    /// allocations the turn counts as [`RankCommunicator::register`]'s (every call then meets
-    /// its peers, as there). A broadcast or a reduce, whose ranks pass different buffers, copies.
+    /// allocations the turn counts as [`RankCommunicator::register`]'s (a kernel's call on it
+    /// then copies, as there). A broadcast or a reduce, whose ranks pass different buffers,
+    /// copies.
     ///
     /// # Safety
     /// As for [`RankCommunicator::register`].

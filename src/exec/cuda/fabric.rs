@@ -120,6 +120,13 @@ pub(crate) trait Fabric: Send + Sync {
         None
     }
 
+    /// Where a peer's gate found call `next` — the one this rank is about to publish, its next —
+    /// different from another rank's: the mismatch as this rank names it (`Job::named_mismatch`),
+    /// for a failure this rank sees before it publishes the call.
+    fn mismatch_of_next(&self, _next: CallShape) -> Option<Error> {
+        None
+    }
+
     /// This process's rank finished its part of its latest call: its process may end without
     /// failing slower peers.
     fn finished(&self) {}

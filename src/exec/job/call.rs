@@ -51,17 +51,10 @@ impl CallShape {
             // In place, and (bit 1) run on symmetric registrations as this rank decided alone:
             // ranks that decide differently make different calls.
             u64::from(shape.in_place) | u64::from(shape.registered) << 1,
-            // The whole call's count where this is a piece of one (`exec::cuda::executor`'s
-            // module `pieces`); 0: a whole call.
-            0,
+            // The whole call's count where this is a piece of one (`Shape::piece_of`); 0: a
+            // whole call. Ranks whose whole calls differ differ at their first piece.
+            shape.piece_of as u64,
         ])
-    }
-
-    /// The same call as a piece of a call of `whole` elements (0: a whole call): ranks whose
-    /// whole calls differ differ at their first piece.
-    pub(crate) fn piece_of(mut self, whole: usize) -> CallShape {
-        self.0[6] = whole as u64;
-        self
     }
 
     /// The same call, captured into a CUDA graph where `captured` (bit 2 of the flags word):
@@ -270,11 +263,12 @@ mod tests {
     }
 
     /// A captured call, or a piece of a call, differs from the same call run whole and eagerly:
-    /// rank 1's call (`other`) is named against rank 0's, described with what differs.
-    fn differs_from_eager(other: impl Fn(CallShape) -> CallShape, tail: &str) {
+    /// rank 1's call (`other`, of the eager call's shape) is named against rank 0's, described
+    /// with what differs.
+    fn differs_from_eager(other: impl Fn(&Shape) -> CallShape, tail: &str) {
         let shape = Shape::collective::<f32>(Collective::AllGather, 64, false, ReduceOp::Sum);
         let eager = CallShape::of(&shape, DType::F32, ReduceOp::Sum);
-        let theirs = other(eager);
+        let theirs = other(&shape);
         let description = theirs.describe();
         assert!(description.ends_with(tail), "{description}");
         let err = eager
@@ -285,11 +279,15 @@ mod tests {
 
     #[test]
     fn a_captured_call_or_a_piece_differs_from_the_same_call_run_whole_and_eagerly() {
-        differs_from_eager(|c| c.captured(true), ", captured into a CUDA graph");
-        differs_from_eager(|c| c.piece_of(100), ", a piece of a call of 100 elements");
+        let of = |shape: &Shape| CallShape::of(shape, DType::F32, ReduceOp::Sum);
+        differs_from_eager(|s| of(s).captured(true), ", captured into a CUDA graph");
+        let piece = |s: &Shape| Shape {
+            piece_of: 100,
+            ..s.clone()
+        };
+        differs_from_eager(|s| of(&piece(s)), ", a piece of a call of 100 elements");
         let shape = Shape::collective::<f32>(Collective::AllGather, 64, false, ReduceOp::Sum);
-        let eager = CallShape::of(&shape, DType::F32, ReduceOp::Sum);
-        assert_eq!(eager.captured(false).piece_of(0), eager);
+        assert_eq!(of(&shape).captured(false), of(&shape));
     }
 
     #[test]

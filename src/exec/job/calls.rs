@@ -193,7 +193,8 @@ impl Job {
                     rank,
                     seq,
                     &mut next_liveness,
-                )?;
+                )
+                .map_err(|err| self.named_mismatch(None).unwrap_or(err))?;
                 if Instant::now() >= deadline {
                     return Err(Error::Timeout {
                         rank: q,
@@ -279,6 +280,38 @@ impl Job {
             theirs: describe(&calls[0]),
             this: self.rank,
             ours: describe(&calls[1]),
+        })
+    }
+
+    /// The mismatch behind a peer's failure, as this rank names it: where a peer's gate found
+    /// its call different from another's (its `FAULT` word: the first failure of the job, which
+    /// the peers' aborts follow), the first rank whose published call of that number differs
+    /// from this rank's — published, or `next`, the call this rank is about to publish — so
+    /// that ranks whose own gates had not run when a peer gave the call up (their kernels
+    /// stopped once a peer failed, or the call not yet published) name the mismatch too, as
+    /// their gates would have, not only that a peer failed. `None`: no peer's gate found one,
+    /// or the calls are no longer at hand.
+    pub(crate) fn named_mismatch(&self, next: Option<CallShape>) -> Option<Error> {
+        let seq = (0..self.control.len())
+            .filter(|&q| q != self.rank)
+            .map(|q| self.control_word(q, FAULT).load(Ordering::Acquire))
+            .find(|&f| f != 0)?
+            >> 16;
+        let ours = match self.published(self.rank, seq) {
+            Some((ours, _)) => ours,
+            None => next.filter(|_| seq == self.seq() + 1)?,
+        };
+        let (q, theirs) = (0..self.control.len())
+            .filter(|&q| q != self.rank)
+            .find_map(|q| match self.published(q, seq)? {
+                (theirs, _) if theirs != ours => Some((q, theirs)),
+                _ => None,
+            })?;
+        Some(Error::CallMismatch {
+            rank: q,
+            theirs: theirs.describe(),
+            this: self.rank,
+            ours: ours.describe(),
         })
     }
 }

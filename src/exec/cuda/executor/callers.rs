@@ -3,7 +3,7 @@
 //! the caller's stream: the checker's start and completion rules make every access to a caller's
 //! buffer follow the work queued before the call and precede the work queued after it.
 
-use super::{capture, registered, CudaExecutor, Dispatch};
+use super::{capture, pieces, registered, CudaExecutor, Dispatch};
 use crate::device::{self, CallerStream};
 use crate::element::{Element, ReduceOp};
 use crate::error::{Error, Result};
@@ -60,20 +60,19 @@ impl CudaExecutor {
     /// (`Fabric::publish_call`) and checked against theirs before anything touches their
     /// memory: on the GPU, by the call gate at the start of the call's peer kernel
     /// (`Fabric::gate`, `kernels::CallGate`: the kernel returns before touching a peer's memory
-    /// when the gate fails; copies could not), when the shape was prepared by an earlier call as
-    /// a peer kernel, every registration is symmetric and the call is not being captured — so
-    /// the call returns once enqueued, one launch, whatever the peers' hosts are doing (on
-    /// symmetric registrations it runs on them, the gate comparing every rank's refs); else
-    /// on the host (`Fabric::meet_call`), which waits for every peer to publish it (a shape's
-    /// first call is prepared with the peers — but a kernel plan's that fits the arenas, which
-    /// each rank prepares alone and gates: `prepare_alone`; registered buffers are exchanged; a
-    /// capture is checked once, for every replay). Either way ranks that make different calls all get
+    /// when the gate fails; copies could not), when the shape is prepared as a peer kernel (by
+    /// an earlier call, or alone: `prepare_alone`) and the call is not being captured — so the
+    /// call returns once enqueued, one launch, whatever the peers' hosts are doing (on symmetric
+    /// registrations it runs on them, the gate comparing every rank's refs; on others it
+    /// copies: module `registered`); else on the host (`Fabric::meet_call`), which waits for
+    /// every peer to publish it (a shape's first call is then prepared with the peers;
+    /// registered buffers are exchanged; a capture is checked once, for every replay). Either way ranks that make different calls all get
     /// [`Error::CallMismatch`] — from the call itself, or from the communicator's next call,
     /// `synchronize` or async error when the gate found it. A failure is told to the peers
     /// (`Fabric::fail`), and a blocking call's completion too.
     ///
-    /// An all-reduce, broadcast or reduce too large for the arenas, which every rank would
-    /// otherwise prepare with its peers, runs as pieces that fit them (module `pieces`).
+    /// A call too large for the arenas, which every rank would otherwise prepare with its
+    /// peers, runs as pieces that fit them (module `pieces`).
     ///
     /// The call in three steps, each a function: `checked_call` (published and checked),
     /// `ready_call` (its plan prepared, its buffers laid out: module `run_on_main`), then the
@@ -93,18 +92,14 @@ impl CudaExecutor {
                 self.run_in_pieces::<T>(shape, piece, inputs, outputs, op, wait_complete, caller)
             },
             // SAFETY: as above.
-            None => unsafe {
-                self.run_one::<T>(shape, inputs, outputs, op, wait_complete, caller, 0)
-            },
+            None => unsafe { self.run_one::<T>(shape, inputs, outputs, op, wait_complete, caller) },
         }
     }
 
-    /// [`CudaExecutor::run`] of one call, whole or (`whole` > 0: the whole call's count) a piece
-    /// of one.
+    /// [`CudaExecutor::run`] of one call, whole or a piece of one (`Shape::piece_of`).
     ///
     /// # Safety
     /// As for [`CudaExecutor::run`].
-    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn run_one<T: Element>(
         &mut self,
         shape: Shape,
@@ -113,7 +108,6 @@ impl CudaExecutor {
         op: ReduceOp,
         wait_complete: bool,
         caller: Option<CallerStreams<'_>>,
-        whole: usize,
     ) -> Result<()> {
         let caller = caller.map(|streams| streams.0);
         let captured = match caller {
@@ -121,7 +115,7 @@ impl CudaExecutor {
             None => false,
         };
         let result = self
-            .checked_call::<T>(shape, inputs, outputs, op, captured, whole)
+            .checked_call::<T>(shape, inputs, outputs, op, captured)
             .and_then(|checked| {
                 // A capture: the plan (prepared by an earlier call) is refused if it cannot be
                 // captured before any stream joins the capture, and pinned, since the graph
@@ -175,7 +169,6 @@ impl CudaExecutor {
         outputs: &'a [u64],
         op: ReduceOp,
         captured: bool,
-        whole: usize,
     ) -> Result<Checked<'a>> {
         let timeout = self.config.timeout;
         let deadline = Instant::now() + timeout;
@@ -185,29 +178,20 @@ impl CudaExecutor {
             registered: symmetric,
             ..shape.clone()
         };
-        let call = CallShape::of(&gated_shape, T::DTYPE, op)
-            .captured(captured)
-            .piece_of(whole);
+        let call = CallShape::of(&gated_shape, T::DTYPE, op).captured(captured);
         // The gate stops kernels only: a plan of the copy engines (the ring, send/recv) meets,
-        // as does every call while a registration is not symmetric (the peers' refs are read),
-        // and a capture (checked once, for every replay).
-        let gate = match !self.registrations.all_symmetric() {
-            true => None,
-            false => {
-                // A shape's first call that every rank prepares alone (a kernel plan across
-                // processes that fits the arenas, which exist only where every process gates
-                // its calls: `prepare_alone`) is prepared here, before it is published, and
-                // gated like any later call — it meets no peer. A capture is prepared alike,
-                // so the ranks' plan caches move in step whoever captures.
-                let prepared = match self.prepared(&gated_shape) {
-                    Some(prepared) => Some(prepared),
-                    None => self.prepare_alone(&gated_shape)?,
-                };
-                prepared
-                    .filter(|p| !captured && !matches!(*p.dispatch, Dispatch::CopyEngines))
-                    .and_then(|_| self.fabric.gate())
-            }
+        // as does a capture (checked once, for every replay). A shape's first call that every
+        // rank prepares alone (a kernel plan across processes that fits the arenas, which exist
+        // only where every process gates its calls: `prepare_alone`) is prepared here, before
+        // it is published, and gated like any later call — it meets no peer. A capture is
+        // prepared alike, so the ranks' plan caches move in step whoever captures.
+        let prepared = match self.prepared(&gated_shape) {
+            Some(prepared) => Some(prepared),
+            None => self.prepare_alone(&gated_shape)?,
         };
+        let gate = prepared
+            .filter(|p| !captured && !matches!(*p.dispatch, Dispatch::CopyEngines))
+            .and_then(|_| self.fabric.gate());
         // A gated call publishes refs every rank's gate compares: its registered buffers', or
         // "unregistered" for every buffer (a call that copies needs no peer to know where its
         // buffers lie; a peer that meets instead reads that it copies).
@@ -219,9 +203,11 @@ impl CudaExecutor {
             _ => refs,
         };
         // A failure an earlier call's kernels left is reported (and told to the peers, by
-        // `run`) before this call is published.
+        // `run`) before this call is published — or, where it is the peers giving this very
+        // call up because their gates found it different, that mismatch.
         if !self.in_one_process() {
-            self.check_error_words()?;
+            self.check_error_words()
+                .map_err(|err| self.fabric.mismatch_of_next(call).unwrap_or(err))?;
         }
         let seq = self
             .fabric
@@ -245,7 +231,8 @@ impl CudaExecutor {
             }
         };
         let gate = self.call_gate(gated);
-        if !registered::runs_registered(&all) {
+        // (A strided piece's blocks are copied, whatever they lie in: module `pieces`.)
+        if pieces::strided(&shape) || !registered::runs_registered(&all) {
             return Ok(Checked {
                 shape,
                 inputs: Cow::Borrowed(inputs),
@@ -338,12 +325,10 @@ impl CudaExecutor {
     /// anything is prepared or touched), and the gate then compares the refs too. (A
     /// broadcast's or reduce's ranks pass different buffers: they copy.)
     fn symmetric_at(&self, shape: &Shape, refs: &CallerRefs) -> bool {
-        self.registrations.all_symmetric()
-            && !matches!(
-                shape.collective,
-                Collective::Broadcast { .. } | Collective::Reduce { .. }
-            )
-            && self.registrations.symmetric_call(refs)
+        !matches!(
+            shape.collective,
+            Collective::Broadcast { .. } | Collective::Reduce { .. }
+        ) && self.registrations.symmetric_call(refs)
     }
 
     /// Where this process's rank's buffers of a call of `shape` lie ([`CallerRefs`]); with

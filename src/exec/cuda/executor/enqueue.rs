@@ -275,7 +275,9 @@ impl CudaEnqueue<'_> {
                 }
             }
             Op::Scale { region } => {
-                // SAFETY: as for Reduce.
+                // SAFETY: as for Reduce; the error word is this rank's, host-mapped. (A code
+                // there — the call's gate or peer kernel failed — leaves the region unscaled:
+                // a mismatched Avg touches no caller's buffer.)
                 unsafe {
                     self.res.kernels.scale(
                         stream,
@@ -283,6 +285,7 @@ impl CudaEnqueue<'_> {
                         self.addr(region),
                         region.count,
                         plan.world,
+                        self.res.error_word(),
                     )
                 }
             }

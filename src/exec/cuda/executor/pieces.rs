@@ -1,21 +1,28 @@
-//! An all-reduce, broadcast or reduce too large for the arenas, across processes, run as pieces
-//! that fit them — each a call of the same collective on a run of the caller's elements, which
-//! needs no more than the buffers' addresses moved on (the other collectives' buffers are
-//! blocks, a piece of which is no run of elements). Each piece a call of its own, prepared by each rank alone and checked by the GPUs' call gate like
-//! any gated call — so a large call also returns once enqueued, whatever the peers' hosts are
-//! doing, instead of meeting them to allocate and exchange buffers of its size.
+//! A call too large for the arenas, across processes, run as pieces that fit them — each a call
+//! of the same collective on a run of the caller's elements: an all-reduce's, broadcast's or
+//! reduce's buffers moved on by the piece's first element; a reduce-scatter's, all-gather's or
+//! all-to-all's blocks too, each block's run lying in the caller's buffer `piece_of` elements
+//! (the whole call's count) after the one before, copied into the arena and back block by block
+//! (`segments`). Each piece a call of its own, prepared by each rank alone and checked by the
+//! GPUs' call gate like any gated call — so a large call also returns once enqueued, whatever
+//! the peers' hosts are doing, instead of meeting them to allocate and exchange buffers of its
+//! size.
 //!
 //! ```text
 //!   an in-place all-reduce of 40 M f32 (160 MiB; an arena holds 64 MiB a rank)
 //!   piece 0: elements [0, 16 M)   piece 1: [16 M, 32 M)   piece 2: [32 M, 40 M)
 //!   each: staged into the arena, reduced by the two-shot, copied back — one kernel a rank
+//!
+//!   a reduce-scatter of 8 M f32 a rank on 3 ranks (input 96 MiB), pieces of 4 M:
+//!   piece 0 stages input elements [0, 4 M) of each of the 3 blocks, writes output [0, 4 M)
+//!   piece 1 stages input elements [4 M, 8 M) of each block,         writes output [4 M, 8 M)
 //! ```
 //!
-//! Every piece's published call carries the whole call's count (`CallShape::piece_of`), so
-//! ranks whose whole calls differ are named at the first piece, before any piece touches a
-//! peer's memory or a caller's buffer.
+//! Every piece's shape carries the whole call's count (`Shape::piece_of`, published with the
+//! call), so ranks whose whole calls differ are named at the first piece, before any piece
+//! touches a peer's memory or a caller's buffer.
 //!
-//! Invariant: the split depends only on what every rank has alike — the shape, the
+//! Invariant: the split depends only on what every rank has alike — the shape, the world, the
 //! communicator's selection and arenas, and whether the call runs on symmetric registrations
 //! (which ranks deciding differently make a named mismatch of) — so every rank cuts a call into
 //! the same pieces.
@@ -30,16 +37,52 @@ use crate::exec::Shape;
 use crate::plan::Collective;
 use std::time::Instant;
 
-/// How many buffers of a piece's count a rank places in its arena for a call of `shape`, where
-/// it can run in pieces: an all-reduce out of place two (the two-shot's peers read its input
-/// and its output), in place one; a broadcast or reduce one (the root's buffer its peers read,
-/// or each rank's the root reads). `None`: the collective does not run in pieces.
-fn staged_buffers(shape: &Shape) -> Option<usize> {
-    match shape.collective {
-        Collective::AllReduce if !shape.in_place => Some(2),
-        Collective::AllReduce | Collective::Broadcast { .. } | Collective::Reduce { .. } => Some(1),
-        _ => None,
-    }
+/// How many buffers of the call's count a rank places in its arena for a call of `shape` on
+/// `world` ranks, where its collective runs in pieces: whole, those a peer touches
+/// (`rank::Staged::for_plan`: an all-reduce's input and output out of place, else its one
+/// buffer; a broadcast's or reduce's one; a reduce-scatter's input of `world` blocks, an
+/// all-gather's input, an all-to-all's input; in place the one buffer); as a piece of blocks
+/// (`piece`), every caller's buffer, which its copies reach block by block (`segments`).
+/// `None`: the call does not run in pieces (an in-place all-to-all, send/recv).
+fn staged_buffers(shape: &Shape, world: usize, piece: bool) -> Option<usize> {
+    let blocks = shape.collective.blocked();
+    Some(match shape.collective {
+        Collective::AllReduce if !shape.in_place => 2,
+        Collective::AllReduce | Collective::Broadcast { .. } | Collective::Reduce { .. } => 1,
+        Collective::AllToAll if shape.in_place => return None,
+        _ if shape.in_place && blocks => world,
+        Collective::ReduceScatter | Collective::AllGather if piece => world + 1,
+        Collective::ReduceScatter => world,
+        Collective::AllGather => 1,
+        Collective::AllToAll if piece => 2 * world,
+        Collective::AllToAll => world,
+        Collective::SendRecv { .. } => return None,
+    })
+}
+
+/// Whether a piece of `shape` finds its blocks `piece_of` elements apart in the caller's
+/// buffers (a piece of a reduce-scatter, all-gather or all-to-all): its plan stages every
+/// caller's buffer (`rank::Staged::for_plan`), copied block by block (`segments`).
+pub(super) fn strided(shape: &Shape) -> bool {
+    shape.piece_of > 0 && shape.collective.blocked()
+}
+
+/// Where a buffer of `len` elements of a call of `shape` on `world` ranks lies in the caller's
+/// buffer: (byte offset in the staged copy, byte offset in the caller's buffer, bytes) — one
+/// run, or, of a strided piece's buffer of `world` blocks, a run a block, the caller's
+/// `piece_of` elements apart.
+pub(super) fn segments(
+    shape: &Shape,
+    world: usize,
+    len: usize,
+) -> impl Iterator<Item = (u64, u64, usize)> {
+    let blocks = match strided(shape) && len == world * shape.count {
+        true => world,
+        false => 1,
+    };
+    let (eb, block) = (shape.elem_bytes, len / blocks);
+    let apart = shape.piece_of.max(block);
+    (0..blocks).map(move |b| ((b * block * eb) as u64, (b * apart * eb) as u64, block * eb))
 }
 
 /// The most elements of `elem_bytes` bytes a piece holds, `staged` buffers of it in an arena of
@@ -75,24 +118,36 @@ pub(super) fn pieces(count: usize, piece: usize) -> impl Iterator<Item = (usize,
     (0..count.div_ceil(piece)).map(move |i| (i * piece, piece.min(count - i * piece)))
 }
 
+/// The caller's buffers of a piece whose first element is `first` (elements of `elem_bytes`
+/// bytes): each address moved on by it, absent ones (0) left absent. A strided piece's blocks
+/// lie on from there, `piece_of` elements apart (`segments`).
+fn moved(list: &[u64], first: usize, elem_bytes: usize) -> Vec<u64> {
+    let offset = (first * elem_bytes) as u64;
+    list.iter()
+        .map(|&a| if a == 0 { 0 } else { a + offset })
+        .collect()
+}
+
 impl CudaExecutor {
-    /// How many elements each piece of this call holds, where it runs in pieces (module doc):
-    /// an all-reduce, broadcast or reduce across processes whose ranks all made arenas, on
-    /// buffers it would stage
-    /// (not on symmetric registrations), larger than a piece — a piece whose form is a kernel
-    /// the gate checks and whose plan fits the arena (`piece_fits`). `None`: it runs whole.
+    /// How many elements each piece of this call holds, where it runs in pieces (module doc): a
+    /// collective that has pieces (`staged_buffers`) across processes whose ranks all made
+    /// arenas, on buffers it would stage (not on symmetric registrations), too large for the
+    /// arena whole — a piece whose form is a kernel the gate checks and whose plan fits the
+    /// arena (`piece_fits`). `None`: it runs whole.
     pub(super) fn arena_piece(
         &self,
         shape: &Shape,
         inputs: &[u64],
         outputs: &[u64],
     ) -> Option<usize> {
-        let most = piece_elems(ARENA_BYTES, shape.elem_bytes, staged_buffers(shape)?);
-        if shape.count <= most
+        let (eb, world) = (shape.elem_bytes, self.world);
+        let whole = piece_elems(ARENA_BYTES, eb, staged_buffers(shape, world, false)?);
+        let blocks = shape.collective.blocked();
+        let most = piece_elems(ARENA_BYTES, eb, staged_buffers(shape, world, blocks)?);
+        if shape.count <= whole
             || most == 0
             || self.in_one_process()
             || !self.arenas_everywhere()
-            || !self.registrations.all_symmetric()
             || self.runs_symmetric(shape, inputs, outputs)
         {
             return None;
@@ -100,6 +155,7 @@ impl CudaExecutor {
         let piece = balanced(shape.count, most);
         let piece_shape = Shape {
             count: piece,
+            piece_of: shape.count,
             ..shape.clone()
         };
         piece_fits(self.selection(&piece_shape).form).then_some(piece)
@@ -108,8 +164,9 @@ impl CudaExecutor {
     /// Runs `shape` as pieces of `piece` elements (module doc), each through
     /// [`CudaExecutor::run_one`], stopping at the first that fails — after the pieces enqueued
     /// before it have settled (as a failed call's own ranks are waited for, module `launch`), so
-    /// that nothing touches the caller's buffers once the call has returned its error;
-    /// [`crate::Ran::pieces`] says how many ran.
+    /// that nothing touches the caller's buffers once the call has returned its error (a peer
+    /// that gave the call up because an earlier piece differs names that mismatch:
+    /// `Job::named_mismatch`); [`crate::Ran::pieces`] says how many ran.
     ///
     /// # Safety
     /// As for [`CudaExecutor::run`]: the pieces are parts of the caller's buffers.
@@ -124,31 +181,19 @@ impl CudaExecutor {
         wait_complete: bool,
         caller: Option<CallerStreams<'_>>,
     ) -> Result<()> {
-        let at = |list: &[u64], first: usize| -> Vec<u64> {
-            let offset = (first * shape.elem_bytes) as u64;
-            list.iter()
-                .map(|&a| if a == 0 { 0 } else { a + offset })
-                .collect()
-        };
         let mut ran = 0;
         for (first, count) in pieces(shape.count, piece) {
             let part = Shape {
                 count,
+                piece_of: shape.count,
                 ..shape.clone()
             };
-            let (part_inputs, part_outputs) = (at(inputs, first), at(outputs, first));
+            let eb = shape.elem_bytes;
+            let (part_inputs, part_outputs) = (moved(inputs, first, eb), moved(outputs, first, eb));
             // SAFETY: each piece's buffers lie within the caller's (same addresses, offset by the
             // piece's first element, its count within the whole's): our caller's contract.
             let result = unsafe {
-                self.run_one::<T>(
-                    part,
-                    &part_inputs,
-                    &part_outputs,
-                    op,
-                    wait_complete,
-                    caller,
-                    shape.count,
-                )
+                self.run_one::<T>(part, &part_inputs, &part_outputs, op, wait_complete, caller)
             };
             if let Err(err) = result {
                 // (A capture's pieces have not run: nothing to wait for.)
@@ -248,6 +293,97 @@ mod tests {
                     let larger = twoshot(count + 4096).build().unwrap();
                     assert!(!fits(&larger, elem_bytes), "{at}");
                 }
+            }
+        }
+    }
+
+    /// A shape of `collective` on elements of `elem_bytes`, whole.
+    fn shape_of(collective: Collective, in_place: bool, elem_bytes: usize) -> Shape {
+        Shape {
+            collective,
+            count: 0,
+            in_place,
+            average: false,
+            elem_bytes,
+            registered: false,
+            piece_of: 0,
+        }
+    }
+
+    /// A reduce-scatter's, all-gather's or all-to-all's call fits the arena whole up to the
+    /// count `staged_buffers` gives (the buffers a peer touches staged), and a strided piece up
+    /// to its count (every caller's buffer staged) — and a block more would not fit: the
+    /// counts are as large as fit, for every element size, world and placement.
+    #[test]
+    fn block_collectives_fit_the_arena_whole_or_as_pieces_up_to_their_counts() {
+        for elem_bytes in [1, 2, 4, 8] {
+            for world in 2..=8 {
+                for in_place in [false, true] {
+                    for c in [
+                        Collective::ReduceScatter,
+                        Collective::AllGather,
+                        Collective::AllToAll,
+                    ] {
+                        let shape = shape_of(c.clone(), in_place, elem_bytes);
+                        for piece in [false, true] {
+                            let Some(n) = staged_buffers(&shape, world, piece) else {
+                                assert!(in_place && c == Collective::AllToAll);
+                                continue;
+                            };
+                            let fits = |count: usize| {
+                                let spec = OneShotSpec {
+                                    world,
+                                    count,
+                                    in_place,
+                                    op: ReduceOp::Sum,
+                                };
+                                let plan = spec.build_collective(&c).unwrap();
+                                let staged = Staged::for_plan(&plan, !piece);
+                                let capacity = ARENA_BYTES / elem_bytes;
+                                arena_layout(&plan, |k| staged.owns(k), capacity).is_some()
+                            };
+                            let count = piece_elems(ARENA_BYTES, elem_bytes, n);
+                            let at = format!("{c:?}, {elem_bytes} B, in place {in_place}, {world} ranks, piece {piece}");
+                            assert!(fits(count), "{at}");
+                            assert!(!fits(count + 4096), "{at}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A strided piece's copies, from the caller's buffers moved on to the piece
+    /// (`moved`), reach block `b`'s elements `[first, first + count)` at the staged copy's
+    /// block `b`, every element of the caller's buffer in exactly one piece; a buffer of one
+    /// block (a reduce-scatter's output) is one run.
+    #[test]
+    fn a_strided_pieces_copies_reach_each_blocks_elements_once() {
+        let (eb, base) = (4, 1u64 << 20);
+        for world in [2, 3, 5] {
+            for (whole, piece) in [(3 * 4096 + 7, 4096), (10_000, 8192), (8192, 4096)] {
+                let mut reached = vec![0u32; world * whole];
+                for (first, count) in pieces(whole, piece) {
+                    let shape = Shape {
+                        count,
+                        piece_of: whole,
+                        ..shape_of(Collective::ReduceScatter, false, eb)
+                    };
+                    let caller = moved(&[base, 0], first, eb);
+                    assert_eq!(caller[1], 0, "absent stays absent");
+                    for (at, from, bytes) in segments(&shape, world, world * count) {
+                        for k in 0..bytes / eb {
+                            let staged = at as usize / eb + k;
+                            let element = (caller[0] + from - base) as usize / eb + k;
+                            let (b, i) = (staged / count, staged % count);
+                            assert_eq!(element, b * whole + first + i, "{world} {whole} {piece}");
+                            reached[element] += 1;
+                        }
+                    }
+                    let output: Vec<_> = segments(&shape, world, count).collect();
+                    assert_eq!(output, [(0, 0, count * eb)]);
+                }
+                assert!(reached.iter().all(|&n| n == 1), "{world} {whole} {piece}");
             }
         }
     }

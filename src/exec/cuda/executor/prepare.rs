@@ -9,6 +9,7 @@
 
 use super::layout::{oneshot_layout, steps_layout, twoshot_segments};
 use super::peer_words::{PeerKernel, ARENA_BYTES};
+use super::pieces;
 use super::rank::{Placed, Staged};
 use super::{auto_chunk_bytes, CudaExecutor, Dispatch, Prepared, Schedule, CACHED_PLANS};
 use crate::error::{Error, Result};
@@ -128,8 +129,11 @@ impl CudaExecutor {
             }
         };
         let dispatch = Arc::new(self.dispatch(&plan, selection)?);
+        // A strided piece's kernel finds its blocks nowhere but in the copies (module `pieces`):
+        // every caller's buffer is staged.
+        let touched_only = dispatch.peer_kernel().is_some() && !pieces::strided(shape);
         let staged = match self.stages_callers(shape.registered, &dispatch) {
-            true => Staged::for_plan(&plan, dispatch.peer_kernel().is_some()),
+            true => Staged::for_plan(&plan, touched_only),
             false => Staged::NONE,
         };
         if !self.in_one_process() && dispatch.peer_kernel() != Some(PeerKernel::OneShotLl) {

@@ -167,12 +167,12 @@ pub(super) struct RankPlan {
 
 impl RankPlan {
     /// Whether dropping the plan frees or unmaps anything the GPU may still use: its own
-    /// events, staging and counters, or peers' memory it imported.
+    /// staging and counters, or peers' memory it imported. Not its events: CUDA releases an
+    /// event destroyed before it completes once it has (`cuEventDestroy`), and waits already
+    /// queued keep what they saw — so a plan laid out in the arenas, which owns only events,
+    /// leaves the cache without waiting for anything.
     fn owns_gpu_resources(&self) -> bool {
-        self.events.iter().any(Option::is_some)
-            || !self._staging.is_empty()
-            || self.counters.is_some()
-            || !self.imports.is_empty()
+        !self._staging.is_empty() || self.counters.is_some() || !self.imports.is_empty()
     }
 }
 
@@ -191,29 +191,30 @@ pub(super) struct Allocated {
 /// of a peer kernel's plan, the caller's kinds some rank touches of another's
 /// (`check::touched_across_ranks`); a buffer only its own rank touches (a one-shot's output, an
 /// all-gather's, a receive) is not staged — its kernel reads or writes the caller's buffer
-/// where it lies. Of any other plan, every caller's buffer ([`Staged::for_plan`]). [`Staged::NONE`] where
-/// nothing is (ranks in one process, registered buffers, the LL one-shot).
+/// where it lies. Of any other plan, and of a strided piece (module `pieces`), every caller's
+/// buffer ([`Staged::for_plan`]). [`Staged::NONE`] where nothing is (ranks in one process,
+/// registered buffers, the LL one-shot).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(super) struct Staged(Vec<BufKind>);
 
 impl Staged {
     pub(super) const NONE: Staged = Staged(Vec::new());
 
-    /// The caller's buffers `plan` stages: of a peer kernel's plan (`kernel`), those some rank
-    /// touches of another's; of the copy engines' or one through host slots (GPUs that do not
-    /// reach each other), every one, as before.
+    /// The caller's buffers `plan` stages: where `touched_only` (a peer kernel's plan), those
+    /// some rank touches of another's; else (the copy engines' plans, a strided piece's — module
+    /// `pieces` — or where GPUs do not reach each other, through host slots) every one.
     ///
     /// Why that is exact where a caller passes overlapping buffers out of place (NCCL's in-place
     /// forms, which ringreduce-nccl runs out of place): a peer kernel reads every input it
     /// reads — its own rank's too — from the staged copy its peers read, and writes unstaged
     /// memory only where no peer reads; the copy engines' plans read and write the caller's
     /// buffers in rounds, so they keep every buffer staged.
-    pub(super) fn for_plan(plan: &Plan, kernel: bool) -> Staged {
+    pub(super) fn for_plan(plan: &Plan, touched_only: bool) -> Staged {
         let through_host = plan
             .buffers
             .iter()
             .any(|d| matches!(d.kind, BufKind::HostSlots | BufKind::HostExposed));
-        let candidates = match kernel && !through_host {
+        let candidates = match touched_only && !through_host {
             true => crate::check::touched_across_ranks(plan),
             false => plan.buffers.iter().map(|d| d.kind).collect(),
         };

@@ -6,17 +6,19 @@
 //! exports it (a file descriptor for memory ringreduce made with `cuMemCreate`, a legacy IPC
 //! handle for `cuMemAlloc` memory), and maps every peer's; registration number k is the k-th turn
 //! on every rank. At each call every rank publishes, beside the call's shape, where its buffers
-//! lie ([`CallerRefs`]: a registration number and an offset, or "unregistered"); the call runs
-//! without copies only when every rank's buffers are registered (the decision is the same on
-//! every rank, since every rank reads the same words), and otherwise through the copies, as
-//! before — a meeting of the ranks' hosts at every call. A turn registered *symmetric*
-//! (`RankCommunicator::register_symmetric`, NCCL's `NCCL_WIN_COLL_SYMMETRIC`: every rank's
-//! buffer at the same offset into its allocation, checked at the turn) needs none: a rank whose
-//! buffers of a call all lie in symmetric registrations decides alone that the call runs on
-//! them, its peers' buffers at its own registration numbers and offsets
-//! ([`Registrations::symmetric_call`]), and publishes those refs; the call gate on the GPU
-//! compares every rank's refs with the shape, so a rank whose buffers lie elsewhere is a
-//! mismatch named before any peer's memory is touched. Stream-ordered pool memory (`cuMemAllocAsync`, cudarc's default) cannot be shared
+//! lie ([`CallerRefs`]: a registration number and an offset, or "unregistered"). Whether a call
+//! runs on registered memory is decided without asking the peers at call time, as NCCL's
+//! windows are used: a turn registered *symmetric* (`RankCommunicator::register_symmetric`,
+//! NCCL's `NCCL_WIN_COLL_SYMMETRIC`: every rank's buffer at the same offset into its allocation,
+//! checked at the turn) lets a rank whose buffers of a call all lie in symmetric registrations
+//! decide alone that the call runs on them, its peers' buffers at its own registration numbers
+//! and offsets ([`Registrations::symmetric_call`]), and publish those refs; the call gate on
+//! the GPU compares every rank's refs with the shape, so a rank whose buffers lie elsewhere is a
+//! //! mismatch named before any peer's memory is touched. A call on other registrations runs on
+//! them only where it meets the peers' hosts anyway (the copy engines' plans, a capture: every
+//! rank reads every rank's refs, and the call runs without copies when every rank's buffers are
+//! registered); a gated call on them copies, as on unregistered memory (a strided piece always
+//! copies: module `pieces`). Stream-ordered pool memory (`cuMemAllocAsync`, cudarc's default) cannot be shared
 //! between processes and is refused by name. Deregistration is collective too: every rank
 //! waits for its queued work and unmaps its peers' allocations of that turn before any owner
 //! frees its own (CUDA leaves freeing memory another process maps undefined, which is why

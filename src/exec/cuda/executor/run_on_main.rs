@@ -9,6 +9,7 @@
 
 use super::callers::Checked;
 use super::enqueue::wait_done;
+use super::pieces;
 use super::{CudaCall, CudaExecutor, Prepared, Schedule};
 use crate::device;
 use crate::element::{Element, ReduceOp};
@@ -58,7 +59,7 @@ impl CudaExecutor {
         } = checked;
         let (inputs, outputs) = (&inputs[..], &outputs[..]);
         let registered = shape.registered;
-        let prepared = self.prepare(shape)?;
+        let prepared = self.prepare(shape.clone())?;
         self.last_ran = Some(Ran {
             algorithm: prepared.algorithm,
             form: prepared.dispatch.form(),
@@ -100,10 +101,12 @@ impl CudaExecutor {
                     continue;
                 }
                 let (staged, caller) = (own.addrs[buf], callers[buf]);
-                let bytes = decl.len * T::DTYPE.size_bytes();
-                copies_in.push((staged, caller, bytes));
-                if !decl.kind.is_read_only() {
-                    copies_out.push((caller, staged, bytes));
+                // One copy, or one a block of a strided piece (module `pieces`).
+                for (at, from, bytes) in pieces::segments(&shape, self.world, decl.len) {
+                    copies_in.push((staged + at, caller + from, bytes));
+                    if !decl.kind.is_read_only() {
+                        copies_out.push((caller + from, staged + at, bytes));
+                    }
                 }
             }
         } else if prepared.plan.collective != Collective::AllReduce && self.in_one_process() {

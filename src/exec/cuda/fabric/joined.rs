@@ -319,6 +319,10 @@ impl Fabric for Joined {
         })
     }
 
+    fn mismatch_of_next(&self, next: CallShape) -> Option<Error> {
+        self.job.named_mismatch(Some(next))
+    }
+
     fn gate_fault(&self) -> Option<Error> {
         self.job.gate_fault()
     }

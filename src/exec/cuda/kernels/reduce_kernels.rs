@@ -69,14 +69,18 @@ impl KernelModule {
 
     /// Enqueues `x[i] = x[i] / world` for `i < count` on `stream`: the last step of `Avg`, as
     /// [`crate::element::Element::average`] defines it (floats times `1/world`, integers divided
-    /// by `world as T`, truncating; `world == 0` acts as 1). `count == 0` enqueues nothing.
+    /// by `world as T`, truncating; `world == 0` acts as 1) — skipped on the GPU where `error`
+    /// (the rank's error word, a `u32` this GPU reads; 0: none) holds a code when it runs: the
+    /// call's peer kernel failed, or found the call different from a peer's, and `x` stays as
+    /// it was. `count == 0` enqueues nothing.
     ///
     /// # Safety
     ///
     /// Until the kernel has run on `stream`: `x` is a device address (`CUdeviceptr`) usable from
     /// this context (its own, or a peer's with peer access enabled), valid for `count` elements
     /// of `dtype`, and no other stream, device or host thread reads or writes that range unless
-    /// ordered after this kernel. A misaligned `x` or a stream of another context is refused with
+    /// ordered after this kernel; a nonzero `error` is a device address of a `u32` usable from
+    /// this context. A misaligned `x` or a stream of another context is refused with
     /// an error before anything is enqueued.
     pub unsafe fn scale(
         &self,
@@ -85,6 +89,7 @@ impl KernelModule {
         x: u64,
         count: usize,
         world: usize,
+        error: u64,
     ) -> Result<()> {
         self.check_stream(stream)?;
         check_aligned(dtype, "x", x)?;
@@ -92,12 +97,18 @@ impl KernelModule {
             return Ok(());
         }
         let (mut x, mut count_arg, mut world_arg) = (x, count as u64, world as u64);
-        let mut params: [*mut c_void; 3] =
-            [param(&mut x), param(&mut count_arg), param(&mut world_arg)];
+        let mut error = error;
+        let mut params: [*mut c_void; 4] = [
+            param(&mut x),
+            param(&mut count_arg),
+            param(&mut world_arg),
+            param(&mut error),
+        ];
         let function = &self.scale[dtype as usize];
-        // SAFETY: the function is rr_scale_<dtype>(T*, unsigned long long, unsigned long long),
-        // matching the three 8-byte parameters above, which outlive the call; the pointer
-        // contract is the caller's, stated above; the stream is of self.ctx (`check_stream`).
+        // SAFETY: the function is rr_scale_<dtype>(T*, unsigned long long, unsigned long long,
+        // const unsigned*), matching the four 8-byte parameters above, which outlive the call;
+        // the pointer contract is the caller's, stated above; the stream is of self.ctx
+        // (`check_stream`).
         unsafe { self.launch(function, dtype, count, stream.raw(), &mut params) }
     }
 

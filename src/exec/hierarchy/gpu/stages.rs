@@ -115,6 +115,7 @@ impl Parts {
                             areas.at(span)?,
                             span.count,
                             hosts.world(),
+                            0, // (no error word: a hierarchical call is checked before it runs)
                         )?
                     };
                 }
