@@ -1190,6 +1190,11 @@ fn large_calls_and_sends_return_before_a_late_peer_and_run_as_kernels() {
                 Some(Form::StepsKernel),
                 "rank {rank} send/recv"
             );
+            // A collective of no elements runs nothing and meets no one (NCCL discards it).
+            let mut none = buf.view_mut(0, 0).unwrap();
+            // SAFETY: as above.
+            unsafe { comm.enqueue_all_reduce_in_place_on(&mut none, op, &stream) }.unwrap();
+            assert_eq!(comm.last_ran(), None, "rank {rank}: an empty all-reduce");
         });
         stream.synchronize().unwrap();
         comm.synchronize().unwrap();

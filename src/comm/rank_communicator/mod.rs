@@ -112,7 +112,8 @@ impl RankCommunicator {
 
     /// What this rank's latest call ran ([`Ran`](crate::Ran)), as
     /// [`Communicator::last_ran`](crate::Communicator::last_ran) says it; `None` before the
-    /// first call, and for a job on several hosts (whose calls run several plans in stages).
+    /// first call, after a collective of no elements across processes (which runs nothing),
+    /// and for a job on several hosts (whose calls run several plans in stages).
     pub fn last_ran(&self) -> Option<crate::Ran> {
         match &self.inner {
             Inner::Host(rank) => rank.last_ran(),

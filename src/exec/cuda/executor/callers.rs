@@ -72,7 +72,8 @@ impl CudaExecutor {
     /// (`Fabric::fail`), and a blocking call's completion too.
     ///
     /// A call too large for the arenas, which every rank would otherwise prepare with its
-    /// peers, runs as pieces that fit them (module `pieces`).
+    /// peers, runs as pieces that fit them (module `pieces`); a collective of no elements
+    /// across processes runs nothing and meets no one.
     ///
     /// The call in three steps, each a function: `checked_call` (published and checked),
     /// `ready_call` (its plan prepared, its buffers laid out: module `run_on_main`), then the
@@ -86,6 +87,14 @@ impl CudaExecutor {
         wait_complete: bool,
         caller: Option<CallerStreams<'_>>,
     ) -> Result<()> {
+        // A collective of no elements moves nothing: across processes it returns at once,
+        // published to no peer (as NCCL discards empty collectives), so ranks that all make it
+        // stay in step without meeting.
+        let empty = shape.count == 0 && !matches!(shape.collective, Collective::SendRecv { .. });
+        if empty && !self.in_one_process() {
+            self.last_ran = None;
+            return Ok(());
+        }
         match self.arena_piece(&shape, inputs, outputs) {
             // SAFETY: our caller's contract, passed on.
             Some(piece) => unsafe {
