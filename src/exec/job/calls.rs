@@ -319,6 +319,90 @@ impl Job {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::element::{DType, ReduceOp};
+    use crate::exec::shm::Segment;
+    use crate::exec::Shape;
+    use crate::plan::Collective;
+    use std::sync::atomic::{AtomicBool, AtomicU64};
+    use std::sync::Arc;
+
+    /// Three ranks' jobs over one set of control segments, in this process.
+    fn three_jobs(tag: &str) -> Vec<Job> {
+        let prefix = format!("/ringreduce-test-{}-{tag}", std::process::id());
+        let control: Vec<Segment> = (0..3)
+            .map(|q| {
+                let mut seg =
+                    Segment::create(&format!("{prefix}-{q}"), super::super::CONTROL_BYTES).unwrap();
+                seg.unlink();
+                seg
+            })
+            .collect();
+        let (control, processes) = (Arc::new(control), Arc::new(Vec::new()));
+        (0..3)
+            .map(|rank| Job {
+                rank,
+                prefix: prefix.clone(),
+                control: control.clone(),
+                processes: processes.clone(),
+                seq: AtomicU64::new(0),
+                last_gated: AtomicU64::new(0),
+                aborted: AtomicBool::new(false),
+            })
+            .collect()
+    }
+
+    fn all_reduce_of(count: usize) -> CallShape {
+        let shape = Shape::collective::<f32>(Collective::AllReduce, count, true, ReduceOp::Sum);
+        CallShape::of(&shape, DType::F32, ReduceOp::Sum)
+    }
+
+    /// Rank 1's call 1 differs from rank 0's, and rank 0's gate found it (its `FAULT` word);
+    /// rank 2 never ran its gate: it names rank 1's call against its own — published, or the
+    /// one it is about to publish — and rank 1 names rank 0's. No gate's finding: nothing named.
+    #[test]
+    fn a_mismatch_a_peers_gate_found_is_named_by_a_rank_whose_gate_did_not_run() {
+        let jobs = three_jobs("named");
+        let (same, other) = (all_reduce_of(64), all_reduce_of(65));
+        let far = Instant::now() + Duration::from_secs(5);
+        let publish = |rank: usize, call| {
+            let refs = CallerRefs::default();
+            jobs[rank]
+                .publish(call, refs, far, Duration::from_secs(5))
+                .unwrap()
+        };
+        assert_eq!(publish(0, same), 1);
+        assert_eq!(publish(1, other), 1);
+        assert!(
+            jobs[2].named_mismatch(Some(same)).is_none(),
+            "no gate found one"
+        );
+        jobs[0]
+            .control_word(0, FAULT)
+            .store((1 << 16) | 2, Ordering::Release);
+        let named = |err: Option<Error>| match err {
+            Some(Error::CallMismatch {
+                rank,
+                this,
+                theirs,
+                ours,
+            }) => (rank, this, theirs, ours),
+            other => panic!("{other:?}"),
+        };
+        let (rank, this, theirs, ours) = named(jobs[2].named_mismatch(Some(same)));
+        assert_eq!((rank, this), (1, 2));
+        assert!(
+            theirs.contains("65 elements") && ours.contains("64 elements"),
+            "{theirs} / {ours}"
+        );
+        assert!(
+            jobs[2].named_mismatch(None).is_none(),
+            "rank 2's call 1 is not published"
+        );
+        publish(2, same);
+        assert_eq!(named(jobs[2].named_mismatch(None)).0, 1);
+        let (rank, this, ..) = named(jobs[1].named_mismatch(None));
+        assert_eq!((rank, this), (0, 1));
+    }
 
     #[test]
     fn every_slot_lies_inside_the_segment_and_calls_a_lap_apart_share_one() {
