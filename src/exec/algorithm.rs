@@ -413,7 +413,7 @@ pub struct Ran {
     pub registered: bool,
     /// The call was captured into the caller's CUDA graph rather than run eagerly.
     pub captured: bool,
-    /// The calls it ran as: 1, or the pieces of an all-reduce too large for the arenas across
+    /// The calls it ran as: 1, or the pieces of a call too large for the arenas across
     /// processes, each a call of this form.
     pub pieces: usize,
 }

@@ -215,8 +215,10 @@ impl CudaExecutor {
         // `run`) before this call is published — or, where it is the peers giving this very
         // call up because their gates found it different, that mismatch.
         if !self.in_one_process() {
-            self.check_error_words()
-                .map_err(|err| self.fabric.mismatch_of_next(call).unwrap_or(err))?;
+            self.check_error_words().map_err(|err| match err {
+                Error::CallMismatch { .. } => err,
+                _ => self.fabric.mismatch_of_next(call).unwrap_or(err),
+            })?;
         }
         let seq = self
             .fabric
@@ -332,12 +334,15 @@ impl CudaExecutor {
     /// `Registrations::symmetric_call`). The decision is part of the call's shape, so ranks that
     /// decide differently make different calls (named by the meeting or the gate, before
     /// anything is prepared or touched), and the gate then compares the refs too. (A
-    /// broadcast's or reduce's ranks pass different buffers: they copy.)
+    /// broadcast's or reduce's ranks pass different buffers: they copy; so does a strided
+    /// piece, whose blocks lie beyond the run its refs describe: module `pieces`.)
     fn symmetric_at(&self, shape: &Shape, refs: &CallerRefs) -> bool {
-        !matches!(
-            shape.collective,
-            Collective::Broadcast { .. } | Collective::Reduce { .. }
-        ) && self.registrations.symmetric_call(refs)
+        !pieces::strided(shape)
+            && !matches!(
+                shape.collective,
+                Collective::Broadcast { .. } | Collective::Reduce { .. }
+            )
+            && self.registrations.symmetric_call(refs)
     }
 
     /// Where this process's rank's buffers of a call of `shape` lie ([`CallerRefs`]); with

@@ -105,8 +105,8 @@ fn piece_fits(form: Form) -> bool {
 
 /// Elements a piece of a call of `count` elements holds where a piece holds at most `most` (a
 /// multiple of 4096): the call cut into as few pieces as fit, of about one size (whole blocks of
-/// 4096 elements, the last the rest) — so that every piece runs the form a piece of that size
-/// does, and no small remainder runs another.
+/// 4096 elements, the last the rest, which is less than a block per piece shorter) — so that a
+/// call of a few pieces leaves no small remainder to run another form.
 pub(super) fn balanced(count: usize, most: usize) -> usize {
     let n = count.div_ceil(most).max(1);
     count.div_ceil(n).div_ceil(4096) * 4096

@@ -14,7 +14,7 @@
 //! decide alone that the call runs on them, its peers' buffers at its own registration numbers
 //! and offsets ([`Registrations::symmetric_call`]), and publish those refs; the call gate on
 //! the GPU compares every rank's refs with the shape, so a rank whose buffers lie elsewhere is a
-//! //! mismatch named before any peer's memory is touched. A call on other registrations runs on
+//! mismatch named before any peer's memory is touched. A call on other registrations runs on
 //! them only where it meets the peers' hosts anyway (the copy engines' plans, a capture: every
 //! rank reads every rank's refs, and the call runs without copies when every rank's buffers are
 //! registered); a gated call on them copies, as on unregistered memory (a strided piece always
