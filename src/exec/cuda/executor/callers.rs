@@ -27,6 +27,15 @@ impl CallerStreams<'_> {
     }
 }
 
+/// How a call is made, beside its shape and buffers: its operator, whether it returns only once
+/// complete, and the caller's streams it is ordered on (none: the communicator's own).
+#[derive(Clone, Copy)]
+pub(super) struct CallMode<'a> {
+    pub(super) op: ReduceOp,
+    pub(super) wait_complete: bool,
+    pub(super) caller: Option<CallerStreams<'a>>,
+}
+
 /// A call published and checked ([`CudaExecutor::run`]'s first step): the shape it runs
 /// (registered where every rank's buffers are), every buffer's address as this rank reaches it
 /// (laid out as [`crate::exec::caller_address`] lays them out), and the gate its peer kernel
@@ -95,13 +104,16 @@ impl CudaExecutor {
             self.last_ran = None;
             return Ok(());
         }
+        let mode = CallMode {
+            op,
+            wait_complete,
+            caller,
+        };
         match self.arena_piece(&shape, inputs, outputs) {
             // SAFETY: our caller's contract, passed on.
-            Some(piece) => unsafe {
-                self.run_in_pieces::<T>(shape, piece, inputs, outputs, op, wait_complete, caller)
-            },
+            Some(piece) => unsafe { self.run_in_pieces::<T>(shape, piece, inputs, outputs, mode) },
             // SAFETY: as above.
-            None => unsafe { self.run_one::<T>(shape, inputs, outputs, op, wait_complete, caller) },
+            None => unsafe { self.run_one::<T>(shape, inputs, outputs, mode) },
         }
     }
 
@@ -114,10 +126,13 @@ impl CudaExecutor {
         shape: Shape,
         inputs: &[u64],
         outputs: &[u64],
-        op: ReduceOp,
-        wait_complete: bool,
-        caller: Option<CallerStreams<'_>>,
+        mode: CallMode<'_>,
     ) -> Result<()> {
+        let CallMode {
+            op,
+            wait_complete,
+            caller,
+        } = mode;
         let caller = caller.map(|streams| streams.0);
         let captured = match caller {
             Some(streams) => capture::capturing(streams)?,

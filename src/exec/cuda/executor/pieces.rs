@@ -27,10 +27,10 @@
 //! (which ranks deciding differently make a named mismatch of) — so every rank cuts a call into
 //! the same pieces.
 
-use super::callers::CallerStreams;
+use super::callers::CallMode;
 use super::peer_words::ARENA_BYTES;
 use super::CudaExecutor;
-use crate::element::{Element, ReduceOp};
+use crate::element::Element;
 use crate::error::Result;
 use crate::exec::algorithm::Form;
 use crate::exec::Shape;
@@ -170,16 +170,13 @@ impl CudaExecutor {
     ///
     /// # Safety
     /// As for [`CudaExecutor::run`]: the pieces are parts of the caller's buffers.
-    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn run_in_pieces<T: Element>(
         &mut self,
         shape: Shape,
         piece: usize,
         inputs: &[u64],
         outputs: &[u64],
-        op: ReduceOp,
-        wait_complete: bool,
-        caller: Option<CallerStreams<'_>>,
+        mode: CallMode<'_>,
     ) -> Result<()> {
         let mut ran = 0;
         for (first, count) in pieces(shape.count, piece) {
@@ -192,12 +189,10 @@ impl CudaExecutor {
             let (part_inputs, part_outputs) = (moved(inputs, first, eb), moved(outputs, first, eb));
             // SAFETY: each piece's buffers lie within the caller's (same addresses, offset by the
             // piece's first element, its count within the whole's): our caller's contract.
-            let result = unsafe {
-                self.run_one::<T>(part, &part_inputs, &part_outputs, op, wait_complete, caller)
-            };
+            let result = unsafe { self.run_one::<T>(part, &part_inputs, &part_outputs, mode) };
             if let Err(err) = result {
                 // (A capture's pieces have not run: nothing to wait for.)
-                let captured = caller.map_or(Ok(false), |streams| streams.capturing());
+                let captured = mode.caller.map_or(Ok(false), |streams| streams.capturing());
                 if ran > 0 && !captured.unwrap_or(true) {
                     self.settle_streams(Instant::now() + self.config.timeout);
                 }
@@ -215,6 +210,7 @@ impl CudaExecutor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::element::ReduceOp;
     use crate::exec::cuda::executor::rank::Staged;
     use crate::plan::arena::arena_layout;
     use crate::plan::{Gather, OneShotSpec, TwoShotSpec};
