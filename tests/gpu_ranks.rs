@@ -1039,6 +1039,14 @@ fn every_kernel_forms_first_call_returns_before_a_late_peer_and_the_gpu_names_a_
         let mut from_each: Vec<GpuBuffer<f32>> = (0..world)
             .map(|from| GpuBuffer::<f32>::zeroed(device, uneven(from, rank)).unwrap())
             .collect();
+        // A pair the late rank 1 takes no part in: rank 2 sends to rank 0.
+        let pair = [Transfer {
+            from: 2,
+            to: 0,
+            count: per + 1,
+        }];
+        let pair_send = GpuBuffer::from_host(device, &values(op, rank, per + 1)).unwrap();
+        let mut pair_recv = GpuBuffer::<f32>::zeroed(device, per + 1).unwrap();
         let form = |comm: &RankCommunicator| comm.last_ran().map(|r| r.form);
         let mut forms = Vec::new();
         // Rank 1 is 2 s late: the others' first calls return once enqueued.
@@ -1066,11 +1074,18 @@ fn every_kernel_forms_first_call_returns_before_a_late_peer_and_the_gpu_names_a_
             // SAFETY: as above.
             unsafe { comm.enqueue_send_recv(&everyone, &sends, &mut recvs, raw) }.unwrap();
             forms.push(form(&comm));
+            let sends: &[&GpuBuffer<f32>] = if rank == 2 { &[&pair_send] } else { &[] };
+            let mut recv = [&mut pair_recv];
+            let recvs: &mut [&mut GpuBuffer<f32>] = if rank == 0 { &mut recv } else { &mut [] };
+            // SAFETY: as above.
+            unsafe { comm.enqueue_send_recv(&pair, sends, recvs, raw) }.unwrap();
+            forms.push(form(&comm));
         });
         let kernels = [
             Form::OneShotKernel,
             Form::OneShotKernel,
             Form::TwoShotKernel,
+            Form::StepsKernel,
             Form::StepsKernel,
             Form::StepsKernel,
             Form::StepsKernel,
@@ -1108,6 +1123,17 @@ fn every_kernel_forms_first_call_returns_before_a_late_peer_and_the_gpu_names_a_
                 "rank {rank}'s receive from {from}"
             );
         }
+        let untouched = vec![0.0; per + 1];
+        let pair_want = if rank == 0 {
+            values(op, 2, per + 1)
+        } else {
+            untouched
+        };
+        assert_eq!(
+            pair_recv.to_host().unwrap(),
+            pair_want,
+            "rank {rank}'s pair"
+        );
         // A first call of two new read one-shot shapes: rank 1 calls 44 elements more than a
         // quarter million, the others 24.
         let ran =

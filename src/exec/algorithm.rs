@@ -185,7 +185,7 @@ impl Algorithm {
     /// [`crate::plan::CollectiveSpec`]) and the one-shot's (SM kernels reading peer memory,
     /// [`crate::plan::OneShotSpec::build_collective`]); the two-shot is an all-reduce only, so
     /// forcing it (or the one-shot) runs the one-shot form. Send/recv runs the ring's form, or
-    /// where `gated` under `Auto` its one-shot form where it has one ([`sendrecv_kernel_fits`]).
+    /// where `gated` under `Auto` its one-shot form where the kernel runs it ([`sendrecv_kernel_fits`]).
     /// `Auto` takes the one-shot up to [`COLLECTIVE_ONESHOT_AUTO_MAX_BYTES`] crossing a rank's
     /// links, or at every size where `gated`; in deterministic mode with more than two ranks the
     /// reducing collectives always take the one-shot (it folds in rank order; the ring's
@@ -225,13 +225,13 @@ impl Algorithm {
     }
 }
 
-/// Whether a send/recv of `transfers` over `world` ranks runs as the steps kernel: the list has a
-/// one-shot form ([`crate::plan::sendrecv::oneshot_count`]: every rank party to a transfer) that
-/// moves something, and no rank receives more transfers than the kernel runs steps.
+/// Whether a send/recv of `transfers` over `world` ranks runs as the steps kernel: its one-shot
+/// form ([`crate::plan::sendrecv::oneshot_count`]) moves something, and no rank receives more
+/// transfers than the kernel runs steps.
 fn sendrecv_kernel_fits(transfers: &[crate::plan::Transfer], world: usize) -> bool {
     use crate::exec::cuda::kernels::PEER_MAX_RANKS;
     let receives = |r: usize| transfers.iter().filter(|t| t.to == r).count();
-    crate::plan::sendrecv::oneshot_count(transfers, world).is_some_and(|count| count > 0)
+    crate::plan::sendrecv::oneshot_count(transfers).is_some_and(|count| count > 0)
         && (0..world).all(|r| receives(r) <= PEER_MAX_RANKS)
 }
 
@@ -318,9 +318,8 @@ pub struct Ask<'a> {
     /// `Auto` then takes a kernel form at every size: the all-reduce the two-shot above the
     /// one-shot's limit (~10 % slower than the ring at 64–128 MiB on 2×H200, in one process:
     /// docs/PERFORMANCE.md, "Choosing the algorithm"), the other collectives their one-shot
-    /// form, and a send/recv its one-shot form (each receiver pulls) where every rank takes
-    /// part, of any counts — NCCL's pipelines' and pairs' case; send/recv lists some rank takes
-    /// no part in still meet.
+    /// form, and a send/recv its one-shot form (each receiver pulls) of any counts, a rank
+    /// party to no transfer joining its barriers alone.
     pub gated: bool,
 }
 
@@ -335,7 +334,7 @@ pub struct Ask<'a> {
 /// Where the call gate checks the calls ([`Ask::gated`]: ranks in several processes) and
 /// every pair of GPUs reaches the other, `Auto` keeps a kernel form at every size: the two-shot
 /// instead of the ring above the one-shot's limit, the other collectives' one-shot form instead
-/// of their ring's, a send/recv its one-shot form where it has one — so that no call of theirs
+/// of their ring's, a send/recv its one-shot form where the kernel runs it — so that no call of theirs
 /// meets the peers' hosts. A forced algorithm is
 /// itself (the one-shot or two-shot of another collective is its one-shot form), refused at
 /// creation where it cannot run.
@@ -647,9 +646,10 @@ mod tests {
                 "{c:?}"
             );
         }
-        // A send/recv pulled by its receivers where every rank takes part (a pipeline's pair,
-        // an exchange, of any counts) and something moves, else the copy engines; a forced ring stays the
-        // ring; GPUs that do not all reach each other keep their rules.
+        // A send/recv pulled by its receivers wherever something moves (a pipeline's pair, an
+        // exchange, of any counts, ranks party to no transfer among them), else the copy
+        // engines; a forced ring stays the ring; GPUs that do not all reach each other keep
+        // their rules.
         let p2p = |transfers: &[(usize, usize, usize)]| Collective::SendRecv {
             transfers: transfers
                 .iter()
@@ -662,7 +662,8 @@ mod tests {
             (p2p(&[(0, 1, 64), (1, 2, 64), (2, 0, 64)]), 3, true),
             (p2p(&[(0, 1, 64), (1, 0, 65)]), 2, true),
             (p2p(&[(0, 1, 0), (1, 0, 65), (2, 0, 3), (0, 2, 1)]), 3, true),
-            (p2p(&[(0, 1, 64)]), 3, false),
+            (p2p(&[(0, 1, 64)]), 3, true),
+            (p2p(&[(1, 2, 64), (2, 1, 64)]), 4, true),
             (p2p(&[(0, 1, 0)]), 2, false),
             (p2p(&[]), 2, false),
         ];

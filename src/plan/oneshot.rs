@@ -191,8 +191,8 @@ pub fn gather_from(rank: usize, k: usize, world: usize) -> usize {
 impl OneShotSpec {
     /// Compiles the one-shot form of `collective` (the table in the module doc; `count` is the
     /// collective's count). World 1 is a copy out of place and nothing in place; count 0 is an
-    /// empty plan. Send/recv has one where every rank takes part (module [`super::sendrecv`],
-    /// "The one-shot form"; `count` is not used).
+    /// empty plan. Send/recv has one for every list that is not empty (module
+    /// [`super::sendrecv`], "The one-shot form"; `count` is not used).
     pub fn build_collective(&self, collective: &Collective) -> Result<Plan> {
         if *collective == Collective::AllReduce {
             return self.build();

@@ -23,16 +23,17 @@
 //!
 //! # The one-shot form
 //!
-//! Where every rank is party to a transfer ([`oneshot_count`]), the list also has a one-shot
-//! form (`build_oneshot`, module [`super::oneshot`]): each receiver *pulls* — one
-//! [`Op::PeerReduce`] per receive copies the sender's send buffer, of the transfer's own count,
-//! straight into its receive buffer, all of a rank's receives between one start and one end
-//! barrier; a rank that only sends joins the barriers (its buffer is ready before the start one,
-//! no longer read after the end one). Every rank meets as often as the rank with the most
-//! receives: the others pad their meetings with ones that move nothing. The plan's count is the
-//! longest transfer (it sizes the kernels' grid, the same on every rank). On GPUs that is one
-//! kernel per rank, which the call gate can stop — what lets a send/recv across processes
-//! return once enqueued.
+//! Every list that is not empty also has a one-shot form (`build_oneshot`, module
+//! [`super::oneshot`]): each receiver *pulls* — one [`Op::PeerReduce`] per receive copies the
+//! sender's send buffer, of the transfer's own count, straight into its receive buffer, all of a
+//! rank's receives between one start and one end barrier; a rank that only sends joins the
+//! barriers (its buffer is ready before the start one, no longer read after the end one), and so
+//! does a rank party to no transfer. Every rank meets as often as the rank with the most
+//! receives: the others pad their meetings with ones that move nothing, zero elements of a
+//! buffer of their own — a transfer's, or, on a rank party to none, a [`BufKind::Scratch`] of no
+//! elements. The plan's count is the longest transfer (it sizes the kernels' grid, the same on
+//! every rank). On GPUs that is one kernel per rank, which the call gate can stop — what lets a
+//! send/recv across processes return once enqueued.
 //!
 //! | transfer i | pulled by | from buffer (rank `from`) | into |
 //! |------------|-----------|---------------------------|------|
@@ -99,22 +100,20 @@ pub(super) fn build(spec: &RingSpec, transfers: &[Transfer]) -> Result<Plan> {
     Ok(p.finish())
 }
 
-/// The longest transfer of `transfers`, where the list has a one-shot form over `world` ranks:
-/// not empty, every rank party to a transfer.
-pub fn oneshot_count(transfers: &[Transfer], world: usize) -> Option<usize> {
-    let longest = transfers.iter().map(|t| t.count).max()?;
-    let party = |r: usize| transfers.iter().any(|t| t.from == r || t.to == r);
-    (0..world).all(party).then_some(longest)
+/// The longest transfer of `transfers`, the count of the list's one-shot form; `None` for an
+/// empty list, which has none.
+pub fn oneshot_count(transfers: &[Transfer]) -> Option<usize> {
+    transfers.iter().map(|t| t.count).max()
 }
 
 /// Compiles the one-shot form of a grouped send/recv of `transfers` over `world` ranks (module
 /// doc): each receive a pull of the sender's send buffer, a rank's receives fused between one
 /// pair of barriers, a rank that receives less padding its meetings with empty ones. An error
-/// where the list has no one-shot form ([`oneshot_count`]).
+/// for an empty list, which has no one-shot form ([`oneshot_count`]).
 pub(super) fn build_oneshot(world: usize, transfers: &[Transfer]) -> Result<Plan> {
-    let Some(count) = oneshot_count(transfers, world) else {
+    let Some(count) = oneshot_count(transfers) else {
         return Err(Error::InvalidArgument(
-            "a send/recv has a one-shot form only where every rank takes part".into(),
+            "an empty send/recv has no one-shot form".into(),
         ));
     };
     let mut plan = Plan {
@@ -137,6 +136,15 @@ pub(super) fn build_oneshot(world: usize, transfers: &[Transfer]) -> Result<Plan
                 len: t.count,
             });
         }
+    }
+    // A rank party to no transfer pads its meetings on a buffer of no elements of its own.
+    let party = |r: usize| transfers.iter().any(|t| t.from == r || t.to == r);
+    for rank in (0..world).filter(|&r| count > 0 && !party(r)) {
+        plan.buffers.push(BufferDecl {
+            rank,
+            kind: BufKind::Scratch,
+            len: 0,
+        });
     }
     // Zero elements: nothing to move, nobody meets.
     let receives = |rank: usize| transfers.iter().filter(|t| t.to == rank).count();
@@ -166,7 +174,7 @@ pub(super) fn build_oneshot(world: usize, transfers: &[Transfer]) -> Result<Plan
             _ if t.to == rank => Some(BufKind::RecvBuf(i)),
             _ => None,
         });
-        let own = own.expect("a party");
+        let own = own.unwrap_or(BufKind::Scratch);
         while ops.len() < meetings {
             ops.push(Op::PeerReduce {
                 dst: Region {
@@ -196,21 +204,33 @@ mod tests {
     }
 
     #[test]
-    fn the_one_shot_form_needs_every_rank_and_counts_the_longest_transfer() {
-        assert_eq!(oneshot_count(&[t(0, 1, 5)], 2), Some(5));
-        assert_eq!(oneshot_count(&[t(0, 1, 5), t(1, 0, 5)], 2), Some(5));
-        assert_eq!(oneshot_count(&[t(0, 1, 5), t(1, 0, 6)], 2), Some(6));
-        assert_eq!(oneshot_count(&[t(0, 1, 0), t(1, 0, 0)], 2), Some(0));
-        assert_eq!(oneshot_count(&[t(0, 1, 5)], 3), None);
-        assert_eq!(oneshot_count(&[], 2), None);
-        assert!(build_oneshot(3, &[t(0, 1, 5)]).is_err());
+    fn the_one_shot_form_counts_the_longest_transfer() {
+        assert_eq!(oneshot_count(&[t(0, 1, 5)]), Some(5));
+        assert_eq!(oneshot_count(&[t(0, 1, 5), t(1, 0, 5)]), Some(5));
+        assert_eq!(oneshot_count(&[t(0, 1, 5), t(1, 0, 6)]), Some(6));
+        assert_eq!(oneshot_count(&[t(0, 1, 0), t(1, 0, 0)]), Some(0));
+        assert_eq!(oneshot_count(&[]), None);
+        assert!(build_oneshot(2, &[]).is_err());
+    }
+
+    #[test]
+    fn a_rank_party_to_no_transfer_meets_as_often_as_the_others_on_nothing_of_its_own() {
+        // Rank 1 of four receives two transfers; ranks 2 and 3 take no part.
+        let plan = build_oneshot(4, &[t(0, 1, 6), t(0, 1, 3)]).unwrap();
+        for rank in [2, 3] {
+            let scratch = plan.buffer(rank, BufKind::Scratch).expect("declared");
+            assert_eq!(plan.decl(scratch).len, 0);
+            assert_eq!(plan.ranks[rank].len(), 2, "rank {rank} meets twice");
+        }
+        assert!(plan.buffer(0, BufKind::Scratch).is_none());
+        crate::check::check(&plan).unwrap();
     }
 
     #[test]
     fn one_shot_send_recv_plans_pass_the_checker() {
         // Mixed counts, and ranks receiving different numbers of transfers (rank 2 of the
         // fourth list receives three, rank 0 none): every rank meets three times.
-        let lists: [&[Transfer]; 7] = [
+        let lists: [&[Transfer]; 9] = [
             &[t(0, 1, 7)],
             &[t(1, 0, 7), t(0, 1, 7)],
             &[t(0, 1, 3), t(1, 2, 3), t(2, 0, 3)],
@@ -218,11 +238,16 @@ mod tests {
             &[t(0, 0, 4), t(0, 1, 4)],
             &[t(0, 1, 0), t(1, 0, 0)],
             &[t(1, 0, 3), t(0, 1, 11), t(0, 1, 1)],
+            &[t(2, 0, 5)],
+            &[t(0, 3, 2), t(3, 0, 4), t(0, 3, 1)],
         ];
-        for transfers in lists {
-            let world = 1 + transfers.iter().map(|t| t.from.max(t.to)).max().unwrap();
+        // Over the ranks the list names, and one more that takes no part (as do ranks 1 and 2
+        // of the eighth list, 1 and 2 of the ninth).
+        for (transfers, more) in lists.into_iter().flat_map(|l| [(l, 1), (l, 2)]) {
+            let world = more + transfers.iter().map(|t| t.from.max(t.to)).max().unwrap();
             let plan = build_oneshot(world, transfers).unwrap();
-            crate::check::check(&plan).unwrap_or_else(|e| panic!("{transfers:?}: {e}"));
+            crate::check::check(&plan)
+                .unwrap_or_else(|e| panic!("{transfers:?} over {world}: {e}"));
         }
     }
 
