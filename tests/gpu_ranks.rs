@@ -1486,6 +1486,71 @@ fn large_block_first_calls_run_in_strided_pieces_before_a_late_peer() {
 }
 
 #[test]
+fn long_and_fanned_in_send_recvs_run_in_pieces_before_a_late_peer() {
+    use ringreduce::Form;
+    if let Some(env) = as_rank() {
+        let (rank, _, device, mut comm, stream) = auto_rank_with_stream(&env);
+        let t = |from, to, count| Transfer { from, to, count };
+        // A pipeline's sends, the first longer than a 64 MiB arena (16 M f32): two pieces, the
+        // first rank 0 → 1 alone (rank 2 takes no part), the second the rest of it and 1 → 2.
+        let pipeline = [t(0, 1, (20 << 20) + 3), t(1, 2, 2 << 20)];
+        // A fan-in of ten sends to rank 1, from ranks 0 and 2 in turn: more receives than the
+        // steps kernel runs (eight), so two pieces.
+        let fan_in: Vec<Transfer> = (0..10).map(|i| t(2 * (i % 2), 1, 1000 + i)).collect();
+        // Transfer i's payload: distinct per transfer, exact in f32.
+        let payload = |i: usize, count: usize| -> Vec<f32> {
+            (0..count).map(|k| (i * 1000 + k % 997) as f32).collect()
+        };
+        let ends = |list: &[Transfer]| {
+            let sends: Vec<GpuBuffer<f32>> = (list.iter().enumerate())
+                .filter(|(_, x)| x.from == rank)
+                .map(|(i, x)| GpuBuffer::from_host(device, &payload(i, x.count)).unwrap())
+                .collect();
+            let recvs: Vec<GpuBuffer<f32>> = (list.iter())
+                .filter(|x| x.to == rank)
+                .map(|x| GpuBuffer::<f32>::zeroed(device, x.count).unwrap())
+                .collect();
+            (sends, recvs)
+        };
+        let (mut lists, mut ran) = (Vec::new(), Vec::new());
+        for list in [&pipeline[..], &fan_in[..]] {
+            lists.push((list, ends(list)));
+        }
+        enqueued_before_a_late_peer(rank, || {
+            let raw = ringreduce::device::CallerStream::of(&stream);
+            for (list, (sends, recvs)) in &mut lists {
+                let sends: Vec<&GpuBuffer<f32>> = sends.iter().collect();
+                let mut recvs: Vec<&mut GpuBuffer<f32>> = recvs.iter_mut().collect();
+                // SAFETY: every buffer is untouched until the stream is synchronised below.
+                unsafe { comm.enqueue_send_recv(list, &sends, &mut recvs, raw) }.unwrap();
+                ran.push(comm.last_ran().map(|r| (r.form, r.pieces)));
+            }
+        });
+        let pieces = Some((Form::StepsKernel, 2));
+        assert_eq!(ran, [pieces, pieces], "rank {rank}");
+        stream.synchronize().unwrap();
+        comm.synchronize().unwrap();
+        for (list, (_, recvs)) in &lists {
+            let mine = (list.iter().enumerate()).filter(|(_, x)| x.to == rank);
+            for ((i, x), got) in mine.zip(recvs) {
+                let want = payload(i, x.count);
+                assert!(got.to_host().unwrap() == want, "rank {rank}'s receive {i}");
+            }
+        }
+        return;
+    }
+    if two_gpus_or_shared().is_none() {
+        return;
+    }
+    let ranks = launch(
+        "long_and_fanned_in_send_recvs_run_in_pieces_before_a_late_peer",
+        3,
+        |_| vec![],
+    );
+    expect_success(ranks, Duration::from_secs(120));
+}
+
+#[test]
 fn symmetric_registrations_run_without_a_meeting_and_the_gpus_check_the_offsets() {
     if let Some(env) = as_rank() {
         let (rank, world, device, mut comm, stream) = auto_rank_with_stream(&env);

@@ -60,10 +60,10 @@ pub(crate) struct Shape {
     /// directly (GPU ranks, `exec::cuda::executor::registered`); otherwise such ranks copy their
     /// buffers through memory they export. The plans differ, so they are cached apart.
     pub(crate) registered: bool,
-    /// A piece of a call of this many elements (`cuda::executor`'s module `pieces`); 0: a
-    /// whole call. A piece of a reduce-scatter, all-gather or all-to-all finds its blocks of
-    /// the caller's buffers this many elements apart, not `count`, so it stages them
-    /// differently: cached apart.
+    /// The whole call this is a piece of (`cuda::executor`'s module `pieces`): its count, or a
+    /// send/recv's transfers folded (`plan::sendrecv::folded`); 0: a whole call. A piece of a
+    /// reduce-scatter, all-gather or all-to-all finds its blocks of the caller's buffers this
+    /// many elements apart, not `count`, so it stages them differently: cached apart.
     pub(crate) piece_of: usize,
 }
 

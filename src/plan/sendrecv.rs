@@ -106,6 +106,82 @@ pub fn oneshot_count(transfers: &[Transfer]) -> Option<usize> {
     transfers.iter().map(|t| t.count).max()
 }
 
+/// The transfers of a send/recv folded into one word (FNV-1a over their numbers): equal lists
+/// fold alike, and ranks compare the word to find that they name the same list.
+pub fn folded(transfers: &[Transfer]) -> u64 {
+    transfers.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, t| {
+        [t.from, t.to, t.count].iter().fold(h, |h, &x| {
+            (h ^ x as u64).wrapping_mul(0x0000_0100_0000_01b3)
+        })
+    })
+}
+
+/// Elements `first..first + count` of transfer `transfer` of a list: a part of it that runs
+/// as a transfer of its own ([`runs`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Part {
+    /// The transfer's index in its list.
+    pub transfer: usize,
+    /// The part's first element of the transfer's buffers.
+    pub first: usize,
+    /// Elements of the part.
+    pub count: usize,
+}
+
+/// A send/recv of `transfers` cut into runs, each a list of its own that fits where one rank
+/// receives at most `receives` transfers and sends at most `most` elements to other ranks
+/// (`most` a positive multiple of 4096; each send counted in whole blocks of 4096, one block at
+/// least): in list order, a transfer to another rank longer than `most` cut into parts of
+/// `most` (so every part but a transfer's last starts 4096-element aligned), a new run begun
+/// where the next part would not fit the current one. One run: the whole list fits.
+///
+/// Invariant: every element of every transfer lies in exactly one part, parts of one transfer
+/// in order, and every pair's parts in the list's order — what keeps NCCL's per-pair order when
+/// the runs run one after another.
+pub fn runs(transfers: &[Transfer], most: usize, receives: usize) -> Vec<Vec<Part>> {
+    assert!(
+        most > 0 && most % 4096 == 0 && receives > 0,
+        "a run holds something"
+    );
+    let world = transfers
+        .iter()
+        .map(|t| t.from.max(t.to) + 1)
+        .max()
+        .unwrap_or(0);
+    let (mut runs, mut run) = (Vec::new(), Vec::new());
+    let (mut sent, mut received) = (vec![0usize; world], vec![0usize; world]);
+    for (i, t) in transfers.iter().enumerate() {
+        let across = t.from != t.to;
+        let cut = if across { most } else { t.count.max(1) };
+        let parts = t.count.div_ceil(cut).max(1);
+        for k in 0..parts {
+            let first = k * cut;
+            let count = cut.min(t.count - first);
+            let blocks = if across {
+                count.max(1).div_ceil(4096) * 4096
+            } else {
+                0
+            };
+            if !run.is_empty() && (received[t.to] == receives || sent[t.from] + blocks > most) {
+                runs.push(std::mem::take(&mut run));
+                sent.fill(0);
+                received.fill(0);
+            }
+            run.push(Part {
+                transfer: i,
+                first,
+                count,
+            });
+            sent[t.from] += blocks;
+            received[t.to] += 1;
+        }
+    }
+    if !run.is_empty() {
+        runs.push(run);
+    }
+    runs
+}
+
 /// Compiles the one-shot form of a grouped send/recv of `transfers` over `world` ranks (module
 /// doc): each receive a pull of the sender's send buffer, a rank's receives fused between one
 /// pair of barriers, a rank that receives less padding its meetings with empty ones. An error
@@ -249,6 +325,73 @@ mod tests {
             crate::check::check(&plan)
                 .unwrap_or_else(|e| panic!("{transfers:?} over {world}: {e}"));
         }
+    }
+
+    /// Every element of every transfer in exactly one part, each pair's parts in list order,
+    /// and every run within its limits — for lists of long, short, empty and self transfers.
+    #[test]
+    fn runs_cover_every_transfer_in_order_within_their_limits() {
+        let most = 4 * 4096;
+        let lists: [&[Transfer]; 6] = [
+            &[t(0, 1, 5)],
+            &[t(0, 1, 3 * most + 7), t(1, 0, most)],
+            &[t(0, 1, most - 1), t(0, 1, 2)],
+            &[t(0, 0, 9 * most), t(1, 0, 0), t(1, 0, 0), t(1, 0, 1)],
+            &[t(2, 0, most + 1), t(1, 2, 4096), t(0, 1, 4097), t(2, 0, 3)],
+            &[],
+        ];
+        for transfers in lists {
+            for receives in [1, 2, 8] {
+                let runs = runs(transfers, most, receives);
+                let at = format!("{transfers:?}, {receives} receives");
+                let mut covered: Vec<Vec<u32>> =
+                    transfers.iter().map(|t| vec![0; t.count]).collect();
+                let mut last = vec![None; transfers.len()];
+                let mut order = Vec::new();
+                for run in &runs {
+                    assert!(!run.is_empty(), "{at}");
+                    let world = 4;
+                    let (mut sent, mut received) = (vec![0; world], vec![0; world]);
+                    for p in run {
+                        let tr = transfers[p.transfer];
+                        for e in &mut covered[p.transfer][p.first..p.first + p.count] {
+                            *e += 1;
+                        }
+                        assert!(last[p.transfer] < Some(p.first), "{at}: parts in order");
+                        last[p.transfer] = Some(p.first);
+                        order.push((tr.from, tr.to, p.transfer, p.first));
+                        received[tr.to] += 1;
+                        if tr.from != tr.to {
+                            sent[tr.from] += p.count.max(1).div_ceil(4096) * 4096;
+                        }
+                    }
+                    assert!(received.iter().all(|&r| r <= receives), "{at}");
+                    assert!(sent.iter().all(|&s| s <= most), "{at}: {sent:?}");
+                }
+                assert!(covered.iter().flatten().all(|&n| n == 1), "{at}");
+                // Each pair's parts in list order, across runs too.
+                let mut pairs = order;
+                pairs.sort_by_key(|&(from, to, ..)| (from, to));
+                for w in pairs
+                    .windows(2)
+                    .filter(|w| (w[0].0, w[0].1) == (w[1].0, w[1].1))
+                {
+                    assert!((w[0].2, w[0].3) < (w[1].2, w[1].3), "{at}");
+                }
+            }
+        }
+        // As few runs as fit: one where the whole list does, a new one per long transfer's
+        // part, and one per `receives` receives.
+        assert_eq!(runs(&[t(0, 1, most), t(1, 0, most)], most, 8).len(), 1);
+        assert_eq!(runs(&[t(0, 1, 3 * most + 7)], most, 8).len(), 4);
+        let nine: Vec<_> = (0..9).map(|_| t(0, 1, 1)).collect();
+        assert_eq!(runs(&nine, 16 * 4096, 8).len(), 2);
+        assert_eq!(
+            runs(&nine, most, 8).len(),
+            3,
+            "four sends of a block each a run"
+        );
+        assert_eq!(runs(&[t(0, 0, 9 * most)], most, 8).len(), 1);
     }
 
     #[test]

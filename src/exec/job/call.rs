@@ -27,16 +27,8 @@ impl CallShape {
             Collective::Broadcast { root } => (4, root as u64),
             Collective::Reduce { root } => (5, root as u64),
             Collective::AllToAll => (6, 0),
-            Collective::SendRecv { ref transfers } => {
-                // The transfers, folded into one word (FNV-1a over their numbers): every rank
-                // must name the same list.
-                let folded = transfers.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, t| {
-                    [t.from, t.to, t.count].iter().fold(h, |h, &x| {
-                        (h ^ x as u64).wrapping_mul(0x0000_0100_0000_01b3)
-                    })
-                });
-                (7, folded)
-            }
+            // The transfers, folded into one word: every rank must name the same list.
+            Collective::SendRecv { ref transfers } => (7, crate::plan::sendrecv::folded(transfers)),
         };
         let reduces = shape.collective.reduces();
         CallShape([
@@ -51,8 +43,8 @@ impl CallShape {
             // In place, and (bit 1) run on symmetric registrations as this rank decided alone:
             // ranks that decide differently make different calls.
             u64::from(shape.in_place) | u64::from(shape.registered) << 1,
-            // The whole call's count where this is a piece of one (`Shape::piece_of`); 0: a
-            // whole call. Ranks whose whole calls differ differ at their first piece.
+            // The whole call where this is a piece of one (`Shape::piece_of`); 0: a whole
+            // call. Ranks whose whole calls differ differ at their first piece.
             shape.piece_of as u64,
         ])
     }

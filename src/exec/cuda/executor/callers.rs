@@ -109,9 +109,9 @@ impl CudaExecutor {
             wait_complete,
             caller,
         };
-        match self.arena_piece(&shape, inputs, outputs) {
+        match self.pieces_of(&shape, inputs, outputs) {
             // SAFETY: our caller's contract, passed on.
-            Some(piece) => unsafe { self.run_in_pieces::<T>(shape, piece, inputs, outputs, mode) },
+            Some(all) => unsafe { self.run_in_pieces::<T>(all, mode) },
             // SAFETY: as above.
             None => unsafe { self.run_one::<T>(shape, inputs, outputs, mode) },
         }

@@ -3,7 +3,10 @@
 //! reduce's buffers moved on by the piece's first element; a reduce-scatter's, all-gather's or
 //! all-to-all's blocks too, each block's run lying in the caller's buffer `piece_of` elements
 //! (the whole call's count) after the one before, copied into the arena and back block by block
-//! (`segments`). Each piece a call of its own, prepared by each rank alone and checked by the
+//! (`segments`). A send/recv's pieces are runs of its transfers (`plan::sendrecv::runs`), a
+//! long transfer cut into parts, each run small enough for the arenas and receiving no more
+//! transfers a rank than the steps kernel runs; they run one after another, which keeps every
+//! pair's order. Each piece a call of its own, prepared by each rank alone and checked by the
 //! GPUs' call gate like any gated call — so a large call also returns once enqueued, whatever
 //! the peers' hosts are doing, instead of meeting them to allocate and exchange buffers of its
 //! size.
@@ -16,11 +19,14 @@
 //!   a reduce-scatter of 8 M f32 a rank on 3 ranks (input 96 MiB), pieces of 4 M:
 //!   piece 0 stages input elements [0, 4 M) of each of the 3 blocks, writes output [0, 4 M)
 //!   piece 1 stages input elements [4 M, 8 M) of each block,         writes output [4 M, 8 M)
+//!
+//!   a pipeline's send of 100 MiB from rank 0 to 1, then one of 8 MiB from 1 to 2 (f32):
+//!   piece 0: 0 → 1 elements [0, 16 M)   piece 1: 0 → 1 [16 M, 25 M) and 1 → 2 [0, 2 M)
 //! ```
 //!
-//! Every piece's shape carries the whole call's count (`Shape::piece_of`, published with the
-//! call), so ranks whose whole calls differ are named at the first piece, before any piece
-//! touches a peer's memory or a caller's buffer.
+//! Every piece's shape carries the whole call (`Shape::piece_of`, published with the call: its
+//! count, a send/recv's transfers folded), so ranks whose whole calls differ are named at the
+//! first piece, before any piece touches a peer's memory or a caller's buffer.
 //!
 //! Invariant: the split depends only on what every rank has alike — the shape, the world, the
 //! communicator's selection and arenas, and whether the call runs on symmetric registrations
@@ -33,8 +39,10 @@ use super::CudaExecutor;
 use crate::element::Element;
 use crate::error::Result;
 use crate::exec::algorithm::Form;
+use crate::exec::cuda::kernels::PEER_MAX_RANKS;
 use crate::exec::Shape;
-use crate::plan::Collective;
+use crate::plan::sendrecv::{self, Part};
+use crate::plan::{Collective, Transfer};
 use std::time::Instant;
 
 /// How many buffers of the call's count a rank places in its arena for a call of `shape` on
@@ -128,68 +136,125 @@ fn moved(list: &[u64], first: usize, elem_bytes: usize) -> Vec<u64> {
         .collect()
 }
 
+/// Elements a piece of a call of `shape` on `world` ranks holds, where its collective has pieces
+/// (`staged_buffers`) and the call is too large for the arena whole; `None`: it is not.
+fn arena_piece(shape: &Shape, world: usize) -> Option<usize> {
+    let eb = shape.elem_bytes;
+    let whole = piece_elems(ARENA_BYTES, eb, staged_buffers(shape, world, false)?);
+    let blocks = shape.collective.blocked();
+    let most = piece_elems(ARENA_BYTES, eb, staged_buffers(shape, world, blocks)?);
+    (shape.count > whole && most > 0).then(|| balanced(shape.count, most))
+}
+
+/// One piece of a call: its shape, and the caller's buffers it runs on as the executor takes
+/// them (`exec::caller_address`).
+pub(super) struct Piece {
+    pub(super) shape: Shape,
+    pub(super) inputs: Vec<u64>,
+    pub(super) outputs: Vec<u64>,
+}
+
+/// The pieces of a send/recv of `shape` whose one-shot form does not fit an arena whole (or
+/// whose ranks receive more transfers than the steps kernel runs), cut by
+/// `plan::sendrecv::runs`: each a send/recv of the parts of one run, on the caller's buffers
+/// moved on to each part's first element, carrying the whole list folded (`Shape::piece_of`).
+/// `None`: one run, the whole list.
+fn send_recv_pieces(
+    shape: &Shape,
+    transfers: &[Transfer],
+    inputs: &[u64],
+    outputs: &[u64],
+) -> Option<Vec<Piece>> {
+    let eb = shape.elem_bytes;
+    let runs = sendrecv::runs(transfers, piece_elems(ARENA_BYTES, eb, 1), PEER_MAX_RANKS);
+    if runs.len() < 2 {
+        return None;
+    }
+    let whole = sendrecv::folded(transfers) as usize;
+    let at = |list: &[u64], p: &Part| moved(&list[p.transfer..=p.transfer], p.first, eb)[0];
+    let piece = |run: &Vec<Part>| Piece {
+        shape: Shape {
+            collective: Collective::SendRecv {
+                transfers: run
+                    .iter()
+                    .map(|p| Transfer {
+                        count: p.count,
+                        ..transfers[p.transfer]
+                    })
+                    .collect(),
+            },
+            piece_of: whole,
+            ..shape.clone()
+        },
+        inputs: run.iter().map(|p| at(inputs, p)).collect(),
+        outputs: run.iter().map(|p| at(outputs, p)).collect(),
+    };
+    Some(runs.iter().map(piece).collect())
+}
+
 impl CudaExecutor {
-    /// How many elements each piece of this call holds, where it runs in pieces (module doc): a
-    /// collective that has pieces (`staged_buffers`) across processes whose ranks all made
-    /// arenas, on buffers it would stage (not on symmetric registrations), too large for the
-    /// arena whole — a piece whose form is a kernel the gate checks and whose plan fits the
-    /// arena (`piece_fits`). `None`: it runs whole.
-    pub(super) fn arena_piece(
+    /// The pieces this call runs as, where it runs in pieces (module doc): across processes
+    /// whose ranks all made arenas, on buffers it would stage (not on symmetric
+    /// registrations), a call too large for the arena whole — a collective that has pieces
+    /// (`staged_buffers`) cut into runs of its elements, a send/recv into runs of its
+    /// transfers (`send_recv_pieces`) — each piece of a form the gate checks whose plan fits
+    /// the arena (`piece_fits`). `None`: it runs whole.
+    pub(super) fn pieces_of(
         &self,
         shape: &Shape,
         inputs: &[u64],
         outputs: &[u64],
-    ) -> Option<usize> {
-        let (eb, world) = (shape.elem_bytes, self.world);
-        let whole = piece_elems(ARENA_BYTES, eb, staged_buffers(shape, world, false)?);
-        let blocks = shape.collective.blocked();
-        let most = piece_elems(ARENA_BYTES, eb, staged_buffers(shape, world, blocks)?);
-        if shape.count <= whole
-            || most == 0
-            || self.in_one_process()
+    ) -> Option<Vec<Piece>> {
+        if self.in_one_process()
             || !self.arenas_everywhere()
             || self.runs_symmetric(shape, inputs, outputs)
         {
             return None;
         }
-        let piece = balanced(shape.count, most);
-        let piece_shape = Shape {
-            count: piece,
-            piece_of: shape.count,
-            ..shape.clone()
+        let all = match &shape.collective {
+            Collective::SendRecv { transfers } => {
+                send_recv_pieces(shape, transfers, inputs, outputs)?
+            }
+            _ => {
+                let piece = arena_piece(shape, self.world)?;
+                let eb = shape.elem_bytes;
+                pieces(shape.count, piece)
+                    .map(|(first, count)| Piece {
+                        shape: Shape {
+                            count,
+                            piece_of: shape.count,
+                            ..shape.clone()
+                        },
+                        inputs: moved(inputs, first, eb),
+                        outputs: moved(outputs, first, eb),
+                    })
+                    .collect()
+            }
         };
-        piece_fits(self.selection(&piece_shape).form).then_some(piece)
+        let fit = |p: &Piece| piece_fits(self.selection(&p.shape).form);
+        all.iter().all(fit).then_some(all)
     }
 
-    /// Runs `shape` as pieces of `piece` elements (module doc), each through
-    /// [`CudaExecutor::run_one`], stopping at the first that fails — after the pieces enqueued
-    /// before it have settled (as a failed call's own ranks are waited for, module `launch`), so
-    /// that nothing touches the caller's buffers once the call has returned its error (a peer
-    /// that gave the call up because an earlier piece differs names that mismatch:
-    /// `Job::named_mismatch`); [`crate::Ran::pieces`] says how many ran.
+    /// Runs a call as its pieces `all` (module doc), each through [`CudaExecutor::run_one`],
+    /// stopping at the first that fails — after the pieces enqueued before it have settled (as
+    /// a failed call's own ranks are waited for, module `launch`), so that nothing touches the
+    /// caller's buffers once the call has returned its error (a peer that gave the call up
+    /// because an earlier piece differs names that mismatch: `Job::named_mismatch`);
+    /// [`crate::Ran::pieces`] says how many ran.
     ///
     /// # Safety
     /// As for [`CudaExecutor::run`]: the pieces are parts of the caller's buffers.
     pub(super) unsafe fn run_in_pieces<T: Element>(
         &mut self,
-        shape: Shape,
-        piece: usize,
-        inputs: &[u64],
-        outputs: &[u64],
+        all: Vec<Piece>,
         mode: CallMode<'_>,
     ) -> Result<()> {
         let mut ran = 0;
-        for (first, count) in pieces(shape.count, piece) {
-            let part = Shape {
-                count,
-                piece_of: shape.count,
-                ..shape.clone()
-            };
-            let eb = shape.elem_bytes;
-            let (part_inputs, part_outputs) = (moved(inputs, first, eb), moved(outputs, first, eb));
+        for part in all {
             // SAFETY: each piece's buffers lie within the caller's (same addresses, offset by the
             // piece's first element, its count within the whole's): our caller's contract.
-            let result = unsafe { self.run_one::<T>(part, &part_inputs, &part_outputs, mode) };
+            let result =
+                unsafe { self.run_one::<T>(part.shape, &part.inputs, &part.outputs, mode) };
             if let Err(err) = result {
                 // (A capture's pieces have not run: nothing to wait for.)
                 let captured = mode.caller.map_or(Ok(false), |streams| streams.capturing());
@@ -346,6 +411,81 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// A send/recv's pieces each fit the arena with the buffers a peer reads staged, for every
+    /// element size — a long pipeline send, a fan-in of more transfers than the steps kernel
+    /// runs, a rank taking no part — and run on the caller's buffers moved on to each part,
+    /// absent ones left absent; a list that fits whole has no pieces.
+    #[test]
+    fn a_send_recvs_pieces_fit_the_arena_on_the_callers_buffers_moved_on() {
+        let t = |from, to, count| Transfer { from, to, count };
+        for eb in [1, 2, 4, 8] {
+            let most = piece_elems(ARENA_BYTES, eb, 1);
+            let lists = [
+                vec![t(0, 1, 2 * most + 5), t(1, 2, most / 2), t(2, 0, 7)],
+                (1..=9).map(|from| t(from % 3, 3, most / 8)).collect(),
+                vec![t(0, 2, most + 1), t(0, 0, 3 * most)],
+            ];
+            for transfers in lists {
+                let shape = Shape {
+                    count: 0,
+                    ..shape_of(
+                        Collective::SendRecv {
+                            transfers: transfers.clone(),
+                        },
+                        false,
+                        eb,
+                    )
+                };
+                let world = 4;
+                // Rank 0's buffers: its sends' at 1 GiB + 1 MiB·i, receives' absent.
+                let inputs: Vec<u64> = (0..transfers.len())
+                    .map(|i| match transfers[i].from {
+                        0 => (1 << 30) + (i << 20) as u64,
+                        _ => 0,
+                    })
+                    .collect();
+                let outputs = vec![0; transfers.len()];
+                let all = send_recv_pieces(&shape, &transfers, &inputs, &outputs).unwrap();
+                let runs = sendrecv::runs(&transfers, most, PEER_MAX_RANKS);
+                assert_eq!(all.len(), runs.len());
+                for (piece, run) in all.iter().zip(&runs) {
+                    assert_eq!(piece.shape.piece_of, sendrecv::folded(&transfers) as usize);
+                    for (k, p) in run.iter().enumerate() {
+                        let want = match inputs[p.transfer] {
+                            0 => 0,
+                            a => a + (p.first * eb) as u64,
+                        };
+                        assert_eq!(piece.inputs[k], want);
+                        assert_eq!(piece.outputs[k], 0, "absent stays absent");
+                    }
+                    let spec = OneShotSpec {
+                        world,
+                        count: 0,
+                        in_place: false,
+                        op: ReduceOp::Sum,
+                    };
+                    let plan = spec.build_collective(&piece.shape.collective).unwrap();
+                    let staged = Staged::for_plan(&plan, true);
+                    let capacity = ARENA_BYTES / eb;
+                    let at = format!("{eb} B: {:?}", piece.shape.collective);
+                    assert!(
+                        arena_layout(&plan, |k| staged.owns(k), capacity).is_some(),
+                        "{at}"
+                    );
+                }
+            }
+            let fits = vec![t(0, 1, most), t(1, 0, most), t(2, 2, 5 * most)];
+            let shape = shape_of(
+                Collective::SendRecv {
+                    transfers: fits.clone(),
+                },
+                false,
+                eb,
+            );
+            assert!(send_recv_pieces(&shape, &fits, &[0; 3], &[0; 3]).is_none());
         }
     }
 
