@@ -205,13 +205,10 @@ impl CudaExecutor {
         inputs: &[u64],
         outputs: &[u64],
     ) -> Option<Vec<Piece>> {
-        if self.in_one_process()
-            || !self.arenas_everywhere()
-            || self.runs_symmetric(shape, inputs, outputs)
-        {
+        if self.in_one_process() || !self.arenas_everywhere() {
             return None;
         }
-        let all = match &shape.collective {
+        let all: Vec<Piece> = match &shape.collective {
             Collective::SendRecv { transfers } => {
                 send_recv_pieces(shape, transfers, inputs, outputs)?
             }
@@ -232,7 +229,7 @@ impl CudaExecutor {
             }
         };
         let fit = |p: &Piece| piece_fits(self.selection(&p.shape).form);
-        all.iter().all(fit).then_some(all)
+        (all.iter().all(fit) && !self.runs_symmetric(shape, inputs, outputs)).then_some(all)
     }
 
     /// Runs a call as its pieces `all` (module doc), each through [`CudaExecutor::run_one`],
