@@ -243,6 +243,37 @@ def job_pipeline(device, out):
         back *= r + 2
     same(grad, torch.full((count,), back), "pipeline backward")
     out["forward"], out["backward"] = y.cpu(), grad.cpu()
+    # An activation longer than a 64 MiB arena (80 MiB of float32), and ten tensors at once
+    # (batch_isend_irecv: more receives from one peer than ringreduce's kernel runs at once),
+    # each stage passing the previous stage's on; stage 1 comes 2 s late, and under ringreduce
+    # stage 0's sends return once enqueued (its pair's communicator was made above).
+    long = (20 << 20) + 3
+    big = given(0, long, device) if RANK == 0 else torch.zeros(long, device=device)
+    many = [given(k, 1000 + k, device) if RANK == 0 else torch.zeros(1000 + k, device=device)
+            for k in range(10)]
+    torch.cuda.synchronize()
+    if RANK == 1:
+        time.sleep(2)
+    if RANK > 0:
+        dist.recv(big, src=RANK - 1)
+        works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, t, RANK - 1) for t in many])
+        for w in works:
+            w.wait()
+    if RANK < WORLD - 1:
+        started = time.monotonic()
+        dist.send(big, dst=RANK + 1)
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, t, RANK + 1) for t in many])
+        for w in works:
+            w.wait()
+        sent = time.monotonic() - started
+        print(f"rank {RANK}: long and batched sends returned in {sent:.3f} s", flush=True)
+        real = os.environ.get("TORCH_JOBS_REAL_NCCL") == "1"
+        assert real or RANK != 0 or sent < 0.5, f"rank 0 waited {sent:.3f} s for stage 1"
+    torch.cuda.synchronize()
+    same(big, inputs(0, long), "pipeline long activation")
+    for k, t in enumerate(many):
+        same(t, inputs(k, 1000 + k), f"pipeline batch tensor {k}")
+    out["long"], out["batch"] = big[-4096:].cpu(), torch.cat(many).cpu()
     torch.cuda.synchronize()
 
 
