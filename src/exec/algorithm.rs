@@ -318,8 +318,10 @@ pub struct Ask<'a> {
     /// `Auto` then takes a kernel form at every size: the all-reduce the two-shot above the
     /// one-shot's limit (~10 % slower than the ring at 64–128 MiB on 2×H200, in one process:
     /// docs/PERFORMANCE.md, "Choosing the algorithm"), the other collectives their one-shot
-    /// form, and a send/recv its one-shot form (each receiver pulls) of any counts, a rank
-    /// party to no transfer joining its barriers alone.
+    /// form, and a send/recv that moves something its one-shot form (each receiver pulls), a
+    /// rank party to no transfer joining its barriers alone (one with more receives a rank than
+    /// the kernel runs, or sends larger than the arenas, in pieces: `cuda::executor`'s module
+    /// `pieces`).
     pub gated: bool,
 }
 

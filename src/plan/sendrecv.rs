@@ -132,7 +132,7 @@ pub struct Part {
 /// receives at most `receives` transfers and sends at most `most` elements to other ranks
 /// (`most` a positive multiple of 4096; each send counted in whole blocks of 4096, one block at
 /// least): in list order, a transfer to another rank longer than `most` cut into parts of
-/// `most` (so every part but a transfer's last starts 4096-element aligned), a new run begun
+/// `most` (so every part but a transfer's last is a whole number of blocks long), a new run begun
 /// where the next part would not fit the current one. One run: the whole list fits.
 ///
 /// Invariant: every element of every transfer lies in exactly one part, parts of one transfer
@@ -369,6 +369,11 @@ mod tests {
                     assert!(sent.iter().all(|&s| s <= most), "{at}: {sent:?}");
                 }
                 assert!(covered.iter().flatten().all(|&n| n == 1), "{at}");
+                let parted = |i: usize| runs.iter().flatten().any(|p| p.transfer == i);
+                assert!(
+                    (0..transfers.len()).all(parted),
+                    "{at}: every transfer, empty too"
+                );
                 // Each pair's parts in list order, across runs too.
                 let mut pairs = order;
                 pairs.sort_by_key(|&(from, to, ..)| (from, to));

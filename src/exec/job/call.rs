@@ -119,9 +119,10 @@ impl CallShape {
             ", captured into a CUDA graph"
         } else {
             ""
-        } + &match w[6] {
-            0 => String::new(),
-            whole => format!(", a piece of a call of {whole} elements"),
+        } + &match (w[6], w[0]) {
+            (0, _) => String::new(),
+            (whole, 7) => format!(", a piece of transfers {whole:016x}"),
+            (whole, _) => format!(", a piece of a call of {whole} elements"),
         }
     }
 }

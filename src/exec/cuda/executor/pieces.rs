@@ -157,8 +157,9 @@ pub(super) struct Piece {
 /// The pieces of a send/recv of `shape` whose one-shot form does not fit an arena whole (or
 /// whose ranks receive more transfers than the steps kernel runs), cut by
 /// `plan::sendrecv::runs`: each a send/recv of the parts of one run, on the caller's buffers
-/// moved on to each part's first element, carrying the whole list folded (`Shape::piece_of`).
-/// `None`: one run, the whole list.
+/// moved on to each part's first element, carrying the whole list folded (`Shape::piece_of`);
+/// a run of empty transfers alone moves nothing and is left out. `None`: one run, the whole
+/// list.
 fn send_recv_pieces(
     shape: &Shape,
     transfers: &[Transfer],
@@ -166,12 +167,23 @@ fn send_recv_pieces(
     outputs: &[u64],
 ) -> Option<Vec<Piece>> {
     let eb = shape.elem_bytes;
-    let runs = sendrecv::runs(transfers, piece_elems(ARENA_BYTES, eb, 1), PEER_MAX_RANKS);
+    let most = piece_elems(ARENA_BYTES, eb, 1);
+    // (A short list whose sends all fit at once is one run: no need to cut it.)
+    let blocks = |t: &Transfer| t.count.max(1).div_ceil(4096) * 4096;
+    if transfers.len() <= PEER_MAX_RANKS && transfers.iter().map(blocks).sum::<usize>() <= most {
+        return None;
+    }
+    let mut runs = sendrecv::runs(transfers, most, PEER_MAX_RANKS);
     if runs.len() < 2 {
         return None;
     }
+    // A run that moves nothing (empty transfers alone) has nothing to run.
+    runs.retain(|run| run.iter().any(|p| p.count > 0));
     let whole = sendrecv::folded(transfers) as usize;
-    let at = |list: &[u64], p: &Part| moved(&list[p.transfer..=p.transfer], p.first, eb)[0];
+    let at = |list: &[u64], p: &Part| match list.get(p.transfer) {
+        Some(&a) => moved(&[a], p.first, eb)[0],
+        None => 0,
+    };
     let piece = |run: &Vec<Part>| Piece {
         shape: Shape {
             collective: Collective::SendRecv {
@@ -424,6 +436,8 @@ mod tests {
                 vec![t(0, 1, 2 * most + 5), t(1, 2, most / 2), t(2, 0, 7)],
                 (1..=9).map(|from| t(from % 3, 3, most / 8)).collect(),
                 vec![t(0, 2, most + 1), t(0, 0, 3 * most)],
+                // An empty transfer alone in a run: left out.
+                vec![t(0, 1, most), t(0, 1, 0), t(1, 0, 5)],
             ];
             for transfers in lists {
                 let shape = Shape {
@@ -437,26 +451,29 @@ mod tests {
                     )
                 };
                 let world = 4;
-                // Rank 0's buffers: its sends' at 1 GiB + 1 MiB·i, receives' absent.
-                let inputs: Vec<u64> = (0..transfers.len())
-                    .map(|i| match transfers[i].from {
-                        0 => (1 << 30) + (i << 20) as u64,
-                        _ => 0,
-                    })
-                    .collect();
-                let outputs = vec![0; transfers.len()];
+                // Rank 0's buffers: its sends' at 1 GiB + 1 MiB·i, its receives' at 2 GiB +
+                // 1 MiB·i, the others' absent.
+                let rank_0s = |base: u64, whose: fn(&Transfer) -> usize| -> Vec<u64> {
+                    (transfers.iter().enumerate())
+                        .map(|(i, x)| match whose(x) {
+                            0 => base + (i << 20) as u64,
+                            _ => 0,
+                        })
+                        .collect()
+                };
+                let inputs = rank_0s(1 << 30, |x| x.from);
+                let outputs = rank_0s(2 << 30, |x| x.to);
                 let all = send_recv_pieces(&shape, &transfers, &inputs, &outputs).unwrap();
-                let runs = sendrecv::runs(&transfers, most, PEER_MAX_RANKS);
+                let mut runs = sendrecv::runs(&transfers, most, PEER_MAX_RANKS);
+                runs.retain(|run| run.iter().any(|p| p.count > 0));
                 assert_eq!(all.len(), runs.len());
+                let moved_on =
+                    |a: u64, p: &Part| if a == 0 { 0 } else { a + (p.first * eb) as u64 };
                 for (piece, run) in all.iter().zip(&runs) {
                     assert_eq!(piece.shape.piece_of, sendrecv::folded(&transfers) as usize);
                     for (k, p) in run.iter().enumerate() {
-                        let want = match inputs[p.transfer] {
-                            0 => 0,
-                            a => a + (p.first * eb) as u64,
-                        };
-                        assert_eq!(piece.inputs[k], want);
-                        assert_eq!(piece.outputs[k], 0, "absent stays absent");
+                        assert_eq!(piece.inputs[k], moved_on(inputs[p.transfer], p));
+                        assert_eq!(piece.outputs[k], moved_on(outputs[p.transfer], p));
                     }
                     let spec = OneShotSpec {
                         world,
@@ -484,6 +501,18 @@ mod tests {
             );
             assert!(send_recv_pieces(&shape, &fits, &[0; 3], &[0; 3]).is_none());
         }
+        // A run of an empty transfer alone is left out: the call is one piece, not the whole
+        // list (which does not fit).
+        let shape = shape_of(Collective::SendRecv { transfers: vec![] }, false, 4);
+        let list = [t(0, 1, ARENA_BYTES / 4), t(0, 1, 0)];
+        let all = send_recv_pieces(&shape, &list, &[0; 2], &[0; 2]).unwrap();
+        let kept: Vec<_> = all.iter().map(|p| p.shape.collective.clone()).collect();
+        assert_eq!(
+            kept,
+            [Collective::SendRecv {
+                transfers: vec![list[0]]
+            }]
+        );
     }
 
     /// A strided piece's copies, from the caller's buffers moved on to the piece
