@@ -209,7 +209,10 @@ impl Algorithm {
         }
         match self {
             Algorithm::Ring => Algorithm::Ring,
-            Algorithm::OneShot | Algorithm::TwoShot => Algorithm::OneShot,
+            // (Where ranks do not read each other, a forced one-shot is the all-reduce's staged
+            // one: another collective's one-shot form would read its peers' GPUs.)
+            Algorithm::OneShot | Algorithm::TwoShot if peers_ok => Algorithm::OneShot,
+            Algorithm::OneShot | Algorithm::TwoShot => Algorithm::Ring,
             Algorithm::Auto if world > 1 && peers_ok => {
                 let crossing = ask.count_bytes.saturating_mul(world - 1);
                 let ordered =
@@ -339,7 +342,8 @@ pub struct Ask<'a> {
 /// of their ring's, a send/recv its one-shot form where the kernel runs it — so that no call of theirs
 /// meets the peers' hosts. A forced algorithm is
 /// itself (the one-shot or two-shot of another collective is its one-shot form), refused at
-/// creation where it cannot run.
+/// creation where it cannot run; a forced one-shot on GPUs that do not all reach each other is
+/// the all-reduce's staged one-shot, and the other collectives keep the ring.
 ///
 /// The form ([`Form`]): on host ranks their threads; on GPUs the ring's is the copy engines,
 /// the two-shot's its kernel, another collective's one-shot its steps kernel, and the
@@ -562,6 +566,16 @@ mod tests {
         let forced = |a| ask(a, &Collective::AllGather, KIB, 2, false, Reach::Peers).algorithm;
         assert_eq!(forced(Algorithm::Ring), Algorithm::Ring);
         assert_eq!(forced(Algorithm::TwoShot), Algorithm::OneShot);
+        // A forced one-shot on GPUs that do not all reach each other runs the all-reduce's
+        // staged one-shot; the other collectives keep the ring, whose copies go through host
+        // memory (their one-shot form would read the peers' GPUs).
+        let ag = Collective::AllGather;
+        let staged = |c: &Collective| ask(Algorithm::OneShot, c, KIB, 2, false, Reach::Staged);
+        let sel = |algorithm, form| Selection { algorithm, form };
+        assert_eq!(staged(&ag), sel(Algorithm::Ring, Form::CopyEngines));
+        assert_eq!(staged(&sendrecv), sel(Algorithm::Ring, Form::CopyEngines));
+        let ar = staged(&Collective::AllReduce);
+        assert_eq!(ar, sel(Algorithm::OneShot, Form::StagedKernel));
     }
 
     #[test]
