@@ -128,6 +128,19 @@ pub struct Part {
     pub count: usize,
 }
 
+/// Elements a send of `count` to another rank counts against a run's limit in [`runs`]: whole
+/// blocks of 4096, one at least.
+fn blocks(count: usize) -> usize {
+    count.max(1).div_ceil(4096) * 4096
+}
+
+/// Whether [`runs`] surely leaves `transfers` one run, found without cutting it: no more
+/// transfers than a rank may receive, and every send to another rank together within `most`.
+pub fn one_run(transfers: &[Transfer], most: usize, receives: usize) -> bool {
+    let across = transfers.iter().filter(|t| t.from != t.to);
+    transfers.len() <= receives && across.map(|t| blocks(t.count)).sum::<usize>() <= most
+}
+
 /// A send/recv of `transfers` cut into runs, each a list of its own that fits where one rank
 /// receives at most `receives` transfers and sends at most `most` elements to other ranks
 /// (`most` a positive multiple of 4096; each send counted in whole blocks of 4096, one block at
@@ -157,11 +170,7 @@ pub fn runs(transfers: &[Transfer], most: usize, receives: usize) -> Vec<Vec<Par
         for k in 0..parts {
             let first = k * cut;
             let count = cut.min(t.count - first);
-            let blocks = if across {
-                count.max(1).div_ceil(4096) * 4096
-            } else {
-                0
-            };
+            let blocks = if across { blocks(count) } else { 0 };
             if !run.is_empty() && (received[t.to] == receives || sent[t.from] + blocks > most) {
                 runs.push(std::mem::take(&mut run));
                 sent.fill(0);
@@ -397,6 +406,13 @@ mod tests {
             "four sends of a block each a run"
         );
         assert_eq!(runs(&[t(0, 0, 9 * most)], most, 8).len(), 1);
+        // The cheap test agrees where it says one run.
+        for list in [&[t(0, 1, most), t(1, 1, 9 * most)][..], &nine[..8], &nine] {
+            if one_run(list, 16 * 4096, 8) {
+                assert_eq!(runs(list, 16 * 4096, 8).len(), 1, "{list:?}");
+            }
+        }
+        assert!(one_run(&nine[..8], 16 * 4096, 8) && !one_run(&nine, 16 * 4096, 8));
     }
 
     #[test]

@@ -130,10 +130,17 @@ pub(super) fn pieces(count: usize, piece: usize) -> impl Iterator<Item = (usize,
 /// bytes): each address moved on by it, absent ones (0) left absent. A strided piece's blocks
 /// lie on from there, `piece_of` elements apart (`segments`).
 fn moved(list: &[u64], first: usize, elem_bytes: usize) -> Vec<u64> {
-    let offset = (first * elem_bytes) as u64;
     list.iter()
-        .map(|&a| if a == 0 { 0 } else { a + offset })
+        .map(|&a| moved_one(a, first, elem_bytes))
         .collect()
+}
+
+/// One address of [`moved`].
+fn moved_one(address: u64, first: usize, elem_bytes: usize) -> u64 {
+    match address {
+        0 => 0,
+        a => a + (first * elem_bytes) as u64,
+    }
 }
 
 /// Elements a piece of a call of `shape` on `world` ranks holds, where its collective has pieces
@@ -169,8 +176,7 @@ fn send_recv_pieces(
     let eb = shape.elem_bytes;
     let most = piece_elems(ARENA_BYTES, eb, 1);
     // (A short list whose sends all fit at once is one run: no need to cut it.)
-    let blocks = |t: &Transfer| t.count.max(1).div_ceil(4096) * 4096;
-    if transfers.len() <= PEER_MAX_RANKS && transfers.iter().map(blocks).sum::<usize>() <= most {
+    if sendrecv::one_run(transfers, most, PEER_MAX_RANKS) {
         return None;
     }
     let mut runs = sendrecv::runs(transfers, most, PEER_MAX_RANKS);
@@ -180,10 +186,8 @@ fn send_recv_pieces(
     // A run that moves nothing (empty transfers alone) has nothing to run.
     runs.retain(|run| run.iter().any(|p| p.count > 0));
     let whole = sendrecv::folded(transfers) as usize;
-    let at = |list: &[u64], p: &Part| match list.get(p.transfer) {
-        Some(&a) => moved(&[a], p.first, eb)[0],
-        None => 0,
-    };
+    let at =
+        |list: &[u64], p: &Part| moved_one(list.get(p.transfer).copied().unwrap_or(0), p.first, eb);
     let piece = |run: &Vec<Part>| Piece {
         shape: Shape {
             collective: Collective::SendRecv {
@@ -467,8 +471,10 @@ mod tests {
                 let mut runs = sendrecv::runs(&transfers, most, PEER_MAX_RANKS);
                 runs.retain(|run| run.iter().any(|p| p.count > 0));
                 assert_eq!(all.len(), runs.len());
-                let moved_on =
-                    |a: u64, p: &Part| if a == 0 { 0 } else { a + (p.first * eb) as u64 };
+                let moved_on = |a: u64, p: &Part| match a {
+                    0 => 0,
+                    a => a + (p.first * eb) as u64,
+                };
                 for (piece, run) in all.iter().zip(&runs) {
                     assert_eq!(piece.shape.piece_of, sendrecv::folded(&transfers) as usize);
                     for (k, p) in run.iter().enumerate() {
