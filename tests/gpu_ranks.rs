@@ -1152,6 +1152,138 @@ fn every_kernel_forms_first_call_returns_before_a_late_peer_and_the_gpu_names_a_
     expect_success(ranks, Duration::from_secs(120));
 }
 
+/// GPUs that do not reach each other (`Transport::Staged`; ranks sharing GPU 0 stand in, every
+/// buffer a peer touches in pinned host memory): every collective's first call is enqueued
+/// before a late peer — the all-reduce's staged one-shot at every size (80 MiB as two pieces),
+/// the others' steps kernel over the host arenas, a pair some rank takes no part in among them
+/// — exact, and a first-call mismatch is named by the GPUs.
+#[test]
+fn staged_first_calls_of_every_collective_return_before_a_late_peer() {
+    use ringreduce::Form;
+    if let Some(env) = as_rank() {
+        let (rank, world, device) = (env.rank, env.world, this_gpu(&env));
+        let config = CudaConfig {
+            transport: ringreduce::Transport::Staged,
+            ..config(Algorithm::Auto)
+        };
+        let id = env.unique_id().unwrap();
+        let mut comm = RankCommunicator::gpu(&id, rank, world, device, config).unwrap();
+        let stream = ringreduce::device::context(device)
+            .unwrap()
+            .new_stream()
+            .unwrap();
+        let op = ReduceOp::Sum;
+        let (small, mid, large, per) = (1003, (1 << 18) + 5, (20 << 20) + 7, (1 << 16) + 3);
+        let from = |len: usize| GpuBuffer::from_host(device, &values(op, rank, len)).unwrap();
+        let zeroed = |len: usize| GpuBuffer::<f32>::zeroed(device, len).unwrap();
+        let want = |k: std::ops::Range<usize>| -> Vec<f32> {
+            k.map(|k| expected_value(op, world, k)).collect()
+        };
+        let (mut in_place, input, mut output) = (from(small), from(mid), zeroed(mid));
+        let mut pieces = from(large);
+        let (mine, mut all) = (from(per), zeroed(world * per));
+        let (blocks, mut block) = (from(world * per), zeroed(per));
+        let ring: Vec<Transfer> = (0..world)
+            .map(|from| Transfer {
+                from,
+                to: (from + 1) % world,
+                count: per,
+            })
+            .collect();
+        let mut got = zeroed(per);
+        // A pair the late rank 1 takes no part in: rank 2 sends to rank 0.
+        let pair = [Transfer {
+            from: 2,
+            to: 0,
+            count: per + 1,
+        }];
+        let (pair_send, mut pair_recv) = (from(per + 1), zeroed(per + 1));
+        let mut ran = Vec::new();
+        let last = |comm: &RankCommunicator| comm.last_ran().map(|r| (r.form, r.pieces));
+        enqueued_before_a_late_peer(rank, || {
+            // SAFETY: every buffer is untouched until the stream is synchronised below.
+            unsafe { comm.enqueue_all_reduce_in_place_on(&mut in_place, op, &stream) }.unwrap();
+            ran.push(last(&comm));
+            // SAFETY: as above.
+            unsafe { comm.enqueue_all_reduce_on(&input, &mut output, op, &stream) }.unwrap();
+            ran.push(last(&comm));
+            // SAFETY: as above.
+            unsafe { comm.enqueue_all_reduce_in_place_on(&mut pieces, op, &stream) }.unwrap();
+            ran.push(last(&comm));
+            for (c, send, recv) in [
+                (Collective::AllGather, &mine, &mut all),
+                (Collective::ReduceScatter, &blocks, &mut block),
+            ] {
+                // SAFETY: as above.
+                unsafe { comm.enqueue_collective(&c, Some(send), Some(recv), op, &stream) }
+                    .unwrap();
+                ran.push(last(&comm));
+            }
+            let raw = ringreduce::device::CallerStream::of(&stream);
+            // SAFETY: as above.
+            unsafe { comm.enqueue_send_recv(&ring, &[&mine], &mut [&mut got], raw) }.unwrap();
+            ran.push(last(&comm));
+            let sends: &[&GpuBuffer<f32>] = if rank == 2 { &[&pair_send] } else { &[] };
+            let mut recv = [&mut pair_recv];
+            let recvs: &mut [&mut GpuBuffer<f32>] = if rank == 0 { &mut recv } else { &mut [] };
+            // SAFETY: as above.
+            unsafe { comm.enqueue_send_recv(&pair, sends, recvs, raw) }.unwrap();
+            ran.push(last(&comm));
+        });
+        let (staged, steps) = (Some((Form::StagedKernel, 1)), Some((Form::StepsKernel, 1)));
+        let two = Some((Form::StagedKernel, 2));
+        assert_eq!(
+            ran,
+            [staged, staged, two, steps, steps, steps, steps],
+            "rank {rank}"
+        );
+        stream.synchronize().unwrap();
+        comm.synchronize().unwrap();
+        assert_eq!(in_place.to_host().unwrap(), want(0..small), "rank {rank}");
+        assert_eq!(output.to_host().unwrap(), want(0..mid), "rank {rank}");
+        assert!(
+            pieces.to_host().unwrap() == want(0..large),
+            "rank {rank}: 80 MiB"
+        );
+        let want_ag: Vec<f32> = (0..world).flat_map(|r| values(op, r, per)).collect();
+        assert_eq!(all.to_host().unwrap(), want_ag, "rank {rank} all-gather");
+        let mine_of_sum = want(rank * per..(rank + 1) * per);
+        assert_eq!(
+            block.to_host().unwrap(),
+            mine_of_sum,
+            "rank {rank} reduce-scatter"
+        );
+        let before = (rank + world - 1) % world;
+        assert_eq!(
+            got.to_host().unwrap(),
+            values(op, before, per),
+            "rank {rank}"
+        );
+        let pair_want = match rank {
+            0 => values(op, 2, per + 1),
+            _ => vec![0.0; per + 1],
+        };
+        assert_eq!(
+            pair_recv.to_host().unwrap(),
+            pair_want,
+            "rank {rank}'s pair"
+        );
+        let ran =
+            first_call_mismatch_is_named_by_the_gpus(rank, &mut comm, &stream, device, 1 << 18);
+        assert_eq!(ran, Some(Form::StagedKernel), "rank {rank}");
+        return;
+    }
+    if two_gpus_or_shared().is_none() {
+        return;
+    }
+    let ranks = launch(
+        "staged_first_calls_of_every_collective_return_before_a_late_peer",
+        3,
+        |_| vec![],
+    );
+    expect_success(ranks, Duration::from_secs(120));
+}
+
 #[test]
 fn large_calls_and_sends_return_before_a_late_peer_and_run_as_kernels() {
     use ringreduce::Form;

@@ -83,6 +83,7 @@ pub use enqueue_order::enqueue_order;
 pub use exports::{check_exports, touched_across_ranks};
 pub use hierarchy::check_hierarchy;
 pub use races::{check_races, check_sequence, check_sequence_in_arenas};
+pub use reach::check_reach_placed;
 pub use result::{check_result, MAX_SYMBOLIC_WORLD};
 pub use scaled::{scale_plan, scaled_from};
 pub use shape::check_shape;

@@ -90,14 +90,22 @@ impl Algorithm {
     /// The all-reduce algorithm where edges are staged (no peer access): `Auto` takes the
     /// staged one-shot up to [`STAGED_ONESHOT_AUTO_MAX_BYTES`] (scaled by `2/n`) and the ring
     /// above — the staged one-shot at every size where `deterministic` needs rank-order folds
-    /// that the ring does not give ([`deterministic_needs_peers`]); `OneShot` is the staged
-    /// one-shot at every size; the rest are themselves (the caller refuses what cannot run
-    /// staged).
-    fn choose_staged(self, bytes: usize, world: usize, deterministic: bool) -> Algorithm {
+    /// that the ring does not give ([`deterministic_needs_peers`]), or where the call gate
+    /// checks the calls (`gated`: a copy-engine plan would meet the peers' hosts); `OneShot` is
+    /// the staged one-shot at every size; the rest are themselves (the caller refuses what
+    /// cannot run staged).
+    fn choose_staged(
+        self,
+        bytes: usize,
+        world: usize,
+        deterministic: bool,
+        gated: bool,
+    ) -> Algorithm {
         match self {
             Algorithm::Auto if world > 1 => {
                 let limit = STAGED_ONESHOT_AUTO_MAX_BYTES.saturating_mul(2) / world;
-                if bytes <= limit || deterministic && deterministic_needs_peers(world) {
+                let ordered = deterministic && deterministic_needs_peers(world);
+                if bytes <= limit || ordered || gated {
                     Algorithm::OneShot
                 } else {
                     Algorithm::Ring
@@ -324,7 +332,11 @@ pub struct Ask<'a> {
     /// form, and a send/recv that moves something its one-shot form (each receiver pulls), a
     /// rank party to no transfer joining its barriers alone (one with more receives a rank than
     /// the kernel runs, or sends larger than the arenas, in pieces: `cuda::executor`'s module
-    /// `pieces`).
+    /// `pieces`). Over staged reach it also says that every rank's arena is pinned host
+    /// memory (`cuda::executor`'s module `peer_words`): every collective then takes its
+    /// one-shot form at every size — the all-reduce its staged one-shot, the others the steps
+    /// kernel, whose peers' buffers all lie in the host arenas — and a call that cannot be
+    /// prepared there is selected ungated (the ring, which meets).
     pub gated: bool,
 }
 
@@ -340,10 +352,12 @@ pub struct Ask<'a> {
 /// every pair of GPUs reaches the other, `Auto` keeps a kernel form at every size: the two-shot
 /// instead of the ring above the one-shot's limit, the other collectives' one-shot form instead
 /// of their ring's, a send/recv its one-shot form where the kernel runs it — so that no call of theirs
-/// meets the peers' hosts. A forced algorithm is
+/// meets the peers' hosts; over staged reach, gated, every collective keeps its one-shot form
+/// at every size on the host arenas (the all-reduce its staged one-shot). A forced algorithm is
 /// itself (the one-shot or two-shot of another collective is its one-shot form), refused at
 /// creation where it cannot run; a forced one-shot on GPUs that do not all reach each other is
-/// the all-reduce's staged one-shot, and the other collectives keep the ring.
+/// the all-reduce's staged one-shot, and the other collectives keep the ring (their one-shot
+/// form where gated).
 ///
 /// The form ([`Form`]): on host ranks their threads; on GPUs the ring's is the copy engines,
 /// the two-shot's its kernel, another collective's one-shot its steps kernel, and the
@@ -358,8 +372,9 @@ pub fn select(ask: &Ask<'_>) -> Selection {
     let (bytes, world, det, gated) = (ask.count_bytes, ask.world, ask.deterministic, ask.gated);
     let chosen = ask.chosen;
     let algorithm = match (ask.collective, ask.reach) {
-        (Collective::AllReduce, Reach::Staged | Reach::HostStaged) => {
-            chosen.choose_staged(bytes, world, det)
+        (Collective::AllReduce, Reach::Staged) => chosen.choose_staged(bytes, world, det, gated),
+        (Collective::AllReduce, Reach::HostStaged) => {
+            chosen.choose_staged(bytes, world, det, false)
         }
         (Collective::AllReduce, Reach::Host) => chosen.choose_host(world, det),
         (Collective::AllReduce, Reach::Peers) => {
@@ -370,6 +385,9 @@ pub fn select(ask: &Ask<'_>) -> Selection {
         }
         (_, Reach::Peers) => chosen.choose_for(ask, true, gated),
         (_, Reach::Host | Reach::HostStaged) => chosen.choose_for(ask, true, false),
+        // Gated over staged reach, the one-shot forms run on the host arenas: their peers'
+        // buffers are all host memory (`Ask::gated`).
+        (_, Reach::Staged) if gated => chosen.choose_for(ask, true, true),
         (_, Reach::Staged | Reach::Apart) => chosen.choose_for(ask, false, false),
     };
     let all_reduce = *ask.collective == Collective::AllReduce;
@@ -716,14 +734,82 @@ mod tests {
             gated(&ar, 256 * MIB, 2, false, Reach::Peers, Algorithm::Ring),
             sel(Algorithm::Ring, Form::CopyEngines)
         );
-        for reach in [Reach::Staged, Reach::Apart] {
-            for c in [&ar, &Collective::AllGather] {
+        for c in [&ar, &Collective::AllGather] {
+            assert_eq!(
+                gated(c, 256 * MIB, 2, false, Reach::Apart, auto),
+                ask(auto, c, 256 * MIB, 2, false, Reach::Apart),
+                "{c:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn gated_calls_over_staged_reach_keep_their_one_shot_form_at_every_size() {
+        let gated = |collective, bytes, world, chosen| {
+            select(&Ask {
+                gated: true,
+                ..asked(chosen, collective, bytes, world, Reach::Staged)
+            })
+        };
+        let (auto, ring) = (Algorithm::Auto, Algorithm::Ring);
+        let sel = |algorithm, form| Selection { algorithm, form };
+        let ar = Collective::AllReduce;
+        for world in [2, 3, 8] {
+            for bytes in [KIB, MIB, 256 * MIB] {
                 assert_eq!(
-                    gated(c, 256 * MIB, 2, false, reach, auto),
-                    ask(auto, c, 256 * MIB, 2, false, reach),
-                    "{reach:?} {c:?}"
+                    gated(&ar, bytes, world, auto),
+                    sel(Algorithm::OneShot, Form::StagedKernel),
+                    "{world} ranks, {bytes} B"
                 );
             }
+            // Ungated, the ring above the staged one-shot's limit.
+            assert_eq!(
+                ask(auto, &ar, MIB, world, false, Reach::Staged).form,
+                Form::CopyEngines
+            );
+        }
+        let pair = Collective::SendRecv {
+            transfers: vec![crate::plan::Transfer {
+                from: 2,
+                to: 0,
+                count: 64,
+            }],
+        };
+        let others = [
+            Collective::AllGather,
+            Collective::ReduceScatter,
+            Collective::AllToAll,
+            Collective::Broadcast { root: 1 },
+            Collective::Reduce { root: 0 },
+            pair,
+        ];
+        for c in &others {
+            assert_eq!(
+                gated(c, 64 * MIB, 3, auto),
+                sel(Algorithm::OneShot, Form::StepsKernel),
+                "{c:?}"
+            );
+            // (A send/recv runs its one-shot form under `Auto` only, as where GPUs reach.)
+            let forced = match c {
+                Collective::SendRecv { .. } => Form::CopyEngines,
+                _ => Form::StepsKernel,
+            };
+            assert_eq!(
+                gated(c, 64 * MIB, 3, Algorithm::OneShot).form,
+                forced,
+                "{c:?}"
+            );
+            assert_eq!(
+                ask(auto, c, 64 * MIB, 3, false, Reach::Staged),
+                sel(ring, Form::CopyEngines),
+                "{c:?}"
+            );
+            // A forced ring stays the ring.
+            assert_eq!(
+                gated(c, KIB, 3, ring),
+                sel(ring, Form::CopyEngines),
+                "{c:?}"
+            );
         }
     }
 

@@ -350,9 +350,11 @@ impl CudaExecutor {
     /// decide differently make different calls (named by the meeting or the gate, before
     /// anything is prepared or touched), and the gate then compares the refs too. (A
     /// broadcast's or reduce's ranks pass different buffers: they copy; so does a strided
-    /// piece, whose blocks lie beyond the run its refs describe: module `pieces`.)
+    /// piece, whose blocks lie beyond the run its refs describe: module `pieces`; and every
+    /// call where the GPUs do not all reach each other, whose peers reach only host memory.)
     fn symmetric_at(&self, shape: &Shape, refs: &CallerRefs) -> bool {
-        !pieces::strided(shape)
+        self.peers_ok
+            && !pieces::strided(shape)
             && !matches!(
                 shape.collective,
                 Collective::Broadcast { .. } | Collective::Reduce { .. }

@@ -19,6 +19,7 @@ use crate::exec::cuda::fabric::{Fabric, Identity, InProcess, Joined};
 use crate::exec::cuda::kernels::PEER_MAX_RANKS;
 use crate::exec::rendezvous::{Rendezvous, UniqueId};
 use crate::exec::{Algorithm, PlanCache};
+use crate::plan::Memory;
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -130,7 +131,13 @@ impl CudaExecutor {
             // kernel plan alone when it fits their arenas (module `prepare`): the arenas are
             // made and exchanged now, before any kernel runs (an allocation waits for this
             // rank's kernels in flight, which may wait for a late peer).
-            let arena = peers_ok && ranks.len() == 1 && world > 1 && fabric.gate().is_some();
+            // Where the GPUs do not reach each other the arenas are pinned host memory, which
+            // every GPU maps: the plans prepared alone run there too.
+            let alone = ranks.len() == 1 && world > 1 && fabric.gate().is_some();
+            let arena = alone.then_some(match peers_ok {
+                true => Memory::Device,
+                false => Memory::Host,
+            });
             let mut own = Vec::with_capacity(ranks.len());
             let mut records = Vec::with_capacity(ranks.len());
             for r in &ranks {

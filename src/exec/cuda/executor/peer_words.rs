@@ -26,7 +26,7 @@ use crate::error::Result;
 use crate::exec::cuda::fabric::Identity;
 use crate::exec::cuda::fabric::{Exported, Fabric, Fields, Record};
 use crate::exec::cuda::kernels::{ll_recv_bytes, PEER_FLAG_BYTES, PEER_MAX_RANKS};
-use crate::plan::StreamKind;
+use crate::plan::{Memory, StreamKind};
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -72,8 +72,9 @@ pub(super) struct PeerWords {
     /// staged one-shot; the kernels' flag accesses are system-scope either way, `cuda/peer.cuh`).
     _flags: Owned,
     _ll_recv: Option<DeviceBuffer>,
-    /// Kept alive for the peers that read it; reached through `arena_of[rank]`.
-    _arena: Option<DeviceBuffer>,
+    /// Kept alive for the peers that read it; reached through `arena_of[rank]`. Device memory,
+    /// or pinned host memory where the GPUs do not reach each other.
+    _arena: Option<Owned>,
     /// Every rank's arena ([`crate::plan::arena`]), as this rank reaches it: where a plan
     /// prepared alone has every rank's buffers. `None` unless every rank made one.
     pub(super) arena_of: Option<Vec<u64>>,
@@ -138,7 +139,8 @@ impl PeerWords {
 /// the read one-shot up to Auto's limit out of place (its caller's input and output staged, 2 ×
 /// 32 MiB on two ranks), and the two-shot in place up to 64 MiB a rank. A larger all-reduce
 /// runs as pieces that fit (module `pieces`); other larger plans are prepared with the peers,
-/// their buffers allocated for them.
+/// their buffers allocated for them. Pinned host memory where the GPUs do not reach each other
+/// (64 MiB a rank of page-locked memory).
 pub(super) const ARENA_BYTES: usize = 64 << 20;
 
 /// Whether the peer kernels can run on `world` ranks with `transport`: 2 to
@@ -151,7 +153,10 @@ pub(super) fn peer_kernels_fit(world: usize, transport: Transport) -> bool {
 
 /// Phase 1 of one rank's peer words: its flags (in pinned host memory with `host_flags`: the
 /// staged one-shot's, for GPUs that do not reach each other) and (with `low_latency`) its LL
-/// receive buffer, zeroed, and (with `arena`) its arena of [`ARENA_BYTES`]; and its record (each
+/// receive buffer, zeroed, and (with `arena`) its arena of [`ARENA_BYTES`] in that memory —
+/// pinned host memory where the GPUs do not reach each other, so that every buffer a peer
+/// touches of a plan prepared alone lies in host memory (`prepare_alone` proves it of each
+/// plan); and its record (each
 /// one's export handle, length first; then whether its process gates its calls, 1 or 0; the
 /// arena's after its size, 0 for none).
 pub(super) fn allocate_peer_words(
@@ -159,7 +164,7 @@ pub(super) fn allocate_peer_words(
     fabric: &dyn Fabric,
     low_latency: bool,
     host_flags: bool,
-    arena: bool,
+    arena: Option<Memory>,
 ) -> Result<(OwnWords, Record)> {
     let zeroed = |bytes: usize| -> Result<DeviceBuffer> {
         let mut buffer = fabric.exportable(&res.ctx, bytes)?;
@@ -186,21 +191,26 @@ pub(super) fn allocate_peer_words(
         record.extend(handle);
     }
     // Memory too short for an arena is no error: no rank then uses one, and first calls meet.
-    let arena = arena
-        .then(|| fabric.exportable(&res.ctx, ARENA_BYTES).ok())
-        .flatten();
+    let arena = match arena {
+        Some(Memory::Device) => fabric
+            .exportable(&res.ctx, ARENA_BYTES)
+            .ok()
+            .map(Owned::Device),
+        Some(Memory::Host) => fabric
+            .exportable_host(&res.ctx, ARENA_BYTES)
+            .ok()
+            .map(Owned::Host),
+        None => None,
+    };
     record.push(u64::from(fabric.gate().is_some()));
-    record.push(arena.as_ref().map_or(0, DeviceBuffer::len_bytes) as u64);
-    if let Some(arena) = &arena {
-        let handle = fabric.export(
-            res.rank,
-            Exported::Device {
-                addr: arena.ptr(),
-                bytes: arena.len_bytes(),
-            },
-        )?;
-        record.push(handle.len() as u64);
-        record.extend(handle);
+    match arena.as_ref().map(Owned::exported) {
+        Some(exported @ (Exported::Device { bytes, .. } | Exported::Host { bytes, .. })) => {
+            record.push(bytes as u64);
+            let handle = fabric.export(res.rank, exported)?;
+            record.push(handle.len() as u64);
+            record.extend(handle);
+        }
+        None => record.push(0),
     }
     Ok((
         OwnWords {
@@ -216,7 +226,7 @@ pub(super) fn allocate_peer_words(
 pub(super) struct OwnWords {
     flags: Owned,
     ll_recv: Option<DeviceBuffer>,
-    arena: Option<DeviceBuffer>,
+    arena: Option<Owned>,
 }
 
 /// Phase 2: imports every rank's flags and receive buffers from `records` (phase 1's, by rank),

@@ -103,11 +103,15 @@ pub(super) fn piece_elems(arena_bytes: usize, elem_bytes: usize, staged: usize) 
 /// Whether a piece of [`piece_elems`] elements run in `form` fits the arena: a kernel the gate
 /// checks, whose staged and exposed buffers are no more than [`staged_buffers`] (the two-shot
 /// stages the caller's buffers; the read one-shot its input out of place, an exposed copy in
-/// place; the steps kernel the buffer the peers read).
+/// place; the steps kernel the buffer the peers read; the staged one-shot its host copy).
 fn piece_fits(form: Form) -> bool {
     matches!(
         form,
-        Form::TwoShotKernel | Form::OneShotKernel | Form::LlKernel | Form::StepsKernel
+        Form::TwoShotKernel
+            | Form::OneShotKernel
+            | Form::LlKernel
+            | Form::StepsKernel
+            | Form::StagedKernel
     )
 }
 

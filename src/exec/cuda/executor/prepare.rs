@@ -12,6 +12,7 @@ use super::peer_words::{PeerKernel, ARENA_BYTES};
 use super::pieces;
 use super::rank::{Placed, Staged};
 use super::{auto_chunk_bytes, CudaExecutor, Dispatch, Prepared, Schedule, CACHED_PLANS};
+use crate::check::check_reach_placed;
 use crate::error::{Error, Result};
 use crate::exec::algorithm::{select, Ask, Form, Selection};
 use crate::exec::{Algorithm, Shape};
@@ -36,7 +37,7 @@ impl CudaExecutor {
         if let Some(p) = self.prepared(&shape) {
             return Ok(p);
         }
-        let built = self.build_plan(&shape)?;
+        let built = self.build_plan(&shape, self.selection_as(&shape, false))?;
         self.prepare_built(shape, built, None)
     }
 
@@ -55,9 +56,14 @@ impl CudaExecutor {
     /// it meets.
     pub(super) fn prepare_alone(&mut self, shape: &Shape) -> Result<Option<Arc<Prepared>>> {
         let arenas = self.arenas_everywhere();
+        let selection = self.selection(shape);
         let kernel = matches!(
-            self.selection(shape).form,
-            Form::OneShotKernel | Form::LlKernel | Form::TwoShotKernel | Form::StepsKernel
+            selection.form,
+            Form::OneShotKernel
+                | Form::LlKernel
+                | Form::TwoShotKernel
+                | Form::StepsKernel
+                | Form::StagedKernel
         );
         let evicts_owner = self
             .ranks
@@ -67,7 +73,7 @@ impl CudaExecutor {
         if !arenas || self.in_one_process() || !moves || !kernel || evicts_owner {
             return Ok(None);
         }
-        let built = self.build_plan(shape)?;
+        let built = self.build_plan(shape, selection)?;
         if built.dispatch.peer_kernel().is_none() {
             return Ok(None);
         }
@@ -75,6 +81,15 @@ impl CudaExecutor {
         let Some(offsets) = arena_layout(&built.plan, |k| built.staged.owns(k), capacity) else {
             return Ok(None);
         };
+        if !self.peers_ok {
+            // The arenas are host memory (`peer_words`): every buffer a peer touches must lie
+            // in one — owned, so placed there — or be host memory by kind.
+            check_reach_placed(&built.plan, |k| built.staged.owns(k)).map_err(|e| {
+                Error::Internal {
+                    what: format!("a plan prepared alone over staged reach: {e}"),
+                }
+            })?;
+        }
         let placed = Placed(offsets);
         self.prepare_built(shape.clone(), built, Some(placed))
             .map(Some)
@@ -87,10 +102,9 @@ impl CudaExecutor {
             .all(|r| r.peer.as_ref().is_some_and(|p| p.arena_of.is_some()))
     }
 
-    /// `shape`'s plan, built and proven, and its way of running.
-    fn build_plan(&mut self, shape: &Shape) -> Result<Built> {
+    /// `shape`'s plan of `selection`, built and proven, and its way of running.
+    fn build_plan(&mut self, shape: &Shape, selection: Selection) -> Result<Built> {
         let n = self.world;
-        let selection = self.selection(shape);
         let algorithm = selection.algorithm;
         // 16-byte boundaries keep every chunk and segment vector-aligned for the kernels and
         // copies.
@@ -252,6 +266,17 @@ impl CudaExecutor {
     /// on whether the calls are gated (`Ask::gated`), which counts only where every rank's
     /// process gates them (`PeerWords::gated_everywhere`).
     pub(super) fn selection(&self, shape: &Shape) -> Selection {
+        self.selection_as(shape, true)
+    }
+
+    /// The selection of `shape` ([`select`]) for a call prepared alone, or (not `alone`) with
+    /// the peers: over staged reach a plan prepared with the peers has its buffers allocated
+    /// for it, in device memory its peers cannot reach, so it is selected ungated (its ring);
+    /// prepared alone, its buffers lie in the host arenas. Where every GPU reaches every other,
+    /// alike.
+    fn selection_as(&self, shape: &Shape, alone: bool) -> Selection {
+        let peer = self.ranks.first().and_then(|r| r.peer.as_ref());
+        let arenas = self.peers_ok || alone && self.arenas_everywhere();
         select(&Ask {
             chosen: self.config.algorithm,
             collective: &shape.collective,
@@ -261,11 +286,7 @@ impl CudaExecutor {
             reach: self.reach(),
             deterministic: self.config.deterministic,
             ll_grid: self.ll_grid(),
-            gated: self
-                .ranks
-                .first()
-                .and_then(|r| r.peer.as_ref())
-                .is_some_and(|p| p.gated_everywhere),
+            gated: arenas && peer.is_some_and(|p| p.gated_everywhere),
         })
     }
 

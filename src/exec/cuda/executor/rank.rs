@@ -210,10 +210,7 @@ impl Staged {
     /// memory only where no peer reads; the copy engines' plans read and write the caller's
     /// buffers in rounds, so they keep every buffer staged.
     pub(super) fn for_plan(plan: &Plan, touched_only: bool) -> Staged {
-        let through_host = plan
-            .buffers
-            .iter()
-            .any(|d| matches!(d.kind, BufKind::HostSlots | BufKind::HostExposed));
+        let through_host = plan.buffers.iter().any(|d| d.kind == BufKind::HostSlots);
         let candidates = match touched_only && !through_host {
             true => crate::check::touched_across_ranks(plan),
             false => plan.buffers.iter().map(|d| d.kind).collect(),
@@ -512,6 +509,89 @@ impl RankExecutor {
         let peer = self.peer.take();
         if leak {
             std::mem::forget((entries, pinned, exposure, peer));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Staged;
+    use crate::check::{check, check_reach_placed};
+    use crate::element::ReduceOp;
+    use crate::plan::sendrecv::oneshot_count;
+    use crate::plan::{Collective, OneShotSpec, Plan, Transfer};
+
+    /// Whether `plan`, its buffers staged as `staged` says and everything it owns placed in host
+    /// arenas (what `prepare_alone` does where GPUs do not reach each other), touches no peer's
+    /// device memory.
+    fn in_host_arenas(plan: &Plan, staged: &Staged) -> bool {
+        check_reach_placed(plan, |k| staged.owns(k)).is_ok()
+    }
+
+    /// Every kernel plan a rank prepares alone over staged reach — every collective's one-shot
+    /// form (send/recv lists with idle ranks too), whole or as a strided piece, and the staged
+    /// all-reduce — touches only memory in its peers' host arenas once staged as `Staged` says;
+    /// with nothing staged (registered buffers, refused there) a plan whose peers touch a
+    /// caller's buffer reads their GPUs.
+    #[test]
+    fn kernel_plans_prepared_alone_reach_peers_only_in_their_host_arenas() {
+        let op = ReduceOp::Sum;
+        let p2p = |list: &[(usize, usize, usize)]| -> Vec<Transfer> {
+            let to = |&(from, to, count)| Transfer { from, to, count };
+            list.iter().map(to).collect()
+        };
+        for world in 2..=8 {
+            let last = world - 1;
+            let mut collectives = vec![
+                Collective::AllReduce,
+                Collective::AllGather,
+                Collective::ReduceScatter,
+                Collective::AllToAll,
+                Collective::Broadcast { root: last },
+                Collective::Reduce { root: last },
+            ];
+            for list in [
+                p2p(&[(0, 1, 1000), (1, 0, 7)]),
+                p2p(&[(last, 0, 1000)]),
+                p2p(&[(0, last, 5), (0, last, 9), (last, 0, 1)]),
+            ] {
+                collectives.push(Collective::SendRecv { transfers: list });
+            }
+            for c in &collectives {
+                for in_place in [false, true] {
+                    let count = match c {
+                        Collective::SendRecv { transfers } => oneshot_count(transfers).unwrap(),
+                        _ => 1000,
+                    };
+                    let spec = OneShotSpec {
+                        world,
+                        count,
+                        in_place,
+                        op,
+                    };
+                    let Ok(plan) = spec.build_collective(c) else {
+                        continue;
+                    };
+                    check(&plan).unwrap();
+                    let at = format!("{c:?} on {world} ranks, in place {in_place}");
+                    let touched = Staged::for_plan(&plan, true);
+                    assert!(in_host_arenas(&plan, &touched), "{at}");
+                    assert!(
+                        in_host_arenas(&plan, &Staged::for_plan(&plan, false)),
+                        "{at}"
+                    );
+                    // Where the peers touch a caller's buffer, only its staged copy is reachable.
+                    assert_eq!(in_host_arenas(&plan, &Staged::NONE), !touched.any(), "{at}");
+                    if *c == Collective::AllReduce {
+                        let plan = spec.build_staged().unwrap();
+                        assert!(
+                            in_host_arenas(&plan, &Staged::for_plan(&plan, true)),
+                            "{at}"
+                        );
+                        assert!(in_host_arenas(&plan, &Staged::NONE), "{at}");
+                    }
+                }
+            }
         }
     }
 }
