@@ -13,8 +13,8 @@ use proptest::prelude::*;
 use ringreduce::check::{check, coarsen};
 use ringreduce::exec::cuda::auto_chunk_bytes;
 use ringreduce::plan::{
-    Collective, CollectiveSpec, EdgeTransport, Gather, OneShotSpec, Op, Plan, RingSpec, StreamKind,
-    Transfer, TwoShotSpec,
+    Collective, CollectiveSpec, EdgeTransport, Gather, Memory, OneShotSpec, Op, Plan, RingSpec,
+    StreamKind, Transfer, TwoShotSpec,
 };
 use ringreduce::ReduceOp;
 
@@ -468,7 +468,7 @@ proptest! {
             .collect();
         let layouts: Vec<Vec<Option<usize>>> = plans
             .iter()
-            .map(|p| arena_layout(p, staged(p), 1 << 20).expect("fits"))
+            .map(|p| arena_layout(p, staged(p), 1 << 20, Memory::Device).expect("fits"))
             .collect();
         let refs: Vec<&Plan> = plans.iter().collect();
         let placed: Vec<Option<&[Option<usize>]>> =
@@ -486,7 +486,7 @@ proptest! {
 fn a_layout_that_overlaps_two_buffers_of_a_rank_races() {
     use ringreduce::plan::arena::arena_layout;
     let plan = kernel_plan(2, 100, false, 1);
-    let good = arena_layout(&plan, staged(&plan), 1 << 20).unwrap();
+    let good = arena_layout(&plan, staged(&plan), 1 << 20, Memory::Device).unwrap();
     ringreduce::check::check_sequence_in_arenas(&[&plan], &[Some(&good)], &[0, 0]).unwrap();
     // Each rank's output 32 elements after its input: its reduce of segment 0 writes what the
     // peer reduces of segment 1 read.

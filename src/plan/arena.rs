@@ -1,5 +1,6 @@
 //! The arena layout: where a plan's buffers lie in each rank's arena — one region of device
-//! memory per rank, made once with the communicator, that holds the buffers a peer-kernel plan's
+//! memory per rank (pinned host memory where the GPUs do not all reach each other), made once
+//! with the communicator, that holds the buffers a peer-kernel plan's
 //! ranks own (exposed copies, scratch, staged copies of the caller's buffers).
 //!
 //! Why a layout and not an allocation per plan: a rank in another process reaches a buffer only
@@ -29,12 +30,14 @@ pub const ARENA_ALIGN_ELEMS: usize = 64;
 
 /// The offset, in elements of the owner's arena, of every buffer of `plan` that `placed` says an
 /// arena holds (`None` for the others: the caller's buffers, by address), every rank's laid out
-/// from its arena's start; `None` when a placed buffer is host memory or a rank's placed buffers
-/// do not fit `capacity` elements.
+/// from its arena's start; `None` when a placed buffer is host memory and the arenas (of
+/// `memory`) are not, or a rank's placed buffers do not fit `capacity` elements. (Arenas of host
+/// memory hold buffers of either kind: every GPU maps them.)
 pub fn arena_layout(
     plan: &Plan,
     placed: impl Fn(BufKind) -> bool,
     capacity: usize,
+    memory: Memory,
 ) -> Option<Vec<Option<usize>>> {
     let mut next = vec![0usize; plan.world];
     let mut offsets = Vec::with_capacity(plan.buffers.len());
@@ -43,7 +46,7 @@ pub fn arena_layout(
             offsets.push(None);
             continue;
         }
-        if decl.kind.memory() != Memory::Device {
+        if decl.kind.memory() == Memory::Host && memory != Memory::Host {
             return None;
         }
         let at = next[decl.rank].checked_next_multiple_of(ARENA_ALIGN_ELEMS)?;
@@ -61,7 +64,7 @@ pub fn arena_layout(
 mod tests {
     use super::{arena_layout, ARENA_ALIGN_ELEMS};
     use crate::element::ReduceOp;
-    use crate::plan::{BufKind, OneShotSpec};
+    use crate::plan::{BufKind, Memory, OneShotSpec};
 
     fn in_place(world: usize, count: usize) -> crate::plan::Plan {
         OneShotSpec {
@@ -79,7 +82,7 @@ mod tests {
         let plan = in_place(3, 100);
         // Exposed copies and the caller's buffers, as a rank staging its caller's would own.
         let staged = |kind: BufKind| kind == BufKind::Exposed || kind.is_callers();
-        let layout = arena_layout(&plan, staged, 1 << 20).unwrap();
+        let layout = arena_layout(&plan, staged, 1 << 20, Memory::Device).unwrap();
         for rank in 0..3 {
             let mut mine: Vec<(usize, usize)> = plan
                 .buffers
@@ -98,17 +101,17 @@ mod tests {
             assert!(mine.iter().all(|(at, _)| at % ARENA_ALIGN_ELEMS == 0));
         }
         // Only what is placed; and 228 elements need 228.
-        let exposed = arena_layout(&plan, |k| k == BufKind::Exposed, 100).unwrap();
+        let exposed = arena_layout(&plan, |k| k == BufKind::Exposed, 100, Memory::Device).unwrap();
         let placed = plan.buffers.iter().zip(&exposed);
         assert!(placed
             .clone()
             .all(|(d, at)| at.is_some() == (d.kind == BufKind::Exposed)));
-        assert!(arena_layout(&plan, staged, 227).is_none());
-        assert!(arena_layout(&plan, staged, 228).is_some());
+        assert!(arena_layout(&plan, staged, 227, Memory::Device).is_none());
+        assert!(arena_layout(&plan, staged, 228, Memory::Device).is_some());
     }
 
     #[test]
-    fn host_memory_is_never_laid_out() {
+    fn host_memory_is_laid_out_in_host_arenas_only() {
         let plan = OneShotSpec {
             world: 2,
             count: 8,
@@ -118,6 +121,8 @@ mod tests {
         .build_staged()
         .unwrap();
         assert!(plan.buffers.iter().any(|d| d.kind == BufKind::HostExposed));
-        assert!(arena_layout(&plan, |k| k == BufKind::HostExposed, 1 << 20).is_none());
+        let host = |k| k == BufKind::HostExposed;
+        assert!(arena_layout(&plan, host, 1 << 20, Memory::Device).is_none());
+        assert!(arena_layout(&plan, host, 1 << 20, Memory::Host).is_some());
     }
 }

@@ -21,7 +21,9 @@
 //! rank reads n·count elements of host memory and writes count elements to it, against the
 //! ring's 2(n−1)/n·count through host memory on each of its two copies per step: the one-shot
 //! stays ahead only while the fixed costs dominate, so `Algorithm::Auto` takes it below
-//! [`crate::exec::algorithm::STAGED_ONESHOT_AUTO_MAX_BYTES`].
+//! [`crate::exec::algorithm::STAGED_ONESHOT_AUTO_MAX_BYTES`] — and at every size where the call
+//! gate checks the calls (ranks in several processes, `exec::algorithm::Ask::gated`), since the
+//! ring's copies would meet the peers' hosts (its cost against the ring there is not measured).
 //!
 //! Invariant (proven by [`crate::check::check_staged`]): no rank reads or writes another rank's
 //! device memory — every buffer a rank touches that is not its own is host memory.

@@ -10,7 +10,9 @@
 
 use super::edges::{self, apply_probes, edges_from_records, probe_own, probe_target, reach_peers};
 use super::enqueue::gpu_rank_thread;
-use super::peer_words::{allocate_peer_words, connect_peer_words, peer_kernels_fit, PeerKernel};
+use super::peer_words::{
+    allocate_peer_words, arena_memory, connect_peer_words, peer_kernels_fit, PeerKernel,
+};
 use super::rank::RankExecutor;
 use super::{launch, registered, CudaConfig, CudaExecutor, CACHED_PLANS};
 use crate::device;
@@ -19,7 +21,6 @@ use crate::exec::cuda::fabric::{Fabric, Identity, InProcess, Joined};
 use crate::exec::cuda::kernels::PEER_MAX_RANKS;
 use crate::exec::rendezvous::{Rendezvous, UniqueId};
 use crate::exec::{Algorithm, PlanCache};
-use crate::plan::Memory;
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -134,10 +135,7 @@ impl CudaExecutor {
             // Where the GPUs do not reach each other the arenas are pinned host memory, which
             // every GPU maps: the plans prepared alone run there too.
             let alone = ranks.len() == 1 && world > 1 && fabric.gate().is_some();
-            let arena = alone.then_some(match peers_ok {
-                true => Memory::Device,
-                false => Memory::Host,
-            });
+            let arena = alone.then_some(arena_memory(peers_ok));
             let mut own = Vec::with_capacity(ranks.len());
             let mut records = Vec::with_capacity(ranks.len());
             for r in &ranks {

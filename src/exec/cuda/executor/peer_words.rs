@@ -143,6 +143,15 @@ impl PeerWords {
 /// (64 MiB a rank of page-locked memory).
 pub(super) const ARENA_BYTES: usize = 64 << 20;
 
+/// The memory of the ranks' arenas: device memory where every GPU reaches every other
+/// (`peers_ok`), else pinned host memory, which every GPU maps.
+pub(super) fn arena_memory(peers_ok: bool) -> Memory {
+    match peers_ok {
+        true => Memory::Device,
+        false => Memory::Host,
+    }
+}
+
 /// Whether the peer kernels can run on `world` ranks with `transport`: 2 to
 /// [`PEER_MAX_RANKS`] ranks, not forced through host staging. (Peer access between every pair
 /// is the other condition, which the in-process fabric checks and enables:

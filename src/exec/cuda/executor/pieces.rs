@@ -295,7 +295,7 @@ mod tests {
     use crate::element::ReduceOp;
     use crate::exec::cuda::executor::rank::Staged;
     use crate::plan::arena::arena_layout;
-    use crate::plan::{Gather, OneShotSpec, TwoShotSpec};
+    use crate::plan::{Gather, Memory, OneShotSpec, TwoShotSpec};
 
     #[test]
     fn pieces_tile_the_call() {
@@ -326,10 +326,12 @@ mod tests {
     /// the read one-shot's (`piece_fits`).
     #[test]
     fn a_piece_of_the_two_shot_fits_the_arena() {
-        let fits = |plan: &crate::plan::Plan, elem_bytes: usize| {
+        let fits_in = |plan: &crate::plan::Plan, elem_bytes: usize, memory: Memory| {
             let staged = Staged::for_plan(plan, true);
-            arena_layout(plan, |k| staged.owns(k), ARENA_BYTES / elem_bytes).is_some()
+            arena_layout(plan, |k| staged.owns(k), ARENA_BYTES / elem_bytes, memory).is_some()
         };
+        let fits =
+            |plan: &crate::plan::Plan, elem_bytes: usize| fits_in(plan, elem_bytes, Memory::Device);
         for elem_bytes in [1, 2, 4, 8] {
             for in_place in [true, false] {
                 let staged = if in_place { 1 } else { 2 };
@@ -345,6 +347,10 @@ mod tests {
                         op,
                     };
                     assert!(fits(&oneshot.build().unwrap(), elem_bytes), "one-shot {at}");
+                    // The staged one-shot's (over staged reach), in host arenas only.
+                    let staged = oneshot.build_staged().unwrap();
+                    assert!(fits_in(&staged, elem_bytes, Memory::Host), "staged {at}");
+                    assert!(!fits(&staged, elem_bytes), "staged {at}");
                     // A broadcast's and a reduce's pieces hold as many as an in-place
                     // all-reduce's.
                     let one = OneShotSpec {
@@ -418,7 +424,8 @@ mod tests {
                                 let plan = spec.build_collective(&c).unwrap();
                                 let staged = Staged::for_plan(&plan, !piece);
                                 let capacity = ARENA_BYTES / elem_bytes;
-                                arena_layout(&plan, |k| staged.owns(k), capacity).is_some()
+                                arena_layout(&plan, |k| staged.owns(k), capacity, Memory::Device)
+                                    .is_some()
                             };
                             let count = piece_elems(ARENA_BYTES, elem_bytes, n);
                             let at = format!("{c:?}, {elem_bytes} B, in place {in_place}, {world} ranks, piece {piece}");
@@ -496,7 +503,7 @@ mod tests {
                     let capacity = ARENA_BYTES / eb;
                     let at = format!("{eb} B: {:?}", piece.shape.collective);
                     assert!(
-                        arena_layout(&plan, |k| staged.owns(k), capacity).is_some(),
+                        arena_layout(&plan, |k| staged.owns(k), capacity, Memory::Device).is_some(),
                         "{at}"
                     );
                 }

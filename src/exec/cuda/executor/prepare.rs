@@ -8,15 +8,13 @@
 //! shape prepared earlier allocates nothing.
 
 use super::layout::{oneshot_layout, steps_layout, twoshot_segments};
-use super::peer_words::{PeerKernel, ARENA_BYTES};
+use super::peer_words::{arena_memory, PeerKernel, ARENA_BYTES};
 use super::pieces;
 use super::rank::{Placed, Staged};
 use super::{auto_chunk_bytes, CudaExecutor, Dispatch, Prepared, Schedule, CACHED_PLANS};
-use crate::check::check_reach_placed;
 use crate::error::{Error, Result};
 use crate::exec::algorithm::{select, Ask, Form, Selection};
 use crate::exec::{Algorithm, Shape};
-use crate::plan::arena::arena_layout;
 use crate::plan::{BufKind, Collective, EdgeTransport, Gather, Op, Plan};
 use std::sync::Arc;
 
@@ -78,19 +76,10 @@ impl CudaExecutor {
             return Ok(None);
         }
         let capacity = ARENA_BYTES / shape.elem_bytes;
-        let Some(offsets) = arena_layout(&built.plan, |k| built.staged.owns(k), capacity) else {
+        let memory = arena_memory(self.peers_ok);
+        let Some(placed) = Placed::lay_out(&built.plan, &built.staged, capacity, memory)? else {
             return Ok(None);
         };
-        if !self.peers_ok {
-            // The arenas are host memory (`peer_words`): every buffer a peer touches must lie
-            // in one — owned, so placed there — or be host memory by kind.
-            check_reach_placed(&built.plan, |k| built.staged.owns(k)).map_err(|e| {
-                Error::Internal {
-                    what: format!("a plan prepared alone over staged reach: {e}"),
-                }
-            })?;
-        }
-        let placed = Placed(offsets);
         self.prepare_built(shape.clone(), built, Some(placed))
             .map(Some)
     }

@@ -26,12 +26,14 @@ use super::counters::Counters;
 use super::exposure::Exposure;
 use super::peer_words::PeerWords;
 use super::Dispatch;
+use crate::check::check_reach_placed;
 use crate::device::{self, DeviceBuffer, Event, PinnedHost, Stream};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::exec::cuda::fabric::{Exported, Fabric, Fields, Identity, Imports, Record};
 use crate::exec::cuda::kernels::KernelModule;
 use crate::exec::Shape;
-use crate::plan::{BufKind, Plan, StreamKind};
+use crate::plan::arena::arena_layout;
+use crate::plan::{BufKind, Memory, Plan, StreamKind};
 use cudarc::driver::{CudaContext, CudaStream};
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -248,6 +250,31 @@ impl Staged {
 /// the shape's type, by buffer: `plan::arena::arena_layout`) of their owners' arenas (as each
 /// rank reaches them: `peer_words::PeerWords::arena_of`).
 pub(super) struct Placed(pub(super) Vec<Option<usize>>);
+
+impl Placed {
+    /// Where `plan`'s buffers that a rank owns (`staged.owns`) lie in arenas of `memory` and
+    /// `capacity` elements (`plan::arena::arena_layout`); `None` where they do not fit. In
+    /// arenas of host memory (GPUs that do not all reach each other) the plan is also proven to
+    /// touch no peer's device memory: every buffer a peer touches is owned, so placed there, or
+    /// host memory by kind (`check::check_reach_placed`) — an internal error otherwise.
+    pub(super) fn lay_out(
+        plan: &Plan,
+        staged: &Staged,
+        capacity: usize,
+        memory: Memory,
+    ) -> Result<Option<Placed>> {
+        let owns = |k| staged.owns(k);
+        let Some(offsets) = arena_layout(plan, owns, capacity, memory) else {
+            return Ok(None);
+        };
+        if memory == Memory::Host {
+            check_reach_placed(plan, owns).map_err(|e| Error::Internal {
+                what: format!("a plan laid out in host arenas: {e}"),
+            })?;
+        }
+        Ok(Some(Placed(offsets)))
+    }
+}
 
 /// A rank's prepared plans by shape, oldest first, moved in step with every other rank's.
 struct RankPlans {
@@ -515,17 +542,20 @@ impl RankExecutor {
 
 #[cfg(test)]
 mod tests {
-    use super::Staged;
+    use super::super::peer_words::ARENA_BYTES;
+    use super::{Placed, Staged};
     use crate::check::{check, check_reach_placed};
     use crate::element::ReduceOp;
     use crate::plan::sendrecv::oneshot_count;
-    use crate::plan::{Collective, OneShotSpec, Plan, Transfer};
+    use crate::plan::{Collective, Memory, OneShotSpec, Plan, Transfer};
 
-    /// Whether `plan`, its buffers staged as `staged` says and everything it owns placed in host
-    /// arenas (what `prepare_alone` does where GPUs do not reach each other), touches no peer's
-    /// device memory.
+    /// Whether `plan`, its buffers staged as `staged` says, is laid out in host arenas (what
+    /// `prepare_alone` does where GPUs do not all reach each other): it fits, and touches no
+    /// peer's device memory.
     fn in_host_arenas(plan: &Plan, staged: &Staged) -> bool {
-        check_reach_placed(plan, |k| staged.owns(k)).is_ok()
+        let capacity = ARENA_BYTES / 4;
+        let placed = Placed::lay_out(plan, staged, capacity, Memory::Host).unwrap_or(None);
+        placed.is_some() && check_reach_placed(plan, |k| staged.owns(k)).is_ok()
     }
 
     /// Every kernel plan a rank prepares alone over staged reach — every collective's one-shot
