@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 pub mod launch;
+pub mod ranks;
 pub mod waiver;
 
 /// Threads of this process named `ringreduce-*` (rank threads and stream workers); the kernel
