@@ -12,7 +12,10 @@
 //! ranks share GPU 0 (`allow_shared_device`). A machine without a GPU waives them.
 
 use common::launch::{as_rank, expect_success, launch};
-use common::ranks::{auto_rank_with_stream, config, enqueued_before_a_late_peer, this_gpu, values};
+use common::ranks::{
+    assert_rank_1_mismatch, auto_rank_with_stream, config, enqueued_before_a_late_peer, this_gpu,
+    values,
+};
 use common::two_gpus_or_shared;
 use ringreduce::plan::Collective;
 use ringreduce::verify::{expected_value, input_value};
@@ -817,22 +820,8 @@ fn symmetric_registrations_run_without_a_meeting_and_the_gpus_check_the_offsets(
         }
         stream.synchronize().unwrap();
         let err = comm.synchronize().unwrap_err();
-        match &err {
-            ringreduce::Error::CallMismatch {
-                rank: q,
-                theirs,
-                ours,
-                ..
-            } => {
-                assert_eq!(*q, if rank == 1 { 0 } else { 1 }, "{err}");
-                let (offset, other) = match rank {
-                    1 => ("1280", "1024"),
-                    _ => ("1024", "1280"),
-                };
-                assert!(ours.contains(offset) && theirs.contains(other), "{err}");
-            }
-            other => panic!("rank {rank}: {other}"),
-        }
+        // Rank 1's offset (bytes) against the others'.
+        assert_rank_1_mismatch(rank, &err, "1280", "1024");
         assert_eq!(win.to_host().unwrap(), before, "rank {rank}: untouched");
         // The communicator closes (and with it the registration) before `win` is freed.
         drop(registration);
