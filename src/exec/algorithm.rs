@@ -291,6 +291,14 @@ pub enum Form {
     HostThreads,
 }
 
+impl Form {
+    /// Whether this form runs as a peer kernel on GPUs — the forms the call gate checks (the
+    /// copy engines' and host threads' do not).
+    pub fn is_peer_kernel(self) -> bool {
+        !matches!(self, Form::CopyEngines | Form::HostThreads)
+    }
+}
+
 /// What [`select`] decides for a call: the algorithm and the form it runs in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Selection {

@@ -105,14 +105,7 @@ pub(super) fn piece_elems(arena_bytes: usize, elem_bytes: usize, staged: usize) 
 /// stages the caller's buffers; the read one-shot its input out of place, an exposed copy in
 /// place; the steps kernel the buffer the peers read; the staged one-shot its host copy).
 fn piece_fits(form: Form) -> bool {
-    matches!(
-        form,
-        Form::TwoShotKernel
-            | Form::OneShotKernel
-            | Form::LlKernel
-            | Form::StepsKernel
-            | Form::StagedKernel
-    )
+    form.is_peer_kernel()
 }
 
 /// Elements a piece of a call of `count` elements holds where a piece holds at most `most` (a

@@ -55,14 +55,7 @@ impl CudaExecutor {
     pub(super) fn prepare_alone(&mut self, shape: &Shape) -> Result<Option<Arc<Prepared>>> {
         let arenas = self.arenas_everywhere();
         let selection = self.selection(shape);
-        let kernel = matches!(
-            selection.form,
-            Form::OneShotKernel
-                | Form::LlKernel
-                | Form::TwoShotKernel
-                | Form::StepsKernel
-                | Form::StagedKernel
-        );
+        let kernel = selection.form.is_peer_kernel();
         let evicts_owner = self
             .ranks
             .iter()
