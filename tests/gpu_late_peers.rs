@@ -833,3 +833,54 @@ fn long_and_fanned_in_send_recvs_run_in_pieces_before_a_late_peer() {
     );
     expect_success(ranks, Duration::from_secs(120));
 }
+
+/// NCCL's 0-byte send/recv (what an all-to-all with empty pairs makes): a group of empty
+/// transfers alone is enqueued before a late peer as the steps kernel's barriers alone, and
+/// synchronises on the GPUs — a rank's stream is done only once the late peer's kernel ran.
+#[test]
+fn empty_send_recvs_return_before_a_late_peer_and_meet_on_the_gpus() {
+    use ringreduce::Form;
+    if let Some(env) = as_rank() {
+        let (rank, _, device, mut comm, stream) = auto_rank_with_stream(&env);
+        let t = |from, to, count| Transfer { from, to, count };
+        // Ranks 0 and 1 exchange nothing; rank 2 takes no part.
+        let list = [t(0, 1, 0), t(1, 0, 0)];
+        let party = usize::from(rank < 2);
+        let sends: Vec<GpuBuffer<f32>> = (0..party)
+            .map(|_| GpuBuffer::zeroed(device, 0).unwrap())
+            .collect();
+        let mut recvs: Vec<GpuBuffer<f32>> = (0..party)
+            .map(|_| GpuBuffer::zeroed(device, 0).unwrap())
+            .collect();
+        let mut ran = None;
+        enqueued_before_a_late_peer(rank, || {
+            let raw = ringreduce::device::CallerStream::of(&stream);
+            let sends: Vec<&GpuBuffer<f32>> = sends.iter().collect();
+            let mut recvs: Vec<&mut GpuBuffer<f32>> = recvs.iter_mut().collect();
+            // SAFETY: no buffer holds an element; the stream is synchronised below.
+            unsafe { comm.enqueue_send_recv(&list, &sends, &mut recvs, raw) }.unwrap();
+            ran = comm.last_ran().map(|r| r.form);
+        });
+        assert_eq!(ran, Some(Form::StepsKernel), "rank {rank}");
+        // Rank 1 enqueued 2 s after the others: their streams wait at the kernel's barriers
+        // for its kernel.
+        let started = std::time::Instant::now();
+        stream.synchronize().unwrap();
+        let waited = started.elapsed();
+        assert!(
+            rank == 1 || waited > Duration::from_secs(1),
+            "rank {rank}'s stream finished {waited:?} after the call, before the late peer's"
+        );
+        comm.synchronize().unwrap();
+        return;
+    }
+    if two_gpus_or_shared().is_none() {
+        return;
+    }
+    let ranks = launch(
+        "empty_send_recvs_return_before_a_late_peer_and_meet_on_the_gpus",
+        3,
+        |_| vec![],
+    );
+    expect_success(ranks, Duration::from_secs(120));
+}

@@ -21,7 +21,8 @@ ranks), pipeline (a stage per rank, activations forward and gradients back, one 
 at a time), late (one rank reaches an all-reduce TORCH_JOBS_LATE seconds, default 75, after the
 others), coalesce (torch's coalescing manager with async ops around all-reduces, around
 `all_gather_into_tensor`s and around `reduce_scatter_tensor`s; lists of uneven sizes:
-`all_gather`, `reduce_scatter`, `all_to_all` and `all_to_all_single` with split sizes),
+`all_gather`, `reduce_scatter`, `all_to_all` and `all_to_all_single` with split sizes, and
+again with pairs of ranks that exchange nothing: NCCL's 0-byte send/recv),
 gatherscatter (`gather` to the first and to the last rank, `scatter` from rank 0, `broadcast`
 from the last rank, `reduce` to rank 1), graph (a communicator of the job's own through ctypes, as
 vLLM's pynccl makes one: the NCCL library in the process, an id from rank 0 handed out by
@@ -335,6 +336,12 @@ def split(src, dst):
     return 10 + 7 * src + 13 * dst
 
 
+def sparse(src, dst):
+    """As `split`, but nothing between ranks of odd sum: pairs that exchange nothing either way,
+    which torch sends as NCCL's 0-byte send/recv (an MoE layer's empty routes)."""
+    return 0 if (src + dst) % 2 else split(src, dst)
+
+
 def uneven_lists(device, out):
     # all_gather of a size per rank: torch runs it as coalesced broadcasts.
     got = [torch.empty(uneven(r), device=device) for r in range(WORLD)]
@@ -350,23 +357,23 @@ def uneven_lists(device, out):
     out["uneven-reduce_scatter"] = mine.cpu()
 
 
-def uneven_all_to_all(device, out):
-    """Rank i sends rank j inputs(i * WORLD + j, split(i, j))."""
-    sent = [given(RANK * WORLD + j, split(RANK, j), device) for j in range(WORLD)]
-    got = [torch.empty(split(j, RANK), device=device) for j in range(WORLD)]
+def uneven_all_to_all(device, out, sizes=split, name="uneven"):
+    """Rank i sends rank j inputs(i * WORLD + j, sizes(i, j))."""
+    sent = [given(RANK * WORLD + j, sizes(RANK, j), device) for j in range(WORLD)]
+    got = [torch.empty(sizes(j, RANK), device=device) for j in range(WORLD)]
     dist.all_to_all(got, sent)
-    want = torch.cat([inputs(j * WORLD + RANK, split(j, RANK)) for j in range(WORLD)])
-    same(torch.cat(got), want, "uneven all_to_all")
+    want = torch.cat([inputs(j * WORLD + RANK, sizes(j, RANK)) for j in range(WORLD)])
+    same(torch.cat(got), want, f"{name} all_to_all")
     single = torch.empty(int(want.numel()), device=device)
     dist.all_to_all_single(
         single,
         torch.cat(sent),
-        output_split_sizes=[split(j, RANK) for j in range(WORLD)],
-        input_split_sizes=[split(RANK, j) for j in range(WORLD)],
+        output_split_sizes=[sizes(j, RANK) for j in range(WORLD)],
+        input_split_sizes=[sizes(RANK, j) for j in range(WORLD)],
     )
-    same(single, want, "uneven all_to_all_single")
-    out["uneven-all_to_all"] = torch.cat(got).cpu()
-    out["uneven-all_to_all_single"] = single.cpu()
+    same(single, want, f"{name} all_to_all_single")
+    out[f"{name}-all_to_all"] = torch.cat(got).cpu()
+    out[f"{name}-all_to_all_single"] = single.cpu()
 
 
 def job_coalesce(device, out):
@@ -374,6 +381,7 @@ def job_coalesce(device, out):
     coalesced_gather_scatter(device, out)
     uneven_lists(device, out)
     uneven_all_to_all(device, out)
+    uneven_all_to_all(device, out, sparse, "sparse")
     torch.cuda.synchronize()
 
 

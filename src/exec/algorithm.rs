@@ -236,13 +236,13 @@ impl Algorithm {
     }
 }
 
-/// Whether a send/recv of `transfers` over `world` ranks runs as the steps kernel: its one-shot
-/// form ([`crate::plan::sendrecv::oneshot_count`]) moves something, and no rank receives more
-/// transfers than the kernel runs steps.
+/// Whether a send/recv of `transfers` over `world` ranks runs as the steps kernel: the list has
+/// a one-shot form ([`crate::plan::sendrecv::oneshot_count`]; empty transfers alone too, which
+/// meet and move nothing), and no rank receives more transfers than the kernel runs steps.
 fn sendrecv_kernel_fits(transfers: &[crate::plan::Transfer], world: usize) -> bool {
     use crate::exec::cuda::kernels::PEER_MAX_RANKS;
     let receives = |r: usize| transfers.iter().filter(|t| t.to == r).count();
-    crate::plan::sendrecv::oneshot_count(transfers).is_some_and(|count| count > 0)
+    crate::plan::sendrecv::oneshot_count(transfers).is_some()
         && (0..world).all(|r| receives(r) <= PEER_MAX_RANKS)
 }
 
@@ -688,10 +688,10 @@ mod tests {
                 "{c:?}"
             );
         }
-        // A send/recv pulled by its receivers wherever something moves (a pipeline's pair, an
-        // exchange, of any counts, ranks party to no transfer among them), else the copy
-        // engines; a forced ring stays the ring; GPUs that do not all reach each other keep
-        // their rules.
+        // A send/recv pulled by its receivers wherever the list names a transfer (a pipeline's
+        // pair, an exchange, of any counts, empty transfers alone — NCCL's 0-byte
+        // synchronisation — ranks party to no transfer among them), else the copy engines; a
+        // forced ring stays the ring; GPUs that do not all reach each other keep their rules.
         let p2p = |transfers: &[(usize, usize, usize)]| Collective::SendRecv {
             transfers: transfers
                 .iter()
@@ -706,7 +706,8 @@ mod tests {
             (p2p(&[(0, 1, 0), (1, 0, 65), (2, 0, 3), (0, 2, 1)]), 3, true),
             (p2p(&[(0, 1, 64)]), 3, true),
             (p2p(&[(1, 2, 64), (2, 1, 64)]), 4, true),
-            (p2p(&[(0, 1, 0)]), 2, false),
+            (p2p(&[(0, 1, 0)]), 2, true),
+            (p2p(&[(0, 1, 0), (1, 0, 0)]), 3, true),
             (p2p(&[]), 2, false),
         ];
         for (c, world, kernel) in &pulled {

@@ -32,8 +32,10 @@
 //! receives: the others pad their meetings with ones that move nothing, zero elements of a
 //! buffer of their own — a transfer's, or, on a rank party to none, a [`BufKind::Scratch`] of no
 //! elements. The plan's count is the longest transfer (it sizes the kernels' grid, the same on
-//! every rank). On GPUs that is one kernel per rank, which the call gate can stop — what lets a
-//! send/recv across processes return once enqueued.
+//! every rank). A list of empty transfers alone keeps its one meeting, of zero elements on every
+//! rank: NCCL's 0-byte send/recv synchronises the ranks on the GPUs (all-to-all lists with empty
+//! pairs make them). On GPUs that is one kernel per rank, which the call gate can stop — what
+//! lets a send/recv across processes return once enqueued.
 //!
 //! | transfer i | pulled by | from buffer (rank `from`) | into |
 //! |------------|-----------|---------------------------|------|
@@ -224,17 +226,18 @@ pub(super) fn build_oneshot(world: usize, transfers: &[Transfer]) -> Result<Plan
     }
     // A rank party to no transfer pads its meetings on a buffer of no elements of its own.
     let party = |r: usize| transfers.iter().any(|t| t.from == r || t.to == r);
-    for rank in (0..world).filter(|&r| count > 0 && !party(r)) {
+    for rank in (0..world).filter(|&r| !party(r)) {
         plan.buffers.push(BufferDecl {
             rank,
             kind: BufKind::Scratch,
             len: 0,
         });
     }
-    // Zero elements: nothing to move, nobody meets.
+    // Transfers of zero elements alone still meet, once: NCCL's 0-byte send/recv synchronises
+    // its ranks on the GPUs.
     let receives = |rank: usize| transfers.iter().filter(|t| t.to == rank).count();
     let meetings = (0..world).map(receives).max().unwrap_or(0).max(1);
-    for rank in (0..world).filter(|_| count > 0) {
+    for rank in 0..world {
         let buf = |kind| plan.buffer(rank, kind).expect("declared");
         let mut ops = Vec::new();
         for (i, t) in transfers.iter().enumerate().filter(|(_, t)| t.to == rank) {
@@ -308,6 +311,24 @@ mod tests {
             assert_eq!(plan.ranks[rank].len(), 2, "rank {rank} meets twice");
         }
         assert!(plan.buffer(0, BufKind::Scratch).is_none());
+        crate::check::check(&plan).unwrap();
+    }
+
+    #[test]
+    fn empty_transfers_alone_meet_once_on_every_rank() {
+        // NCCL's 0-byte send/recv: rank 2 of three takes no part, and meets too.
+        let plan = build_oneshot(3, &[t(0, 1, 0), t(1, 0, 0)]).unwrap();
+        assert_eq!(plan.count, 0);
+        for rank in 0..3 {
+            let meetings: Vec<_> = plan.ranks[rank]
+                .iter()
+                .filter_map(|i| match i.op {
+                    Op::PeerReduce { count, dst, .. } => Some((count, dst.count)),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(meetings, [(0, 0)], "rank {rank}");
+        }
         crate::check::check(&plan).unwrap();
     }
 

@@ -50,8 +50,8 @@ impl CudaExecutor {
     /// the arenas (made by every rank, or used by none: `peer_words`) and the plan cache, which
     /// moves in step on every rank. A prepare that would push out a plan owning GPU memory is
     /// not done alone: that memory is freed only once the kernels in flight are done, which may
-    /// wait for a late peer — the call meets instead. A call of no elements launches no kernel:
-    /// it meets.
+    /// wait for a late peer — the call meets instead. (A collective of no elements never comes
+    /// here: `run` returns it at once; a send/recv of empty transfers alone runs its barriers.)
     pub(super) fn prepare_alone(&mut self, shape: &Shape) -> Result<Option<Arc<Prepared>>> {
         let arenas = self.arenas_everywhere();
         let selection = self.selection(shape);
@@ -60,8 +60,7 @@ impl CudaExecutor {
             .ranks
             .iter()
             .any(|r| r.oldest_owns_gpu_resources(CACHED_PLANS));
-        let moves = shape.chunking_count(self.world) > 0;
-        if !arenas || self.in_one_process() || !moves || !kernel || evicts_owner {
+        if !arenas || self.in_one_process() || !kernel || evicts_owner {
             return Ok(None);
         }
         let built = self.build_plan(shape, selection)?;

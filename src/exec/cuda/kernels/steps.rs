@@ -26,7 +26,8 @@ impl KernelModule {
     /// `Avg` sums, the caller scales) or a copy `dst = src[from]`, each of its own count, at
     /// most `args.count` (which sizes the grid) — and
     /// ends at an end barrier after which no rank reads this rank's memory any more. A rank
-    /// with no steps only takes part in the barriers. The grid is [`peer_blocks`](super::peer_blocks)`(dtype,
+    /// with no steps only takes part in the barriers, and a kernel of `count` 0 (a send/recv of
+    /// empty transfers alone) is its barriers alone, one block. The grid is [`peer_blocks`](super::peer_blocks)`(dtype,
     /// count)` on every rank. Barrier timeouts are reported in `*args.error` (`PEER_ERR_START`,
     /// `_END`, `_LAUNCH`).
     ///
@@ -34,7 +35,8 @@ impl KernelModule {
     /// this context; world and rank as for [`KernelModule::oneshot`]; at most
     /// [`PEER_MAX_RANKS`] steps, each copy's `from` below world, each step's count at most
     /// `args.count`; every address aligned (the sources and destinations to the element, flags
-    /// and error to 4) and, where something moves, not null; no step's destination overlaps
+    /// and error to 4); flags and error not null, and each step's addresses not null where it
+    /// moves something; no step's destination overlaps
     /// another step's destination or any step's source — except a fold's destination that is
     /// exactly its own rank's source of that step.
     ///
@@ -58,9 +60,6 @@ impl KernelModule {
     ) -> Result<()> {
         self.check_stream(stream)?;
         validate_steps(dtype, args)?;
-        if args.count == 0 {
-            return Ok(());
-        }
         let mut shared = PeerParams::of(
             args.world,
             args.rank,
@@ -212,9 +211,6 @@ fn validate_steps(dtype: DType, args: &StepsArgs) -> Result<()> {
         check_word_aligned(ArgName::at("flags", r), args.flags[r])?;
     }
     check_word_aligned("error", args.error)?;
-    if args.count == 0 {
-        return Ok(());
-    }
     check_not_null(
         KERNEL,
         args.count,
@@ -366,5 +362,22 @@ mod tests {
         validate_steps(DType::F32, &steps_args(vec![empty])).unwrap();
         let null = PeerStep { count: 1, ..empty };
         assert!(validate_steps(DType::F32, &steps_args(vec![null])).is_err());
+        // A kernel of no elements still meets at its barriers: its flags and error word must
+        // be there.
+        let barriers_only = StepsArgs {
+            count: 0,
+            ..steps_args(vec![empty])
+        };
+        validate_steps(DType::F32, &barriers_only).unwrap();
+        let no_flags = StepsArgs {
+            flags: [0; PEER_MAX_RANKS],
+            ..barriers_only.clone()
+        };
+        assert!(validate_steps(DType::F32, &no_flags).is_err());
+        let no_error = StepsArgs {
+            error: 0,
+            ..barriers_only
+        };
+        assert!(validate_steps(DType::F32, &no_error).is_err());
     }
 }
