@@ -206,7 +206,7 @@ pub fn two_gpus_or_shared() -> Option<[usize; 2]> {
         return Some([0, 1]);
     }
     waiver::fail_if_promised(2, found, "copies between two GPUs");
-    println!("note: one GPU: two ranks share GPU 0; copies between GPUs are not exercised");
+    println!("note: one GPU: the ranks share GPU 0; copies between GPUs are not exercised");
     Some([0, 0])
 }
 
