@@ -6,15 +6,18 @@
 //! ([`ringreduce::RankCommunicator::gpu`]): `ncclGetUniqueId` makes the id rank 0 hands to every
 //! rank, `ncclCommInitRank` joins on the calling thread's current GPU, and every collective is
 //! enqueued on the stream passed in, NCCL's in-place forms included (each rank may choose on its
-//! own: `Call` says how). Every
-//! call's shape is compared across ranks before anything is enqueued, so mismatched calls are an
-//! error on every rank, never a hang. Errors become NCCL's codes with the message kept for
-//! `ncclGetLastError`; a panic never crosses into C.
+//! own: `Call` says how). A call returns once enqueued, whatever the peers' processes are doing:
+//! every call's shape is checked by the GPUs before any peer's memory is touched (the call gate),
+//! so mismatched calls are an error on every rank, never a wrong result. Errors become NCCL's
+//! codes with the message kept for `ncclGetLastError`; a panic never crosses into C.
 //!
 //! Sends and receives are kept until their group ends (run at once outside a group); then they
 //! run as NCCL defines them: a send meets its receive per (sender, receiver) pair, in call order,
-//! and ranks not party to a transfer take no part (module `pairs`; on two ranks the group is one
-//! exchange, module `p2p`). `ncclCommSplit` and `ncclCommShrink` make sub-communicators (modules
+//! and ranks not party to a transfer take no part (module `pairs`: on three ranks or more, a
+//! communicator per pair, made at the pair's first transfer; module `p2p`: on two ranks each
+//! builds the group's transfers from its own calls). A pair's two ranks must group their sends
+//! and receives to each other alike — NCCL does not ask that; a group that differs is named by
+//! the call gate. `ncclCommSplit` and `ncclCommShrink` make sub-communicators (modules
 //! `subcomm`, `pairs`) and
 //! `ncclRedOpCreatePreMulSum` operators (module `redop`). No call has a deadline unless
 //! `RINGREDUCE_NCCL_TIMEOUT` gives one (NCCL has none); a peer whose process is gone is named at
