@@ -75,8 +75,8 @@ fn a_c_program_built_against_the_header_runs_on_the_library_as_libnccl() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
-fn the_library_exports_exactly_what_the_header_declares() {
+/// The library's exported `nccl*` symbols (`nm -D --defined-only`), sorted.
+fn exported() -> Vec<String> {
     let lib = library_dir().join("libringreduce_nccl.so");
     let out = Command::new("nm")
         .args(["-D", "--defined-only"])
@@ -90,7 +90,40 @@ fn the_library_exports_exactly_what_the_header_declares() {
         .map(str::to_string)
         .collect();
     exported.sort();
-    assert_eq!(exported, declared());
+    exported
+}
+
+#[test]
+fn the_library_exports_exactly_what_the_header_declares() {
+    assert_eq!(exported(), declared());
+}
+
+/// Every `nccl*` symbol PyTorch's `libtorch_cuda.so` imports — 2.11's and the newest wheel's,
+/// read with `nm -D` into `tests/imports/` — is exported, so the library loads under it.
+#[test]
+fn every_nccl_symbol_pytorch_imports_is_exported() {
+    let exported = exported();
+    let dir = sources().join("tests/imports");
+    let mut lists = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let imports: Vec<&str> = (text.lines())
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .collect();
+        assert!(
+            imports.len() > 30,
+            "{}: {} symbols",
+            path.display(),
+            imports.len()
+        );
+        let missing: Vec<&&str> = (imports.iter())
+            .filter(|name| !exported.iter().any(|e| e == *name))
+            .collect();
+        assert!(missing.is_empty(), "{} imports {missing:?}", path.display());
+        lists += 1;
+    }
+    assert_eq!(lists, 2, "torch 2.11's list and the newest wheel's");
 }
 
 /// Runs one of the C test programs: it must exit 0 saying "every check passed". Its stderr.
