@@ -37,6 +37,9 @@ pub(crate) struct Pairs {
     made: Mutex<BTreeMap<usize, Box<Comm>>>,
     /// Set by the parent's abort: a mailbox wait ends at once.
     aborted: std::sync::atomic::AtomicBool,
+    /// The id of the pair communicator being joined, which the parent's abort gives up (its
+    /// join waits for the peer's process).
+    joining: Mutex<Option<UniqueId>>,
 }
 
 /// What an id posted to a mailbox is for.
@@ -77,6 +80,7 @@ impl Pairs {
             inbox: Mutex::new(HashMap::new()),
             made: Mutex::new(BTreeMap::new()),
             aborted: Default::default(),
+            joining: Mutex::new(None),
         }))
     }
 
@@ -85,6 +89,15 @@ impl Pairs {
     pub(crate) fn abort(&self) {
         self.aborted
             .store(true, std::sync::atomic::Ordering::Release);
+        // A pair being joined ends its wait (its join holds `made`).
+        if let Some(id) = self
+            .joining
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            id.give_up();
+        }
         for pair in self.made.lock().unwrap_or_else(|p| p.into_inner()).values() {
             if let Backend::Ring(_, abort) = &pair.backend {
                 abort.abort();
@@ -121,13 +134,25 @@ fn make_pair(parent: &Comm, pairs: &Pairs, peer: usize) -> Result<Box<Comm>, Fai
         false => fetch(parent, pairs, peer, Use::Pair)?,
     };
     let id = UniqueId::from_bytes(&bytes)?;
+    // The parent's abort ends the join: it gives up the id it finds here, or, if it came first,
+    // this rank sees it and gives the id up itself.
+    *pairs.joining.lock().unwrap_or_else(|p| p.into_inner()) = Some(id);
+    if pairs.aborted.load(std::sync::atomic::Ordering::Acquire) {
+        id.give_up();
+    }
     let inner = RankCommunicator::gpu(
         &id,
         usize::from(me > peer),
         2,
         parent.device,
         config_from_env()?,
-    )?;
+    );
+    pairs
+        .joining
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take();
+    let inner = inner?;
     let (low, high) = (me.min(peer) as u64, me.max(peer) as u64);
     let job = job_of(&[parent.job, low, high].map(u64::to_le_bytes).concat());
     Comm::ours(inner, parent.device, job)

@@ -48,6 +48,8 @@ pub struct Rendezvous {
     rank: usize,
     world: usize,
     timeout: Duration,
+    /// The id's nonce: what [`UniqueId::give_up`] names.
+    nonce: u128,
     /// Rank 0: the connection to rank r at index r (none for itself). Other ranks: the one to
     /// rank 0, at index 0.
     peers: Vec<Option<TcpStream>>,
@@ -62,10 +64,52 @@ const DUPLICATE_RANK: u64 = 2;
 const CONFIG_MISMATCH: u64 = 3;
 const MISSING: u64 = 4;
 
+/// The nonces of the rendezvous this process gave up ([`UniqueId::give_up`]).
+static GIVEN_UP: std::sync::Mutex<Vec<u128>> = std::sync::Mutex::new(Vec::new());
+
+/// Whether this process gave up the rendezvous of `nonce`.
+fn given_up(nonce: u128) -> bool {
+    GIVEN_UP
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .contains(&nonce)
+}
+
+/// The error of a wait that ended because its rendezvous was given up.
+fn closed_error(nonce: u128) -> Result<()> {
+    match given_up(nonce) {
+        true => Err(Error::Closed),
+        false => Ok(()),
+    }
+}
+
+impl UniqueId {
+    /// Gives up the rendezvous of this id in this process, from any thread: every wait of a
+    /// join of it, or of an exchange over it, ends within 100 ms with [`Error::Closed`], and
+    /// every later one at once (NCCL's `ncclCommAbort`, which must release every wait). For
+    /// good: an id is not used again.
+    pub fn give_up(&self) {
+        give_up(self.nonce);
+    }
+
+    /// What [`give_up`] takes for this id.
+    pub(crate) fn nonce_of(&self) -> u128 {
+        self.nonce
+    }
+}
+
+/// [`UniqueId::give_up`] by nonce.
+pub(crate) fn give_up(nonce: u128) {
+    let mut all = GIVEN_UP.lock().unwrap_or_else(|p| p.into_inner());
+    if !all.contains(&nonce) {
+        all.push(nonce);
+    }
+}
+
 impl Rendezvous {
     /// Joins the communicator of `id` as `rank` of `world`, with `fingerprint` (a hash of every
     /// setting all ranks must share); gives up after `timeout` with the named error of the
-    /// module doc.
+    /// module doc, or once this process gives `id` up ([`UniqueId::give_up`]: [`Error::Closed`]).
     pub fn join(
         id: &UniqueId,
         rank: usize,
@@ -88,6 +132,11 @@ impl Rendezvous {
     /// This rank.
     pub fn rank(&self) -> usize {
         self.rank
+    }
+
+    /// The nonce of this rendezvous's id, which [`give_up`] takes.
+    pub(crate) fn nonce(&self) -> u128 {
+        self.nonce
     }
 
     /// The number of ranks.
@@ -118,6 +167,7 @@ impl Rendezvous {
         let mut verdict: Option<Vec<u64>> = None;
         let mut extra = Vec::new();
         while peers.iter().skip(1).any(Option::is_none) && Instant::now() < deadline {
+            closed_error(id.nonce)?;
             let stream = match listener.accept() {
                 Ok((stream, _)) => stream,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -129,7 +179,7 @@ impl Rendezvous {
             stream.set_nonblocking(false).map_err(io("rendezvous"))?;
             let mut stream = stream;
             // A stranger (no hello, a wrong magic, version or nonce) is dropped: the job goes on.
-            let Ok(hello) = read_words(&mut stream, deadline, timeout) else {
+            let Ok(hello) = read_words(&mut stream, id.nonce, deadline, timeout) else {
                 continue;
             };
             let [magic, version, lo, hi, rank, their_world, theirs] = hello[..] else {
@@ -183,6 +233,7 @@ impl Rendezvous {
             rank: 0,
             world,
             timeout,
+            nonce: id.nonce,
             peers,
         })
     }
@@ -198,6 +249,7 @@ impl Rendezvous {
         deadline: Instant,
     ) -> Result<Rendezvous> {
         let mut stream = loop {
+            closed_error(id.nonce)?;
             match TcpStream::connect_timeout(&id.addr, Duration::from_millis(200)) {
                 Ok(s) => break s,
                 Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
@@ -230,7 +282,8 @@ impl Rendezvous {
         };
         // Rank 0 admits this rank at once when it is there, saying how long it will wait for
         // the others; the verdict comes within that.
-        let admitted = read_words(&mut stream, deadline, timeout).map_err(missing_rank0)?;
+        let admitted =
+            read_words(&mut stream, id.nonce, deadline, timeout).map_err(missing_rank0)?;
         let rank0_waits = match admitted[..] {
             [ADMITTED, ms] => Duration::from_millis(ms),
             _ => {
@@ -240,7 +293,8 @@ impl Rendezvous {
             }
         };
         let verdict_by = Instant::now() + rank0_waits + Duration::from_millis(500);
-        let verdict = read_words(&mut stream, verdict_by, timeout).map_err(missing_rank0)?;
+        let verdict =
+            read_words(&mut stream, id.nonce, verdict_by, timeout).map_err(missing_rank0)?;
         decode_verdict(&verdict, timeout)?;
         let mut peers: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
         peers[0] = Some(stream);
@@ -248,6 +302,7 @@ impl Rendezvous {
             rank,
             world,
             timeout,
+            nonce: id.nonce,
             peers,
         })
     }
@@ -260,7 +315,8 @@ impl Rendezvous {
         if self.rank != 0 {
             let stream = self.peers[0].as_mut().ok_or_else(|| lost(0))?;
             write_words(stream, record).map_err(|_| lost(0))?;
-            let all = read_words(stream, deadline, self.timeout).map_err(|e| named(e, 0))?;
+            let all =
+                read_words(stream, self.nonce, deadline, self.timeout).map_err(|e| named(e, 0))?;
             if let [LOST_RANK, rank, timed_out, ..] = all[..] {
                 return Err(match timed_out {
                     0 => lost_by_rank0(rank as usize),
@@ -276,7 +332,9 @@ impl Rendezvous {
         let mut records = vec![record.to_vec()];
         for r in 1..self.world {
             let read = match self.peers[r].as_mut() {
-                Some(stream) => read_words(stream, deadline, self.timeout).map_err(|e| named(e, r)),
+                Some(stream) => {
+                    read_words(stream, self.nonce, deadline, self.timeout).map_err(|e| named(e, r))
+                }
                 None => Err(lost(r)),
             };
             let read = read.and_then(|words| match words[..] {
@@ -285,6 +343,8 @@ impl Rendezvous {
             });
             match read {
                 Ok(words) => records.push(words),
+                // This process gave the rendezvous up: its peers learn it as it closes.
+                Err(Error::Closed) => return Err(Error::Closed),
                 Err(err) => {
                     let (named, timed_out) = match &err {
                         Error::Timeout { rank, .. } => (*rank, 1),
@@ -455,6 +515,7 @@ fn named(err: Error, rank: usize) -> Error {
             waiting_on,
             after,
         },
+        Error::Closed => Error::Closed,
         _ => lost(rank),
     }
 }
@@ -480,10 +541,16 @@ const MAX_WORDS: u64 = 1 << 20;
 
 /// Reads one message, giving up at `deadline` ([`Error::Timeout`], after `timeout`) or when the
 /// connection closes or sends something that is not a message.
-fn read_words(stream: &mut TcpStream, deadline: Instant, timeout: Duration) -> Result<Vec<u64>> {
+fn read_words(
+    stream: &mut TcpStream,
+    nonce: u128,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<Vec<u64>> {
     let mut read_exact = |buf: &mut [u8]| -> Result<()> {
         let mut done = 0;
         while done < buf.len() {
+            closed_error(nonce)?;
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(Error::Timeout {

@@ -101,4 +101,12 @@ impl AbortHandle {
             fabric.abort();
         }
     }
+
+    /// Makes this rank's abort also end the join of `id` (a sub-communicator's, while it is
+    /// joined: `RankCommunicator::split`) — at once where the rank has aborted already.
+    pub(crate) fn also_gives_up(&self, id: &crate::exec::rendezvous::UniqueId) {
+        if let Some(fabric) = &self.fabric {
+            fabric.gives_up_with_abort(id.nonce_of());
+        }
+    }
 }

@@ -58,6 +58,9 @@ impl RankCommunicator {
             .iter()
             .position(|&r| r == self.rank())
             .expect("a rank with a color is among its color's members");
+        // An abort of this communicator from another thread ends the join (NCCL's
+        // `ncclCommAbort` releases every wait).
+        self.abort_handle().also_gives_up(&id);
         RankCommunicator::gpu(&id, rank, members.len(), device, config).map(Some)
     }
 }

@@ -190,6 +190,11 @@ pub(crate) trait Fabric: Send + Sync {
     /// at once, its peers' fail naming it, and its teardown says no farewell. Nothing to do in
     /// one process.
     fn abort(&self) {}
+
+    /// A rendezvous this rank's abort also gives up ([`crate::exec::rendezvous::give_up`]) —
+    /// a sub-communicator's, while the rank joins it — at once where the rank has aborted
+    /// already. Nothing to do in one process.
+    fn gives_up_with_abort(&self, _nonce: u128) {}
 }
 
 /// What one prepared plan imported from its peers, so that its imports can be released when

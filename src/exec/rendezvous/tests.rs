@@ -354,3 +354,53 @@ fn a_rank_that_came_early_hears_the_missing_rank_not_rank_0() {
         }
     }
 }
+
+/// `UniqueId::give_up` from another thread ends `wait` (run on its own thread) within a second,
+/// with `Error::Closed`, though its timeout is a minute.
+fn given_up_ends(id: UniqueId, wait: impl FnOnce(UniqueId) -> Result<()> + Send + 'static) {
+    let waiting = id;
+    let started = Instant::now();
+    let handle = thread::spawn(move || wait(waiting));
+    thread::sleep(Duration::from_millis(300));
+    id.give_up();
+    let ended = handle.join().unwrap();
+    assert!(matches!(ended, Err(Error::Closed)), "{ended:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn giving_an_id_up_ends_every_wait_of_its_joins_and_exchanges() {
+    const LONG: Duration = Duration::from_secs(60);
+    // Rank 0 waiting for a rank that never comes.
+    given_up_ends(local_id(), |id| {
+        Rendezvous::join(&id, 0, 2, 0, LONG).map(drop)
+    });
+    // A rank waiting for a rank 0 that never listens.
+    given_up_ends(local_id(), |id| {
+        Rendezvous::join(&id, 1, 2, 0, LONG).map(drop)
+    });
+    // An exchange whose peer never takes part: on rank 0, and on another rank.
+    for waiter in [0, 1] {
+        given_up_ends(local_id(), move |id| {
+            let other = id;
+            let idle = thread::spawn(move || {
+                let rv = Rendezvous::join(&other, 1 - waiter, 2, 0, LONG);
+                thread::sleep(Duration::from_secs(3));
+                drop(rv);
+            });
+            let mut rv = Rendezvous::join(&id, waiter, 2, 0, LONG)?;
+            let ended = rv.all_gather(&[1]).map(drop);
+            drop(idle);
+            ended
+        });
+    }
+    // A later join of a given-up id ends at once.
+    let id = local_id();
+    id.give_up();
+    let late = Rendezvous::join(&id, 0, 2, 0, LONG);
+    assert!(matches!(late, Err(Error::Closed)), "{late:?}");
+}

@@ -49,6 +49,10 @@ pub(crate) struct Joined {
     rank: usize,
     world: usize,
     rendezvous: Mutex<Rendezvous>,
+    /// The rendezvous's nonce, which an abort gives up (an exchange holds the lock while it
+    /// waits), and those of the sub-communicators being joined ([`Fabric::gives_up_with_abort`]).
+    nonce: u128,
+    children: Mutex<Vec<u128>>,
     /// The job's control words: call shapes, aborts, every rank's process.
     job: Job,
     /// This rank's context: where imported memory is mapped.
@@ -163,6 +167,8 @@ impl Joined {
             keep_mapped: Default::default(),
             rank: rendezvous.rank(),
             world: rendezvous.world(),
+            nonce: rendezvous.nonce(),
+            children: Mutex::default(),
             rendezvous: Mutex::new(rendezvous),
             job,
             ctx,
@@ -345,6 +351,27 @@ impl Fabric for Joined {
 
     fn abort(&self) {
         self.job.abort();
+        // An exchange over the rendezvous (a registration's, a split's) ends too, and the join
+        // of a sub-communicator.
+        crate::exec::rendezvous::give_up(self.nonce);
+        for &child in self
+            .children
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            crate::exec::rendezvous::give_up(child);
+        }
+    }
+
+    fn gives_up_with_abort(&self, nonce: u128) {
+        self.children
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(nonce);
+        if self.job.aborted() {
+            crate::exec::rendezvous::give_up(nonce);
+        }
     }
 
     fn keep_mapped(&self) {
