@@ -98,6 +98,12 @@ impl Pairs {
         {
             id.give_up();
         }
+        self.abort_comms();
+    }
+
+    /// Aborts every pair communicator made so far, leaving the mailbox open (`ncclCommShrink`
+    /// with `NCCL_SHRINK_ABORT` still hands out the new communicator's id through it).
+    pub(crate) fn abort_comms(&self) {
         for pair in self.made.lock().unwrap_or_else(|p| p.into_inner()).values() {
             if let Backend::Ring(_, abort) = &pair.backend {
                 abort.abort();

@@ -85,11 +85,16 @@ pub unsafe extern "C" fn ncclCommSplit(
     })
 }
 
+/// `NCCL_SHRINK_ABORT` of `include/nccl.h`: abort the parent's operations before shrinking.
+const SHRINK_ABORT: c_int = 0x01;
+
 /// `ncclCommShrink`: a communicator of the real NCCL is shrunk by NCCL; one of ringreduce's by
 /// ringreduce: the ranks not in `exclude_ranks` — only they call it — get a new communicator, in
 /// their order (module `pairs`: the first of them hands its id to the others' mailboxes).
-/// `shrink_flags` is not read: the parent is left as it is (abort it, or destroy it, as NCCL's
-/// callers do).
+/// With `NCCL_SHRINK_ABORT` in `shrink_flags` the parent and its pair communicators are aborted
+/// first, so that kernels still waiting for an excluded rank (a hung one) give up before the
+/// new communicator is made (making it waits for this process's kernels in flight); with
+/// `NCCL_SHRINK_DEFAULT` the parent is left as it is (NCCL asks it to be idle).
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommShrink(
     comm: ncclComm_t,
@@ -167,6 +172,12 @@ pub unsafe extern "C" fn ncclCommShrink(
                  ringreduce-nccl",
             ));
         };
+        if shrink_flags & SHRINK_ABORT != 0 {
+            if let Backend::Ring(_, abort) = &parent.backend {
+                abort.abort();
+            }
+            pairs.abort_comms();
+        }
         *out = Box::into_raw(pairs::shrink(parent, pairs, &kept)?);
         Ok(())
     })
