@@ -1,8 +1,12 @@
 /* ncclCommShrink through NCCL's C API, one process per rank under MPI, every rank on GPU 0:
  * the last rank is excluded (it does not call ncclCommShrink), the others shrink, check the new
  * communicator's size and ranks, all-reduce on it and check the sum; the excluded rank then
- * meets them again at an MPI barrier. Run under this library (preloaded) and the real NCCL by
+ * meets them again at an MPI barrier. With the argument `abort` the excluded rank stands for a
+ * hung one: the others first enqueue an all-reduce on the parent that it never joins (their
+ * kernels wait for it), then shrink with NCCL_SHRINK_ABORT, which must end those waits, and
+ * abort the parent at the end. Run under this library (preloaded) and the real NCCL by
  * nccl/tests/shrink.sh. Prints "rank R: shrink ok" and exits 0, or names what failed. */
+#include <string.h>
 #include <cuda_runtime.h>
 #include <mpi.h>
 #include <nccl.h>
@@ -33,9 +37,19 @@ int main(int argc, char** argv) {
   ncclComm_t comm;
   CHECK(ncclCommInitRank(&comm, world, id, rank));
   int excluded = world - 1;
+  int hung = argc > 1 && strcmp(argv[1], "abort") == 0;
   if (rank != excluded) {
+    if (hung) {
+      /* An all-reduce the excluded rank never joins, on a stream of its own: left waiting. */
+      float* pending;
+      cudaStream_t side;
+      cudaMalloc((void**)&pending, COUNT * sizeof(float));
+      cudaStreamCreate(&side);
+      CHECK(ncclAllReduce(pending, pending, COUNT, ncclFloat32, ncclSum, comm, side));
+    }
     ncclComm_t small = NULL;
-    CHECK(ncclCommShrink(comm, &excluded, 1, &small, NULL, NCCL_SHRINK_DEFAULT));
+    CHECK(ncclCommShrink(comm, &excluded, 1, &small, NULL,
+                         hung ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT));
     int count = -1, me = -1;
     CHECK(ncclCommCount(small, &count));
     CHECK(ncclCommUserRank(small, &me));
@@ -61,7 +75,11 @@ int main(int argc, char** argv) {
     CHECK(ncclCommDestroy(small));
   }
   MPI_Barrier(MPI_COMM_WORLD);
-  CHECK(ncclCommDestroy(comm));
+  if (hung) {
+    CHECK(ncclCommAbort(comm));
+  } else {
+    CHECK(ncclCommDestroy(comm));
+  }
   printf("rank %d: shrink ok\n", rank);
   MPI_Finalize();
   return 0;
