@@ -166,6 +166,13 @@ impl Comm {
     /// A handle of ringreduce's communicator `inner` on `device`, with its mailbox open for
     /// point-to-point (a collective step: every rank of a new communicator makes its handle).
     fn ours(mut inner: RankCommunicator, device: usize, job: u64) -> Result<Box<Comm>, Failure> {
+        if inner.world() > 1 && inner.hosts().hosts == 1 && !inner.first_calls_alone() {
+            fallback::log(
+                "a communicator",
+                "ringreduce, without arenas: a shape's first call waits for the peers' \
+                 processes (RINGREDUCE_CALL_GATE=off, or 64 MiB a rank could not be had)",
+            );
+        }
         let pairs = pairs::Pairs::open(&mut inner)?;
         let abort = inner.abort_handle();
         Ok(Box::new(Comm {

@@ -122,6 +122,18 @@ impl RankCommunicator {
         }
     }
 
+    /// Whether a shape's first call is enqueued whatever the peers' processes are doing, like
+    /// any later call: a GPU rank of a job on one host whose ranks all made their arena at
+    /// creation (64 MiB each, of GPU memory, or pinned host memory where the GPUs do not all
+    /// reach each other). Where not (the memory could not be had, `RINGREDUCE_CALL_GATE=off`,
+    /// host ranks, several hosts), a first call waits for the peers' processes.
+    pub fn first_calls_alone(&self) -> bool {
+        match &self.inner {
+            Inner::Gpu { exec, .. } => exec.first_calls_alone(),
+            Inner::Host(_) | Inner::Hosts(_) | Inner::GpuHosts(_) => false,
+        }
+    }
+
     /// The GPU this rank runs on; `None` for a host rank.
     pub fn device(&self) -> Option<usize> {
         match &self.inner {

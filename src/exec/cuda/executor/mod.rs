@@ -319,6 +319,12 @@ impl CudaExecutor {
         self.last_ran
     }
 
+    /// Whether a shape's first call across processes is prepared by this rank alone and gated
+    /// like a later one: every rank made its arena (`prepare_alone`).
+    pub(crate) fn first_calls_alone(&self) -> bool {
+        !self.in_one_process() && self.arenas_everywhere()
+    }
+
     /// Whether every rank lives in this process (the in-process fabric).
     fn in_one_process(&self) -> bool {
         self.ranks.len() == self.world
