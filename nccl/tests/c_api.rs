@@ -6,18 +6,15 @@
 //! reaches "the real NCCL" — a test double (`tests/c/fake_nccl.c`) — at `RINGREDUCE_NCCL_PATH`.
 
 mod common;
-use common::{library_dir, sources};
+use common::{library_dir, linked_as, sources};
 use std::path::PathBuf;
 use std::process::Command;
 
 /// A fresh folder (named after `test`) holding a link `libnccl.so.2` to this library: the
 /// folder, and the link.
 fn as_libnccl(test: &str) -> (PathBuf, PathBuf) {
-    let dir = std::env::temp_dir().join(format!("ringreduce-nccl-{test}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let (dir, _) = linked_as(test, "libnccl.so.2");
     let link = dir.join("libnccl.so.2");
-    let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(library_dir().join("libringreduce_nccl.so"), &link).unwrap();
     (dir, link)
 }
 

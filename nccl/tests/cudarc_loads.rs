@@ -14,7 +14,7 @@
 //! patch). Then the child checks that the library cudarc loaded is this one.
 
 mod common;
-use common::{library_dir, sources};
+use common::{library_dir, linked_as, sources};
 use std::process::Command;
 
 /// Set in the child's environment: run the cudarc half.
@@ -49,23 +49,13 @@ fn cudarc_runs_on_the_library_found_by_its_loader_path() {
     if std::env::var_os(CHILD).is_some() {
         return child();
     }
-    let dir = std::env::temp_dir().join(format!("ringreduce-nccl-cudarc-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     // The name cudarc tries first; the library's soname (libnccl.so.2) is not on its list.
     let name = cudarc::get_lib_name_candidates("nccl")
         .into_iter()
         .next()
         .expect("cudarc names NCCL's library");
     assert_eq!(name, "libnccl.so");
-    let link = dir.join(&name);
-    let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(library_dir().join("libringreduce_nccl.so"), &link).unwrap();
-
-    let mut path = std::ffi::OsString::from(&dir);
-    if let Some(rest) = std::env::var_os("LD_LIBRARY_PATH") {
-        path.push(":");
-        path.push(rest);
-    }
+    let (dir, path) = linked_as("cudarc", &name);
     let ran = Command::new(std::env::current_exe().unwrap())
         .args([
             "cudarc_runs_on_the_library_found_by_its_loader_path",

@@ -16,7 +16,7 @@ mod nccl_common;
 use common::launch::{as_rank, expect_success, launch};
 use cudarc::driver::CudaContext;
 use cudarc::nccl::safe::{Comm, Id, ReduceOp};
-use nccl_common::library_dir;
+use nccl_common::linked_as;
 use std::time::{Duration, Instant};
 
 /// Rank `rank`'s element `k`: small integers, exact in f32.
@@ -102,17 +102,7 @@ fn cudarc_communicators_run_collectives_across_processes_on_the_library() {
         return;
     }
     // The name cudarc tries first, linked to this library, on the ranks' loader path.
-    let dir =
-        std::env::temp_dir().join(format!("ringreduce-nccl-cudarc-gpu-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let link = dir.join("libnccl.so");
-    let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(library_dir().join("libringreduce_nccl.so"), &link).unwrap();
-    let mut path = std::ffi::OsString::from(&dir);
-    if let Some(rest) = std::env::var_os("LD_LIBRARY_PATH") {
-        path.push(":");
-        path.push(rest);
-    }
+    let (dir, path) = linked_as("cudarc-gpu", "libnccl.so");
     let path = path.to_string_lossy().into_owned();
     for world in [2, 3] {
         let id_path = dir.join(format!("id-{world}"));

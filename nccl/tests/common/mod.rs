@@ -22,3 +22,19 @@ pub fn sources() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
+
+/// A fresh folder for `test` (in this process) holding a link `name` to this library, and a
+/// `LD_LIBRARY_PATH` with it first: how a child process finds the library by a loader's name.
+pub fn linked_as(test: &str, name: &str) -> (PathBuf, std::ffi::OsString) {
+    let dir = std::env::temp_dir().join(format!("ringreduce-nccl-{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let link = dir.join(name);
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(library_dir().join("libringreduce_nccl.so"), &link).unwrap();
+    let mut path = std::ffi::OsString::from(&dir);
+    if let Some(rest) = std::env::var_os("LD_LIBRARY_PATH") {
+        path.push(":");
+        path.push(rest);
+    }
+    (dir, path)
+}
