@@ -6,9 +6,10 @@
 //! ([`ringreduce::RankCommunicator::gpu`]): `ncclGetUniqueId` makes the id rank 0 hands to every
 //! rank, `ncclCommInitRank` joins on the calling thread's current GPU, and every collective is
 //! enqueued on the stream passed in, NCCL's in-place forms included (each rank may choose on its
-//! own: `Call` says how). A call returns once enqueued, whatever the peers' processes are doing:
-//! every call's shape is checked by the GPUs before any peer's memory is touched (the call gate),
-//! so mismatched calls are an error on every rank, never a wrong result. Errors become NCCL's
+//! own: `Call` says how). A call returns once enqueued, whatever the peers' processes are doing
+//! (but for the few that nccl/README.md lists): every call's shape is checked by the GPUs before
+//! any peer's memory is touched (the call gate), so mismatched calls are an error on every rank,
+//! never a wrong result. Errors become NCCL's
 //! codes with the message kept for `ncclGetLastError`; a panic never crosses into C.
 //!
 //! Sends and receives are kept until their group ends (run at once outside a group); then they

@@ -89,7 +89,13 @@ impl Pairs {
     pub(crate) fn abort(&self) {
         self.aborted
             .store(true, std::sync::atomic::Ordering::Release);
-        // A pair being joined ends its wait (its join holds `made`).
+        self.abort_comms();
+    }
+
+    /// Aborts every pair communicator made so far, and ends the join of one being made (it
+    /// holds `made` while it waits), leaving the mailbox open (`ncclCommShrink` with
+    /// `NCCL_SHRINK_ABORT` still hands out the new communicator's id through it).
+    pub(crate) fn abort_comms(&self) {
         if let Some(id) = self
             .joining
             .lock()
@@ -98,12 +104,6 @@ impl Pairs {
         {
             id.give_up();
         }
-        self.abort_comms();
-    }
-
-    /// Aborts every pair communicator made so far, leaving the mailbox open (`ncclCommShrink`
-    /// with `NCCL_SHRINK_ABORT` still hands out the new communicator's id through it).
-    pub(crate) fn abort_comms(&self) {
         for pair in self.made.lock().unwrap_or_else(|p| p.into_inner()).values() {
             if let Backend::Ring(_, abort) = &pair.backend {
                 abort.abort();
@@ -140,19 +140,15 @@ fn make_pair(parent: &Comm, pairs: &Pairs, peer: usize) -> Result<Box<Comm>, Fai
         false => fetch(parent, pairs, peer, Use::Pair)?,
     };
     let id = UniqueId::from_bytes(&bytes)?;
-    // The parent's abort ends the join: it gives up the id it finds here, or, if it came first,
-    // this rank sees it and gives the id up itself.
+    let config = config_from_env()?;
+    // The parent's abort ends the join: it gives up the id it finds here (made by
+    // `UniqueId::new`, never joined again), or, if it came first, this rank sees it and gives
+    // the id up itself.
     *pairs.joining.lock().unwrap_or_else(|p| p.into_inner()) = Some(id);
     if pairs.aborted.load(std::sync::atomic::Ordering::Acquire) {
         id.give_up();
     }
-    let inner = RankCommunicator::gpu(
-        &id,
-        usize::from(me > peer),
-        2,
-        parent.device,
-        config_from_env()?,
-    );
+    let inner = RankCommunicator::gpu(&id, usize::from(me > peer), 2, parent.device, config);
     pairs
         .joining
         .lock()

@@ -172,6 +172,12 @@ pub unsafe extern "C" fn ncclCommShrink(
                  ringreduce-nccl",
             ));
         };
+        if !kept.contains(&parent.rank) {
+            return Err(invalid(format!(
+                "rank {} is excluded: it does not call ncclCommShrink",
+                parent.rank
+            )));
+        }
         if shrink_flags & SHRINK_ABORT != 0 {
             if let Backend::Ring(_, abort) = &parent.backend {
                 abort.abort();

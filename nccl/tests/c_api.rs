@@ -104,6 +104,9 @@ fn every_nccl_symbol_pytorch_imports_is_exported() {
     let mut lists = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "txt") {
+            continue;
+        }
         let text = std::fs::read_to_string(&path).unwrap();
         let imports: Vec<&str> = (text.lines())
             .filter(|l| !l.starts_with('#') && !l.is_empty())

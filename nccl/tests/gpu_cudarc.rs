@@ -55,7 +55,6 @@ fn rank_part(rank: usize, world: usize, path: &std::path::Path) {
     let stream = ctx.new_stream().unwrap();
     let comm = Comm::from_rank(stream.clone(), rank, world, job_id(rank, path))
         .expect("ncclCommInitRank through cudarc");
-    assert_eq!((comm.rank(), comm.world_size()), (rank, world));
     let count = 4099;
     let mine: Vec<f32> = (0..count).map(|k| input(rank, k)).collect();
     let every = |k: usize| (0..world).map(move |r| input(r, k));
@@ -87,6 +86,7 @@ fn rank_part(rank: usize, world: usize, path: &std::path::Path) {
         want,
         "rank {rank} all-gather"
     );
+    // (cudarc's Drop calls ncclCommAbort, after the collectives' results were read.)
     drop(comm);
     println!("rank {rank}: cudarc ran every collective on ringreduce-nccl");
 }

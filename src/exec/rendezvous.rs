@@ -48,8 +48,9 @@ pub struct Rendezvous {
     rank: usize,
     world: usize,
     timeout: Duration,
-    /// The id's nonce: what [`UniqueId::give_up`] names.
-    nonce: u128,
+    /// Set by [`Rendezvous::stopper`]'s holder: every exchange's wait ends with
+    /// [`Error::Closed`] (an abort of the communicator built on this rendezvous).
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// Rank 0: the connection to rank r at index r (none for itself). Other ranks: the one to
     /// rank 0, at index 0.
     peers: Vec<Option<TcpStream>>,
@@ -64,45 +65,45 @@ const DUPLICATE_RANK: u64 = 2;
 const CONFIG_MISMATCH: u64 = 3;
 const MISSING: u64 = 4;
 
-/// The nonces of the rendezvous this process gave up ([`UniqueId::give_up`]).
+/// The nonces of the ids whose joins this process gave up ([`UniqueId::give_up`]).
 static GIVEN_UP: std::sync::Mutex<Vec<u128>> = std::sync::Mutex::new(Vec::new());
 
-/// Whether this process gave up the rendezvous of `nonce`.
-fn given_up(nonce: u128) -> bool {
-    GIVEN_UP
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .contains(&nonce)
+/// What ends a wait of the rendezvous: the join's id given up, or (after the join) the
+/// rendezvous's own stop.
+#[derive(Clone, Copy)]
+enum Stop<'a> {
+    Join(u128),
+    Exchange(&'a std::sync::atomic::AtomicBool),
 }
 
-/// The error of a wait that ended because its rendezvous was given up.
-fn closed_error(nonce: u128) -> Result<()> {
-    match given_up(nonce) {
-        true => Err(Error::Closed),
-        false => Ok(()),
+impl Stop<'_> {
+    /// [`Error::Closed`] once the wait is to end.
+    fn check(self) -> Result<()> {
+        let stopped = match self {
+            Stop::Join(nonce) => GIVEN_UP
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(&nonce),
+            Stop::Exchange(stop) => stop.load(std::sync::atomic::Ordering::Acquire),
+        };
+        match stopped {
+            true => Err(Error::Closed),
+            false => Ok(()),
+        }
     }
 }
 
 impl UniqueId {
-    /// Gives up the rendezvous of this id in this process, from any thread: every wait of a
-    /// join of it, or of an exchange over it, ends within 100 ms with [`Error::Closed`], and
-    /// every later one at once (NCCL's `ncclCommAbort`, which must release every wait). For
-    /// good: an id is not used again.
+    /// Gives up every join of this id in this process, from any thread: each wait ends within
+    /// 100 ms with [`Error::Closed`], and a later join at once (NCCL's `ncclCommAbort`, which
+    /// must release every wait, of a communicator still being made). For good, so only for an
+    /// id that this process will not join again: one from [`UniqueId::new`] is never made
+    /// twice; one from the launcher's variables ([`LaunchEnv::unique_id`]) is.
     pub fn give_up(&self) {
-        give_up(self.nonce);
-    }
-
-    /// What [`give_up`] takes for this id.
-    pub(crate) fn nonce_of(&self) -> u128 {
-        self.nonce
-    }
-}
-
-/// [`UniqueId::give_up`] by nonce.
-pub(crate) fn give_up(nonce: u128) {
-    let mut all = GIVEN_UP.lock().unwrap_or_else(|p| p.into_inner());
-    if !all.contains(&nonce) {
-        all.push(nonce);
+        let mut all = GIVEN_UP.lock().unwrap_or_else(|p| p.into_inner());
+        if !all.contains(&self.nonce) {
+            all.push(self.nonce);
+        }
     }
 }
 
@@ -134,9 +135,11 @@ impl Rendezvous {
         self.rank
     }
 
-    /// The nonce of this rendezvous's id, which [`give_up`] takes.
-    pub(crate) fn nonce(&self) -> u128 {
-        self.nonce
+    /// What stops this rendezvous's exchanges once set (from any thread): each wait ends
+    /// within 100 ms with [`Error::Closed`], and this rank's connections close, so that its
+    /// peers' exchanges fail naming it.
+    pub(crate) fn stopper(&self) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+        self.stop.clone()
     }
 
     /// The number of ranks.
@@ -167,7 +170,7 @@ impl Rendezvous {
         let mut verdict: Option<Vec<u64>> = None;
         let mut extra = Vec::new();
         while peers.iter().skip(1).any(Option::is_none) && Instant::now() < deadline {
-            closed_error(id.nonce)?;
+            Stop::Join(id.nonce).check()?;
             let stream = match listener.accept() {
                 Ok((stream, _)) => stream,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -179,7 +182,7 @@ impl Rendezvous {
             stream.set_nonblocking(false).map_err(io("rendezvous"))?;
             let mut stream = stream;
             // A stranger (no hello, a wrong magic, version or nonce) is dropped: the job goes on.
-            let Ok(hello) = read_words(&mut stream, id.nonce, deadline, timeout) else {
+            let Ok(hello) = read_words(&mut stream, Stop::Join(id.nonce), deadline, timeout) else {
                 continue;
             };
             let [magic, version, lo, hi, rank, their_world, theirs] = hello[..] else {
@@ -233,7 +236,7 @@ impl Rendezvous {
             rank: 0,
             world,
             timeout,
-            nonce: id.nonce,
+            stop: Default::default(),
             peers,
         })
     }
@@ -249,7 +252,7 @@ impl Rendezvous {
         deadline: Instant,
     ) -> Result<Rendezvous> {
         let mut stream = loop {
-            closed_error(id.nonce)?;
+            Stop::Join(id.nonce).check()?;
             match TcpStream::connect_timeout(&id.addr, Duration::from_millis(200)) {
                 Ok(s) => break s,
                 Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
@@ -282,8 +285,8 @@ impl Rendezvous {
         };
         // Rank 0 admits this rank at once when it is there, saying how long it will wait for
         // the others; the verdict comes within that.
-        let admitted =
-            read_words(&mut stream, id.nonce, deadline, timeout).map_err(missing_rank0)?;
+        let admitted = read_words(&mut stream, Stop::Join(id.nonce), deadline, timeout)
+            .map_err(missing_rank0)?;
         let rank0_waits = match admitted[..] {
             [ADMITTED, ms] => Duration::from_millis(ms),
             _ => {
@@ -293,8 +296,8 @@ impl Rendezvous {
             }
         };
         let verdict_by = Instant::now() + rank0_waits + Duration::from_millis(500);
-        let verdict =
-            read_words(&mut stream, id.nonce, verdict_by, timeout).map_err(missing_rank0)?;
+        let verdict = read_words(&mut stream, Stop::Join(id.nonce), verdict_by, timeout)
+            .map_err(missing_rank0)?;
         decode_verdict(&verdict, timeout)?;
         let mut peers: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
         peers[0] = Some(stream);
@@ -302,7 +305,7 @@ impl Rendezvous {
             rank,
             world,
             timeout,
-            nonce: id.nonce,
+            stop: Default::default(),
             peers,
         })
     }
@@ -311,12 +314,24 @@ impl Rendezvous {
     /// whose connection closes is named — on every rank, as rank 0 tells the others which rank
     /// it lost before it gives up.
     pub fn all_gather(&mut self, record: &[u64]) -> Result<Vec<Vec<u64>>> {
+        let stop = self.stop.clone();
+        let gathered = Stop::Exchange(&stop)
+            .check()
+            .and_then(|()| self.gather(record, Stop::Exchange(&stop)));
+        if let Err(Error::Closed) = gathered {
+            // Stopped (this rank gave up): its peers learn it as its connections close.
+            self.abandon();
+        }
+        gathered
+    }
+
+    /// [`Rendezvous::all_gather`], its waits ended by `stop`.
+    fn gather(&mut self, record: &[u64], stop: Stop<'_>) -> Result<Vec<Vec<u64>>> {
         let deadline = Instant::now() + self.timeout;
         if self.rank != 0 {
             let stream = self.peers[0].as_mut().ok_or_else(|| lost(0))?;
             write_words(stream, record).map_err(|_| lost(0))?;
-            let all =
-                read_words(stream, self.nonce, deadline, self.timeout).map_err(|e| named(e, 0))?;
+            let all = read_words(stream, stop, deadline, self.timeout).map_err(|e| named(e, 0))?;
             if let [LOST_RANK, rank, timed_out, ..] = all[..] {
                 return Err(match timed_out {
                     0 => lost_by_rank0(rank as usize),
@@ -333,7 +348,7 @@ impl Rendezvous {
         for r in 1..self.world {
             let read = match self.peers[r].as_mut() {
                 Some(stream) => {
-                    read_words(stream, self.nonce, deadline, self.timeout).map_err(|e| named(e, r))
+                    read_words(stream, stop, deadline, self.timeout).map_err(|e| named(e, r))
                 }
                 None => Err(lost(r)),
             };
@@ -343,7 +358,7 @@ impl Rendezvous {
             });
             match read {
                 Ok(words) => records.push(words),
-                // This process gave the rendezvous up: its peers learn it as it closes.
+                // Stopped: `all_gather` closes the connections.
                 Err(Error::Closed) => return Err(Error::Closed),
                 Err(err) => {
                     let (named, timed_out) = match &err {
@@ -543,14 +558,14 @@ const MAX_WORDS: u64 = 1 << 20;
 /// connection closes or sends something that is not a message.
 fn read_words(
     stream: &mut TcpStream,
-    nonce: u128,
+    stop: Stop<'_>,
     deadline: Instant,
     timeout: Duration,
 ) -> Result<Vec<u64>> {
     let mut read_exact = |buf: &mut [u8]| -> Result<()> {
         let mut done = 0;
         while done < buf.len() {
-            closed_error(nonce)?;
+            stop.check()?;
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(Error::Timeout {

@@ -39,17 +39,23 @@ int main(int argc, char** argv) {
   int excluded = world - 1;
   int hung = argc > 1 && strcmp(argv[1], "abort") == 0;
   if (rank != excluded) {
+    /* In `abort` mode: an all-reduce the excluded rank never joins, on a stream of its own,
+     * left waiting. */
+    float* pending = NULL;
+    cudaStream_t side = NULL;
     if (hung) {
-      /* An all-reduce the excluded rank never joins, on a stream of its own: left waiting. */
-      float* pending;
-      cudaStream_t side;
       cudaMalloc((void**)&pending, COUNT * sizeof(float));
-      cudaStreamCreate(&side);
+      cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
       CHECK(ncclAllReduce(pending, pending, COUNT, ncclFloat32, ncclSum, comm, side));
     }
     ncclComm_t small = NULL;
     CHECK(ncclCommShrink(comm, &excluded, 1, &small, NULL,
                          hung ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT));
+    if (hung) {
+      /* The abort ended the waiting all-reduce: its stream drains (its result is lost). */
+      cudaStreamSynchronize(side);
+      cudaGetLastError();
+    }
     int count = -1, me = -1;
     CHECK(ncclCommCount(small, &count));
     CHECK(ncclCommUserRank(small, &me));

@@ -102,11 +102,31 @@ impl AbortHandle {
         }
     }
 
-    /// Makes this rank's abort also end the join of `id` (a sub-communicator's, while it is
-    /// joined: `RankCommunicator::split`) — at once where the rank has aborted already.
-    pub(crate) fn also_gives_up(&self, id: &crate::exec::rendezvous::UniqueId) {
+    /// While the returned guard lives, this rank's abort also ends the join of `id` (a
+    /// sub-communicator's: `RankCommunicator::split`) — at once where the rank has aborted
+    /// already; once it is dropped (the join is over), an abort leaves the new communicator
+    /// alone, as NCCL's leaves a split's.
+    pub(crate) fn watch_join(&self, id: &crate::exec::rendezvous::UniqueId) -> JoinWatch<'_> {
         if let Some(fabric) = &self.fabric {
-            fabric.gives_up_with_abort(id.nonce_of());
+            fabric.watch_join(id);
+        }
+        JoinWatch {
+            handle: self,
+            id: *id,
+        }
+    }
+}
+
+/// [`AbortHandle::watch_join`]'s guard.
+pub(crate) struct JoinWatch<'a> {
+    handle: &'a AbortHandle,
+    id: crate::exec::rendezvous::UniqueId,
+}
+
+impl Drop for JoinWatch<'_> {
+    fn drop(&mut self) {
+        if let Some(fabric) = &self.handle.fabric {
+            fabric.unwatch_join(&self.id);
         }
     }
 }

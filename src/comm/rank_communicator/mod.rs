@@ -122,11 +122,13 @@ impl RankCommunicator {
         }
     }
 
-    /// Whether a shape's first call is enqueued whatever the peers' processes are doing, like
-    /// any later call: a GPU rank of a job on one host whose ranks all made their arena at
-    /// creation (64 MiB each, of GPU memory, or pinned host memory where the GPUs do not all
-    /// reach each other). Where not (the memory could not be had, `RINGREDUCE_CALL_GATE=off`,
-    /// host ranks, several hosts), a first call waits for the peers' processes.
+    /// Whether this rank prepares a shape's first call alone, so that it is enqueued like a
+    /// later call whatever the peers' processes are doing: a GPU rank of a job on one host
+    /// whose ranks all made their arena at creation (64 MiB each, of GPU memory, or pinned host
+    /// memory where the GPUs do not all reach each other). Where not (the memory could not be
+    /// had, `RINGREDUCE_CALL_GATE=off`, host ranks, several hosts), every first call waits for
+    /// the peers' processes; where so, those the README lists still do (a capture, a forced
+    /// ring, a first call that would evict a plan owning GPU memory).
     pub fn first_calls_alone(&self) -> bool {
         match &self.inner {
             Inner::Gpu { exec, .. } => exec.first_calls_alone(),

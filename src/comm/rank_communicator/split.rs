@@ -58,9 +58,11 @@ impl RankCommunicator {
             .iter()
             .position(|&r| r == self.rank())
             .expect("a rank with a color is among its color's members");
-        // An abort of this communicator from another thread ends the join (NCCL's
-        // `ncclCommAbort` releases every wait).
-        self.abort_handle().also_gives_up(&id);
+        // An abort of this communicator from another thread, while the join waits, ends it
+        // (NCCL's `ncclCommAbort` releases every wait); a later one leaves the new communicator
+        // alone.
+        let handle = self.abort_handle();
+        let _watch = handle.watch_join(&id);
         RankCommunicator::gpu(&id, rank, members.len(), device, config).map(Some)
     }
 }

@@ -191,10 +191,14 @@ pub(crate) trait Fabric: Send + Sync {
     /// one process.
     fn abort(&self) {}
 
-    /// A rendezvous this rank's abort also gives up ([`crate::exec::rendezvous::give_up`]) —
-    /// a sub-communicator's, while the rank joins it — at once where the rank has aborted
-    /// already. Nothing to do in one process.
-    fn gives_up_with_abort(&self, _nonce: u128) {}
+    /// Until [`Fabric::unwatch_join`], this rank's abort also gives up the joins of `id` (a
+    /// sub-communicator's, while this rank joins it: [`crate::exec::rendezvous::UniqueId::give_up`]),
+    /// at once where the rank has aborted already. Nothing to do in one process.
+    fn watch_join(&self, _id: &crate::exec::rendezvous::UniqueId) {}
+
+    /// Ends [`Fabric::watch_join`] of `id` (its join is over: a later abort leaves the new
+    /// communicator alone).
+    fn unwatch_join(&self, _id: &crate::exec::rendezvous::UniqueId) {}
 }
 
 /// What one prepared plan imported from its peers, so that its imports can be released when

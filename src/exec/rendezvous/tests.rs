@@ -355,52 +355,67 @@ fn a_rank_that_came_early_hears_the_missing_rank_not_rank_0() {
     }
 }
 
-/// `UniqueId::give_up` from another thread ends `wait` (run on its own thread) within a second,
-/// with `Error::Closed`, though its timeout is a minute.
-fn given_up_ends(id: UniqueId, wait: impl FnOnce(UniqueId) -> Result<()> + Send + 'static) {
-    let waiting = id;
-    let started = Instant::now();
+/// `stop` from another thread, once `wait` (on its own thread) says it is waiting, ends the
+/// wait within a second with `Error::Closed`, though its timeout is a minute.
+fn stopped_ends(
+    stop: impl FnOnce(),
+    wait: impl FnOnce(std::sync::mpsc::Sender<()>) -> Result<()> + Send + 'static,
+) {
+    let (waiting, started) = std::sync::mpsc::channel();
     let handle = thread::spawn(move || wait(waiting));
-    thread::sleep(Duration::from_millis(300));
-    id.give_up();
+    started.recv_timeout(Duration::from_secs(10)).unwrap();
+    thread::sleep(Duration::from_millis(200));
+    let at = Instant::now();
+    stop();
     let ended = handle.join().unwrap();
     assert!(matches!(ended, Err(Error::Closed)), "{ended:?}");
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "{:?}",
-        started.elapsed()
-    );
+    assert!(at.elapsed() < Duration::from_secs(1), "{:?}", at.elapsed());
 }
 
 #[test]
-fn giving_an_id_up_ends_every_wait_of_its_joins_and_exchanges() {
+fn giving_an_id_up_ends_every_wait_of_its_joins() {
     const LONG: Duration = Duration::from_secs(60);
-    // Rank 0 waiting for a rank that never comes.
-    given_up_ends(local_id(), |id| {
-        Rendezvous::join(&id, 0, 2, 0, LONG).map(drop)
-    });
-    // A rank waiting for a rank 0 that never listens.
-    given_up_ends(local_id(), |id| {
-        Rendezvous::join(&id, 1, 2, 0, LONG).map(drop)
-    });
-    // An exchange whose peer never takes part: on rank 0, and on another rank.
-    for waiter in [0, 1] {
-        given_up_ends(local_id(), move |id| {
-            let other = id;
-            let idle = thread::spawn(move || {
-                let rv = Rendezvous::join(&other, 1 - waiter, 2, 0, LONG);
-                thread::sleep(Duration::from_secs(3));
-                drop(rv);
-            });
-            let mut rv = Rendezvous::join(&id, waiter, 2, 0, LONG)?;
-            let ended = rv.all_gather(&[1]).map(drop);
-            drop(idle);
-            ended
-        });
+    // Rank 0 waiting for a rank that never comes; a rank waiting for a rank 0 that never
+    // listens.
+    for rank in [0, 1] {
+        let id = local_id();
+        stopped_ends(
+            move || id.give_up(),
+            move |waiting| {
+                waiting.send(()).unwrap();
+                Rendezvous::join(&id, rank, 2, 0, LONG).map(drop)
+            },
+        );
     }
     // A later join of a given-up id ends at once.
     let id = local_id();
     id.give_up();
     let late = Rendezvous::join(&id, 0, 2, 0, LONG);
     assert!(matches!(late, Err(Error::Closed)), "{late:?}");
+}
+
+#[test]
+fn a_stopped_rendezvous_ends_its_exchange_and_its_peers_learn_it_at_once() {
+    const LONG: Duration = Duration::from_secs(60);
+    // An exchange whose peer takes no part, on rank 0 and on another rank.
+    for waiter in [0, 1] {
+        let id = local_id();
+        let peer = thread::spawn(move || Rendezvous::join(&id, 1 - waiter, 2, 0, LONG).unwrap());
+        let mut rv = Rendezvous::join(&id, waiter, 2, 0, LONG).unwrap();
+        let mut peer = peer.join().unwrap();
+        let stop = rv.stopper();
+        stopped_ends(
+            move || stop.store(true, std::sync::atomic::Ordering::Release),
+            move |waiting| {
+                waiting.send(()).unwrap();
+                rv.all_gather(&[1]).map(drop)
+            },
+        );
+        // The stopped rank closed its connections: its peer's exchange fails at once (rank 0
+        // may first finish the one a stopped rank 1 had sent its record to).
+        let at = Instant::now();
+        let failed = peer.all_gather(&[2]).is_err() || peer.all_gather(&[3]).is_err();
+        assert!(failed, "rank {}", 1 - waiter);
+        assert!(at.elapsed() < Duration::from_secs(5), "{:?}", at.elapsed());
+    }
 }

@@ -49,10 +49,11 @@ pub(crate) struct Joined {
     rank: usize,
     world: usize,
     rendezvous: Mutex<Rendezvous>,
-    /// The rendezvous's nonce, which an abort gives up (an exchange holds the lock while it
-    /// waits), and those of the sub-communicators being joined ([`Fabric::gives_up_with_abort`]).
-    nonce: u128,
-    children: Mutex<Vec<u128>>,
+    /// What stops the rendezvous's exchanges, which an abort sets (an exchange holds the lock
+    /// while it waits), and the ids of the sub-communicators being joined, whose joins an abort
+    /// gives up ([`Fabric::watch_join`]).
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    joining: Mutex<Vec<UniqueId>>,
     /// The job's control words: call shapes, aborts, every rank's process.
     job: Job,
     /// This rank's context: where imported memory is mapped.
@@ -167,8 +168,8 @@ impl Joined {
             keep_mapped: Default::default(),
             rank: rendezvous.rank(),
             world: rendezvous.world(),
-            nonce: rendezvous.nonce(),
-            children: Mutex::default(),
+            stop: rendezvous.stopper(),
+            joining: Mutex::default(),
             rendezvous: Mutex::new(rendezvous),
             job,
             ctx,
@@ -353,25 +354,32 @@ impl Fabric for Joined {
         self.job.abort();
         // An exchange over the rendezvous (a registration's, a split's) ends too, and the join
         // of a sub-communicator.
-        crate::exec::rendezvous::give_up(self.nonce);
-        for &child in self
-            .children
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        for id in self
+            .joining
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
         {
-            crate::exec::rendezvous::give_up(child);
+            id.give_up();
         }
     }
 
-    fn gives_up_with_abort(&self, nonce: u128) {
-        self.children
+    fn watch_join(&self, id: &UniqueId) {
+        self.joining
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push(nonce);
+            .push(*id);
         if self.job.aborted() {
-            crate::exec::rendezvous::give_up(nonce);
+            id.give_up();
         }
+    }
+
+    fn unwatch_join(&self, id: &UniqueId) {
+        self.joining
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|j| j != id);
     }
 
     fn keep_mapped(&self) {
