@@ -27,6 +27,7 @@
 //! rank order.
 
 mod id;
+mod stop;
 
 use crate::error::{Error, Result};
 use std::io::{Read, Write};
@@ -35,6 +36,7 @@ use std::time::{Duration, Instant};
 
 use id::listeners;
 pub use id::{LaunchEnv, UniqueId, UNIQUE_ID_BYTES};
+use stop::Stop;
 
 /// The first word of every hello: "ringredu" in ASCII, so a stranger is told apart at once.
 const MAGIC: u64 = u64::from_le_bytes(*b"ringredu");
@@ -64,48 +66,6 @@ const WORLD_MISMATCH: u64 = 1;
 const DUPLICATE_RANK: u64 = 2;
 const CONFIG_MISMATCH: u64 = 3;
 const MISSING: u64 = 4;
-
-/// The nonces of the ids whose joins this process gave up ([`UniqueId::give_up`]).
-static GIVEN_UP: std::sync::Mutex<Vec<u128>> = std::sync::Mutex::new(Vec::new());
-
-/// What ends a wait of the rendezvous: the join's id given up, or (after the join) the
-/// rendezvous's own stop.
-#[derive(Clone, Copy)]
-enum Stop<'a> {
-    Join(u128),
-    Exchange(&'a std::sync::atomic::AtomicBool),
-}
-
-impl Stop<'_> {
-    /// [`Error::Closed`] once the wait is to end.
-    fn check(self) -> Result<()> {
-        let stopped = match self {
-            Stop::Join(nonce) => GIVEN_UP
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .contains(&nonce),
-            Stop::Exchange(stop) => stop.load(std::sync::atomic::Ordering::Acquire),
-        };
-        match stopped {
-            true => Err(Error::Closed),
-            false => Ok(()),
-        }
-    }
-}
-
-impl UniqueId {
-    /// Gives up every join of this id in this process, from any thread: each wait ends within
-    /// 100 ms with [`Error::Closed`], and a later join at once (NCCL's `ncclCommAbort`, which
-    /// must release every wait, of a communicator still being made). For good, so only for an
-    /// id that this process will not join again: one from [`UniqueId::new`] is never made
-    /// twice; one from the launcher's variables ([`LaunchEnv::unique_id`]) is.
-    pub fn give_up(&self) {
-        let mut all = GIVEN_UP.lock().unwrap_or_else(|p| p.into_inner());
-        if !all.contains(&self.nonce) {
-            all.push(self.nonce);
-        }
-    }
-}
 
 impl Rendezvous {
     /// Joins the communicator of `id` as `rank` of `world`, with `fingerprint` (a hash of every

@@ -218,7 +218,7 @@ impl CudaExecutor {
         inputs: &[u64],
         outputs: &[u64],
     ) -> Option<Vec<Piece>> {
-        if self.in_one_process() || !self.arenas_everywhere() {
+        if !self.first_calls_alone() {
             return None;
         }
         let all: Vec<Piece> = match &shape.collective {

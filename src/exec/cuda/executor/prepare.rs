@@ -53,14 +53,13 @@ impl CudaExecutor {
     /// wait for a late peer — the call meets instead. (A collective of no elements never comes
     /// here: `run` returns it at once; a send/recv of empty transfers alone runs its barriers.)
     pub(super) fn prepare_alone(&mut self, shape: &Shape) -> Result<Option<Arc<Prepared>>> {
-        let arenas = self.arenas_everywhere();
         let selection = self.selection(shape);
         let kernel = selection.form.is_peer_kernel();
         let evicts_owner = self
             .ranks
             .iter()
             .any(|r| r.oldest_owns_gpu_resources(CACHED_PLANS));
-        if !arenas || self.in_one_process() || !kernel || evicts_owner {
+        if !self.first_calls_alone() || !kernel || evicts_owner {
             return Ok(None);
         }
         let built = self.build_plan(shape, selection)?;
