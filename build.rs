@@ -52,7 +52,7 @@ use std::process::{exit, Command};
 use std::sync::OnceLock;
 
 /// The kernel source's parts, in the order they are joined (each opens with what it holds).
-const PARTS: [&str; 9] = [
+const PARTS: [&str; 10] = [
     ERROR_CODES_PART,
     "cuda/types.cuh",
     "cuda/reduce.cuh",
@@ -61,6 +61,7 @@ const PARTS: [&str; 9] = [
     "cuda/peer_kernels.cuh",
     "cuda/ll.cuh",
     "cuda/counters.cuh",
+    "cuda/channel.cuh",
     "cuda/instances.cuh",
 ];
 /// The part that defines the kernels' error codes (first in `PARTS`).

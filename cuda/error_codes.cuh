@@ -36,6 +36,12 @@
 // The call gate gave up waiting for a peer to publish the call: the peer failed, the host gave
 // the call up, or the deadline passed.
 #define RR_GATE_ERR_WAIT 8u
+// The point-to-point channel (channel.cuh) gave up waiting for a peer's chunk or free slot: the
+// deadline passed, the host gave the call up, or a rank of the job failed.
+#define RR_CH_ERR_WAIT 9u
+// A channel receive found its peer's send of another message, size or type; the low 16 bits
+// are the peer.
+#define RR_CH_ERR_MISMATCH_BIT 0x40000000u
 // The top bit of a captured ring's counter wait that timed out; the low 31 bits are the code the
 // wait was launched with: the plan's pin in bits 16..31, the event in bits 0..16
 // (src/exec/cuda/executor/capture.rs: wait_code, counter_timeout).

@@ -357,3 +357,9 @@ extern "C" __global__ void rr_counter_wait(const unsigned* mailbox, unsigned* se
                                            unsigned code) {
     rr_counter_wait_body(mailbox, seen, timeout_ns, error, code);
 }
+// The point-to-point channel (channel.cuh).
+extern "C" __global__ void __launch_bounds__(RR_PEER_THREADS, 1)
+    rr_channel(rr_channel_args args, unsigned long long timeout_ns, unsigned* error,
+               rr_call_gate gate) {
+    rr_channel_kernel(args, timeout_ns, error, gate);
+}

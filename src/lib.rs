@@ -197,7 +197,8 @@ pub mod internal;
 
 pub use buffer::{Buffer, BufferMut, DeviceMemory, Placement, StreamUse};
 pub use comm::{
-    ring_allreduce, AbortHandle, Communicator, RankCall, RankCommunicator, Registration, Scope,
+    ring_allreduce, AbortHandle, Communicator, PeerOp, RankCall, RankCommunicator, Registration,
+    Scope,
 };
 pub use device::{device_count, driver_available};
 pub use element::{DType, Element, ReduceOp, F8E4M3, F8E5M2};

@@ -261,6 +261,11 @@ pub(crate) unsafe fn flush() -> Result<(), Failure> {
         let ops: Vec<&PointToPoint> = pending.iter().filter(|op| op.comm == handle).collect();
         // SAFETY: our caller's contract: a live handle (checked for null when kept).
         let comm = unsafe { comm_ref(handle) }?;
+        if comm.with(|c| Ok(c.has_peer_groups())).unwrap_or(false) {
+            // SAFETY: our caller's contract, passed on.
+            unsafe { flush_channel(comm, &ops) }?;
+            continue;
+        }
         match &comm.pairs {
             // SAFETY: our caller's contract, passed on.
             Some(pairs) if comm.world > 2 => unsafe { pairs::flush_pairs(comm, pairs, &ops) }?,
@@ -270,6 +275,67 @@ pub(crate) unsafe fn flush() -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// [`flush`] for one communicator's `ops` on ringreduce's point-to-point channel
+/// (`RankCommunicator::enqueue_peer_group`): one process per GPU on one host, any number of
+/// ranks. Each send meets its receive per direction, in call order, on the GPUs, whatever the
+/// peer grouped with it — NCCL's contract — and the call returns once enqueued. Sends to the
+/// rank itself are copies on its stream. A group this library cannot run (streams mixed, or more
+/// than the channel's 64 sends and receives) is refused and gives the communicator up, so that
+/// its peers, which do not know, are not left waiting for it.
+///
+/// # Safety
+/// As for [`flush`].
+unsafe fn flush_channel(comm: &Comm, ops: &[&PointToPoint]) -> Result<(), Failure> {
+    fallback::log("ncclSend/ncclRecv", "ringreduce");
+    let me = comm.rank;
+    let (own, cross): (Vec<&PointToPoint>, Vec<&PointToPoint>) =
+        ops.iter().copied().partition(|op| op.peer == me);
+    if !own.is_empty() {
+        // SAFETY: our caller's contract, passed on.
+        unsafe { pairs::copy_to_self(comm, &own) }?;
+    }
+    let Some(first) = cross.first() else {
+        return Ok(());
+    };
+    let stream = first.stream;
+    let refused = if cross.iter().any(|op| op.stream != stream) {
+        Some("mixes streams on one communicator".to_string())
+    } else if cross.len() > ringreduce::internal::kernels::CHANNEL_MAX_OPS {
+        Some(format!(
+            "holds {} sends and receives on one communicator, more than the {} ringreduce-nccl \
+             runs in one group",
+            cross.len(),
+            ringreduce::internal::kernels::CHANNEL_MAX_OPS
+        ))
+    } else {
+        None
+    };
+    if let Some(why) = refused {
+        if let Backend::Ring(_, abort) = &comm.backend {
+            abort.abort();
+        }
+        return Err(unsupported(format!(
+            "rank {me}'s group of sends and receives {why}, which ringreduce-nccl does not run; \
+             the communicator is given up so that its peers do not wait for the group"
+        )));
+    }
+    let mut peer_ops = Vec::with_capacity(cross.len());
+    for op in &cross {
+        let dtype = dtype_of(op.datatype)?;
+        // SAFETY: NCCL's contract for the call: device memory of this rank's GPU of `count`
+        // elements, untouched until the stream passes the group.
+        peer_ops.push(unsafe {
+            ringreduce::PeerOp::from_raw(op.peer, op.send, op.address, op.count, dtype, comm.device)
+        });
+    }
+    // SAFETY: our caller's contract: a live stream.
+    let stream = unsafe { CallerStream::from_raw(stream.cast()) }?;
+    comm.with(|c| {
+        // SAFETY: NCCL's contract for the calls, passed on.
+        unsafe { c.enqueue_peer_group(&peer_ops, stream) }.map_err(Failure::from)
+    })
 }
 
 /// [`flush`] for one communicator's `ops`.

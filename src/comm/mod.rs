@@ -61,7 +61,7 @@ mod validate;
 pub use all_reduce::ring_allreduce;
 pub(crate) use config_checks::{check_cuda_config, check_deterministic_if, check_host_config};
 pub use dispatch::PROFILED_CALLS_KEPT;
-pub use rank_communicator::{AbortHandle, RankCall, RankCommunicator, Registration};
+pub use rank_communicator::{AbortHandle, PeerOp, RankCall, RankCommunicator, Registration};
 pub use scope::Scope;
 
 // Boxed: the two executors differ in size by hundreds of bytes.

@@ -287,6 +287,10 @@ pub enum Form {
     /// The one-shot form of a collective other than the all-reduce: each rank's steps in one
     /// kernel between a start and an end barrier.
     StepsKernel,
+    /// The point-to-point channel: a rank's group of sends and receives in one kernel, pushed
+    /// through its peers' mailboxes and matched per direction on the GPUs (no plan; one process
+    /// per GPU).
+    Channel,
     /// Host ranks: the plan's operations on host threads (every algorithm).
     HostThreads,
 }
@@ -295,7 +299,7 @@ impl Form {
     /// Whether this form runs as a peer kernel on GPUs — the forms the call gate checks (the
     /// copy engines' and host threads' do not).
     pub fn is_peer_kernel(self) -> bool {
-        !matches!(self, Form::CopyEngines | Form::HostThreads)
+        !matches!(self, Form::CopyEngines | Form::HostThreads | Form::Channel)
     }
 }
 

@@ -24,7 +24,8 @@
 //! complete (`blocking.rs`) and those ordered on the caller's stream (`enqueue_on.rs`); what
 //! every call checks of this rank's buffers, and how it hands them on (`ends.rs`); registered
 //! buffers (`registration.rs`); errors met between calls, closing and giving up (`abort.rs`);
-//! sub-communicators (`split.rs`) and NCCL's PreMulSum (`premul.rs`).
+//! sub-communicators (`split.rs`), NCCL's PreMulSum (`premul.rs`) and its point-to-point
+//! groups (`peer_group.rs`).
 
 use crate::error::{Error, Result};
 use crate::exec::cuda::executor::CudaExecutor;
@@ -38,12 +39,14 @@ mod blocking;
 mod ends;
 mod enqueue_on;
 mod join;
+mod peer_group;
 mod premul;
 mod registration;
 mod split;
 
 pub use abort::AbortHandle;
 pub use enqueue_on::RankCall;
+pub use peer_group::PeerOp;
 pub use registration::Registration;
 
 /// One rank of a job whose ranks each have a communicator (module doc). Its calls block until

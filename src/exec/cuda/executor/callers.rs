@@ -20,10 +20,15 @@ use std::time::Instant;
 #[derive(Clone, Copy)]
 pub(crate) struct CallerStreams<'a>(&'a [CallerStream]);
 
-impl CallerStreams<'_> {
+impl<'a> CallerStreams<'a> {
     /// Whether the caller's streams are being captured into a CUDA graph (module `capture`).
     pub(super) fn capturing(self) -> Result<bool> {
         capture::capturing(self.0)
+    }
+
+    /// The streams, by rank of the executor.
+    pub(super) fn streams(self) -> &'a [CallerStream] {
+        self.0
     }
 }
 
@@ -280,7 +285,7 @@ impl CudaExecutor {
     }
 
     /// Orders each rank's Main stream after the work queued on the caller's stream so far.
-    fn fence_in(&self, streams: &[CallerStream]) -> Result<()> {
+    pub(super) fn fence_in(&self, streams: &[CallerStream]) -> Result<()> {
         for (res, stream) in self.ranks.iter().map(|r| &*r.res).zip(streams) {
             // SAFETY: the stream is live (borrowed) and of the rank's context (checked by
             // `check_caller_streams`, the one maker of `CallerStreams`).
@@ -291,7 +296,7 @@ impl CudaExecutor {
     }
 
     /// Orders the work queued on each caller's stream from now on after the rank's Main stream.
-    fn fence_out(&self, streams: &[CallerStream]) -> Result<()> {
+    pub(super) fn fence_out(&self, streams: &[CallerStream]) -> Result<()> {
         for (res, stream) in self.ranks.iter().map(|r| &*r.res).zip(streams) {
             device::record(&res.fence_out, &res.streams[StreamKind::Main.index()])?;
             // SAFETY: as in `fence_in`.

@@ -140,8 +140,16 @@ impl CudaExecutor {
             let mut records = Vec::with_capacity(ranks.len());
             for r in &ranks {
                 let low_latency = config.low_latency && peers_ok;
-                let (words, record) =
-                    allocate_peer_words(&r.res, &*fabric, low_latency, staged_oneshot, arena)?;
+                // The point-to-point channel's region, where the ranks' GPUs reach each other.
+                let channel = alone && peers_ok;
+                let (words, record) = allocate_peer_words(
+                    &r.res,
+                    &*fabric,
+                    low_latency,
+                    staged_oneshot,
+                    arena,
+                    channel,
+                )?;
                 own.push(words);
                 records.push(record);
             }

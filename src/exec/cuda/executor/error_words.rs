@@ -13,8 +13,8 @@ use super::peer_words::PeerKernel;
 use super::CudaExecutor;
 use crate::error::{Error, Result};
 use crate::exec::cuda::kernels::{
-    COUNTER_ERR_BIT, ERR_PEER_LOST, GATE_ERR_MISMATCH, GATE_ERR_WAIT, LL_ERR_WAIT, PEER_ERR_END,
-    PEER_ERR_LAUNCH, PEER_ERR_MIDDLE, PEER_ERR_START,
+    CH_ERR_MISMATCH_BIT, CH_ERR_WAIT, COUNTER_ERR_BIT, ERR_PEER_LOST, GATE_ERR_MISMATCH,
+    GATE_ERR_WAIT, LL_ERR_WAIT, PEER_ERR_END, PEER_ERR_LAUNCH, PEER_ERR_MIDDLE, PEER_ERR_START,
 };
 
 impl CudaExecutor {
@@ -45,6 +45,28 @@ impl CudaExecutor {
                         theirs: "another call".into(),
                         this: rank,
                         ours: "a call its GPU found different from a peer's".into(),
+                    }));
+                }
+                Some(KernelFailure::ChannelMismatch { peer }) => {
+                    return Err(Error::CallMismatch {
+                        rank: peer,
+                        theirs: "a send to this rank of another size or type (or none) as its \
+                                 next on that direction"
+                            .into(),
+                        this: rank,
+                        ours: "the receive from that rank that the channel matched with it (the \
+                               k-th send from a rank fills the k-th receive from it)"
+                            .into(),
+                    });
+                }
+                Some(KernelFailure::ChannelWait) => {
+                    return Err(self.fabric.lost_peer().unwrap_or(Error::Timeout {
+                        rank,
+                        waiting_on: format!(
+                            "GPU {device}'s point-to-point channel gave up: a peer's matching \
+                             send or receive never came, or a rank of the job failed"
+                        ),
+                        after: self.config.timeout,
                     }));
                 }
                 Some(KernelFailure::GateWait) => {
@@ -105,6 +127,11 @@ enum KernelFailure {
     Mismatch,
     /// The call gate gave up waiting for a peer's call ([`GATE_ERR_WAIT`]).
     GateWait,
+    /// A channel receive found its send different ([`CH_ERR_MISMATCH_BIT`]; the low bits name
+    /// the peer).
+    ChannelMismatch { peer: usize },
+    /// The channel gave up waiting ([`CH_ERR_WAIT`]).
+    ChannelWait,
     /// A nonzero code no kernel writes.
     Unknown,
 }
@@ -115,6 +142,10 @@ fn kernel_failure(code: u32) -> Option<KernelFailure> {
     match code {
         0 => None,
         _ if code & COUNTER_ERR_BIT != 0 => Some(KernelFailure::CounterWait),
+        _ if code & CH_ERR_MISMATCH_BIT != 0 => Some(KernelFailure::ChannelMismatch {
+            peer: (code & 0xffff) as usize,
+        }),
+        CH_ERR_WAIT => Some(KernelFailure::ChannelWait),
         PEER_ERR_START => gave_up(None, "at the start barrier"),
         PEER_ERR_END => gave_up(None, "at the end barrier"),
         PEER_ERR_MIDDLE => gave_up(Some(PeerKernel::TwoShot), "at the middle barrier"),
@@ -162,6 +193,10 @@ mod tests {
         assert_eq!(kernel_failure(3), Some(KernelFailure::Launch));
         assert_eq!(kernel_failure(99), Some(KernelFailure::Unknown));
         assert_eq!(kernel_failure(0), None);
+        assert_eq!(
+            kernel_failure(super::CH_ERR_MISMATCH_BIT | 5),
+            Some(KernelFailure::ChannelMismatch { peer: 5 })
+        );
         assert_eq!(
             kernel_failure(COUNTER_ERR_BIT | 0x0001_0002),
             Some(KernelFailure::CounterWait)

@@ -37,6 +37,8 @@
 //!   (`checked_call`), the caller's streams fenced around Main, made ready, launched;
 //! - `run_on_main`: `ready_call` (the call's plan prepared and its buffers laid out) and
 //!   `run_on_rank_threads`;
+//! - `channel`: groups of sends and receives on the point-to-point channel, matched per
+//!   direction on the GPUs (one process per GPU);
 //! - `rank`: one rank's executor — its resources, and the two phases of preparing a plan;
 //! - `counters`: the event counters, how one rank waits for another's event;
 //! - `edges`: how each ring edge moves data ([`EdgeInfo`]), its probe, and the chunk size rule;
@@ -64,6 +66,7 @@
 
 mod callers;
 mod capture;
+mod channel;
 mod counters;
 mod create;
 mod cuda_config;
@@ -83,6 +86,7 @@ mod run_on_main;
 mod teardown;
 mod watch;
 
+pub(crate) use channel::ChannelEnd;
 pub use cuda_config::CudaConfig;
 pub use edges::{auto_chunk_bytes, EdgeInfo};
 

@@ -25,7 +25,7 @@ use crate::device::{self, DeviceBuffer};
 use crate::error::Result;
 use crate::exec::cuda::fabric::Identity;
 use crate::exec::cuda::fabric::{Exported, Fabric, Fields, Record};
-use crate::exec::cuda::kernels::{ll_recv_bytes, PEER_FLAG_BYTES, PEER_MAX_RANKS};
+use crate::exec::cuda::kernels::{channel_bytes, ll_recv_bytes, PEER_FLAG_BYTES, PEER_MAX_RANKS};
 use crate::plan::{Memory, StreamKind};
 use std::fmt;
 use std::sync::Arc;
@@ -78,6 +78,12 @@ pub(super) struct PeerWords {
     /// Every rank's arena ([`crate::plan::arena`]), as this rank reaches it: where a plan
     /// prepared alone has every rank's buffers. `None` unless every rank made one.
     pub(super) arena_of: Option<Vec<u64>>,
+    /// Kept alive for the peers that push into it; reached through `channel_of[rank]`.
+    _channel: Option<DeviceBuffer>,
+    /// Every rank's region of the point-to-point channel ([`channel_bytes`]`(world)` bytes,
+    /// zeroed: `cuda/channel.cuh`), as this rank reaches it. `None` unless every rank made one
+    /// (ranks of a job of one process per GPU whose GPUs reach each other).
+    pub(super) channel_of: Option<Vec<u64>>,
     /// Whether every rank's process gates its calls (`Fabric::gate`): what the selection asks
     /// (`exec::algorithm::Ask::gated`), the same on every rank.
     pub(super) gated_everywhere: bool,
@@ -165,15 +171,16 @@ pub(super) fn peer_kernels_fit(world: usize, transport: Transport) -> bool {
 /// receive buffer, zeroed, and (with `arena`) its arena of [`ARENA_BYTES`] in that memory —
 /// pinned host memory where the GPUs do not reach each other, so that every buffer a peer
 /// touches of a plan prepared alone lies in host memory (`prepare_alone` proves it of each
-/// plan); and its record (each
-/// one's export handle, length first; then whether its process gates its calls, 1 or 0; the
-/// arena's after its size, 0 for none).
+/// plan); with `channel`, its point-to-point region ([`channel_bytes`], zeroed); and its
+/// record (each one's export handle, length first; then whether its process gates its calls, 1
+/// or 0; the arena's after its size, 0 for none; the region's after its size, 0 for none).
 pub(super) fn allocate_peer_words(
     res: &RankRes,
     fabric: &dyn Fabric,
     low_latency: bool,
     host_flags: bool,
     arena: Option<Memory>,
+    channel: bool,
 ) -> Result<(OwnWords, Record)> {
     let zeroed = |bytes: usize| -> Result<DeviceBuffer> {
         let mut buffer = fabric.exportable(&res.ctx, bytes)?;
@@ -221,11 +228,32 @@ pub(super) fn allocate_peer_words(
         }
         None => record.push(0),
     }
+    // As for the arena: without one, sends and receives meet their peers (`channel_of`).
+    let channel_region = match channel {
+        true => zeroed(channel_bytes(fabric.world())).ok(),
+        false => None,
+    };
+    match &channel_region {
+        Some(b) => {
+            record.push(b.len_bytes() as u64);
+            let handle = fabric.export(
+                res.rank,
+                Exported::Device {
+                    addr: b.ptr(),
+                    bytes: b.len_bytes(),
+                },
+            )?;
+            record.push(handle.len() as u64);
+            record.extend(handle);
+        }
+        None => record.push(0),
+    }
     Ok((
         OwnWords {
             flags,
             ll_recv,
             arena,
+            channel_region,
         },
         record,
     ))
@@ -236,6 +264,7 @@ pub(super) struct OwnWords {
     flags: Owned,
     ll_recv: Option<DeviceBuffer>,
     arena: Option<Owned>,
+    channel_region: Option<DeviceBuffer>,
 }
 
 /// Phase 2: imports every rank's flags and receive buffers from `records` (phase 1's, by rank),
@@ -256,10 +285,12 @@ pub(super) fn connect_peer_words(
         flags,
         ll_recv,
         arena,
+        channel_region,
     } = own;
     let mut flags_of = Vec::with_capacity(records.len());
     let mut ll_recv_of = Vec::with_capacity(records.len());
     let mut arenas = Vec::with_capacity(records.len());
+    let mut regions = Vec::with_capacity(records.len());
     let mut gated_everywhere = true;
     for (from, record) in records.iter().enumerate() {
         let mut fields = Fields::new(from, record);
@@ -281,6 +312,15 @@ pub(super) fn connect_peer_words(
             }
         };
         arenas.push((bytes, handle));
+        let bytes = fields.word()?;
+        let handle = match bytes {
+            0 => None,
+            _ => {
+                let len = fields.word()? as usize;
+                Some(fields.take(len)?)
+            }
+        };
+        regions.push((bytes, handle));
         fields.finish()?;
     }
     // The arenas are used only where every rank made one of the same size: only then does every
@@ -291,6 +331,22 @@ pub(super) fn connect_peer_words(
     let arena_of = match every {
         true => Some(
             arenas
+                .iter()
+                .enumerate()
+                .map(|(from, &(_, handle))| {
+                    fabric.import(res.rank, from, handle.unwrap_or_default())
+                })
+                .collect::<Result<Vec<u64>>>()?,
+        ),
+        false => None,
+    };
+    let every = regions
+        .iter()
+        .all(|&(bytes, _)| bytes == channel_bytes(records.len()) as u64);
+    let channel_region = channel_region.filter(|_| every);
+    let channel_of = match every {
+        true => Some(
+            regions
                 .iter()
                 .enumerate()
                 .map(|(from, &(_, handle))| {
@@ -315,6 +371,8 @@ pub(super) fn connect_peer_words(
         _ll_recv: ll_recv,
         _arena: arena,
         arena_of,
+        _channel: channel_region,
+        channel_of,
         gated_everywhere,
         flags_of,
         max_blocks,

@@ -304,7 +304,7 @@ impl CudaExecutor {
             Form::OneShotKernel => oneshot(PeerKernel::OneShot),
             Form::LlKernel => oneshot(PeerKernel::OneShotLl),
             Form::StagedKernel => oneshot(PeerKernel::OneShotStaged),
-            Form::CopyEngines | Form::HostThreads => Err(Error::Internal {
+            Form::CopyEngines | Form::HostThreads | Form::Channel => Err(Error::Internal {
                 what: format!("a plan with peer reduces selected as {selection:?}"),
             }),
         }

@@ -45,6 +45,7 @@
 //! processes at their start ([`CallGate`]) — so a launch is a table index and one `cuLaunchKernel`, with no lookup and no
 //! allocation.
 
+mod channel;
 mod counter_kernels;
 mod error_codes;
 mod image;
@@ -57,9 +58,13 @@ pub use reduce_kernels::PreMul;
 mod steps;
 mod twoshot_kernel;
 
+pub use channel::{
+    channel_bytes, channel_units, ChannelArgs, ChannelOp, CHANNEL_MAX_OPS, CHANNEL_SLOT_BYTES,
+};
 pub use error_codes::{
-    COUNTER_ERR_BIT, ERROR_CODES, ERR_PEER_LOST, GATE_ERR_MISMATCH, GATE_ERR_WAIT, LL_ERR_WAIT,
-    PEER_ERR_END, PEER_ERR_LAUNCH, PEER_ERR_MIDDLE, PEER_ERR_START,
+    CH_ERR_MISMATCH_BIT, CH_ERR_WAIT, COUNTER_ERR_BIT, ERROR_CODES, ERR_PEER_LOST,
+    GATE_ERR_MISMATCH, GATE_ERR_WAIT, LL_ERR_WAIT, PEER_ERR_END, PEER_ERR_LAUNCH, PEER_ERR_MIDDLE,
+    PEER_ERR_START,
 };
 pub use image::{
     build_kind, cuda12_code_for, driver_refused_image, fatbin_entries, kernel_choice, CodeEntry,
@@ -119,6 +124,8 @@ pub struct KernelModule {
     ll: Vec<CudaFunction>,
     /// `rr_counter_signal`, `rr_counter_wait`.
     counters: [CudaFunction; 2],
+    /// `rr_channel`: the point-to-point channel (module `channel`).
+    channel: CudaFunction,
     /// The grid size that fills the device: SM count × `BLOCKS_PER_SM`.
     max_blocks: u32,
 }
@@ -156,6 +163,7 @@ impl KernelModule {
             load("rr_counter_signal".to_string())?,
             load("rr_counter_wait".to_string())?,
         ];
+        let channel = load("rr_channel".to_string())?;
 
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
@@ -173,6 +181,7 @@ impl KernelModule {
             steps,
             ll,
             counters,
+            channel,
             max_blocks,
         })
     }
