@@ -10,7 +10,7 @@
 use super::rank::RankRes;
 use crate::error::{Error, Result};
 use crate::exec::cuda::fabric::Fabric;
-use crate::exec::cuda::kernels::ERR_PEER_LOST;
+use crate::exec::cuda::kernels::{CH_ERR_MISMATCH_BIT, ERR_PEER_LOST};
 use crossbeam_channel::{RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -60,8 +60,11 @@ impl PeerWatch {
 
 /// A communicator's watcher thread (module doc): every [`WATCH_EVERY`] it asks the fabric for a
 /// lost peer, and once one has been lost for [`LOST_GRACE`] it gives every rank of this process
-/// up (`RankRes::give_up`, [`ERR_PEER_LOST`]) and ends. Stopped and joined when dropped (within
-/// one [`WATCH_EVERY`]); it never panics.
+/// up (`RankRes::give_up`, [`ERR_PEER_LOST`]) and ends. It also tells the peers, once, of a
+/// receive that the point-to-point channel found different from its send
+/// ([`CH_ERR_MISMATCH_BIT`] in a rank's error word: only the receiving rank sees it), so that the
+/// sender's kernel, which may wait for that receive to take its chunks, gives up too. Stopped and
+/// joined when dropped (within one [`WATCH_EVERY`]); it never panics.
 pub(super) struct Watcher {
     stop: Option<Sender<()>>,
     thread: Option<JoinHandle<()>>,
@@ -75,8 +78,12 @@ impl Watcher {
             .name("ringreduce-watch".into())
             .spawn(move || {
                 let mut watch = PeerWatch::new(Instant::now());
+                let mut told = false;
                 // Nothing is ever sent: the sender's drop (`Disconnected`) is the stop.
                 while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(WATCH_EVERY) {
+                    if !told {
+                        told = tell_channel_mismatch(&*fabric, &ranks);
+                    }
                     if watch.gives_up(&*fabric, Instant::now()) {
                         for res in &ranks {
                             res.give_up(ERR_PEER_LOST);
@@ -93,6 +100,25 @@ impl Watcher {
             thread: Some(thread),
         })
     }
+}
+
+/// Tells the peers (`Fabric::fail`) of a channel receive that a rank of `ranks` found different
+/// from its send; whether there was one.
+fn tell_channel_mismatch(fabric: &dyn Fabric, ranks: &[Arc<RankRes>]) -> bool {
+    let Some((rank, code)) = ranks
+        .iter()
+        .map(|r| (r.rank, r.error_code()))
+        .find(|&(_, code)| code & CH_ERR_MISMATCH_BIT != 0)
+    else {
+        return false;
+    };
+    fabric.fail(&Error::CallMismatch {
+        rank: (code & 0xffff) as usize,
+        theirs: "a send to this rank of another size or type".into(),
+        this: rank,
+        ours: "the receive the channel matched with it".into(),
+    });
+    true
 }
 
 impl Drop for Watcher {
