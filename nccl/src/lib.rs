@@ -13,12 +13,12 @@
 //! codes with the message kept for `ncclGetLastError`; a panic never crosses into C.
 //!
 //! Sends and receives are kept until their group ends (run at once outside a group); then they
-//! run as NCCL defines them: a send meets its receive per (sender, receiver) pair, in call order,
-//! and ranks not party to a transfer take no part (module `pairs`: on three ranks or more, a
-//! communicator per pair, made at the pair's first transfer; module `p2p`: on two ranks each
-//! builds the group's transfers from its own calls). A pair's two ranks must group their sends
-//! and receives to each other alike — NCCL does not ask that; a group that differs is named by
-//! the call gate. `ncclCommSplit` and `ncclCommShrink` make sub-communicators (modules
+//! run as NCCL defines them: a send meets its receive per direction, in call order, whatever
+//! either rank grouped with it, and ranks not party to a transfer take no part — one kernel of
+//! the core's point-to-point channel a group (module `p2p`). Without a channel (GPUs that do not
+//! reach each other, ranks on several hosts) a pair's two ranks must group their sends and
+//! receives to each other alike (module `pairs`: on three ranks or more, a communicator per
+//! pair, made at the pair's first transfer). `ncclCommSplit` and `ncclCommShrink` make sub-communicators (modules
 //! `subcomm`, `pairs`) and
 //! `ncclRedOpCreatePreMulSum` operators (module `redop`). No call has a deadline unless
 //! `RINGREDUCE_NCCL_TIMEOUT` gives one (NCCL has none); a peer whose process is gone is named at

@@ -177,8 +177,8 @@ pub(crate) unsafe fn rooted(
     }
 }
 
-/// `ncclSend`: `count` elements to `peer`, matched by its `ncclRecv` (module doc: every rank of
-/// the communicator takes part in each group of sends and receives).
+/// `ncclSend`: `count` elements to `peer`, matched by its `ncclRecv` from this rank of the same
+/// turn, in call order ([`flush`]).
 #[no_mangle]
 pub unsafe extern "C" fn ncclSend(
     sendbuff: *const c_void,
@@ -238,11 +238,12 @@ pub unsafe extern "C" fn ncclRecv(
     }
 }
 
-/// Runs the kept sends and receives, one grouped send/recv per communicator (per pair of ranks on
-/// a communicator of more than two: module `pairs`), enqueued on the group's stream. On two
-/// ranks of one host each rank builds the list of transfers alone ([`flush_two`]); across
-/// hosts the ranks exchange what each sends and receives, and every rank builds the same list
-/// from it ([`matched_transfers`]).
+/// Runs the kept sends and receives, one group per communicator, enqueued on the group's stream:
+/// on the point-to-point channel where the communicator has one ([`flush_channel`]); else one
+/// grouped send/recv per communicator (per pair of ranks on a communicator of more than two:
+/// module `pairs`) — on two ranks of one host each rank builds the list of transfers alone
+/// ([`flush_two`]); across hosts the ranks exchange what each sends and receives, and every rank
+/// builds the same list from it ([`matched_transfers`]).
 ///
 /// # Safety
 /// The kept calls' contracts: live communicators, device buffers of their lengths, live streams.
