@@ -45,7 +45,8 @@
 // in turn), so no unit waits behind another: a group's sends and receives progress together
 // whatever the peers' grouping (NCCL's group semantics), and any grid of at least one block is
 // correct. Nothing about the counters is passed from the host, so a captured launch is correct
-// on every replay.
+// on every replay — ordered, like every channel kernel of the rank, after its previous one (the
+// counters are read at a kernel's start and written back at its end).
 //
 // Gives up (RR_CH_ERR_WAIT) at the deadline, on a code in this rank's error word, or when a
 // rank's control segment says it failed (`abort`, through the call gate's words when the job

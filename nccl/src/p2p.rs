@@ -282,9 +282,13 @@ pub(crate) unsafe fn flush() -> Result<(), Failure> {
 /// (`RankCommunicator::enqueue_peer_group`): one process per GPU on one host, any number of
 /// ranks. Each send meets its receive per direction, in call order, on the GPUs, whatever the
 /// peer grouped with it — NCCL's contract — and the call returns once enqueued. Sends to the
-/// rank itself are copies on its stream. A group this library cannot run (streams mixed, or more
-/// than the channel's 64 sends and receives) is refused and gives the communicator up, so that
-/// its peers, which do not know, are not left waiting for it.
+/// rank itself are copies on its stream. A group this library cannot run (streams mixed, more
+/// than the channel's 64 sends and receives, sends to itself that its receives do not match) is
+/// refused before anything is enqueued and gives the communicator up, so that its peers, which
+/// do not know, are not left waiting for it. A group over several communicators runs one
+/// communicator's kernel after another on the caller's stream (NCCL progresses them as one
+/// launch): a peer that makes those transfers in the other communicators' order may wait for
+/// ever; PyTorch's groups are of one process group.
 ///
 /// # Safety
 /// As for [`flush`].
@@ -293,14 +297,7 @@ unsafe fn flush_channel(comm: &Comm, ops: &[&PointToPoint]) -> Result<(), Failur
     let me = comm.rank;
     let (own, cross): (Vec<&PointToPoint>, Vec<&PointToPoint>) =
         ops.iter().copied().partition(|op| op.peer == me);
-    if !own.is_empty() {
-        // SAFETY: our caller's contract, passed on.
-        unsafe { pairs::copy_to_self(comm, &own) }?;
-    }
-    let Some(first) = cross.first() else {
-        return Ok(());
-    };
-    let stream = first.stream;
+    let stream = ops[0].stream;
     let refused = if cross.iter().any(|op| op.stream != stream) {
         Some("mixes streams on one communicator".to_string())
     } else if cross.len() > ringreduce::internal::kernels::CHANNEL_MAX_OPS {
@@ -313,14 +310,24 @@ unsafe fn flush_channel(comm: &Comm, ops: &[&PointToPoint]) -> Result<(), Failur
     } else {
         None
     };
-    if let Some(why) = refused {
+    let give_up = |failure: Failure| {
         if let Backend::Ring(_, abort) = &comm.backend {
             abort.abort();
         }
-        return Err(unsupported(format!(
+        failure
+    };
+    if let Some(why) = refused {
+        return Err(give_up(unsupported(format!(
             "rank {me}'s group of sends and receives {why}, which ringreduce-nccl does not run; \
              the communicator is given up so that its peers do not wait for the group"
-        )));
+        ))));
+    }
+    if !own.is_empty() {
+        // SAFETY: our caller's contract, passed on.
+        unsafe { pairs::copy_to_self(comm, &own) }.map_err(give_up)?;
+    }
+    if cross.is_empty() {
+        return Ok(());
     }
     let mut peer_ops = Vec::with_capacity(cross.len());
     for op in &cross {

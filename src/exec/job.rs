@@ -130,6 +130,10 @@ pub(crate) struct Job {
     last_gated: AtomicU64,
     /// This rank gives up (`abort`, from any thread): its waits end at once.
     aborted: std::sync::atomic::AtomicBool,
+    /// This rank has launched point-to-point channel kernels not yet seen complete: they may
+    /// wait for any peer, so any peer's death is a loss (not only one before its part of the
+    /// latest call was done).
+    channel: std::sync::atomic::AtomicBool,
 }
 
 impl Job {
@@ -166,6 +170,7 @@ impl Job {
             seq: AtomicU64::new(0),
             last_gated: AtomicU64::new(0),
             aborted: std::sync::atomic::AtomicBool::new(false),
+            channel: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -199,6 +204,13 @@ impl Job {
     pub(crate) fn finished(&self, seq: u64) {
         self.control_word(self.rank, DONE)
             .fetch_max(seq, Ordering::Release);
+        self.channel.store(false, Ordering::Release);
+    }
+
+    /// This rank launched a point-to-point channel kernel: until its work is seen complete
+    /// ([`Job::finished`]), a peer whose process is gone is lost whatever it had finished.
+    pub(crate) fn channel_launched(&self) {
+        self.channel.store(true, Ordering::Release);
     }
 
     /// Tells every peer that this rank's latest call failed with `err`, blaming the rank `err`
@@ -214,15 +226,14 @@ impl Job {
             return Some(aborted);
         }
         let mut now = Instant::now();
-        peer_failure(
-            &self.control,
-            &self.processes,
-            self.rank,
-            self.seq(),
-            &mut now,
-        )
-        .err()
-        .map(|err| self.named_mismatch(None).unwrap_or(err))
+        // (A call number no peer has finished: any dead peer is lost.)
+        let seq = match self.channel.load(Ordering::Acquire) {
+            true => u64::MAX,
+            false => self.seq(),
+        };
+        peer_failure(&self.control, &self.processes, self.rank, seq, &mut now)
+            .err()
+            .map(|err| self.named_mismatch(None).unwrap_or(err))
     }
 
     /// Gives this rank up, from any thread: its own waits end at once (the start of a call, its

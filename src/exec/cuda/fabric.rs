@@ -131,6 +131,10 @@ pub(crate) trait Fabric: Send + Sync {
     /// failing slower peers.
     fn finished(&self) {}
 
+    /// This process's rank launched a point-to-point channel kernel, which may wait for any
+    /// peer until [`Fabric::finished`].
+    fn channel_launched(&self) {}
+
     /// This process's rank's latest call failed with `err`: tells the peers, whose waits then
     /// fail naming the rank to blame.
     fn fail(&self, _err: &Error) {}

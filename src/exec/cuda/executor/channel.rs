@@ -17,7 +17,6 @@ use crate::exec::cuda::kernels::{
 };
 use crate::exec::Algorithm;
 use crate::plan::StreamKind;
-use std::time::Instant;
 
 /// One send or receive of a group on the channel, as the executor takes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,8 +104,9 @@ impl CudaExecutor {
         let saved = device::save_current()?;
         let streams = stream.streams();
         let rank = &self.ranks[0];
+        // (Not `PeerWords::launched_at`: the gate's blocking calls need not wait for this kernel,
+        // whose partners are all in other processes.)
         let launched = self.fence_in(streams).and_then(|()| {
-            words.launched_at(Instant::now());
             // SAFETY: the regions are every rank's, made zeroed with the communicator and
             // touched only by its channel kernels, each rank's on its Main stream (this one);
             // the buffers are our caller's contract, ordered on Main by the fences.
@@ -116,6 +116,9 @@ impl CudaExecutor {
                     .channel(&args, rank.res.stream(StreamKind::Main))
             }
         });
+        if launched.is_ok() {
+            self.fabric.channel_launched();
+        }
         // Also after a failure: the caller's stream must not run ahead of what was enqueued.
         let fenced = self.fence_out(streams);
         drop(launching);
@@ -147,6 +150,12 @@ impl CudaExecutor {
                         "rank {me} sends to or receives from rank {} of {}: the channel joins \
                          two different ranks",
                         end.peer, self.world
+                    )));
+                }
+                if end.count > 0 && end.address == 0 {
+                    return Err(Error::InvalidArgument(format!(
+                        "rank {me}'s buffer of {} elements to or from rank {} is null",
+                        end.count, end.peer
                     )));
                 }
                 let bytes = end

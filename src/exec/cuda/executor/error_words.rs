@@ -109,7 +109,7 @@ impl CudaExecutor {
 /// What a rank's error word reports: one arm per code of
 /// [`ERROR_CODES`](crate::exec::cuda::kernels::ERROR_CODES) (a test holds it to that list).
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum KernelFailure {
+pub(super) enum KernelFailure {
     /// A peer kernel gave up waiting, `at` where ("at the start barrier"); `kernel` is the one
     /// kernel that writes the code, `None` where several do (the latest peer call's is meant).
     GaveUp {
@@ -137,7 +137,7 @@ enum KernelFailure {
 }
 
 /// What error word `code` reports; `None` for 0, no failure.
-fn kernel_failure(code: u32) -> Option<KernelFailure> {
+pub(super) fn kernel_failure(code: u32) -> Option<KernelFailure> {
     let gave_up = |kernel, at| Some(KernelFailure::GaveUp { kernel, at });
     match code {
         0 => None,

@@ -7,10 +7,11 @@
 //! when nobody calls into the library (a C program that only synchronizes its stream), and the
 //! next call, `synchronize` or health check names the lost peer.
 
+use super::error_words::{kernel_failure, KernelFailure};
 use super::rank::RankRes;
 use crate::error::{Error, Result};
 use crate::exec::cuda::fabric::Fabric;
-use crate::exec::cuda::kernels::{CH_ERR_MISMATCH_BIT, ERR_PEER_LOST};
+use crate::exec::cuda::kernels::ERR_PEER_LOST;
 use crossbeam_channel::{RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -62,7 +63,7 @@ impl PeerWatch {
 /// lost peer, and once one has been lost for [`LOST_GRACE`] it gives every rank of this process
 /// up (`RankRes::give_up`, [`ERR_PEER_LOST`]) and ends. It also tells the peers, once, of a
 /// receive that the point-to-point channel found different from its send
-/// ([`CH_ERR_MISMATCH_BIT`] in a rank's error word: only the receiving rank sees it), so that the
+/// (`CH_ERR_MISMATCH_BIT` in a rank's error word: only the receiving rank sees it), so that the
 /// sender's kernel, which may wait for that receive to take its chunks, gives up too. Stopped and
 /// joined when dropped (within one [`WATCH_EVERY`]); it never panics.
 pub(super) struct Watcher {
@@ -105,15 +106,17 @@ impl Watcher {
 /// Tells the peers (`Fabric::fail`) of a channel receive that a rank of `ranks` found different
 /// from its send; whether there was one.
 fn tell_channel_mismatch(fabric: &dyn Fabric, ranks: &[Arc<RankRes>]) -> bool {
-    let Some((rank, code)) = ranks
+    let Some((rank, peer)) = ranks
         .iter()
-        .map(|r| (r.rank, r.error_code()))
-        .find(|&(_, code)| code & CH_ERR_MISMATCH_BIT != 0)
+        .find_map(|r| match kernel_failure(r.error_code()) {
+            Some(KernelFailure::ChannelMismatch { peer }) => Some((r.rank, peer)),
+            _ => None,
+        })
     else {
         return false;
     };
     fabric.fail(&Error::CallMismatch {
-        rank: (code & 0xffff) as usize,
+        rank: peer,
         theirs: "a send to this rank of another size or type".into(),
         this: rank,
         ours: "the receive the channel matched with it".into(),

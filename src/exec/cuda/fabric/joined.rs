@@ -338,6 +338,10 @@ impl Fabric for Joined {
         self.job.finished(self.job.seq());
     }
 
+    fn channel_launched(&self) {
+        self.job.channel_launched();
+    }
+
     fn fail(&self, err: &Error) {
         self.job.abort_peers(err);
     }
