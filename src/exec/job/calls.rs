@@ -347,8 +347,30 @@ mod tests {
                 seq: AtomicU64::new(0),
                 last_gated: AtomicU64::new(0),
                 aborted: AtomicBool::new(false),
+                channel: AtomicBool::new(false),
             })
             .collect()
+    }
+
+    #[test]
+    fn a_dead_peer_is_lost_while_channel_kernels_are_in_flight_whatever_it_finished() {
+        let mut dead = std::process::Command::new("true").spawn().unwrap();
+        dead.wait().unwrap();
+        let here = |pid| super::super::Process { pid, here: true };
+        let processes = Arc::new(vec![here(std::process::id()), here(dead.id()), here(1)]);
+        let job = three_jobs("channel-dead").swap_remove(0);
+        let job = Job { processes, ..job };
+        // No call yet: a peer gone having finished every call so far is no loss.
+        assert!(job.failed_peer().is_none());
+        job.channel_launched();
+        let lost = job.failed_peer().expect("rank 1's process is gone");
+        assert!(
+            matches!(lost, Error::RankFailed { rank: 1, .. }),
+            "{lost:?}"
+        );
+        // Once this rank's work is seen complete, no longer.
+        job.finished(0);
+        assert!(job.failed_peer().is_none());
     }
 
     fn all_reduce_of(count: usize) -> CallShape {
