@@ -15,10 +15,10 @@
 //! Sends and receives are kept until their group ends (run at once outside a group); then they
 //! run as NCCL defines them: a send meets its receive per direction, in call order, whatever
 //! either rank grouped with it, and ranks not party to a transfer take no part — one kernel of
-//! the core's point-to-point channel a group (module `p2p`). Without a channel (GPUs that do not
-//! reach each other, ranks on several hosts) a pair's two ranks must group their sends and
-//! receives to each other alike (module `pairs`: on three ranks or more, a communicator per
-//! pair, made at the pair's first transfer). `ncclCommSplit` and `ncclCommShrink` make sub-communicators (modules
+//! the core's point-to-point channel a group (module `p2p`), where `RINGREDUCE_NCCL_CHANNEL=1`
+//! gives communicators one (off by default: not yet run on a GPU). Without a channel a pair's
+//! two ranks must group their sends and receives to each other alike (module `pairs`: on three
+//! ranks or more, a communicator per pair, made at the pair's first transfer). `ncclCommSplit` and `ncclCommShrink` make sub-communicators (modules
 //! `subcomm`, `pairs`) and
 //! `ncclRedOpCreatePreMulSum` operators (module `redop`). No call has a deadline unless
 //! `RINGREDUCE_NCCL_TIMEOUT` gives one (NCCL has none); a peer whose process is gone is named at

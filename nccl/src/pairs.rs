@@ -1,6 +1,5 @@
 //! Point-to-point on a communicator of three ranks or more that has no point-to-point channel
-//! (its GPUs do not reach each other, or ranks on several hosts: module `p2p` uses the channel
-//! wherever there is one): a send meets its receive per (sender, receiver) pair, in call order,
+//! (module `p2p` uses the channel wherever `RINGREDUCE_NCCL_CHANNEL=1` made one): a send meets its receive per (sender, receiver) pair, in call order,
 //! and ranks not party to a transfer take no part — what a pipeline of stages needs (rank 0 sends
 //! to 1 while rank 2 computes).
 //!

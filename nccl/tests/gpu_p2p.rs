@@ -5,7 +5,8 @@
 //! larger than the channel buffers); types mixed in a group; two sends in one group against two
 //! receives apart; a receive of nothing; with three ranks a pipeline 0 → 1 → 2 and back 2 → 0, in
 //! which each rank takes part only in its own transfers. Then a receive whose send is of another
-//! size: the receiving rank's communicator fails, its buffer untouched.
+//! size: the receiving rank's communicator fails, its buffer untouched. On the point-to-point
+//! channel (`RINGREDUCE_NCCL_CHANNEL=1`).
 //! The ranks share GPU 0 on a one-GPU machine (`RINGREDUCE_NCCL_ALLOW_SHARED_GPU=1`); a machine
 //! without a GPU waives the test.
 
@@ -244,6 +245,7 @@ fn sends_meet_receives_per_direction_whatever_the_grouping() {
                     ("RINGREDUCE_TEST_ID_FILE".into(), path.display().to_string()),
                     ("RINGREDUCE_NCCL_ALLOW_SHARED_GPU".into(), "1".into()),
                     ("RINGREDUCE_NCCL_LOG".into(), "1".into()),
+                    ("RINGREDUCE_NCCL_CHANNEL".into(), "1".into()),
                 ]
             },
         );

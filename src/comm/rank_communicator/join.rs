@@ -143,14 +143,15 @@ fn gpu_fingerprint(config: &CudaConfig) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     format!(
-        "{:?} {} {:?} {:?} {} {} {}",
+        "{:?} {} {:?} {:?} {} {} {} {}",
         config.transport,
         config.slots,
         config.chunk_bytes,
         config.algorithm,
         config.deterministic,
         config.low_latency,
-        config.allow_shared_device
+        config.allow_shared_device,
+        config.peer_groups
     )
     .hash(&mut h);
     h.finish()

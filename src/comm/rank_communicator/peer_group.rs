@@ -99,9 +99,10 @@ impl RankCommunicator {
     /// doc): each send's peer must make the matching receive, and each receive's peer the
     /// matching send, in some call of theirs. Refused, changing nothing
     /// ([`Error::InvalidArgument`]): a buffer not on this rank's GPU, a peer that is this rank or
-    /// beyond the world, no ops or more than 64, and a communicator without the channel — host
-    /// ranks, ranks on several hosts, GPUs that do not reach each other, or regions that could
-    /// not be allocated ([`RankCommunicator::has_peer_groups`]).
+    /// beyond the world, no ops or more than 64, and a communicator without the channel — made
+    /// without [`CudaConfig::peer_groups`](crate::CudaConfig::peer_groups), host ranks, ranks on
+    /// several hosts, GPUs that do not reach each other, or a region that could not be allocated
+    /// ([`RankCommunicator::has_peer_groups`]). Not yet run on a GPU.
     ///
     /// # Safety
     /// Every buffer stays allocated until `stream` has passed the call, the sends unwritten and
@@ -132,16 +133,18 @@ impl RankCommunicator {
                 })
             }
             _ => Err(Error::InvalidArgument(
-                "groups of sends and receives run on GPU ranks of one host, one process per GPU, \
-                 whose GPUs reach each other (RankCommunicator::has_peer_groups)"
+                "groups of sends and receives run on GPU ranks made with CudaConfig::peer_groups, \
+                 of one host, one process per GPU, whose GPUs reach each other \
+                 (RankCommunicator::has_peer_groups)"
                     .into(),
             )),
         }
     }
 
-    /// Whether [`RankCommunicator::enqueue_peer_group`] runs here: a GPU rank of a job on one
-    /// host, one process per GPU, whose GPUs reach each other and whose ranks all made their
-    /// region at creation.
+    /// Whether [`RankCommunicator::enqueue_peer_group`] runs here: a GPU rank made with
+    /// [`CudaConfig::peer_groups`](crate::CudaConfig::peer_groups), of a job on one host, one
+    /// process per GPU, whose GPUs reach each other and whose ranks all made their channel region
+    /// at creation.
     pub fn has_peer_groups(&self) -> bool {
         match &self.inner {
             Inner::Gpu { exec, .. } => exec.has_channel(),

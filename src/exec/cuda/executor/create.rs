@@ -140,9 +140,9 @@ impl CudaExecutor {
             let mut records = Vec::with_capacity(ranks.len());
             for r in &ranks {
                 let low_latency = config.low_latency && peers_ok;
-                // The point-to-point channel's region, where the ranks' GPUs reach each other
-                // and the kernel serves their number.
-                let channel = alone && peers_ok && world <= PEER_MAX_RANKS;
+                // The point-to-point channel's region, where asked, the ranks' GPUs reach each
+                // other and the kernel serves their number.
+                let channel = config.peer_groups && alone && peers_ok && world <= PEER_MAX_RANKS;
                 let (words, record) = allocate_peer_words(
                     &r.res,
                     &*fabric,

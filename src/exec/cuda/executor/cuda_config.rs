@@ -69,6 +69,12 @@ pub struct CudaConfig {
     /// [`crate::exec::profile`]; `ringreduce bench --profile-host`). Off by default: on, each call
     /// keeps a few hundred bytes until they are taken.
     pub profile_host: bool,
+    /// Give each rank of a job of one process per GPU (whose GPUs reach each other) the
+    /// point-to-point channel's region, `2 MiB × world` of GPU memory, so that
+    /// [`RankCommunicator::enqueue_peer_group`](crate::RankCommunicator::enqueue_peer_group)
+    /// runs: sends and receives matched per direction on the GPUs (`cuda/channel.cuh`). Off by
+    /// default until the channel has run on a GPU (it has not yet).
+    pub peer_groups: bool,
 }
 
 impl Default for CudaConfig {
@@ -85,6 +91,7 @@ impl Default for CudaConfig {
             launch_threads: false,
             low_latency: false,
             profile_host: false,
+            peer_groups: false,
         }
     }
 }
