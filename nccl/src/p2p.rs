@@ -178,7 +178,7 @@ pub(crate) unsafe fn rooted(
 }
 
 /// `ncclSend`: `count` elements to `peer`, matched by its `ncclRecv` from this rank of the same
-/// turn, in call order ([`flush`]).
+/// turn, in call order (when its group ends).
 #[no_mangle]
 pub unsafe extern "C" fn ncclSend(
     sendbuff: *const c_void,
