@@ -219,35 +219,22 @@ pub(super) fn allocate_peer_words(
         None => None,
     };
     record.push(u64::from(fabric.gate().is_some()));
-    match arena.as_ref().map(Owned::exported) {
-        Some(exported @ (Exported::Device { bytes, .. } | Exported::Host { bytes, .. })) => {
-            record.push(bytes as u64);
-            let handle = fabric.export(res.rank, exported)?;
-            record.push(handle.len() as u64);
-            record.extend(handle);
-        }
-        None => record.push(0),
-    }
+    push_optional(
+        &mut record,
+        fabric,
+        res.rank,
+        arena.as_ref().map(Owned::exported),
+    )?;
     // As for the arena: without one, sends and receives meet their peers (`channel_of`).
     let channel_region = match channel {
         true => zeroed(channel_bytes(fabric.world())).ok(),
         false => None,
     };
-    match &channel_region {
-        Some(b) => {
-            record.push(b.len_bytes() as u64);
-            let handle = fabric.export(
-                res.rank,
-                Exported::Device {
-                    addr: b.ptr(),
-                    bytes: b.len_bytes(),
-                },
-            )?;
-            record.push(handle.len() as u64);
-            record.extend(handle);
-        }
-        None => record.push(0),
-    }
+    let exported = channel_region.as_ref().map(|b| Exported::Device {
+        addr: b.ptr(),
+        bytes: b.len_bytes(),
+    });
+    push_optional(&mut record, fabric, res.rank, exported)?;
     Ok((
         OwnWords {
             flags,
@@ -257,6 +244,58 @@ pub(super) fn allocate_peer_words(
         },
         record,
     ))
+}
+
+/// Pushes `memory`'s size and export handle (length first) onto `record`, or 0 for none.
+fn push_optional(
+    record: &mut Record,
+    fabric: &dyn Fabric,
+    rank: usize,
+    memory: Option<Exported>,
+) -> Result<()> {
+    match memory {
+        Some(exported @ (Exported::Device { bytes, .. } | Exported::Host { bytes, .. })) => {
+            record.push(bytes as u64);
+            let handle = fabric.export(rank, exported)?;
+            record.push(handle.len() as u64);
+            record.extend(handle);
+        }
+        None => record.push(0),
+    }
+    Ok(())
+}
+
+/// What [`push_optional`] pushed: the size (0 for none) and the handle.
+fn take_optional<'a>(fields: &mut Fields<'a>) -> Result<(u64, Option<&'a [u64]>)> {
+    let bytes = fields.word()?;
+    let handle = match bytes {
+        0 => None,
+        _ => {
+            let len = fields.word()? as usize;
+            Some(fields.take(len)?)
+        }
+    };
+    Ok((bytes, handle))
+}
+
+/// Every rank's memory of `optional` (by rank, [`take_optional`]'s) imported, where every rank
+/// made one of `bytes`: only then does every rank use it (prepares alone what the others do, or
+/// pushes into what each peer made).
+fn import_every(
+    fabric: &dyn Fabric,
+    rank: usize,
+    optional: &[(u64, Option<&[u64]>)],
+    bytes: usize,
+) -> Result<Option<Vec<u64>>> {
+    if !optional.iter().all(|&(made, _)| made == bytes as u64) {
+        return Ok(None);
+    }
+    optional
+        .iter()
+        .enumerate()
+        .map(|(from, &(_, handle))| fabric.import(rank, from, handle.unwrap_or_default()))
+        .collect::<Result<Vec<u64>>>()
+        .map(Some)
 }
 
 /// A rank's own peer words between [`allocate_peer_words`] and [`connect_peer_words`].
@@ -303,59 +342,17 @@ pub(super) fn connect_peer_words(
             ll_recv_of.push(next(&mut fields)?);
         }
         gated_everywhere &= fields.word()? == 1;
-        let bytes = fields.word()?;
-        let handle = match bytes {
-            0 => None,
-            _ => {
-                let len = fields.word()? as usize;
-                Some(fields.take(len)?)
-            }
-        };
-        arenas.push((bytes, handle));
-        let bytes = fields.word()?;
-        let handle = match bytes {
-            0 => None,
-            _ => {
-                let len = fields.word()? as usize;
-                Some(fields.take(len)?)
-            }
-        };
-        regions.push((bytes, handle));
+        arenas.push(take_optional(&mut fields)?);
+        regions.push(take_optional(&mut fields)?);
         fields.finish()?;
     }
     // The arenas are used only where every rank made one of the same size: only then does every
     // rank prepare alone what the others do.
-    let every = arenas.iter().all(|&(bytes, _)| bytes == ARENA_BYTES as u64);
+    let arena_of = import_every(fabric, res.rank, &arenas, ARENA_BYTES)?;
     // (Unused, this rank's own is freed now.)
-    let arena = arena.filter(|_| every);
-    let arena_of = match every {
-        true => Some(
-            arenas
-                .iter()
-                .enumerate()
-                .map(|(from, &(_, handle))| {
-                    fabric.import(res.rank, from, handle.unwrap_or_default())
-                })
-                .collect::<Result<Vec<u64>>>()?,
-        ),
-        false => None,
-    };
-    let every = regions
-        .iter()
-        .all(|&(bytes, _)| bytes == channel_bytes(records.len()) as u64);
-    let channel_region = channel_region.filter(|_| every);
-    let channel_of = match every {
-        true => Some(
-            regions
-                .iter()
-                .enumerate()
-                .map(|(from, &(_, handle))| {
-                    fabric.import(res.rank, from, handle.unwrap_or_default())
-                })
-                .collect::<Result<Vec<u64>>>()?,
-        ),
-        false => None,
-    };
+    let arena = arena.filter(|_| arena_of.is_some());
+    let channel_of = import_every(fabric, res.rank, &regions, channel_bytes(records.len()))?;
+    let channel_region = channel_region.filter(|_| channel_of.is_some());
     let max_blocks = identities
         .iter()
         .map(|id| {
