@@ -15,13 +15,12 @@ mod common;
 #[path = "common/ranks.rs"]
 mod ranks;
 
-use common::launch::{as_rank, expect_success, launch};
-use ranks::{gpu_of, ok, unique_id};
+use common::launch::as_rank;
+use ranks::{gpu_of, ok, run_jobs, unique_id};
 use ringreduce::{Buffer, GpuBuffer};
 use ringreduce_nccl::abi::*;
 use ringreduce_nccl::*;
 use std::ffi::c_void;
-use std::time::Duration;
 
 /// Elements of the large send: 12 MiB of f32, more than a direction's channel buffers (8 lanes
 /// × 4 slots × 64 KiB).
@@ -216,8 +215,9 @@ fn rank_part(rank: usize, world: usize, id_path: &std::path::Path) {
             "rank 1: the mismatch is named"
         );
     }
-    // SAFETY: a live communicator, destroyed once.
-    ok("destroy", unsafe { ncclCommDestroy(comm) });
+    // SAFETY: a live communicator, destroyed once. (Its result is not asked: rank 1's failure
+    // was told to every rank, whose shutdown may report it.)
+    let _ = unsafe { ncclCommDestroy(comm) };
     println!("rank {rank}: point-to-point per direction through NCCL's API");
 }
 
@@ -231,25 +231,11 @@ fn sends_meet_receives_per_direction_whatever_the_grouping() {
     if common::two_gpus_or_shared().is_none() {
         return;
     }
-    for world in [2, 3] {
-        let path = std::env::temp_dir().join(format!(
-            "ringreduce-nccl-p2p-id-{}-{world}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_file(&path);
-        let ranks = launch(
-            "sends_meet_receives_per_direction_whatever_the_grouping",
-            world,
-            |_| {
-                vec![
-                    ("RINGREDUCE_TEST_ID_FILE".into(), path.display().to_string()),
-                    ("RINGREDUCE_NCCL_ALLOW_SHARED_GPU".into(), "1".into()),
-                    ("RINGREDUCE_NCCL_LOG".into(), "1".into()),
-                    ("RINGREDUCE_NCCL_CHANNEL".into(), "1".into()),
-                ]
-            },
-        );
-        expect_success(ranks, Duration::from_secs(180));
-        let _ = std::fs::remove_file(&path);
-    }
+    run_jobs(
+        "sends_meet_receives_per_direction_whatever_the_grouping",
+        &[
+            ("RINGREDUCE_NCCL_LOG", "1"),
+            ("RINGREDUCE_NCCL_CHANNEL", "1"),
+        ],
+    );
 }

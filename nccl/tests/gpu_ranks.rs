@@ -13,10 +13,10 @@
 #[path = "../../tests/common/mod.rs"]
 mod common;
 
-use common::launch::{as_rank, expect_success, launch};
+use common::launch::{as_rank, expect_success};
 #[path = "common/ranks.rs"]
 mod ranks;
-use ranks::{gpu_of, ok, unique_id};
+use ranks::{gpu_of, launch_job, ok, run_jobs, unique_id};
 use ringreduce::GpuBuffer;
 use ringreduce_nccl::abi::*;
 use ringreduce_nccl::*;
@@ -372,20 +372,6 @@ fn rank_part(rank: usize, world: usize, id_path: &std::path::Path) {
     println!("rank {rank}: every collective exact through NCCL's API");
 }
 
-/// The `world` processes of `test`, told where rank 0 writes the job's id and that ranks may
-/// share a GPU.
-fn launch_job(test: &str, world: usize, id_path: &std::path::Path) -> Vec<std::process::Child> {
-    launch(test, world, |_| {
-        vec![
-            (
-                "RINGREDUCE_TEST_ID_FILE".into(),
-                id_path.display().to_string(),
-            ),
-            ("RINGREDUCE_NCCL_ALLOW_SHARED_GPU".into(), "1".into()),
-        ]
-    })
-}
-
 fn every_sum(values: &mut dyn Iterator<Item = f32>) -> f32 {
     values.sum()
 }
@@ -404,18 +390,10 @@ fn ranks_as_processes_run_every_collective_through_nccls_api() {
     if common::two_gpus_or_shared().is_none() {
         return;
     }
-    for world in [2, 3] {
-        let path =
-            std::env::temp_dir().join(format!("ringreduce-nccl-id-{}-{world}", std::process::id()));
-        let _ = std::fs::remove_file(&path);
-        let ranks = launch_job(
-            "ranks_as_processes_run_every_collective_through_nccls_api",
-            world,
-            &path,
-        );
-        expect_success(ranks, Duration::from_secs(180));
-        let _ = std::fs::remove_file(&path);
-    }
+    run_jobs(
+        "ranks_as_processes_run_every_collective_through_nccls_api",
+        &[],
+    );
 }
 
 /// This process's rank's communicator on `id`, made as `config.blocking = 0` asks: the call
@@ -577,6 +555,7 @@ fn nonblocking_creation_abort_and_a_dead_peer_through_nccls_api() {
         "nonblocking_creation_abort_and_a_dead_peer_through_nccls_api",
         3,
         &path,
+        &[],
     );
     let dead = ranks.remove(2);
     expect_success(ranks, Duration::from_secs(180));

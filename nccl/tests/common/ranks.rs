@@ -1,6 +1,8 @@
 //! What the NCCL-API tests of several processes share: a call's result checked, the job's id
-//! handed out through a file, and each rank's GPU and stream.
+//! handed out through a file, each rank's GPU and stream, and the jobs launched. Included beside
+//! `tests/common` (as `common`) by each test that uses it.
 
+use crate::common::launch::{expect_success, launch};
 use ringreduce_nccl::abi::*;
 use ringreduce_nccl::*;
 use std::ffi::CStr;
@@ -51,4 +53,42 @@ pub fn gpu_of(rank: usize, world: usize) -> (usize, std::sync::Arc<cudarc::drive
     let ctx = ringreduce::device::context(device).unwrap();
     ctx.bind_to_thread().unwrap();
     (device, ctx.new_stream().unwrap())
+}
+
+/// The `world` processes of `test` (this executable, its test function again, which finds itself
+/// a rank), told where rank 0 writes the job's id and that ranks may share a GPU, with `env`.
+pub fn launch_job(
+    test: &str,
+    world: usize,
+    id_path: &std::path::Path,
+    env: &[(&str, &str)],
+) -> Vec<std::process::Child> {
+    launch(test, world, |_| {
+        let mut vars: Vec<(String, String)> = vec![
+            (
+                "RINGREDUCE_TEST_ID_FILE".into(),
+                id_path.display().to_string(),
+            ),
+            ("RINGREDUCE_NCCL_ALLOW_SHARED_GPU".into(), "1".into()),
+        ];
+        vars.extend(env.iter().map(|&(k, v)| (k.to_string(), v.to_string())));
+        vars
+    })
+}
+
+/// `test` as a job of two processes, then of three ([`launch_job`]), each expected to succeed
+/// within 180 s.
+pub fn run_jobs(test: &str, env: &[(&str, &str)]) {
+    for world in [2, 3] {
+        let path = std::env::temp_dir().join(format!(
+            "ringreduce-nccl-{test}-{}-{world}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&path);
+        expect_success(
+            launch_job(test, world, &path, env),
+            Duration::from_secs(180),
+        );
+        let _ = std::fs::remove_file(&path);
+    }
 }
