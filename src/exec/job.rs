@@ -132,7 +132,10 @@ pub(crate) struct Job {
     aborted: std::sync::atomic::AtomicBool,
     /// This rank has launched point-to-point channel kernels not yet seen complete: they may
     /// wait for any peer, so any peer's death is a loss (not only one before its part of the
-    /// latest call was done).
+    /// latest call was done). Seen complete only by [`Job::finished`] (a blocking call,
+    /// `synchronize`, an idle health poll): a peer that exits without destroying or aborting its
+    /// communicator after this rank's channel work completed, but before this rank's host saw
+    /// it complete, is reported lost.
     channel: std::sync::atomic::AtomicBool,
 }
 
