@@ -13,12 +13,14 @@
 //! codes with the message kept for `ncclGetLastError`; a panic never crosses into C.
 //!
 //! Sends and receives are kept until their group ends (run at once outside a group); then they
-//! run as NCCL defines them: a send meets its receive per direction, in call order, whatever
-//! either rank grouped with it, and ranks not party to a transfer take no part — one kernel of
-//! the core's point-to-point channel a group (module `p2p`), where `RINGREDUCE_NCCL_CHANNEL=1`
-//! gives communicators one (off by default: not yet run on a GPU). Without a channel a pair's
-//! two ranks must group their sends and receives to each other alike (module `pairs`: on three
-//! ranks or more, a communicator per pair, made at the pair's first transfer). `ncclCommSplit` and `ncclCommShrink` make sub-communicators (modules
+//! run as NCCL defines them but for one condition: a send meets its receive per (sender,
+//! receiver) pair, in call order, and ranks not party to a transfer take no part (module
+//! `pairs`: on three ranks or more, a communicator per pair, made at the pair's first transfer;
+//! module `transfers`: a group as a list of transfers), and a pair's two ranks must group their
+//! sends and receives to each other alike — NCCL does not ask that. With
+//! `RINGREDUCE_NCCL_CHANNEL=1` (off by default: not yet run on a GPU) each group is one kernel of
+//! the core's point-to-point channel instead (module `p2p`), matched per direction whatever either
+//! rank grouped. `ncclCommSplit` and `ncclCommShrink` make sub-communicators (modules
 //! `subcomm`, `pairs`) and
 //! `ncclRedOpCreatePreMulSum` operators (module `redop`). No call has a deadline unless
 //! `RINGREDUCE_NCCL_TIMEOUT` gives one (NCCL has none); a peer whose process is gone is named at
@@ -245,6 +247,7 @@ mod redop;
 mod registration;
 mod rma;
 mod subcomm;
+mod transfers;
 
 pub use collectives::*;
 pub use device_pointers::*;
@@ -260,6 +263,7 @@ pub use subcomm::*;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transfers::matched_transfers;
     use ringreduce::Error;
 
     #[test]
@@ -315,7 +319,7 @@ mod tests {
     #[test]
     fn two_ranks_build_one_list_of_transfers_from_their_own_calls_alone() {
         let list = |me: usize, ops: &[(bool, usize)]| -> Vec<(usize, usize, usize)> {
-            p2p::transfers_of_two(me, ops)
+            transfers::transfers_of_two(me, ops)
                 .iter()
                 .map(|t| (t.from, t.to, t.count))
                 .collect()

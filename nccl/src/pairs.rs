@@ -1,14 +1,15 @@
 //! Point-to-point on a communicator of three ranks or more that has no point-to-point channel
-//! (module `p2p` uses the channel wherever `RINGREDUCE_NCCL_CHANNEL=1` made one): a send meets its receive per (sender, receiver) pair, in call order,
-//! and ranks not party to a transfer take no part — what a pipeline of stages needs (rank 0 sends
+//! (module `p2p` uses the channel wherever `RINGREDUCE_NCCL_CHANNEL=1` made one): a send meets
+//! its receive per (sender, receiver) pair, in call order, and ranks not party to a transfer
+//! take no part — what a pipeline of stages needs (rank 0 sends
 //! to 1 while rank 2 computes).
 //!
 //! Each pair of ranks that exchanges anything gets a communicator of its own, of two ranks, made
 //! at its first transfer: the lower rank makes its [`UniqueId`] and hands it to the higher one
 //! through the higher one's *mailbox* (a socket each rank listens on from its communicator's
 //! creation, whose ports the ranks all-gather then); both then join it. A group's transfers run
-//! pair by pair, each pair's as one grouped send/recv on the pair's communicator (`p2p`), in an
-//! order every rank shares — by (lower rank, higher rank) — so that no two ranks wait for each
+//! pair by pair, each pair's as one grouped send/recv on the pair's communicator (module
+//! `transfers`), in an order every rank shares — by (lower rank, higher rank) — so that no two ranks wait for each
 //! other in opposite orders. A transfer to the rank itself is a copy on the caller's stream.
 //!
 //! The mailbox also carries `ncclCommShrink`'s id ([`shrink`]): only the kept ranks call it, so
@@ -287,7 +288,7 @@ pub(crate) unsafe fn flush_pairs(
             .collect();
         let refs: Vec<&PointToPoint> = remapped.iter().collect();
         // SAFETY: our caller's contract, passed on; the pair's handle lives as long as `parent`.
-        unsafe { flush_one(handle, &refs) }?;
+        unsafe { transfers::flush_one(handle, &refs) }?;
     }
     Ok(())
 }
