@@ -17,9 +17,9 @@
 #             (the package on CUDA tensors) and nccl/tests/torch_preload.py (torch's nccl backend
 #             on the C library, preloaded), each under torch.distributed.run with 2 and 3
 #             processes, then examples/python/ at 2
-#   channel   the point-to-point channel (off by default until this passes; needs a pack made with
-#             nccl:gpu_p2p): nccl/tests/gpu_p2p.rs, then the torch jobs pipeline, coalesce and
-#             gatherscatter at 3 and 2 processes with RINGREDUCE_NCCL_CHANNEL=1, each beside NCCL
+#   channel   the point-to-point channel (needs a pack made with nccl:gpu_p2p):
+#             nccl/tests/gpu_p2p.rs, then the torch jobs pipeline, coalesce and gatherscatter at
+#             3 and 2 processes, each beside NCCL
 #   latency   issue 14: the all-reduce 8 B–32 MiB eager and in graphs against every NCCL
 #             configuration, random sizes (both placements), the host-phase profile; then
 #             launcher threads and the LL one-shot alone up to 1 MiB (both opt-in until this runs);
@@ -113,7 +113,7 @@ case $phase in
     root=$(cd "$bin/../../.." && pwd)
     RINGREDUCE_NCCL_TIMEOUT=40 RINGREDUCE_NCCL_SOURCES=$root/nccl \
       step test-nccl-gpu_p2p 150 "$bin/test-nccl-gpu_p2p" --test-threads=1 --nocapture
-    RINGREDUCE_NCCL_CHANNEL=1 TORCH_JOBS="pipeline coalesce gatherscatter" step torch-channel 400 \
+    TORCH_JOBS="pipeline coalesce gatherscatter" step torch-channel 400 \
       bash "$root/nccl/tests/torch_jobs.sh" "$bin/libringreduce_nccl.so" "$logs/torch-channel" 3 2
     ;;
   *) echo "unknown phase $phase"; exit 2 ;;

@@ -380,8 +380,9 @@ pub unsafe extern "C" fn ncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) ->
 /// ([`CudaConfig::low_latency`]) runs all-reduces up to 64 KiB a rank, as NCCL's LL protocol
 /// runs small messages — one launch a call, no copy of the caller's buffers
 /// (`RINGREDUCE_NCCL_LL=0`: the read one-shot, which copies them); `RINGREDUCE_NCCL_TIMEOUT`
-/// (seconds) gives every call a deadline; `RINGREDUCE_NCCL_CHANNEL=1` runs sends and receives
-/// on the point-to-point channel ([`CudaConfig::peer_groups`]; not yet run on a GPU). Without it there is none (NCCL has none: a peer that
+/// (seconds) gives every call a deadline; sends and receives run on the
+/// point-to-point channel ([`CudaConfig::peer_groups`]) unless `RINGREDUCE_NCCL_CHANNEL=0`.
+/// Without a timeout there is none (NCCL has none: a peer that
 /// comes an hour late is waited for, and a hung one is the framework's watchdog's to judge, which
 /// ends it with `ncclCommAbort`); a peer whose process is gone is still named at once.
 /// Technically "none" is ringreduce's longest deadline, a week ([`MAX_TIMEOUT`]).
@@ -395,7 +396,7 @@ pub(crate) fn config_from_env() -> Result<CudaConfig, Failure> {
             .is_ok_and(|v| v == "1"),
         timeout,
         low_latency: std::env::var("RINGREDUCE_NCCL_LL").map_or(true, |v| v != "0"),
-        peer_groups: std::env::var("RINGREDUCE_NCCL_CHANNEL").is_ok_and(|v| v == "1"),
+        peer_groups: std::env::var("RINGREDUCE_NCCL_CHANNEL").map_or(true, |v| v != "0"),
         ..CudaConfig::default()
     })
 }

@@ -17,10 +17,11 @@
 //! receiver) pair, in call order, and ranks not party to a transfer take no part (module
 //! `pairs`: on three ranks or more, a communicator per pair, made at the pair's first transfer;
 //! module `transfers`: a group as a list of transfers), and a pair's two ranks must group their
-//! sends and receives to each other alike — NCCL does not ask that. With
-//! `RINGREDUCE_NCCL_CHANNEL=1` (off by default: not yet run on a GPU) each group is one kernel of
-//! the core's point-to-point channel instead (module `p2p`), matched per direction whatever either
-//! rank grouped. `ncclCommSplit` and `ncclCommShrink` make sub-communicators (modules
+//! sends and receives to each other alike — NCCL does not ask that. That is the path of
+//! communicators without a point-to-point channel (`RINGREDUCE_NCCL_CHANNEL=0`, more than 8
+//! ranks, GPUs that do not all reach each other, ranks across hosts); on the others, the default,
+//! each group is one kernel of the core's point-to-point channel (module `p2p`), matched per
+//! direction whatever either rank grouped. `ncclCommSplit` and `ncclCommShrink` make sub-communicators (modules
 //! `subcomm`, `pairs`) and
 //! `ncclRedOpCreatePreMulSum` operators (module `redop`). No call has a deadline unless
 //! `RINGREDUCE_NCCL_TIMEOUT` gives one (NCCL has none); a peer whose process is gone is named at

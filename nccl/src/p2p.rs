@@ -291,7 +291,7 @@ pub(crate) unsafe fn flush() -> Result<(), Failure> {
 /// # Safety
 /// As for [`flush`].
 unsafe fn flush_channel(comm: &Comm, ops: &[&PointToPoint]) -> Result<(), Failure> {
-    fallback::log("ncclSend/ncclRecv", "ringreduce");
+    fallback::log("ncclSend/ncclRecv", "ringreduce (channel)");
     let me = comm.rank;
     let (own, cross): (Vec<&PointToPoint>, Vec<&PointToPoint>) =
         ops.iter().copied().partition(|op| op.peer == me);

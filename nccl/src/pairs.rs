@@ -1,5 +1,5 @@
 //! Point-to-point on a communicator of three ranks or more that has no point-to-point channel
-//! (module `p2p` uses the channel wherever `RINGREDUCE_NCCL_CHANNEL=1` made one): a send meets
+//! (module `p2p` uses the channel wherever the communicator has one, the default): a send meets
 //! its receive per (sender, receiver) pair, in call order, and ranks not party to a transfer
 //! take no part — what a pipeline of stages needs (rank 0 sends
 //! to 1 while rank 2 computes).

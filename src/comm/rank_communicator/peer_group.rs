@@ -102,7 +102,7 @@ impl RankCommunicator {
     /// beyond the world, no ops or more than 64, and a communicator without the channel — made
     /// without [`CudaConfig::peer_groups`](crate::CudaConfig::peer_groups), host ranks, ranks on
     /// several hosts, GPUs that do not reach each other, or a region that could not be allocated
-    /// ([`RankCommunicator::has_peer_groups`]). Not yet run on a GPU.
+    /// ([`RankCommunicator::has_peer_groups`]).
     ///
     /// # Safety
     /// Every buffer stays allocated until `stream` has passed the call, the sends unwritten and

@@ -72,8 +72,8 @@ pub struct CudaConfig {
     /// Give each rank of a job of one process per GPU (whose GPUs reach each other) the
     /// point-to-point channel's region, `2 MiB × world` of GPU memory, so that
     /// [`RankCommunicator::enqueue_peer_group`](crate::RankCommunicator::enqueue_peer_group)
-    /// runs: sends and receives matched per direction on the GPUs (`cuda/channel.cuh`). Off by
-    /// default until the channel has run on a GPU (it has not yet).
+    /// runs: sends and receives matched per direction on the GPUs (`cuda/channel.cuh`). On by
+    /// default; off saves that memory, and the group calls are then refused.
     pub peer_groups: bool,
 }
 
@@ -91,7 +91,7 @@ impl Default for CudaConfig {
             launch_threads: false,
             low_latency: false,
             profile_host: false,
-            peer_groups: false,
+            peer_groups: true,
         }
     }
 }
