@@ -6,10 +6,27 @@
 # library preloaded (LIB: libringreduce_nccl.so), once on the real NCCL (each rank claiming a
 # host of its own, NCCL_HOSTID, so that NCCL accepts ranks sharing a GPU). Logs go under OUT;
 # prints one line per run with its exit code and nccl-tests' count of wrong values; exits 1 if
-# any run failed or found one.
+# any run failed or found one. BUILD may instead be nccl-tests' source tree (its Makefile, no
+# build/ yet): it is built first, into BUILD/build, with MPI=1 against the header and library of
+# torch's NCCL wheel, the machine's CUDA (CUDA_HOME, default /usr/local/cuda) and Open MPI, for
+# GPU 0's architecture.
 set -u
 build=${1:?BUILD} lib=${2:?LIB} out=${3:?OUT}
 shift 3
+if [[ -f $build/Makefile && ! -x $build/build/all_reduce_perf ]]; then
+  wheel=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])") || exit 1
+  home=$(mktemp -d)
+  mkdir -p "$home/lib"
+  ln -s "$wheel/include" "$home/include"
+  ln -s "$wheel/lib/libnccl.so.2" "$home/lib/libnccl.so"
+  mpi=$(dirname "$(mpicc --showme:incdirs | tr ' ' '\n' | head -1)")
+  sm=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
+  make -C "$build" -j"$(nproc)" MPI=1 MPI_HOME="$mpi" NCCL_HOME="$home" \
+    CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}" NVCC_GENCODE="-gencode=arch=compute_$sm,code=sm_$sm" \
+    > "$build/make.log" 2>&1 || { echo "nccl-tests did not build: $build/make.log"; exit 1; }
+  export LD_LIBRARY_PATH=$wheel/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+[[ -x $build/build/all_reduce_perf ]] && build=$build/build
 sizes=("$@")
 [[ ${#sizes[@]} -gt 0 ]] || sizes=(2 3)
 mkdir -p "$out"
