@@ -20,6 +20,10 @@
 #   channel   the point-to-point channel (needs a pack made with nccl:gpu_p2p):
 #             nccl/tests/gpu_p2p.rs, then the torch jobs pipeline, coalesce and gatherscatter at
 #             3 and 2 processes, each beside NCCL
+#   nccl      ringreduce-nccl's GPU tests in the pack (nccl:gpu_p2p, nccl:gpu_ranks,
+#             nccl:gpu_cudarc), the torch job mesh at 4 processes beside NCCL, then NVIDIA's
+#             nccl-tests at 3 and 2 processes under both libraries when NCCL_TESTS_SRC names its
+#             source tree (fetched apart, never committed: nccl/tests/nccl_tests.sh builds it)
 #   latency   issue 14: the all-reduce 8 B–32 MiB eager and in graphs against every NCCL
 #             configuration, random sizes (both placements), the host-phase profile; then
 #             launcher threads and the LL one-shot alone up to 1 MiB (both opt-in until this runs);
@@ -32,7 +36,7 @@
 # RINGREDUCE_REQUIRE_GPUS is the machine's GPU count (scripts/gpu-counts.sh): a test that needs
 # no more GPUs than that fails where it finds fewer, instead of waiving.
 set -uo pipefail
-phase=${1:?tests|sanitize|bench|latency|torch|channel}
+phase=${1:?tests|sanitize|bench|latency|torch|channel|nccl}
 out=${2:?OUT_DIR}
 bin=$(cd "$(dirname "$0")" && pwd)
 logs="$out/logs"
@@ -116,6 +120,19 @@ case $phase in
     TORCH_JOBS="pipeline coalesce gatherscatter" step torch-channel 400 \
       bash "$root/nccl/tests/torch_jobs.sh" "$bin/libringreduce_nccl.so" "$logs/torch-channel" 3 2
     ;;
+  nccl)
+    root=$(cd "$bin/../../.." && pwd)
+    for t in gpu_p2p gpu_ranks gpu_cudarc; do
+      [[ -x $bin/test-nccl-$t ]] || continue
+      RINGREDUCE_NCCL_SOURCES=$root/nccl step "test-nccl-$t" 150 "$bin/test-nccl-$t" \
+        --test-threads=1 --nocapture
+    done
+    TORCH_JOBS=mesh step torch-mesh 150 \
+      bash "$root/nccl/tests/torch_jobs.sh" "$bin/libringreduce_nccl.so" "$logs/torch-mesh" 4
+    if [[ -n ${NCCL_TESTS_SRC:-} ]]; then
+      step nccl-tests 300 bash "$root/nccl/tests/nccl_tests.sh" "$NCCL_TESTS_SRC" \
+        "$bin/libringreduce_nccl.so" "$logs/nccl-tests" 3 2
+    fi ;;
   *) echo "unknown phase $phase"; exit 2 ;;
 esac
 case $phase in

@@ -13,8 +13,11 @@
 set -u
 build=${1:?BUILD} lib=${2:?LIB} out=${3:?OUT}
 shift 3
+# The real NCCL: torch's wheel's, where python3 finds one (its executables need libnccl.so.2).
+wheel=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])" 2> /dev/null)
+[[ -n $wheel ]] && export LD_LIBRARY_PATH=$wheel/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 if [[ -f $build/Makefile && ! -x $build/build/all_reduce_perf ]]; then
-  wheel=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])") || exit 1
+  [[ -n $wheel ]] || { echo "no NCCL wheel to build nccl-tests against (python3 -c 'import nvidia.nccl')"; exit 1; }
   home=$(mktemp -d)
   mkdir -p "$home/lib"
   ln -s "$wheel/include" "$home/include"
@@ -24,7 +27,6 @@ if [[ -f $build/Makefile && ! -x $build/build/all_reduce_perf ]]; then
   make -C "$build" -j"$(nproc)" MPI=1 MPI_HOME="$mpi" NCCL_HOME="$home" \
     CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}" NVCC_GENCODE="-gencode=arch=compute_$sm,code=sm_$sm" \
     > "$build/make.log" 2>&1 || { echo "nccl-tests did not build: $build/make.log"; exit 1; }
-  export LD_LIBRARY_PATH=$wheel/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 [[ -x $build/build/all_reduce_perf ]] && build=$build/build
 sizes=("$@")
