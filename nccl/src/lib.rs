@@ -18,8 +18,9 @@
 //! `pairs`: on three ranks or more, a communicator per pair, made at the pair's first transfer;
 //! module `transfers`: a group as a list of transfers), and a pair's two ranks must group their
 //! sends and receives to each other alike — NCCL does not ask that. That is the path of
-//! communicators without a point-to-point channel (`RINGREDUCE_NCCL_CHANNEL=0`, more than 8
-//! ranks, GPUs that do not all reach each other, ranks across hosts); on the others, the default,
+//! communicators without a point-to-point channel (`RINGREDUCE_NCCL_CHANNEL=0`,
+//! `RINGREDUCE_CALL_GATE=off`, more than 8 ranks, GPUs that do not all reach each other, a region
+//! that could not be allocated, ranks across hosts); on the others, the default,
 //! each group is one kernel of the core's point-to-point channel (module `p2p`), matched per
 //! direction whatever either rank grouped. `ncclCommSplit` and `ncclCommShrink` make sub-communicators (modules
 //! `subcomm`, `pairs`) and
@@ -175,6 +176,14 @@ impl Comm {
                 "a communicator",
                 "ringreduce, without arenas: a shape's first call waits for the peers' \
                  processes (RINGREDUCE_CALL_GATE=off, or 64 MiB a rank could not be had)",
+            );
+        }
+        if inner.world() > 1 && inner.hosts().hosts == 1 && !inner.has_peer_groups() {
+            fallback::log(
+                "a communicator",
+                "ringreduce, without the point-to-point channel: groups of sends and receives \
+                 run as lists of transfers (RINGREDUCE_NCCL_CHANNEL=0, RINGREDUCE_CALL_GATE=off, \
+                 more than 8 ranks, GPUs without peer access, or the region could not be had)",
             );
         }
         let pairs = pairs::Pairs::open(&mut inner)?;

@@ -142,7 +142,12 @@ fn make_pair(parent: &Comm, pairs: &Pairs, peer: usize) -> Result<Box<Comm>, Fai
         false => fetch(parent, pairs, peer, Use::Pair)?,
     };
     let id = UniqueId::from_bytes(&bytes)?;
-    let config = config_from_env()?;
+    // No point-to-point channel: pair communicators serve parents that have none, and their
+    // groups run as lists of transfers (module `transfers`).
+    let config = CudaConfig {
+        peer_groups: false,
+        ..config_from_env()?
+    };
     // The parent's abort ends the join: it gives up the id it finds here (made by
     // `UniqueId::new`, never joined again), or, if it came first, this rank sees it and gives
     // the id up itself.

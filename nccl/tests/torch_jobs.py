@@ -247,7 +247,8 @@ def job_pipeline(device, out):
     # An activation longer than a 64 MiB arena (80 MiB of float32), and ten tensors at once
     # (batch_isend_irecv: more receives from one peer than ringreduce's kernel runs at once),
     # each stage passing the previous stage's on; stage 1 comes 2 s late, and under ringreduce
-    # stage 0's sends return once enqueued (its pair's communicator was made above).
+    # stage 0's sends return once enqueued (on the channel, or on its pair's communicator, made
+    # above, where there is none).
     long = (20 << 20) + 3
     big = given(0, long, device) if RANK == 0 else torch.zeros(long, device=device)
     many = [given(k, 1000 + k, device) if RANK == 0 else torch.zeros(1000 + k, device=device)

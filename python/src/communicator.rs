@@ -96,6 +96,8 @@ impl Options {
             timeout: self.timeout,
             deterministic: self.deterministic,
             allow_shared_device: self.allow_shared_device,
+            // The package has no groups of sends and receives: no channel region.
+            peer_groups: false,
             ..CudaConfig::default()
         }
     }

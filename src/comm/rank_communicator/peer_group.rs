@@ -101,8 +101,9 @@ impl RankCommunicator {
     /// ([`Error::InvalidArgument`]): a buffer not on this rank's GPU, a peer that is this rank or
     /// beyond the world, no ops or more than 64, and a communicator without the channel — made
     /// without [`CudaConfig::peer_groups`](crate::CudaConfig::peer_groups), host ranks, ranks on
-    /// several hosts, GPUs that do not reach each other, or a region that could not be allocated
-    /// ([`RankCommunicator::has_peer_groups`]).
+    /// several hosts, several ranks a process, more than 8 ranks, GPUs that do not reach each
+    /// other, ungated calls (`RINGREDUCE_CALL_GATE=off`), or a region that could not be allocated
+    /// ([`RankCommunicator::has_peer_groups`]). Run so far with ranks sharing one GPU only.
     ///
     /// # Safety
     /// Every buffer stays allocated until `stream` has passed the call, the sends unwritten and

@@ -119,7 +119,14 @@ impl GpuHierarchy {
         let ids = meet(&mut rendezvous, hosts, || nccl::unique_id(device))?;
         let timeout = config.timeout;
         let intra = Rendezvous::join(&ids.local, l, hosts.local, fingerprint, timeout)
-            .and_then(|local| CudaExecutor::for_rank(local, &ids.local, device, config))
+            // No point-to-point channel: a job across hosts runs its groups as one exchange.
+            .and_then(|local| {
+                let config = CudaConfig {
+                    peer_groups: false,
+                    ..config
+                };
+                CudaExecutor::for_rank(local, &ids.local, device, config)
+            })
             .map_err(|e| level_error(Level::Intra, hosts, rank, e));
         let intra = all_ok(&mut rendezvous, intra, |q| Error::RankFailed {
             rank: q,

@@ -73,7 +73,8 @@ pub struct CudaConfig {
     /// point-to-point channel's region, `2 MiB × world` of GPU memory, so that
     /// [`RankCommunicator::enqueue_peer_group`](crate::RankCommunicator::enqueue_peer_group)
     /// runs: sends and receives matched per direction on the GPUs (`cuda/channel.cuh`). On by
-    /// default; off saves that memory, and the group calls are then refused.
+    /// default (run so far with ranks sharing one GPU only); off saves that memory, and the
+    /// group calls are then refused.
     pub peer_groups: bool,
 }
 
