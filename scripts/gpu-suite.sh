@@ -17,9 +17,6 @@
 #             (the package on CUDA tensors) and nccl/tests/torch_preload.py (torch's nccl backend
 #             on the C library, preloaded), each under torch.distributed.run with 2 and 3
 #             processes, then examples/python/ at 2
-#   channel   the point-to-point channel (needs a pack made with nccl:gpu_p2p):
-#             nccl/tests/gpu_p2p.rs, then the torch jobs pipeline, coalesce and gatherscatter at
-#             3 and 2 processes, each beside NCCL
 #   nccl      ringreduce-nccl's GPU tests in the pack (nccl:gpu_p2p, nccl:gpu_ranks,
 #             nccl:gpu_cudarc), the torch job mesh at 4 processes beside NCCL, then NVIDIA's
 #             nccl-tests at 3 and 2 processes under both libraries when NCCL_TESTS_SRC names its
@@ -36,7 +33,7 @@
 # RINGREDUCE_REQUIRE_GPUS is the machine's GPU count (scripts/gpu-counts.sh): a test that needs
 # no more GPUs than that fails where it finds fewer, instead of waiving.
 set -uo pipefail
-phase=${1:?tests|sanitize|bench|latency|torch|channel|nccl}
+phase=${1:?tests|sanitize|bench|latency|torch|nccl}
 out=${2:?OUT_DIR}
 bin=$(cd "$(dirname "$0")" && pwd)
 logs="$out/logs"
@@ -113,19 +110,17 @@ case $phase in
     # New sizes on the ring (the cell lemma, staging and events per size), ringreduce alone.
     step lat-random-ring 45 "$bin/ringreduce" bench -b 32M -e 256M -n 20 -w 3 --sizes random \
       --random-calls 200 --no-staged --no-nccl --json "$logs/lat-random-ring.json" ;;
-  channel)
-    root=$(cd "$bin/../../.." && pwd)
-    RINGREDUCE_NCCL_TIMEOUT=40 RINGREDUCE_NCCL_SOURCES=$root/nccl \
-      step test-nccl-gpu_p2p 150 "$bin/test-nccl-gpu_p2p" --test-threads=1 --nocapture
-    TORCH_JOBS="pipeline coalesce gatherscatter" step torch-channel 400 \
-      bash "$root/nccl/tests/torch_jobs.sh" "$bin/libringreduce_nccl.so" "$logs/torch-channel" 3 2
-    ;;
   nccl)
     root=$(cd "$bin/../../.." && pwd)
     for t in gpu_p2p gpu_ranks gpu_cudarc; do
       [[ -x $bin/test-nccl-$t ]] || continue
-      RINGREDUCE_NCCL_SOURCES=$root/nccl step "test-nccl-$t" 150 "$bin/test-nccl-$t" \
-        --test-threads=1 --nocapture
+      run=(step "test-nccl-$t" 150 "$bin/test-nccl-$t" --test-threads=1 --nocapture)
+      # gpu_p2p under a deadline: a channel that failed to end a mismatch fails, not hangs.
+      if [[ $t == gpu_p2p ]]; then
+        RINGREDUCE_NCCL_TIMEOUT=40 RINGREDUCE_NCCL_SOURCES=$root/nccl "${run[@]}"
+      else
+        RINGREDUCE_NCCL_SOURCES=$root/nccl "${run[@]}"
+      fi
     done
     TORCH_JOBS=mesh step torch-mesh 150 \
       bash "$root/nccl/tests/torch_jobs.sh" "$bin/libringreduce_nccl.so" "$logs/torch-mesh" 4
