@@ -7,8 +7,9 @@
 #   test_counts LOG     prints `passed=P failed=F waived=W shared=S` for a libtest log written
 #                       with `--nocapture --test-threads=1`, each test counted once: waived, a test
 #                       libtest passed whose output has a `waived:` line (no GPU for it); shared,
-#                       one whose output has the `note: one GPU: two ranks share GPU 0` line (two
-#                       ranks standing in for two GPUs on one: correctness, not a two-GPU pass);
+#                       one whose output has the `note: one GPU: the ranks share GPU 0` line
+#                       (tests/common/mod.rs's SHARED_NOTE: ranks standing in for two GPUs on
+#                       one: correctness, not a two-GPU pass);
 #                       passed, the others libtest passed
 
 require_gpus() {
@@ -46,7 +47,7 @@ test_counts() {
     }
     !/^test [^ ]+ \.\.\. / { line = $0 }
     open && index(line, "waived:") { waived = 1 }
-    open && index(line, "note: one GPU: two ranks share GPU 0") { shared = 1 }
+    open && index(line, "note: one GPU: the ranks share GPU 0") { shared = 1 }
     open && line == "ok" {
       if (waived) waivers++; else if (shared) stand_ins++; else passed++
       open = 0

@@ -3,6 +3,7 @@
 //! line starts as the GPU scripts count it.
 
 use common::waiver::{required_from, verdict, waiver_line, Verdict};
+use common::SHARED_NOTE;
 
 mod common;
 
@@ -58,5 +59,46 @@ fn the_waiver_line_says_what_needs_the_gpus() {
     assert_eq!(
         waiver_line(1, 0, "a GPU"),
         "waived: needs ≥ 1 GPU (found 0): a GPU"
+    );
+}
+
+/// `scripts/gpu-counts.sh`'s `test_counts` on a libtest log (`--nocapture`) written as the GPU
+/// tests write theirs: a test that printed [`SHARED_NOTE`] counts as shared, one that printed a
+/// waiver line as waived, the others as passed or failed. (Its match once lagged the note's
+/// wording, and shared-GPU runs were counted as passes.)
+#[test]
+fn the_gpu_scripts_count_shared_and_waived_tests_apart() {
+    let log = format!(
+        "\nrunning 4 tests\n\
+         test plain ... ok\n\
+         test on_one_gpu ... {SHARED_NOTE}\nrank 0: ok\nok\n\
+         test no_gpu ... {}\nok\n\
+         test broken ... {SHARED_NOTE}\nFAILED\n\n\
+         test result: FAILED. 3 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out\n",
+        waiver_line(1, 0, "a GPU")
+    );
+    let dir = std::env::temp_dir().join(format!("ringreduce-counts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("test.log");
+    std::fs::write(&file, log).unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/gpu-counts.sh");
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "source '{script}' && test_counts '{}'",
+            file.display()
+        ))
+        .output()
+        .expect("bash runs");
+    std::fs::remove_dir_all(&dir).ok();
+    let counts = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{counts} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        counts.starts_with("passed=1 failed=1 waived=1 shared=1"),
+        "counts: {counts}"
     );
 }

@@ -192,6 +192,11 @@ pub fn two_gpus(property: &str) -> Option<[usize; 2]> {
     gpus(2, property).map(|_| [0, 1])
 }
 
+/// The line a test prints that ran with ranks sharing GPU 0 where it would have two GPUs (the GPU
+/// scripts count such a test as shared, not passed: `scripts/gpu-counts.sh`).
+pub const SHARED_NOTE: &str =
+    "note: one GPU: the ranks share GPU 0; copies between GPUs are not exercised";
+
 /// Two distinct GPUs where there are, or — on a one-GPU machine — two ranks sharing GPU 0 (every
 /// stream, event, kernel and copy path runs, the peer kernels side by side on the one GPU, but
 /// nothing crosses between GPUs; the test says so). `None`, after the waiver, without a GPU.
@@ -206,7 +211,7 @@ pub fn two_gpus_or_shared() -> Option<[usize; 2]> {
         return Some([0, 1]);
     }
     waiver::fail_if_promised(2, found, "copies between two GPUs");
-    println!("note: one GPU: the ranks share GPU 0; copies between GPUs are not exercised");
+    println!("{SHARED_NOTE}");
     Some([0, 0])
 }
 
